@@ -1,0 +1,48 @@
+"""The ``toolkit`` command. Start-up imports only typer: torch and friends load inside commands."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from toolkit import __version__
+from toolkit.cli import data, eval, pipeline, train
+
+app = typer.Typer(
+    name="toolkit",
+    help="cliptk: train CLIP models on limited hardware and evaluate them zero-shot.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(data.app, name="data")
+app.add_typer(train.app, name="train")
+app.add_typer(eval.app, name="eval")
+app.add_typer(pipeline.app, name="pipeline")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cliptk {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.",
+                                           case_sensitive=False)] = "INFO",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; warnings and errors only.")] = False,
+) -> None:
+    """Options here apply to every command: `toolkit --quiet data fetch ...`."""
+    from toolkit.core.log import setup_logging
+
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+    setup_logging(log_level, quiet)
+
+
+def main() -> None:
+    app()

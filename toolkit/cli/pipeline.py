@@ -1,0 +1,75 @@
+"""``toolkit pipeline``: run stages chained by a YAML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from toolkit.cli.common import SetOverrides, fail
+
+app = typer.Typer(help="Run and check YAML pipelines of toolkit stages.", no_args_is_help=True)
+
+PipelineFile = Annotated[Path, typer.Argument(help="Pipeline YAML file.", dir_okay=False)]
+
+
+@app.command("run")
+def run_cmd(
+    file: PipelineFile,
+    start: Annotated[str | None, typer.Option("--from", help="Rerun this stage and every later one; earlier "
+                                                             "stages must have finished.")] = None,
+    only: Annotated[str | None, typer.Option("--only", help="Rerun this one stage; the stages it reads from "
+                                                            "must have finished.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print what would run or be skipped; "
+                                                            "run nothing.")] = False,
+    overrides: SetOverrides = None,
+) -> None:
+    """Validate the whole pipeline, then run its stages in order, skipping those already done."""
+    from toolkit.core.config import ConfigError
+    from toolkit.pipeline import PipelineError, load_pipeline, run_pipeline
+
+    if start and only:
+        fail("--from and --only exclude each other")
+    try:
+        pipe = load_pipeline(str(file), overrides or [])
+        report = run_pipeline(pipe, start=start, only=only, dry_run=dry_run)
+    except ConfigError as err:
+        fail(str(err))
+    except PipelineError as err:
+        fail(str(err), code=1)
+    for name, action, _ in report:
+        typer.echo(f"{name}: {action}")
+
+
+@app.command("validate")
+def validate_cmd(file: PipelineFile, overrides: SetOverrides = None) -> None:
+    """Check kinds, keys, types and references of every stage without running anything."""
+    from toolkit.core.config import ConfigError
+    from toolkit.pipeline import load_pipeline
+
+    try:
+        pipe = load_pipeline(str(file), overrides or [])
+    except ConfigError as err:
+        fail(str(err))
+    typer.echo(f"{file}: {len(pipe.stages)} stages valid: {', '.join(s.name for s in pipe.stages)}")
+
+
+@app.command("kinds")
+def kinds_cmd(kind: Annotated[str | None, typer.Argument(help="Show this kind's config keys.")] = None) -> None:
+    """List the stage kinds a pipeline may use, or one kind's config keys with their docs."""
+    import dataclasses
+
+    from toolkit.pipeline import KINDS
+
+    if kind is None:
+        for name, spec in KINDS.items():
+            typer.echo(f"{name:18} {spec.doc}")
+        return
+    if kind not in KINDS:
+        fail(f"unknown stage kind {kind!r}; known: {', '.join(KINDS)}")
+    for f in dataclasses.fields(KINDS[kind].load("config")):
+        default = "required" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
+            else f"default {f.default!r}" if f.default is not dataclasses.MISSING else "default empty"
+        typer.echo(f"{f.name:20} {f.metadata.get('doc', '')} ({default})")
+    typer.echo(f"outputs: {', '.join(KINDS[kind].outputs)}")

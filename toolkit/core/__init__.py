@@ -1,0 +1,1 @@
+"""Config, logging/progress, fsspec io, stage manifests: the layer everything else stands on."""

@@ -1,0 +1,291 @@
+"""Frozen typed dataclass configs shared by the CLI and pipeline YAML.
+
+Precedence: dataclass defaults < YAML mapping < ``--set a.b=value`` overrides < explicit CLI options.
+Every error is a :class:`ConfigError` that names the source (file or ``--set``) and the key path.
+
+Declare fields with :func:`option` so each has a one-line doc (shown by ``--help`` and ``toolkit
+pipeline kinds``), optional bounds, and flags for whether it affects outputs (excluded from the hash
+if not: a rerun with more worker processes still skips) and whether it names an input path (its
+fingerprint is recorded in the stage manifest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import operator
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+T = TypeVar("T")
+MISSING = dataclasses.MISSING
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, missing, of the wrong type or out of range."""
+
+    def __init__(self, source: str, key: str, message: str):
+        self.source, self.key, self.message = source, key, message
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {message}")
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    doc: str,
+    factory: Any = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    affects_output: bool = True,
+    is_input: bool = False,
+) -> Any:
+    """A dataclass field with a doc string, bounds and manifest roles (see module docstring)."""
+    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> one-line doc, for help texts."""
+    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+# ---------------------------------------------------------------- building and validation
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it converted where that is lossless."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, source, key)
+            except ConfigError as err:
+                errors.append(err.message)
+        raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        extra = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ConfigError(source, key, f"must be one of {', '.join(repr(a) for a in args)}, got {value!r}{extra}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(source, key, f"expected a mapping for {tp.__name__}, got {value!r}")
+        return build(tp, value, source=source, prefix=key)
+    if origin in (list, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(source, key, f"expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        items = [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(source, key, f"expected a mapping, got {value!r}")
+        val_tp = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(val_tp, v, source, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(source, key, f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(source, key, f"expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads '1e-3' (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(source, key, f"expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(source, key, f"expected a string, got {value!r}")
+    if tp is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(source, key, f"expected a path, got {value!r}")
+    if isinstance(value, tp):
+        return value
+    raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}")
+
+
+_BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
+
+
+def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    for name, (op, word) in _BOUNDS.items():
+        bound = f.metadata.get(name)
+        if bound is not None and not op(value, bound):
+            raise ConfigError(source, key, f"must be {word} {bound}, got {value!r}")
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}"
+
+
+def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<config>", prefix: str = "") -> T:
+    """Validate ``data`` against dataclass ``cls`` and return the frozen instance."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for name in data:
+        if name not in fields:
+            key = f"{prefix}.{name}" if prefix else str(name)
+            raise ConfigError(source, key, "unknown key" + _suggest(str(name), list(fields)))
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name in data:
+            kwargs[name] = _coerce(hints[name], data[name], source, key)
+            _check_range(f, kwargs[name], source, key)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ConfigError(source, key, f"missing required value ({f.metadata.get('doc', '')})")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:  # __post_init__ cross-field checks
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(source, prefix, str(err)) from err
+
+
+# ---------------------------------------------------------------- merging sources
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'a.b=3'`` -> (['a', 'b'], 3); the value is parsed as YAML (numbers, booleans, lists)."""
+    if "=" not in text:
+        raise ConfigError("--set", text, "expected KEY=VALUE, e.g. --set optim.lr=1e-3")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError("--set", text, "empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def set_path(data: dict, path: list[str], value: Any) -> None:
+    """Set ``data[path[0]]...[path[-1]] = value``, creating mappings on the way."""
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping; errors name the file."""
+    from toolkit.core.io import open_file
+
+    try:
+        with open_file(str(path), "r") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError as err:
+        raise ConfigError(str(path), "", "file not found") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(str(path), "", f"invalid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_config(
+    cls: type[T],
+    yaml_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    explicit: Mapping[str, Any] | None = None,
+) -> T:
+    """defaults < YAML file < ``--set`` overrides < explicit (CLI option) values; returns ``cls``."""
+    data: dict = read_yaml(yaml_path) if yaml_path else {}
+    source = str(yaml_path) if yaml_path else "<defaults>"
+    build(cls, data, source=source)  # so YAML mistakes are reported against the file
+    for text in overrides:
+        path, value = parse_override(text)
+        set_path(data, path, value)
+        try:
+            build(cls, data, source=f"--set {text}")
+        except ConfigError as err:
+            if err.key.split("[")[0].startswith(path[0]):
+                raise
+            raise ConfigError(source, err.key, err.message) from err
+    for key, value in (explicit or {}).items():
+        if value is not None:
+            set_path(data, key.split("."), value)
+    return build(cls, data, source="command line" if explicit else source)
+
+
+# ---------------------------------------------------------------- serialisation and hashing
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain-data form of a config (Paths as strings, tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+
+
+def _hashed(cfg: Any) -> Any:
+    if not dataclasses.is_dataclass(cfg):
+        return cfg
+    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+            if f.metadata.get("affects_output", True)}
+
+
+def config_hash(cfg: Any, *extra: Any) -> str:
+    """Stable 16-hex-digit hash of the fields that affect outputs (plus ``extra`` values)."""
+    payload = json.dumps([_hashed(cfg), *extra], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def input_paths(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """Key path -> value of every non-empty field declared ``is_input=True`` (nested configs too)."""
+    found: dict[str, str] = {}
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            found.update(input_paths(value, key + "."))
+        elif f.metadata.get("is_input") and value:
+            if isinstance(value, (list, tuple)):
+                found.update({f"{key}[{i}]": str(v) for i, v in enumerate(value)})
+            else:
+                found[key] = str(value)
+    return found

@@ -1,0 +1,74 @@
+"""fsspec-backed file helpers: local paths and any fsspec URL (s3://, gs://, memory://, ...)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+
+def is_local(path: str) -> bool:
+    return "://" not in str(path) or str(path).startswith("file://")
+
+
+def local_path(path: str) -> str:
+    return str(path)[len("file://"):] if str(path).startswith("file://") else str(path)
+
+
+def open_file(path: str, mode: str = "rb", **kwargs: Any):
+    """Open a local path or fsspec URL (caller closes, or use ``with``)."""
+    if is_local(path):
+        return open(local_path(path), mode, **kwargs)
+    return fsspec.open(path, mode, **kwargs).open()
+
+
+def exists(path: str) -> bool:
+    if is_local(path):
+        return os.path.exists(local_path(path))
+    fs, p = fsspec.core.url_to_fs(path)
+    return fs.exists(p)
+
+
+def makedirs(path: str) -> None:
+    if is_local(path):
+        os.makedirs(local_path(path), exist_ok=True)
+    else:
+        fs, p = fsspec.core.url_to_fs(path)
+        fs.makedirs(p, exist_ok=True)
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([str(base).rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` so that readers never see a half-written file (temp file + rename locally)."""
+    if not is_local(path):
+        with fsspec.open(path, "w") as fh:  # object stores publish whole objects on close
+            fh.write(text)
+        return
+    target = Path(local_path(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str) -> Any:
+    with open_file(path, "r") as fh:
+        return json.load(fh)

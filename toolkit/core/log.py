@@ -1,0 +1,103 @@
+"""Logging set-up, a JSON-lines log file, and progress that degrades to log lines off a TTY."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+_STATE = {"quiet": False}
+LOGGER_NAME = "toolkit"
+# Off a TTY, progress is logged at most this often so CI logs show liveness without flooding.
+PROGRESS_LOG_INTERVAL_S = 10.0
+
+
+def get_logger(name: str = "") -> logging.Logger:
+    return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
+
+
+def setup_logging(level: str = "INFO", quiet: bool = False) -> None:
+    """Called once by the CLI entry point: human-readable records on stderr."""
+    _STATE["quiet"] = quiet
+    logger = get_logger()
+    logger.setLevel(level.upper())
+    if not any(getattr(h, "_toolkit_console", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._toolkit_console = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.propagate = False
+    if quiet:
+        for h in logger.handlers:
+            if getattr(h, "_toolkit_console", False):
+                h.setLevel(logging.WARNING)
+
+
+def is_quiet() -> bool:
+    return _STATE["quiet"]
+
+
+class JsonLinesHandler(logging.Handler):
+    """Appends one JSON object per record: time, level, logger, message, and any ``extra={'data': ...}``."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        entry = {"time": record.created, "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if isinstance(getattr(record, "data", None), dict):
+            entry["data"] = record.data  # type: ignore[attr-defined]
+        try:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(entry, default=str) + "\n")
+        except OSError:
+            self.handleError(record)
+
+
+@contextmanager
+def jsonl_log(path: str) -> Iterator[None]:
+    """Mirror every toolkit log record into ``path`` while the block runs."""
+    logger = get_logger()
+    handler = JsonLinesHandler(path)
+    handler.setLevel(logging.DEBUG)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
+    """Yield ``items`` with a rich progress bar on a TTY, else a log line every ~10 s."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    if not is_quiet() and sys.stderr.isatty():
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                   TimeElapsedColumn(), TimeRemainingColumn()]
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(desc, total=total)
+            for item in items:
+                yield item
+                bar.advance(task)
+        return
+    log, start, last, done = get_logger("progress"), time.monotonic(), time.monotonic(), 0
+    for item in items:
+        yield item
+        done += 1
+        now = time.monotonic()
+        if now - last >= PROGRESS_LOG_INTERVAL_S:
+            last = now
+            of = f"/{total}" if total else ""
+            log.info("%s: %d%s %s (%.1f %s/s)", desc, done, of, unit, done / (now - start), unit)

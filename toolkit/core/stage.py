@@ -1,0 +1,160 @@
+"""Stage bookkeeping shared by every ``run(cfg)``: manifest.json, resolved config, JSON-lines log.
+
+Every stage writes into its output directory ``out``:
+- ``config.yaml``: the resolved config;
+- ``manifest.json``: kind, status (running/done/failed), config hash, input fingerprints, outputs,
+  counts, details, start/end time, error;
+- ``log.jsonl``: every toolkit log record emitted while the stage ran.
+The pipeline runner skips a stage whose manifest says done with the same config hash and inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from toolkit import __version__
+from toolkit.core import io
+from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
+from toolkit.core.log import get_logger, jsonl_log
+
+MANIFEST = "manifest.json"
+# Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
+MAX_FINGERPRINT_FILES = 100_000
+
+
+@dataclasses.dataclass
+class StageResult:
+    """What ``run(cfg)`` returns: output paths by key, counts, and where the manifest is."""
+
+    out: str
+    outputs: dict[str, str]
+    counts: dict[str, Any]
+    config_hash: str
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    skipped: bool = False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def fingerprint(path: str) -> str:
+    """A string that changes when the data at ``path`` changes (missing paths give 'missing')."""
+    if not io.exists(path):
+        return "missing"
+    manifest = io.join(path, MANIFEST)
+    if io.exists(manifest):
+        try:
+            m = io.read_json(manifest)
+            key = [m.get("config_hash"), m.get("finished_at"), m.get("outputs")]
+            return "manifest:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        except (OSError, ValueError):
+            pass
+    if not io.is_local(path):
+        import fsspec
+
+        fs, p = fsspec.core.url_to_fs(path)
+        info = fs.info(p)
+        return f"remote:{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
+    local = io.local_path(path)
+    if os.path.isfile(local):
+        st = os.stat(local)
+        return f"file:{st.st_size}:{st.st_mtime_ns}"
+    digest, num_files = hashlib.sha256(), 0
+    for root, dirs, files in os.walk(local):
+        dirs.sort()
+        for name in sorted(files):
+            st = os.stat(os.path.join(root, name))
+            digest.update(f"{os.path.relpath(os.path.join(root, name), local)}:{st.st_size}:{st.st_mtime_ns};".encode())
+            num_files += 1
+            if num_files >= MAX_FINGERPRINT_FILES:
+                return f"dir:{digest.hexdigest()[:16]}+"
+    return f"dir:{digest.hexdigest()[:16]}"
+
+
+def read_manifest(out: str) -> dict | None:
+    path = io.join(out, MANIFEST)
+    if not io.exists(path):
+        return None
+    try:
+        return io.read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def up_to_date(kind: str, cfg: Any, out: str) -> tuple[bool, str]:
+    """(True, why) when ``out`` holds a done manifest for this kind, config hash and inputs."""
+    m = read_manifest(out)
+    if m is None:
+        return False, "no manifest"
+    if m.get("status") != "done":
+        return False, f"last run {m.get('status')}"
+    if m.get("kind") != kind or m.get("config_hash") != config_hash(cfg, kind):
+        return False, "config changed"
+    current = {k: fingerprint(p) for k, p in input_paths(cfg).items()}
+    recorded = {k: v.get("fingerprint") for k, v in (m.get("inputs") or {}).items()}
+    if current != recorded:
+        changed = sorted(k for k in set(current) | set(recorded) if current.get(k) != recorded.get(k))
+        return False, f"inputs changed: {', '.join(changed)}"
+    return True, "up to date"
+
+
+class StageRecorder:
+    """Collects outputs/counts/details during a stage; ``result()`` builds the :class:`StageResult`."""
+
+    def __init__(self, kind: str, cfg: Any, out: str):
+        self.kind, self.cfg, self.out = kind, cfg, out
+        self.hash = config_hash(cfg, kind)
+        self.outputs: dict[str, str] = {}
+        self.counts: dict[str, Any] = {}
+        self.details: dict[str, Any] = {}
+        self.manifest: dict[str, Any] = {
+            "kind": kind, "status": "running", "config_hash": self.hash, "toolkit_version": __version__,
+            "config": to_dict(cfg), "started_at": _now(), "finished_at": None, "duration_s": None,
+            "inputs": {k: {"path": p, "fingerprint": fingerprint(p)} for k, p in input_paths(cfg).items()},
+            "outputs": {}, "counts": {}, "details": {}, "error": None,
+        }
+
+    def write(self, **updates: Any) -> None:
+        self.manifest.update(updates, outputs=self.outputs, counts=self.counts, details=self.details)
+        io.write_json_atomic(io.join(self.out, MANIFEST), self.manifest)
+
+    def result(self) -> StageResult:
+        return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details))
+
+
+@contextmanager
+def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
+    """Wrap a stage body: writes config.yaml and a running manifest, then done or failed (re-raising).
+
+    Called by every stage's ``run(cfg)`` on the process that owns ``out`` (rank 0 in distributed runs).
+    """
+    io.makedirs(out)
+    io.write_text_atomic(io.join(out, "config.yaml"), dump_yaml(cfg))
+    rec = StageRecorder(kind, cfg, out)
+    rec.write()
+    start = time.monotonic()
+    log_path = io.join(out, "log.jsonl")
+    with jsonl_log(log_path) if io.is_local(out) else _nullcontext():
+        try:
+            yield rec
+        except BaseException as err:
+            get_logger("stage").error("%s failed: %s", kind, err)
+            rec.write(status="failed", finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
+                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
+            raise
+        rec.write(status="done", finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield

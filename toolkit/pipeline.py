@@ -1,0 +1,261 @@
+"""YAML pipelines: stages chained by reference, validated whole before anything runs.
+
+File format::
+
+    name: quickstart                  # optional
+    run_dir: runs/quickstart          # default: runs/<file stem>; ${run_dir} in values
+    vars: {size: 32}                  # ${vars.size} in values
+    stages:
+      - name: fetch
+        kind: data.fetch              # a key of KINDS
+        config: {urls: "${stages.demo.outputs.train_urls}", out: "${run_dir}/raw"}
+
+A value that is exactly one ``${...}`` keeps the referenced value's type; otherwise references are
+formatted into the string. ``out`` defaults to ``${run_dir}/<stage name>``. A stage is skipped when
+its manifest says done with the same config hash and input fingerprints, so a rerun resumes at the
+first failed or changed stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from toolkit.core import io
+from toolkit.core.config import ConfigError, _suggest, build, parse_override, read_yaml, set_path
+from toolkit.core.log import get_logger, jsonl_log
+from toolkit.core.stage import StageResult, read_manifest, up_to_date
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """A registered stage: its config class and run function as 'module:attr' (imported lazily)."""
+
+    config: str
+    run: str
+    outputs: tuple[str, ...]
+    doc: str
+
+    def load(self, attr: str) -> Any:
+        module, name = getattr(self, attr).split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+# Each stage module registers here; later issues add data.*, train and eval.* kinds.
+KINDS: dict[str, StageKind] = {
+    "shell": StageKind("toolkit.core.shell:ShellConfig", "toolkit.core.shell:run", ("out",),
+                       "Any command line (bash -c); outputs are the keys of its `outputs` mapping."),
+}
+
+_REF = re.compile(r"\$\{([^}]+)\}")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+TOP_KEYS = ["name", "run_dir", "vars", "stages"]
+STAGE_KEYS = ["name", "kind", "config"]
+
+
+class PipelineError(RuntimeError):
+    """A stage failed; ``stage`` names it."""
+
+    def __init__(self, stage: str, message: str):
+        self.stage = stage
+        super().__init__(f"stage {stage!r} failed: {message}")
+
+
+@dataclass
+class Stage:
+    name: str
+    kind: str
+    raw: dict  # config mapping with ${vars}/${run_dir} resolved, stage references still unresolved
+    refs: set[str]  # names of earlier stages this one references
+
+
+@dataclass
+class Pipeline:
+    path: str
+    name: str
+    run_dir: str
+    stages: list[Stage]
+
+    def index(self, name: str) -> int:
+        names = [s.name for s in self.stages]
+        if name not in names:
+            raise ConfigError(self.path, name, "no such stage" + _suggest(name, names))
+        return names.index(name)
+
+
+def _substitute(value: Any, lookup, source: str, key: str) -> Any:
+    """Replace ``${...}`` in strings (recursively) using ``lookup(ref, key) -> value``."""
+    if isinstance(value, dict):
+        return {k: _substitute(v, lookup, source, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, lookup, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+    whole = _REF.fullmatch(value)
+    if whole:
+        return lookup(whole.group(1).strip(), key)
+    return _REF.sub(lambda m: str(lookup(m.group(1).strip(), key)), value)
+
+
+def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, Stage], refs: set[str]):
+    def lookup(ref: str, key: str) -> Any:
+        parts = ref.split(".")
+        if ref == "run_dir":
+            return run_dir
+        if parts[0] == "vars" and len(parts) == 2:
+            if parts[1] not in variables:
+                raise ConfigError(path, key, f"unknown variable ${{{ref}}}" + _suggest(parts[1], list(variables)))
+            return variables[parts[1]]
+        if parts[0] == "stages" and len(parts) == 4 and parts[2] == "outputs":
+            if parts[1] not in earlier:
+                raise ConfigError(path, key, f"${{{ref}}} must name an earlier stage (forward references and "
+                                             f"cycles are not allowed); earlier: {', '.join(earlier) or 'none'}")
+            _check_output_key(path, key, earlier[parts[1]], parts[3])
+            refs.add(parts[1])
+            return "${" + ref + "}"  # resolved when the stage runs
+        raise ConfigError(path, key, f"unknown reference ${{{ref}}}; use ${{run_dir}}, ${{vars.NAME}} or "
+                                     "${stages.NAME.outputs.KEY}")
+    return lookup
+
+
+def _check_output_key(path: str, key: str, stage: Stage, out_key: str) -> None:
+    kind = KINDS[stage.kind]
+    known = list(kind.outputs) + (list(stage.raw.get("outputs") or {}) if stage.kind == "shell" else [])
+    if out_key not in known:
+        raise ConfigError(path, key, f"stage {stage.name!r} ({stage.kind}) has no output {out_key!r}"
+                          + _suggest(out_key, known))
+
+
+def load_pipeline(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Pipeline:
+    """Parse and validate the whole file (kinds, keys, types, references); nothing runs."""
+    data = read_yaml(path)
+    for text in overrides:
+        keys, value = parse_override(text)
+        if keys[0] == "stages" and len(keys) >= 3:
+            stage = next((s for s in data.get("stages") or [] if isinstance(s, dict) and s.get("name") == keys[1]), None)
+            if stage is None:
+                raise ConfigError(f"--set {text}", keys[1], "no such stage")
+            set_path(stage.setdefault("config", {}), keys[2:], value)
+        elif keys[0] in ("vars", "run_dir", "name"):
+            set_path(data, keys, value)
+        else:
+            raise ConfigError(f"--set {text}", keys[0], "use vars.NAME=V, run_dir=DIR or stages.STAGE.KEY=V")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise ConfigError(path, key, "unknown key" + _suggest(key, TOP_KEYS))
+    variables = data.get("vars") or {}
+    if not isinstance(variables, dict):
+        raise ConfigError(path, "vars", "expected a mapping")
+    run_dir = str(data.get("run_dir") or f"runs/{Path(path).stem}")
+    entries = data.get("stages")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(path, "stages", "expected a non-empty list of stages")
+    stages: dict[str, Stage] = {}
+    for i, entry in enumerate(entries):
+        stage = _load_stage(path, i, entry, run_dir, variables, stages)
+        stages[stage.name] = stage
+    return Pipeline(path, str(data.get("name") or Path(path).stem), run_dir, list(stages.values()))
+
+
+def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, earlier: dict[str, Stage]) -> Stage:
+    where = f"stages[{i}]"
+    if not isinstance(entry, dict):
+        raise ConfigError(path, where, "expected a mapping with name, kind and config")
+    for key in entry:
+        if key not in STAGE_KEYS:
+            raise ConfigError(path, f"{where}.{key}", "unknown key" + _suggest(str(key), STAGE_KEYS))
+    name, kind = entry.get("name"), entry.get("kind")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(path, f"{where}.name", f"expected a name of letters, digits, '_' or '-', got {name!r}")
+    if name in earlier:
+        raise ConfigError(path, f"{where}.name", f"duplicate stage name {name!r}")
+    where = f"stages.{name}"
+    if kind not in KINDS:
+        raise ConfigError(path, f"{where}.kind", f"unknown stage kind {kind!r}" + _suggest(str(kind), list(KINDS)))
+    config = entry.get("config") or {}
+    if not isinstance(config, dict):
+        raise ConfigError(path, f"{where}.config", "expected a mapping")
+    refs: set[str] = set()
+    raw = _substitute(config, _static_lookup(path, run_dir, variables, earlier, refs), path, f"{where}.config")
+    cls = KINDS[kind].load("config")
+    if "out" in {f.name for f in dataclasses.fields(cls)} and "out" not in raw:
+        raw["out"] = f"{run_dir}/{name}"
+    placeholder = _substitute(raw, lambda ref, key: f"<{ref}>", path, where)
+    build(cls, placeholder, source=path, prefix=f"{where}.config")
+    return Stage(name, kind, raw, refs)
+
+
+def resolve_stage(pipe: Pipeline, stage: Stage, results: dict[str, dict[str, str]]) -> Any:
+    """Build the stage's config with earlier stages' outputs (from this run or their manifests)."""
+    def lookup(ref: str, key: str) -> Any:
+        _, name, _, out_key = ref.split(".")
+        if name not in results:
+            src = next(s for s in pipe.stages if s.name == name)
+            m = read_manifest(_stage_out(pipe, src, results)) or {}
+            if m.get("status") != "done":
+                raise ConfigError(pipe.path, key, f"stage {name!r} has not finished; run it first (drop --from/--only)")
+            results[name] = m.get("outputs") or {}
+        if out_key not in results[name]:
+            raise ConfigError(pipe.path, key, f"stage {name!r} recorded no output {out_key!r}")
+        return results[name][out_key]
+    data = _substitute(stage.raw, lookup, pipe.path, f"stages.{stage.name}.config")
+    return build(KINDS[stage.kind].load("config"), data, source=pipe.path, prefix=f"stages.{stage.name}.config")
+
+
+def _stage_out(pipe: Pipeline, stage: Stage, results: dict) -> str:
+    out = stage.raw.get("out", "")
+    return out if "${" not in str(out) else str(resolve_stage(pipe, stage, results).out)
+
+
+def select(pipe: Pipeline, start: str | None = None, only: str | None = None) -> tuple[list[Stage], bool]:
+    """Stages to consider and whether they are forced (``--from``/``--only`` rerun what they name)."""
+    if only:
+        return [pipe.stages[pipe.index(only)]], True
+    if start:
+        return pipe.stages[pipe.index(start):], True
+    return pipe.stages, False
+
+
+def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None = None,
+                 dry_run: bool = False) -> list[tuple[str, str, StageResult | None]]:
+    """Run (or plan, with ``dry_run``) the selected stages in order; returns (name, action, result).
+
+    Raises :class:`PipelineError` at the first failing stage; finished stages' outputs stay.
+    """
+    log = get_logger("pipeline")
+    stages, forced = select(pipe, start, only)
+    results: dict[str, dict[str, str]] = {}
+    report: list[tuple[str, str, StageResult | None]] = []
+    io.makedirs(pipe.run_dir)
+    with jsonl_log(io.join(pipe.run_dir, "pipeline.log.jsonl")):
+        for stage in stages:
+            cfg = resolve_stage(pipe, stage, results)
+            fresh, why = up_to_date(stage.kind, cfg, cfg.out)
+            action = "run (forced)" if forced else ("skip: " + why if fresh else "run: " + why)
+            if dry_run:
+                log.info("%-16s %-16s %s", stage.name, stage.kind, action)
+                report.append((stage.name, action, None))
+                results[stage.name] = (read_manifest(cfg.out) or {}).get("outputs") or {}
+                continue
+            if fresh and not forced:
+                log.info("stage %s (%s): skipped, %s", stage.name, stage.kind, why)
+                results[stage.name] = (read_manifest(cfg.out) or {}).get("outputs") or {}
+                report.append((stage.name, "skipped", None))
+                continue
+            log.info("stage %s (%s): running (%s)", stage.name, stage.kind, action)
+            try:
+                result = KINDS[stage.kind].load("run")(cfg)
+            except Exception as err:
+                raise PipelineError(stage.name, f"{type(err).__name__}: {err}") from err
+            results[stage.name] = result.outputs
+            report.append((stage.name, "ran", result))
+    io.write_text_atomic(io.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
+        {"name": pipe.name, "run_dir": pipe.run_dir,
+         "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages]}, sort_keys=False))
+    return report
