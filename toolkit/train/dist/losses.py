@@ -1,0 +1,159 @@
+"""The global-batch CLIP loss across K ranks in four communication modes; entry point ``contrastive_loss``.
+
+Objective (K ranks, local batch b, global batch B = K·b, scale a = logit_scale.exp()): with image rows
+x_i, text rows y_j over the *global* batch, R_i = log Σ_j exp(a x_i·y_j), C_j = log Σ_i exp(a x_i·y_j),
+the global loss is L = 1/(2B) Σ_i (R_i − a s_ii) + 1/(2B) Σ_j (C_j − a s_jj) (open_clip's ClipLoss on the
+concatenated batch).
+
+Gradient scale convention (every mode): rank r returns its *local* loss
+    loss_r = 1/(2b) Σ_{i local} (R_i − a s_ii) + 1/(2b) Σ_{j local} (C_j − a s_jj),
+whose mean over ranks is L, and its backward gives rank r the gradient of S = Σ_r' loss_r' (= K·L) with
+respect to rank r's own inputs: its features (K × their share of ∇L, "OpenCLIP's N× feature grads") and
+its copy of logit_scale (∂loss_r/∂a). DDP's mean over ranks then yields exactly ∇θ L, the K=1 gradient
+on the concatenated global batch. Multiply the loss by anything (accumulation 1/n, a GradScaler's
+scale) only by factors equal on every rank: ``fastclip`` assumes so (it has no backward communication),
+the other modes carry each rank's own upstream gradient. Log ``mean_over_ranks(loss)`` for L.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from toolkit.core import dist as D
+from toolkit.train.dist import _kernels as K
+
+MODES = ("gather", "disco", "ring", "fastclip")
+
+
+def _acc(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def positive_logits(x: Tensor, y: Tensor) -> Tensor:
+    """s_ii = <x_i, y_i> [b] in the accumulation dtype (fp32, fp64 for fp64 inputs), no autograd."""
+    acc = _acc(x)
+    return (x.detach().to(acc) * y.detach().to(acc)).sum(1)
+
+
+class _SideLSE(torch.autograd.Function):
+    """One side of the LSE of a·x yᵀ with autograd: rows (over y) or columns (over x)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, a: Tensor, side: str, backend: str):
+        row, col = K.lse_forward(x, y, a, compute_row=side == "row", compute_col=side == "col", backend=backend)
+        out = row if side == "row" else col
+        ctx.save_for_backward(x, y, a, out)
+        ctx.side, ctx.backend = side, backend
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, y, a, out = ctx.saved_tensors
+        if ctx.side == "row":
+            dx, dy, da, _ = K.lse_backward(x, y, a, out, None, grad, None, backend=ctx.backend)
+        else:
+            dx, dy, _, da = K.lse_backward(x, y, a, None, out, None, grad, backend=ctx.backend)
+        return dx.to(x.dtype), dy.to(y.dtype), da.sum().to(a.dtype), None, None
+
+
+def gather_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "auto", ledger=None) -> Tensor:
+    """OpenCLIP's local loss with gather_with_grad: autograd all_gathers of x and y [b, d] -> [B, d]
+    (forward 2 all_gathers of [b, d]); their backward reduce-scatters the [B, d] gradients (2 calls).
+    Logits b×B. Called by all ranks of ``group``; sizes checked by the caller."""
+    xs = D.all_gather_with_grad(x, group, check_sizes=False, ledger=ledger)
+    ys = D.all_gather_with_grad(y, group, check_sizes=False, ledger=ledger)
+    row = _SideLSE.apply(x, ys, a, "row", backend)
+    col = _SideLSE.apply(xs, y, a, "col", backend)
+    acc = row.dtype
+    # The positive logit a·s_ii is local (OpenCLIP reads it from the gathered copy at row r·b + i; its
+    # gradient comes back to this rank by the reduce_scatter either way).
+    pos = (x.to(acc) * y.to(acc)).sum(1)
+    return 0.5 * (row.mean() + col.mean()) - a.to(acc) * pos.mean()
+
+
+def _split_pairs(pairs: Tensor) -> tuple[Tensor, Tensor]:
+    """[B, 2, d] gathered (image, text) pairs -> contiguous X [B, d], Y [B, d]."""
+    return pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+
+
+class _DiscoLoss(torch.autograd.Function):
+    """DisCo-CLIP: all_gather without autograd, local b×B logits, backward reduce-scatters the [B, d]
+    feature-gradient contributions of this rank's anchors (one reduce_scatter of [B, 2, d])."""
+
+    @staticmethod
+    def forward(ctx, x, y, a, group, backend, ledger):
+        pairs = D.all_gather_nograd(torch.stack([x, y], 1), group, D.FEATURES, check_sizes=False, ledger=ledger)
+        xs, ys = _split_pairs(pairs)
+        row, _ = K.lse_forward(x, ys, a, compute_col=False, backend=backend)
+        _, col = K.lse_forward(xs, y, a, compute_row=False, backend=backend)
+        pos = positive_logits(x, y)
+        ctx.save_for_backward(x, y, a, xs, ys, row, col, pos)
+        ctx.group, ctx.backend, ctx.ledger = group, backend, ledger
+        return 0.5 * (row.mean() + col.mean()) - a.to(row.dtype) * pos.mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, a, xs, ys, row, col, pos = ctx.saved_tensors
+        b = x.shape[0]
+        g = g.to(row.dtype)
+        w = (g / (2 * b)).expand(b).contiguous()
+        dx, dys, da_row, _ = K.lse_backward(x, ys, a, row, None, w, None, backend=ctx.backend)
+        dxs, dy, _, da_col = K.lse_backward(xs, y, a, None, col, None, w, backend=ctx.backend)
+        # Contributions to every rank's rows, summed over ranks: one reduce_scatter of [B, 2, d],
+        # in the feature dtype (what gather's autograd reduce-scatters too).
+        mine = D.reduce_scatter_sum(torch.stack([dxs, dys], 1).to(x.dtype), ctx.group, D.FEATURE_GRADS, ctx.ledger)
+        dx, dy = _add_positive_grads(dx + mine[:, 0], dy + mine[:, 1], x, y, a, g)
+        da = da_row.sum() + da_col.sum() - g * pos.mean()
+        return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None
+
+
+def _add_positive_grads(dx: Tensor, dy: Tensor, x: Tensor, y: Tensor, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Add the gradients of −a·mean_i(x_i·y_i) (upstream ``g``) to the local dx, dy [b, d]."""
+    c = g * a.detach().to(g.dtype) / x.shape[0]
+    return dx - c * y.to(g.dtype), dy - c * x.to(g.dtype)
+
+
+def disco_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "auto", ledger=None) -> Tensor:
+    """DisCo-CLIP mode (see ``_DiscoLoss``). Called by all ranks of ``group``; sizes checked by the caller."""
+    return _DiscoLoss.apply(x, y, a, group, backend, ledger)
+
+
+def _mode_fns() -> dict[str, Callable[..., Tensor]]:
+    from toolkit.train.dist.fastclip import fastclip_loss
+    from toolkit.train.dist.ring import ring_loss
+
+    return {"gather": gather_loss, "disco": disco_loss, "ring": ring_loss, "fastclip": fastclip_loss}
+
+
+def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tensor | float, *, mode: str,
+                     group=None, backend: str = "auto", ledger: D.CommLedger | None = None) -> Tensor:
+    """This rank's share loss_r (0-d, fp32) of the global-batch CLIP loss (module docstring).
+
+    image_local, text_local: [b, d] L2-normalised features of this rank's b pairs (same b on every rank,
+    checked: a mismatch raises ValueError naming each rank's shape). logit_scale: the multiplicative
+    scale a (open_clip's ``logit_scale.exp()``), 0-d. mode: one of ``MODES``. Called by every rank of
+    ``group`` (default: world); without a process group every mode is the K=1 loss. Collectives are
+    recorded in ``ledger`` (default ``toolkit.core.dist.LEDGER``).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown distributed loss mode {mode!r}; choose one of {MODES}")
+    if image_local.dim() != 2 or image_local.shape != text_local.shape:
+        raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
+                         "must both be [b, d] with the same shape")
+    if not isinstance(logit_scale, Tensor):
+        logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
+    if logit_scale.dim() != 0:
+        raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
+    D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
+    return _mode_fns()[mode](image_local, text_local, logit_scale, group=group, backend=backend, ledger=ledger)
+
+
+def mean_over_ranks(value: Tensor, group=None, ledger: D.CommLedger | None = None) -> Tensor:
+    """Mean of a 0-d tensor over the ranks of ``group`` (e.g. loss_r -> the global loss L), for logging;
+    one all_reduce of 4 or 8 bytes (category ``scalars``); called by all ranks."""
+    k = D.get_world_size(group)
+    out = value.detach().clone().reshape(1)
+    return (D.all_reduce_sum(out, group, D.SCALARS, ledger) / k).reshape(())
