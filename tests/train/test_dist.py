@@ -27,7 +27,7 @@ from _dist_jobs import (  # noqa: E402
     spawn_job,
 )
 
-from toolkit.core.dist import _sent_bytes  # noqa: E402
+from toolkit.core.dist import wire_bytes  # noqa: E402
 from toolkit.kernels.naive import clip_loss  # noqa: E402
 
 pytestmark = pytest.mark.dist
@@ -175,7 +175,7 @@ def test_ledger_matches_the_analytic_formula(job):
                 got_calls = led[f"comm/{op}/{cat}/calls"]
                 assert got_calls == calls if calls is not None else got_calls >= 1, (mode, op, cat)
                 assert led[f"comm/{op}/{cat}/bytes"] == nbytes, (mode, op, cat)
-                sent = _sent_bytes(op, nbytes, world)
+                sent = wire_bytes(op, nbytes, world)
                 assert led[f"comm/{op}/{cat}/sent_bytes"] == pytest.approx(sent, rel=1e-12), (mode, op, cat)
                 total_sent += sent
             assert led["comm/total/sent_bytes"] == pytest.approx(total_sent, rel=1e-12)

@@ -111,7 +111,8 @@ def barrier(group=None) -> None:
 
 
 # --------------------------------------------------------------------------- ledger
-def _sent_bytes(op: str, nbytes: int, world_size: int) -> float:
+def wire_bytes(op: str, nbytes: int, world_size: int) -> float:
+    """Bytes one rank sends for ``op`` on an ``nbytes`` tensor under ring algorithms (module docstring)."""
     k = world_size
     factor = {"all_gather": k - 1, "reduce_scatter": (k - 1) / k, "all_reduce": 2 * (k - 1) / k,
               "broadcast": 1, "send": 1, "recv": 0, "all_to_all": (k - 1) / k}[op]
@@ -140,7 +141,7 @@ class CommLedger:
         """Count one collective of ``op`` handing ``nbytes`` bytes to the network layer."""
         if not self.enabled:
             return
-        sent = _sent_bytes(op, nbytes, world_size) * calls
+        sent = wire_bytes(op, nbytes, world_size) * calls
         with self._lock:
             entry = self._current[(op, category)]
             entry[0] += calls

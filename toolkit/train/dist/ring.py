@@ -72,15 +72,15 @@ def _add(a: Sequence[Tensor], b: Sequence[Tensor]) -> list[Tensor]:
 class _RingLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, a, group, backend, ledger):
-        rows: list[Tensor] = []
+        row = None
 
         def tile(held: Sequence[Tensor]) -> list[Tensor]:
-            row, col = K.lse_forward(x, held[0], a, backend=backend)
-            rows.append(row)
+            nonlocal row
+            part, col = K.lse_forward(x, held[0], a, backend=backend)
+            row = part if row is None else torch.logaddexp(row, part)
             return [col]
 
         (col,) = circulate([y], [D.FEATURES], tile, _logaddexp, [D.SCALARS], group, ledger)
-        row = torch.logsumexp(torch.stack(rows), 0)
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, row, col, pos)
         ctx.group, ctx.backend, ctx.ledger = group, backend, ledger
