@@ -118,3 +118,12 @@ def test_whole_value_reference_keeps_type_and_shell_timeout(tmp_path):
     result = invoke("run", str(path))
     assert result.exit_code == 1 and "timed out after 0.2 s" in result.output
     assert json.loads((tmp_path / "r" / "slow" / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_jsonl_logs_record_stage_output(pipe, tmp_path):
+    assert invoke("run", str(pipe)).exit_code == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "pipeline.log.jsonl").read_text().splitlines()]
+    assert any("stage use (shell): running" in r["message"] for r in records)
+    stage_log = [json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()]
+    assert any(r["message"].startswith("$ echo hello") for r in stage_log)
+    assert {"time", "level", "logger", "message"} <= set(stage_log[0])
