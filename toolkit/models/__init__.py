@@ -3,3 +3,14 @@
 from toolkit.models.registry import context_length, image_size, model_config, register_builtin_configs, tokenizer
 
 __all__ = ["context_length", "image_size", "model_config", "register_builtin_configs", "tokenizer"]
+from toolkit.models.checkpoint import (  # noqa: E402
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    read_checkpoint_config,
+    save_model,
+)
+from toolkit.models.factory import LoadedModel, load_model, resolve_spec  # noqa: E402
+
+__all__ += ["CONFIG_NAME", "WEIGHTS_NAME", "CheckpointError", "LoadedModel", "load_model", "read_checkpoint_config",
+            "resolve_spec", "save_model"]
