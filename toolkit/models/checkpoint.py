@@ -170,7 +170,7 @@ def load_weights(model: Any, path: str | os.PathLike) -> None:
     p = check_weights_file(path)
     try:
         open_clip.load_checkpoint(model, str(p), strict=True, weights_only=True)
-    except RuntimeError as err:  # missing/unexpected keys or shape mismatches
+    except (RuntimeError, AssertionError) as err:  # missing/unexpected keys, shape mismatches (open_clip asserts)
         raise ValueError(f"{p}: weights do not match the model config: {str(err)[:1500]}") from err
     except Exception as err:  # noqa: BLE001 - corrupt files raise many kinds; report them with the file name
         raise CheckpointError(f"{p}: could not read weights: {type(err).__name__}: {err}") from err
