@@ -80,3 +80,26 @@ def test_help_lists_every_option():
     for option in ("--model", "--datasets", "--root", "--out", "--weights", "--batch-size", "--workers",
                    "--device", "--amp", "--precision"):
         assert option in result.output
+
+
+def test_pipeline_builds_then_evaluates(workspace, tmp_path):
+    from toolkit.pipeline import load_pipeline, run_pipeline
+
+    (tmp_path / "p.yaml").write_text(f"""
+run_dir: {tmp_path / "run"}
+stages:
+  - name: pairs
+    kind: eval.build-set
+    config: {{source: csv, task: retrieval, input: {workspace / "csv" / "pairs.csv"}, out: "${{run_dir}}/sets/pairs"}}
+  - name: zeroshot
+    kind: eval.zeroshot
+    config: {{model: {workspace / "ckpt"}, root: "${{stages.pairs.outputs.root}}",
+             datasets: ["${{stages.pairs.outputs.name}}"], device: cpu, recall_k: [1, 2]}}
+""")
+    report_ = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
+    assert [action for _, action, _ in report_] == ["ran", "ran"]
+    data = report.read_results(report_[1][2].outputs["results"])
+    assert set(data["results"][0]["metrics"]) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text")
+                                                   for k in (1, 2)}
+    again = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
+    assert [action for _, action, _ in again] == ["skipped", "skipped"]
