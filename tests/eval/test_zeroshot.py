@@ -50,3 +50,19 @@ def test_recall_k_above_set_size_is_none(sets_root):
     metrics = evaluate_set(TiedModel(3), tied_tokenizer, to_tensor, eval_set, recall_k=(1, 2, 5))
     assert metrics["image_retrieval_recall@1"] == 1.0 and metrics["text_retrieval_recall@2"] == 1.0
     assert metrics["image_retrieval_recall@5"] is None and metrics["text_retrieval_recall@5"] is None
+
+
+def test_run_with_bf16_model_weights(sets_root, tmp_path):
+    """precision=bf16 casts matmul weights; images must be fed in bf16 (clip-benchmark sends float32)."""
+    from toolkit.core.config import build
+    from toolkit.eval.zeroshot import ZeroShotConfig, run
+
+    cfg = build(ZeroShotConfig, {"model": "cliptk-tiny", "datasets": ["cls7", "ret3"], "root": str(sets_root),
+                                 "out": str(tmp_path), "precision": "bf16", "device": "cpu", "batch_size": 5})
+    result = run(cfg)
+    assert result.counts == {"num_datasets": 2, "num_samples": {"cls7": 14, "ret3": 3}}
+    avg = result.details["average"]
+    assert 0 <= avg["zeroshot_classification"]["acc1"] <= 1
+    # 3 images: R@5 and R@10 are undefined, so only R@1 enters the retrieval average.
+    assert set(avg["zeroshot_retrieval"]) == {"image_retrieval_recall@1", "text_retrieval_recall@1"}
+    assert avg["num_datasets"] == 2 and avg["primary"] is not None

@@ -99,6 +99,20 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     return report.clean_metrics(metrics)
 
 
+class InputCast:
+    """Feeds images to ``model.encode_image`` in ``dtype``: models loaded with precision bf16/fp16 (open_clip's
+    meaning) hold low-precision conv weights, and clip-benchmark passes float32 images."""
+
+    def __init__(self, model: Any, dtype: Any):
+        self.model, self.dtype = model, dtype
+
+    def encode_image(self, images: Any) -> Any:
+        return self.model.encode_image(images.to(self.dtype))
+
+    def encode_text(self, tokens: Any) -> Any:
+        return self.model.encode_text(tokens)
+
+
 class _LoaderView:
     """Iterates the progress-wrapped batches while exposing ``.dataset`` (clip-benchmark reads
     ``dataloader.dataset.classes``)."""
@@ -120,12 +134,17 @@ def run(cfg: ZeroShotConfig) -> StageResult:
         device = resolve_device(cfg.device)
         loaded = load_model(cfg.model, weights=cfg.weights or None, device=device, precision=cfg.precision,
                             seed=cfg.seed)
+        model = loaded.model
+        if cfg.precision != "fp32":
+            import open_clip
+
+            model = InputCast(model, open_clip.get_input_dtype(cfg.precision))
         per_dataset = io.join(cfg.out, "per_dataset")
         io.makedirs(per_dataset)
         records = []
         for eval_set in sets:
             start = time.monotonic()
-            metrics = evaluate_set(loaded.model, loaded.tokenizer, loaded.preprocess, eval_set,
+            metrics = evaluate_set(model, loaded.tokenizer, loaded.preprocess, eval_set,
                                    batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device,
                                    amp=cfg.amp, recall_k=cfg.recall_k)
             record = report.make_record(eval_set.name, loaded.name, loaded.weights, eval_set.task, metrics,
