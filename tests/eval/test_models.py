@@ -7,7 +7,15 @@ import json
 import pytest
 import torch
 
-from toolkit.models import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_model, save_model
+from toolkit.models import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    find_weights,
+    is_checkpoint_dir,
+    load_model,
+    save_model,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +67,18 @@ def test_round_trip_and_open_clip_local_dir(tiny, tiny_dir):
     assert torch.equal(tokenizer(["a dog"]), tiny.tokenizer(["a dog"]))
 
 
+def test_failed_save_leaves_old_checkpoint(tiny, tiny_dir, tmp_path):
+    out = save_model(tiny.model, tiny.model_cfg, tmp_path / "ck")
+    before = (out / WEIGHTS_NAME).read_bytes()
+
+    def explode(_):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_model(load_model("cliptk-tiny", seed=5).model, tiny.model_cfg, out, write_extra=explode)
+    assert (out / WEIGHTS_NAME).read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
 def test_save_replaces_whole_dir_and_unwraps_wrappers(tiny, tmp_path):
     out = tmp_path / "ck"
     save_model(tiny.model, tiny.model_cfg, out)
@@ -66,9 +86,10 @@ def test_save_replaces_whole_dir_and_unwraps_wrappers(tiny, tmp_path):
     other = load_model("cliptk-tiny", seed=3)
     wrapper = torch.nn.Module()
     wrapper.module = other.model  # what DistributedDataParallel looks like
-    save_model(wrapper, other.model_cfg, out)
+    save_model(wrapper, other.model_cfg, out, write_extra=lambda d: (d / "trainer_state.pt").write_bytes(b"s"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temp or old folders left
-    assert not (out / "stale.txt").exists()
+    assert not (out / "stale.txt").exists() and (out / "trainer_state.pt").read_bytes() == b"s"
+    assert is_checkpoint_dir(out) and find_weights(out).name == WEIGHTS_NAME
     back = load_model(str(out))
     assert torch.equal(_features(back.model, back.tokenizer)[1], _features(other.model, other.tokenizer)[1])
 

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,14 @@ def state_dict_for_saving(model: Any) -> dict[str, Any]:
 
 
 def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike,
-               preprocess_cfg: dict[str, Any] | None = None) -> Path:
+               preprocess_cfg: dict[str, Any] | None = None,
+               write_extra: Callable[[Path], None] | None = None) -> Path:
     """Write ``out_dir`` (config + safetensors weights) atomically; returns its path.
 
     ``model_cfg`` is the open_clip config the model was built from (``LoadedModel.model_cfg``);
     ``preprocess_cfg`` defaults to the model's ``visual.preprocess_cfg`` or open_clip's defaults.
-    An existing ``out_dir`` is replaced as a whole. Called by one process (rank 0).
+    ``write_extra(tmp_dir)`` may add more files (trainer state) that then appear in the same atomic
+    rename. An existing ``out_dir`` is replaced as a whole. Called by one process (rank 0).
     """
     from open_clip import get_model_preprocess_cfg
     from safetensors.torch import save_file
@@ -96,6 +99,8 @@ def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike
     try:
         save_file(state_dict_for_saving(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        if write_extra is not None:
+            write_extra(tmp)
         _replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -119,7 +124,8 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:
-    return Path(path).is_dir() and (Path(path) / CONFIG_NAME).is_file()
+    """True when ``path`` holds a complete model checkpoint (config and ``open_clip_model.safetensors``)."""
+    return (Path(path) / CONFIG_NAME).is_file() and (Path(path) / WEIGHTS_NAME).is_file()
 
 
 def read_checkpoint_config(ckpt_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
