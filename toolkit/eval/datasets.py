@@ -18,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import io as _io
 import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
 IMAGE_EXTS = ("png", "jpg", "jpeg", "webp")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 SPLIT = "test"
 TASKS = {"classification": "zeroshot_classification", "retrieval": "zeroshot_retrieval"}
 
@@ -66,9 +68,10 @@ def _count_samples(shard: str) -> int:
     try:
         with tarfile.open(shard) as tar:
             for member in tar:
-                stem, _, ext = member.name.rpartition(".")
-                if member.isfile() and ext.lower() in IMAGE_EXTS:
-                    keys.add(stem)
+                # webdataset's grouping: the key ends at the first dot of the file name.
+                match = _KEY_EXT.match(member.name)
+                if member.isfile() and match and match.group(2).lower() in IMAGE_EXTS:
+                    keys.add(match.group(1))
     except (tarfile.TarError, OSError) as err:
         raise DatasetError(f"{shard}: not a readable tar file: {err}") from err
     return len(keys)
