@@ -100,6 +100,17 @@ class FastCLIPLoss(nn.Module):
                                    self.gamma_schedule)
 
     # ----------------------------------------------------------------- tables
+    def sync_tables(self) -> None:
+        """Collective (all ranks): returns once every rank's table writes are done. Call it before
+        reading the tables outside forward (state_dict for a checkpoint, inspection); forward itself
+        is ordered by its collectives."""
+        from toolkit.train.fastclip._ops import world
+
+        if world(self.group)[1] > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
     def table(self, name: str) -> Tensor:
         """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
         if name in ("u_image", "u_text"):
