@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from test_fastclip_oracle import Oracle, make_batch
+
 from toolkit.train.fastclip import FastCLIPLoss, gamma_at_epoch
 
 N, D = 13, 7

@@ -16,7 +16,6 @@ reference's value averages the pre- and post-update halves; only logging sees th
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,14 @@ import torch
 from torch import Tensor
 
 from toolkit.train.fastclip._ops import lse_backward, lse_forward
-from toolkit.train.fastclip.common import GlobalBatch, check_unique, ema_log, gather_rows, log_plus_eps, row_max
+from toolkit.train.fastclip.common import (
+    GlobalBatch,
+    check_unique,
+    ema_log,
+    gather_rows,
+    log_plus_eps,
+    row_max,
+)
 
 if TYPE_CHECKING:
     from toolkit.train.fastclip.loss import FastCLIPLoss
