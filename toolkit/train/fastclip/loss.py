@@ -152,6 +152,10 @@ class FastCLIPLoss(nn.Module):
             raise ValueError(f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}")
         self.tables.check_index(index)
         batch = gather_batch(image_features, text_features, self.group)
+        if self.tables.shared and batch.xg.is_cuda:
+            # NCCL collectives do not block the host: wait until the feature gather completed, which
+            # proves every local peer has finished writing the previous step's rows we may read now.
+            torch.cuda.current_stream(batch.xg.device).synchronize()
         if self.version == "v2":
             value, dx, dy = individual.step(self, batch, index)
             pairs = [(image_features, dx), (text_features, dy)]
@@ -177,8 +181,11 @@ class FastCLIPLoss(nn.Module):
         """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
         bt, acc = batch, batch.x.dtype
         a = logit_scale.detach().to(acc).reshape(())
-        row_lse, _ = lse_forward(bt.x, bt.yg, a, a, bt.off, True, False, self.backend)
-        _, col_lse = lse_forward(bt.xg, bt.y, a, a, -bt.off, False, True, self.backend)
+        if bt.num_ranks == 1:  # one pass gives both
+            row_lse, col_lse = lse_forward(bt.x, bt.y, a, a, 0, True, True, self.backend)
+        else:
+            row_lse, _ = lse_forward(bt.x, bt.yg, a, a, bt.off, True, False, self.backend)
+            _, col_lse = lse_forward(bt.xg, bt.y, a, a, -bt.off, False, True, self.backend)
         log_g1 = row_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_g2 = col_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, log_g1, log_g2).unbind(1)
