@@ -93,7 +93,13 @@ def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:
                    PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:  # a hung rank must not outlive the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(num_ranks)]
