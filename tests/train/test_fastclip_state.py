@@ -114,6 +114,6 @@ def test_fp32_at_tau_001_close_to_float64_oracle(version):
         torch.testing.assert_close(value.double(), want, rtol=1e-4, atol=0)
         torch.testing.assert_close(xs.grad.double(), xo.grad, rtol=1e-3, atol=1e-4 * scale)
         # v3's p-gradient is a difference of terms of size ρτ ≈ 0.065 (a = 100 amplifies fp32 rounding in
-        # Σ P_ij (s_ij − s_ii)): hold it to 1e-4 of that scale
-        torch.testing.assert_close(ps.grad.double(), po.grad, rtol=1e-3, atol=1e-4 * 6.5 * 0.01)
+        # Σ P_ij (s_ij − s_ii)): hold it to 2e-4 of that scale
+        torch.testing.assert_close(ps.grad.double(), po.grad, rtol=1e-3, atol=2e-4 * 6.5 * 0.01)
         torch.testing.assert_close(loss.table("u_image")[ids].double(), oracle.u_im[ids], rtol=1e-3, atol=0)
