@@ -51,6 +51,13 @@ class StageKind:
 KINDS: dict[str, StageKind] = {
     "shell": StageKind("toolkit.core.shell:ShellConfig", "toolkit.core.shell:run", ("out",),
                        "Any command line (bash -c); outputs are the keys of its `outputs` mapping."),
+    "eval.zeroshot": StageKind("toolkit.eval.zeroshot:ZeroShotConfig", "toolkit.eval.zeroshot:run",
+                               ("results", "report", "chart", "per_dataset"),
+                               "Zero-shot classification and retrieval of a model on clip-benchmark wds sets."),
+    "eval.build-set": StageKind("toolkit.eval.build:BuildSetConfig", "toolkit.eval.build:run",
+                                ("dataset", "root", "name"),
+                                "Build an evaluation set (clip-benchmark wds layout) from a folder, CSV, "
+                                "Fashion-MNIST or the OpenMoji demo."),
 }
 
 _REF = re.compile(r"\$\{([^}]+)\}")

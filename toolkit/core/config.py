@@ -232,23 +232,27 @@ def load_config(
     overrides: list[str] | tuple[str, ...] = (),
     explicit: Mapping[str, Any] | None = None,
 ) -> T:
-    """defaults < YAML file < ``--set`` overrides < explicit (CLI option) values; returns ``cls``."""
+    """defaults < YAML file < ``--set`` overrides < explicit (CLI option) values; returns ``cls``.
+
+    Errors name where the offending value came from: the file, the ``--set`` text, or the option.
+    """
     data: dict = read_yaml(yaml_path) if yaml_path else {}
-    source = str(yaml_path) if yaml_path else "<defaults>"
-    build(cls, data, source=source)  # so YAML mistakes are reported against the file
+    sources: dict[str, str] = {}
     for text in overrides:
         path, value = parse_override(text)
         set_path(data, path, value)
-        try:
-            build(cls, data, source=f"--set {text}")
-        except ConfigError as err:
-            if err.key.split("[")[0].startswith(path[0]):
-                raise
-            raise ConfigError(source, err.key, err.message) from err
+        sources[".".join(path)] = f"--set {text}"
     for key, value in (explicit or {}).items():
         if value is not None:
             set_path(data, key.split("."), value)
-    return build(cls, data, source="command line" if explicit else source)
+            sources[key] = f"option --{key.replace('_', '-')}"
+    default_source = str(yaml_path) if yaml_path else "config"
+    try:
+        return build(cls, data, source=default_source)
+    except ConfigError as err:
+        matches = [k for k in sources if err.key == k or err.key.startswith((k + ".", k + "["))]
+        source = sources[max(matches, key=len)] if matches else default_source
+        raise ConfigError(source, err.key, err.message) from None
 
 
 # ---------------------------------------------------------------- serialisation and hashing

@@ -81,8 +81,14 @@ def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit:
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     if not is_quiet() and sys.stderr.isatty():
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                    TimeElapsedColumn(), TimeRemainingColumn()]

@@ -1,0 +1,116 @@
+"""build-set writes clip-benchmark's wds layout from folders, CSVs, the OpenMoji demo CSV and Fashion-MNIST."""
+
+from __future__ import annotations
+
+import csv
+import tarfile
+from pathlib import Path
+
+import pytest
+from evalkit import build_set, make_folder, solid_png
+
+from toolkit.core.config import ConfigError, build
+from toolkit.eval.build import BuildSetConfig
+from toolkit.eval.datasets import DatasetError, open_eval_set
+from toolkit.eval.sources import FASHION_MNIST_DIR, FASHION_MNIST_FILES
+
+
+def _keys(shard: Path) -> list[str]:
+    with tarfile.open(shard) as tar:
+        return sorted(m.name for m in tar)
+
+
+def test_folder_classification_layout(tmp_path):
+    make_folder(tmp_path / "in", [2, 1, 3])
+    (tmp_path / "in" / "object_#1" / "notes.txt").write_text("not an image")
+    result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "three", max_per_shard=4)
+    out = tmp_path / "sets" / "three"
+    assert (out / "test" / "nshards.txt").read_text().strip() == "2"
+    assert _keys(out / "test" / "1.tar") == ["s0000004.cls", "s0000004.png", "s0000005.cls", "s0000005.png"]
+    assert (out / "classnames.txt").read_text().splitlines() == ["object #0", "object #1", "object #2"]
+    assert "{c}" in (out / "zeroshot_classification_templates.txt").read_text()
+    assert not (out / "dataset_type.txt").exists()
+    assert result.counts["num_samples"] == 6 and result.counts["left_out"] == {"not an image file": 1}
+    assert result.details["per_class"] == {"object #0": 2, "object #1": 1, "object #2": 3}
+    assert open_eval_set(tmp_path / "sets", "three").num_samples == 6
+
+
+def test_csv_classification_with_classnames_and_templates(tmp_path):
+    for k in range(3):
+        solid_png(tmp_path / f"{k}.png", k)
+    (tmp_path / "data.csv").write_text("file,kind\n0.png,cat\n1.png,dog\n2.png,cat\n")
+    (tmp_path / "names.txt").write_text("dog\ncat\nbird\n")
+    (tmp_path / "tpl.txt").write_text("a drawing of a {c}.\n")
+    build_set("csv", tmp_path / "data.csv", tmp_path / "s" / "pets", image_column="file", label_column="kind",
+              classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "tpl.txt"))
+    s = open_eval_set(tmp_path / "s", "pets")
+    assert s.classnames == ("dog", "cat", "bird") and s.templates == ("a drawing of a {c}.",)
+    with tarfile.open(s.shards[0]) as tar:
+        assert [tar.extractfile(f"s000000{i}.cls").read() for i in range(3)] == [b"1", b"0", b"1"]
+
+
+def test_csv_errors_name_row_and_column(tmp_path):
+    (tmp_path / "a.csv").write_text("image,label\nmissing.png,cat\n")
+    with pytest.raises(DatasetError, match=r"a.csv: row 2: image file not found: .*missing.png"):
+        build_set("csv", tmp_path / "a.csv", tmp_path / "o")
+    with pytest.raises(DatasetError, match=r"a.csv: missing column\(s\) caption"):
+        build_set("csv", tmp_path / "a.csv", tmp_path / "o", task="retrieval")
+    with pytest.raises(ConfigError, match="source 'folder' gives classification sets only"):
+        build(BuildSetConfig, {"source": "folder", "input": "x", "out": "y", "task": "retrieval"})
+
+
+def _openmoji_demo(root: Path) -> Path:
+    """A small DIR/openmoji.csv like `toolkit data demo` writes (path,caption,group,subgroup,codepoints)."""
+    root.mkdir(parents=True, exist_ok=True)
+    rows = [("smileys-emotion", "grinning face"), ("Animals & Nature", "dog face"), ("animals-nature", "cat face"),
+            ("Flags", "chequered flag"), ("extras-openmoji", "openmoji logo"), ("Food & Drink", "red apple")]
+    with (root / "openmoji.csv").open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["path", "caption", "group", "subgroup", "codepoints"])
+        for k, (group, caption) in enumerate(rows):
+            solid_png(root / "openmoji" / f"{k}.png", k, size=72)
+            writer.writerow([f"openmoji/{k}.png", caption, group, "sub", f"1F60{k}"])
+    return root
+
+
+def test_openmoji_retrieval_and_group_classification(tmp_path):
+    demo = _openmoji_demo(tmp_path / "demo")
+    build_set("openmoji", demo, tmp_path / "sets" / "openmoji-retrieval", task="retrieval")
+    ret = open_eval_set(tmp_path / "sets", "openmoji-retrieval")
+    assert ret.kind == "retrieval" and ret.num_samples == 6
+    with tarfile.open(ret.shards[0]) as tar:
+        assert tar.extractfile("s0000001.txt").read() == b"dog face"
+    result = build_set("openmoji", demo, tmp_path / "sets" / "openmoji-groups")
+    cls = open_eval_set(tmp_path / "sets", "openmoji-groups")
+    # Unicode order, only groups present; the OpenMoji-only 'extras' row is left out and counted.
+    assert cls.classnames == ("smileys and emotion", "animals and nature", "food and drink", "flags")
+    assert cls.num_samples == 5
+    assert result.counts["left_out"] == {"group 'extras-openmoji' is not a Unicode emoji group": 1}
+    assert result.details["per_class"] == {"smileys and emotion": 1, "animals and nature": 2,
+                                           "food and drink": 1, "flags": 1}
+
+
+def test_openmoji_missing_csv_says_how_to_make_it(tmp_path):
+    with pytest.raises(DatasetError, match=r"openmoji.csv: missing; create it with `toolkit data demo --out"):
+        build_set("openmoji", tmp_path, tmp_path / "o")
+
+
+def test_fashion_mnist_missing_files_error(tmp_path):
+    with pytest.raises(DatasetError, match=r"Fashion-MNIST file not found: .*t10k-images-idx3-ubyte.gz"):
+        build_set("fashion-mnist", tmp_path, tmp_path / "o")
+
+
+@pytest.mark.skipif(not all((Path(FASHION_MNIST_DIR) / f).is_file() for f in FASHION_MNIST_FILES["test"]),
+                    reason="Debian package dataset-fashion-mnist not installed (apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_real_files(tmp_path):
+    from PIL import Image
+
+    result = build_set("fashion-mnist", "", tmp_path / "fashion-mnist", limit=50)
+    s = open_eval_set(tmp_path, "fashion-mnist")
+    assert s.num_samples == 50 and len(s.classnames) == 10 and s.classnames[9] == "ankle boot"
+    assert sum(result.details["per_class"].values()) == 50 and len(result.details["per_class"]) == 10
+    with tarfile.open(s.shards[0]) as tar:
+        img = Image.open(tar.extractfile("s0000000.png"))
+        assert img.size == (28, 28) and img.mode == "L"
+        # The first test image of Fashion-MNIST is an ankle boot (label 9).
+        assert tar.extractfile("s0000000.cls").read() == b"9"

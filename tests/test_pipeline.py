@@ -1,0 +1,129 @@
+"""Pipeline runner with real shell stages: skip on rerun, resume after failure, --from/--only,
+references, and validation that fails before any stage runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from toolkit.cli.main import app
+
+PIPELINE = """
+run_dir: {root}/run
+vars: {{greeting: hello}}
+stages:
+  - name: make
+    kind: shell
+    config:
+      cmd: 'echo ${{vars.greeting}} >> {root}/make_calls.txt; echo ${{vars.greeting}} > $STAGE_OUT/data.txt'
+      outputs: {{data: "${{run_dir}}/make/data.txt"}}
+  - name: use
+    kind: shell
+    config:
+      cmd: '[ ! -e {root}/fail ] && cat ${{stages.make.outputs.data}} >> {root}/use_calls.txt'
+      inputs: ["${{stages.make.outputs.data}}"]
+"""
+
+
+@pytest.fixture
+def pipe(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(PIPELINE.format(root=tmp_path))
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["--quiet", "pipeline", *args])
+
+
+def lines(path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def manifest(tmp_path, stage: str) -> dict:
+    return json.loads((tmp_path / "run" / stage / "manifest.json").read_text())
+
+
+def test_run_then_rerun_is_a_noop(pipe, tmp_path):
+    result = invoke("run", str(pipe))
+    assert result.exit_code == 0, result.output
+    assert "make: ran" in result.output and "use: ran" in result.output
+    assert lines(tmp_path / "use_calls.txt") == ["hello"]
+    m = manifest(tmp_path, "use")
+    assert m["status"] == "done" and m["kind"] == "shell" and m["outputs"]["out"] == f"{tmp_path}/run/use"
+    assert list(m["inputs"].values())[0]["path"] == f"{tmp_path}/run/make/data.txt"
+    assert (tmp_path / "run" / "use" / "config.yaml").exists() and (tmp_path / "run" / "use" / "log.jsonl").exists()
+    again = invoke("run", str(pipe))
+    assert again.exit_code == 0 and "make: skipped" in again.output and "use: skipped" in again.output
+    assert lines(tmp_path / "make_calls.txt") == ["hello"] and lines(tmp_path / "use_calls.txt") == ["hello"]
+
+
+def test_failure_stops_then_rerun_resumes_at_failed_stage(pipe, tmp_path):
+    (tmp_path / "fail").touch()
+    result = invoke("run", str(pipe))
+    assert result.exit_code == 1 and "stage 'use' failed" in result.output
+    assert manifest(tmp_path, "make")["status"] == "done" and manifest(tmp_path, "use")["status"] == "failed"
+    (tmp_path / "fail").unlink()
+    result = invoke("run", str(pipe))
+    assert result.exit_code == 0 and "make: skipped" in result.output and "use: ran" in result.output
+    assert lines(tmp_path / "make_calls.txt") == ["hello"] and lines(tmp_path / "use_calls.txt") == ["hello"]
+
+
+def test_changed_config_reruns_stage_and_dependents(pipe, tmp_path):
+    assert invoke("run", str(pipe)).exit_code == 0
+    result = invoke("run", str(pipe), "--set", "vars.greeting=bye")
+    assert result.exit_code == 0 and "make: ran" in result.output and "use: ran" in result.output
+    assert lines(tmp_path / "use_calls.txt") == ["hello", "bye"]
+
+
+def test_from_only_and_dry_run(pipe, tmp_path):
+    assert invoke("run", str(pipe), "--only", "use").exit_code == 2  # 'make' has not run yet
+    assert invoke("run", str(pipe)).exit_code == 0
+    dry = invoke("run", str(pipe), "--dry-run")
+    assert dry.exit_code == 0 and lines(tmp_path / "use_calls.txt") == ["hello"]
+    assert invoke("run", str(pipe), "--only", "use").exit_code == 0
+    assert lines(tmp_path / "make_calls.txt") == ["hello"] and len(lines(tmp_path / "use_calls.txt")) == 2
+    assert invoke("run", str(pipe), "--from", "make").exit_code == 0
+    assert len(lines(tmp_path / "make_calls.txt")) == 2 and len(lines(tmp_path / "use_calls.txt")) == 3
+    result = invoke("run", str(pipe), "--from", "mkae")
+    assert result.exit_code == 2 and "did you mean 'make'" in result.output
+
+
+@pytest.mark.parametrize(("old", "new", "words"), [
+    ("      inputs:", "      inptus:", "stages.use.config.inptus: unknown key; did you mean 'inputs'"),
+    ("kind: shell\n    config:\n      cmd: '[", "kind: shel\n    config:\n      cmd: '[", "unknown stage kind 'shel'"),
+    ("${{stages.make.outputs.data}} >>", "${{stages.use.outputs.out}} >>", "must name an earlier stage"),
+    ("${{stages.make.outputs.data}} >>", "${{stages.make.outputs.dta}} >>", "has no output 'dta'"),
+    ("echo ${{vars.greeting}} >", "echo ${{vars.greting}} >", "unknown variable"),
+    ("name: use", "name: make", "duplicate stage name"),
+    ("run_dir:", "rundir:", "unknown key; did you mean 'run_dir'"),
+])
+def test_validation_fails_before_anything_runs(tmp_path, old, new, words):
+    path = tmp_path / "bad.yaml"
+    text = PIPELINE.replace(old, new, 1)
+    assert text != PIPELINE
+    path.write_text(text.format(root=tmp_path))
+    result = invoke("run", str(path))
+    assert result.exit_code == 2, result.output
+    assert words in result.output and str(path) in result.output
+    assert not (tmp_path / "make_calls.txt").exists() and not (tmp_path / "run" / "make").exists()
+
+
+def test_whole_value_reference_keeps_type_and_shell_timeout(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(f"run_dir: {tmp_path}/r\nvars: {{t: 0.2}}\nstages:\n"
+                    "  - {name: slow, kind: shell, config: {cmd: 'sleep 5', timeout_s: '${vars.t}'}}\n")
+    result = invoke("run", str(path))
+    assert result.exit_code == 1 and "timed out after 0.2 s" in result.output
+    assert json.loads((tmp_path / "r" / "slow" / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_jsonl_logs_record_stage_output(pipe, tmp_path):
+    assert invoke("run", str(pipe)).exit_code == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "pipeline.log.jsonl").read_text().splitlines()]
+    assert any("stage use (shell): running" in r["message"] for r in records)
+    stage_log = [json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()]
+    assert any(r["message"].startswith("$ echo hello") for r in stage_log)
+    assert {"time", "level", "logger", "message"} <= set(stage_log[0])

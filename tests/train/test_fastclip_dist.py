@@ -1,0 +1,171 @@
+"""FastCLIP under torch.distributed (gloo, real processes on 127.0.0.1) equals the single-process run.
+
+K=2 runs as two nodes of one rank (a table replica per rank); K=4 as two nodes of two local ranks
+(one shared-memory table per node). Each job runs every version over several steps (γ = 1, then
+decaying; local batch 1 included) plus the OpenCLIP baseline; the parent compares each rank's results
+with a single-process run on the same global batches: values, K⁻¹ × the rank's feature gradients (what
+DDP's mean makes of them), the mean over ranks of the p gradients, and every rank's full tables.
+This file is also the worker script (``python test_fastclip_dist.py OUT_DIR``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+N, D = 23, 5
+VERSIONS = ("v0", "v1", "v2", "v3")
+LOCAL_BATCHES = (3, 1, 2)
+KW = {"gamma_min": 0.3, "gamma_decay_epochs": 2, "rho": 6.5, "eps": 1e-14, "tau_init": 0.07, "lr_tau": 0.05,
+      "beta2_tau": 0.98, "eps_tau": 1e-6, "table_dtype": torch.float64}
+
+
+def scenario(num_ranks: int):
+    """[(epoch, x [B,D], y [B,D], ids [B], p)] for B = K·b, b in LOCAL_BATCHES; fp64, seeded."""
+    gen = torch.Generator().manual_seed(100 + num_ranks)
+    steps = []
+    for epoch, b in enumerate(LOCAL_BATCHES):
+        B = num_ranks * b
+        x = torch.nn.functional.normalize(torch.randn(B, D, generator=gen, dtype=torch.float64), dim=1)
+        y = torch.nn.functional.normalize(x + 0.8 * torch.randn(B, D, generator=gen, dtype=torch.float64), dim=1)
+        steps.append((epoch, x, y, torch.randperm(N, generator=gen)[:B], math.log(1 / 0.06) + 0.2 * epoch))
+    return steps
+
+
+def run(num_ranks: int, rank: int, group=None):
+    """Every version over the scenario on this rank's rows; returns results per version."""
+    from toolkit.train.fastclip import FastCLIPLoss, OpenCLIPLoss
+
+    out = {}
+    for version in VERSIONS:
+        loss = FastCLIPLoss(version, N, group=group, **KW)
+        records = []
+        for epoch, x, y, ids, p0 in scenario(num_ranks):
+            b = x.shape[0] // num_ranks
+            rows = slice(rank * b, (rank + 1) * b)
+            loss.set_epoch(epoch)
+            xs, ys = x[rows].clone().requires_grad_(), y[rows].clone().requires_grad_()
+            p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
+            value = loss(xs, ys, ids[rows], p.exp())
+            value.backward()
+            records.append({"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad})
+        loss.sync_tables()
+        out[version] = {"steps": records, "tables": loss.tables.data.clone()}
+    _, x, y, _, p0 = scenario(num_ranks)[0]
+    b = x.shape[0] // num_ranks
+    xs, ys = x[rank * b:(rank + 1) * b].clone().requires_grad_(), y[rank * b:(rank + 1) * b].clone().requires_grad_()
+    p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
+    OpenCLIPLoss(group)(xs, ys, p.exp()).backward()
+    out["openclip"] = {"dx": xs.grad, "dy": ys.grad, "dp": p.grad}
+    return out
+
+
+def _worker(out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, k = dist.get_rank(), dist.get_world_size()
+    torch.save(run(k, rank), Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:
+    port, root = _free_port(), Path(__file__).resolve().parents[2]
+    procs = []
+    for rank in range(num_ranks):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(num_ranks), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), LOCAL_RANK=str(rank % local_world), LOCAL_WORLD_SIZE=str(local_world),
+                   GROUP_RANK=str(rank // local_world), OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:  # a hung rank must not outlive the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(num_ranks)]
+
+
+def _close(got, want, what):
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("num_ranks,local_world", [(2, 1), (4, 2)])
+def test_distributed_equals_single_process(tmp_path, num_ranks, local_world):
+    ranks = _launch(num_ranks, local_world, tmp_path)
+    expected = _single_process(num_ranks)
+    for version in VERSIONS:
+        for s, want in enumerate(expected[version]["steps"]):
+            b = want["dx"].shape[0] // num_ranks
+            for r, res in enumerate(ranks):
+                got = res[version]["steps"][s]
+                _close(got["value"], want["value"], f"{version} step {s} rank {r} value")
+                _close(got["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"{version} step {s} rank {r} dx")
+                _close(got["dy"] / num_ranks, want["dy"][r * b:(r + 1) * b], f"{version} step {s} rank {r} dy")
+            if want["dp"] is None:
+                assert all(res[version]["steps"][s]["dp"] is None for res in ranks)
+            else:
+                mean_dp = sum(res[version]["steps"][s]["dp"] for res in ranks) / num_ranks
+                _close(mean_dp, want["dp"], f"{version} step {s} dp")
+        for r, res in enumerate(ranks):
+            _close(res[version]["tables"], expected[version]["tables"], f"{version} rank {r} tables")
+    want = expected["openclip"]
+    b = want["dx"].shape[0] // num_ranks
+    for r, res in enumerate(ranks):
+        _close(res["openclip"]["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"openclip rank {r} dx")
+    _close(sum(res["openclip"]["dp"] for res in ranks) / num_ranks, want["dp"], "openclip dp")
+
+
+def _single_process(num_ranks: int) -> dict:
+    """The same global batches without a process group (rank 0 of 1 sees the whole batch)."""
+    saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
+    try:
+        out = {}
+        for version, res in zip(VERSIONS, [None] * 4, strict=True):
+            from toolkit.train.fastclip import FastCLIPLoss
+
+            del res
+            loss = FastCLIPLoss(version, N, **KW)
+            steps = []
+            for epoch, x, y, ids, p0 in scenario(num_ranks):
+                loss.set_epoch(epoch)
+                xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+                p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
+                value = loss(xs, ys, ids, p.exp())
+                value.backward()
+                steps.append({"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad})
+            out[version] = {"steps": steps, "tables": loss.tables.data.clone()}
+        from toolkit.train.fastclip import OpenCLIPLoss
+
+        _, x, y, _, p0 = scenario(num_ranks)[0]
+        xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+        p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
+        OpenCLIPLoss()(xs, ys, p.exp()).backward()
+        out["openclip"] = {"dx": xs.grad, "dy": ys.grad, "dp": p.grad}
+        return out
+    finally:
+        os.environ.update(saved)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])

@@ -1,0 +1,42 @@
+"""Preset configs and ``toolkit train presets``."""
+
+from __future__ import annotations
+
+import yaml
+from typer.testing import CliRunner
+
+from toolkit.cli.main import app
+from toolkit.core.config import build, to_dict
+from toolkit.train.fastclip import FastCLIPLoss
+from toolkit.train.fastclip.presets import PRESETS, FastCLIPPreset, get_preset
+
+
+def test_presets_match_published_settings():
+    cc3m, cc12m, laion = PRESETS["cc3m"], PRESETS["cc12m"], PRESETS["laion"]
+    assert (cc3m.model, cc3m.global_batch_size, cc3m.lr, cc3m.weight_decay, cc3m.warmup_steps) == ("RN50", 1024, 1e-3, 0.1, 10000)
+    assert (cc3m.lr_tau, cc3m.rho, cc3m.gamma_min, cc3m.gamma_decay_epochs, cc3m.lr_tau_schedule) == (2e-4, 6.5, 0.2, 18, "step_thresh")
+    assert (cc12m.model, cc12m.global_batch_size, cc12m.lr, cc12m.lr_tau, cc12m.rho) == ("ViT-B-32", 2048, 4e-4, 1e-4, 8.5)
+    assert (cc12m.gamma_min, cc12m.gamma_decay_epochs, cc12m.beta2, cc12m.eps) == (0.2, 16, 0.98, 1e-6)
+    assert (laion.model, laion.global_batch_size, laion.lr, laion.lr_min, laion.weight_decay) == ("ViT-B-16", 5120, 2e-4, 4e-5, 0.2)
+    assert (laion.lr_tau, laion.rho, laion.gamma_min, laion.gamma_decay_epochs, laion.fastclip_eps) == (5e-5, 16.0, 0.8, 10, 1e-6)
+    for preset in PRESETS.values():  # every preset is a valid typed config
+        assert build(FastCLIPPreset, to_dict(preset)) == preset
+
+
+def test_preset_builds_loss_and_optimizer_config():
+    kw = get_preset("cc3m-v2").loss_kwargs(data_size=50)
+    loss = FastCLIPLoss(**kw)
+    assert loss.version == "v2" and loss.tau.lr_tau == 0.0133 and abs(float(loss.table("tau_image")[0]) - 0.03) < 1e-8
+    assert get_preset("cc12m").optim_config().lr_tau == 1e-4
+    assert get_preset("cc3m-v1").optim_config().lr_tau is None
+
+
+def test_cli_lists_and_prints_presets():
+    listing = CliRunner().invoke(app, ["train", "presets"])
+    assert listing.exit_code == 0
+    assert all(name in listing.output for name in ("cc3m", "cc12m", "laion"))
+    one = CliRunner().invoke(app, ["train", "presets", "cc12m"])
+    assert one.exit_code == 0
+    assert yaml.safe_load(one.output) == to_dict(PRESETS["cc12m"])
+    bad = CliRunner().invoke(app, ["train", "presets", "cc13m"])
+    assert bad.exit_code == 2 and "known presets" in bad.output

@@ -1,0 +1,1 @@
+"""Zero-shot evaluation (clip-benchmark metrics), evaluation-set builders and reports."""

@@ -1,0 +1,139 @@
+"""``eval.build-set``: write an evaluation set in clip-benchmark's local ``wds/`` layout.
+
+Sources (``source``): ``folder`` (one subfolder of images per class), ``csv`` (image,label or
+image,caption rows), ``fashion-mnist`` (Debian ``dataset-fashion-mnist``) and ``openmoji`` (the held-out
+drawings that ``toolkit data demo`` writes). The output directory ``out`` is one set: pass its parent as
+``--root`` and its folder name in ``--datasets`` to ``toolkit eval zeroshot``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from toolkit.core import io
+from toolkit.core.config import option
+from toolkit.core.log import get_logger, progress
+from toolkit.core.stage import StageResult, stage_run
+from toolkit.eval import sources
+from toolkit.eval.datasets import SPLIT, DatasetError, open_eval_set
+
+KIND = "eval.build-set"
+
+
+@dataclass(frozen=True)
+class BuildSetConfig:
+    source: Literal["folder", "csv", "fashion-mnist", "openmoji"] = option(
+        doc="folder: one subfolder per class; csv: image,label / image,caption rows; fashion-mnist: the "
+            "Debian package's files; openmoji: the held-out drawings of `toolkit data demo`.")
+    out: str = option(doc="Directory of the new set (ROOT/NAME); its parent is `--root` for eval zeroshot.")
+    input: str = option("", is_input=True, doc="Folder, CSV file, Fashion-MNIST folder (default "
+                                               "/usr/share/datasets/fashion-mnist) or demo output folder.")
+    task: Literal["classification", "retrieval"] = option(
+        "classification", doc="classification (labels) or retrieval (captions); folder and fashion-mnist "
+                              "are classification only.")
+    image_column: str = option("image", doc="CSV column with image paths, relative to the CSV's folder.")
+    label_column: str = option("label", doc="CSV column with class labels (classification).")
+    caption_column: str = option("caption", doc="CSV column with captions (retrieval; repeat a row per "
+                                                "extra caption of the same image).")
+    classnames: str = option("", is_input=True, doc="File with one class name per line (default: folder "
+                                                    "names / sorted CSV labels / the source's own).")
+    templates: str = option("", is_input=True, doc="File with prompt templates containing {c}, one per line "
+                                                   "(default: the source's own or generic photo prompts).")
+    split: Literal["test", "train"] = option("test", doc="fashion-mnist only: which original split to read; "
+                                                         "the set's split is always 'test'.")
+    limit: int = option(0, ge=0, doc="Keep only the first N samples (0: all).")
+    max_per_shard: int = option(10_000, ge=1, doc="Samples per tar shard.")
+
+    def __post_init__(self) -> None:
+        if self.task == "retrieval" and self.source in ("folder", "fashion-mnist"):
+            raise ValueError(f"task: source {self.source!r} gives classification sets only")
+        if self.source in ("folder", "csv", "openmoji") and not self.input:
+            raise ValueError(f"input: source {self.source!r} needs an input path")
+
+
+def collect(cfg: BuildSetConfig) -> sources.EvalSamples:
+    """Read the source into memory-light samples (image bytes are small eval images)."""
+    names = sources.read_lines_file(cfg.classnames, "classnames") if cfg.classnames else None
+    if cfg.source == "folder":
+        found = sources.from_folder(cfg.input, names)
+    elif cfg.source == "csv":
+        found = sources.from_csv(cfg.input, cfg.task, cfg.image_column, cfg.label_column, cfg.caption_column, names)
+    elif cfg.source == "fashion-mnist":
+        found = sources.from_fashion_mnist(cfg.input, cfg.split)
+    else:
+        found = sources.from_openmoji(cfg.input, cfg.task)
+    if names and cfg.source in ("fashion-mnist", "openmoji"):
+        if len(names) != len(found.classnames):
+            raise DatasetError(f"{cfg.classnames}: {len(names)} names for {len(found.classnames)} classes")
+        found.classnames = names
+    if cfg.templates:
+        found.templates = sources.read_lines_file(cfg.templates, "templates")
+    elif found.kind == "classification" and not found.templates:
+        found.templates = list(sources.GENERIC_TEMPLATES)
+    return found
+
+
+def write_shards(found: sources.EvalSamples, out: Path, limit: int, max_per_shard: int) -> int:
+    """Write ``out/test/{0..n-1}.tar`` + nshards.txt into a temp folder renamed into place; returns n samples."""
+    import webdataset as wds
+
+    tmp = out / f".{SPLIT}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    selected = list(sources.iter_limited(found.samples, limit))
+    num_shards = -(-len(selected) // max_per_shard)
+    for shard in range(num_shards):
+        with wds.TarWriter(str(tmp / f"{shard}.tar")) as sink:
+            chunk = selected[shard * max_per_shard:(shard + 1) * max_per_shard]
+            for i, (data, ext, target) in enumerate(progress(chunk, desc=f"shard {shard}", unit="sample")):
+                key = f"s{shard * max_per_shard + i:07d}"
+                label = {"txt": "\n".join(target)} if found.kind == "retrieval" else {"cls": str(target)}
+                sink.write({"__key__": key, ext: data, **label})
+    (tmp / "nshards.txt").write_text(f"{num_shards}\n")
+    shutil.rmtree(out / SPLIT, ignore_errors=True)
+    tmp.rename(out / SPLIT)
+    return len(selected)
+
+
+def write_metadata(found: sources.EvalSamples, out: Path) -> None:
+    for name in ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt"):
+        (out / name).unlink(missing_ok=True)
+    if found.kind == "retrieval":
+        io.write_text_atomic(str(out / "dataset_type.txt"), "retrieval\n")
+        return
+    bad = [t for t in found.templates if "{c}" not in t]
+    if bad:
+        raise DatasetError(f"template {bad[0]!r} has no {{c}} placeholder")
+    io.write_text_atomic(str(out / "classnames.txt"), "\n".join(found.classnames) + "\n")
+    io.write_text_atomic(str(out / "zeroshot_classification_templates.txt"), "\n".join(found.templates) + "\n")
+
+
+def run(cfg: BuildSetConfig) -> StageResult:
+    """Build the set, then re-open it with the evaluation reader as a check."""
+    log = get_logger("eval")
+    if not io.is_local(cfg.out):
+        raise DatasetError(f"out: {cfg.out}: evaluation sets are written to local folders")
+    with stage_run(KIND, cfg, cfg.out) as rec:
+        found = collect(cfg)
+        if not found.samples:
+            raise DatasetError(f"{cfg.input}: no samples found")
+        out = Path(io.local_path(cfg.out))
+        write_metadata(found, out)
+        num = write_shards(found, out, cfg.limit, cfg.max_per_shard)
+        eval_set = open_eval_set(out.parent, out.name)
+        for reason, count in found.left_out.items():
+            log.warning("%s: left out %d row(s): %s", cfg.input, count, reason)
+        rec.outputs.update(dataset=str(out), root=str(out.parent), name=out.name)
+        rec.counts.update(num_samples=num, num_shards=len(eval_set.shards), num_classes=len(found.classnames),
+                          left_out=dict(found.left_out), num_read=len(found.samples))
+        if found.kind == "classification":
+            per_class = [0] * len(found.classnames)
+            for _, _, label in sources.iter_limited(found.samples, cfg.limit):
+                per_class[label] += 1
+            rec.details["per_class"] = dict(zip(found.classnames, per_class, strict=True))
+        rec.details.update(task=found.kind, classnames=found.classnames, templates=found.templates)
+        log.info("%s: %d %s samples in %d shard(s)", out, num, found.kind, len(eval_set.shards))
+    return rec.result()

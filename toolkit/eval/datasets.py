@@ -1,0 +1,164 @@
+"""Reading evaluation sets in clip-benchmark's local ``wds/`` layout.
+
+::
+
+    ROOT/NAME/
+      test/nshards.txt                       number of shards n
+      test/0.tar ... test/{n-1}.tar          samples: image (.png/.jpg/.jpeg/.webp) + .cls (int) or .txt
+      classnames.txt                         classification: one class name per line, label i -> line i
+      zeroshot_classification_templates.txt  classification: prompts with {c}, one per line
+      dataset_type.txt                       'retrieval' (captions in .txt, one per line); else classification
+
+This is the layout clip-benchmark's ``build_wds_dataset`` reads; we read it ourselves (webdataset) so any
+model with ``encode_image``/``encode_text`` can be evaluated, and so errors name the missing file or sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io as _io
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+IMAGE_EXTS = ("png", "jpg", "jpeg", "webp")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+SPLIT = "test"
+TASKS = {"classification": "zeroshot_classification", "retrieval": "zeroshot_retrieval"}
+
+
+class DatasetError(ValueError):
+    """An evaluation set is missing or malformed; the message names the file, key or sample."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """A validated evaluation set: its shards, kind, class names and templates, and sample count."""
+
+    name: str
+    path: Path
+    kind: str  # 'classification' or 'retrieval'
+    shards: tuple[str, ...]
+    num_samples: int
+    classnames: tuple[str, ...] = ()
+    templates: tuple[str, ...] = ()
+
+    @property
+    def task(self) -> str:
+        """clip-benchmark's task name ('zeroshot_classification' / 'zeroshot_retrieval')."""
+        return TASKS[self.kind]
+
+
+def _read_lines(path: Path, what: str) -> list[str]:
+    if not path.is_file():
+        raise DatasetError(f"{path}: missing ({what})")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    if not any(lines):
+        raise DatasetError(f"{path}: empty ({what})")
+    if any(not line for line in lines):
+        raise DatasetError(f"{path}: blank line {lines.index('') + 1} ({what}); remove it")
+    return lines
+
+
+def _count_samples(shard: str) -> int:
+    """Number of samples (distinct keys with an image) in one tar; reads headers only."""
+    keys = set()
+    try:
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                # webdataset's grouping: the key ends at the first dot of the file name.
+                match = _KEY_EXT.match(member.name)
+                if member.isfile() and match and match.group(2).lower() in IMAGE_EXTS:
+                    keys.add(match.group(1))
+    except (tarfile.TarError, OSError) as err:
+        raise DatasetError(f"{shard}: not a readable tar file: {err}") from err
+    return len(keys)
+
+
+def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
+    """Validate ``root/name`` and return its description; DatasetError names whatever is missing."""
+    path = Path(root) / name
+    if not path.is_dir():
+        known = sorted(p.name for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
+        where = f"; sets under {root}: {', '.join(known)}" if known else f"; {root} holds no sets"
+        raise DatasetError(f"{path}: dataset directory not found{where}")
+    nshards_path = path / SPLIT / "nshards.txt"
+    if not nshards_path.is_file():
+        raise DatasetError(f"{nshards_path}: missing (number of shards in the {SPLIT} split)")
+    text = nshards_path.read_text().strip()
+    if not text.isdigit() or int(text) < 1:
+        raise DatasetError(f"{nshards_path}: expected a positive integer, got {text!r}")
+    shards = tuple(str(path / SPLIT / f"{i}.tar") for i in range(int(text)))
+    missing = [s for s in shards if not Path(s).is_file()]
+    if missing:
+        raise DatasetError(f"{missing[0]}: missing ({len(missing)} of {len(shards)} shards listed in {nshards_path})")
+    type_path = path / "dataset_type.txt"
+    kind = type_path.read_text().strip().lower() if type_path.is_file() else "classification"
+    if kind not in TASKS:
+        raise DatasetError(f"{type_path}: unsupported dataset type {kind!r}; expected 'retrieval' or "
+                           "'classification'")
+    num_samples = sum(_count_samples(s) for s in shards)
+    if num_samples == 0:
+        raise DatasetError(f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(IMAGE_EXTS)})")
+    if kind == "retrieval":
+        return EvalSet(name, path, kind, shards, num_samples)
+    classnames = _read_lines(path / "classnames.txt", "one class name per line")
+    templates = _read_lines(path / "zeroshot_classification_templates.txt", "prompt templates with {c}")
+    bad = [t for t in templates if "{c}" not in t]
+    if bad:
+        raise DatasetError(f"{path / 'zeroshot_classification_templates.txt'}: template {bad[0]!r} has no {{c}}")
+    return EvalSet(name, path, kind, shards, num_samples, tuple(classnames), tuple(templates))
+
+
+def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any) -> tuple[Any, Any]:
+    """One webdataset sample -> (image tensor, label int | list of captions); errors name the sample."""
+    from PIL import Image
+
+    where = f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}"
+    image_key = next((k for k in IMAGE_EXTS if k in sample), None)
+    if image_key is None:
+        raise DatasetError(f"{where}: no image ({', '.join('.' + e for e in IMAGE_EXTS)})")
+    try:
+        image = Image.open(_io.BytesIO(sample[image_key])).convert("RGB")
+    except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
+        raise DatasetError(f"{where}: unreadable image .{image_key}: {err}") from err
+    if eval_set.kind == "retrieval":
+        if "txt" not in sample:
+            raise DatasetError(f"{where}: no captions (.txt) in a retrieval set")
+        captions = [c for c in sample["txt"].decode("utf-8").splitlines() if c.strip()]
+        if not captions:
+            raise DatasetError(f"{where}: empty .txt (no captions)")
+        return transform(image), captions
+    if "cls" not in sample:
+        raise DatasetError(f"{where}: no label (.cls) in a classification set")
+    raw = sample["cls"].decode().strip()
+    if not raw.lstrip("-").isdigit() or not 0 <= int(raw) < len(eval_set.classnames):
+        raise DatasetError(f"{where}: label {raw!r} is not an index into the "
+                           f"{len(eval_set.classnames)} lines of classnames.txt")
+    return transform(image), int(raw)
+
+
+def _collate_captions(batch: list[tuple[Any, list[str]]]) -> tuple[Any, list[list[str]]]:
+    import torch
+
+    return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
+
+
+def make_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0) -> Any:
+    """A DataLoader over the set in shard order: (images [B,3,S,S], labels [B] int64) for classification,
+    (images, list of caption lists) for retrieval. ``loader.dataset.classes`` is what clip-benchmark reads."""
+    import functools
+
+    import torch
+    import webdataset as wds
+
+    workers = min(num_workers, len(eval_set.shards))  # webdataset splits shards across workers
+    dataset = wds.WebDataset(list(eval_set.shards), shardshuffle=False, nodesplitter=lambda src: src,
+                             empty_check=False).map(functools.partial(_decode, eval_set=eval_set,
+                                                                       transform=transform))
+    dataset.classes = list(eval_set.classnames) or None
+    dataset.templates = list(eval_set.templates) or None
+    collate = _collate_captions if eval_set.kind == "retrieval" else torch.utils.data.default_collate
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)

@@ -1,0 +1,160 @@
+"""Evaluation results: clip-benchmark's JSON records, the average over sets, a markdown table, a bar chart.
+
+One record per (dataset, task), exactly clip-benchmark's result schema::
+
+    {"dataset": "wds/NAME", "model": ..., "pretrained": ..., "task": "zeroshot_classification",
+     "metrics": {"acc1": .., "acc5": .., "mean_per_class_recall": ..}, "language": "en"}
+
+``results.json`` wraps them: ``{"model", "pretrained", "results": [records], "average": {...}}``. Metrics
+that are undefined (top-5 with fewer than 5 classes, R@k with fewer than k images) are ``null``, never NaN.
+The primary metric of a set is top-1 accuracy (classification) or the mean of both R@1 (retrieval);
+``average.primary`` is their mean over sets.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from toolkit.core import io
+
+RECORD_KEYS = ("dataset", "model", "pretrained", "task", "metrics", "language")
+CLASSIFICATION_COLUMNS = (("acc1", "top-1"), ("acc5", "top-5"), ("mean_per_class_recall", "mean per-class recall"))
+
+
+def retrieval_columns(recall_k: list[int] | tuple[int, ...]) -> list[tuple[str, str]]:
+    """(metric key, header): clip-benchmark's 'text_retrieval' is image->text, 'image_retrieval' text->image."""
+    return ([(f"text_retrieval_recall@{k}", f"I→T R@{k}") for k in recall_k]
+            + [(f"image_retrieval_recall@{k}", f"T→I R@{k}") for k in recall_k])
+
+
+def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """Floats, with NaN/inf (clip-benchmark's 'undefined') turned into None so the JSON stays valid."""
+    out: dict[str, float | None] = {}
+    for key, value in metrics.items():
+        v = None if value is None else float(value)
+        out[key] = None if v is None or not math.isfinite(v) else v
+    return out
+
+
+def make_record(dataset: str, model: str, pretrained: str | None, task: str, metrics: dict[str, Any],
+                language: str = "en") -> dict[str, Any]:
+    return {"dataset": f"wds/{dataset}", "model": model, "pretrained": pretrained, "task": task,
+            "metrics": clean_metrics(metrics), "language": language}
+
+
+def primary_metric(record: dict[str, Any]) -> float | None:
+    m = record["metrics"]
+    if record["task"] == "zeroshot_classification":
+        return m.get("acc1")
+    r1 = [m.get("image_retrieval_recall@1"), m.get("text_retrieval_recall@1")]
+    return None if None in r1 else sum(r1) / 2
+
+
+def average(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean of every metric over the sets of each task, and of the primary metric over all sets."""
+    out: dict[str, Any] = {}
+    for task in sorted({r["task"] for r in records}):
+        values: dict[str, list[float]] = {}
+        for r in (r for r in records if r["task"] == task):
+            for key, v in r["metrics"].items():
+                if v is not None:
+                    values.setdefault(key, []).append(v)
+        out[task] = {k: sum(v) / len(v) for k, v in values.items()}
+    prim = [p for p in (primary_metric(r) for r in records) if p is not None]
+    out["primary"] = sum(prim) / len(prim) if prim else None
+    out["num_datasets"] = len(records)
+    return out
+
+
+def validate_record(record: Any, where: str) -> dict[str, Any]:
+    """Check one record against clip-benchmark's schema; ValueError names the key."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected an object, got {type(record).__name__}")
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
+    if not isinstance(record["metrics"], dict) or not all(
+            v is None or isinstance(v, (int, float)) for v in record["metrics"].values()):
+        raise ValueError(f"{where}: 'metrics' must map names to numbers or null")
+    return record
+
+
+def write_results(path: str, model: str, pretrained: str | None, records: list[dict[str, Any]]) -> dict:
+    data = {"model": model, "pretrained": pretrained, "results": records, "average": average(records)}
+    io.write_json_atomic(path, data)
+    return data
+
+
+def read_results(path: str) -> dict[str, Any]:
+    """Load and validate a ``results.json`` written by :func:`write_results`."""
+    data = io.read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise ValueError(f"{path}: expected an object with a 'results' list")
+    for i, record in enumerate(data["results"]):
+        validate_record(record, f"{path}: results[{i}]")
+    return data
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.2f}"
+
+
+def markdown_table(data: dict[str, Any], counts: dict[str, int], recall_k: list[int]) -> str:
+    """Two tables (classification, retrieval) in percent, each with an average row."""
+    lines = [f"# Zero-shot evaluation: {data['model']}", "",
+             f"weights: `{data['pretrained'] or 'random init'}`", ""]
+    for task, columns in (("zeroshot_classification", CLASSIFICATION_COLUMNS),
+                          ("zeroshot_retrieval", retrieval_columns(recall_k))):
+        rows = [r for r in data["results"] if r["task"] == task]
+        if not rows:
+            continue
+        lines += [f"## {task.replace('_', ' ')} (%)", "",
+                  "| dataset | samples | " + " | ".join(h for _, h in columns) + " |",
+                  "|---|---:|" + "---:|" * len(columns)]
+        for r in rows:
+            name = r["dataset"].removeprefix("wds/")
+            cells = [_pct(r["metrics"].get(k)) for k, _ in columns]
+            lines.append(f"| {name} | {counts.get(name, '')} | " + " | ".join(cells) + " |")
+        avg = data["average"][task]
+        lines.append("| **average** | | " + " | ".join(_pct(avg.get(k)) for k, _ in columns) + " |")
+        lines.append("")
+    lines.append(f"Average primary metric over {data['average']['num_datasets']} set(s) (top-1 for "
+                 f"classification, mean R@1 for retrieval): **{_pct(data['average']['primary'])}%**")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(data: dict[str, Any], path: str) -> None:
+    """Horizontal bars of each set's primary metric and the average, as a PNG (PIL only)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    bars = [(r["dataset"].removeprefix("wds/") + (" (ret)" if r["task"] == "zeroshot_retrieval" else ""),
+             primary_metric(r)) for r in data["results"]]
+    bars.append(("average", data["average"]["primary"]))
+    font = ImageFont.load_default()
+    label_w, bar_w, row_h, pad = 220, 420, 26, 12
+    width, height = label_w + bar_w + 90, pad * 3 + 20 + row_h * len(bars)
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((pad, pad), f"zero-shot primary metric (%): {data['model']}"[:90], fill="black", font=font)
+    top = pad * 2 + 20
+    for i, (label, value) in enumerate(bars):
+        y = top + i * row_h
+        draw.text((pad, y + 6), label[:34], fill="black", font=font)
+        length = 0 if value is None else round(bar_w * max(0.0, min(1.0, value)))
+        colour = (214, 96, 77) if label == "average" else (67, 147, 195)
+        draw.rectangle([label_w, y + 3, label_w + max(length, 1), y + row_h - 3], fill=colour)
+        draw.text((label_w + length + 6, y + 6), _pct(value), fill="black", font=font)
+    draw.line([label_w, top - 2, label_w, top + row_h * len(bars)], fill="black")
+    buf = _io.BytesIO()
+    img.save(buf, format="PNG")
+    if not io.is_local(path):
+        with io.open_file(path, "wb") as fh:
+            fh.write(buf.getvalue())
+        return
+    tmp = Path(io.local_path(path) + ".tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, io.local_path(path))

@@ -1,0 +1,224 @@
+"""Where evaluation samples come from: a class-per-folder tree, a CSV, Fashion-MNIST, the OpenMoji demo CSV.
+
+Each reader returns an :class:`EvalSamples`: samples as (image bytes, extension, label index | captions),
+class names and templates (classification), and counts of rows it left out on purpose (with the reason),
+so the builder can report them instead of dropping anything silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import io as _io
+import re
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from toolkit.eval.datasets import IMAGE_EXTS, DatasetError
+
+GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
+                     "a good photo of a {c}.", "a blurry photo of a {c}.", "a cropped photo of the {c}.")
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_FILES = {"test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+                       "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")}
+FASHION_MNIST_CLASSES = ("t-shirt or top", "trouser", "pullover", "dress", "coat", "sandal", "shirt",
+                         "sneaker", "bag", "ankle boot")
+FASHION_MNIST_TEMPLATES = ("a photo of a {c}.", "a black and white photo of a {c}.",
+                           "a low resolution photo of a {c}.", "a grayscale photo of a {c}.",
+                           "a photo of the {c}, a type of clothing.", "a product photo of a {c}.")
+# Unicode emoji groups (emoji-test.txt order) by slug -> class name used in prompts.
+EMOJI_GROUPS = {"smileys-emotion": "smileys and emotion", "people-body": "people and body",
+                "component": "component", "animals-nature": "animals and nature", "food-drink": "food and drink",
+                "travel-places": "travel and places", "activities": "activities", "objects": "objects",
+                "symbols": "symbols", "flags": "flags"}
+EMOJI_GROUP_TEMPLATES = ("an emoji from the group {c}.", "a drawing of an emoji about {c}.",
+                         "an emoji icon of {c}.", "a {c} emoji.")
+OPENMOJI_CSV = "openmoji.csv"
+OPENMOJI_COLUMNS = ("path", "caption", "group", "subgroup", "codepoints")
+
+
+@dataclasses.dataclass
+class EvalSamples:
+    """Samples ready to write: (image bytes, extension, int label or list of captions)."""
+
+    kind: str  # 'classification' | 'retrieval'
+    samples: list[tuple[bytes, str, Any]]
+    classnames: list[str] = dataclasses.field(default_factory=list)
+    templates: list[str] = dataclasses.field(default_factory=list)
+    left_out: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> number of rows
+
+
+def read_image(path: Path, where: str) -> tuple[bytes, str]:
+    """Bytes + wds extension of an image file, re-encoded as PNG when its format is not png/jpg/webp."""
+    from PIL import Image
+
+    if not path.is_file():
+        raise DatasetError(f"{where}: image file not found: {path}")
+    data = path.read_bytes()
+    try:
+        with Image.open(_io.BytesIO(data)) as img:
+            img.load()
+            fmt = (img.format or "").lower()
+            if fmt in ("png", "jpeg", "webp"):
+                return data, "jpg" if fmt == "jpeg" else fmt
+            buf = _io.BytesIO()
+            img.convert("RGB").save(buf, format="PNG")
+            return buf.getvalue(), "png"
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{where}: unreadable image {path}: {err}") from err
+
+
+def read_lines_file(path: str, what: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"{what} file not found: {p}")
+    lines = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise DatasetError(f"{p}: empty ({what})")
+    return lines
+
+
+def from_folder(root: str, classnames: list[str] | None) -> EvalSamples:
+    """Classification from ``root/<class>/<image>``: classes are the sorted subfolder names (``_`` -> space)
+    unless ``classnames`` gives one display name per subfolder in sorted order."""
+    base = Path(root)
+    if not base.is_dir():
+        raise DatasetError(f"input folder not found: {base}")
+    folders = sorted(p for p in base.iterdir() if p.is_dir())
+    if not folders:
+        raise DatasetError(f"{base}: no class subfolders (expected one folder of images per class)")
+    names = classnames or [f.name.replace("_", " ") for f in folders]
+    if len(names) != len(folders):
+        raise DatasetError(f"classnames: {len(names)} names for {len(folders)} class folders in {base}")
+    out = EvalSamples("classification", [], list(names))
+    for label, folder in enumerate(folders):
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        images = [p for p in files if p.suffix.lower().lstrip(".") in (*IMAGE_EXTS, "bmp", "gif", "tif", "tiff")]
+        if len(images) < len(files):
+            out.left_out["not an image file"] = out.left_out.get("not an image file", 0) + len(files) - len(images)
+        for p in images:
+            out.samples.append((*read_image(p, str(folder)), label))
+    return out
+
+
+def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise DatasetError(f"CSV file not found: {path}")
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise DatasetError(f"{path}: missing column(s) {', '.join(missing)}; has {reader.fieldnames}")
+        rows = list(reader)
+    if not rows:
+        raise DatasetError(f"{path}: no rows")
+    return rows
+
+
+def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: str,
+             classnames: list[str] | None) -> EvalSamples:
+    """Rows of ``image,label`` (classification) or ``image,caption`` (retrieval; several rows with the
+    same image give it several captions). Image paths are relative to the CSV's folder."""
+    csv_path = Path(path)
+    col = label_col if kind == "classification" else caption_col
+    rows = _read_csv(csv_path, (image_col, col))
+    for i, row in enumerate(rows):
+        if not (row[image_col] or "").strip() or not (row[col] or "").strip():
+            raise DatasetError(f"{csv_path}: row {i + 2}: empty {image_col!r} or {col!r}")
+    if kind == "retrieval":
+        return _group_captions(csv_path, rows, image_col, caption_col)
+    names = classnames or sorted({row[label_col].strip() for row in rows})
+    index = {n: i for i, n in enumerate(names)}
+    out = EvalSamples("classification", [], list(names))
+    for i, row in enumerate(rows):
+        label = row[label_col].strip()
+        if label not in index:
+            raise DatasetError(f"{csv_path}: row {i + 2}: label {label!r} is not in the class names")
+        out.samples.append((*read_image(csv_path.parent / row[image_col].strip(), f"{csv_path}: row {i + 2}"),
+                            index[label]))
+    return out
+
+
+def _group_captions(csv_path: Path, rows: list[dict[str, str]], image_col: str, caption_col: str) -> EvalSamples:
+    captions: dict[str, list[str]] = {}
+    first_row: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        image = row[image_col].strip()
+        text = " ".join(row[caption_col].split())  # one caption per line in the wds .txt
+        captions.setdefault(image, []).append(text)
+        first_row.setdefault(image, i + 2)
+    out = EvalSamples("retrieval", [])
+    for image, texts in captions.items():
+        out.samples.append((*read_image(csv_path.parent / image, f"{csv_path}: row {first_row[image]}"), texts))
+    return out
+
+
+def _read_idx(path: Path, magic: int) -> tuple[tuple[int, ...], bytes]:
+    with gzip.open(path, "rb") as fh:
+        data = fh.read()
+    ndim = data[3]
+    header = struct.unpack(f">I{ndim}I", data[: 4 + 4 * ndim])
+    if header[0] != magic:
+        raise DatasetError(f"{path}: not an IDX file with magic {magic} (got {header[0]})")
+    return header[1:], data[4 + 4 * ndim:]
+
+
+def from_fashion_mnist(root: str, split: str = "test") -> EvalSamples:
+    """Fashion-MNIST (Debian package ``dataset-fashion-mnist``) as 28x28 grayscale PNGs, 10 classes."""
+    from PIL import Image
+
+    base = Path(root or FASHION_MNIST_DIR)
+    image_file, label_file = (base / f for f in FASHION_MNIST_FILES[split])
+    for p in (image_file, label_file):
+        if not p.is_file():
+            hint = " (install it with `apt-get install dataset-fashion-mnist`)" if str(base) == FASHION_MNIST_DIR else ""
+            raise DatasetError(f"Fashion-MNIST file not found: {p}{hint}")
+    (num, rows, cols), pixels = _read_idx(image_file, 2051)
+    (num_labels,), labels = _read_idx(label_file, 2049)
+    if num != num_labels:
+        raise DatasetError(f"{image_file}: {num} images but {label_file} has {num_labels} labels")
+    out = EvalSamples("classification", [], list(FASHION_MNIST_CLASSES), list(FASHION_MNIST_TEMPLATES))
+    size = rows * cols
+    for i in range(num):
+        buf = _io.BytesIO()
+        Image.frombytes("L", (cols, rows), pixels[i * size:(i + 1) * size]).save(buf, format="PNG")
+        out.samples.append((buf.getvalue(), "png", int(labels[i])))
+    return out
+
+
+def group_slug(name: str) -> str:
+    """'Smileys & Emotion' and 'smileys-emotion' -> 'smileys-emotion'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("&", " ")).strip("-")
+
+
+def from_openmoji(demo_dir: str, kind: str) -> EvalSamples:
+    """The held-out OpenMoji drawings from ``toolkit data demo`` (DIR/openmoji.csv: path,caption,group,
+    subgroup,codepoints). Retrieval: image <-> its Unicode name. Classification: the Unicode emoji group;
+    rows of a non-Unicode group (OpenMoji's extras) are left out and counted."""
+    csv_path = Path(demo_dir) / OPENMOJI_CSV
+    if not csv_path.is_file():
+        raise DatasetError(f"{csv_path}: missing; create it with `toolkit data demo --out {demo_dir}`")
+    rows = _read_csv(csv_path, OPENMOJI_COLUMNS)
+    if kind == "retrieval":
+        return _group_captions(csv_path, rows, "path", "caption")
+    slugs = [group_slug(row["group"] or "") for row in rows]
+    present = [s for s in EMOJI_GROUPS if s in set(slugs)]
+    if not present:
+        raise DatasetError(f"{csv_path}: no row has a Unicode emoji group ({', '.join(EMOJI_GROUPS)})")
+    out = EvalSamples("classification", [], [EMOJI_GROUPS[s] for s in present], list(EMOJI_GROUP_TEMPLATES))
+    index = {s: i for i, s in enumerate(present)}
+    for i, (row, slug) in enumerate(zip(rows, slugs, strict=True)):
+        if slug not in index:
+            reason = f"group {row['group']!r} is not a Unicode emoji group"
+            out.left_out[reason] = out.left_out.get(reason, 0) + 1
+            continue
+        out.samples.append((*read_image(csv_path.parent / row["path"], f"{csv_path}: row {i + 2}"), index[slug]))
+    return out
+
+
+def iter_limited(samples: list[Any], limit: int) -> Iterator[Any]:
+    """The first ``limit`` samples (all when 0)."""
+    yield from (samples[:limit] if limit else samples)

@@ -1,0 +1,166 @@
+"""``eval.zeroshot``: zero-shot classification and image<->text retrieval with clip-benchmark's metrics.
+
+Metrics come from clip-benchmark's own functions (``zeroshot_classification.evaluate``: top-1, top-5,
+mean per-class recall; ``zeroshot_retrieval.evaluate``: R@k both ways) on sets in its local ``wds/`` layout
+(see :mod:`toolkit.eval.datasets`). Any module with ``encode_image``/``encode_text`` works with
+:func:`evaluate_set`; :func:`run` loads the model with :func:`toolkit.models.load_model`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from toolkit.core import io
+from toolkit.core.config import option
+from toolkit.core.log import get_logger, progress
+from toolkit.core.stage import StageResult, stage_run
+from toolkit.eval import report
+from toolkit.eval.datasets import EvalSet, make_loader, open_eval_set
+
+# clip-benchmark draws its own tqdm bars; tqdm reads TQDM_* variables when it is first imported, so this
+# only takes effect if nothing imported tqdm before. Our progress bar (toolkit.core.log) is the one we show.
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+KIND = "eval.zeroshot"
+
+
+@dataclass(frozen=True)
+class ZeroShotConfig:
+    model: str = option(is_input=True, doc="Checkpoint directory (open_clip_config.json + weights), open_clip "
+                                           "model name (e.g. cliptk-tiny, ViT-B-32) or model config JSON.")
+    datasets: list[str] = option(doc="Names of evaluation sets under `root` (clip-benchmark wds layout).")
+    root: str = option(is_input=True, doc="Directory holding one folder per evaluation set.")
+    out: str = option(doc="Output directory: results.json, report.md, results.png, per_dataset/*.json.")
+    weights: str = option("", is_input=True, doc="Local weights file (.safetensors/.pt/.pth/.bin) for a model "
+                                                 "name or config JSON; empty: random init (or the checkpoint's).")
+    batch_size: int = option(64, ge=1, affects_output=False, doc="Images per batch.")
+    num_workers: int = option(0, ge=0, affects_output=False, doc="DataLoader worker processes (at most one "
+                                                                 "per shard is used).")
+    device: str = option("auto", affects_output=False, doc="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1'.")
+    amp: bool = option(False, doc="Autocast the forward passes (fp16 on CUDA, bf16 on CPU).")
+    precision: Literal["fp32", "bf16", "fp16", "pure_bf16", "pure_fp16"] = option(
+        "fp32", doc="Model weight precision (open_clip's meanings).")
+    recall_k: list[int] = option(factory=lambda: [1, 5, 10], doc="k values for retrieval recall@k.")
+    seed: int = option(0, doc="Seed of the random init when no weights are given.")
+    language: str = option("en", doc="Language recorded in the results (clip-benchmark's schema).")
+
+    def __post_init__(self) -> None:
+        if not self.datasets:
+            raise ValueError("datasets: give at least one evaluation set name")
+        if len(set(self.datasets)) != len(self.datasets):
+            raise ValueError(f"datasets: duplicate names in {self.datasets}")
+        if not self.recall_k or any(k < 1 for k in self.recall_k):
+            raise ValueError(f"recall_k: expected positive integers, got {self.recall_k}")
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' if available else 'cpu'; 'cuda:N' selects GPU N and returns 'cuda'."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+        if ":" in device:
+            torch.cuda.set_device(int(device.split(":", 1)[1]))
+        return "cuda"  # clip-benchmark passes the device to torch.autocast, which wants the type only
+    if device != "cpu":
+        raise ValueError(f"unknown device {device!r}; expected auto, cpu, cuda or cuda:N")
+    return device
+
+
+def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, *, batch_size: int = 64,
+                 num_workers: int = 0, device: str = "cpu", amp: bool = False,
+                 recall_k: list[int] | tuple[int, ...] = (1, 5, 10)) -> dict[str, float | None]:
+    """clip-benchmark metrics of ``model`` on one set (single process). Returns the metrics dict with
+    undefined values (top-5 below 5 classes, R@k above the number of images) as None."""
+    from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
+
+    loader = make_loader(eval_set, transform, batch_size, num_workers)
+    num_batches = -(-eval_set.num_samples // batch_size)
+    batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
+    wrapped = _LoaderView(batches, loader.dataset)
+    if eval_set.kind == "classification":
+        metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
+                                                   list(eval_set.templates), device, amp=amp)
+        return report.clean_metrics(metrics)
+    usable = [k for k in recall_k if k <= eval_set.num_samples]
+    if len(usable) < len(recall_k):
+        get_logger("eval").warning("%s: R@k undefined for k > %d images: %s", eval_set.name,
+                                   eval_set.num_samples, [k for k in recall_k if k not in usable])
+    metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
+    for k in recall_k:
+        metrics.setdefault(f"image_retrieval_recall@{k}", None)
+        metrics.setdefault(f"text_retrieval_recall@{k}", None)
+    return report.clean_metrics(metrics)
+
+
+class InputCast:
+    """Feeds images to ``model.encode_image`` in ``dtype``: models loaded with precision bf16/fp16 (open_clip's
+    meaning) hold low-precision conv weights, and clip-benchmark passes float32 images."""
+
+    def __init__(self, model: Any, dtype: Any):
+        self.model, self.dtype = model, dtype
+
+    def encode_image(self, images: Any) -> Any:
+        return self.model.encode_image(images.to(self.dtype))
+
+    def encode_text(self, tokens: Any) -> Any:
+        return self.model.encode_text(tokens)
+
+
+class _LoaderView:
+    """Iterates the progress-wrapped batches while exposing ``.dataset`` (clip-benchmark reads
+    ``dataloader.dataset.classes``)."""
+
+    def __init__(self, batches: Any, dataset: Any):
+        self._batches, self.dataset = batches, dataset
+
+    def __iter__(self):
+        return iter(self._batches)
+
+
+def run(cfg: ZeroShotConfig) -> StageResult:
+    """Validate every set, load the model once, evaluate each set, write JSON + markdown + PNG."""
+    from toolkit.models import load_model
+
+    log = get_logger("eval")
+    with stage_run(KIND, cfg, cfg.out) as rec:
+        sets = [open_eval_set(cfg.root, name) for name in cfg.datasets]  # fail before loading the model
+        device = resolve_device(cfg.device)
+        loaded = load_model(cfg.model, weights=cfg.weights or None, device=device, precision=cfg.precision,
+                            seed=cfg.seed)
+        model = loaded.model
+        if cfg.precision != "fp32":
+            import open_clip
+
+            model = InputCast(model, open_clip.get_input_dtype(cfg.precision))
+        per_dataset = io.join(cfg.out, "per_dataset")
+        io.makedirs(per_dataset)
+        records = []
+        for eval_set in sets:
+            start = time.monotonic()
+            metrics = evaluate_set(model, loaded.tokenizer, loaded.preprocess, eval_set,
+                                   batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device,
+                                   amp=cfg.amp, recall_k=cfg.recall_k)
+            record = report.make_record(eval_set.name, loaded.name, loaded.weights, eval_set.task, metrics,
+                                        cfg.language)
+            records.append(record)
+            io.write_json_atomic(io.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
+            rec.details.setdefault("duration_s", {})[eval_set.name] = round(time.monotonic() - start, 3)
+            log.info("%s (%s, %d samples): %s", eval_set.name, eval_set.task, eval_set.num_samples,
+                     ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
+                     extra={"data": record})
+        counts = {s.name: s.num_samples for s in sets}
+        data = report.write_results(io.join(cfg.out, "results.json"), loaded.name, loaded.weights, records)
+        io.write_text_atomic(io.join(cfg.out, "report.md"), report.markdown_table(data, counts, cfg.recall_k))
+        report.bar_chart(data, io.join(cfg.out, "results.png"))
+        rec.outputs.update(results=io.join(cfg.out, "results.json"), report=io.join(cfg.out, "report.md"),
+                           chart=io.join(cfg.out, "results.png"), per_dataset=per_dataset)
+        rec.counts.update(num_datasets=len(sets), num_samples=counts)
+        rec.details.update(average=data["average"], model=loaded.name, weights=loaded.weights, device=device)
+    return rec.result()

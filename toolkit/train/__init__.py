@@ -1,0 +1,1 @@
+"""Training: trainer loop, FastCLIP losses and state, optimisers, distributed losses, checkpoints."""

@@ -1,0 +1,116 @@
+"""Pieces shared by the FastCLIP versions: the gathered global batch and the log-domain estimators.
+
+Log domain: the reference stores u = (1−γ)u + γg with g = 1/(B−1) Σ_{j≠i} exp((s_ij − s_ii)/τ), which
+overflows fp32 at τ = 0.01 (s_ij − s_ii up to 2 gives exp(200)). We store log u and compute
+log g = LSE_{j≠i}(s_ij/τ) − s_ii/τ − log(B−1) with the kernels' LSE: identical in exact arithmetic,
+finite for every τ ≥ 0.01. The surrogate weights exp(a(s_ij − s_ii)) / ((B−1)(u_i+ε)) are the kernels'
+P_ij with the normaliser n_i = a·s_ii + log(B−1) + log(u_i+ε), and since u_new ≥ γ·g they never exceed
+1/γ: no step of the gradient overflows either.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from toolkit.train.fastclip._ops import all_gather_nograd, world
+
+LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
+
+
+@dataclass
+class GlobalBatch:
+    """One rank's view of the global batch (K ranks × b rows, B = K·b), in the accumulation dtype.
+
+    x, y: this rank's rows [b, d]; xg, yg: all rows [B, d] (gathered without autograd; x, y themselves
+    when K = 1); sii / sii_all: positive-pair similarities [b] / [B]; off = rank·b (this rank's rows in
+    the global batch, the kernels' ``diag_offset``).
+    """
+
+    x: Tensor
+    y: Tensor
+    xg: Tensor
+    yg: Tensor
+    sii: Tensor
+    sii_all: Tensor
+    rank: int
+    num_ranks: int
+    off: int
+
+    @property
+    def b(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.xg.shape[0]
+
+    @property
+    def log_bm1(self) -> float:
+        return math.log(self.size - 1)
+
+
+def gather_batch(image_features: Tensor, text_features: Tensor, group) -> GlobalBatch:
+    """Gather the features of every rank (no autograd): 2 all_gathers of [b, d]. Called by all ranks."""
+    if image_features.dim() != 2 or image_features.shape != text_features.shape:
+        raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
+                         f"and {tuple(text_features.shape)}")
+    acc = torch.float64 if image_features.dtype == torch.float64 else torch.float32
+    rank, k = world(group)
+    x, y = image_features.detach().to(acc), text_features.detach().to(acc)
+    if k > 1:
+        dt = torch.promote_types(image_features.dtype, text_features.dtype)  # AMP: gather in bf16/fp16
+        both = all_gather_nograd(torch.stack([image_features.detach().to(dt), text_features.detach().to(dt)], 1),
+                                 group)
+        xg, yg = both[:, 0].to(acc), both[:, 1].to(acc)
+    else:
+        xg, yg = x, y
+    if xg.shape[0] < 2:
+        raise ValueError("FastCLIP needs a global batch of at least 2 pairs (the estimators average over "
+                         f"the B−1 negatives); got {xg.shape[0]}")
+    sii = (x * y).sum(1)
+    sii_all = (xg * yg).sum(1) if k > 1 else sii
+    return GlobalBatch(x, y, xg, yg, sii, sii_all, rank, k, rank * x.shape[0])
+
+
+def gather_rows(rows: Tensor, batch: GlobalBatch, group) -> Tensor:
+    """Per-sample scalars [b, C] (float64, so sample ids travel exactly) -> [B, C]. Called by all ranks."""
+    return all_gather_nograd(rows.to(torch.float64), group, category="scalars") if batch.num_ranks > 1 else rows
+
+
+def check_unique(index_all: Tensor) -> None:
+    """Sample ids must be distinct within a global batch (the table updates assume it)."""
+    uniq, counts = torch.unique(index_all, return_counts=True)
+    if bool((counts > 1).any()):
+        dup = uniq[counts > 1][:5].tolist()
+        raise ValueError(f"sample ids repeat within the global batch (e.g. {dup}); FastCLIP needs each "
+                         "sample at most once per step (dense global ids, no duplicates across ranks)")
+
+
+def ema_log(log_u_old: Tensor, log_g: Tensor, gamma: float, shift: Tensor | None = None) -> Tensor:
+    """log((1−γ)·u_old·e^shift + γ·g), with the reference's first-visit rule: when γ < 1, an old value
+    u < 1e-35, inf or nan is replaced by g. γ ≥ 1 gives g exactly (the reference's 0·u + g)."""
+    if gamma >= 1.0:
+        return log_g.clone()
+    carried = log_u_old + math.log1p(-gamma)
+    if shift is not None:
+        carried = carried + shift
+    new = torch.logaddexp(carried, log_g + math.log(gamma))
+    bad = (log_u_old < LOG_RESET) | torch.isnan(log_u_old) | (log_u_old == math.inf)
+    return torch.where(bad, log_g, new)
+
+
+def log_plus_eps(log_u: Tensor, eps: float) -> Tensor:
+    """log(u + ε) from log u."""
+    if eps <= 0:
+        return log_u
+    return torch.logaddexp(log_u, torch.full_like(log_u, math.log(eps)))
+
+
+def row_max(x: Tensor, y: Tensor, chunk_elems: int = 1 << 24) -> Tensor:
+    """max_j <x_i, y_j> for every row of x [M, d] against y [N, d], in row chunks (never M×N at once)."""
+    rows = max(1, chunk_elems // max(y.shape[0], 1))
+    return torch.cat([(x[i:i + rows] @ y.T).amax(1) for i in range(0, x.shape[0], rows)])

@@ -1,0 +1,229 @@
+"""``FastCLIPLoss``: FastCLIP v0–v3 with the semantics of the reference (Optimization-AI/fast_clip).
+
+Per global batch (B pairs, L2-normalised image rows x, text rows y, s_ij = <x_i, y_j>, a = exp(p) = 1/τ):
+    g1_i = 1/(B−1) Σ_{j≠i} exp(a(s_ij − s_ii)),   g2_i = 1/(B−1) Σ_{j≠i} exp(a(s_ji − s_ii))
+    u[idx_i] ← (1−γ)·u[idx_i] + γ·g_i          (γ < 1: old u < 1e-35, inf or nan → g_i)
+    model gradient = c/2 · ∇ (1/B) Σ_i [g1_i/(u1_i+ε) + g2_i/(u2_i+ε)],  u fixed,  c = τ (v3) else 1.
+Versions: v0 learnable τ through the surrogate; v1 constant τ (no gradient to the logit scale); v3
+(RGCL-g) value τ·S + ρτ + τ/2·mean(log u1 + log u2), gradient to τ as the reference forms it; v2
+individual temperatures (``toolkit.train.fastclip.individual``).
+
+**The τ-gradient is doubled, on purpose.** The reference splits each rank's loss into loss1 (its
+anchors against all negatives) and loss2 (all anchors against its negatives); the feature gradients of
+the two halves are disjoint, but both halves depend on the logit scale, so after DDP averaging the
+surrogate's a-gradient is (1/B) Σ_i ∂(g1_i/(u1_i+ε) + g2_i/(u2_i+ε))/∂a — twice the gradient of the
+objective whose feature gradient it is. The published ρ and lr_tau (v3) and lr for p (v0) were tuned
+with that gradient, so it is reproduced here (v0 and v3).
+
+Gradient convention: without a process group, after ``loss.backward()`` the gradients on the features
+and on p equal the reference's DDP-averaged gradients for the batch. Under torch.distributed each rank
+gets K × its share of the global gradient (features: its own rows; p: its anchors' terms), so that
+DDP's mean over ranks gives exactly the single-process gradient of the global batch. The returned value
+is the reference's rank-averaged loss, identical on every rank. Communication per step (``fastclip``
+mode): one all_gather of the features [b, 2, d] and one of per-sample scalars [b, C] (ids, log u, log g;
+v2 adds τ, bound, m, v), no autograd, no feature-gradient exchange; each rank does O(b·B) work.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from toolkit.train.fastclip import individual
+from toolkit.train.fastclip._ops import attach, lse_backward, lse_forward
+from toolkit.train.fastclip.common import (
+    GlobalBatch,
+    check_unique,
+    ema_log,
+    gather_batch,
+    gather_rows,
+    log_plus_eps,
+)
+from toolkit.train.fastclip.schedules import GammaScheduleName, gamma_at_epoch, gamma_at_step
+from toolkit.train.fastclip.tables import SampleTables
+
+Version = Literal["v0", "v1", "v2", "v3"]
+VERSIONS = ("v0", "v1", "v2", "v3")
+
+
+class FastCLIPLoss(nn.Module):
+    """FastCLIP loss with its per-sample state (see the module docstring for the maths).
+
+    Args: version "v0" | "v1" | "v2" | "v3"; data_size N (sample ids are 0..N−1); gamma_min, the final
+    inner learning rate γ; gamma_decay_epochs, epochs of the γ decay; gamma_schedule "cosine" |
+    "constant" | "cosine_step"; rho ρ (v2, v3); eps ε added to u in the denominators. v2 only: tau_init,
+    lr_tau, beta1_tau, beta2_tau, eps_tau, tau_min, tau_max, grad_clamp_tau. group: process group
+    (default world); backend: kernels backend; table_dtype: dtype of the tables (fp32 as the reference;
+    fp64 for oracles); share_tables: one table per node in shared memory (see ``tables``).
+    Tables (``self.tables``, columns): log_u_image, log_u_text (all versions), and for v2 tau_image,
+    tau_text, bound_image, bound_text, m_image, m_text, v_image, v_text. ``u_image`` etc. give u.
+    """
+
+    def __init__(self, version: Version, data_size: int, *, gamma_min: float, gamma_decay_epochs: int,
+                 gamma_schedule: GammaScheduleName = "cosine", rho: float = 8.0, eps: float = 1e-14,
+                 tau_init: float = 0.07, lr_tau: float = 1e-2, beta1_tau: float = 0.9, beta2_tau: float = 0.999,
+                 eps_tau: float = 1e-8, tau_min: float = 0.01, tau_max: float = 1.0, grad_clamp_tau: float = 5.0,
+                 group=None, backend: str = "auto", table_dtype: torch.dtype = torch.float32,
+                 share_tables: bool = True):
+        super().__init__()
+        if version not in VERSIONS:
+            raise ValueError(f"unknown FastCLIP version {version!r}; choose one of {VERSIONS}")
+        if gamma_schedule not in ("cosine", "constant", "cosine_step"):
+            raise ValueError(f"unknown gamma_schedule {gamma_schedule!r}; choose cosine, constant or cosine_step")
+        if not 0.0 < gamma_min <= 1.0:
+            raise ValueError(f"gamma_min must lie in (0, 1], got {gamma_min}")
+        if gamma_decay_epochs < 1 and gamma_schedule != "constant":
+            raise ValueError(f"gamma_decay_epochs must be >= 1 for the {gamma_schedule} schedule")
+        self.version, self.data_size, self.rho, self.eps = version, data_size, rho, eps
+        self.gamma_min, self.gamma_decay_epochs, self.gamma_schedule = gamma_min, gamma_decay_epochs, gamma_schedule
+        self.tau = individual.TauSettings(tau_init, lr_tau, beta1_tau, beta2_tau, eps_tau, tau_min, tau_max,
+                                          grad_clamp_tau)
+        self.group, self.backend = group, backend
+        self.epoch, self.gamma = 0, 1.0
+        columns = {"log_u_image": -math.inf, "log_u_text": -math.inf}
+        if version == "v2":
+            columns.update(individual.table_columns(tau_init))
+        self.tables = SampleTables(data_size, columns, table_dtype, group, share_tables)
+
+    # ----------------------------------------------------------------- schedules
+    def set_epoch(self, epoch: int) -> None:
+        """Start of epoch ``epoch`` (0-based): γ for the epoch; v2's Adam betas (0 in epoch 0)."""
+        self.epoch = epoch
+        self.gamma = gamma_at_epoch(epoch, self.gamma_min, self.gamma_decay_epochs, self.gamma_schedule)
+
+    def set_step(self, step: int, steps_per_epoch: int) -> None:
+        """Per-step γ (only ``cosine_step`` changes within an epoch); call before forward."""
+        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_min, self.gamma_decay_epochs,
+                                   self.gamma_schedule)
+
+    # ----------------------------------------------------------------- tables
+    def sync_tables(self) -> None:
+        """Collective (all ranks): returns once every rank's table writes are done. Call it before
+        reading the tables outside forward (state_dict for a checkpoint, inspection); forward itself
+        is ordered by its collectives."""
+        from toolkit.train.fastclip._ops import world
+
+        if world(self.group)[1] > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    def table(self, name: str) -> Tensor:
+        """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
+        if name in ("u_image", "u_text"):
+            return self.tables.data[:, self.tables.col("log_" + name)].exp()
+        return self.tables.data[:, self.tables.col(name)]
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, t in self.tables.state().items():
+            destination[prefix + "tables." + name] = t
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        keys = {n: prefix + "tables." + n for n in self.tables.names}
+        unexpected_keys[:] = [k for k in unexpected_keys if k not in keys.values()]
+        missing = [k for k in keys.values() if k not in state_dict]
+        if missing:
+            missing_keys.extend(missing)
+            return
+        try:
+            self.tables.load({n: state_dict[k] for n, k in keys.items()}, source="state_dict")
+        except (KeyError, ValueError) as err:
+            error_msgs.append(str(err))
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, image_features: Tensor, text_features: Tensor, index: Tensor,
+                logit_scale: Tensor | None = None) -> Tensor:
+        """Loss for this rank's batch; updates the tables for the global batch.
+
+        image_features, text_features: [b, d] L2-normalised (any float dtype; computed in fp32, fp64
+        stays fp64); index: [b] dense global sample ids; logit_scale: a = exp(p), 0-d or [1] (ignored
+        by v2, which keeps per-sample τ). Called by every rank with the same b. Returns a 0-d tensor.
+        """
+        if self.version != "v2" and logit_scale is None:
+            raise ValueError(f"FastCLIP {self.version} needs logit_scale (exp of the model's logit_scale)")
+        if index.shape != (image_features.shape[0],):
+            raise ValueError(f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}")
+        self.tables.check_index(index)
+        batch = gather_batch(image_features, text_features, self.group)
+        if self.tables.shared and batch.xg.is_cuda:
+            # NCCL collectives do not block the host: wait until the feature gather completed, which
+            # proves every local peer has finished writing the previous step's rows we may read now.
+            torch.cuda.current_stream(batch.xg.device).synchronize()
+        if self.version == "v2":
+            value, dx, dy = individual.step(self, batch, index)
+            pairs = [(image_features, dx), (text_features, dy)]
+        else:
+            value, dx, dy, da = self._global_step(batch, index, logit_scale)
+            pairs = [(image_features, dx), (text_features, dy), (logit_scale, da)]
+        return attach(value, pairs)
+
+    def _update_u(self, batch: GlobalBatch, index: Tensor, log_g1: Tensor, log_g2: Tensor) -> Tensor:
+        """New log u for this rank's rows, gathered with ids and log g -> [B, 5]; tables written."""
+        old = self.tables.read(index).to(device=log_g1.device, dtype=log_g1.dtype)
+        log_u1 = ema_log(old[:, 0], log_g1, self.gamma)
+        log_u2 = ema_log(old[:, 1], log_g2, self.gamma)
+        ids = index.detach().to(device=log_g1.device, dtype=torch.float64)
+        rows = torch.stack([ids, log_u1.double(), log_u2.double(), log_g1.double(), log_g2.double()], 1)
+        rows = gather_rows(rows, batch, self.group)
+        idx_all = rows[:, 0].long()
+        check_unique(idx_all)
+        self.tables.write_gathered(idx_all, rows[:, 1:3], batch.b)
+        return rows[:, 1:].to(log_g1.dtype)
+
+    def _global_step(self, batch: GlobalBatch, index: Tensor, logit_scale: Tensor):
+        """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
+        bt, acc = batch, batch.x.dtype
+        a = logit_scale.detach().to(acc).reshape(())
+        if bt.num_ranks == 1:  # one pass gives both
+            row_lse, col_lse = lse_forward(bt.x, bt.y, a, a, 0, True, True, self.backend)
+        else:
+            row_lse, _ = lse_forward(bt.x, bt.yg, a, a, bt.off, True, False, self.backend)
+            _, col_lse = lse_forward(bt.xg, bt.y, a, a, -bt.off, False, True, self.backend)
+        log_g1 = row_lse.to(acc) - a * bt.sii - bt.log_bm1
+        log_g2 = col_lse.to(acc) - a * bt.sii - bt.log_bm1
+        log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, log_g1, log_g2).unbind(1)
+        den1, den2 = log_plus_eps(log_u1, self.eps), log_plus_eps(log_u2, self.eps)
+        r1_all, r2_all = (log_g1_all - den1).exp(), (log_g2_all - den2).exp()
+        surrogate = (r1_all + r2_all).mean()
+        c = 1.0 / a if self.version == "v3" else torch.ones((), dtype=acc, device=a.device)
+        n1 = a * bt.sii_all + bt.log_bm1 + den1
+        n2 = a * bt.sii_all + bt.log_bm1 + den2
+        dx, dy, dsum = _surrogate_grads(bt, a, n1, n2, c / (2 * bt.size), self.backend)
+        mine = slice(bt.off, bt.off + bt.b)
+        # ∂/∂s_ii of the anchors' own terms (the reference's loss1 differentiates s_ii too)
+        dsii = -(c / (2 * bt.size)) * a * (r1_all[mine] + r2_all[mine])
+        dx = dx + dsii[:, None] * bt.y
+        dy = dy + dsii[:, None] * bt.x
+        # a-gradient of this rank's anchors, doubled as in the reference (see module docstring)
+        da = 2.0 * (dsum - (c / (2 * bt.size)) * (bt.sii * (r1_all[mine] + r2_all[mine])).sum())
+        value = surrogate
+        if self.version == "v3":
+            tau = 1.0 / a
+            mean_log_u = (log_u1 + log_u2).mean()
+            value = tau * surrogate + self.rho * tau + tau / 2 * mean_log_u
+            da = da - (self.rho / bt.num_ranks + (log_u1[mine] + log_u2[mine]).sum() / (2 * bt.size)) / a**2
+        k = bt.num_ranks
+        return value, k * dx, k * dy, (None if self.version == "v1" else k * da)
+
+
+def _surrogate_grads(bt: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, w: Tensor, backend: str):
+    """Off-diagonal part of the surrogate's gradient for this rank's rows: (dx [b,d], dy [b,d],
+    Σ over this rank's anchors of w·Σ_j P_ij s_ij, rows and columns). n1, n2: normalisers [B]."""
+    mine = slice(bt.off, bt.off + bt.b)
+    wb = w.expand(bt.b)
+    wB = w.expand(bt.size)
+    if bt.num_ranks == 1:
+        dx, dy, d_row, d_col = lse_backward(bt.x, bt.y, a, a, n1, n2, wb, wb, 0, backend)
+        return dx, dy, d_row.sum() + d_col.sum()
+    # rows of S owned here: x's anchor terms and x as a negative of every text anchor
+    dx, _, d_row, _ = lse_backward(bt.x, bt.yg, a, a, n1[mine], n2, wb, wB, bt.off, backend)
+    # columns owned here: y's anchor terms and y as a negative of every image anchor
+    _, dy, _, d_col = lse_backward(bt.xg, bt.y, a, a, n1, n2[mine], wB, wb, -bt.off, backend)
+    return dx, dy, d_row.sum() + d_col.sum()
