@@ -3,7 +3,8 @@
 K gloo processes on this CPU train a small open_clip model (default ``cliptk-small``: ViT width 256,
 6 layers, embed 512) on random local batches; for every mode (gather, disco, ring, fastclip) and
 gradient all_reduce dtype (fp32, bf16) each rank runs ``--warmup`` + ``--steps`` DDP steps (forward,
-contrastive loss, backward with bucketed gradient all_reduce) and the communication ledger
+contrastive loss, backward with bucketed gradient all_reduce; configurations interleaved round-robin)
+and the communication ledger
 (``toolkit.core.dist.LEDGER``) records every collective. Bytes are per rank per step from the ledger
 (sent_bytes: ring-algorithm wire bytes, see toolkit/core/dist.py); time is the slowest rank's mean.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import time
@@ -45,46 +47,48 @@ def _batch(rank: int, b: int, image_size: int, context: int):
             torch.randint(1, 49407, (b, context), generator=g))
 
 
-def _run_config(args, rank: int, mode: str, grad_dtype: str, batch) -> dict:
+def _step(model, mode: str, batch) -> tuple[float, dict]:
+    """One DDP step; returns (seconds, this step's ledger)."""
     from toolkit.core import dist as D
-    from toolkit.train.dist import contrastive_loss, wrap_ddp
+    from toolkit.train.dist import contrastive_loss
 
-    model = wrap_ddp(_model(args.model), grad_dtype=grad_dtype)
-    times, ledgers = [], []
-    for step in range(args.warmup + args.steps):
-        model.zero_grad(set_to_none=True)
-        D.barrier()  # uncounted: the ledger is reset right after
-        D.LEDGER.reset()
-        start = time.perf_counter()
-        img, txt, scale = model(*batch)
-        contrastive_loss(img, txt, scale, mode=mode).backward()
-        elapsed = time.perf_counter() - start
-        ledger = D.LEDGER.step()
-        if step >= args.warmup:
-            times.append(elapsed)
-            ledgers.append(ledger)
-    del model
-    if any(led != ledgers[0] for led in ledgers[1:]):
-        raise RuntimeError(f"{mode}/{grad_dtype}: rank {rank} sent different bytes in different steps")
-    return {"time_s": times, "ledger": ledgers[0]}
+    model.zero_grad(set_to_none=True)
+    D.barrier()  # uncounted: the ledger is reset right after
+    D.LEDGER.reset()
+    start = time.perf_counter()
+    img, txt, scale = model(*batch)
+    contrastive_loss(img, txt, scale, mode=mode).backward()
+    elapsed = time.perf_counter() - start
+    return elapsed, D.LEDGER.step()
 
 
 def _worker(rank: int, args, port: int, out_dir: str) -> None:
+    """Configurations run round-robin (one step of each per round) so that load changes on the shared
+    CPU hit every mode alike; one DDP model per gradient dtype serves all modes."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
     from toolkit.core import dist as D
     from toolkit.models.registry import context_length, image_size
+    from toolkit.train.dist import wrap_ddp
 
     D.init_from_env(backend="gloo", timeout_s=1800)
     batch = _batch(rank, args.batch, image_size(args.model), context_length(args.model))
-    res = {}
-    for mode in args.modes:
-        for grad_dtype in args.grad_dtypes:
-            res[f"{mode}/{grad_dtype}"] = _run_config(args, rank, mode, grad_dtype, batch)
-            if rank == 0:
-                print(f"  {mode}/{grad_dtype}: {statistics.mean(res[f'{mode}/{grad_dtype}']['time_s']):.2f} s/step",
-                      flush=True)
+    models = {gd: wrap_ddp(_model(args.model), grad_dtype=gd) for gd in args.grad_dtypes}
+    res = {f"{m}/{gd}": {"time_s": [], "ledger": None} for m in args.modes for gd in args.grad_dtypes}
+    for rnd in range(args.warmup + args.steps):
+        for mode in args.modes:
+            for gd in args.grad_dtypes:
+                elapsed, ledger = _step(models[gd], mode, batch)
+                entry = res[f"{mode}/{gd}"]
+                if rnd < args.warmup:  # DDP rebuilds its buckets after the first step
+                    continue
+                if entry["ledger"] is not None and entry["ledger"] != ledger:
+                    raise RuntimeError(f"{mode}/{gd}: rank {rank} sent different bytes in different steps")
+                entry["ledger"] = ledger
+                entry["time_s"].append(elapsed)
+        if rank == 0:
+            print(f"  round {rnd + 1}/{args.warmup + args.steps} done", flush=True)
     torch.save(res, Path(out_dir) / f"rank{rank}.pt")
     D.destroy()
 
@@ -140,6 +144,7 @@ def main() -> None:
     print(f"{args.world} gloo ranks, {args.model}, local batch {args.batch}, {os.cpu_count()} CPUs")
     mp.spawn(_worker, args=(args, port, str(tmp)), nprocs=args.world, join=True)
     per_rank = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(args.world)]
+    shutil.rmtree(tmp)
     for r, res in enumerate(per_rank[1:], 1):
         for key in res:
             if res[key]["ledger"] != per_rank[0][key]["ledger"]:
