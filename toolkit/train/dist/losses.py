@@ -143,6 +143,8 @@ def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tenso
     if image_local.dim() != 2 or image_local.shape != text_local.shape:
         raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
                          "must both be [b, d] with the same shape")
+    if backend not in K.BACKENDS:
+        raise ValueError(f"unknown kernels backend {backend!r}; choose one of {K.BACKENDS}")
     if not isinstance(logit_scale, Tensor):
         logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
     if logit_scale.dim() != 0:
