@@ -47,8 +47,11 @@ def _batch(rank: int, b: int, image_size: int, context: int):
             torch.randint(1, 49407, (b, context), generator=g))
 
 
-def _step(model, mode: str, batch) -> tuple[float, dict]:
-    """One DDP step; returns (seconds, this step's ledger)."""
+def _step(model, mode: str, batch) -> tuple[float, dict, float]:
+    """One DDP step; returns (seconds, this step's ledger, seconds of the loss alone).
+
+    The loss alone: forward+backward of ``contrastive_loss`` on detached copies of the step's features
+    (all of a mode's feature communication, none of the model's compute or gradient all_reduce)."""
     from toolkit.core import dist as D
     from toolkit.train.dist import contrastive_loss
 
@@ -59,7 +62,12 @@ def _step(model, mode: str, batch) -> tuple[float, dict]:
     img, txt, scale = model(*batch)
     contrastive_loss(img, txt, scale, mode=mode).backward()
     elapsed = time.perf_counter() - start
-    return elapsed, D.LEDGER.step()
+    ledger = D.LEDGER.step()
+    leaves = [t.detach().requires_grad_() for t in (img, txt, scale)]
+    D.barrier()
+    start = time.perf_counter()
+    contrastive_loss(*leaves, mode=mode).backward()
+    return elapsed, ledger, time.perf_counter() - start
 
 
 def _worker(rank: int, args, port: int, out_dir: str) -> None:
@@ -75,11 +83,11 @@ def _worker(rank: int, args, port: int, out_dir: str) -> None:
     D.init_from_env(backend="gloo", timeout_s=1800)
     batch = _batch(rank, args.batch, image_size(args.model), context_length(args.model))
     models = {gd: wrap_ddp(_model(args.model), grad_dtype=gd) for gd in args.grad_dtypes}
-    res = {f"{m}/{gd}": {"time_s": [], "ledger": None} for m in args.modes for gd in args.grad_dtypes}
+    res = {f"{m}/{gd}": {"time_s": [], "loss_s": [], "ledger": None} for m in args.modes for gd in args.grad_dtypes}
     for rnd in range(args.warmup + args.steps):
         for mode in args.modes:
             for gd in args.grad_dtypes:
-                elapsed, ledger = _step(models[gd], mode, batch)
+                elapsed, ledger, loss_s = _step(models[gd], mode, batch)
                 entry = res[f"{mode}/{gd}"]
                 if rnd < args.warmup:  # DDP rebuilds its buckets after the first step
                     continue
@@ -87,6 +95,7 @@ def _worker(rank: int, args, port: int, out_dir: str) -> None:
                     raise RuntimeError(f"{mode}/{gd}: rank {rank} sent different bytes in different steps")
                 entry["ledger"] = ledger
                 entry["time_s"].append(elapsed)
+                entry["loss_s"].append(loss_s)
         if rank == 0:
             print(f"  round {rnd + 1}/{args.warmup + args.steps} done", flush=True)
     torch.save(res, Path(out_dir) / f"rank{rank}.pt")
@@ -105,18 +114,22 @@ def _row(key: str, per_rank: list[dict], base: dict) -> dict:
             "param_grad_bytes": cat("param_grads"), "check_bytes": cat("checks"),
             "total_bytes": led["comm/total/sent_bytes"], "calls": led["comm/total/calls"],
             "time_s": max(statistics.mean(r[key]["time_s"]) for r in per_rank),
+            "time_min_s": max(min(r[key]["time_s"]) for r in per_rank),
+            "loss_s": max(statistics.median(r[key]["loss_s"]) for r in per_rank),
+            "time_s_per_rank": [r[key]["time_s"] for r in per_rank],
             "feature_vs_gather": feature / base["feature"], "total_vs_gather_fp32": led["comm/total/sent_bytes"] / base["total"],
             "ledger": led}
 
 
 def _table(rows: list[dict]) -> str:
     mb = 1e6
-    lines = ["| mode | grad all_reduce | feature MB | scalar KB | param-grad MB | total MB | calls | s/step "
-             "| feature vs gather | total vs gather+fp32 |", "|" + "---|" * 10]
+    lines = ["| mode | grad all_reduce | feature MB | scalar KB | param-grad MB | total MB | calls | s/step mean "
+             "| s/step min | loss fwd+bwd ms | feature vs gather | total vs gather+fp32 |", "|" + "---|" * 12]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['grad_dtype']} | {r['feature_bytes'] / mb:.3f} | "
                      f"{(r['scalar_bytes'] + r['check_bytes']) / 1e3:.2f} | {r['param_grad_bytes'] / mb:.2f} | "
-                     f"{r['total_bytes'] / mb:.2f} | {r['calls']:.0f} | {r['time_s']:.2f} | "
+                     f"{r['total_bytes'] / mb:.2f} | {r['calls']:.0f} | {r['time_s']:.2f} | {r['time_min_s']:.2f} | "
+                     f"{r['loss_s'] * 1e3:.0f} | "
                      f"{r['feature_vs_gather']:.3f} | {r['total_vs_gather_fp32']:.3f} |")
     return "\n".join(lines)
 
