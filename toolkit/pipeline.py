@@ -51,6 +51,11 @@ class StageKind:
 KINDS: dict[str, StageKind] = {
     "shell": StageKind("toolkit.core.shell:ShellConfig", "toolkit.core.shell:run", ("out",),
                        "Any command line (bash -c); outputs are the keys of its `outputs` mapping."),
+    "data.precompute": StageKind("toolkit.data.precompute:PrecomputeConfig", "toolkit.data.precompute:run",
+                                 ("train",), "Raw shards -> fixed-size training shards with dense sample ids."),
+    "data.inspect": StageKind("toolkit.data.inspect:InspectConfig", "toolkit.data.inspect:run",
+                              ("out", "report", "contact_sheet"),
+                              "Counts, skip reasons, caption lengths and a contact sheet of a shard folder."),
 }
 
 _REF = re.compile(r"\$\{([^}]+)\}")
