@@ -152,3 +152,34 @@ def small_raw(tmp_path_factory) -> Path:
     for i, count in enumerate([30, 17, 25, 1, 30]):
         write_raw_shard(root / f"{i:05d}.tar", good_samples(rng, f"s{i}_", count, size=(36, 33)))
     return root
+
+
+def precompute(raw, out, **overrides):
+    """Run the precompute stage with cliptk-tiny; returns the StageResult."""
+    from toolkit.core.config import build
+    from toolkit.data.precompute import PrecomputeConfig, run
+
+    cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, **overrides})
+    return run(cfg)
+
+
+@pytest.fixture(scope="session")
+def bad_train(bad_raw, tmp_path_factory):
+    """The bad-input fixture set precomputed with a pool of 2 workers."""
+    out = tmp_path_factory.mktemp("bad_train")
+    return out, precompute(bad_raw[0], out, num_workers=2, samples_per_shard=7)
+
+
+@pytest.fixture(scope="session")
+def small_train(small_raw, tmp_path_factory):
+    """small_raw precomputed into 11 shards of 10 (the last holds 3): an awkward shard count."""
+    out = tmp_path_factory.mktemp("small_train")
+    return out, precompute(small_raw, out, num_workers=2, samples_per_shard=10)
+
+
+def read_meta(out) -> list[dict]:
+    """All meta.jsonl lines of a training folder, in id order."""
+    lines = []
+    for path in sorted(Path(out).glob("*.meta.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return lines

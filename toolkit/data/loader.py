@@ -189,14 +189,14 @@ def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Ite
                                  f"(dataset.json says {shard.num_samples} samples)")
             rows = np.frombuffer(buf, np.uint8).reshape(n, size)
             views = [rows[:, o:o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
-                     for f, o in zip(ds.fields, offsets)]
+                     for f, o in zip(ds.fields, offsets, strict=True)]
             for k in range(n):
                 sample_id = shard.first_id + seg.start + c0 + k
                 name = f"{sample_key(sample_id)}.{first_ext}".encode()
                 if buf[k * size:k * size + len(name) + 1] != name + b"\0":
                     raise _layout_error(url, seg.start + c0 + k, name.decode(),
                                         buf[k * size:k * size + 100].split(b"\0")[0])
-                out = {f.role: v[k] for f, v in zip(ds.fields, views)}
+                out = {f.role: v[k] for f, v in zip(ds.fields, views, strict=True)}
                 out["index"], out["valid"] = sample_id, seg.valid
                 yield out
 

@@ -89,7 +89,7 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
             with io.open_file(parquet, "rb") as fh:
                 table = pq.read_table(fh, columns=None).to_pydict()
             statuses = table.get("status") or ["success"] * len(table.get("key", []))
-            keys = [str(k) for k, s in zip(table.get("key", []), statuses) if s == "success"]
+            keys = [str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"]
     except (OSError, ValueError, ImportError):
         keys = None
     stats = _sidecar(url, "_stats.json")

@@ -123,11 +123,11 @@ def _efficientnet_lite0(model: str, weights: str) -> FrozenImageTower:
     state = torch.load(weights, map_location="cpu", weights_only=True)
     net = timm.create_model("efficientnet_lite0", pretrained=False)
     target = net.state_dict()
-    if len(state) != len(target) or any(a.shape != b.shape for a, b in zip(state.values(), target.values())):
+    if len(state) != len(target) or any(a.shape != b.shape for a, b in zip(state.values(), target.values(), strict=True)):
         raise ValueError(f"{weights}: not an EfficientNet-Lite0 state dict ({len(state)} tensors, expected "
                          f"{len(target)} with matching shapes)")
     # The package's key names differ from timm's but the order and shapes match one to one.
-    net.load_state_dict(dict(zip(target.keys(), state.values())))
+    net.load_state_dict(dict(zip(target.keys(), state.values(), strict=True)))
     net.reset_classifier(0)  # forward() now returns the pooled features
     net = net.eval().requires_grad_(False)
     return FrozenImageTower("efficientnet_lite0", int(net.num_features), 224, LITE_MEAN, LITE_STD, net)
