@@ -82,6 +82,10 @@ def test_output_to_fsspec_and_loader_reads_it(small_raw):
     batches = list(make_loader(url, rank=1, world_size=2, batch_size=10))
     assert sum(len(b["index"]) for b in batches) == 52  # rank 1 of 2 holds ids [51, 103) of the order
     assert batches[0]["image"].shape[1:] == (24, 24, 3)
+    for name in ("00003.tar", "00003.parquet", "00003_stats.json", "00001.tar"):  # raw shards on fsspec too
+        fs.pipe(f"/cliptk-test/raw/{name}", (small_raw / name).read_bytes())
+    remote = precompute("memory://cliptk-test/raw", "memory://cliptk-test/train2", num_workers=2)
+    assert remote.counts["num_samples"] == 18 and remote.counts["num_raw_shards"] == 2
     fs.rm("/cliptk-test", recursive=True)
 
 
