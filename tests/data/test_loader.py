@@ -158,3 +158,14 @@ def test_mismatched_shard_fails_loudly(small_train, tmp_path):
     (copy / "00003.tar").write_bytes((copy / "00004.tar").read_bytes())  # wrong shard under a right name
     with pytest.raises(ValueError, match="00003.tar"):
         list(make_loader(str(copy), batch_size=16, shuffle=False))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers,start", [(2, 3), (3, 5), (3, 12), (0, 12), (2, 13)])
+def test_start_batch_resumes_mid_epoch_exactly(small_train, workers, start):
+    out, _ = small_train
+    kw = dict(rank=1, world_size=2, epoch=2, batch_size=4, num_workers=workers, shuffle_buffer=16)
+    full = [b["index"].tolist() for b in make_loader(str(out), **kw)]
+    resumed = make_loader(str(out), start_batch=start, **kw)
+    assert len(resumed) == len(full) - start
+    assert [b["index"].tolist() for b in resumed] == full[start:]

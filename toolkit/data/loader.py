@@ -235,15 +235,34 @@ def collate(samples: list[dict], roles: list[str]) -> dict[str, Any]:
     return batch
 
 
-def _batched(samples: Iterator[dict], batch_size: int, roles: list[str]) -> Iterator[dict]:
+def _batched(samples: Iterator[dict], batch_size: int, roles: list[str], skip: int = 0) -> Iterator[dict]:
+    """Collate consecutive samples into batches; the first ``skip`` batches are formed but not collated."""
     chunk: list[dict] = []
     for sample in samples:
         chunk.append(sample)
         if len(chunk) == batch_size:
-            yield collate(chunk, roles)
+            if skip:
+                skip -= 1
+            else:
+                yield collate(chunk, roles)
             chunk = []
-    if chunk:
+    if chunk and not skip:
         yield collate(chunk, roles)
+
+
+def resume_point(plan: RankPlan, start_batch: int) -> tuple[list[int], int]:
+    """(batches each worker has already yielded, next worker to ask) after the rank's first
+    ``start_batch`` batches: the DataLoader takes batches from its workers round-robin starting at
+    worker 0 and passes over finished ones, so a resumed loader rotates worker roles by the second value."""
+    left = [-(-sum(s.count for s in segs) // plan.batch_size) for segs in plan.workers]
+    skips, w = [0] * len(left), 0
+    for _ in range(min(start_batch, sum(left))):
+        while left[w] == 0:
+            w = (w + 1) % len(left)
+        skips[w] += 1
+        left[w] -= 1
+        w = (w + 1) % len(left)
+    return skips, w
 
 
 class TrainStream(IterableDataset):
@@ -251,18 +270,20 @@ class TrainStream(IterableDataset):
 
     def __init__(self, ds: TrainDataset, *, rank: int, world_size: int, epoch: int, batch_size: int,
                  num_workers: int, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 1000,
-                 last_batch: LastBatch = "partial", reader: Reader = "direct"):
+                 last_batch: LastBatch = "partial", reader: Reader = "direct", start_batch: int = 0):
         super().__init__()
+        if start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
         if reader not in ("direct", "webdataset"):
             raise ValueError(f"unknown reader {reader!r}; use direct or webdataset")
         self.ds, self.seed, self.shuffle, self.shuffle_buffer = ds, seed, shuffle, shuffle_buffer
-        self.reader = reader
+        self.reader, self.start_batch = reader, start_batch
         self.args = dict(rank=rank, world_size=world_size, epoch=epoch, batch_size=batch_size, seed=seed,
                          shuffle=shuffle, last_batch=last_batch)
         self.plan = plan_epoch(ds, num_workers=num_workers, **self.args)
 
     def __len__(self) -> int:
-        return self.plan.num_batches
+        return max(0, self.plan.num_batches - self.start_batch)
 
     def __iter__(self) -> Iterator[dict]:
         import webdataset as wds
@@ -271,6 +292,8 @@ class TrainStream(IterableDataset):
         info = get_worker_info()
         worker, streams = (info.id, info.num_workers) if info is not None else (0, 1)
         plan = plan_epoch(self.ds, num_workers=streams, **self.args)
+        skips, pointer = resume_point(plan, self.start_batch)
+        worker = (worker + pointer) % streams  # this process plays that worker of the uninterrupted epoch
         segments = list(plan.workers[worker])
         rng = random.Random(f"{self.seed}-{plan.epoch}-{plan.rank}-{worker}")
         roles = [f.role for f in self.ds.fields]
@@ -278,24 +301,26 @@ class TrainStream(IterableDataset):
         stages = [lambda: iter(segments), lambda src: (s for seg in src for s in read(self.ds, seg))]
         if self.shuffle and self.shuffle_buffer > 1:
             stages.append(lambda src: _shuffled(src, self.shuffle_buffer, rng))
-        stages.append(lambda src: _batched(src, plan.batch_size, roles))
+        stages.append(lambda src: _batched(src, plan.batch_size, roles, skips[worker]))
         yield from wds.DataPipeline(*stages)
 
 
 def make_loader(path: str | TrainDataset, *, rank: int = 0, world_size: int = 1, epoch: int = 0, batch_size: int,
                 num_workers: int = 0, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 1000,
-                last_batch: LastBatch = "partial", reader: Reader = "direct", pin_memory: bool = False,
-                prefetch_factor: int = 2):
+                last_batch: LastBatch = "partial", reader: Reader = "direct", start_batch: int = 0,
+                pin_memory: bool = False, prefetch_factor: int = 2):
     """DataLoader over the training shards at ``path`` (local or fsspec) for one rank and epoch.
 
     Called by every rank once per epoch. ``len(loader)`` and ``loader.dataset.plan`` give this rank's
     batch count (equal on all ranks for 'drop' and 'pad'; may differ by one for 'partial').
+    ``start_batch`` resumes mid-epoch: the loader yields exactly the batches a full pass with the same
+    arguments yields from position ``start_batch`` on (skipped samples are read but not collated).
     """
     from torch.utils.data import DataLoader
 
     ds = path if isinstance(path, TrainDataset) else TrainDataset.open(str(path))
     stream = TrainStream(ds, rank=rank, world_size=world_size, epoch=epoch, batch_size=batch_size,
                          num_workers=num_workers, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                         last_batch=last_batch, reader=reader)
+                         last_batch=last_batch, reader=reader, start_batch=start_batch)
     extra = {"prefetch_factor": prefetch_factor} if num_workers > 0 else {}
     return DataLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **extra)
