@@ -73,6 +73,13 @@ def test_no_valid_sample_is_an_error_naming_the_input(tmp_path):
     assert manifest["status"] == "failed"
 
 
+def test_out_equal_to_input_is_refused(bad_raw):
+    from toolkit.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="must differ from input"):
+        precompute(bad_raw[0], str(bad_raw[0]) + "/", num_workers=1)
+
+
 def test_truncation_without_parquet_uses_stats_count(tmp_path):
     rng = np.random.default_rng(5)
     raw = tmp_path / "raw"

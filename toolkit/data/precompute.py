@@ -198,6 +198,9 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input)."""
     log = get_logger("data.precompute")
     require(cfg, "input", "out", "model")
+    if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
+        raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
+                                                     "would overwrite the raw shards")
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
