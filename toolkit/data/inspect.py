@@ -21,7 +21,6 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import MANIFEST, StageResult, stage_run
 from toolkit.data.images import ImageError, decode_rgb
-from toolkit.data.precompute import require
 from toolkit.data.rawshards import RawShardReader, list_shards, shard_name
 from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
 
@@ -33,9 +32,9 @@ CAPTION_LINE_PX = 12
 
 @dataclass(frozen=True)
 class InspectConfig:
-    input: str = option("", is_input=True, doc="Folder of raw shards (.tar) or of training shards (dataset.json); "
+    input: str = option(is_input=True, doc="Folder of raw shards (.tar) or of training shards (dataset.json); "
                                            "local or fsspec URL.")
-    out: str = option("", doc="Report folder: report.json, contact_sheet.png, manifest.json.")
+    out: str = option(doc="Report folder: report.json, contact_sheet.png, manifest.json.")
     num_contact: int = option(64, ge=0, doc="Samples on the contact sheet (0: no sheet).")
     thumb_size: int = option(64, ge=8, doc="Side of each contact-sheet tile in pixels.")
     max_samples: int = option(0, ge=0, doc="Read at most this many samples for counts and captions (0: all).")
@@ -156,7 +155,6 @@ def _raw_skip_reasons(source: str, urls: list[str]) -> dict[str, Any]:
 def run(cfg: InspectConfig) -> StageResult:
     """Inspect ``cfg.input`` (training shards if it holds dataset.json, else raw shards)."""
     log = get_logger("data.inspect")
-    require(cfg, "input", "out")
     with stage_run(KIND, cfg, cfg.out) as rec:
         is_train = io.exists(io.join(cfg.input, DATASET_JSON))
         report, tiles = _inspect_train(cfg) if is_train else _inspect_raw(cfg)

@@ -41,10 +41,10 @@ MAX_KEYS_PER_REASON = 1000
 
 @dataclass(frozen=True)
 class PrecomputeConfig:
-    input: str = option("", is_input=True, doc="Raw shards: a folder of .tar files, one .tar, a glob or a brace "
+    input: str = option(is_input=True, doc="Raw shards: a folder of .tar files, one .tar, a glob or a brace "
                                            "pattern (dir/{00000..00009}.tar); local or any fsspec URL.")
-    out: str = option("", doc="Output folder (local or fsspec URL) for training shards, dataset.json, manifest.")
-    model: str = option("", doc="Model name or config JSON: sets the image resolution and the tokenizer.")
+    out: str = option(doc="Output folder (local or fsspec URL) for training shards, dataset.json, manifest.")
+    model: str = option(doc="Model name or config JSON: sets the image resolution and the tokenizer.")
     image_size: int = option(0, ge=0, doc="Square image side in pixels; 0: the model's image size.")
     resize_mode: ResizeMode = option("center_crop", doc="center_crop: scale the short side, crop the centre; "
                                                         "pad: fit the whole image, pad with white.")
@@ -65,14 +65,6 @@ class PrecomputeConfig:
                                                             "random init).")
     tmp_dir: str = option("", affects_output=False, doc="Local scratch folder (default: OUT/_tmp for a local "
                                                         "OUT, else the system temp folder); removed at the end.")
-
-
-def require(cfg, *names: str) -> None:
-    """ConfigError naming the first of ``names`` left empty (they default to '' so that CLI options
-    can supply them after the YAML file is validated)."""
-    for name in names:
-        if not getattr(cfg, name):
-            raise ConfigError(type(cfg).__name__, name, "missing required value")
 
 
 def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
@@ -197,7 +189,6 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
 def run(cfg: PrecomputeConfig) -> StageResult:
     """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input)."""
     log = get_logger("data.precompute")
-    require(cfg, "input", "out", "model")
     if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
         raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
                                                      "would overwrite the raw shards")
