@@ -51,6 +51,13 @@ class StageKind:
 KINDS: dict[str, StageKind] = {
     "shell": StageKind("toolkit.core.shell:ShellConfig", "toolkit.core.shell:run", ("out",),
                        "Any command line (bash -c); outputs are the keys of its `outputs` mapping."),
+    "data.fetch": StageKind("toolkit.data.fetch:FetchConfig", "toolkit.data.fetch:run", ("shards",),
+                            "Download a URL list into raw webdataset shards (img2dataset); resumes."),
+    "data.shard": StageKind("toolkit.data.shard:ShardConfig", "toolkit.data.shard:run", ("shards",),
+                            "Local images + captions (folder or CSV) into raw shards, no download."),
+    "data.demo": StageKind("toolkit.data.demo:DemoConfig", "toolkit.data.demo:run",
+                           ("train_urls", "eval_urls", "train_csv", "eval_csv", "root"),
+                           "Emoji demo set: Twemoji (train) and OpenMoji (held-out artist), URL lists and CSVs."),
 }
 
 _REF = re.compile(r"\$\{([^}]+)\}")

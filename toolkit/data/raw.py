@@ -111,7 +111,7 @@ def check_image_bytes(data: bytes) -> str | None:
     except Image.DecompressionBombError as err:
         return f"decompression bomb: {err}"
     except (OSError, SyntaxError, ValueError, EOFError) as err:
-        if "truncated" in str(err):
+        if "truncated" in str(err).lower():
             return f"truncated image: {err}"
         return f"corrupt image: {type(err).__name__}: {err}"
     return None

@@ -53,6 +53,16 @@ class FolderServer(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/"
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up (timeout, closed socket) is routine here: log it, no traceback on stderr."""
+        import sys
+
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionError):
+            get_logger("serve").debug("%s went away: %s", client_address, err)
+            return
+        super().handle_error(request, client_address)
+
     def reset_counts(self) -> None:
         with self.count_lock:
             self.request_counts.clear()
