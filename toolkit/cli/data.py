@@ -21,30 +21,40 @@ def _reasons(counts: dict) -> str:
 
 @app.command("fetch")
 def fetch_cmd(
-    urls: Annotated[str | None, typer.Option("--urls", help="URL list: csv, tsv, parquet, jsonl, json or txt "
-                                                            "(optionally .gz), local or fsspec URL, or a folder of them.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Output folder (local or fsspec URL) for the raw shards.")] = None,
-    input_format: Annotated[str | None, typer.Option("--input-format", help="URL list format (default: from the "
-                                                                            "extension).")] = None,
-    url_col: Annotated[str | None, typer.Option("--url-col", help="Column with the image URLs (default url).")] = None,
-    caption_col: Annotated[str | None, typer.Option("--caption-col", help="Column with the captions; '' for none "
-                                                                          "(default caption).")] = None,
-    image_size: Annotated[int | None, typer.Option("--image-size", help="Target image side in pixels (default 256).")] = None,
-    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="border, center_crop, keep_ratio, "
-                                                                          "keep_ratio_largest or no (default border).")] = None,
-    samples_per_shard: Annotated[int | None, typer.Option("--samples-per-shard", help="URLs per shard, the unit of "
-                                                                                      "resume (default 10000).")] = None,
-    num_processes: Annotated[int | None, typer.Option("--processes", help="Download processes (default 1).")] = None,
-    num_threads: Annotated[int | None, typer.Option("--threads", help="Download threads per process (default 32).")] = None,
-    timeout_s: Annotated[float | None, typer.Option("--timeout", help="Per-request socket timeout in seconds; "
-                                                                      "dead hosts fail as 'timeout' (default 10).")] = None,
-    retries: Annotated[int | None, typer.Option("--retries", help="Extra attempts per failed URL (default 0).")] = None,
-    distributor: Annotated[str | None, typer.Option("--distributor", help="multiprocessing, pyspark or ray "
-                                                                          "(default multiprocessing).")] = None,
-    run_timeout_s: Annotated[float | None, typer.Option("--run-timeout", help="Stop the whole run after this many "
-                                                                              "seconds; rerun to resume.")] = None,
-    overwrite: Annotated[bool | None, typer.Option("--overwrite/--resume", help="Delete the shards already in --out "
-                                                                                "first, or resume them (default resume).")] = None,
+    urls: Annotated[str | None, typer.Option(
+        "--urls", help="URL list: csv, tsv, parquet, jsonl, json or txt (optionally .gz), local or fsspec "
+                       "URL, or a folder of them.")] = None,
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Output folder (local or fsspec URL) for the raw shards.")] = None,
+    input_format: Annotated[str | None, typer.Option(
+        "--input-format", help="URL list format (default: from the extension).")] = None,
+    url_col: Annotated[str | None, typer.Option(
+        "--url-col", help="Column with the image URLs (default url).")] = None,
+    caption_col: Annotated[str | None, typer.Option(
+        "--caption-col", help="Column with the captions; '' for none (default caption).")] = None,
+    image_size: Annotated[int | None, typer.Option(
+        "--image-size", help="Target image side in pixels (default 256).")] = None,
+    resize_mode: Annotated[str | None, typer.Option(
+        "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default "
+                              "border).")] = None,
+    samples_per_shard: Annotated[int | None, typer.Option(
+        "--samples-per-shard", help="URLs per shard, the unit of resume (default 10000).")] = None,
+    num_processes: Annotated[int | None, typer.Option(
+        "--processes", help="Download processes (default 1).")] = None,
+    num_threads: Annotated[int | None, typer.Option(
+        "--threads", help="Download threads per process (default 32).")] = None,
+    timeout_s: Annotated[float | None, typer.Option(
+        "--timeout", help="Per-request socket timeout in seconds; dead hosts fail as 'timeout' (default "
+                          "10).")] = None,
+    retries: Annotated[int | None, typer.Option(
+        "--retries", help="Extra attempts per failed URL (default 0).")] = None,
+    distributor: Annotated[str | None, typer.Option(
+        "--distributor", help="multiprocessing, pyspark or ray (default multiprocessing).")] = None,
+    run_timeout_s: Annotated[float | None, typer.Option(
+        "--run-timeout", help="Stop the whole run after this many seconds; rerun to resume.")] = None,
+    overwrite: Annotated[bool | None, typer.Option(
+        "--overwrite/--resume", help="Delete the shards already in --out first, or resume them (default "
+                                     "resume).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -70,16 +80,24 @@ def fetch_cmd(
 
 @app.command("shard")
 def shard_cmd(
-    source: Annotated[str | None, typer.Option("--source", help="Folder of images with sidecar .txt captions, or a "
-                                                                "CSV/TSV of path,caption.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Output folder for the raw shards.")] = None,
-    path_col: Annotated[str | None, typer.Option("--path-col", help="CSV column with image paths (default path).")] = None,
-    caption_col: Annotated[str | None, typer.Option("--caption-col", help="CSV column with captions (default caption).")] = None,
-    image_size: Annotated[int | None, typer.Option("--image-size", help="Target image side in pixels (default 256).")] = None,
-    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="border, center_crop, keep_ratio, "
-                                                                          "keep_ratio_largest or no (default border).")] = None,
-    samples_per_shard: Annotated[int | None, typer.Option("--samples-per-shard", help="Inputs per shard (default 10000).")] = None,
-    num_threads: Annotated[int | None, typer.Option("--threads", help="Decode/resize threads (default 4).")] = None,
+    source: Annotated[str | None, typer.Option(
+        "--source", help="Folder of images with sidecar .txt captions, or a CSV/TSV of "
+                         "path,caption.")] = None,
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Output folder for the raw shards.")] = None,
+    path_col: Annotated[str | None, typer.Option(
+        "--path-col", help="CSV column with image paths (default path).")] = None,
+    caption_col: Annotated[str | None, typer.Option(
+        "--caption-col", help="CSV column with captions (default caption).")] = None,
+    image_size: Annotated[int | None, typer.Option(
+        "--image-size", help="Target image side in pixels (default 256).")] = None,
+    resize_mode: Annotated[str | None, typer.Option(
+        "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default "
+                              "border).")] = None,
+    samples_per_shard: Annotated[int | None, typer.Option(
+        "--samples-per-shard", help="Inputs per shard (default 10000).")] = None,
+    num_threads: Annotated[int | None, typer.Option(
+        "--threads", help="Decode/resize threads (default 4).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -97,11 +115,14 @@ def shard_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    out: Annotated[str | None, typer.Option("--out", help="Output folder for the demo set.")] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Keep this many concepts, spread over all 9 emoji "
-                                                              "groups (default: all, about 1,900).")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="URL prefix for *_urls.csv, e.g. "
-                                                                    "http://127.0.0.1:8000/ (default file://<OUT>/).")] = None,
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Output folder for the demo set.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", help="Keep this many concepts, spread over all 9 emoji groups (default: all, about "
+                        "1,900).")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        "--base-url", help="URL prefix for *_urls.csv, e.g. http://127.0.0.1:8000/ (default "
+                           "file://<OUT>/).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:

@@ -90,8 +90,9 @@ def detect_format(cfg: FetchConfig) -> str:
     if len(found) == 1:
         return found.pop()
     what = "files in the folder" if fs.isdir(path) else "extension"
-    raise ValueError(f"{cfg.urls}: cannot tell the URL list format from its {what} ({', '.join(sorted(found)) or 'none'}"
-                     f"); set --input-format to one of {', '.join(_SUFFIXES)}")
+    seen = ", ".join(sorted(found)) or "none"
+    raise ValueError(f"{cfg.urls}: cannot tell the URL list format from its {what} ({seen}); "
+                     f"set --input-format to one of {', '.join(_SUFFIXES)}")
 
 
 def _format_of(name: str) -> str | None:
@@ -144,8 +145,9 @@ def check_url_list(cfg: FetchConfig, fmt: str) -> str | None:
             continue
         for key, col in (("url_col", cfg.url_col), ("caption_col", cfg.caption_col)):
             if col and col not in columns:
-                raise ValueError(f"{name}: no column {col!r} ({key}); columns are: {', '.join(columns) or 'none'}"
-                                 + ("; set --caption-col '' for a list without captions" if key == "caption_col" else ""))
+                hint = "; set --caption-col '' for a list without captions" if key == "caption_col" else ""
+                raise ValueError(f"{name}: no column {col!r} ({key}); columns are: "
+                                 f"{', '.join(columns) or 'none'}{hint}")
     return cfg.caption_col or None
 
 

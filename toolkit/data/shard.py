@@ -50,7 +50,8 @@ class ShardConfig:
     caption_col: str = option("caption", doc="CSV column with the caption.")
     image_size: int = option(256, ge=1, doc="Target image side in pixels (see resize_mode).")
     resize_mode: Literal["border", "center_crop", "keep_ratio", "keep_ratio_largest", "no"] = option(
-        "border", doc="img2dataset resize mode: border (fit, pad white), center_crop, keep_ratio, keep_ratio_largest, no.")
+        "border", doc="img2dataset resize mode: border (fit, pad white), center_crop, keep_ratio, "
+                      "keep_ratio_largest, no.")
     encode_quality: int = option(95, ge=1, le=100, doc="JPEG quality of the stored images.")
     strict_decode: bool = option(True, doc="Fully decode every image with Pillow first (rejects truncated files).")
     samples_per_shard: int = option(10000, ge=1, doc="Input rows per shard.")
@@ -202,7 +203,8 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
                 status[meta["error_message"]] += 1
                 continue
             status[raw.SUCCESS] += 1
-            for ext, data in (("jpg", img), ("txt", meta["caption"].encode()), ("json", json.dumps(meta, indent=4).encode())):
+            members = {"jpg": img, "txt": meta["caption"].encode(), "json": json.dumps(meta, indent=4).encode()}
+            for ext, data in members.items():
                 _add(tar, f"{meta['key']}.{ext}", data, start)
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         (c, pa.int32() if c in ("width", "height", "original_width", "original_height") else pa.string())
