@@ -75,7 +75,8 @@ def fetch_cmd(
     typer.echo(f"{c['num_urls']} URLs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
                f"{c['num_shards']} shards in {result.outputs['shards']} ({c['num_shards_resumed']} resumed)")
     typer.echo(f"this run: {this['num_urls']} URLs in {this['wall_s']:.1f} s = {this['urls_per_s']} URLs/s, "
-               f"{this['success_per_s']} images/s stored")
+               f"{this['success_per_s']} images/s stored; downloading alone {this['download_s']:.1f} s = "
+               f"{this['download_urls_per_s']} URLs/s")
 
 
 @app.command("shard")

@@ -351,7 +351,10 @@ def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float) 
         "this_run": {"num_urls": new["num_samples"], "num_success": new["num_success"],
                      "failed_by_reason": new["failed_by_reason"], "wall_s": round(wall_s, 3),
                      "urls_per_s": round(new["num_samples"] / wall_s, 2) if wall_s > 0 else None,
-                     "success_per_s": round(new["num_success"] / wall_s, 2) if wall_s > 0 else None},
+                     "success_per_s": round(new["num_success"] / wall_s, 2) if wall_s > 0 else None,
+                     # first shard start to last shard end: the rate without process start-up and imports
+                     "download_s": new["span_s"],
+                     "download_urls_per_s": round(new["num_samples"] / new["span_s"], 2) if new["span_s"] else None},
         "error_messages": total["messages"], "timed_out": outcome["timed_out"],
     })
     return {**rec.counts, **rec.details}
@@ -363,8 +366,9 @@ def _report(summary: dict[str, Any]) -> None:
     log.info("fetch: %d URLs, %d ok, %d failed (%s); %d shards (%d resumed)", summary["num_urls"],
              summary["num_success"], summary["num_failed"], reasons, summary["num_shards"],
              summary["num_shards_resumed"])
-    log.info("fetch: this run %d URLs in %.1f s = %s URLs/s (%s images/s stored)", this["num_urls"],
-             this["wall_s"], this["urls_per_s"], this["success_per_s"])
+    log.info("fetch: this run %d URLs in %.1f s = %s URLs/s (%s images/s stored); downloading alone %.1f s = "
+             "%s URLs/s", this["num_urls"], this["wall_s"], this["urls_per_s"], this["success_per_s"],
+             this["download_s"], this["download_urls_per_s"])
 
 
 def _raise_if_incomplete(cfg: FetchConfig, summary: dict[str, Any], outcome: dict) -> None:
