@@ -280,3 +280,19 @@ def test_summarize_adds_up_and_reports_unrecorded_samples():
     assert (s["num_samples"], s["num_success"], s["num_failed"]) == (8, 5, 3)
     assert s["failed_by_reason"] == {"http_404": 1, "other": 1, "unrecorded": 1}
     assert "cannot identify image file <_io.BytesIO object>" in s["messages"] and s["span_s"] == 5.5
+
+
+@pytest.mark.slow
+def test_run_timeout_stops_a_stalled_run_and_malformed_lists_fail_clearly(tmp_path):
+    with socket.socket() as silent:  # accepts connections (backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        urls = tmp_path / "stalled.txt"
+        urls.write_text("".join(f"http://127.0.0.1:{silent.getsockname()[1]}/{i}.jpg\n" for i in range(4)))
+        # without the run limit each URL would wait out its 120 s socket timeout and fail as 'timeout'
+        with pytest.raises(RuntimeError, match="stopped after run_timeout_s=6"):
+            run(FetchConfig(urls=str(urls), out=str(tmp_path / "o"), timeout_s=120, run_timeout_s=6))
+    bad = tmp_path / "bad.csv"
+    bad.write_text('url,caption\n"http://127.0.0.1:1/a.jpg,unterminated\n')
+    with pytest.raises(RuntimeError, match="worker exited with code 1: .*CSV parse error"):
+        run(FetchConfig(urls=str(bad), out=str(tmp_path / "o2")))

@@ -284,8 +284,9 @@ def download(spec: dict, run_timeout_s: float | None) -> dict[str, Any]:
     finally:
         code = worker.close()
     if code != 0 and not worker.timed_out:
+        last = worker.tail[-1] if worker.tail else "no output"
         tail = "\n".join(worker.tail)
-        raise RuntimeError(f"img2dataset worker exited with code {code}:\n{tail}")
+        raise RuntimeError(f"img2dataset worker exited with code {code}: {last}\n--- output tail:\n{tail}")
     return {"num_shards_planned": planned, "timed_out": worker.timed_out, "finished": finished}
 
 
@@ -372,13 +373,12 @@ def _report(summary: dict[str, Any]) -> None:
 
 
 def _raise_if_incomplete(cfg: FetchConfig, summary: dict[str, Any], outcome: dict) -> None:
-    if summary["num_success"] == 0:
-        reasons = ", ".join(f"{k}: {v}" for k, v in summary["failed_by_reason"].items()) or "no URLs in the list"
-        raise RuntimeError(f"no image downloaded from {cfg.urls} ({summary['num_urls']} URLs; {reasons})")
     if outcome["timed_out"]:
         raise RuntimeError(f"fetch stopped after run_timeout_s={cfg.run_timeout_s}; "
                            f"{summary['num_shards']} shards finished; rerun the same command to resume")
     if summary["num_shards_unfinished"]:
         raise RuntimeError(f"{summary['num_shards_unfinished']} shards did not finish (see log.jsonl); "
                            "rerun the same command to resume them")
-
+    if summary["num_success"] == 0:
+        reasons = ", ".join(f"{k}: {v}" for k, v in summary["failed_by_reason"].items()) or "no URLs in the list"
+        raise RuntimeError(f"no image downloaded from {cfg.urls} ({summary['num_urls']} URLs; {reasons})")
