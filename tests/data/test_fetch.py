@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from toolkit.data import raw
-from toolkit.data.fetch import FetchConfig, check_url_list, detect_format, run
+from toolkit.data.fetch import FetchConfig, check_resumable, check_url_list, detect_format, run
 from toolkit.data.serve import QuietHandler, serve
 from toolkit.data.shard import PARQUET_COLUMNS
 
@@ -181,9 +181,16 @@ def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(si
     assert manifest["counts"]["failed_by_reason"] == EXPECTED_FAILURES
     assert manifest["counts"]["num_shards_resumed"] == 5 and not (out / "_tmp").exists()
 
-    # resuming with settings that change the output is refused before anything is downloaded
+    # resuming with settings or a list that change the output is refused before anything is downloaded
     with pytest.raises(ValueError, match="image_size changed"):
         run(FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE + 1, samples_per_shard=PER_SHARD))
+    same = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD)
+    os.utime(urls)  # touched, same bytes: still resumable
+    assert check_resumable(same, str(out)) == manifest["details"]["urls_sha256"]
+    with open(urls, "a") as fh:
+        fh.write(f"{server.url}img0.jpg,one more row\n")
+    with pytest.raises(ValueError, match="urls.csv changed since"):
+        run(same)
 
 
 def test_fetch_without_any_valid_sample_fails_and_records_why(site):
@@ -230,6 +237,11 @@ def test_url_list_errors_name_the_file(tmp_path):
     (tmp_path / "list.xlsx").write_text("x")
     with pytest.raises(ValueError, match="cannot tell the URL list format"):
         run(FetchConfig(urls=str(tmp_path / "list.xlsx"), out=str(tmp_path / "o")))
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        with pytest.raises(ValueError, match="distributor 'ray' needs the ray package"):
+            run(FetchConfig(urls=str(tmp_path / "list.xlsx"), out=str(tmp_path / "o"), distributor="ray"))
     assert not (tmp_path / "o").exists()  # nothing written for bad input
 
 

@@ -80,6 +80,8 @@ class FetchConfig:
 
 def detect_format(cfg: FetchConfig) -> str:
     """The img2dataset input format for ``cfg.urls`` (from the extension, or the files in a folder)."""
+    if not cfg.urls.strip():
+        raise ValueError("no URL list given (--urls)")
     if cfg.input_format != "auto":
         return cfg.input_format
     import fsspec
@@ -162,14 +164,38 @@ def _changed_fields(previous: dict, cfg: FetchConfig) -> list[str]:
             and previous.get("config", {}).get(f.name) != now[f.name]]
 
 
-def check_resumable(cfg: FetchConfig, out: str) -> None:
-    """Refuse to mix shards of a different config into ``out`` (unless ``overwrite``)."""
+def list_digest(urls: str) -> str:
+    """sha256 over the URL list's bytes (every file of a folder, in name order)."""
+    import hashlib
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(urls)
+    files = sorted(fs.find(path)) if fs.isdir(path) else [path]
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.removeprefix(path).encode() + b"\0")
+        with fs.open(name, "rb") as fh:
+            while chunk := fh.read(1 << 23):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_resumable(cfg: FetchConfig, out: str) -> str:
+    """Refuse to mix shards of another config or URL list into ``out`` (unless ``overwrite``).
+
+    Returns the URL list's sha256 (reused from the last manifest when the file is untouched): a shard is
+    identified by its rows' position in the list, so finished shards are only valid for the same bytes.
+    """
+    previous = read_manifest(out) or {}
+    same_file = ((previous.get("inputs") or {}).get("urls") or {}).get("fingerprint") == fingerprint(cfg.urls)
+    recorded = (previous.get("details") or {}).get("urls_sha256")
+    digest = recorded if same_file and recorded else list_digest(cfg.urls)
     if cfg.overwrite or not raw.shard_files(out):
-        return
-    previous = read_manifest(out)
-    if previous is None:
+        return digest
+    if not previous:
         log.warning("%s holds shards but no manifest; resuming on the assumption they come from %s", out, cfg.urls)
-        return
+        return digest
     if previous.get("kind") != KIND:
         raise ValueError(f"{out} holds the output of a {previous.get('kind')!r} stage; choose another --out "
                          "or pass --overwrite to delete its shards")
@@ -177,10 +203,10 @@ def check_resumable(cfg: FetchConfig, out: str) -> None:
         changed = ", ".join(_changed_fields(previous, cfg)) or "config"
         raise ValueError(f"{out} holds shards fetched with different settings ({changed} changed); pass "
                          "--overwrite to delete them and fetch again, or choose another --out")
-    old = ((previous.get("inputs") or {}).get("urls") or {}).get("fingerprint")
-    if old and old != fingerprint(cfg.urls):
-        log.warning("%s changed since the last run; finished shards are kept as they are (pass --overwrite "
-                    "if rows were added or moved)", cfg.urls)
+    if recorded and recorded != digest:
+        raise ValueError(f"{cfg.urls} changed since {out} was fetched from it (its rows decide which shard "
+                         "holds which URL); pass --overwrite to fetch again, or choose another --out")
+    return digest
 
 
 def absolute(path: str) -> str:
@@ -309,12 +335,15 @@ def run(cfg: FetchConfig) -> StageResult:
     Raises FileNotFoundError/ValueError for a bad URL list (naming file and column), RuntimeError when no
     image was downloaded at all or shards are left unfinished (rerun to resume them).
     """
+    _check_distributor(cfg.distributor)
     fmt = detect_format(cfg)
     caption_col = check_url_list(cfg, fmt)
     out = absolute(cfg.out)
-    check_resumable(cfg, out)
+    digest = check_resumable(cfg, out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
+        rec.details["urls_sha256"] = digest
+        rec.write()  # recorded before downloading, so even a killed run's shards can be checked on resume
         if cfg.overwrite:
             log.info("fetch: --overwrite: removed %d shard files from %s", raw.remove_shards(out), out)
         done_before = raw.finished_shards(out)
@@ -326,6 +355,15 @@ def run(cfg: FetchConfig) -> StageResult:
         _report(summary)
         _raise_if_incomplete(cfg, summary, outcome)
     return rec.result()
+
+
+def _check_distributor(name: str) -> None:
+    """pyspark and ray are optional cluster dependencies: say so before starting anything."""
+    import importlib.util
+
+    if name != "multiprocessing" and importlib.util.find_spec(name) is None:
+        raise ValueError(f"distributor {name!r} needs the {name} package (pip install {name}); "
+                         "or use --distributor multiprocessing")
 
 
 def _clear_tmp(out: str) -> None:
