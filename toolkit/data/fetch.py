@@ -291,9 +291,9 @@ class WorkerRun:
 
 
 def download(spec: dict, run_timeout_s: float | None) -> dict[str, Any]:
-    """Run the worker with progress over shards; returns what happened (shards planned, failed, timed out)."""
+    """Run the worker with progress over shards; returns the number of shards planned and if it timed out."""
     worker = WorkerRun(spec, run_timeout_s)
-    planned, seen, failed_attempts, finished = 0, set(), 0, False
+    planned = 0
     try:
         events = worker.events()
         for event in events:
@@ -301,9 +301,8 @@ def download(spec: dict, run_timeout_s: float | None) -> dict[str, Any]:
                 planned = event["plan"]["num_shards"]
                 log.info("fetch: %d shards to download (%d already finished)", planned, len(spec["done_shards"]))
                 break
-        for event in progress(_first_attempts(events, seen), total=planned, desc="fetch", unit="shards"):
-            failed_attempts += 0 if event["ok"] else 1
-        finished = True
+        for _ in progress(_first_attempts(events, worker), total=planned, desc="fetch", unit="shards"):
+            pass
     except BaseException:
         worker.kill()
         raise
@@ -313,17 +312,21 @@ def download(spec: dict, run_timeout_s: float | None) -> dict[str, Any]:
         last = worker.tail[-1] if worker.tail else "no output"
         tail = "\n".join(worker.tail)
         raise RuntimeError(f"img2dataset worker exited with code {code}: {last}\n--- output tail:\n{tail}")
-    return {"num_shards_planned": planned, "timed_out": worker.timed_out, "finished": finished}
+    return {"num_shards_planned": planned, "timed_out": worker.timed_out}
 
 
-def _first_attempts(events, seen: set[int]):
+def _first_attempts(events, worker: WorkerRun):
+    """Shard events, each shard once (img2dataset retries failed shards); failures are logged with why."""
+    seen: set[int] = set()
     for event in events:
-        if "shard" in event:
-            if not event["ok"]:
-                log.warning("fetch: shard %s failed (img2dataset retries it max_shard_retry times)", event["shard"])
-            if event["shard"] not in seen:
-                seen.add(event["shard"])
-                yield event
+        if "shard" not in event:
+            continue
+        if not event["ok"]:
+            why = worker.tail[-1] if worker.tail else "no output"
+            log.warning("fetch: shard %s failed (%s); img2dataset retries it max_shard_retry times", event["shard"], why)
+        if event["shard"] not in seen:
+            seen.add(event["shard"])
+            yield event
 
 
 # ---------------------------------------------------------------- the stage
