@@ -40,8 +40,21 @@ def read_shards(out) -> dict[str, dict]:
             assert members[f"{key}.txt"].decode() == meta["caption"]
             img = Image.open(io.BytesIO(members[f"{key}.jpg"]))
             assert img.format == "JPEG" and img.size == (SIZE, SIZE)
-            assert img.mode == ("L" if meta["url"].endswith("c.png") else "RGB")  # img2dataset keeps grey grey
+            assert img.mode == ("L" if meta["url"].endswith(("c.png", "deep.png")) else "RGB")  # grey stays grey
             found[meta["caption"]] = meta
+    return found
+
+
+def read_pixels(out) -> dict[str, np.ndarray]:
+    """Caption -> decoded image array over all tars in ``out``."""
+    found = {}
+    for tar_path in sorted(out.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        for name, data in members.items():
+            if name.endswith(".jpg"):
+                caption = members[name[:-4] + ".txt"].decode()
+                found[caption] = np.asarray(Image.open(io.BytesIO(data)), np.float64)
     return found
 
 
@@ -53,6 +66,15 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     for name, (mode, fmt) in good.items():
         (src / name).write_bytes(_image(rng, mode, fmt))
         (src / name).with_suffix(".txt").write_text(f"  caption of {name}\n")
+    # 16 bits per sample: img2dataset alone would saturate these to white; they must keep their levels
+    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
+    Image.fromarray(deep).save(src / "deep.png")
+    (src / "deep.txt").write_text("caption of deep.png")
+    import cv2
+
+    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
+    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
+    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
     (src / "nocap.jpg").write_bytes(_image(rng))
     (src / "blank.jpg").write_bytes(_image(rng))
     (src / "blank.txt").write_text(" \n\t")
@@ -69,20 +91,24 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     out = tmp_path / "raw"
     result = run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, samples_per_shard=3))
     c = result.counts
-    assert (c["num_inputs"], c["num_success"], c["num_failed"], c["num_shards"]) == (9, 4, 5, 3)
+    assert (c["num_inputs"], c["num_success"], c["num_failed"], c["num_shards"]) == (11, 6, 5, 4)
     assert c["failed_by_reason"] == {"caption_not_utf8": 1, "empty_caption": 1, "missing_caption": 1,
                                      "not_an_image": 1, "truncated_image": 1}
     assert result.details["other_files"] == {"captions_without_image": 1, "ignored_files": 1}
     samples = read_shards(out)
-    assert sorted(samples) == sorted(f"caption of {name}" for name in good)
+    assert sorted(samples) == sorted(f"caption of {name}" for name in [*good, "deep.png", "deep_rgb.png"])
     assert samples["caption of nested/c.png"]["url"] == (src / "nested" / "c.png").as_uri()
-    assert raw.finished_shards(str(out)) == {0, 1, 2}
+    pixels = read_pixels(out)
+    assert abs(pixels["caption of deep.png"].mean() - 128) < 3
+    assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
+        pytest.approx([64, 128, 192], abs=3)
+    assert raw.finished_shards(str(out)) == {0, 1, 2, 3}
     stats = raw.read_stats(str(out))
     assert raw.summarize(stats)["failed_by_reason"] == c["failed_by_reason"]  # the same reasons as fetch
     import pyarrow.parquet as pq
 
-    rows = [r for i in range(3) for r in pq.read_table(out / f"{raw.shard_name(i)}.parquet").to_pylist()]
-    assert len(rows) == 9 and sum(r["status"] == "success" for r in rows) == 4
+    rows = [r for i in range(4) for r in pq.read_table(out / f"{raw.shard_name(i)}.parquet").to_pylist()]
+    assert len(rows) == 11 and sum(r["status"] == "success" for r in rows) == 6
     assert all(r["error_message"] for r in rows if r["status"] != "success")
 
 

@@ -93,8 +93,12 @@ def scrub(message: str) -> str:
 # ---------------------------------------------------------------- strict decoding
 
 
-def check_image_bytes(data: bytes) -> str | None:
-    """None when Pillow fully decodes ``data``, else an error message that :func:`classify` maps.
+# Pillow modes with more than 8 bits per sample (16-bit grey PNG/TIFF open as I;16 or I).
+DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
+def decode_image(data: bytes):
+    """Fully decode ``data`` with Pillow: (image, None) or (None, an error message :func:`classify` maps).
 
     OpenCV (img2dataset's decoder) silently pads some truncated files; a full Pillow decode catches
     them, and Pillow's pixel-count limit rejects decompression bombs before OpenCV allocates them.
@@ -102,27 +106,60 @@ def check_image_bytes(data: bytes) -> str | None:
     from PIL import Image, UnidentifiedImageError
 
     if not data:
-        return "empty response: 0 bytes"
+        return None, "empty response: 0 bytes"
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
+        img = Image.open(io.BytesIO(data))
+        img.load()
     except UnidentifiedImageError:
-        return f"not an image: Pillow cannot identify the format (first bytes {data[:16]!r})"
+        return None, f"not an image: Pillow cannot identify the format (first bytes {data[:16]!r})"
     except Image.DecompressionBombError as err:
-        return f"decompression bomb: {err}"
+        return None, f"decompression bomb: {err}"
     except (OSError, SyntaxError, ValueError, EOFError) as err:
         if "truncated" in str(err).lower():
-            return f"truncated image: {err}"
-        return f"corrupt image: {type(err).__name__}: {err}"
-    return None
+            return None, f"truncated image: {err}"
+        return None, f"corrupt image: {type(err).__name__}: {err}"
+    return img, None
+
+
+def check_image_bytes(data: bytes) -> str | None:
+    """None when Pillow fully decodes ``data``, else the error message (see :func:`decode_image`)."""
+    return decode_image(data)[1]
+
+
+def is_deep(img, data: bytes) -> bool:
+    """True for images with more than 8 bits per sample, which OpenCV keeps at 16 bits."""
+    if img.mode in DEEP_MODES:
+        return True
+    if img.format == "PNG":
+        return data[24] == 16  # IHDR bit depth
+    if img.format == "TIFF":
+        bits = img.tag_v2.get(258, 8)  # BitsPerSample
+        return max(bits if isinstance(bits, tuple) else (bits,)) > 8
+    return False
+
+
+def to_8bit_png(img) -> bytes:
+    """Lossless 8-bit PNG of a deep image: grey keeps its top 8 bits; Pillow already gives RGB(A) 8 bits."""
+    import numpy as np
+    from PIL import Image
+
+    if img.mode in DEEP_MODES:
+        arr = np.asarray(img, dtype=np.float64 if img.mode == "F" else np.int64)
+        arr = np.clip(arr, 0, 255) if img.mode == "F" else np.clip(arr, 0, 65535) >> 8
+        img = Image.fromarray(arr.astype(np.uint8), "L")
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
 
 
 class CheckedResizer:
-    """img2dataset's ``Resizer`` with :func:`check_image_bytes` in front (when ``strict``).
+    """img2dataset's ``Resizer`` with a full Pillow decode in front (when ``strict``).
 
-    Same call signature and return tuple as ``img2dataset.resizer.Resizer.__call__``:
-    (image bytes, width, height, original width, original height, error message). Picklable, so
-    img2dataset's spawned download processes can use it.
+    Rejected images return :func:`decode_image`'s message. Images with 16 bits per sample are handed
+    on as 8-bit PNGs: img2dataset's OpenCV path would cast 16-bit values to 8 bits by saturation,
+    turning nearly every pixel white. Same call signature and return tuple as
+    ``img2dataset.resizer.Resizer.__call__``: (image bytes, width, height, original width, original
+    height, error message). Picklable, so img2dataset's spawned download processes can use it.
     """
 
     def __init__(self, resizer: Any, strict: bool = True):
@@ -132,10 +169,13 @@ class CheckedResizer:
     def __call__(self, img_stream, blurring_bbox_list=None):
         if self.strict:
             img_stream.seek(0)
-            error = check_image_bytes(img_stream.read())
+            data = img_stream.read()
             img_stream.seek(0)
+            img, error = decode_image(data)
             if error is not None:
                 return None, None, None, None, None, error
+            if is_deep(img, data):
+                img_stream = io.BytesIO(to_8bit_png(img))  # the caller's stream (hashed later) is untouched
         return self.resizer(img_stream, blurring_bbox_list)
 
 
