@@ -20,9 +20,10 @@ import pytest
 from PIL import Image
 
 from toolkit.data import raw
-from toolkit.data.fetch import FetchConfig, check_resumable, check_url_list, detect_format, run
+from toolkit.data.fetch import FetchConfig, check_resumable, run
 from toolkit.data.serve import QuietHandler, serve
 from toolkit.data.shard import PARQUET_COLUMNS
+from toolkit.data.urllist import check_url_list, detect_format
 
 TIMEOUT_S = 1.0
 SLOW_S = 3.0  # the slow endpoint hangs up after this long: past the timeout, bounded so the server stops
@@ -222,13 +223,13 @@ def test_url_list_formats_and_missing_columns_are_named(tmp_path, fmt):
         sep = "\t" if fmt == "tsv" else ","
         text = f"link{sep}text\n" + "".join(f"{r['link']}{sep}{r['text']}\n" for r in rows)
         path.write_bytes(gzip.compress(text.encode()) if fmt.endswith(".gz") else text.encode())
-    good = FetchConfig(urls=str(path), out=str(tmp_path / "o"), url_col="link", caption_col="text")
-    assert detect_format(good) == fmt
-    assert check_url_list(good, fmt) == "text"
+    assert detect_format(str(path)) == fmt and detect_format(str(tmp_path)) == fmt  # a file, a folder
+    assert check_url_list(str(path), fmt, "link", "text") == "text"
+    assert check_url_list(str(tmp_path), fmt, "link", "") is None  # a folder of lists, no captions
     with pytest.raises(ValueError, match=r"no column 'caption' \(caption_col\); columns are: link, text"):
-        check_url_list(FetchConfig(urls=str(path), out="o", url_col="link"), fmt)
+        check_url_list(str(path), fmt, "link", "caption")
     with pytest.raises(ValueError, match=r"no column 'url' \(url_col\)"):
-        check_url_list(FetchConfig(urls=str(path), out="o", caption_col=""), fmt)
+        check_url_list(str(path), fmt, "url", "")
 
 
 def test_url_list_errors_name_the_file(tmp_path):

@@ -24,7 +24,8 @@ from toolkit.core import io
 from toolkit.core.config import config_hash, option, to_dict
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, fingerprint, read_manifest, stage_run
-from toolkit.data import raw
+from toolkit.data import raw, urllist
+from toolkit.data.urllist import check_url_list, detect_format
 
 KIND = "data.fetch"
 log = get_logger("data.fetch")
@@ -33,7 +34,6 @@ InputFormat = Literal["auto", "txt", "csv", "tsv", "parquet", "jsonl", "json",
                       "txt.gz", "csv.gz", "tsv.gz", "jsonl.gz", "json.gz"]
 ResizeMode = Literal["border", "center_crop", "keep_ratio", "keep_ratio_largest", "no"]
 Distributor = Literal["multiprocessing", "pyspark", "ray"]
-_SUFFIXES = ("txt", "csv", "tsv", "parquet", "jsonl", "json")
 # Lines of worker output kept for the error message when the worker fails.
 ERROR_TAIL_LINES = 40
 # Seconds between SIGTERM and SIGKILL when a run exceeds run_timeout_s.
@@ -75,84 +75,6 @@ class FetchConfig:
                              doc="Delete the shards already in `out` first instead of resuming.")
 
 
-# ---------------------------------------------------------------- URL list checks
-
-
-def detect_format(cfg: FetchConfig) -> str:
-    """The img2dataset input format for ``cfg.urls`` (from the extension, or the files in a folder)."""
-    if not cfg.urls.strip():
-        raise ValueError("no URL list given (--urls)")
-    if cfg.input_format != "auto":
-        return cfg.input_format
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(cfg.urls)
-    names = [path] if not fs.isdir(path) else fs.ls(path, detail=False)
-    found = {fmt for name in names if (fmt := _format_of(name))}
-    if len(found) == 1:
-        return found.pop()
-    what = "files in the folder" if fs.isdir(path) else "extension"
-    seen = ", ".join(sorted(found)) or "none"
-    raise ValueError(f"{cfg.urls}: cannot tell the URL list format from its {what} ({seen}); "
-                     f"set --input-format to one of {', '.join(_SUFFIXES)}")
-
-
-def _format_of(name: str) -> str | None:
-    base = name[:-3] if name.endswith(".gz") else name
-    ext = base.rsplit(".", 1)[-1].lower() if "." in base.rsplit("/", 1)[-1] else ""
-    return (ext + (".gz" if name.endswith(".gz") else "")) if ext in _SUFFIXES else None
-
-
-def list_columns(path: str, fmt: str) -> list[str] | None:
-    """Column names of one URL list file (None where they cannot be read cheaply: json)."""
-    import fsspec
-
-    compression = "gzip" if fmt.endswith(".gz") else None
-    base = fmt.removesuffix(".gz")
-    if base == "parquet":
-        import pyarrow.parquet as pq
-
-        with fsspec.open(path, "rb") as fh:
-            return list(pq.read_schema(fh).names)
-    if base in ("csv", "tsv"):
-        import csv
-
-        with fsspec.open(path, "rt", compression=compression, encoding="utf-8") as fh:
-            header = next(csv.reader(fh, delimiter="\t" if base == "tsv" else ","), [])
-        return [h.strip() for h in header]
-    if base == "jsonl":
-        with fsspec.open(path, "rt", compression=compression, encoding="utf-8") as fh:
-            first = fh.readline()
-        return list(json.loads(first)) if first.strip() else []
-    return None
-
-
-def check_url_list(cfg: FetchConfig, fmt: str) -> str | None:
-    """Raise a clear error for a missing list or column; return the caption column img2dataset gets."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(cfg.urls)
-    if not fs.exists(path):
-        raise FileNotFoundError(f"URL list not found: {cfg.urls}")
-    if fmt.startswith("txt"):
-        if cfg.caption_col and cfg.caption_col != "caption":
-            log.warning("%s: txt URL lists have no columns; caption_col=%r ignored", cfg.urls, cfg.caption_col)
-        return None
-    files = [path] if not fs.isdir(path) else sorted(fs.glob(f"{path.rstrip('/')}/*.{fmt}"))
-    if not files:
-        raise ValueError(f"{cfg.urls}: no *.{fmt} files in the folder")
-    for name in files:
-        columns = list_columns(fs.unstrip_protocol(name), fmt)
-        if columns is None:
-            continue
-        for key, col in (("url_col", cfg.url_col), ("caption_col", cfg.caption_col)):
-            if col and col not in columns:
-                hint = "; set --caption-col '' for a list without captions" if key == "caption_col" else ""
-                raise ValueError(f"{name}: no column {col!r} ({key}); columns are: "
-                                 f"{', '.join(columns) or 'none'}{hint}")
-    return cfg.caption_col or None
-
-
 # ---------------------------------------------------------------- resume bookkeeping
 
 
@@ -164,23 +86,6 @@ def _changed_fields(previous: dict, cfg: FetchConfig) -> list[str]:
             and previous.get("config", {}).get(f.name) != now[f.name]]
 
 
-def list_digest(urls: str) -> str:
-    """sha256 over the URL list's bytes (every file of a folder, in name order)."""
-    import hashlib
-
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(urls)
-    files = sorted(fs.find(path)) if fs.isdir(path) else [path]
-    digest = hashlib.sha256()
-    for name in files:
-        digest.update(name.removeprefix(path).encode() + b"\0")
-        with fs.open(name, "rb") as fh:
-            while chunk := fh.read(1 << 23):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
 def check_resumable(cfg: FetchConfig, out: str) -> str:
     """Refuse to mix shards of another config or URL list into ``out`` (unless ``overwrite``).
 
@@ -190,7 +95,7 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     previous = read_manifest(out) or {}
     same_file = ((previous.get("inputs") or {}).get("urls") or {}).get("fingerprint") == fingerprint(cfg.urls)
     recorded = (previous.get("details") or {}).get("urls_sha256")
-    digest = recorded if same_file and recorded else list_digest(cfg.urls)
+    digest = recorded if same_file and recorded else urllist.list_digest(cfg.urls)
     if cfg.overwrite or not raw.shard_files(out):
         return digest
     if not previous:
@@ -339,8 +244,8 @@ def run(cfg: FetchConfig) -> StageResult:
     image was downloaded at all or shards are left unfinished (rerun to resume them).
     """
     _check_distributor(cfg.distributor)
-    fmt = detect_format(cfg)
-    caption_col = check_url_list(cfg, fmt)
+    fmt = detect_format(cfg.urls, cfg.input_format)
+    caption_col = check_url_list(cfg.urls, fmt, cfg.url_col, cfg.caption_col)
     out = absolute(cfg.out)
     digest = check_resumable(cfg, out)
     with stage_run(KIND, cfg, cfg.out) as rec:
