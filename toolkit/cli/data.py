@@ -1,18 +1,16 @@
 """``toolkit data``: from URL lists and local folders to training-ready shards."""
 
-from __future__ import annotations
-
-from pathlib import Path
-from typing import Annotated
-
 import typer
-
-from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_stage
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
 
 # ---------------------------------------------------------------- fetch, shard, demo, serve
+
+from pathlib import Path  # noqa: E402
+from typing import Annotated  # noqa: E402
+
+from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_stage  # noqa: E402
 
 
 def _reasons(counts: dict) -> str:
