@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 
 import numpy as np
@@ -153,3 +154,20 @@ def test_shard_errors_name_the_input(tmp_path):
         run(ShardConfig(source=str(empty), out=str(tmp_path / "o2")))
     manifest = json.loads((tmp_path / "o2" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["counts"]["failed_by_reason"] == {"missing_caption": 1}
+
+
+def test_threaded_shard_keeps_stdout_and_stderr(tmp_path, capfd):
+    # img2dataset's resizer silences fds 1 and 2 around each call with dup2; called from several threads
+    # at once, that leaves the whole process writing to /dev/null. Shard resizes on one thread only.
+    rng = np.random.default_rng()
+    src = tmp_path / "many"
+    src.mkdir()
+    for i in range(150):
+        (src / f"{i}.png").write_bytes(_image(rng, "RGB", "PNG"))
+        (src / f"{i}.txt").write_text(f"image {i}")
+    result = run(ShardConfig(source=str(src), out=str(tmp_path / "raw"), image_size=SIZE, num_threads=4))
+    assert result.counts["num_success"] == 150
+    os.write(1, b"stdout still open\n")
+    os.write(2, b"stderr still open\n")
+    captured = capfd.readouterr()
+    assert "stdout still open" in captured.out and "stderr still open" in captured.err

@@ -96,7 +96,7 @@ def shard_cmd(
     samples_per_shard: Annotated[int | None, typer.Option(
         "--samples-per-shard", help="Inputs per shard (default 10000).")] = None,
     num_threads: Annotated[int | None, typer.Option(
-        "--threads", help="Decode/resize threads (default 4).")] = None,
+        "--threads", help="Threads reading and checking images (default 4).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:

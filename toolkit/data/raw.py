@@ -166,17 +166,27 @@ class CheckedResizer:
         self.resizer = resizer
         self.strict = strict
 
+    def prepare(self, data: bytes) -> tuple[bytes | None, str | None]:
+        """(bytes for img2dataset's resizer, None) or (None, error message); thread-safe."""
+        if not self.strict:
+            return data, None
+        img, error = decode_image(data)
+        if error is not None:
+            return None, error
+        return (to_8bit_png(img) if is_deep(img, data) else data), None
+
+    def resize(self, data: bytes, blurring_bbox_list=None):
+        """img2dataset's resizer on prepared bytes. NOT thread-safe: it dup2's fds 1 and 2 to /dev/null
+        around each call, so concurrent calls can leave the process's stdout and stderr silenced."""
+        return self.resizer(io.BytesIO(data), blurring_bbox_list)
+
     def __call__(self, img_stream, blurring_bbox_list=None):
-        if self.strict:
-            img_stream.seek(0)
-            data = img_stream.read()
-            img_stream.seek(0)
-            img, error = decode_image(data)
-            if error is not None:
-                return None, None, None, None, None, error
-            if is_deep(img, data):
-                img_stream = io.BytesIO(to_8bit_png(img))  # the caller's stream (hashed later) is untouched
-        return self.resizer(img_stream, blurring_bbox_list)
+        img_stream.seek(0)
+        data, error = self.prepare(img_stream.read())
+        img_stream.seek(0)  # the caller's stream (hashed and read for EXIF later) stays as it was
+        if error is not None:
+            return None, None, None, None, None, error
+        return self.resize(data, blurring_bbox_list)
 
 
 # ---------------------------------------------------------------- finished shards and summaries

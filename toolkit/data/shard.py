@@ -55,7 +55,8 @@ class ShardConfig:
     encode_quality: int = option(95, ge=1, le=100, doc="JPEG quality of the stored images.")
     strict_decode: bool = option(True, doc="Fully decode every image with Pillow first (rejects truncated files).")
     samples_per_shard: int = option(10000, ge=1, doc="Input rows per shard.")
-    num_threads: int = option(4, ge=1, affects_output=False, doc="Threads decoding and resizing images.")
+    num_threads: int = option(4, ge=1, affects_output=False, doc="Threads reading and checking images (resizing "
+                                                                 "runs on one thread: img2dataset's is not thread-safe).")
 
 
 @dataclass
@@ -153,22 +154,32 @@ def make_resizer(cfg: ShardConfig) -> raw.CheckedResizer:
     return raw.CheckedResizer(resizer, cfg.strict_decode)
 
 
-def process(item: Item, resizer: raw.CheckedResizer) -> tuple[bytes | None, dict[str, Any]]:
-    """(jpeg bytes or None, img2dataset metadata without the key) for one item."""
+def load(item: Item, resizer: raw.CheckedResizer) -> tuple[Item, bytes, bytes | None, str | None]:
+    """Read and check one item (thread-safe): (item, original bytes, bytes for the resizer, error)."""
+    if item.error is not None:
+        return item, b"", None, item.error
+    try:
+        data = Path(item.path).read_bytes()
+    except FileNotFoundError:
+        return item, b"", None, f"missing image: {item.path}"
+    except OSError as err:
+        return item, b"", None, f"unreadable image: {item.path}: {err}"
+    prepared, error = resizer.prepare(data)
+    return item, data, prepared, error
+
+
+def process(loaded: tuple[Item, bytes, bytes | None, str | None],
+            resizer: raw.CheckedResizer) -> tuple[bytes | None, dict[str, Any]]:
+    """(jpeg bytes or None, img2dataset metadata without the key) for one loaded item.
+
+    Runs on the calling thread only: img2dataset's resizer is not thread-safe (see CheckedResizer.resize).
+    """
+    item, data, prepared, error = loaded
     meta: dict[str, Any] = {"caption": item.caption, "url": Path(item.path).absolute().as_uri() if item.path else "",
                             "status": "success", "error_message": None, "width": None, "height": None,
                             "original_width": None, "original_height": None, "exif": None, "sha256": None}
-    error = item.error
-    data = b""
     if error is None:
-        try:
-            data = Path(item.path).read_bytes()
-        except FileNotFoundError:
-            error = f"missing image: {item.path}"
-        except OSError as err:
-            error = f"unreadable image: {item.path}: {err}"
-    if error is None:
-        img, width, height, orig_w, orig_h, error = resizer(pyio.BytesIO(data))
+        img, width, height, orig_w, orig_h, error = resizer.resize(prepared)
     if error is not None:
         meta.update(status="failed_to_resize", error_message=error)
         return None, meta
@@ -195,7 +206,8 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
     start, status, rows = time.time(), Counter(), []
     fs, base = fsspec.core.url_to_fs(f"{out}/{raw.shard_name(shard_id)}")
     with fs.open(base + ".tar", "wb") as fh, tarfile.open(fileobj=fh, mode="w") as tar:
-        for index, (img, meta) in enumerate(pool.imap(lambda it: process(it, resizer), items)):
+        loaded = pool.imap(lambda it: load(it, resizer), items)  # reading and Pillow decoding in threads
+        for index, (img, meta) in enumerate(process(one, resizer) for one in loaded):
             meta = {"caption": meta.pop("caption"), "url": meta.pop("url"),
                     "key": raw.sample_key(index, shard_id, cfg.samples_per_shard), **meta}
             rows.append(meta)
