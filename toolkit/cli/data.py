@@ -10,8 +10,6 @@ from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_st
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
 
-
-
 def _reasons(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.get("failed_by_reason", {}).items()) or "none"
 
