@@ -20,7 +20,11 @@ row_scale [M] (or 0-d, broadcast) and col_scale [N] (or 0-d) multiplicative scal
 - ``tiled_lse``: autograd wrapper of the two (gradients to x, y and both scales).
 - ``clip_loss``: the symmetric CLIP loss, same value and gradients as open_clip's ClipLoss.
 
-Backends: ``naive`` (full matrix, tests/benchmarks); more in later modules.
+Backends (keyword ``backend``): ``naive`` (full matrix, tests/benchmarks), ``torch`` (chunked PyTorch,
+``toolkit/kernels/tiled.py``), ``triton`` (``toolkit/kernels/triton_lse.py``), ``auto`` (triton for CUDA
+tensors when triton imports, else torch). ``block_size`` overrides the tile height; ``input_precision``
+("ieee" | "tf32") picks the triton fp32 dot (None follows ``torch.get_float32_matmul_precision()``).
+See docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -29,4 +33,18 @@ from toolkit.kernels.naive import clip_loss as naive_clip_loss
 from toolkit.kernels.naive import lse_backward as naive_lse_backward
 from toolkit.kernels.naive import lse_forward as naive_lse_forward
 
-__all__ = ["naive_clip_loss", "naive_lse_backward", "naive_lse_forward"]
+from toolkit.kernels.api import (
+    BACKENDS,
+    TiledLSE,
+    clip_loss,
+    lse_backward,
+    lse_forward,
+    resolve_backend,
+    tiled_lse,
+    triton_available,
+)
+
+__all__ = [
+    "BACKENDS", "TiledLSE", "clip_loss", "lse_backward", "lse_forward", "naive_clip_loss",
+    "naive_lse_backward", "naive_lse_forward", "resolve_backend", "tiled_lse", "triton_available",
+]
