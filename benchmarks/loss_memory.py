@@ -123,21 +123,22 @@ def repeats_for(b: int, repeats: int) -> int:
 
 
 def sweep(methods, sizes, d: int, repeats: int, budget_bytes: int, timeout_s: int) -> list[dict]:
-    rows = []
-    for method in methods:
-        prev = None  # (B, extra bytes) of the last measured size
-        for b in sorted(sizes):
+    """Size-major, so the methods compared at one B run back to back (the CPU may be shared)."""
+    rows, prev = [], {}  # prev[method] = (B, extra bytes) of its last measured size
+    for b in sorted(sizes):
+        for method in methods:
             row = {"method": method, "B": b, "d": d}
-            predicted = prev[1] * (b / prev[0]) ** 2 if prev else None
+            last = prev.get(method)
+            predicted = last[1] * (b / last[0]) ** 2 if last else None
             if method not in ("torch", "triton") and predicted and predicted > budget_bytes:
                 row |= {"status": f"does not fit: predicted {predicted / 2**30:.1f} GiB "
-                                  f"(from B={prev[0]}) > budget {budget_bytes / 2**30:.1f} GiB",
+                                  f"(from B={last[0]}) > budget {budget_bytes / 2**30:.1f} GiB",
                         "predicted_extra_bytes": predicted}
             else:
                 print(f"[loss_memory] {method} B={b} ...", file=sys.stderr, flush=True)
                 row |= run_case(method, b, d, repeats_for(b, repeats), budget_bytes, timeout_s)
                 if row["status"] == "ok":
-                    prev = (b, row["extra_bytes"])
+                    prev[method] = (b, row["extra_bytes"])
             rows.append(row)
             print(f"[loss_memory] {json.dumps(row)}", file=sys.stderr, flush=True)
     return rows
