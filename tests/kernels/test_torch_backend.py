@@ -87,3 +87,21 @@ def test_gradcheck_clip_loss(gen):
     y = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     a = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, y, a: K.clip_loss(x, y, a, backend="torch", block_size=3), (x, y, a))
+
+
+@pytest.mark.parametrize("diag_offset", [None, 1])
+def test_shared_scale_underflow_lines_are_recomputed(diag_offset, gen):
+    """One shared scale: the forward shifts a strip by its max and takes one exp; a row (x ⟂ everything)
+    or column (y anti-aligned with the strip) whose own max lies ~100 below would underflow to
+    log 0 = -inf without the exact recomputation."""
+    d = 16
+    e = torch.eye(d, dtype=torch.float64)
+    noise = 1e-3 * torch.randn(6, d, generator=gen, dtype=torch.float64)
+    x = torch.stack([e[0], e[1], e[0], e[2]]) + noise[:4]
+    y = torch.stack([e[0], -e[0], e[3], -e[0] + e[1]]) + noise[2:]
+    x, y = torch.nn.functional.normalize(x, dim=1), torch.nn.functional.normalize(y, dim=1)
+    a = torch.tensor(100.0, dtype=torch.float64)
+    ref = K.lse_forward(x, y, a, a, diag_offset, backend="naive")
+    out = K.lse_forward(x.float(), y.float(), a.float(), a.float(), diag_offset, backend="torch", block_size=4)
+    for o, r in zip(out, ref, strict=True):
+        assert rel_err(o, r) <= 1e-5

@@ -134,6 +134,7 @@ class TiledLSE(torch.autograd.Function):
                                backend=backend, block_size=block_size, input_precision=input_precision)
         ctx.save_for_backward(x, y, row_scale, col_scale, *(t for t in (row, col) if t is not None))
         ctx.opts = (diag_offset, compute_row, compute_col, backend, block_size, input_precision)
+        ctx.set_materialize_grads(False)  # an unused output gets None, so its side of the backward is skipped
         return row, col
 
     @staticmethod
@@ -180,3 +181,25 @@ def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
     # The positive logit a·s_ii goes through plain autograd: O(B·D) and exact.
     pos = (image_features.to(acc) * text_features.to(acc)).sum(1) * logit_scale.to(acc)
     return 0.5 * (row.mean() + col.mean()) - pos.mean()
+
+
+def offdiag_mean_exp(x: Tensor, y: Tensor, row_scale: Tensor, diag_offset: int = 0, *, backend: str = "auto",
+                     block_size: int | None = None, input_precision: str | None = None) -> Tensor:
+    """FastCLIP's g_i = 1/(N−1) Σ_{j≠i+k} exp(a_i (s_ij − s_{i,i+k})) per row, differentiable.
+
+    x [M, D] rows whose positives are y[i + diag_offset] (so 0 <= diag_offset <= N − M), y [N, D],
+    row_scale 0-d or [M]. Computed as exp(row_lse_masked − a_i·s_{i,i+k}) / (N − 1) from one tiled
+    row sweep (no column LSE). For the text side (g2) call it with x and y swapped.
+    """
+    m, n = x.shape[0], y.shape[0]
+    if not 0 <= diag_offset <= n - m:
+        raise ValueError(f"every row needs its positive: need 0 <= diag_offset <= N - M = {n - m}, "
+                         f"got {diag_offset}")
+    if n < 2:
+        raise ValueError("offdiag_mean_exp needs N >= 2 (a mean over no negatives is undefined)")
+    col_scale = row_scale if row_scale.dim() == 0 else row_scale.new_ones(())  # unused: no column sweep
+    row, _ = tiled_lse(x, y, row_scale, col_scale, diag_offset, backend=backend, block_size=block_size,
+                       compute_col=False, input_precision=input_precision)
+    acc = row.dtype
+    pos = (x.to(acc) * y[diag_offset:diag_offset + m].to(acc)).sum(1) * row_scale.to(acc)
+    return torch.exp(row - pos) / (n - 1)

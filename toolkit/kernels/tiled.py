@@ -55,6 +55,59 @@ def _same_scale(row_scale: Tensor, col_scale: Tensor) -> bool:
                                       and bool(row_scale == col_scale))
 
 
+# A row/column whose sum of exp(z − strip max) falls below this lost precision to underflow (its own
+# max is > ~46 below the strip's): it is recomputed exactly with its own shift.
+_UNDERFLOW_SUM = 1e-20
+
+
+def _exact_rows(xa, ya, rows, scale, diag_offset) -> Tensor:
+    """Exact row LSE of global rows ``rows`` (scale 0-d), with their diagonal entries masked."""
+    z = (xa[rows] @ ya.T).mul_(scale)
+    if diag_offset is not None:
+        cols = rows + diag_offset
+        ok = (cols >= 0) & (cols < ya.shape[0])
+        z[torch.arange(rows.shape[0], device=z.device)[ok], cols[ok]] = float("-inf")
+    return torch.logsumexp(z, dim=1)
+
+
+def _exact_cols(xa_blk, ya, i0, cols, scale, diag_offset) -> Tensor:
+    """Exact column LSE over the strip's rows (starting at global row i0) for global columns ``cols``."""
+    z = (xa_blk @ ya[cols].T).mul_(scale)
+    if diag_offset is not None:
+        rows = cols - diag_offset - i0  # strip-local row whose entry is masked in each column
+        ok = (rows >= 0) & (rows < xa_blk.shape[0])
+        z[rows[ok], torch.arange(cols.shape[0], device=z.device)[ok]] = float("-inf")
+    return torch.logsumexp(z, dim=0)
+
+
+def _forward_shared(xa, ya, scale, diag_offset, row, col, bm) -> None:
+    """Both LSEs with one shared 0-d scale (the CLIP case) from ONE exp per strip entry: shift by the
+    strip max, take row and column sums of the same exponentials, recompute underflowed lines exactly."""
+    m, n = xa.shape[0], ya.shape[0]
+    buf = torch.empty(min(bm, m), n, dtype=xa.dtype, device=xa.device)
+    for i0 in range(0, m, bm):
+        i1 = min(m, i0 + bm)
+        z = torch.mm(xa[i0:i1], ya.T, out=buf[: i1 - i0]).mul_(scale)
+        diag = _diag_index(i0, i1, n, diag_offset, xa.device)
+        if diag is not None:
+            z[diag] = float("-inf")
+        shift = z.max()
+        if shift == float("-inf"):  # every entry masked
+            row[i0:i1] = float("-inf")
+            continue
+        e = z.sub_(shift).exp_()
+        row_sum, col_sum = e.sum(1), e.sum(0)
+        bad_rows = torch.nonzero(row_sum < _UNDERFLOW_SUM).flatten()
+        bad = torch.nonzero(col_sum < _UNDERFLOW_SUM).flatten()
+        row[i0:i1] = row_sum.log_().add_(shift)
+        part = col_sum.log_().add_(shift)
+        if bad_rows.numel():
+            row[i0 + bad_rows] = _exact_rows(xa, ya, i0 + bad_rows, scale, diag_offset)
+        if bad.numel():
+            part[bad] = _exact_cols(xa[i0:i1], ya, i0, bad, scale, diag_offset)
+        torch.logaddexp(col, part, out=col)
+
+
 def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None,
                 compute_row: bool, compute_col: bool, block_size: int | None
                 ) -> tuple[Tensor | None, Tensor | None]:
@@ -66,32 +119,32 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
     col = torch.full((n,), float("-inf"), dtype=acc, device=x.device) if compute_col else None
     shared = _same_scale(row_scale, col_scale)
     bm = strip_rows(m, n, block_size)
+    if compute_row and compute_col and shared:
+        _forward_shared(xa, ya, row_scale, diag_offset, row, col, bm)
+        return row, col
     for i0 in range(0, m, bm):
         i1 = min(m, i0 + bm)
         s = xa[i0:i1] @ ya.T  # [bm, N]
         diag = _diag_index(i0, i1, n, diag_offset, x.device)
         if compute_row:
-            zr = s * _rows(row_scale, i0, i1) if (compute_col and not shared) else s.mul_(_rows(row_scale, i0, i1))
+            zr = s * _rows(row_scale, i0, i1) if compute_col else s.mul_(_rows(row_scale, i0, i1))
             if diag is not None:
                 zr[diag] = float("-inf")
             row[i0:i1] = torch.logsumexp(zr, dim=1)
         if compute_col:
-            if compute_row and shared:
-                zc = zr
-            else:
-                zc = s.mul_(_cols(col_scale))
-                if diag is not None:
-                    zc[diag] = float("-inf")
+            zc = s.mul_(_cols(col_scale))
+            if diag is not None:
+                zc[diag] = float("-inf")
             torch.logaddexp(col, torch.logsumexp(zc, dim=0), out=col)
     return row, col
 
 
-def _weighted_probs(s: Tensor, scale: Tensor, lse: Tensor, grad: Tensor, diag) -> Tensor:
-    """grad·exp(scale·s − lse) with masked entries 0; all operands broadcast to the strip [bm, N]."""
-    p = torch.mul(s, scale).sub_(lse).exp_()
+def _probs(z: Tensor, lse: Tensor, diag, out: Tensor) -> Tensor:
+    """exp(z − lse) into ``out`` with the masked entries 0; lse broadcasts as [bm, 1] or [1, N]."""
+    p = torch.sub(z, lse, out=out).exp_()
     if diag is not None:
         p[diag] = 0.0
-    return p.mul_(grad)
+    return p
 
 
 def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
@@ -112,20 +165,28 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
     if grad_row is None and grad_col is None:
         return dx, dy, d_row, d_col
     bm = strip_rows(m, n, block_size)
+    shared = _same_scale(row_scale, col_scale)
+    rows_n = min(bm, m)
+    s_buf, z_buf, p_buf, q_buf = (torch.empty(rows_n, n, dtype=acc, device=x.device) for _ in range(4))
+    # Upstream weight × scale per line: W = (g_r a_r) ∘ P + (g_c a_c) ∘ Q.
+    f_row = None if grad_row is None else grad_row * row_scale
+    f_col = None if grad_col is None else (grad_col * col_scale)[None, :]
     for i0 in range(0, m, bm):
         i1 = min(m, i0 + bm)
-        s = xa[i0:i1] @ ya.T
+        k = i1 - i0
+        s = torch.mm(xa[i0:i1], ya.T, out=s_buf[:k])
         diag = _diag_index(i0, i1, n, diag_offset, x.device)
+        z_row = torch.mul(s, _rows(row_scale, i0, i1), out=z_buf[:k]) if grad_row is not None or shared else None
         w = None  # dL/ds on this strip
         if grad_row is not None:
-            gp = _weighted_probs(s, _rows(row_scale, i0, i1), row_lse[i0:i1, None], grad_row[i0:i1, None], diag)
-            d_row[i0:i1] = torch.linalg.vecdot(gp, s)
-            w = gp.mul_(_rows(row_scale, i0, i1))
+            p = _probs(z_row, row_lse[i0:i1, None], diag, p_buf[:k])
+            d_row[i0:i1] = torch.linalg.vecdot(p, s).mul_(grad_row[i0:i1])
+            w = p.mul_(f_row[i0:i1, None])
         if grad_col is not None:
-            gq = _weighted_probs(s, _cols(col_scale), col_lse[None, :], grad_col[None, :], diag)
-            d_col += torch.linalg.vecdot(gq, s, dim=0)
-            gq.mul_(_cols(col_scale))
-            w = gq if w is None else w.add_(gq)
+            z_col = z_row if shared else torch.mul(s, _cols(col_scale), out=z_buf[:k])
+            q = _probs(z_col, col_lse[None, :], diag, q_buf[:k])
+            d_col.add_(torch.linalg.vecdot(q, s, dim=0).mul_(grad_col))
+            w = q.mul_(f_col) if w is None else w.addcmul_(q, f_col)
         torch.mm(w, ya, out=dx[i0:i1])
         dy.addmm_(w.T, xa[i0:i1])
     return dx, dy, d_row, d_col

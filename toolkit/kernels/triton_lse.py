@@ -27,7 +27,7 @@ from torch import Tensor
 
 from toolkit.kernels import tiled
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))  # globals inside @triton.jit must be constexpr
 
 
 @triton.jit
