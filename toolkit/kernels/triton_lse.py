@@ -130,14 +130,45 @@ def _lse_bwd(X, Y, RS, CS, ROW_LSE, COL_LSE, GROW, GCOL, DX, DRS, M, N, D, strid
 
 def _gpu_configs(block_m: int | None) -> list:
     """Autotune space on GPU: tile sizes × warps × stages (block_m fixed when the caller fixes it)."""
-    sizes_m = [block_m] if block_m else [32, 64, 128]
+    sizes_m = [block_m] if block_m else [16, 32, 64, 128]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-            for bm in sizes_m for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+            for bm in sizes_m for bn in (16, 32, 64, 128) for w in (4, 8) for st in (1, 2, 3)]
+
+
+def _smem_limit(device) -> int:
+    try:
+        return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    except (AttributeError, RuntimeError, AssertionError):
+        return 160 * 1024  # A100-class default when the property is unavailable
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs whose resident tiles (x block + y block per pipeline stage, full padded D) cannot
+    fit in shared memory (fp32 at D = 512 only fits 32×32 tiles on H100; the estimate matches the
+    compiler's for fp32 and over-counts bf16); keep the smallest if none fit."""
+    x = named_args["X"]
+    block_d = _block_d(named_args["D"])
+    limit = _smem_limit(x.device)
+
+    def need(c):
+        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        return (bm + bn * max(c.num_stages, 1)) * block_d * x.element_size() + bm * bn * 4
+
+    fitting = [c for c in configs if need(c) <= limit]
+    if not fitting:
+        return [min(configs, key=need)]
+    # Tiles much smaller than the largest that fits only add launch/loop overhead: skip them (shorter tuning).
+    largest = max(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in fitting)
+    return [c for c in fitting if 4 * c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= largest]
+
+
+def _autotune(block_m: int | None):
+    return triton.autotune(_gpu_configs(block_m), key=["M", "N", "D"], prune_configs_by={"early_config_prune": _prune})
 
 
 # Forward: BLOCK_M is chosen in Python (it sizes the column-partial buffer), BLOCK_N is tuned.
-_FWD_TUNED = {bm: triton.autotune(_gpu_configs(bm), key=["M", "N", "D"])(_lse_fwd) for bm in (32, 64, 128)}
-_BWD_TUNED = triton.autotune(_gpu_configs(None), key=["M", "N", "D"])(_lse_bwd)
+_FWD_TUNED = {bm: _autotune(bm)(_lse_fwd) for bm in (16, 32, 64, 128)}
+_BWD_TUNED = _autotune(None)(_lse_bwd)
 
 INTERPRETER_BLOCK = 32  # CPU interpreter: fixed tiles, no autotuning (each config would rerun the kernel)
 
@@ -166,7 +197,7 @@ def _precision(x: Tensor, input_precision: str | None) -> str:
 def _fwd_block_m(d: int) -> int:
     """Row-block height on GPU: the x tile [BLOCK_M, BLOCK_D] stays resident, so shrink it for large D."""
     bd = _block_d(d)
-    return 128 if bd <= 64 else 64 if bd <= 256 else 32
+    return 128 if bd <= 64 else 64 if bd <= 256 else 32 if bd <= 512 else 16
 
 
 def _dot_fp32(x: Tensor) -> bool:
