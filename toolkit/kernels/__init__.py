@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from toolkit.kernels.api import (
     BACKENDS,
+    ClipLossFn,
     TiledLSE,
     clip_loss,
     lse_backward,
@@ -46,6 +47,6 @@ from toolkit.kernels.naive import lse_backward as naive_lse_backward
 from toolkit.kernels.naive import lse_forward as naive_lse_forward
 
 __all__ = [
-    "BACKENDS", "TiledLSE", "clip_loss", "lse_backward", "lse_forward", "naive_clip_loss",
+    "BACKENDS", "ClipLossFn", "TiledLSE", "clip_loss", "lse_backward", "lse_forward", "naive_clip_loss",
     "naive_lse_backward", "naive_lse_forward", "offdiag_mean_exp", "resolve_backend", "tiled_lse", "triton_available",
 ]

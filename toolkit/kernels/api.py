@@ -161,10 +161,47 @@ def tiled_lse(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_o
                           block_size, input_precision)
 
 
+def _pair_dots(x: Tensor, y: Tensor, acc: torch.dtype) -> Tensor:
+    """s_ii = <x_i, y_i> [B] in ``acc``, as B batched dots (no [B, D] product temporary)."""
+    return torch.bmm(x.to(acc)[:, None, :], y.to(acc)[:, :, None]).reshape(-1)
+
+
+class ClipLossFn(torch.autograd.Function):
+    """½ mean_i (r_i − a s_ii) + ½ mean_j (c_j − a s_jj) in one Function: the positive-pair term is
+    folded into the tiled backward's dx/dy in place, so beyond the O(B) LSEs the loss costs only the
+    tiles and the two gradient matrices (no [B, D] temporaries for the positives)."""
+
+    @staticmethod
+    def forward(ctx, x, y, scale, backend, block_size, input_precision):
+        row, col = lse_forward(x, y, scale, scale, backend=backend, block_size=block_size,
+                               input_precision=input_precision)
+        pos = _pair_dots(x.detach(), y.detach(), row.dtype)
+        ctx.save_for_backward(x, y, scale, row, col, pos)
+        ctx.opts = (backend, block_size, input_precision)
+        a = scale.detach().to(row.dtype)
+        return 0.5 * (row.mean() + col.mean()) - a * pos.mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, scale, row, col, pos = ctx.saved_tensors
+        backend, block_size, input_precision = ctx.opts
+        b = x.shape[0]
+        g = grad.to(row.dtype)
+        half = (0.5 * g / b).expand(b)
+        dx, dy, d_rs, d_cs = lse_backward(x, y, scale, scale, row, col, half, half, backend=backend,
+                                          block_size=block_size, input_precision=input_precision)
+        coef = scale.detach().to(row.dtype) * g / b  # 0-d: no host sync, no [B, D] temporary
+        dx.addcmul_(y.detach().to(dx.dtype), coef, value=-1.0)  # d(−a·mean s_ii)/dx_i = −a/B · y_i
+        dy.addcmul_(x.detach().to(dy.dtype), coef, value=-1.0)
+        d_scale = d_rs.sum() + d_cs.sum() - g * pos.mean()
+        return dx.to(x.dtype), dy.to(y.dtype), d_scale.to(scale.dtype), None, None, None
+
+
 def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor, *, backend: str = "auto",
               block_size: int | None = None, input_precision: str | None = None) -> Tensor:
     """½(CE image→text + CE text→image), positives on the diagonal; value and gradients as open_clip's
     ``ClipLoss()`` on one process. Features [B, D]; ``logit_scale`` the multiplicative scale (0-d).
+    Returns a 0-d fp32 loss (fp64 for fp64 features).
     """
     if image_features.shape != text_features.shape:
         raise ValueError(f"image_features {tuple(image_features.shape)} and text_features "
@@ -173,14 +210,10 @@ def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
         logit_scale = torch.tensor(float(logit_scale), device=image_features.device)
     if logit_scale.dim() != 0:
         raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
+    _check_inputs(image_features, text_features, logit_scale, logit_scale)
     if resolve_backend(backend, image_features.device) == "naive":
         return naive.clip_loss(image_features, text_features, logit_scale)
-    row, col = tiled_lse(image_features, text_features, logit_scale, logit_scale, backend=backend,
-                         block_size=block_size, input_precision=input_precision)
-    acc = row.dtype
-    # The positive logit a·s_ii goes through plain autograd: O(B·D) and exact.
-    pos = (image_features.to(acc) * text_features.to(acc)).sum(1) * logit_scale.to(acc)
-    return 0.5 * (row.mean() + col.mean()) - pos.mean()
+    return ClipLossFn.apply(image_features, text_features, logit_scale, backend, block_size, input_precision)
 
 
 def offdiag_mean_exp(x: Tensor, y: Tensor, row_scale: Tensor, diag_offset: int = 0, *, backend: str = "auto",

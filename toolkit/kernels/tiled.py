@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-# Elements per strip when block_size is None: 2^22 fp32 = 16 MiB (512 rows at N = 8192, measured
-# fastest among 64..1024 on the 2-core CI box): large enough for BLAS, small next to the O(B·D) inputs.
-DEFAULT_STRIP_ELEMENTS = 1 << 22
+# Elements per strip when block_size is None: 2^21 fp32 = 8 MiB (256 rows at N = 8192; 512 rows was
+# ~same speed on the 2-core CI box, and 8 MiB keeps the strips well below the O(B·D) gradients).
+DEFAULT_STRIP_ELEMENTS = 1 << 21
 
 
 def strip_rows(m: int, n: int, block_size: int | None) -> int:
