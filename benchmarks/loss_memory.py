@@ -65,8 +65,11 @@ def _loss_fn(method: str):
         from open_clip.loss import ClipLoss
         return ClipLoss()
     if method == "inf_cl":
-        from inf_cl import cal_inf_loss  # pip inf-cl; per-row CE of scale·x·yᵀ with diagonal labels
-        return lambda x, y, a: 0.5 * (cal_inf_loss(x, y, scale=a).mean() + cal_inf_loss(y, x, scale=a).mean())
+        # pip inf-cl 1.2.1: cal_inf_loss(q, k, scale=...) is the mean one-sided CE with diagonal labels,
+        # so the symmetric loss takes two calls (6 QKᵀ passes). Its scale goes through a Function whose
+        # backward all_reduces unconditionally, which fails without a process group: pass it detached.
+        from inf_cl import cal_inf_loss
+        return lambda x, y, a: 0.5 * (cal_inf_loss(x, y, scale=a.detach()) + cal_inf_loss(y, x, scale=a.detach()))
     raise ValueError(f"unknown method {method!r}")
 
 
