@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_oracles import clip_floors, rel_err, unit_rows
+from kernel_oracles import check_clip_loss, check_lse_case, clip_floors, rel_err, unit_rows
 
 from toolkit import kernels as K
 
@@ -76,3 +76,9 @@ def test_offdiag_mean_exp_matches_direct_formula(gen):
         assert err <= 1e-5, f"{name} rel err {err:.2e}"
     with pytest.raises(ValueError, match="positive"):
         K.offdiag_mean_exp(x, y, a, n - m + 1)
+
+
+def test_naive_backend_fp32_matches_float64(gen, poisoned):
+    """The naive backend is also a backend: fp32 through the dispatcher vs its own float64 run."""
+    check_lse_case("naive", 29, 41, 96, -3, "per_row", "per_row", 100.0, None, torch.float32, 1e-5, gen)
+    check_clip_loss("naive", 17, 72, 100.0, None, torch.float32, 1e-5, gen)
