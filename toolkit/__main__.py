@@ -2,4 +2,5 @@
 
 from toolkit.cli.main import main
 
-main()
+if __name__ == "__main__":  # worker processes that re-import __main__ must not rerun the CLI
+    main()

@@ -58,6 +58,18 @@ KINDS: dict[str, StageKind] = {
                                 ("dataset", "root", "name"),
                                 "Build an evaluation set (clip-benchmark wds layout) from a folder, CSV, "
                                 "Fashion-MNIST or the OpenMoji demo."),
+    "data.precompute": StageKind("toolkit.data.precompute:PrecomputeConfig", "toolkit.data.precompute:run",
+                                 ("train",), "Raw shards -> fixed-size training shards with dense sample ids."),
+    "data.inspect": StageKind("toolkit.data.inspect:InspectConfig", "toolkit.data.inspect:run",
+                              ("out", "report", "contact_sheet"),
+                              "Counts, skip reasons, caption lengths and a contact sheet of a shard folder."),
+    "data.fetch": StageKind("toolkit.data.fetch:FetchConfig", "toolkit.data.fetch:run", ("shards",),
+                            "Download a URL list into raw webdataset shards (img2dataset); resumes."),
+    "data.shard": StageKind("toolkit.data.shard:ShardConfig", "toolkit.data.shard:run", ("shards",),
+                            "Local images + captions (folder or CSV) into raw shards, no download."),
+    "data.demo": StageKind("toolkit.data.demo:DemoConfig", "toolkit.data.demo:run",
+                           ("train_urls", "eval_urls", "train_csv", "eval_csv", "root"),
+                           "Emoji demo set: Twemoji (train) and OpenMoji (held-out artist), URL lists and CSVs."),
 }
 
 _REF = re.compile(r"\$\{([^}]+)\}")

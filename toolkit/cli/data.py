@@ -1,5 +1,233 @@
 """``toolkit data``: from URL lists and local folders to training-ready shards."""
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
+from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_stage
+
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
+
+
+def _reasons(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.get("failed_by_reason", {}).items()) or "none"
+
+
+@app.command("fetch")
+def fetch_cmd(
+    urls: Annotated[str | None, typer.Option(
+        "--urls", help="URL list: csv, tsv, parquet, jsonl, json or txt (optionally .gz), local or fsspec "
+                       "URL, or a folder of them.")] = None,
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Output folder (local or fsspec URL) for the raw shards.")] = None,
+    input_format: Annotated[str | None, typer.Option(
+        "--input-format", help="URL list format (default: from the extension).")] = None,
+    url_col: Annotated[str | None, typer.Option(
+        "--url-col", help="Column with the image URLs (default url).")] = None,
+    caption_col: Annotated[str | None, typer.Option(
+        "--caption-col", help="Column with the captions; '' for none (default caption).")] = None,
+    image_size: Annotated[int | None, typer.Option(
+        "--image-size", help="Target image side in pixels (default 256).")] = None,
+    resize_mode: Annotated[str | None, typer.Option(
+        "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default "
+                              "border).")] = None,
+    samples_per_shard: Annotated[int | None, typer.Option(
+        "--samples-per-shard", help="URLs per shard, the unit of resume (default 10000).")] = None,
+    num_processes: Annotated[int | None, typer.Option(
+        "--processes", help="Download processes (default 1).")] = None,
+    num_threads: Annotated[int | None, typer.Option(
+        "--threads", help="Download threads per process (default 32).")] = None,
+    timeout_s: Annotated[float | None, typer.Option(
+        "--timeout", help="Per-request socket timeout in seconds; dead hosts fail as 'timeout' (default "
+                          "10).")] = None,
+    retries: Annotated[int | None, typer.Option(
+        "--retries", help="Extra attempts per failed URL (default 0).")] = None,
+    distributor: Annotated[str | None, typer.Option(
+        "--distributor", help="multiprocessing, pyspark or ray (default multiprocessing).")] = None,
+    run_timeout_s: Annotated[float | None, typer.Option(
+        "--run-timeout", help="Stop the whole run after this many seconds; rerun to resume.")] = None,
+    overwrite: Annotated[bool | None, typer.Option(
+        "--overwrite/--resume", help="Delete the shards already in --out first, or resume them (default "
+                                     "resume).")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Download a URL list into raw webdataset shards with img2dataset; rerun to resume.
+
+    More keys (min_image_size, max_aspect_ratio, strict_decode, ...): `toolkit pipeline kinds data.fetch`,
+    set them with --set KEY=VALUE.
+    """
+    from toolkit.data.fetch import FetchConfig, run
+
+    cfg = load_cli_config(FetchConfig, config, overrides, urls=urls, out=out, input_format=input_format,
+                          url_col=url_col, caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
+                          samples_per_shard=samples_per_shard, num_processes=num_processes, num_threads=num_threads,
+                          timeout_s=timeout_s, retries=retries, distributor=distributor,
+                          run_timeout_s=run_timeout_s, overwrite=overwrite)
+    result = run_stage(run, cfg)
+    c, this = result.counts, result.details["this_run"]
+    typer.echo(f"{c['num_urls']} URLs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
+               f"{c['num_shards']} shards in {result.outputs['shards']} ({c['num_shards_resumed']} resumed)")
+    typer.echo(f"this run: {this['num_urls']} URLs in {this['wall_s']:.1f} s = {this['urls_per_s']} URLs/s, "
+               f"{this['success_per_s']} images/s stored; downloading alone {this['download_s']:.1f} s = "
+               f"{this['download_urls_per_s']} URLs/s")
+
+
+@app.command("shard")
+def shard_cmd(
+    source: Annotated[str | None, typer.Option(
+        "--source", help="Folder of images with sidecar .txt captions, or a CSV/TSV of "
+                         "path,caption.")] = None,
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Output folder for the raw shards.")] = None,
+    path_col: Annotated[str | None, typer.Option(
+        "--path-col", help="CSV column with image paths (default path).")] = None,
+    caption_col: Annotated[str | None, typer.Option(
+        "--caption-col", help="CSV column with captions (default caption).")] = None,
+    image_size: Annotated[int | None, typer.Option(
+        "--image-size", help="Target image side in pixels (default 256).")] = None,
+    resize_mode: Annotated[str | None, typer.Option(
+        "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default "
+                              "border).")] = None,
+    samples_per_shard: Annotated[int | None, typer.Option(
+        "--samples-per-shard", help="Inputs per shard (default 10000).")] = None,
+    num_threads: Annotated[int | None, typer.Option(
+        "--threads", help="Threads reading and checking images (default 4).")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Write local images and captions into the same raw shard layout as `fetch`, without downloading."""
+    from toolkit.data.shard import ShardConfig, run
+
+    cfg = load_cli_config(ShardConfig, config, overrides, source=source, out=out, path_col=path_col,
+                          caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
+                          samples_per_shard=samples_per_shard, num_threads=num_threads)
+    result = run_stage(run, cfg)
+    c = result.counts
+    typer.echo(f"{c['num_inputs']} inputs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
+               f"{c['num_shards']} shards in {result.outputs['shards']}")
+
+
+@app.command("demo")
+def demo_cmd(
+    out: Annotated[str | None, typer.Option(
+        "--out", help="Output folder for the demo set.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", help="Keep this many concepts, spread over all 9 emoji groups (default: all, about "
+                        "1,900).")] = None,
+    base_url: Annotated[str | None, typer.Option(
+        "--base-url", help="URL prefix for *_urls.csv, e.g. http://127.0.0.1:8000/ (default "
+                           "file://<OUT>/).")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Build the emoji demo set: Twemoji (training) and OpenMoji (held-out artist) with Unicode names."""
+    from toolkit.data.demo import DemoConfig, run
+
+    cfg = load_cli_config(DemoConfig, config, overrides, out=out, limit=limit, base_url=base_url)
+    result = run_stage(run, cfg)
+    typer.echo(f"{result.counts['num_concepts']} concepts in {result.counts['num_groups']} groups: "
+               f"{result.outputs['root']}")
+    for key in ("train_urls", "eval_urls", "train_csv", "eval_csv"):
+        typer.echo(f"  {key}: {result.outputs[key]}")
+
+
+@app.command("serve")
+def serve_cmd(
+    root: Annotated[Path, typer.Argument(help="Folder to serve.", file_okay=False, exists=True)],
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1; 0 picks a free one.", min=0,
+                                      max=65535)] = 8000,
+) -> None:
+    """Serve a folder over HTTP on 127.0.0.1 until Ctrl-C (first line printed: the URL)."""
+    from toolkit.data.serve import make_server
+
+    server = make_server(str(root), port)
+    typer.echo(f"serving {server.root} at {server.url}", nl=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def _echo_counts(title: str, counts: dict) -> None:
+    if counts:
+        typer.echo(f"{title}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+
+
+@app.command("precompute")
+def precompute_cmd(
+    input_: Annotated[str | None, typer.Option("--in", help="Raw shards: folder of .tar files, one .tar, glob or "
+                                                            "brace pattern; local or fsspec URL.")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Output folder for training shards (local or fsspec).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model name or config JSON: sets image size and "
+                                                              "tokenizer, e.g. cliptk-tiny.")] = None,
+    image_size: Annotated[int | None, typer.Option("--image-size", help="Image side in pixels (default: the "
+                                                                        "model's).")] = None,
+    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="center_crop or pad (white).")] = None,
+    samples_per_shard: Annotated[int | None, typer.Option("--samples-per-shard", help="Samples per training "
+                                                                                      "shard.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (0: one per core).")] = None,
+    image_tower: Annotated[str | None, typer.Option("--image-tower", help="Store frozen image features instead "
+                                                    "of pixels: none, open_clip or efficientnet_lite0.")] = None,
+    image_tower_model: Annotated[str | None, typer.Option("--image-tower-model", help="open_clip model of the "
+                                                                                      "image tower.")] = None,
+    image_tower_weights: Annotated[str | None, typer.Option("--image-tower-weights", help="Local weights file "
+                                                                                          "of the image tower.")] = None,
+    text_tower: Annotated[str | None, typer.Option("--text-tower", help="Store frozen text features instead of "
+                                                                        "tokens: none or open_clip.")] = None,
+    text_tower_model: Annotated[str | None, typer.Option("--text-tower-model", help="open_clip model of the "
+                                                                                    "text tower.")] = None,
+    text_tower_weights: Annotated[str | None, typer.Option("--text-tower-weights", help="Local weights file of "
+                                                                                        "the text tower.")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids."""
+    from toolkit.data.precompute import PrecomputeConfig, run
+
+    cfg = load_cli_config(PrecomputeConfig, config, overrides, input=input_, out=out, model=model,
+                          image_size=image_size, resize_mode=resize_mode, samples_per_shard=samples_per_shard,
+                          num_workers=workers, image_tower=image_tower, image_tower_model=image_tower_model,
+                          image_tower_weights=image_tower_weights, text_tower=text_tower,
+                          text_tower_model=text_tower_model, text_tower_weights=text_tower_weights)
+    result = run_stage(run, cfg)
+    c = result.counts
+    typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
+               f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
+    _echo_counts("skipped", c["skipped"])
+    _echo_counts("converted", c["converted"])
+
+
+@app.command("inspect")
+def inspect_cmd(
+    directory: Annotated[str, typer.Argument(help="Folder of raw shards or training shards (local or fsspec).")],
+    out: Annotated[str | None, typer.Option("--out", help="Report folder (default: DIRECTORY-inspect beside "
+                                                          "it).")] = None,
+    num_contact: Annotated[int | None, typer.Option("--num-contact", help="Samples on the contact sheet.")] = None,
+    thumb_size: Annotated[int | None, typer.Option("--thumb-size", help="Contact-sheet tile side, pixels.")] = None,
+    max_samples: Annotated[int | None, typer.Option("--max-samples", help="Read at most this many samples "
+                                                                          "(0: all).")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Counts, skip reasons, a caption-length histogram and a contact sheet PNG of a shard folder."""
+    from toolkit.data.inspect import InspectConfig, run
+
+    cfg = load_cli_config(InspectConfig, config, overrides, input=directory,
+                          out=out or directory.rstrip("/") + "-inspect", num_contact=num_contact,
+                          thumb_size=thumb_size, max_samples=max_samples)
+    d = run_stage(run, cfg).details
+    typer.echo(f"{directory}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
+    for source, counts in (d.get("skipped") or {}).items():
+        _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
+    _echo_counts("converted", d.get("converted") or {})
+    for shard, error in (d.get("tar_errors") or {}).items():
+        typer.echo(f"damaged: {shard}: {error}")
+    peak = max([b["count"] for b in d["caption_words"]] + [1])
+    typer.echo("caption length (words):")
+    for b in d["caption_words"]:
+        typer.echo(f"  {b['words']:>6} {b['count']:>8} {'#' * round(40 * b['count'] / peak)}")
+    typer.echo(f"report: {Path(cfg.out) / 'report.json'}" if "://" not in cfg.out else f"report: {cfg.out}")

@@ -246,7 +246,7 @@ def load_config(
         if value is not None:
             set_path(data, key.split("."), value)
             sources[key] = f"option --{key.replace('_', '-')}"
-    default_source = str(yaml_path) if yaml_path else "config"
+    default_source = str(yaml_path) if yaml_path else "command line"
     try:
         return build(cls, data, source=default_source)
     except ConfigError as err:

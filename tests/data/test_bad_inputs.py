@@ -1,0 +1,138 @@
+"""Every bad-input kind is skipped (or converted) and counted by reason and key; nothing crashes."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from conftest import SIZE, encode, precompute, random_image, read_meta, write_raw_shard
+from PIL import Image
+
+from toolkit.data.images import ImageError, decode_rgb
+from toolkit.data.loader import make_loader
+
+
+def test_skips_by_reason_and_key(bad_raw, bad_train):
+    _, expected = bad_raw
+    out, result = bad_train
+    skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    by_reason: dict[str, set] = {}
+    for s in skipped:
+        by_reason.setdefault(s["reason"], set()).add(s["key"])
+    assert by_reason == expected["skipped"]
+    counts = result.counts
+    assert counts["skipped"] == {r: len(k) for r, k in expected["skipped"].items()}
+    assert counts["num_skipped"] == len(skipped) == 14
+    assert counts["num_samples"] == len(expected["kept"]) == 19
+    assert counts["num_read"] == counts["num_samples"] + counts["num_skipped"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "done"
+    assert manifest["counts"]["skipped"] == counts["skipped"]
+    assert set(manifest["details"]["skipped_keys"]["truncated_tar"]) == {"00002.tar:g0003", "00002.tar:g0004",
+                                                                         "00002.tar:g0005"}
+    assert manifest["details"]["tar_errors"].keys() == {"00002.tar", "00003.tar"}
+
+
+def test_conversions_counted_and_kept(bad_raw, bad_train):
+    _, expected = bad_raw
+    out, result = bad_train
+    assert result.counts["converted"] == expected["converted"]
+    meta = read_meta(out)
+    assert {m["key"] for m in meta} == expected["kept"]
+    assert [m["id"] for m in meta] == list(range(len(meta)))
+    # duplicates: the first occurrence (tar order, then shard order) is the one kept
+    captions = {m["key"]: m["caption"] for m in meta}
+    assert captions["a0001"] == "photo number 1 of a" and captions["a0000"] == "photo number 0 of a"
+    assert captions["b_exact"] == expected["captions"]["b_exact"]
+
+
+def test_exact_pixels_after_conversion(bad_raw, bad_train):
+    _, expected = bad_raw
+    out, _ = bad_train
+    ids = {m["key"]: m["id"] for m in read_meta(out)}
+    images = {}
+    for batch in make_loader(str(out), batch_size=5, shuffle=False):
+        images.update(zip(batch["index"].tolist(), batch["image"].numpy(), strict=True))
+    assert len(images) == len(ids)
+    for key, pixels in expected["pixels"].items():
+        np.testing.assert_array_equal(images[ids[key]], pixels, err_msg=key)
+
+
+def test_no_valid_sample_is_an_error_naming_the_input(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_raw_shard(raw / "00000.tar", [("k1", {"jpg": b"not an image", "txt": b"x"}),
+                                        ("k2", {"jpg": encode(Image.new("RGB", (8, 8)), "JPEG"), "txt": b" "})])
+    with pytest.raises(ValueError, match=str(raw)) as err:
+        precompute(raw, tmp_path / "out", num_workers=1)
+    assert "corrupt_image: 1" in str(err.value) and "empty_caption: 1" in str(err.value)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+
+
+def test_out_equal_to_input_is_refused(bad_raw):
+    from toolkit.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="must differ from input"):
+        precompute(bad_raw[0], str(bad_raw[0]) + "/", num_workers=1)
+
+
+def test_truncation_without_parquet_uses_stats_count(tmp_path):
+    rng = np.random.default_rng(5)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(5)]
+    path = write_raw_shard(raw / "00000.tar", samples)
+    (raw / "00000.parquet").unlink()
+    with tarfile.open(path) as tar:  # cut exactly at a member boundary: tarfile itself sees no error
+        boundary = [m for m in tar.getmembers() if m.name == "k3.jpg"][0].offset
+    path.write_bytes(path.read_bytes()[:boundary])
+    result = precompute(raw, tmp_path / "out", num_workers=1)
+    assert result.counts["num_samples"] == 3
+    assert result.counts["skipped"] == {"missing_from_tar": 2}
+
+
+@pytest.mark.parametrize("mode", ["center_crop", "pad"])
+def test_decode_rgb_shapes_and_odd_sizes(mode):
+    rng = np.random.default_rng(0)
+    for w, h in [(1, 1), (97, 61), (5, 300)]:
+        arr, converted = decode_rgb(encode(random_image(rng, w, h), "PNG"), 17, mode)
+        assert arr.shape == (17, 17, 3) and arr.dtype == np.uint8 and converted is None
+
+
+def test_decode_rgb_cmyk_and_bomb_limit():
+    rng = np.random.default_rng(1)
+    cmyk = random_image(rng, 24, 24, "CMYK")
+    arr, converted = decode_rgb(encode(cmyk, "TIFF"), 24)
+    np.testing.assert_array_equal(arr, np.asarray(cmyk.convert("RGB")))  # lossless TIFF: PIL's own converter
+    assert converted == "CMYK"
+    with pytest.raises(ImageError) as err:
+        decode_rgb(encode(random_image(rng, 30, 30), "PNG"), 8, max_pixels=899)
+    assert err.value.reason == "decompression_bomb"
+    assert decode_rgb(encode(random_image(rng, 30, 30), "PNG"), 8, max_pixels=900)[0].shape == (8, 8, 3)
+
+
+def test_truncated_image_is_not_half_decoded():
+    data = encode(random_image(np.random.default_rng(2), 64, 64), "PNG")
+    with pytest.raises(ImageError) as err:
+        decode_rgb(data[: len(data) - 100], SIZE)
+    assert err.value.reason == "corrupt_image"
+
+
+def test_raw_reader_keeps_samples_before_damage(tmp_path):
+    from toolkit.data.rawshards import RawShardReader
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in [("a.jpg", b"1" * 600), ("a.txt", b"cap"), ("b.jpg", b"2" * 2000), ("b.txt", b"c")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path = tmp_path / "x.tar"
+    path.write_bytes(buf.getvalue()[:2048 + 512 + 700])  # inside b.jpg
+    reader = RawShardReader(str(path))
+    assert [s.key for s in reader.samples()] == ["a"]
+    assert reader.error_kind == "truncated_tar" and reader.cut_key == "b"

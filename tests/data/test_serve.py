@@ -1,0 +1,59 @@
+"""`toolkit data serve`: a folder over real HTTP on 127.0.0.1, as a context manager and as a command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from toolkit.data.serve import serve
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, b""
+
+
+def test_serve_context_manager_serves_files_counts_requests_and_404s(tmp_path):
+    payload = np.random.default_rng().bytes(1234)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "blob.bin").write_bytes(payload)
+    with serve(str(tmp_path)) as server:
+        assert server.url.startswith("http://127.0.0.1:") and server.port > 0
+        assert _get(server.url + "sub/blob.bin") == (200, payload)
+        assert _get(server.url + "sub/blob.bin")[0] == 200
+        assert _get(server.url + "nope.jpg")[0] == 404
+        assert server.request_counts == {"/sub/blob.bin": 2, "/nope.jpg": 1}
+        server.reset_counts()
+        assert not server.request_counts
+    with pytest.raises(OSError):  # shut down: nothing listens any more
+        urllib.request.urlopen(server.url + "sub/blob.bin", timeout=2)
+
+
+def test_serve_rejects_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        with serve(str(tmp_path / "missing")):
+            pass
+
+
+def test_serve_command_prints_url_of_a_free_port(tmp_path):
+    (tmp_path / "hello.txt").write_text("hi there")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit", "data", "serve", str(tmp_path), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith(f"serving {tmp_path.resolve()} at http://127.0.0.1:"), line
+        url = line.rsplit(" ", 1)[-1]
+        assert _get(url + "hello.txt") == (200, b"hi there")
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,173 @@
+"""`toolkit data shard`: local folders and CSVs into fetch's raw shard layout, bad inputs counted by reason."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from toolkit.data import raw
+from toolkit.data.shard import PARQUET_COLUMNS, ShardConfig, run
+
+SIZE = 20
+# img2dataset's resizer passes albumentations a deprecated argument; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:value is deprecated:DeprecationWarning")
+
+
+def _image(rng, mode="RGB", fmt="JPEG") -> bytes:
+    w, h = int(rng.integers(5, 50)), int(rng.integers(5, 50))
+    arr = rng.integers(0, 256, (h, w, len(mode)), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr[..., 0] if mode == "L" else arr, mode).save(buf, fmt)
+    return buf.getvalue()
+
+
+def read_shards(out) -> dict[str, dict]:
+    """Caption -> sample metadata over all tars in ``out``; checks each sample's members."""
+    found = {}
+    for tar_path in sorted(out.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        keys = {name.split(".")[0] for name in members}
+        for key in keys:
+            assert {f"{key}.jpg", f"{key}.txt", f"{key}.json"} <= set(members)
+            meta = json.loads(members[f"{key}.json"])
+            assert list(meta) == list(PARQUET_COLUMNS) and meta["key"] == key and meta["status"] == "success"
+            assert members[f"{key}.txt"].decode() == meta["caption"]
+            img = Image.open(io.BytesIO(members[f"{key}.jpg"]))
+            assert img.format == "JPEG" and img.size == (SIZE, SIZE)
+            assert img.mode == ("L" if meta["url"].endswith(("c.png", "deep.png")) else "RGB")  # grey stays grey
+            found[meta["caption"]] = meta
+    return found
+
+
+def read_pixels(out) -> dict[str, np.ndarray]:
+    """Caption -> decoded image array over all tars in ``out``."""
+    found = {}
+    for tar_path in sorted(out.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        for name, data in members.items():
+            if name.endswith(".jpg"):
+                caption = members[name[:-4] + ".txt"].decode()
+                found[caption] = np.asarray(Image.open(io.BytesIO(data)), np.float64)
+    return found
+
+
+def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
+    rng = np.random.default_rng()
+    src = tmp_path / "src"
+    (src / "nested").mkdir(parents=True)
+    good = {"a.jpg": ("RGB", "JPEG"), "b.png": ("RGBA", "PNG"), "nested/c.png": ("L", "PNG"), "d.webp": ("RGB", "WEBP")}
+    for name, (mode, fmt) in good.items():
+        (src / name).write_bytes(_image(rng, mode, fmt))
+        (src / name).with_suffix(".txt").write_text(f"  caption of {name}\n")
+    # 16 bits per sample: img2dataset alone would saturate these to white; they must keep their levels
+    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
+    Image.fromarray(deep).save(src / "deep.png")
+    (src / "deep.txt").write_text("caption of deep.png")
+    import cv2
+
+    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
+    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
+    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
+    (src / "nocap.jpg").write_bytes(_image(rng))
+    (src / "blank.jpg").write_bytes(_image(rng))
+    (src / "blank.txt").write_text(" \n\t")
+    (src / "latin1.jpg").write_bytes(_image(rng))
+    (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    half = _image(rng)
+    (src / "half.jpg").write_bytes(half[: len(half) // 2])
+    (src / "half.txt").write_text("a truncated file")
+    (src / "fake.png").write_bytes(b"not a png at all")
+    (src / "fake.txt").write_text("fake")
+    (src / "orphan.txt").write_text("no image")
+    (src / "notes.md").write_text("ignored")
+
+    out = tmp_path / "raw"
+    result = run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, samples_per_shard=3))
+    c = result.counts
+    assert (c["num_inputs"], c["num_success"], c["num_failed"], c["num_shards"]) == (11, 6, 5, 4)
+    assert c["failed_by_reason"] == {"caption_not_utf8": 1, "empty_caption": 1, "missing_caption": 1,
+                                     "not_an_image": 1, "truncated_image": 1}
+    assert result.details["other_files"] == {"captions_without_image": 1, "ignored_files": 1}
+    samples = read_shards(out)
+    assert sorted(samples) == sorted(f"caption of {name}" for name in [*good, "deep.png", "deep_rgb.png"])
+    assert samples["caption of nested/c.png"]["url"] == (src / "nested" / "c.png").as_uri()
+    pixels = read_pixels(out)
+    assert abs(pixels["caption of deep.png"].mean() - 128) < 3
+    assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
+        pytest.approx([64, 128, 192], abs=3)
+    assert raw.finished_shards(str(out)) == {0, 1, 2, 3}
+    stats = raw.read_stats(str(out))
+    assert raw.summarize(stats)["failed_by_reason"] == c["failed_by_reason"]  # the same reasons as fetch
+    import pyarrow.parquet as pq
+
+    rows = [r for i in range(4) for r in pq.read_table(out / f"{raw.shard_name(i)}.parquet").to_pylist()]
+    assert len(rows) == 11 and sum(r["status"] == "success" for r in rows) == 6
+    assert all(r["error_message"] for r in rows if r["status"] != "success")
+
+
+def test_shard_csv_relative_and_absolute_paths_and_rerun_replaces_shards(tmp_path):
+    rng = np.random.default_rng()
+    (tmp_path / "imgs").mkdir()
+    for i in range(5):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_image(rng))
+    absolute = tmp_path / "imgs" / "4.jpg"
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_text("path,caption,extra\n"
+                        'imgs/0.jpg,"a dog, sitting",x\n'
+                        "imgs/1.jpg,   ,x\n"  # whitespace caption
+                        "imgs/missing.jpg,lost,x\n"
+                        ",no path,x\n"
+                        f"{absolute},absolute path,x\n"
+                        "imgs/2.jpg,two,x\n")
+    out = tmp_path / "raw"
+    result = run(ShardConfig(source=str(csv_path), out=str(out), image_size=SIZE, samples_per_shard=4))
+    assert (result.counts["num_success"], result.counts["num_shards"]) == (3, 2)
+    assert result.counts["failed_by_reason"] == {"missing_image": 2, "empty_caption": 1}
+    assert sorted(read_shards(out)) == ["a dog, sitting", "absolute path", "two"]
+
+    # a smaller source replaces the earlier shards instead of leaving shard 1 behind
+    csv_path.write_text("path,caption\nimgs/3.jpg,three\n")
+    result = run(ShardConfig(source=str(csv_path), out=str(out), image_size=SIZE, samples_per_shard=4))
+    assert result.counts["num_shards"] == 1 and sorted(read_shards(out)) == ["three"]
+    assert sorted(p.name for p in out.glob("0*")) == ["00000.parquet", "00000.tar", "00000_stats.json"]
+
+
+def test_shard_errors_name_the_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match="shard source not found"):
+        run(ShardConfig(source=str(tmp_path / "nowhere"), out=str(tmp_path / "o")))
+    bad_cols = tmp_path / "cols.csv"
+    bad_cols.write_text("file,text\na.jpg,hi\n")
+    with pytest.raises(ValueError, match=r"cols.csv: no column 'path' \(path_col\); columns are: file, text"):
+        run(ShardConfig(source=str(bad_cols), out=str(tmp_path / "o")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "x.jpg").write_bytes(b"\xff\xd8 broken")  # no caption either
+    with pytest.raises(RuntimeError, match=r"no valid sample .*missing_caption 1"):
+        run(ShardConfig(source=str(empty), out=str(tmp_path / "o2")))
+    manifest = json.loads((tmp_path / "o2" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["counts"]["failed_by_reason"] == {"missing_caption": 1}
+
+
+def test_threaded_shard_keeps_stdout_and_stderr(tmp_path, capfd):
+    # img2dataset's resizer silences fds 1 and 2 around each call with dup2; called from several threads
+    # at once, that leaves the whole process writing to /dev/null. Shard resizes on one thread only.
+    rng = np.random.default_rng()
+    src = tmp_path / "many"
+    src.mkdir()
+    for i in range(150):
+        (src / f"{i}.png").write_bytes(_image(rng, "RGB", "PNG"))
+        (src / f"{i}.txt").write_text(f"image {i}")
+    result = run(ShardConfig(source=str(src), out=str(tmp_path / "raw"), image_size=SIZE, num_threads=4))
+    assert result.counts["num_success"] == 150
+    os.write(1, b"stdout still open\n")
+    os.write(2, b"stderr still open\n")
+    captured = capfd.readouterr()
+    assert "stdout still open" in captured.out and "stderr still open" in captured.err

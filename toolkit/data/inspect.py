@@ -1,0 +1,175 @@
+"""``toolkit data inspect``: what is in a folder of raw shards or training shards.
+
+Reports sample counts, skip reasons (a precompute folder's manifest; for raw shards, the fetch
+stage's manifest and img2dataset's ``_stats.json`` files if present, plus damage found while
+reading), a caption-length histogram in words, and a contact sheet PNG of the first samples with
+their captions. Results go to ``out/report.json``, ``out/contact_sheet.png`` and the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from toolkit.core import io
+from toolkit.core.config import option
+from toolkit.core.log import get_logger, progress
+from toolkit.core.stage import MANIFEST, StageResult, stage_run
+from toolkit.data.images import ImageError, decode_rgb
+from toolkit.data.rawshards import RawShardReader, list_shards, shard_name
+from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
+
+KIND = "data.inspect"
+# Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).
+WORD_BINS = (0, 1, 2, 4, 8, 16, 32, 64)
+CAPTION_LINE_PX = 12
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    input: str = option(is_input=True, doc="Folder of raw shards (.tar) or of training shards (dataset.json); "
+                                           "local or fsspec URL.")
+    out: str = option(doc="Report folder: report.json, contact_sheet.png, manifest.json.")
+    num_contact: int = option(64, ge=0, doc="Samples on the contact sheet (0: no sheet).")
+    thumb_size: int = option(64, ge=8, doc="Side of each contact-sheet tile in pixels.")
+    max_samples: int = option(0, ge=0, doc="Read at most this many samples for counts and captions (0: all).")
+
+
+def histogram(lengths: list[int]) -> list[dict[str, Any]]:
+    """Caption lengths in words -> [{'words': '3-4', 'count': n}, ...] over WORD_BINS."""
+    counts, labels, low = Counter(), [], 0
+    for high in WORD_BINS:
+        labels.append(str(high) if low == high else f"{low}-{high}")
+        low = high + 1
+    labels.append(f"{low}+")
+    for n in lengths:
+        idx = next((i for i, high in enumerate(WORD_BINS) if n <= high), len(WORD_BINS))
+        counts[idx] += 1
+    return [{"words": label, "count": counts[i]} for i, label in enumerate(labels)]
+
+
+def contact_sheet(tiles: list[tuple[np.ndarray, str]], thumb: int) -> Image.Image:
+    """Grid of (uint8 [h, w, 3] image, caption) tiles, captions in a line under each image."""
+    cols = max(1, int(np.ceil(np.sqrt(len(tiles)))))
+    rows = max(1, -(-len(tiles) // cols))
+    sheet = Image.new("RGB", (cols * thumb, rows * (thumb + CAPTION_LINE_PX)), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for i, (pixels, caption) in enumerate(tiles):
+        x, y = (i % cols) * thumb, (i // cols) * (thumb + CAPTION_LINE_PX)
+        img = Image.fromarray(np.ascontiguousarray(pixels))
+        sheet.paste(img if img.size == (thumb, thumb) else img.resize((thumb, thumb)), (x, y))
+        draw.text((x + 1, y + thumb), caption[: max(1, thumb // 6)], fill=(0, 0, 0))
+    return sheet
+
+
+def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
+    from toolkit.data.loader import Segment, read_segment
+
+    ds = TrainDataset.open(cfg.input)
+    report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
+                              "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
+                              "model": ds.model, "source": ds.source}
+    manifest = io.read_json(io.join(cfg.input, MANIFEST)) if io.exists(io.join(cfg.input, MANIFEST)) else {}
+    counts = manifest.get("counts", {})
+    report["skipped"] = {"precompute": counts.get("skipped", {})} if counts else {}
+    report["converted"] = counts.get("converted", {})
+    report["num_read"] = counts.get("num_read")
+    lengths, captions = [], []
+    limit = cfg.max_samples or ds.num_samples
+    for i in range(len(ds.shards)):
+        if len(lengths) >= limit:
+            break
+        with io.open_file(io.join(cfg.input, meta_file(i)), "r") as fh:
+            for line in fh:
+                if len(lengths) >= limit:
+                    break
+                caption = json.loads(line)["caption"]
+                lengths.append(len(caption.split()))
+                if len(captions) < cfg.num_contact:
+                    captions.append(caption)
+    tiles = []
+    if ds.field("image") is not None and cfg.num_contact:
+        for sample in read_segment(ds, Segment(0, 0, min(cfg.num_contact, ds.shards[0].num_samples))):
+            tiles.append((sample["image"], captions[len(tiles)] if len(tiles) < len(captions) else ""))
+    elif cfg.num_contact:
+        report["contact_sheet_note"] = "no pixels stored (frozen-tower features): no contact sheet"
+    report["caption_words"] = histogram(lengths)
+    return report, tiles
+
+
+def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
+    urls = list_shards(cfg.input)
+    report: dict[str, Any] = {"kind": "raw", "num_shards": len(urls)}
+    exts, lengths, tiles, errors, problems = Counter(), [], [], {}, Counter()
+    num = 0
+    for url in progress(urls, desc="inspect", unit="shards"):
+        reader = RawShardReader(url)
+        for sample in reader.samples():
+            num += 1
+            exts.update(sample.files.keys())
+            text = sample.files.get("txt", b"").decode("utf-8", errors="replace")
+            lengths.append(len(text.split()))
+            image = sample.image()
+            if len(tiles) < cfg.num_contact and image is not None:
+                try:
+                    tiles.append((decode_rgb(image[1], cfg.thumb_size)[0], text.strip()))
+                except ImageError as err:
+                    problems[err.reason] += 1
+            if cfg.max_samples and num >= cfg.max_samples:
+                break
+        if reader.error:
+            errors[shard_name(url)] = reader.error
+        if cfg.max_samples and num >= cfg.max_samples:
+            break
+    report.update({"num_samples": num, "members_by_ext": dict(sorted(exts.items())), "tar_errors": errors,
+                   "contact_sheet_decode_errors": dict(problems), "caption_words": histogram(lengths)})
+    report["skipped"] = _raw_skip_reasons(cfg.input, urls)
+    return report, tiles
+
+
+def _raw_skip_reasons(source: str, urls: list[str]) -> dict[str, Any]:
+    """Failures recorded by the producer: the fetch manifest's counts and img2dataset's stats files."""
+    found: dict[str, Any] = {}
+    manifest = io.join(source, MANIFEST)
+    if "*" not in source and "{" not in source and io.exists(manifest):
+        m = io.read_json(manifest)
+        found["manifest"] = {k: v for k, v in (m.get("counts") or {}).items() if "fail" in k or "skip" in k
+                             or k == "errors"} or m.get("counts", {})
+    stats, failed = Counter(), 0
+    for url in urls:
+        path = url[: -len(".tar")] + "_stats.json"
+        if io.exists(path):
+            data = io.read_json(path)
+            stats.update({k: int(v) for k, v in (data.get("status_dict") or {}).items() if k != "success"})
+            failed += int(data.get("failed_to_download", 0)) + int(data.get("failed_to_resize", 0))
+    if stats or failed:
+        found["img2dataset"] = {"failed": failed, "by_status": dict(stats.most_common())}
+    return found
+
+
+def run(cfg: InspectConfig) -> StageResult:
+    """Inspect ``cfg.input`` (training shards if it holds dataset.json, else raw shards)."""
+    log = get_logger("data.inspect")
+    with stage_run(KIND, cfg, cfg.out) as rec:
+        is_train = io.exists(io.join(cfg.input, DATASET_JSON))
+        report, tiles = _inspect_train(cfg) if is_train else _inspect_raw(cfg)
+        if report["num_samples"] == 0:
+            raise ValueError(f"{cfg.input}: no samples found")
+        io.write_json_atomic(io.join(cfg.out, "report.json"), report)
+        rec.outputs["out"] = cfg.out
+        rec.outputs["report"] = io.join(cfg.out, "report.json")
+        if tiles:
+            path = io.join(cfg.out, "contact_sheet.png")
+            with io.open_file(path, "wb") as fh:
+                contact_sheet(tiles, cfg.thumb_size).save(fh, "PNG")
+            rec.outputs["contact_sheet"] = path
+        rec.counts.update({"num_samples": report["num_samples"], "num_shards": report["num_shards"],
+                           "num_contact": len(tiles)})
+        rec.details.update(report)
+        log.info("inspect %s: %s shards, %d samples", cfg.input, report["num_shards"], report["num_samples"])
+    return rec.result()

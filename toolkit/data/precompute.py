@@ -1,0 +1,267 @@
+"""``toolkit data precompute``: raw shards -> fixed-size training shards with dense global ids.
+
+1. A pool of worker processes (one task per raw shard, :mod:`toolkit.data.shardwork`) validates,
+   decodes, converts to RGB, resizes/crops to the model resolution (or runs a frozen image tower)
+   and tokenizes (or runs a frozen text tower), writing rows to local scratch files.
+2. The parent orders the kept samples by (raw shard in sorted order, key in sorted order), drops
+   keys already kept from an earlier shard, and assigns ids 0..N-1 in that order: the same input and
+   config give the same ids on every rerun, whatever the number of workers.
+3. It writes ``samples_per_shard``-sized training shards (:mod:`toolkit.data.trainformat`),
+   ``dataset.json``, ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
+   stage manifest (counts by skip reason and conversion, throughput, examples of skipped keys).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from toolkit.core import io
+from toolkit.core.config import ConfigError, option
+from toolkit.core.log import get_logger, progress
+from toolkit.core.stage import StageResult, stage_run
+from toolkit.data import shardwork
+from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
+from toolkit.data.rawshards import list_shards, shard_name
+from toolkit.data.trainformat import DATASET_JSON, Field, TrainDataset, TrainShardWriter, remove_stale_shards
+from toolkit.models.frozen import ImageTowerKind, TextTowerKind
+
+KIND = "data.precompute"
+# The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
+MAX_KEYS_PER_REASON = 1000
+
+
+@dataclass(frozen=True)
+class PrecomputeConfig:
+    input: str = option(is_input=True, doc="Raw shards: a folder of .tar files, one .tar, a glob or a brace "
+                                           "pattern (dir/{00000..00009}.tar); local or any fsspec URL.")
+    out: str = option(doc="Output folder (local or fsspec URL) for training shards, dataset.json, manifest.")
+    model: str = option(doc="Model name or config JSON: sets the image resolution and the tokenizer.")
+    image_size: int = option(0, ge=0, doc="Square image side in pixels; 0: the model's image size.")
+    resize_mode: ResizeMode = option("center_crop", doc="center_crop: scale the short side, crop the centre; "
+                                                        "pad: fit the whole image, pad with white.")
+    samples_per_shard: int = option(1000, ge=1, doc="Samples per training shard (the last one may hold fewer).")
+    num_workers: int = option(0, ge=0, affects_output=False,
+                              doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
+    max_image_pixels: int = option(DEFAULT_MAX_IMAGE_PIXELS, ge=1,
+                                   doc="Images with more pixels are skipped as decompression bombs.")
+    caption_ext: str = option("txt", doc="Extension of the caption member of each raw sample.")
+    image_tower: ImageTowerKind = option("none", doc="Store this frozen image tower's features instead of "
+                                                     "pixels (LiT): none, open_clip or efficientnet_lite0.")
+    image_tower_model: str = option("", doc="open_clip model name of an open_clip image tower.")
+    image_tower_weights: str = option("", is_input=True, doc="Local weights for the image tower (default: the "
+                                                             "packaged ones, or a seeded random init).")
+    text_tower: TextTowerKind = option("none", doc="Store this frozen text tower's features instead of tokens.")
+    text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
+    text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: seeded "
+                                                            "random init).")
+    tmp_dir: str = option("", affects_output=False, doc="Local scratch folder (default: OUT/_tmp for a local "
+                                                        "OUT, else the system temp folder); removed at the end.")
+
+
+def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
+    """Load tokenizer/towers into shardwork.STATE (before the pool forks); return the sample fields."""
+    from toolkit.models import frozen
+    from toolkit.models.registry import image_size, tokenizer
+
+    state = shardwork.STATE
+    state.clear()
+    state["image_tower"] = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model,
+                                                    cfg.image_tower_weights) if cfg.image_tower != "none" else None)
+    state["text_tower"] = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
+                           if cfg.text_tower != "none" else None)
+    state["tokenizer"] = tokenizer(cfg.model)
+    if state["image_tower"] is not None:
+        image = Field.make("image_features", (state["image_tower"].dim,))
+    else:
+        side = cfg.image_size or image_size(cfg.model)
+        image = Field.make("image", (side, side, 3))
+    if state["text_tower"] is not None:
+        text = Field.make("text_features", (state["text_tower"].dim,))
+    else:
+        text = Field.make("tokens", (int(state["tokenizer"](["a"]).shape[1]),))
+    return [image, text]
+
+
+def _worker_init() -> None:
+    # One intra-op thread per worker: the pool already uses every core.
+    if shardwork.STATE.get("image_tower") is not None or shardwork.STATE.get("text_tower") is not None:
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def _process_all(tasks: list[shardwork.ShardTask], num_workers: int) -> list[shardwork.ShardResult]:
+    """Run every task (a fork pool when num_workers > 1); results in task order."""
+    if num_workers <= 1:
+        results = [shardwork.process_shard(t) for t in progress(tasks, desc="precompute", unit="shards")]
+    else:
+        with mp.get_context("fork").Pool(num_workers, initializer=_worker_init) as pool:
+            done = pool.imap_unordered(shardwork.process_shard, tasks)
+            results = list(progress(done, total=len(tasks), desc="precompute", unit="shards"))
+    return sorted(results, key=lambda r: r.index)
+
+
+def assign_ids(results: list[shardwork.ShardResult]) -> tuple[list[tuple[int, int]], list[dict]]:
+    """Global order of kept samples as (result index, row) and every skip record.
+
+    Order: raw shards in sorted-URL order, then keys in sorted order; a key already kept from an
+    earlier shard is skipped as ``duplicate_key``. Position in the returned list is the global id.
+    """
+    order: list[tuple[int, int]] = []
+    skips: list[dict] = []
+    owner: dict[str, str] = {}
+    for i, res in enumerate(results):
+        name = shard_name(res.url)
+        skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
+        for row in sorted(range(len(res.keys)), key=res.keys.__getitem__):
+            key = res.keys[row]
+            if key in owner:
+                skips.append({"reason": "duplicate_key", "shard": name, "key": key,
+                              "message": f"key already kept from {owner[key]}"})
+                continue
+            owner[key] = name
+            order.append((i, row))
+    return order, skips
+
+
+def _rows(path: str, field: Field, count: int) -> np.ndarray:
+    """Scratch file of ``count`` fixed-size rows -> uint8 memmap [count, field.nbytes]."""
+    if count == 0:
+        return np.zeros((0, field.nbytes), np.uint8)
+    size = os.path.getsize(path)
+    if size != count * field.nbytes:
+        raise RuntimeError(f"{path}: {size} bytes, expected {count} rows of {field.nbytes}")
+    return np.memmap(path, dtype=np.uint8, mode="r", shape=(count, field.nbytes))
+
+
+def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[shardwork.ShardResult],
+                  order: list[tuple[int, int]]) -> list:
+    writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
+    image_f, text_f = fields
+    rows = {}
+    for sample_id, (i, row) in enumerate(progress(order, desc="write shards", unit="samples")):
+        if i not in rows:
+            rows.clear()  # results arrive in order: keep one shard's memmaps open at a time
+            res = results[i]
+            rows[i] = (_rows(res.image_path, image_f, len(res.keys)), _rows(res.text_path, text_f, len(res.keys)))
+        images, texts = rows[i]
+        res = results[i]
+        writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
+                   {"caption": res.captions[row], "source": shard_name(res.url), "key": res.keys[row]})
+    return writer.close()
+
+
+def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, timing: dict) -> None:
+    by_reason = Counter(s["reason"] for s in skips)
+    converted = sum((r.converted for r in results), Counter())
+    num_read = sum(r.num_read for r in results)
+    if num_read != len(order) + len(skips):
+        raise RuntimeError(f"internal count mismatch: read {num_read}, kept {len(order)}, skipped {len(skips)}")
+    examples: dict[str, list[str]] = {}
+    for s in skips:
+        lst = examples.setdefault(s["reason"], [])
+        if len(lst) < MAX_KEYS_PER_REASON:
+            lst.append(f"{s['shard']}:{s['key']}")
+    total_s = timing["process_s"] + timing["write_s"]
+    rec.counts.update({
+        "num_samples": len(order), "num_read": num_read, "num_skipped": len(skips),
+        "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
+        "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
+        "samples_per_s": round(num_read / max(total_s, 1e-9), 1),
+    })
+    rec.details.update({
+        "throughput": {**timing, "process_samples_per_s": round(num_read / max(timing["process_s"], 1e-9), 1),
+                       "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
+        "skipped_keys": examples, "tar_errors": {shard_name(r.url): r.tar_error for r in results if r.tar_error},
+        "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
+    })
+
+
+def run(cfg: PrecomputeConfig) -> StageResult:
+    """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input)."""
+    log = get_logger("data.precompute")
+    if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
+        raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
+                                                     "would overwrite the raw shards")
+    with stage_run(KIND, cfg, cfg.out) as rec:
+        urls = list_shards(cfg.input)
+        fields = _prepare_state(cfg)
+        scratch = tempfile.mkdtemp(prefix="precompute-", dir=_scratch_parent(cfg))
+        try:
+            side = fields[0].shape[0] if fields[0].role == "image" else 0
+            tasks = [shardwork.ShardTask(i, u, scratch, side, cfg.resize_mode, cfg.max_image_pixels,
+                                         cfg.caption_ext) for i, u in enumerate(urls)]
+            workers = min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks))
+            log.info("precompute: %d raw shards with %d workers -> %s", len(urls), workers, cfg.out)
+            start = time.monotonic()
+            results = _process_all(tasks, workers)
+            process_s = time.monotonic() - start
+            order, skips = assign_ids(results)
+            if not order:
+                reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
+                raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) ({reasons or 'empty'})")
+            start = time.monotonic()
+            shards = _write_shards(cfg, fields, results, order)
+            write_s = time.monotonic() - start
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            _remove_empty_dir(os.path.dirname(scratch))
+        remove_stale_shards(cfg.out, len(shards))
+        dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
+                               _extra(cfg, fields), root=cfg.out)
+        io.write_json_atomic(io.join(cfg.out, DATASET_JSON), dataset.to_json())
+        io.write_text_atomic(io.join(cfg.out, "skipped.jsonl"),
+                             "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
+        timing = {"process_s": round(process_s, 3), "write_s": round(write_s, 3), "num_workers": workers,
+                  "num_shards": len(shards)}
+        _record(rec, cfg, urls, results, order, skips, timing)
+        rec.outputs["train"] = cfg.out
+        log.info("precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
+                 len(order), rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
+    return rec.result()
+
+
+def _scratch_parent(cfg: PrecomputeConfig) -> str | None:
+    if cfg.tmp_dir:
+        os.makedirs(cfg.tmp_dir, exist_ok=True)
+        return cfg.tmp_dir
+    if io.is_local(cfg.out):
+        path = os.path.join(io.local_path(cfg.out), "_tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
+    return None
+
+
+def _remove_empty_dir(path: str) -> None:
+    try:
+        os.rmdir(path)  # only succeeds when empty: a concurrent run's scratch stays
+    except OSError:
+        pass
+
+
+def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
+    """Provenance the loader does not need but users and the trainer may: towers, resize mode."""
+    extra: dict = {"resize_mode": cfg.resize_mode}
+    state = shardwork.STATE
+    if state.get("image_tower") is not None:
+        t = state["image_tower"]
+        extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,
+                                "weights": cfg.image_tower_weights}
+    else:
+        extra["image_size"] = fields[0].shape[0]
+    if state.get("text_tower") is not None:
+        t = state["text_tower"]
+        extra["text_tower"] = {"kind": cfg.text_tower, "name": t.name, "dim": t.dim,
+                               "weights": cfg.text_tower_weights}
+    else:
+        extra["context_length"] = fields[1].shape[0]
+    return extra

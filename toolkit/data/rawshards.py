@@ -1,0 +1,148 @@
+"""Reading raw shards (img2dataset's webdataset layout) robustly, from local paths or fsspec URLs.
+
+A raw shard is ``NNNNN.tar`` holding ``<key>.jpg|png|webp|...``, ``<key>.txt`` and ``<key>.json``
+members, with ``NNNNN_stats.json`` and ``NNNNN.parquet`` beside it (both optional here). Members are
+grouped into samples by key the way webdataset does (key = path up to the first dot of the file name).
+
+Damaged tars are read as far as they go: :class:`RawShardReader` yields every sample before the
+damage and then records what was lost (``truncated_tar``: the sample cut in half, plus the keys the
+shard's parquet or stats file says should have followed) or that nothing was readable
+(``unreadable_tar``).
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import fsspec
+
+from toolkit.core import io
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
+
+
+@dataclass
+class RawSample:
+    """One sample of a raw shard: its key and member bytes by lower-case extension."""
+
+    key: str
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def image(self) -> tuple[str, bytes] | None:
+        """(extension, bytes) of the first image member, or None."""
+        for ext in IMAGE_EXTS:
+            if ext in self.files:
+                return ext, self.files[ext]
+        return None
+
+
+def list_shards(source: str) -> list[str]:
+    """Raw shard URLs of ``source`` in sorted order: a folder of ``*.tar``, one ``.tar``, a glob or a
+    brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError."""
+    if "{" in source:
+        import braceexpand
+
+        urls = sorted(braceexpand.braceexpand(source))
+        missing = [u for u in urls if not io.exists(u)]
+        if missing:
+            raise FileNotFoundError(f"{source}: {len(missing)} shard(s) do not exist, e.g. {missing[0]}")
+        return urls
+    fs, path = fsspec.core.url_to_fs(source)
+    protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+    prefix = "" if io.is_local(source) else f"{protocol}://"
+    if any(ch in path for ch in "*?["):
+        found = fs.glob(path)
+    elif fs.isdir(path):
+        found = [p for p in fs.ls(path, detail=False) if p.endswith(".tar")]
+    elif fs.exists(path):
+        found = [path]
+    else:
+        raise FileNotFoundError(f"{source}: no such file or folder")
+    urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
+    if not urls:
+        raise FileNotFoundError(f"{source}: no .tar shards found")
+    return urls
+
+
+def shard_name(url: str) -> str:
+    """File name of a shard URL (used in manifests and skip lists)."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _sidecar(url: str, suffix: str) -> str:
+    return url[: -len(".tar")] + suffix if url.endswith(".tar") else url + suffix
+
+
+def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
+    """Keys img2dataset wrote into this shard (parquet, status success) and/or its success count
+    (``_stats.json``); (None, None) when neither file exists or is readable."""
+    keys, count = None, None
+    parquet = _sidecar(url, ".parquet")
+    try:
+        if io.exists(parquet):
+            import pyarrow.parquet as pq
+
+            with io.open_file(parquet, "rb") as fh:
+                table = pq.read_table(fh, columns=None).to_pydict()
+            statuses = table.get("status") or ["success"] * len(table.get("key", []))
+            keys = [str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"]
+    except (OSError, ValueError, ImportError):
+        keys = None
+    stats = _sidecar(url, "_stats.json")
+    try:
+        if io.exists(stats):
+            count = int(io.read_json(stats).get("successes"))
+    except (OSError, ValueError, TypeError):
+        count = None
+    return keys, count
+
+
+class RawShardReader:
+    """Iterate the samples of one raw shard; after iteration, ``error`` says why reading stopped early
+    (None if the tar was read to its end), ``error_kind`` is 'truncated_tar' or 'unreadable_tar', and
+    ``cut_key`` names the sample that was cut in half (if any)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.error: str | None = None
+        self.error_kind: str | None = None
+        self.cut_key: str | None = None
+        self.num_members = 0
+
+    def samples(self) -> Iterator[RawSample]:
+        current: RawSample | None = None
+        try:
+            with io.open_file(self.url, "rb") as fh:
+                try:
+                    stream = tarfile.open(fileobj=fh, mode="r|*")
+                except (tarfile.TarError, EOFError, OSError) as err:
+                    self.error_kind, self.error = "unreadable_tar", f"not a readable tar file: {err}"
+                    return
+                for info in stream:
+                    if not info.isreg():
+                        continue
+                    match = _KEY_EXT.match(info.name)
+                    if match is None:  # no extension: not part of any sample
+                        continue
+                    key, ext = match.group(1), match.group(2).lower()
+                    if current is not None and (current.key != key or ext in current.files):
+                        yield current  # a repeated extension starts a second sample with the same key
+                        current = None
+                    if current is None:
+                        current = RawSample(key)
+                    extracted = stream.extractfile(info)
+                    current.files[ext] = extracted.read() if extracted is not None else b""
+                    self.num_members += 1
+                    stream.members = []  # stream mode keeps every TarInfo otherwise
+        except (tarfile.TarError, EOFError, OSError, ValueError) as err:
+            self.error_kind, self.error = "truncated_tar", f"tar file ends early or is damaged: {err}"
+            if self.num_members == 0 and current is None:
+                self.error_kind = "unreadable_tar"
+            if current is not None and not (current.image() and "txt" in current.files):
+                self.cut_key, current = current.key, None  # incomplete sample: lost to the damage
+        if current is not None:
+            yield current

@@ -1,0 +1,91 @@
+"""Serve a local folder over HTTP on 127.0.0.1, so ``toolkit data fetch`` runs over real HTTP.
+
+``toolkit data serve DIR --port P`` blocks until Ctrl-C; tests and scripts use :func:`serve` as a
+context manager. Only the loopback interface is bound: this is a test and demo tool, not a web server.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from toolkit.core.log import get_logger
+
+HOST = "127.0.0.1"
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    """Static files from the served folder; access lines go to the debug log, and every request
+    path is counted on the server (``server.request_counts``) so callers can see what was fetched."""
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (stdlib signature)
+        get_logger("serve").debug("%s %s", self.address_string(), format % args)
+
+    def send_head(self):
+        server = self.server
+        with server.count_lock:  # type: ignore[attr-defined]
+            server.request_counts[self.path.split("?", 1)[0]] += 1  # type: ignore[attr-defined]
+        return super().send_head()
+
+
+class FolderServer(ThreadingHTTPServer):
+    """A threading HTTP server with a per-path request counter; ``url`` ends with '/'."""
+
+    daemon_threads = True  # a stuck client never blocks shutdown
+    allow_reuse_address = True
+
+    def __init__(self, root: str, port: int, handler_cls: type[SimpleHTTPRequestHandler]):
+        self.root = str(Path(root).resolve())
+        self.request_counts: collections.Counter[str] = collections.Counter()
+        self.count_lock = threading.Lock()
+        super().__init__((HOST, port), functools.partial(handler_cls, directory=self.root))
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/"
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that gave up (timeout, closed socket) is routine here: log it, no traceback on stderr."""
+        import sys
+
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionError):
+            get_logger("serve").debug("%s went away: %s", client_address, err)
+            return
+        super().handle_error(request, client_address)
+
+    def reset_counts(self) -> None:
+        with self.count_lock:
+            self.request_counts.clear()
+
+
+def make_server(root: str, port: int = 0,
+                handler_cls: type[SimpleHTTPRequestHandler] = QuietHandler) -> FolderServer:
+    """Bind a :class:`FolderServer` for ``root`` on 127.0.0.1 (``port`` 0 picks a free one)."""
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"cannot serve {root}: not a directory")
+    return FolderServer(root, port, handler_cls)
+
+
+@contextmanager
+def serve(root: str, port: int = 0,
+          handler_cls: type[SimpleHTTPRequestHandler] = QuietHandler) -> Iterator[FolderServer]:
+    """Serve ``root`` from a background thread while the block runs; yields the server (``.url``)."""
+    server = make_server(root, port, handler_cls)
+    thread = threading.Thread(target=server.serve_forever, name=f"serve:{server.port}", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

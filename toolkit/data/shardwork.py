@@ -1,0 +1,177 @@
+"""Per-raw-shard work of ``precompute``, run in pool worker processes (or inline with one worker).
+
+:func:`process_shard` reads one raw shard, validates captions, decodes and resizes images (or runs a
+frozen tower on them), tokenizes captions (or runs a frozen text tower) and appends each kept
+sample's field bytes to temporary files. It returns a small :class:`ShardResult` (keys, captions,
+skips, conversion counts); the parent assigns global ids and writes the training shards.
+
+The tokenizer and towers live in the module-level :data:`STATE`, set by the parent before the pool
+forks, so workers share them copy-on-write instead of loading them once each.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageError, decode_rgb
+from toolkit.data.rawshards import RawSample, RawShardReader, expected_keys, shard_name
+
+# Set by the parent before workers start: 'tokenizer', 'image_tower', 'text_tower' (or None).
+STATE: dict[str, Any] = {}
+# Frozen-tower forward passes and tokenization run over this many samples at a time.
+ENCODE_BATCH = 64
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    index: int
+    url: str
+    tmp_dir: str
+    image_size: int
+    resize_mode: str = "center_crop"
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    caption_ext: str = "txt"
+
+
+@dataclass
+class ShardResult:
+    """Outcome of one raw shard. ``keys``/``captions`` are in row order of the temp files."""
+
+    index: int
+    url: str
+    keys: list[str] = field(default_factory=list)
+    captions: list[str] = field(default_factory=list)
+    image_path: str = ""
+    text_path: str = ""
+    num_read: int = 0
+    skips: list[tuple[str, str, str]] = field(default_factory=list)  # (reason, key, message)
+    converted: Counter = field(default_factory=Counter)
+    tar_error: str | None = None
+
+
+def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str] | None]:
+    """(caption, None) or (None, (reason, message)) for the sample's caption member."""
+    if ext not in sample.files:
+        return None, ("missing_caption", f"no .{ext} member")
+    try:
+        text = sample.files[ext].decode("utf-8")
+    except UnicodeDecodeError as err:
+        return None, ("non_utf8_caption", f"caption is not UTF-8: {err}")
+    text = text.strip()
+    if not text:
+        return None, ("empty_caption", "caption is empty or whitespace only")
+    return text, None
+
+
+class _FieldSink:
+    """Appends encoded rows to a binary temp file, batching rows through a frozen tower if any."""
+
+    def __init__(self, path: str, encode=None):
+        self.path, self.encode, self.pending = path, encode, []
+        self.fh = open(path, "wb")
+
+    def add(self, row: Any) -> None:
+        if self.encode is None:
+            self.fh.write(row)
+            return
+        self.pending.append(row)
+        if len(self.pending) >= ENCODE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            feats = self.encode(self.pending)
+            self.fh.write(np.ascontiguousarray(feats, dtype="<f2").tobytes())
+            self.pending = []
+
+    def close(self) -> None:
+        self.flush()
+        self.fh.close()
+
+
+def _encode_images(rows: list[np.ndarray]) -> np.ndarray:
+    return STATE["image_tower"].encode(np.stack(rows))
+
+
+def _write_text(path: str, captions: list[str]) -> None:
+    """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order."""
+    with open(path, "wb") as fh:
+        for start in range(0, len(captions), ENCODE_BATCH):
+            chunk = captions[start:start + ENCODE_BATCH]
+            if STATE.get("text_tower") is not None:
+                fh.write(np.ascontiguousarray(STATE["text_tower"].encode(chunk), dtype="<f2").tobytes())
+            else:
+                tokens = STATE["tokenizer"](chunk)
+                fh.write(np.ascontiguousarray(tokens.numpy(), dtype="<i4").tobytes())
+
+
+def _missing_after_read(task: ShardTask, reader: RawShardReader, seen: set[str], res: ShardResult) -> None:
+    """Count samples the shard's parquet/stats promise but the tar did not deliver."""
+    reason = reader.error_kind or "missing_from_tar"
+    keys, count = expected_keys(task.url)
+    if keys is not None:
+        for key in (k for k in keys if k not in seen):
+            res.skips.append((reason, key, "listed as a success in the shard's parquet, not in the tar"))
+    elif count is not None and count > len(seen):
+        for i in range(count - len(seen)):
+            res.skips.append((reason, f"<unknown {i + 1}>", f"_stats.json counts {count} successes, "
+                                                              f"the tar holds {len(seen)} samples"))
+
+
+def process_shard(task: ShardTask) -> ShardResult:
+    """Process one raw shard into temp files under ``task.tmp_dir``; see the module docstring."""
+    try:
+        return _process(task)
+    except Exception as err:  # anything unexpected: fail the stage, naming the shard
+        raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
+
+
+def _process(task: ShardTask) -> ShardResult:
+    res = ShardResult(task.index, task.url)
+    stem = os.path.join(task.tmp_dir, f"{task.index:06d}")
+    res.image_path, res.text_path = stem + ".image", stem + ".text"
+    tower = STATE.get("image_tower")
+    sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
+    size = tower.image_size if tower is not None else task.image_size
+    reader, seen = RawShardReader(task.url), set()
+    for sample in reader.samples():
+        res.num_read += 1
+        if sample.key in seen:
+            res.skips.append(("duplicate_key", sample.key, f"key repeats within {shard_name(task.url)}"))
+            continue
+        seen.add(sample.key)
+        caption, problem = caption_of(sample, task.caption_ext)
+        image = sample.image()
+        if problem is None and image is None:
+            problem = ("missing_image", f"no image member (members: {', '.join(sorted(sample.files))})")
+        if problem is None:
+            try:
+                pixels, converted = decode_rgb(image[1], size, task.resize_mode, task.max_image_pixels)
+            except ImageError as err:
+                problem = (err.reason, f".{image[0]}: {err}")
+        if problem is not None:
+            res.skips.append((problem[0], sample.key, problem[1]))
+            continue
+        if converted:
+            res.converted[converted] += 1
+        sink.add(pixels if tower is not None else pixels.tobytes())
+        res.keys.append(sample.key)
+        res.captions.append(caption)
+    sink.close()
+    if reader.cut_key is not None:
+        res.num_read += 1
+        seen.add(reader.cut_key)
+        res.skips.append(("truncated_tar", reader.cut_key, reader.error or "cut by the end of the tar"))
+    res.tar_error = reader.error
+    before = len(res.skips)
+    _missing_after_read(task, reader, seen, res)
+    if reader.error_kind == "unreadable_tar" and len(res.skips) == before:
+        res.skips.append(("unreadable_tar", "*", f"{reader.error} (sample count unknown)"))
+    res.num_read += len(res.skips) - before
+    _write_text(res.text_path, res.captions)
+    return res

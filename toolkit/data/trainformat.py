@@ -1,0 +1,226 @@
+"""The training shard format (``cliptk-train-v1``): fixed-size samples in plain webdataset tars.
+
+A training directory holds ``dataset.json`` (this format's description, read by the loader),
+``NNNNN.tar`` shards and a ``NNNNN.meta.jsonl`` sidecar per shard (one line per sample: id,
+caption, source shard and key). Each tar sample is keyed by its zero-padded global id
+(``0000000042``) and holds one member per field, in a fixed order, as raw little-endian bytes:
+
+======================  ==========  ============  ===============================
+member                  dtype       shape         when
+======================  ==========  ============  ===============================
+``<id>.img.u8``         uint8       [H, W, 3]     pixels (RGB, not normalised)
+``<id>.img_feat.f16``   float16     [D_img]       frozen image tower features
+``<id>.tok.i32``        int32       [L]           token ids of the model's tokenizer
+``<id>.txt_feat.f16``   float16     [D_txt]       frozen text tower features
+======================  ==========  ============  ===============================
+
+Members are written in USTAR format with one 512-byte header each, so every sample occupies exactly
+``sample_bytes`` = sum(512 + ceil(nbytes / 512) * 512) bytes and sample k of a shard starts at byte
+``k * sample_bytes``: readers can seek straight to any sample. See docs/data-format.md.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import json
+import os
+import tarfile
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from toolkit.core import io
+
+FORMAT = "cliptk-train-v1"
+DATASET_JSON = "dataset.json"
+KEY_DIGITS = 10
+BLOCK = 512
+# Field roles (the loader's batch keys) -> tar member extension and dtype.
+FIELD_EXTS = {"image": ("img.u8", "uint8"), "image_features": ("img_feat.f16", "float16"),
+              "tokens": ("tok.i32", "int32"), "text_features": ("txt_feat.f16", "float16")}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One per-sample array: batch key ``role``, tar extension ``ext``, numpy ``dtype``, ``shape``."""
+
+    role: str
+    ext: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def make(cls, role: str, shape: tuple[int, ...]) -> Field:
+        ext, dtype = FIELD_EXTS[role]
+        return cls(role, ext, dtype, tuple(int(s) for s in shape))
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def padded_bytes(self) -> int:
+        return BLOCK + -(-self.nbytes // BLOCK) * BLOCK
+
+    def decode(self, data: bytes) -> np.ndarray:
+        """Member bytes -> array of this field's dtype and shape (a read-only view of ``data``)."""
+        if len(data) != self.nbytes:
+            raise ValueError(f"field {self.ext}: {len(data)} bytes, expected {self.nbytes}")
+        return np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<")).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One training shard: file name relative to the dataset root, sample count, first global id."""
+
+    name: str
+    num_samples: int
+    first_id: int
+
+
+@dataclass
+class TrainDataset:
+    """The contents of ``dataset.json``; ``root`` is where it was read from (not stored)."""
+
+    num_samples: int
+    fields: list[Field]
+    shards: list[ShardInfo]
+    samples_per_shard: int
+    source: str = ""
+    model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    format: str = FORMAT
+    root: str = ""
+
+    @property
+    def sample_bytes(self) -> int:
+        return sum(f.padded_bytes for f in self.fields)
+
+    def field(self, role: str) -> Field | None:
+        return next((f for f in self.fields if f.role == role), None)
+
+    def url(self, shard: ShardInfo) -> str:
+        return io.join(self.root, shard.name)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("root")
+        data["sample_bytes"] = self.sample_bytes
+        return data
+
+    @classmethod
+    def open(cls, root: str) -> TrainDataset:
+        """Read ``root/dataset.json`` (local or fsspec); errors name the path."""
+        path = io.join(root, DATASET_JSON)
+        if not io.exists(path):
+            raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
+        data = io.read_json(path)
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads {FORMAT!r}")
+        fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
+        shards = [ShardInfo(**s) for s in data["shards"]]
+        ds = cls(data["num_samples"], fields, shards, data["samples_per_shard"], data.get("source", ""),
+                 data.get("model", ""), data.get("extra", {}), data["format"], root=root)
+        if sum(s.num_samples for s in shards) != ds.num_samples:
+            raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
+        return ds
+
+
+def sample_key(sample_id: int) -> str:
+    return f"{sample_id:0{KEY_DIGITS}d}"
+
+
+def shard_file(index: int) -> str:
+    return f"{index:05d}.tar"
+
+
+def meta_file(index: int) -> str:
+    return f"{index:05d}.meta.jsonl"
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    # Fixed metadata so reruns write byte-identical shards.
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o444, 0, 0, "", ""
+    return info
+
+
+class _AtomicOut:
+    """A writable binary file that appears at ``path`` only on ``commit()`` (temp + rename locally)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.tmp = f"{io.local_path(path)}.tmp-{os.getpid()}" if io.is_local(path) else None
+        self.fh = open(self.tmp, "wb") if self.tmp else io.open_file(path, "wb")
+
+    def commit(self) -> None:
+        self.fh.close()
+        if self.tmp:
+            os.replace(self.tmp, io.local_path(self.path))
+
+
+class TrainShardWriter:
+    """Writes samples in id order into ``samples_per_shard``-sized shards under ``out``.
+
+    Called on the one process that owns ``out``; ``add`` must see ids 0, 1, 2, ... in order.
+    """
+
+    def __init__(self, out: str, fields: list[Field], samples_per_shard: int):
+        self.out, self.fields, self.samples_per_shard = out, fields, samples_per_shard
+        self.shards: list[ShardInfo] = []
+        self.next_id = 0
+        self._tar: tarfile.TarFile | None = None
+        self._files: tuple[_AtomicOut, _AtomicOut] | None = None
+        self._count = 0
+
+    def _open(self) -> None:
+        index = len(self.shards)
+        tar_out, meta_out = _AtomicOut(io.join(self.out, shard_file(index))), _AtomicOut(
+            io.join(self.out, meta_file(index)))
+        self._files = (tar_out, meta_out)
+        self._tar = tarfile.open(fileobj=tar_out.fh, mode="w", format=tarfile.USTAR_FORMAT)
+        self._count, self._first = 0, self.next_id
+
+    def _close_shard(self) -> None:
+        assert self._tar is not None and self._files is not None
+        self._tar.close()
+        for f in self._files:
+            f.commit()
+        self.shards.append(ShardInfo(shard_file(len(self.shards)), self._count, self._first))
+        self._tar, self._files = None, None
+
+    def add(self, sample_id: int, payloads: list[bytes], meta: dict[str, Any]) -> None:
+        """Append one sample; ``payloads`` are the fields' raw bytes in ``fields`` order."""
+        if sample_id != self.next_id:
+            raise ValueError(f"sample ids must be added in order: got {sample_id}, expected {self.next_id}")
+        if self._tar is None:
+            self._open()
+        key = sample_key(sample_id)
+        for f, data in zip(self.fields, payloads, strict=True):
+            if len(data) != f.nbytes:
+                raise ValueError(f"sample {sample_id} field {f.ext}: {len(data)} bytes, expected {f.nbytes}")
+            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), _io.BytesIO(data))
+        self._files[1].fh.write((json.dumps({"id": sample_id, **meta}, ensure_ascii=False) + "\n").encode())
+        self.next_id += 1
+        self._count += 1
+        if self._count == self.samples_per_shard:
+            self._close_shard()
+
+    def close(self) -> list[ShardInfo]:
+        if self._tar is not None:
+            self._close_shard()
+        return self.shards
+
+
+def remove_stale_shards(out: str, keep: int) -> int:
+    """Delete ``NNNNN.tar``/``.meta.jsonl`` with index >= keep left by an earlier, larger run."""
+    if not io.is_local(out) or not os.path.isdir(io.local_path(out)):
+        return 0
+    removed = 0
+    for name in os.listdir(io.local_path(out)):
+        stem = name.split(".", 1)[0]
+        if stem.isdigit() and len(stem) == 5 and int(stem) >= keep and name.endswith((".tar", ".meta.jsonl")):
+            os.remove(os.path.join(io.local_path(out), name))
+            removed += 1
+    return removed

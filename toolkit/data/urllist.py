@@ -1,0 +1,99 @@
+"""URL lists for ``toolkit data fetch``: format detection, column checks and a content digest.
+
+Formats are img2dataset's: csv, tsv, parquet, jsonl, json and txt (one URL a line), each optionally
+gzipped, as one file or a folder of files (local or any fsspec URL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import fsspec
+
+from toolkit.core.log import get_logger
+
+log = get_logger("data.fetch")
+FORMATS = ("txt", "csv", "tsv", "parquet", "jsonl", "json")
+
+
+def detect_format(urls: str, input_format: str = "auto") -> str:
+    """The img2dataset input format of ``urls`` (from the extension, or the files in a folder)."""
+    if not urls.strip():
+        raise ValueError("no URL list given (--urls)")
+    if input_format != "auto":
+        return input_format
+    fs, path = fsspec.core.url_to_fs(urls)
+    names = [path] if not fs.isdir(path) else fs.ls(path, detail=False)
+    found = {fmt for name in names if (fmt := _format_of(name))}
+    if len(found) == 1:
+        return found.pop()
+    what = "files in the folder" if fs.isdir(path) else "extension"
+    seen = ", ".join(sorted(found)) or "none"
+    raise ValueError(f"{urls}: cannot tell the URL list format from its {what} ({seen}); "
+                     f"set --input-format to one of {', '.join(FORMATS)}")
+
+
+def _format_of(name: str) -> str | None:
+    base = name[:-3] if name.endswith(".gz") else name
+    ext = base.rsplit(".", 1)[-1].lower() if "." in base.rsplit("/", 1)[-1] else ""
+    return (ext + (".gz" if name.endswith(".gz") else "")) if ext in FORMATS else None
+
+
+def list_columns(path: str, fmt: str) -> list[str] | None:
+    """Column names of one URL list file (None where they cannot be read cheaply: json)."""
+    compression = "gzip" if fmt.endswith(".gz") else None
+    base = fmt.removesuffix(".gz")
+    if base == "parquet":
+        import pyarrow.parquet as pq
+
+        with fsspec.open(path, "rb") as fh:
+            return list(pq.read_schema(fh).names)
+    if base in ("csv", "tsv"):
+        import csv
+
+        with fsspec.open(path, "rt", compression=compression, encoding="utf-8") as fh:
+            header = next(csv.reader(fh, delimiter="\t" if base == "tsv" else ","), [])
+        return [h.strip() for h in header]
+    if base == "jsonl":
+        with fsspec.open(path, "rt", compression=compression, encoding="utf-8") as fh:
+            first = fh.readline()
+        return list(json.loads(first)) if first.strip() else []
+    return None
+
+
+def check_url_list(urls: str, fmt: str, url_col: str, caption_col: str) -> str | None:
+    """Raise a clear error for a missing list or column; return the caption column img2dataset gets."""
+    fs, path = fsspec.core.url_to_fs(urls)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"URL list not found: {urls}")
+    if fmt.startswith("txt"):
+        if caption_col and caption_col != "caption":
+            log.warning("%s: txt URL lists have no columns; caption_col=%r ignored", urls, caption_col)
+        return None
+    files = [path] if not fs.isdir(path) else sorted(fs.glob(f"{path.rstrip('/')}/*.{fmt}"))
+    if not files:
+        raise ValueError(f"{urls}: no *.{fmt} files in the folder")
+    for name in files:
+        columns = list_columns(fs.unstrip_protocol(name), fmt)
+        if columns is None:
+            continue
+        for key, col in (("url_col", url_col), ("caption_col", caption_col)):
+            if col and col not in columns:
+                hint = "; set --caption-col '' for a list without captions" if key == "caption_col" else ""
+                raise ValueError(f"{name}: no column {col!r} ({key}); columns are: "
+                                 f"{', '.join(columns) or 'none'}{hint}")
+    return caption_col or None
+
+
+def list_digest(urls: str) -> str:
+    """sha256 over the URL list's bytes (every file of a folder, in name order)."""
+    fs, path = fsspec.core.url_to_fs(urls)
+    files = sorted(fs.find(path)) if fs.isdir(path) else [path]
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.removeprefix(path).encode() + b"\0")
+        with fs.open(name, "rb") as fh:
+            while chunk := fh.read(1 << 23):
+                digest.update(chunk)
+    return digest.hexdigest()
