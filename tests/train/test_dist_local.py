@@ -23,15 +23,16 @@ def _features(b: int, d: int, dtype=torch.float32, seed: int = 0):
     return x, y, a
 
 
+@pytest.mark.parametrize("backend", ["auto", "naive", "torch"])
 @pytest.mark.parametrize("b,d", [(1, 4), (2, 3), (7, 5), (33, 16)])
 @pytest.mark.parametrize("mode", MODES)
-def test_no_group_equals_clip_loss(mode, b, d):
+def test_no_group_equals_clip_loss(mode, b, d, backend):
     assert not D.is_initialized() and D.get_world_size() == 1 and D.get_rank() == 0
     D.LEDGER.reset()
     x, y, a = _features(b, d)
     ref = clip_loss(x.double(), y.double(), a.double())
     want = torch.autograd.grad(ref, (x, y, a))
-    loss = contrastive_loss(x, y, a, mode=mode)
+    loss = contrastive_loss(x, y, a, mode=mode, backend=backend)
     got = torch.autograd.grad(loss, (x, y, a))
     assert loss.dtype == torch.float32 and loss.dim() == 0
     assert abs(loss.item() - ref.item()) <= 1e-5 * (a.item() + 1)
