@@ -64,6 +64,13 @@ def run(num_ranks: int, rank: int, group=None):
     p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
     OpenCLIPLoss(group)(xs, ys, p.exp()).backward()
     out["openclip"] = {"dx": xs.grad, "dy": ys.grad, "dp": p.grad}
+    if num_ranks > 1:  # rank 1 brings one more pair: every rank must refuse, naming the sizes
+        loss, b = FastCLIPLoss("v3", N, group=group, **KW), 2 + (rank == 1)
+        try:
+            loss(x[:b], y[:b], torch.arange(rank * 3, rank * 3 + b), torch.tensor(10.0, dtype=torch.float64))
+            out["unequal"] = None
+        except ValueError as err:
+            out["unequal"] = str(err)
     return out
 
 
@@ -134,6 +141,8 @@ def test_distributed_equals_single_process(tmp_path, num_ranks, local_world):
     for r, res in enumerate(ranks):
         _close(res["openclip"]["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"openclip rank {r} dx")
     _close(sum(res["openclip"]["dp"] for res in ranks) / num_ranks, want["dp"], "openclip dp")
+    for r, res in enumerate(ranks):
+        assert res["unequal"] is not None and "rank 1: [3," in res["unequal"], f"rank {r}: {res['unequal']}"
 
 
 def _single_process(num_ranks: int) -> dict:

@@ -1,39 +1,21 @@
-"""Small indirections FastCLIP builds on: the contrastive LSE kernels, the no-grad all_gather, and an
-autograd node that hands back gradients computed eagerly in the forward pass.
-
-The kernels package is being extended with ``backend=`` dispatch (naive / torch tiles / Triton) and
-``toolkit.core.dist`` with a counted ``all_gather_nograd``; both are picked up here when present, so the
-rest of FastCLIP never imports either directly.
-"""
+"""What FastCLIP builds on: the contrastive LSE kernels, the counted no-grad all_gather, and an
+autograd node that hands back gradients computed eagerly in the forward pass."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-try:  # kernels with backend dispatch (same semantics as the naive contract)
-    from toolkit.kernels import lse_backward as _lse_backward
-    from toolkit.kernels import lse_forward as _lse_forward
-
-    _HAS_BACKENDS = True
-except ImportError:  # only the naive contract exists yet
-    from toolkit.kernels.naive import lse_backward as _lse_backward
-    from toolkit.kernels.naive import lse_forward as _lse_forward
-
-    _HAS_BACKENDS = False
-
-try:
-    from toolkit.core.dist import all_gather_nograd as _core_all_gather_nograd
-except ImportError:
-    _core_all_gather_nograd = None
+from toolkit.core import dist as cdist
+from toolkit.kernels import lse_backward as _lse_backward
+from toolkit.kernels import lse_forward as _lse_forward
 
 
 def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None,
                 compute_row: bool, compute_col: bool, backend: str) -> tuple[Tensor | None, Tensor | None]:
-    """``toolkit.kernels.lse_forward`` (see its docstring); ``backend`` is used once dispatch exists."""
-    kw = {"backend": backend} if _HAS_BACKENDS else {}
+    """``toolkit.kernels.lse_forward`` (see its docstring)."""
     return _lse_forward(x, y, row_scale, col_scale, diag_offset=diag_offset, compute_row=compute_row,
-                        compute_col=compute_col, **kw)
+                        compute_col=compute_col, backend=backend)
 
 
 def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
@@ -41,37 +23,20 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
                  diag_offset: int | None, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``toolkit.kernels.lse_backward``: the LSEs may be any normalisers (FastCLIP passes
     a·s_ii + log(B−1) + log(u_i+ε), so that P_ij = exp(a(s_ij−s_ii)) / ((B−1)(u_i+ε)))."""
-    kw = {"backend": backend} if _HAS_BACKENDS else {}
     return _lse_backward(x, y, row_scale, col_scale, row_lse, col_lse, grad_row, grad_col,
-                         diag_offset=diag_offset, **kw)
+                         diag_offset=diag_offset, backend=backend)
 
 
 def world(group=None) -> tuple[int, int]:
     """(rank, world size) in ``group``; (0, 1) without an initialised process group."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    return 0, 1
+    return cdist.get_rank(group), cdist.get_world_size(group)
 
 
-def all_gather_nograd(t: Tensor, group=None, category: str = "features") -> Tensor:
-    """[b, ...] from every rank of ``group`` -> [K·b, ...] in rank order, without autograd.
-
-    Called by all ranks. Uses ``toolkit.core.dist.all_gather_nograd`` (counted in the communication
-    ledger) when it exists, else ``torch.distributed.all_gather_into_tensor``.
-    """
-    t = t.detach().contiguous()
-    _, k = world(group)
-    if k == 1:
-        return t
-    if _core_all_gather_nograd is not None:
-        return _core_all_gather_nograd(t, group=group, category=category, check_sizes=False)
-    import torch.distributed as dist
-
-    out = torch.empty((k * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_gather_into_tensor(out, t, group=group)
-    return out
+def all_gather_nograd(t: Tensor, group=None, category: str = "features", check_sizes: bool = False) -> Tensor:
+    """[b, ...] from every rank of ``group`` -> [K·b, ...] in rank order, without autograd; counted in
+    the communication ledger. Called by all ranks; ``check_sizes`` refuses unequal batches with an
+    error naming each rank's shape (the first gather of a step checks, later ones reuse that)."""
+    return cdist.all_gather_nograd(t.contiguous(), group=group, category=category, check_sizes=check_sizes)
 
 
 class AttachGrads(torch.autograd.Function):

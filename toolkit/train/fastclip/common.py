@@ -64,7 +64,7 @@ def gather_batch(image_features: Tensor, text_features: Tensor, group) -> Global
     if k > 1:
         dt = torch.promote_types(image_features.dtype, text_features.dtype)  # AMP: gather in bf16/fp16
         both = all_gather_nograd(torch.stack([image_features.detach().to(dt), text_features.detach().to(dt)], 1),
-                                 group)
+                                 group, check_sizes=True)
         xg, yg = both[:, 0].to(acc), both[:, 1].to(acc)
     else:
         xg, yg = x, y
