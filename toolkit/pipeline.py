@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from toolkit.core import io
-from toolkit.core.config import ConfigError, _suggest, build, parse_override, read_yaml, set_path
+from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, suggest
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, read_manifest, up_to_date
 
@@ -104,7 +104,7 @@ class Pipeline:
     def index(self, name: str) -> int:
         names = [s.name for s in self.stages]
         if name not in names:
-            raise ConfigError(self.path, name, "no such stage" + _suggest(name, names))
+            raise ConfigError(self.path, name, "no such stage" + suggest(name, names))
         return names.index(name)
 
 
@@ -129,7 +129,7 @@ def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, 
             return run_dir
         if parts[0] == "vars" and len(parts) == 2:
             if parts[1] not in variables:
-                raise ConfigError(path, key, f"unknown variable ${{{ref}}}" + _suggest(parts[1], list(variables)))
+                raise ConfigError(path, key, f"unknown variable ${{{ref}}}" + suggest(parts[1], list(variables)))
             return variables[parts[1]]
         if parts[0] == "stages" and len(parts) == 4 and parts[2] == "outputs":
             if parts[1] not in earlier:
@@ -148,7 +148,7 @@ def _check_output_key(path: str, key: str, stage: Stage, out_key: str) -> None:
     known = list(kind.outputs) + (list(stage.raw.get("outputs") or {}) if stage.kind == "shell" else [])
     if out_key not in known:
         raise ConfigError(path, key, f"stage {stage.name!r} ({stage.kind}) has no output {out_key!r}"
-                          + _suggest(out_key, known))
+                          + suggest(out_key, known))
 
 
 def load_pipeline(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Pipeline:
@@ -167,7 +167,7 @@ def load_pipeline(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Pip
             raise ConfigError(f"--set {text}", keys[0], "use vars.NAME=V, run_dir=DIR or stages.STAGE.KEY=V")
     for key in data:
         if key not in TOP_KEYS:
-            raise ConfigError(path, key, "unknown key" + _suggest(key, TOP_KEYS))
+            raise ConfigError(path, key, "unknown key" + suggest(key, TOP_KEYS))
     variables = data.get("vars") or {}
     if not isinstance(variables, dict):
         raise ConfigError(path, "vars", "expected a mapping")
@@ -188,7 +188,7 @@ def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, ea
         raise ConfigError(path, where, "expected a mapping with name, kind and config")
     for key in entry:
         if key not in STAGE_KEYS:
-            raise ConfigError(path, f"{where}.{key}", "unknown key" + _suggest(str(key), STAGE_KEYS))
+            raise ConfigError(path, f"{where}.{key}", "unknown key" + suggest(str(key), STAGE_KEYS))
     name, kind = entry.get("name"), entry.get("kind")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(path, f"{where}.name", f"expected a name of letters, digits, '_' or '-', got {name!r}")
@@ -196,7 +196,7 @@ def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, ea
         raise ConfigError(path, f"{where}.name", f"duplicate stage name {name!r}")
     where = f"stages.{name}"
     if kind not in KINDS:
-        raise ConfigError(path, f"{where}.kind", f"unknown stage kind {kind!r}" + _suggest(str(kind), list(KINDS)))
+        raise ConfigError(path, f"{where}.kind", f"unknown stage kind {kind!r}" + suggest(str(kind), list(KINDS)))
     config = entry.get("config") or {}
     if not isinstance(config, dict):
         raise ConfigError(path, f"{where}.config", "expected a mapping")

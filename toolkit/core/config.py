@@ -107,6 +107,11 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
             raise ConfigError(source, key, f"expected a mapping, got {value!r}")
         val_tp = args[1] if len(args) == 2 else Any
         return {str(k): _coerce(val_tp, v, source, f"{key}.{k}") for k, v in value.items()}
+    return _coerce_scalar(tp, value, source, key)
+
+
+def _coerce_scalar(tp: Any, value: Any, source: str, key: str) -> Any:
+    """bool, int, float (also from strings such as '1e-3'), str, Path or any other class."""
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -149,7 +154,7 @@ def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> Non
             raise ConfigError(source, key, f"must be {word} {bound}, got {value!r}")
 
 
-def _suggest(name: str, known: list[str]) -> str:
+def suggest(name: str, known: list[str]) -> str:
     hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}"
 
@@ -162,7 +167,7 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
     for name in data:
         if name not in fields:
             key = f"{prefix}.{name}" if prefix else str(name)
-            raise ConfigError(source, key, "unknown key" + _suggest(str(name), list(fields)))
+            raise ConfigError(source, key, "unknown key" + suggest(str(name), list(fields)))
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
