@@ -9,6 +9,14 @@ from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_st
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
+# Options shared by fetch and shard (both write raw shards through img2dataset's resizer).
+RawOut = Annotated[str | None, typer.Option("--out", help="Output folder (local or fsspec URL) for the raw shards.")]
+CaptionCol = Annotated[str | None, typer.Option(
+    "--caption-col", help="Column with the captions; '' for none (default caption).")]
+RawImageSize = Annotated[int | None, typer.Option("--image-size", help="Target image side in pixels (default 256).")]
+RawResizeMode = Annotated[str | None, typer.Option(
+    "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default border).")]
+
 
 def _reasons(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.get("failed_by_reason", {}).items()) or "none"
@@ -19,19 +27,14 @@ def fetch_cmd(
     urls: Annotated[str | None, typer.Option(
         "--urls", help="URL list: csv, tsv, parquet, jsonl, json or txt (optionally .gz), local or fsspec "
                        "URL, or a folder of them.")] = None,
-    out: Annotated[str | None, typer.Option(
-        "--out", help="Output folder (local or fsspec URL) for the raw shards.")] = None,
+    out: RawOut = None,
     input_format: Annotated[str | None, typer.Option(
         "--input-format", help="URL list format (default: from the extension).")] = None,
     url_col: Annotated[str | None, typer.Option(
         "--url-col", help="Column with the image URLs (default url).")] = None,
-    caption_col: Annotated[str | None, typer.Option(
-        "--caption-col", help="Column with the captions; '' for none (default caption).")] = None,
-    image_size: Annotated[int | None, typer.Option(
-        "--image-size", help="Target image side in pixels (default 256).")] = None,
-    resize_mode: Annotated[str | None, typer.Option(
-        "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default "
-                              "border).")] = None,
+    caption_col: CaptionCol = None,
+    image_size: RawImageSize = None,
+    resize_mode: RawResizeMode = None,
     samples_per_shard: Annotated[int | None, typer.Option(
         "--samples-per-shard", help="URLs per shard, the unit of resume (default 10000).")] = None,
     num_processes: Annotated[int | None, typer.Option(
@@ -79,17 +82,12 @@ def shard_cmd(
     source: Annotated[str | None, typer.Option(
         "--source", help="Folder of images with sidecar .txt captions, or a CSV/TSV of "
                          "path,caption.")] = None,
-    out: Annotated[str | None, typer.Option(
-        "--out", help="Output folder for the raw shards.")] = None,
+    out: RawOut = None,
     path_col: Annotated[str | None, typer.Option(
         "--path-col", help="CSV column with image paths (default path).")] = None,
-    caption_col: Annotated[str | None, typer.Option(
-        "--caption-col", help="CSV column with captions (default caption).")] = None,
-    image_size: Annotated[int | None, typer.Option(
-        "--image-size", help="Target image side in pixels (default 256).")] = None,
-    resize_mode: Annotated[str | None, typer.Option(
-        "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default "
-                              "border).")] = None,
+    caption_col: CaptionCol = None,
+    image_size: RawImageSize = None,
+    resize_mode: RawResizeMode = None,
     samples_per_shard: Annotated[int | None, typer.Option(
         "--samples-per-shard", help="Inputs per shard (default 10000).")] = None,
     num_threads: Annotated[int | None, typer.Option(
