@@ -127,3 +127,25 @@ def test_jsonl_logs_record_stage_output(pipe, tmp_path):
     stage_log = [json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()]
     assert any(r["message"].startswith("$ echo hello") for r in stage_log)
     assert {"time", "level", "logger", "message"} <= set(stage_log[0])
+
+
+def test_changed_input_folder_is_walked_once_and_recorded(tmp_path, monkeypatch):
+    from toolkit.core import stage
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    path = tmp_path / "p.yaml"
+    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: read\n    kind: shell\n    config:\n"
+                    f"      cmd: 'ls {folder} > $STAGE_OUT/ls.txt'\n      inputs: ['{folder}']\n")
+    assert invoke("run", str(path)).exit_code == 0
+    (folder / "b.txt").write_text("b")
+    measured: list[str] = []
+    real = stage._measure
+    monkeypatch.setattr(stage, "_measure", lambda p: measured.append(p) or real(p))
+    result = invoke("run", str(path))
+    assert result.exit_code == 0 and "read: ran" in result.output, result.output
+    assert measured == [str(folder)]  # the up-to-date check's walk is the one the manifest records
+    recorded = manifest(tmp_path, "read")["inputs"]["inputs[0]"]["fingerprint"]
+    assert recorded == stage.fingerprint(str(folder))
+    assert "read: skipped" in invoke("run", str(path)).output

@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from toolkit import __version__
@@ -29,6 +30,8 @@ from toolkit.core.log import get_logger, jsonl_log
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
 MAX_FINGERPRINT_FILES = 100_000
+# Path -> fingerprint inside a ``fingerprints_once()`` block (None outside one: always measure).
+_MEASURED: ContextVar[dict[str, str] | None] = ContextVar("toolkit_fingerprints", default=None)
 
 
 @dataclasses.dataclass
@@ -47,8 +50,32 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+@contextmanager
+def fingerprints_once() -> Iterator[None]:
+    """Measure each path's fingerprint at most once inside the block.
+
+    The pipeline wraps one stage's up-to-date check and its run in this, so the inputs that
+    :func:`up_to_date` measured are what :class:`StageRecorder` records, without walking a large
+    input folder a second time. Keep a block to one stage: an earlier stage may change a later one's inputs.
+    """
+    token = _MEASURED.set({})
+    try:
+        yield
+    finally:
+        _MEASURED.reset(token)
+
+
 def fingerprint(path: str) -> str:
     """A string that changes when the data at ``path`` changes (missing paths give 'missing')."""
+    measured = _MEASURED.get()
+    if measured is None:
+        return _measure(path)
+    if path not in measured:
+        measured[path] = _measure(path)
+    return measured[path]
+
+
+def _measure(path: str) -> str:
     if not io.exists(path):
         return "missing"
     manifest = io.join(path, MANIFEST)
