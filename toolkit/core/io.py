@@ -45,24 +45,29 @@ def join(base: str, *parts: str) -> str:
     return "/".join([str(base).rstrip("/"), *[p.strip("/") for p in parts]])
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write ``text`` so that readers never see a half-written file (temp file + rename locally)."""
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` so that readers never see a half-written file (temp file + rename locally)."""
     if not is_local(path):
-        with fsspec.open(path, "w") as fh:  # object stores publish whole objects on close
-            fh.write(text)
+        with fsspec.open(path, "wb") as fh:  # object stores publish whole objects on close
+            fh.write(data)
         return
     target = Path(local_path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """UTF-8 ``text`` written like :func:`write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str, data: Any) -> None:
