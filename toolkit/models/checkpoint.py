@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from toolkit.models.registry import config_image_size
+
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
 # Weight files accepted for ``--weights`` and inside a checkpoint directory (open_clip reads all of them).
@@ -34,12 +36,6 @@ PREFERRED_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.saf
 
 class CheckpointError(FileNotFoundError):
     """A checkpoint directory or weights file is missing or unreadable; the message names the file."""
-
-
-def config_image_size(model_cfg: dict[str, Any]) -> int:
-    """Square input resolution (pixels) of an open_clip model config's image tower."""
-    size = model_cfg.get("vision_cfg", {}).get("image_size", 224)
-    return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
 def default_preprocess_cfg(model_cfg: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,13 @@ from typing import Any
 
 from toolkit.core.log import get_logger
 from toolkit.models import checkpoint as ckpt
-from toolkit.models.registry import model_config
+from toolkit.models.registry import (
+    config_context_length,
+    config_image_size,
+    config_tokenizer,
+    model_config,
+    tokenizer,
+)
 
 PRECISIONS = ("fp32", "bf16", "fp16", "pure_bf16", "pure_fp16")
 LOCAL_DIR_PREFIX = "local-dir:"
@@ -124,19 +130,7 @@ def to_device_precision(model: Any, device: str, precision: str, is_timm: bool =
 
 def make_tokenizer(model_cfg: dict[str, Any], source: str = "") -> Callable[[list[str]], Any]:
     """open_clip's tokenizer for ``source`` (name or local-dir:), else one built from ``model_cfg``."""
-    import open_clip
-
-    from toolkit.models.registry import register_builtin_configs
-
-    if source:
-        register_builtin_configs()
-        return open_clip.get_tokenizer(source)
-    text_cfg = model_cfg.get("text_cfg", {})
-    context_length = int(text_cfg.get("context_length", 77))
-    if text_cfg.get("hf_tokenizer_name"):
-        return open_clip.tokenizer.HFTokenizer(text_cfg["hf_tokenizer_name"], context_length=context_length,
-                                               **text_cfg.get("tokenizer_kwargs", {}))
-    return open_clip.SimpleTokenizer(context_length=context_length)
+    return tokenizer(source) if source else config_tokenizer(model_cfg)
 
 
 def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", precision: str = "fp32",
@@ -167,8 +161,8 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
                                               for k, v in resolved.preprocess_cfg.items()})
     return LoadedModel(
         model=model, tokenizer=make_tokenizer(resolved.model_cfg, resolved.tokenizer_source),
-        image_size=ckpt.config_image_size(resolved.model_cfg),
+        image_size=config_image_size(resolved.model_cfg),
         preprocess=open_clip.transform.image_transform_v2(pp, is_train=False),
         model_cfg=resolved.model_cfg, preprocess_cfg=resolved.preprocess_cfg, name=resolved.name,
         weights=str(resolved.weights) if resolved.weights else None,
-        context_length=int(resolved.model_cfg.get("text_cfg", {}).get("context_length", 77)))
+        context_length=config_context_length(resolved.model_cfg))
