@@ -9,6 +9,7 @@ Nothing is ever downloaded: pretrained tags are not accepted, and HF/timm tower 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,7 +92,7 @@ def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
     of ``precision`` only changes which dtype the towers compute in). Tower weights are never fetched."""
     import open_clip
 
-    cfg = json_copy(model_cfg)
+    cfg = copy.deepcopy(model_cfg)  # the caller's config stays as given (it is saved with checkpoints)
     vision_cfg, text_cfg = cfg.setdefault("vision_cfg", {}), cfg.setdefault("text_cfg", {})
     if "timm_model_name" in vision_cfg:
         vision_cfg["timm_model_pretrained"] = False  # would download ImageNet weights
@@ -102,12 +103,6 @@ def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
         raise ValueError("CoCa (captioning) configs are not supported by cliptk; use a CLIP config")
     cls = open_clip.CustomTextCLIP if custom_text else open_clip.CLIP
     return cls(**cfg, cast_dtype=open_clip.get_cast_dtype(precision))
-
-
-def json_copy(data: dict[str, Any]) -> dict[str, Any]:
-    import copy
-
-    return copy.deepcopy(data)
 
 
 def to_device_precision(model: Any, device: str, precision: str, is_timm: bool = False) -> Any:
