@@ -62,7 +62,7 @@ def collect(cfg: BuildSetConfig) -> sources.EvalSamples:
     elif cfg.source == "csv":
         found = sources.from_csv(cfg.input, cfg.task, cfg.image_column, cfg.label_column, cfg.caption_column, names)
     elif cfg.source == "fashion-mnist":
-        found = sources.from_fashion_mnist(cfg.input, cfg.split)
+        found = sources.from_fashion_mnist(cfg.input, cfg.split, cfg.limit)  # encodes only what is kept
     else:
         found = sources.from_openmoji(cfg.input, cfg.task)
     if names and cfg.source in ("fashion-mnist", "openmoji"):
