@@ -8,7 +8,6 @@ drawings that ``toolkit data demo`` writes). The output directory ``out`` is one
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -80,21 +79,17 @@ def write_shards(found: sources.EvalSamples, out: Path, limit: int, max_per_shar
     """Write ``out/test/{0..n-1}.tar`` + nshards.txt into a temp folder renamed into place; returns n samples."""
     import webdataset as wds
 
-    tmp = out / f".{SPLIT}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     selected = list(sources.iter_limited(found.samples, limit))
     num_shards = -(-len(selected) // max_per_shard)
-    for shard in range(num_shards):
-        with wds.TarWriter(str(tmp / f"{shard}.tar")) as sink:
-            chunk = selected[shard * max_per_shard:(shard + 1) * max_per_shard]
-            for i, (data, ext, target) in enumerate(progress(chunk, desc=f"shard {shard}", unit="sample")):
-                key = f"s{shard * max_per_shard + i:07d}"
-                label = {"txt": "\n".join(target)} if found.kind == "retrieval" else {"cls": str(target)}
-                sink.write({"__key__": key, ext: data, **label})
-    (tmp / "nshards.txt").write_text(f"{num_shards}\n")
-    shutil.rmtree(out / SPLIT, ignore_errors=True)
-    tmp.rename(out / SPLIT)
+    with io.replacing_dir(out / SPLIT) as tmp:
+        for shard in range(num_shards):
+            with wds.TarWriter(str(tmp / f"{shard}.tar")) as sink:
+                chunk = selected[shard * max_per_shard:(shard + 1) * max_per_shard]
+                for i, (data, ext, target) in enumerate(progress(chunk, desc=f"shard {shard}", unit="sample")):
+                    key = f"s{shard * max_per_shard + i:07d}"
+                    label = {"txt": "\n".join(target)} if found.kind == "retrieval" else {"cls": str(target)}
+                    sink.write({"__key__": key, ext: data, **label})
+        (tmp / "nshards.txt").write_text(f"{num_shards}\n")
     return len(selected)
 
 
