@@ -13,7 +13,6 @@ import gzip
 import io as _io
 import re
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,8 +218,3 @@ def from_openmoji(demo_dir: str, kind: str) -> EvalSamples:
             continue
         out.samples.append((*read_image(csv_path.parent / row["path"], f"{csv_path}: row {i + 2}"), index[slug]))
     return out
-
-
-def iter_limited(samples: list[Any], limit: int) -> Iterator[Any]:
-    """The first ``limit`` samples (all when 0)."""
-    yield from (samples[:limit] if limit else samples)
