@@ -78,14 +78,10 @@ def fingerprint(path: str) -> str:
 def _measure(path: str) -> str:
     if not io.exists(path):
         return "missing"
-    manifest = io.join(path, MANIFEST)
-    if io.exists(manifest):
-        try:
-            m = io.read_json(manifest)
-            key = [m.get("config_hash"), m.get("finished_at"), m.get("outputs")]
-            return "manifest:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        except (OSError, ValueError):
-            pass
+    m = read_manifest(path)  # a stage's output folder: its manifest says when it changed
+    if m is not None:
+        key = [m.get("config_hash"), m.get("finished_at"), m.get("outputs")]
+        return "manifest:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     if not io.is_local(path):
         import fsspec
 
