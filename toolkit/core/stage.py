@@ -57,6 +57,8 @@ def fingerprints_once() -> Iterator[None]:
     The pipeline wraps one stage's up-to-date check and its run in this, so the inputs that
     :func:`up_to_date` measured are what :class:`StageRecorder` records, without walking a large
     input folder a second time. Keep a block to one stage: an earlier stage may change a later one's inputs.
+    :func:`stage_run` forgets the measurements once its recorder has them, so a stage run nested in
+    another one measures afresh.
     """
     token = _MEASURED.set({})
     try:
@@ -164,6 +166,9 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     io.makedirs(out)
     io.write_text_atomic(io.join(out, "config.yaml"), dump_yaml(cfg))
     rec = StageRecorder(kind, cfg, out)
+    measured = _MEASURED.get()
+    if measured is not None:  # the check's measurements served this recorder; the body may change inputs
+        measured.clear()
     rec.write()
     start = time.monotonic()
     log_path = io.join(out, "log.jsonl")
