@@ -91,6 +91,16 @@ def test_from_only_and_dry_run(pipe, tmp_path):
     assert result.exit_code == 2 and "did you mean 'make'" in result.output
 
 
+def test_dry_run_before_the_first_run_plans_every_stage(pipe, tmp_path):
+    dry = invoke("run", str(pipe), "--dry-run")
+    assert dry.exit_code == 0, dry.output  # 'use' reads outputs 'make' has not written yet
+    assert "make: run: no manifest" in dry.output and "use: run: after make" in dry.output
+    assert lines(tmp_path / "make_calls.txt") == [] and not (tmp_path / "run" / "make" / "manifest.json").exists()
+    assert invoke("run", str(pipe)).exit_code == 0
+    changed = invoke("run", str(pipe), "--dry-run", "--set", "vars.greeting=bye")
+    assert "make: run: config changed" in changed.output and "use: run: after make" in changed.output
+
+
 @pytest.mark.parametrize(("old", "new", "words"), [
     ("      inputs:", "      inptus:", "stages.use.config.inptus: unknown key; did you mean 'inputs'"),
     ("kind: shell\n    config:\n      cmd: '[", "kind: shel\n    config:\n      cmd: '[", "unknown stage kind 'shel'"),

@@ -269,12 +269,21 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
     stages, forced = select(pipe, start, only)
     results: dict[str, dict[str, str]] = {}
     report: list[tuple[str, str, StageResult | None]] = []
+    planned: set[str] = set()  # dry run: stages that would run, so their new outputs are unknown
     io.makedirs(pipe.run_dir)
     with jsonl_log(io.join(pipe.run_dir, "pipeline.log.jsonl")):
         for stage in stages:
+            if stage.refs & planned:  # only in a dry run: its config needs outputs that do not exist yet
+                action = "run (forced)" if forced else "run: after " + ", ".join(sorted(stage.refs & planned))
+                get_logger("pipeline").info("%-16s %-16s %s", stage.name, stage.kind, action)
+                report.append((stage.name, action, None))
+                planned.add(stage.name)
+                continue
             cfg = resolve_stage(pipe, stage, results)
             with fingerprints_once():  # the run records the input fingerprints the check measured
                 action, result, results[stage.name] = _step(stage, cfg, forced, dry_run)
+            if dry_run and not action.startswith("skip"):
+                planned.add(stage.name)
             report.append((stage.name, action, result))
     io.write_text_atomic(io.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
         {"name": pipe.name, "run_dir": pipe.run_dir,
