@@ -43,7 +43,6 @@ class StageResult:
     counts: dict[str, Any]
     config_hash: str
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
-    skipped: bool = False
 
 
 def _now() -> str:
