@@ -91,6 +91,16 @@ def test_from_only_and_dry_run(pipe, tmp_path):
     assert result.exit_code == 2 and "did you mean 'make'" in result.output
 
 
+def test_dry_run_before_the_first_run_plans_every_stage(pipe, tmp_path):
+    dry = invoke("run", str(pipe), "--dry-run")
+    assert dry.exit_code == 0, dry.output  # 'use' reads outputs 'make' has not written yet
+    assert "make: run: no manifest" in dry.output and "use: run: after make" in dry.output
+    assert lines(tmp_path / "make_calls.txt") == [] and not (tmp_path / "run" / "make" / "manifest.json").exists()
+    assert invoke("run", str(pipe)).exit_code == 0
+    changed = invoke("run", str(pipe), "--dry-run", "--set", "vars.greeting=bye")
+    assert "make: run: config changed" in changed.output and "use: run: after make" in changed.output
+
+
 @pytest.mark.parametrize(("old", "new", "words"), [
     ("      inputs:", "      inptus:", "stages.use.config.inptus: unknown key; did you mean 'inputs'"),
     ("kind: shell\n    config:\n      cmd: '[", "kind: shel\n    config:\n      cmd: '[", "unknown stage kind 'shel'"),
@@ -127,3 +137,25 @@ def test_jsonl_logs_record_stage_output(pipe, tmp_path):
     stage_log = [json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()]
     assert any(r["message"].startswith("$ echo hello") for r in stage_log)
     assert {"time", "level", "logger", "message"} <= set(stage_log[0])
+
+
+def test_changed_input_folder_is_walked_once_and_recorded(tmp_path, monkeypatch):
+    from toolkit.core import stage
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    path = tmp_path / "p.yaml"
+    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: read\n    kind: shell\n    config:\n"
+                    f"      cmd: 'ls {folder} > $STAGE_OUT/ls.txt'\n      inputs: ['{folder}']\n")
+    assert invoke("run", str(path)).exit_code == 0
+    (folder / "b.txt").write_text("b")
+    measured: list[str] = []
+    real = stage._measure
+    monkeypatch.setattr(stage, "_measure", lambda p: measured.append(p) or real(p))
+    result = invoke("run", str(path))
+    assert result.exit_code == 0 and "read: ran" in result.output, result.output
+    assert measured == [str(folder)]  # the up-to-date check's walk is the one the manifest records
+    recorded = manifest(tmp_path, "read")["inputs"]["inputs[0]"]["fingerprint"]
+    assert recorded == stage.fingerprint(str(folder))
+    assert "read: skipped" in invoke("run", str(path)).output

@@ -30,7 +30,7 @@ import yaml
 from toolkit.core import io
 from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, suggest
 from toolkit.core.log import get_logger, jsonl_log
-from toolkit.core.stage import StageResult, read_manifest, up_to_date
+from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
 
 
 @dataclass(frozen=True)
@@ -241,39 +241,50 @@ def select(pipe: Pipeline, start: str | None = None, only: str | None = None) ->
     return pipe.stages, False
 
 
+def _step(stage: Stage, cfg: Any, forced: bool, dry_run: bool) -> tuple[str, StageResult | None, dict[str, str]]:
+    """Check one stage and run it unless it is up to date (or ``dry_run``): (action, result, its outputs)."""
+    log = get_logger("pipeline")
+    fresh, why = up_to_date(stage.kind, cfg, cfg.out)
+    action = "run (forced)" if forced else ("skip: " + why if fresh else "run: " + why)
+    if dry_run or (fresh and not forced):
+        if dry_run:
+            log.info("%-16s %-16s %s", stage.name, stage.kind, action)
+        else:
+            log.info("stage %s (%s): skipped, %s", stage.name, stage.kind, why)
+        return action if dry_run else "skipped", None, (read_manifest(cfg.out) or {}).get("outputs") or {}
+    log.info("stage %s (%s): running (%s)", stage.name, stage.kind, action)
+    try:
+        result = KINDS[stage.kind].load("run")(cfg)
+    except Exception as err:
+        raise PipelineError(stage.name, f"{type(err).__name__}: {err}") from err
+    return "ran", result, result.outputs
+
+
 def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None = None,
                  dry_run: bool = False) -> list[tuple[str, str, StageResult | None]]:
     """Run (or plan, with ``dry_run``) the selected stages in order; returns (name, action, result).
 
     Raises :class:`PipelineError` at the first failing stage; finished stages' outputs stay.
     """
-    log = get_logger("pipeline")
     stages, forced = select(pipe, start, only)
     results: dict[str, dict[str, str]] = {}
     report: list[tuple[str, str, StageResult | None]] = []
+    planned: set[str] = set()  # dry run: stages that would run, so their new outputs are unknown
     io.makedirs(pipe.run_dir)
     with jsonl_log(io.join(pipe.run_dir, "pipeline.log.jsonl")):
         for stage in stages:
-            cfg = resolve_stage(pipe, stage, results)
-            fresh, why = up_to_date(stage.kind, cfg, cfg.out)
-            action = "run (forced)" if forced else ("skip: " + why if fresh else "run: " + why)
-            if dry_run:
-                log.info("%-16s %-16s %s", stage.name, stage.kind, action)
+            if stage.refs & planned:  # only in a dry run: its config needs outputs that do not exist yet
+                action = "run (forced)" if forced else "run: after " + ", ".join(sorted(stage.refs & planned))
+                get_logger("pipeline").info("%-16s %-16s %s", stage.name, stage.kind, action)
                 report.append((stage.name, action, None))
-                results[stage.name] = (read_manifest(cfg.out) or {}).get("outputs") or {}
+                planned.add(stage.name)
                 continue
-            if fresh and not forced:
-                log.info("stage %s (%s): skipped, %s", stage.name, stage.kind, why)
-                results[stage.name] = (read_manifest(cfg.out) or {}).get("outputs") or {}
-                report.append((stage.name, "skipped", None))
-                continue
-            log.info("stage %s (%s): running (%s)", stage.name, stage.kind, action)
-            try:
-                result = KINDS[stage.kind].load("run")(cfg)
-            except Exception as err:
-                raise PipelineError(stage.name, f"{type(err).__name__}: {err}") from err
-            results[stage.name] = result.outputs
-            report.append((stage.name, "ran", result))
+            cfg = resolve_stage(pipe, stage, results)
+            with fingerprints_once():  # the run records the input fingerprints the check measured
+                action, result, results[stage.name] = _step(stage, cfg, forced, dry_run)
+            if dry_run and not action.startswith("skip"):
+                planned.add(stage.name)
+            report.append((stage.name, action, result))
     io.write_text_atomic(io.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
         {"name": pipe.name, "run_dir": pipe.run_dir,
          "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages]}, sort_keys=False))

@@ -109,6 +109,7 @@ def test_fashion_mnist_real_files(tmp_path):
     s = open_eval_set(tmp_path, "fashion-mnist")
     assert s.num_samples == 50 and len(s.classnames) == 10 and s.classnames[9] == "ankle boot"
     assert sum(result.details["per_class"].values()) == 50 and len(result.details["per_class"]) == 10
+    assert result.counts["num_read"] == 50  # only the kept images are decoded and encoded
     with tarfile.open(s.shards[0]) as tar:
         img = Image.open(tar.extractfile("s0000000.png"))
         assert img.size == (28, 28) and img.mode == "L"

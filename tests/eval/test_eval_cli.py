@@ -55,6 +55,20 @@ def test_zeroshot_cli_on_checkpoint(workspace):
     assert set(manifest["outputs"]) >= {"results", "report"}
 
 
+def test_zeroshot_cli_writes_to_an_fsspec_url(workspace):
+    import fsspec
+
+    out = "memory://cliptk-eval-cli/run"
+    result = CliRunner().invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets", "six",
+                                      "--root", str(workspace / "sets"), "--set", f"out={out}",
+                                      "--batch-size", "4", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "| six | 9 |" in result.output and f"results: {out}/results.json" in result.output
+    fs = fsspec.filesystem("memory")
+    assert fs.cat(f"{out}/results.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(fs.cat(f"{out}/manifest.json"))["status"] == "done"
+
+
 def test_zeroshot_cli_errors(workspace):
     runner = CliRunner()
     result = runner.invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets", "six,nope",

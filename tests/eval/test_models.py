@@ -110,6 +110,12 @@ def test_config_json_spec(tiny_dir, tmp_path):
     cfg.write_text((tiny_dir / CONFIG_NAME).read_text())  # {"model_cfg": ...} is accepted as well
     loaded = load_model(str(cfg), weights=str(tiny_dir / WEIGHTS_NAME))
     assert loaded.name == "my-model" and loaded.image_size == 32
+    # The registry's name-level helpers (used by precompute) agree with the loaded model.
+    from toolkit.models import context_length, image_size, tokenizer
+
+    assert image_size(str(cfg)) == loaded.image_size and context_length(str(cfg)) == loaded.context_length
+    captions = ["a dog", "an odd caption of nine words to tokenize here"]
+    assert torch.equal(tokenizer(str(cfg))(captions), loaded.tokenizer(captions))
 
 
 def test_errors_name_the_missing_file(tiny_dir, tmp_path):

@@ -33,7 +33,7 @@ def load_cli_config(cls: type[T], config: Path | None, overrides: list[str] | No
     from toolkit.core.config import ConfigError, load_config
 
     try:
-        return load_config(cls, config, overrides or [], {k: v for k, v in explicit.items() if v is not None})
+        return load_config(cls, config, overrides or [], explicit)  # it ignores options left at None
     except ConfigError as err:
         fail(str(err))
         raise  # unreachable; keeps type checkers happy

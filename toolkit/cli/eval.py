@@ -43,7 +43,10 @@ def zeroshot(
                           weights=str(weights) if weights else None, batch_size=batch_size, num_workers=workers,
                           device=device, amp=amp, precision=precision)
     result = run_stage(run, cfg)
-    typer.echo(Path(result.outputs["report"]).read_text())
+    from toolkit.core import io
+
+    with io.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL (--set out=s3://...)
+        typer.echo(fh.read())
     typer.echo(f"results: {result.outputs['results']}\nchart:   {result.outputs['chart']}")
 
 

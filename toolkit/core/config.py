@@ -55,11 +55,6 @@ def option(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> one-line doc, for help texts."""
-    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
-
-
 # ---------------------------------------------------------------- building and validation
 
 

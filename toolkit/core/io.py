@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +49,18 @@ def join(base: str, *parts: str) -> str:
     return "/".join([str(base).rstrip("/"), *[p.strip("/") for p in parts]])
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write ``text`` so that readers never see a half-written file (temp file + rename locally)."""
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` so that readers never see a half-written file (temp file + rename locally)."""
     if not is_local(path):
-        with fsspec.open(path, "w") as fh:  # object stores publish whole objects on close
-            fh.write(text)
+        with fsspec.open(path, "wb") as fh:  # object stores publish whole objects on close
+            fh.write(data)
         return
     target = Path(local_path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -65,8 +69,38 @@ def write_text_atomic(path: str, text: str) -> None:
         raise
 
 
+def write_text_atomic(path: str, text: str) -> None:
+    """UTF-8 ``text`` written like :func:`write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
 def write_json_atomic(path: str, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+@contextmanager
+def replacing_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new empty sibling folder of local directory ``path`` to fill; when the block ends without
+    an error it replaces ``path`` as a whole (an old ``path`` is renamed aside first, then deleted), and
+    when it fails it is removed and ``path`` stays as it was. Readers see the old folder or the new one.
+    """
+    target = Path(local_path(str(path)))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # unique per writer; mkdir (not mkdtemp) keeps the umask
+    tmp = target.parent / f".{target.name}.tmp-{tag}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{tag}"
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def read_json(path: str) -> Any:

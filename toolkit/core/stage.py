@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from toolkit import __version__
@@ -29,6 +30,8 @@ from toolkit.core.log import get_logger, jsonl_log
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
 MAX_FINGERPRINT_FILES = 100_000
+# Path -> fingerprint inside a ``fingerprints_once()`` block (None outside one: always measure).
+_MEASURED: ContextVar[dict[str, str] | None] = ContextVar("toolkit_fingerprints", default=None)
 
 
 @dataclasses.dataclass
@@ -40,25 +43,46 @@ class StageResult:
     counts: dict[str, Any]
     config_hash: str
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
-    skipped: bool = False
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+@contextmanager
+def fingerprints_once() -> Iterator[None]:
+    """Measure each path's fingerprint at most once inside the block.
+
+    The pipeline wraps one stage's up-to-date check and its run in this, so the inputs that
+    :func:`up_to_date` measured are what :class:`StageRecorder` records, without walking a large
+    input folder a second time. Keep a block to one stage: an earlier stage may change a later one's inputs.
+    :func:`stage_run` forgets the measurements once its recorder has them, so a stage run nested in
+    another one measures afresh.
+    """
+    token = _MEASURED.set({})
+    try:
+        yield
+    finally:
+        _MEASURED.reset(token)
+
+
 def fingerprint(path: str) -> str:
     """A string that changes when the data at ``path`` changes (missing paths give 'missing')."""
+    measured = _MEASURED.get()
+    if measured is None:
+        return _measure(path)
+    if path not in measured:
+        measured[path] = _measure(path)
+    return measured[path]
+
+
+def _measure(path: str) -> str:
     if not io.exists(path):
         return "missing"
-    manifest = io.join(path, MANIFEST)
-    if io.exists(manifest):
-        try:
-            m = io.read_json(manifest)
-            key = [m.get("config_hash"), m.get("finished_at"), m.get("outputs")]
-            return "manifest:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-        except (OSError, ValueError):
-            pass
+    m = read_manifest(path)  # a stage's output folder: its manifest says when it changed
+    if m is not None:
+        key = [m.get("config_hash"), m.get("finished_at"), m.get("outputs")]
+        return "manifest:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     if not io.is_local(path):
         import fsspec
 
@@ -141,6 +165,9 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     io.makedirs(out)
     io.write_text_atomic(io.join(out, "config.yaml"), dump_yaml(cfg))
     rec = StageRecorder(kind, cfg, out)
+    measured = _MEASURED.get()
+    if measured is not None:  # the check's measurements served this recorder; the body may change inputs
+        measured.clear()
     rec.write()
     start = time.monotonic()
     log_path = io.join(out, "log.jsonl")

@@ -8,10 +8,9 @@ drawings that ``toolkit data demo`` writes). The output directory ``out`` is one
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from toolkit.core import io
 from toolkit.core.config import option
@@ -62,7 +61,7 @@ def collect(cfg: BuildSetConfig) -> sources.EvalSamples:
     elif cfg.source == "csv":
         found = sources.from_csv(cfg.input, cfg.task, cfg.image_column, cfg.label_column, cfg.caption_column, names)
     elif cfg.source == "fashion-mnist":
-        found = sources.from_fashion_mnist(cfg.input, cfg.split)
+        found = sources.from_fashion_mnist(cfg.input, cfg.split, cfg.limit)  # encodes only what is kept
     else:
         found = sources.from_openmoji(cfg.input, cfg.task)
     if names and cfg.source in ("fashion-mnist", "openmoji"):
@@ -76,26 +75,20 @@ def collect(cfg: BuildSetConfig) -> sources.EvalSamples:
     return found
 
 
-def write_shards(found: sources.EvalSamples, out: Path, limit: int, max_per_shard: int) -> int:
-    """Write ``out/test/{0..n-1}.tar`` + nshards.txt into a temp folder renamed into place; returns n samples."""
+def write_shards(kind: str, samples: list[tuple[bytes, str, Any]], out: Path, max_per_shard: int) -> None:
+    """Write ``out/test/{0..n-1}.tar`` + nshards.txt into a temp folder renamed into place."""
     import webdataset as wds
 
-    tmp = out / f".{SPLIT}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    selected = list(sources.iter_limited(found.samples, limit))
-    num_shards = -(-len(selected) // max_per_shard)
-    for shard in range(num_shards):
-        with wds.TarWriter(str(tmp / f"{shard}.tar")) as sink:
-            chunk = selected[shard * max_per_shard:(shard + 1) * max_per_shard]
-            for i, (data, ext, target) in enumerate(progress(chunk, desc=f"shard {shard}", unit="sample")):
-                key = f"s{shard * max_per_shard + i:07d}"
-                label = {"txt": "\n".join(target)} if found.kind == "retrieval" else {"cls": str(target)}
-                sink.write({"__key__": key, ext: data, **label})
-    (tmp / "nshards.txt").write_text(f"{num_shards}\n")
-    shutil.rmtree(out / SPLIT, ignore_errors=True)
-    tmp.rename(out / SPLIT)
-    return len(selected)
+    num_shards = -(-len(samples) // max_per_shard)
+    with io.replacing_dir(out / SPLIT) as tmp:
+        for shard in range(num_shards):
+            with wds.TarWriter(str(tmp / f"{shard}.tar")) as sink:
+                chunk = samples[shard * max_per_shard:(shard + 1) * max_per_shard]
+                for i, (data, ext, target) in enumerate(progress(chunk, desc=f"shard {shard}", unit="sample")):
+                    key = f"s{shard * max_per_shard + i:07d}"
+                    label = {"txt": "\n".join(target)} if kind == "retrieval" else {"cls": str(target)}
+                    sink.write({"__key__": key, ext: data, **label})
+        (tmp / "nshards.txt").write_text(f"{num_shards}\n")
 
 
 def write_metadata(found: sources.EvalSamples, out: Path) -> None:
@@ -121,8 +114,10 @@ def run(cfg: BuildSetConfig) -> StageResult:
         if not found.samples:
             raise DatasetError(f"{cfg.input}: no samples found")
         out = Path(io.local_path(cfg.out))
+        kept = found.samples[:cfg.limit] if cfg.limit else found.samples
+        num = len(kept)
         write_metadata(found, out)
-        num = write_shards(found, out, cfg.limit, cfg.max_per_shard)
+        write_shards(found.kind, kept, out, cfg.max_per_shard)
         eval_set = open_eval_set(out.parent, out.name)
         for reason, count in found.left_out.items():
             log.warning("%s: left out %d row(s): %s", cfg.input, count, reason)
@@ -131,7 +126,7 @@ def run(cfg: BuildSetConfig) -> StageResult:
                           left_out=dict(found.left_out), num_read=len(found.samples))
         if found.kind == "classification":
             per_class = [0] * len(found.classnames)
-            for _, _, label in sources.iter_limited(found.samples, cfg.limit):
+            for _, _, label in kept:
                 per_class[label] += 1
             rec.details["per_class"] = dict(zip(found.classnames, per_class, strict=True))
         rec.details.update(task=found.kind, classnames=found.classnames, templates=found.templates)

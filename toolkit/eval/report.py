@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import io as _io
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 from toolkit.core import io
@@ -151,10 +149,4 @@ def bar_chart(data: dict[str, Any], path: str) -> None:
     draw.line([label_w, top - 2, label_w, top + row_h * len(bars)], fill="black")
     buf = _io.BytesIO()
     img.save(buf, format="PNG")
-    if not io.is_local(path):
-        with io.open_file(path, "wb") as fh:
-            fh.write(buf.getvalue())
-        return
-    tmp = Path(io.local_path(path) + ".tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, io.local_path(path))
+    io.write_bytes_atomic(path, buf.getvalue())

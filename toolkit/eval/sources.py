@@ -13,7 +13,6 @@ import gzip
 import io as _io
 import re
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +165,10 @@ def _read_idx(path: Path, magic: int) -> tuple[tuple[int, ...], bytes]:
     return header[1:], data[4 + 4 * ndim:]
 
 
-def from_fashion_mnist(root: str, split: str = "test") -> EvalSamples:
-    """Fashion-MNIST (Debian package ``dataset-fashion-mnist``) as 28x28 grayscale PNGs, 10 classes."""
+def from_fashion_mnist(root: str, split: str = "test", limit: int = 0) -> EvalSamples:
+    """Fashion-MNIST (Debian package ``dataset-fashion-mnist``) as 28x28 grayscale PNGs, 10 classes.
+
+    Only the first ``limit`` images (all when 0) are PNG-encoded: the train split has 60,000."""
     from PIL import Image
 
     base = Path(root or FASHION_MNIST_DIR)
@@ -182,7 +183,7 @@ def from_fashion_mnist(root: str, split: str = "test") -> EvalSamples:
         raise DatasetError(f"{image_file}: {num} images but {label_file} has {num_labels} labels")
     out = EvalSamples("classification", [], list(FASHION_MNIST_CLASSES), list(FASHION_MNIST_TEMPLATES))
     size = rows * cols
-    for i in range(num):
+    for i in range(min(num, limit) if limit else num):
         buf = _io.BytesIO()
         Image.frombytes("L", (cols, rows), pixels[i * size:(i + 1) * size]).save(buf, format="PNG")
         out.samples.append((buf.getvalue(), "png", int(labels[i])))
@@ -217,8 +218,3 @@ def from_openmoji(demo_dir: str, kind: str) -> EvalSamples:
             continue
         out.samples.append((*read_image(csv_path.parent / row["path"], f"{csv_path}: row {i + 2}"), index[slug]))
     return out
-
-
-def iter_limited(samples: list[Any], limit: int) -> Iterator[Any]:
-    """The first ``limit`` samples (all when 0)."""
-    yield from (samples[:limit] if limit else samples)

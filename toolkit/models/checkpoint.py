@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from toolkit.core import io
+from toolkit.models.registry import config_image_size
 
 CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
@@ -34,12 +35,6 @@ PREFERRED_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.saf
 
 class CheckpointError(FileNotFoundError):
     """A checkpoint directory or weights file is missing or unreadable; the message names the file."""
-
-
-def config_image_size(model_cfg: dict[str, Any]) -> int:
-    """Square input resolution (pixels) of an open_clip model config's image tower."""
-    size = model_cfg.get("vision_cfg", {}).get("image_size", 224)
-    return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
 def default_preprocess_cfg(model_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -91,36 +86,19 @@ def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike
     from safetensors.torch import save_file
 
     target = Path(out_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
     if preprocess_cfg is None:
         preprocess_cfg = {**default_preprocess_cfg(model_cfg), **(get_model_preprocess_cfg(unwrap_model(model)) or {})}
     config = {"model_cfg": model_cfg, "preprocess_cfg": _plain(preprocess_cfg)}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with io.replacing_dir(target) as tmp:
         save_file(state_dict_for_saving(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         if write_extra is not None:
             write_extra(tmp)
-        _replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
 def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, tuple) else str(v)))
-
-
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Rename ``tmp`` to ``target``; an old ``target`` is moved aside first and deleted after."""
-    if not target.exists():
-        os.replace(tmp, target)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.replace(target, old / target.name)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:

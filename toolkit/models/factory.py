@@ -9,6 +9,7 @@ Nothing is ever downloaded: pretrained tags are not accepted, and HF/timm tower 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,13 @@ from typing import Any
 
 from toolkit.core.log import get_logger
 from toolkit.models import checkpoint as ckpt
-from toolkit.models.registry import model_config
+from toolkit.models.registry import (
+    config_context_length,
+    config_image_size,
+    config_tokenizer,
+    model_config,
+    tokenizer,
+)
 
 PRECISIONS = ("fp32", "bf16", "fp16", "pure_bf16", "pure_fp16")
 LOCAL_DIR_PREFIX = "local-dir:"
@@ -85,7 +92,7 @@ def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
     of ``precision`` only changes which dtype the towers compute in). Tower weights are never fetched."""
     import open_clip
 
-    cfg = json_copy(model_cfg)
+    cfg = copy.deepcopy(model_cfg)  # the caller's config stays as given (it is saved with checkpoints)
     vision_cfg, text_cfg = cfg.setdefault("vision_cfg", {}), cfg.setdefault("text_cfg", {})
     if "timm_model_name" in vision_cfg:
         vision_cfg["timm_model_pretrained"] = False  # would download ImageNet weights
@@ -96,12 +103,6 @@ def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
         raise ValueError("CoCa (captioning) configs are not supported by cliptk; use a CLIP config")
     cls = open_clip.CustomTextCLIP if custom_text else open_clip.CLIP
     return cls(**cfg, cast_dtype=open_clip.get_cast_dtype(precision))
-
-
-def json_copy(data: dict[str, Any]) -> dict[str, Any]:
-    import copy
-
-    return copy.deepcopy(data)
 
 
 def to_device_precision(model: Any, device: str, precision: str, is_timm: bool = False) -> Any:
@@ -124,19 +125,7 @@ def to_device_precision(model: Any, device: str, precision: str, is_timm: bool =
 
 def make_tokenizer(model_cfg: dict[str, Any], source: str = "") -> Callable[[list[str]], Any]:
     """open_clip's tokenizer for ``source`` (name or local-dir:), else one built from ``model_cfg``."""
-    import open_clip
-
-    from toolkit.models.registry import register_builtin_configs
-
-    if source:
-        register_builtin_configs()
-        return open_clip.get_tokenizer(source)
-    text_cfg = model_cfg.get("text_cfg", {})
-    context_length = int(text_cfg.get("context_length", 77))
-    if text_cfg.get("hf_tokenizer_name"):
-        return open_clip.tokenizer.HFTokenizer(text_cfg["hf_tokenizer_name"], context_length=context_length,
-                                               **text_cfg.get("tokenizer_kwargs", {}))
-    return open_clip.SimpleTokenizer(context_length=context_length)
+    return tokenizer(source) if source else config_tokenizer(model_cfg)
 
 
 def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", precision: str = "fp32",
@@ -167,8 +156,8 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
                                               for k, v in resolved.preprocess_cfg.items()})
     return LoadedModel(
         model=model, tokenizer=make_tokenizer(resolved.model_cfg, resolved.tokenizer_source),
-        image_size=ckpt.config_image_size(resolved.model_cfg),
+        image_size=config_image_size(resolved.model_cfg),
         preprocess=open_clip.transform.image_transform_v2(pp, is_train=False),
         model_cfg=resolved.model_cfg, preprocess_cfg=resolved.preprocess_cfg, name=resolved.name,
         weights=str(resolved.weights) if resolved.weights else None,
-        context_length=int(resolved.model_cfg.get("text_cfg", {}).get("context_length", 77)))
+        context_length=config_context_length(resolved.model_cfg))

@@ -40,21 +40,46 @@ def model_config(name: str) -> dict[str, Any]:
     return cfg
 
 
-def image_size(name: str) -> int:
-    """Square input resolution of the model's image tower, in pixels."""
-    size = model_config(name)["vision_cfg"].get("image_size", 224)
+def config_image_size(model_cfg: dict[str, Any]) -> int:
+    """Square input resolution (pixels) of an open_clip model config's image tower."""
+    size = model_cfg.get("vision_cfg", {}).get("image_size", 224)
     return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
+def config_context_length(model_cfg: dict[str, Any]) -> int:
+    """Tokens per caption of an open_clip model config's text tower."""
+    return int(model_cfg.get("text_cfg", {}).get("context_length", 77))
+
+
+def config_tokenizer(model_cfg: dict[str, Any]):
+    """The tokenizer an open_clip model config implies: its HF tokenizer, else open_clip's bundled BPE."""
+    import open_clip
+
+    text_cfg = model_cfg.get("text_cfg", {})
+    if text_cfg.get("hf_tokenizer_name"):
+        return open_clip.tokenizer.HFTokenizer(text_cfg["hf_tokenizer_name"],
+                                               context_length=config_context_length(model_cfg),
+                                               **text_cfg.get("tokenizer_kwargs", {}))
+    return open_clip.SimpleTokenizer(context_length=config_context_length(model_cfg))
+
+
+def image_size(name: str) -> int:
+    """Square input resolution of the model's image tower, in pixels."""
+    return config_image_size(model_config(name))
+
+
 def context_length(name: str) -> int:
-    return int(model_config(name).get("text_cfg", {}).get("context_length", 77))
+    return config_context_length(model_config(name))
 
 
 def tokenizer(name: str):
-    """The model's tokenizer: callable list[str] -> LongTensor [n, context_length] (offline, bundled BPE)."""
+    """The model's tokenizer: callable list[str] -> LongTensor [n, context_length] (offline, bundled BPE).
+
+    ``name`` is a registered config name, ``local-dir:DIR`` or a config JSON file.
+    """
     import open_clip
 
-    register_builtin_configs()
     if name.endswith(".json"):
-        return open_clip.SimpleTokenizer(context_length=context_length(name))
+        return config_tokenizer(model_config(name))
+    register_builtin_configs()
     return open_clip.get_tokenizer(name)
