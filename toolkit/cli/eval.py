@@ -21,7 +21,8 @@ def zeroshot(
                                                  "--root, e.g. fashion-mnist,openmoji-retrieval.")] = None,
     root: Annotated[Path | None, typer.Option("--root", help="Folder holding the sets (clip-benchmark wds "
                                               "layout: NAME/test/nshards.txt, NAME/test/0.tar, ...).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder for results.json, report.md, "
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Output folder (local or fsspec URL) for "
+                                                                "results.json, report.md, "
                                              "results.png and the manifest.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", help="Local weights file (.safetensors/.pt/.bin) "
                                                  "for a model name or config JSON; none: random init.")] = None,
@@ -39,13 +40,13 @@ def zeroshot(
 
     names = [n.strip() for n in datasets.split(",") if n.strip()] if datasets is not None else None
     cfg = load_cli_config(ZeroShotConfig, config, overrides, model=model, datasets=names,
-                          root=str(root) if root else None, out=str(out) if out else None,
+                          root=str(root) if root else None, out=out,
                           weights=str(weights) if weights else None, batch_size=batch_size, num_workers=workers,
                           device=device, amp=amp, precision=precision)
     result = run_stage(run, cfg)
     from toolkit.core import io
 
-    with io.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL (--set out=s3://...)
+    with io.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL
         typer.echo(fh.read())
     typer.echo(f"results: {result.outputs['results']}\nchart:   {result.outputs['chart']}")
 
@@ -53,7 +54,7 @@ def zeroshot(
 @app.command("build-set")
 def build_set(
     source: Annotated[str | None, typer.Option("--source", help="folder, csv, fashion-mnist or openmoji.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder of the new set (ROOT/NAME).")] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Folder of the new set (ROOT/NAME).")] = None,
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Class-per-subfolder folder, CSV file, "
                                                "Fashion-MNIST folder, or `toolkit data demo` output folder.")] = None,
     task: Annotated[str | None, typer.Option("--task", help="classification (default) or retrieval.")] = None,
@@ -73,7 +74,7 @@ def build_set(
     """Write an evaluation set in clip-benchmark's local wds layout from a folder, CSV or packaged data."""
     from toolkit.eval.build import BuildSetConfig, run
 
-    cfg = load_cli_config(BuildSetConfig, config, overrides, source=source, out=str(out) if out else None,
+    cfg = load_cli_config(BuildSetConfig, config, overrides, source=source, out=out,
                           input=str(input) if input else None, task=task,
                           classnames=str(classnames) if classnames else None,
                           templates=str(templates) if templates else None, image_column=image_column,
