@@ -21,9 +21,9 @@ def zeroshot(
                                                  "--root, e.g. fashion-mnist,openmoji-retrieval.")] = None,
     root: Annotated[Path | None, typer.Option("--root", help="Folder holding the sets (clip-benchmark wds "
                                               "layout: NAME/test/nshards.txt, NAME/test/0.tar, ...).")] = None,
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Output folder (local or fsspec URL) for "
-                                                                "results.json, report.md, "
-                                             "results.png and the manifest.")] = None,
+    out: Annotated[str | None, typer.Option(
+        "--out", "-o", help="Output folder (local or fsspec URL) for results.json, report.md, results.png and "
+                            "the manifest.")] = None,
     weights: Annotated[Path | None, typer.Option("--weights", help="Local weights file (.safetensors/.pt/.bin) "
                                                  "for a model name or config JSON; none: random init.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Images per batch (default 64).")] = None,
