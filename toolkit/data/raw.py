@@ -93,10 +93,6 @@ def scrub(message: str) -> str:
 # ---------------------------------------------------------------- strict decoding
 
 
-# Pillow modes with more than 8 bits per sample (16-bit grey PNG/TIFF open as I;16 or I).
-DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
-
-
 def decode_image(data: bytes):
     """Fully decode ``data`` with Pillow: (image, None) or (None, an error message :func:`classify` maps).
 
@@ -128,6 +124,8 @@ def check_image_bytes(data: bytes) -> str | None:
 
 def is_deep(img, data: bytes) -> bool:
     """True for images with more than 8 bits per sample, which OpenCV keeps at 16 bits."""
+    from toolkit.data.images import DEEP_MODES
+
     if img.mode in DEEP_MODES:
         return True
     if img.format == "PNG":
@@ -139,14 +137,12 @@ def is_deep(img, data: bytes) -> bool:
 
 
 def to_8bit_png(img) -> bytes:
-    """Lossless 8-bit PNG of a deep image: grey keeps its top 8 bits; Pillow already gives RGB(A) 8 bits."""
-    import numpy as np
-    from PIL import Image
+    """Lossless 8-bit PNG of a deep image: grey gets precompute's levels (:func:`images.deep_to_l`);
+    Pillow already gives RGB(A) 8 bits."""
+    from toolkit.data.images import DEEP_MODES, deep_to_l
 
     if img.mode in DEEP_MODES:
-        arr = np.asarray(img, dtype=np.float64 if img.mode == "F" else np.int64)
-        arr = np.clip(arr, 0, 255) if img.mode == "F" else np.clip(arr, 0, 65535) >> 8
-        img = Image.fromarray(arr.astype(np.uint8), "L")
+        img = deep_to_l(img)
     buf = io.BytesIO()
     img.save(buf, "PNG")
     return buf.getvalue()
