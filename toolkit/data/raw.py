@@ -239,34 +239,46 @@ def read_stats(out: str, shard_ids: set[int] | None = None) -> dict[int, dict]:
     return stats
 
 
+def summarize_status(status: dict[str, int], num_unrecorded: int = 0) -> dict[str, Any]:
+    """Status messages (message -> count, img2dataset's ``status_dict``) -> successes, failures by
+    reason (most frequent first) and the most frequent raw messages, addresses scrubbed."""
+    reasons: Counter[str] = Counter()
+    messages: Counter[str] = Counter()
+    for message, n in status.items():
+        reasons[classify(message)] += n
+        if message != SUCCESS:
+            messages[scrub(message)] += n
+    if num_unrecorded:
+        reasons["unrecorded"] += num_unrecorded
+    num_success = reasons.pop(SUCCESS, 0)
+    return {
+        "num_success": num_success,
+        "num_failed": sum(reasons.values()),
+        "failed_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "messages": dict(messages.most_common(MAX_RAW_MESSAGES)),
+    }
+
+
 def summarize(stats: dict[int, dict]) -> dict[str, Any]:
     """Totals over shards: samples, successes, failures by reason, raw messages, download seconds.
 
     Samples that img2dataset counted but gave no status (a writer exception it only printed) are
     reported as reason 'unrecorded', so the reasons always add up to ``num_samples``.
     """
-    reasons: Counter[str] = Counter()
-    messages: Counter[str] = Counter()
-    num_samples = 0
+    status: Counter[str] = Counter()
+    num_samples = num_unrecorded = 0
     start, end = math.inf, -math.inf
     for shard in stats.values():
-        num_samples += int(shard.get("count", 0))
+        count, recorded = int(shard.get("count", 0)), shard.get("status_dict") or {}
+        num_samples += count
         start, end = min(start, shard.get("start_time", math.inf)), max(end, shard.get("end_time", -math.inf))
-        recorded = 0
-        for message, n in (shard.get("status_dict") or {}).items():
-            reasons[classify(message)] += n
-            recorded += n
-            if message != SUCCESS:
-                messages[scrub(message)] += n
-        if recorded < int(shard.get("count", 0)):
-            reasons["unrecorded"] += int(shard["count"]) - recorded
-    num_success = reasons.pop(SUCCESS, 0)
+        status.update(recorded)
+        num_unrecorded += max(0, count - sum(recorded.values()))
+    summary = summarize_status(status, num_unrecorded)
     return {
         "num_samples": num_samples,
-        "num_success": num_success,
-        "num_failed": num_samples - num_success,
-        "failed_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "messages": dict(messages.most_common(MAX_RAW_MESSAGES)),
+        **summary,
+        "num_failed": num_samples - summary["num_success"],
         "span_s": round(end - start, 3) if stats else 0.0,
     }
 

@@ -246,12 +246,12 @@ def run(cfg: ShardConfig) -> StageResult:
             for shard_id, chunk in progress(list(enumerate(chunks)), desc="shard", unit="shards"):
                 status += write_shard(out, shard_id, chunk, cfg, resizer, pool)
         wall_s = time.monotonic() - start
-        summary = _summarize(status)
+        summary = raw.summarize_status(status)
+        messages = summary.pop("messages")
         rec.counts.update(num_inputs=len(items), num_shards=len(chunks), **summary)
         rec.details.update(other_files=other, wall_s=round(wall_s, 3),
                            samples_per_s=round(len(items) / wall_s, 2) if wall_s > 0 else None,
-                           error_messages=dict(Counter({raw.scrub(m): n for m, n in status.items()
-                                                        if m != raw.SUCCESS}).most_common(raw.MAX_RAW_MESSAGES)))
+                           error_messages=messages)
         reasons = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
         log.info("shard: %d inputs, %d ok, %d failed (%s); %d shards in %.1f s", len(items),
                  summary["num_success"], summary["num_failed"], reasons, len(chunks), wall_s)
@@ -259,11 +259,3 @@ def run(cfg: ShardConfig) -> StageResult:
             raise RuntimeError(f"no valid sample in {cfg.source} ({len(items)} inputs; failed: {reasons})")
     return rec.result()
 
-
-def _summarize(status: Counter) -> dict[str, Any]:
-    reasons = Counter()
-    for message, n in status.items():
-        reasons[raw.classify(message)] += n
-    num_success = reasons.pop(raw.SUCCESS, 0)
-    return {"num_success": num_success, "num_failed": sum(reasons.values()),
-            "failed_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
