@@ -117,11 +117,6 @@ def decode_image(data: bytes):
     return img, None
 
 
-def check_image_bytes(data: bytes) -> str | None:
-    """None when Pillow fully decodes ``data``, else the error message (see :func:`decode_image`)."""
-    return decode_image(data)[1]
-
-
 def is_deep(img, data: bytes) -> bool:
     """True for images with more than 8 bits per sample, which OpenCV keeps at 16 bits."""
     from toolkit.data.images import DEEP_MODES
