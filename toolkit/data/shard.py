@@ -32,10 +32,12 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data import raw
+from toolkit.data.rawshards import IMAGE_EXTS
 
 KIND = "data.shard"
 log = get_logger("data.shard")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# The image files a folder source may hold: the same extensions precompute reads from a raw shard.
+IMAGE_EXTENSIONS = tuple(f".{ext}" for ext in IMAGE_EXTS)
 # Columns of img2dataset's per-shard parquet, in its order (caption and url first: the input columns).
 PARQUET_COLUMNS = ("caption", "url", "key", "status", "error_message", "width", "height",
                    "original_width", "original_height", "exif", "sha256")
