@@ -16,11 +16,14 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 from collections import Counter
 from typing import Any
 
 import fsspec
+
+from toolkit.core import io as core_io  # plain `io` is the standard library's here
 
 SHARD_DIGITS = 5  # img2dataset's oom_shard_count: shard names 00000..99999
 _SHARD_FILE = re.compile(r"^(\d+)(\.tar|\.parquet|_stats\.json)$")
@@ -183,6 +186,12 @@ class CheckedResizer:
 # ---------------------------------------------------------------- finished shards and summaries
 
 
+def absolute(path: str) -> str:
+    """img2dataset resolves local paths against the cwd: an absolute local path, or the URL without a
+    trailing '/' (shard names are appended with '/')."""
+    return os.path.abspath(core_io.local_path(path)) if core_io.is_local(path) else path.rstrip("/")
+
+
 def _fs(out: str) -> tuple[fsspec.AbstractFileSystem, str]:
     fs, path = fsspec.core.url_to_fs(out)
     return fs, path.rstrip("/")
@@ -214,9 +223,17 @@ def remove_shards(out: str) -> int:
         for suffix in kinds:
             fs.rm(f"{path}/{shard_name(shard_id)}{suffix}")
             removed += 1
-    if fs.exists(f"{path}/_tmp"):
-        fs.rm(f"{path}/_tmp", recursive=True)
+    remove_tmp(out)
     return removed
+
+
+def remove_tmp(out: str) -> bool:
+    """Delete img2dataset's ``_tmp/`` (feather splits of the URL list) in ``out``; True if it existed."""
+    fs, path = _fs(out)
+    if not fs.exists(f"{path}/_tmp"):
+        return False
+    fs.rm(f"{path}/_tmp", recursive=True)
+    return True
 
 
 def read_stats(out: str, shard_ids: set[int] | None = None) -> dict[int, dict]:

@@ -236,7 +236,7 @@ def run(cfg: ShardConfig) -> StageResult:
     RuntimeError when no input row makes a valid sample.
     """
     items, other = collect(cfg)
-    out = cfg.out if not io.is_local(cfg.out) else os.path.abspath(io.local_path(cfg.out))
+    out = raw.absolute(cfg.out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
         removed = raw.remove_shards(out)
