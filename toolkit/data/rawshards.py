@@ -73,7 +73,8 @@ def shard_name(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _sidecar(url: str, suffix: str) -> str:
+def sidecar(url: str, suffix: str) -> str:
+    """The file img2dataset writes beside shard ``url``: ``sidecar('d/00001.tar', '_stats.json')``."""
     return url[: -len(".tar")] + suffix if url.endswith(".tar") else url + suffix
 
 
@@ -83,7 +84,7 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
 
     Called once per raw shard by precompute: only the ``key`` and ``status`` columns are read, and the
     stats file only when the parquet gives no keys."""
-    parquet = _sidecar(url, ".parquet")
+    parquet = sidecar(url, ".parquet")
     try:
         if io.exists(parquet):
             import pyarrow.parquet as pq
@@ -96,7 +97,7 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
             return [str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"], None
     except (OSError, ValueError, ImportError):
         pass
-    stats = _sidecar(url, "_stats.json")
+    stats = sidecar(url, "_stats.json")
     try:
         if io.exists(stats):
             return None, int(io.read_json(stats).get("successes"))
