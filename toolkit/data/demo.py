@@ -111,8 +111,8 @@ def load_concepts() -> tuple[list[Concept], dict[str, int]]:
             skipped["component"] += 1
             continue
         variants = _variants(entry)
-        data = next((emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v)) for v in variants
-                     if emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v))), None)
+        found = (emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v)) for v in variants)
+        data = next((d for d in found if d), None)  # the first variant the emoji package names
         tw = _find(tw_names, variants, upper=False, strip_zeros=True)
         om = _find(om_names, variants, upper=True, strip_zeros=False)
         missing = "no_name" if data is None else "no_twemoji" if tw is None else "no_openmoji" if om is None else ""
