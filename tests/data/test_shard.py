@@ -113,6 +113,29 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     assert all(r["error_message"] for r in rows if r["status"] != "success")
 
 
+def test_deep_images_keep_their_levels_without_the_strict_check(tmp_path):
+    # the 16-bit handling is not part of the strict check: strict_decode=False must not turn them white
+    import cv2
+
+    rng = np.random.default_rng()
+    src = tmp_path / "src"
+    src.mkdir()
+    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
+    Image.fromarray(deep).save(src / "deep.png")
+    (src / "deep.txt").write_text("caption of deep.png")
+    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
+    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
+    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
+    out = tmp_path / "raw"
+    result = run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, strict_decode=False))
+    assert (result.counts["num_success"], result.counts["num_failed"]) == (2, 0)
+    assert sorted(read_shards(out)) == ["caption of deep.png", "caption of deep_rgb.png"]
+    pixels = read_pixels(out)
+    assert abs(pixels["caption of deep.png"].mean() - 128) < 3
+    assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
+        pytest.approx([64, 128, 192], abs=3)
+
+
 def test_shard_csv_relative_and_absolute_paths_and_rerun_replaces_shards(tmp_path):
     rng = np.random.default_rng()
     (tmp_path / "imgs").mkdir()

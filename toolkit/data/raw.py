@@ -146,12 +146,24 @@ def to_8bit_png(img) -> bytes:
     return buf.getvalue()
 
 
-class CheckedResizer:
-    """img2dataset's ``Resizer`` with a full Pillow decode in front (when ``strict``).
+def _deep_as_png(data: bytes) -> bytes | None:
+    """Without the strict check: an 8-bit PNG of ``data`` if its header says deep, else None (also when
+    Pillow cannot read it: img2dataset's own decoder then decides, as strict_decode=false asks)."""
+    from PIL import Image
 
-    Rejected images return :func:`decode_image`'s message. Images with 16 bits per sample are handed
-    on as 8-bit PNGs: img2dataset's OpenCV path would cast 16-bit values to 8 bits by saturation,
-    turning nearly every pixel white. Same call signature and return tuple as
+    try:
+        img = Image.open(io.BytesIO(data))  # reads the header only
+        return to_8bit_png(img) if is_deep(img, data) else None
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, Image.DecompressionBombError):
+        return None
+
+
+class CheckedResizer:
+    """img2dataset's ``Resizer`` with Pillow in front: a full decode when ``strict``, a header read when not.
+
+    When ``strict``, rejected images return :func:`decode_image`'s message. Either way, images with 16
+    bits per sample are handed on as 8-bit PNGs: img2dataset's OpenCV path would cast 16-bit values to
+    8 bits by saturation, turning nearly every pixel white. Same call signature and return tuple as
     ``img2dataset.resizer.Resizer.__call__``: (image bytes, width, height, original width, original
     height, error message). Picklable, so img2dataset's spawned download processes can use it.
     """
@@ -162,12 +174,12 @@ class CheckedResizer:
 
     def prepare(self, data: bytes) -> tuple[bytes | None, str | None]:
         """(bytes for img2dataset's resizer, None) or (None, error message); thread-safe."""
-        if not self.strict:
-            return data, None
-        img, error = decode_image(data)
-        if error is not None:
-            return None, error
-        return (to_8bit_png(img) if is_deep(img, data) else data), None
+        if self.strict:
+            img, error = decode_image(data)
+            if error is not None:
+                return None, error
+            return (to_8bit_png(img) if is_deep(img, data) else data), None
+        return _deep_as_png(data) or data, None
 
     def resize(self, data: bytes, blurring_bbox_list=None):
         """img2dataset's resizer on prepared bytes. NOT thread-safe: it dup2's fds 1 and 2 to /dev/null
