@@ -12,11 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 
 import numpy as np
 import pytest
+from conftest import read_tar
 from PIL import Image
 
 from toolkit.data import raw
@@ -108,15 +108,6 @@ def site(tmp_path_factory):
     rows = make_site(root, rng)
     with serve(str(root), handler_cls=BadHandler) as server:
         yield server, rows, tmp_path_factory.mktemp("fetch")
-
-
-def read_tar(path) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            key, ext = member.name.split(".", 1)
-            samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
-    return samples
 
 
 def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(site):

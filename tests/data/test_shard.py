@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
 
 import numpy as np
 import pytest
+from conftest import read_tar
 from PIL import Image
 
 from toolkit.data import raw
@@ -31,15 +31,12 @@ def read_shards(out) -> dict[str, dict]:
     """Caption -> sample metadata over all tars in ``out``; checks each sample's members."""
     found = {}
     for tar_path in sorted(out.glob("*.tar")):
-        with tarfile.open(tar_path) as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        keys = {name.split(".")[0] for name in members}
-        for key in keys:
-            assert {f"{key}.jpg", f"{key}.txt", f"{key}.json"} <= set(members)
-            meta = json.loads(members[f"{key}.json"])
+        for key, files in read_tar(tar_path).items():
+            assert {"jpg", "txt", "json"} <= set(files)
+            meta = json.loads(files["json"])
             assert list(meta) == list(PARQUET_COLUMNS) and meta["key"] == key and meta["status"] == "success"
-            assert members[f"{key}.txt"].decode() == meta["caption"]
-            img = Image.open(io.BytesIO(members[f"{key}.jpg"]))
+            assert files["txt"].decode() == meta["caption"]
+            img = Image.open(io.BytesIO(files["jpg"]))
             assert img.format == "JPEG" and img.size == (SIZE, SIZE)
             assert img.mode == ("L" if meta["url"].endswith(("c.png", "deep.png")) else "RGB")  # grey stays grey
             found[meta["caption"]] = meta
@@ -48,15 +45,8 @@ def read_shards(out) -> dict[str, dict]:
 
 def read_pixels(out) -> dict[str, np.ndarray]:
     """Caption -> decoded image array over all tars in ``out``."""
-    found = {}
-    for tar_path in sorted(out.glob("*.tar")):
-        with tarfile.open(tar_path) as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        for name, data in members.items():
-            if name.endswith(".jpg"):
-                caption = members[name[:-4] + ".txt"].decode()
-                found[caption] = np.asarray(Image.open(io.BytesIO(data)), np.float64)
-    return found
+    return {files["txt"].decode(): np.asarray(Image.open(io.BytesIO(files["jpg"])), np.float64)
+            for tar_path in sorted(out.glob("*.tar")) for files in read_tar(tar_path).values() if "jpg" in files}
 
 
 def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
