@@ -1,7 +1,7 @@
 """Raw shards built from real tar files and real encoded images, with every bad-input kind in them.
 
 ``write_raw_shard(path, samples)`` writes an img2dataset-style shard (``.tar`` + ``_stats.json`` +
-``.parquet``); each sample is (key, {ext: bytes}). ``bad_inputs`` builds the fixture set that
+``.parquet``); each sample is (key, {ext: bytes}); ``read_tar(path)`` reads one back. ``bad_inputs`` builds the fixture set that
 test_bad_inputs.py and test_precompute.py check, with the exact expected outcome of every sample.
 """
 
@@ -50,6 +50,16 @@ def write_raw_shard(path: Path, samples: list[tuple[str, dict[str, bytes]]], par
 
     pq.write_table(pa.table({"key": keys, "status": ["success"] * len(keys)}), stem + ".parquet")
     return path
+
+
+def read_tar(path) -> dict[str, dict[str, bytes]]:
+    """Key -> {extension: member bytes} of one tar, read with tarfile independently of the toolkit."""
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            key, ext = member.name.split(".", 1)
+            samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    return samples
 
 
 def good_samples(rng: np.random.Generator, prefix: str, count: int, size=(48, 40)) -> list:

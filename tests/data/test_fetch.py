@@ -12,11 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-import tarfile
 import time
 
 import numpy as np
 import pytest
+from conftest import read_tar
 from PIL import Image
 
 from toolkit.data import raw
@@ -108,15 +108,6 @@ def site(tmp_path_factory):
     rows = make_site(root, rng)
     with serve(str(root), handler_cls=BadHandler) as server:
         yield server, rows, tmp_path_factory.mktemp("fetch")
-
-
-def read_tar(path) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            key, ext = member.name.split(".", 1)
-            samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
-    return samples
 
 
 def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(site):
@@ -269,18 +260,23 @@ def test_classify_messages(message, reason):
     assert raw.classify(message) == reason
 
 
+def check_image_bytes(data: bytes) -> str | None:
+    """None when Pillow fully decodes ``data``, else raw.decode_image's error message."""
+    return raw.decode_image(data)[1]
+
+
 def test_strict_check_rejects_truncated_corrupt_bombs_and_non_images(monkeypatch):
     rng = np.random.default_rng()
     img = Image.fromarray(rng.integers(0, 256, (31, 17, 3), dtype=np.uint8))
     jpeg, png = _encode(img, "JPEG"), _encode(img, "PNG")
-    assert raw.check_image_bytes(jpeg) is None and raw.check_image_bytes(png) is None
-    assert raw.classify(raw.check_image_bytes(jpeg[: len(jpeg) // 2])) == "truncated_image"
-    assert raw.classify(raw.check_image_bytes(png[:-30])) == "truncated_image"
-    assert raw.classify(raw.check_image_bytes(png[:60] + bytes([png[60] ^ 0xFF]) + png[61:])) == "corrupt_image"
-    assert raw.classify(raw.check_image_bytes(rng.bytes(300))) == "not_an_image"
-    assert raw.classify(raw.check_image_bytes(b"")) == "empty_response"
+    assert check_image_bytes(jpeg) is None and check_image_bytes(png) is None
+    assert raw.classify(check_image_bytes(jpeg[: len(jpeg) // 2])) == "truncated_image"
+    assert raw.classify(check_image_bytes(png[:-30])) == "truncated_image"
+    assert raw.classify(check_image_bytes(png[:60] + bytes([png[60] ^ 0xFF]) + png[61:])) == "corrupt_image"
+    assert raw.classify(check_image_bytes(rng.bytes(300))) == "not_an_image"
+    assert raw.classify(check_image_bytes(b"")) == "empty_response"
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 31x17 = 527 pixels > 2x the limit: a bomb
-    assert raw.classify(raw.check_image_bytes(png)) == "decompression_bomb"
+    assert raw.classify(check_image_bytes(png)) == "decompression_bomb"
 
 
 def test_summarize_adds_up_and_reports_unrecorded_samples():

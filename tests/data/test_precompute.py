@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tarfile
 
 import numpy as np
 import pytest
-from conftest import MODEL, SIZE, precompute, read_meta
+from conftest import MODEL, SIZE, precompute, read_meta, read_tar
 
 from toolkit.data.images import decode_rgb
 from toolkit.data.loader import make_loader
@@ -18,13 +17,7 @@ from toolkit.models.registry import tokenizer
 
 def _raw_samples(raw) -> dict[tuple[str, str], dict[str, bytes]]:
     """(shard name, key) -> member bytes, read with tarfile independently of the toolkit."""
-    found = {}
-    for path in sorted(raw.glob("*.tar")):
-        with tarfile.open(path) as tar:
-            for m in tar.getmembers():
-                key, ext = m.name.split(".", 1)
-                found.setdefault((path.name, key), {})[ext] = tar.extractfile(m).read()
-    return found
+    return {(path.name, key): files for path in sorted(raw.glob("*.tar")) for key, files in read_tar(path).items()}
 
 
 def test_round_trip_counts_ids_pixels_tokens(small_raw, small_train):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
 
 import numpy as np
 import pytest
+from conftest import read_tar
 from PIL import Image
 
 from toolkit.data import raw
@@ -19,8 +19,8 @@ SIZE = 20
 pytestmark = pytest.mark.filterwarnings("ignore:value is deprecated:DeprecationWarning")
 
 
-def _image(rng, mode="RGB", fmt="JPEG") -> bytes:
-    w, h = int(rng.integers(5, 50)), int(rng.integers(5, 50))
+def _image(rng, mode="RGB", fmt="JPEG", size: tuple[int, int] | None = None) -> bytes:
+    w, h = size or (int(rng.integers(5, 50)), int(rng.integers(5, 50)))
     arr = rng.integers(0, 256, (h, w, len(mode)), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(arr[..., 0] if mode == "L" else arr, mode).save(buf, fmt)
@@ -31,15 +31,12 @@ def read_shards(out) -> dict[str, dict]:
     """Caption -> sample metadata over all tars in ``out``; checks each sample's members."""
     found = {}
     for tar_path in sorted(out.glob("*.tar")):
-        with tarfile.open(tar_path) as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        keys = {name.split(".")[0] for name in members}
-        for key in keys:
-            assert {f"{key}.jpg", f"{key}.txt", f"{key}.json"} <= set(members)
-            meta = json.loads(members[f"{key}.json"])
+        for key, files in read_tar(tar_path).items():
+            assert {"jpg", "txt", "json"} <= set(files)
+            meta = json.loads(files["json"])
             assert list(meta) == list(PARQUET_COLUMNS) and meta["key"] == key and meta["status"] == "success"
-            assert members[f"{key}.txt"].decode() == meta["caption"]
-            img = Image.open(io.BytesIO(members[f"{key}.jpg"]))
+            assert files["txt"].decode() == meta["caption"]
+            img = Image.open(io.BytesIO(files["jpg"]))
             assert img.format == "JPEG" and img.size == (SIZE, SIZE)
             assert img.mode == ("L" if meta["url"].endswith(("c.png", "deep.png")) else "RGB")  # grey stays grey
             found[meta["caption"]] = meta
@@ -48,15 +45,8 @@ def read_shards(out) -> dict[str, dict]:
 
 def read_pixels(out) -> dict[str, np.ndarray]:
     """Caption -> decoded image array over all tars in ``out``."""
-    found = {}
-    for tar_path in sorted(out.glob("*.tar")):
-        with tarfile.open(tar_path) as tar:
-            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-        for name, data in members.items():
-            if name.endswith(".jpg"):
-                caption = members[name[:-4] + ".txt"].decode()
-                found[caption] = np.asarray(Image.open(io.BytesIO(data)), np.float64)
-    return found
+    return {files["txt"].decode(): np.asarray(Image.open(io.BytesIO(files["jpg"])), np.float64)
+            for tar_path in sorted(out.glob("*.tar")) for files in read_tar(tar_path).values() if "jpg" in files}
 
 
 def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
@@ -81,7 +71,7 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     (src / "blank.txt").write_text(" \n\t")
     (src / "latin1.jpg").write_bytes(_image(rng))
     (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    half = _image(rng)
+    half = _image(rng, size=(48, 40))  # a tiny JPEG cut in half can end inside its Huffman tables: not_an_image
     (src / "half.jpg").write_bytes(half[: len(half) // 2])
     (src / "half.txt").write_text("a truncated file")
     (src / "fake.png").write_bytes(b"not a png at all")
@@ -111,6 +101,29 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     rows = [r for i in range(4) for r in pq.read_table(out / f"{raw.shard_name(i)}.parquet").to_pylist()]
     assert len(rows) == 11 and sum(r["status"] == "success" for r in rows) == 6
     assert all(r["error_message"] for r in rows if r["status"] != "success")
+
+
+def test_deep_images_keep_their_levels_without_the_strict_check(tmp_path):
+    # the 16-bit handling is not part of the strict check: strict_decode=False must not turn them white
+    import cv2
+
+    rng = np.random.default_rng()
+    src = tmp_path / "src"
+    src.mkdir()
+    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
+    Image.fromarray(deep).save(src / "deep.png")
+    (src / "deep.txt").write_text("caption of deep.png")
+    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
+    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
+    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
+    out = tmp_path / "raw"
+    result = run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, strict_decode=False))
+    assert (result.counts["num_success"], result.counts["num_failed"]) == (2, 0)
+    assert sorted(read_shards(out)) == ["caption of deep.png", "caption of deep_rgb.png"]
+    pixels = read_pixels(out)
+    assert abs(pixels["caption of deep.png"].mean() - 128) < 3
+    assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
+        pytest.approx([64, 128, 192], abs=3)
 
 
 def test_shard_csv_relative_and_absolute_paths_and_rerun_replaces_shards(tmp_path):

@@ -111,8 +111,8 @@ def load_concepts() -> tuple[list[Concept], dict[str, int]]:
             skipped["component"] += 1
             continue
         variants = _variants(entry)
-        data = next((emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v)) for v in variants
-                     if emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v))), None)
+        found = (emoji.EMOJI_DATA.get("".join(chr(int(c, 16)) for c in v)) for v in variants)
+        data = next((d for d in found if d), None)  # the first variant the emoji package names
         tw = _find(tw_names, variants, upper=False, strip_zeros=True)
         om = _find(om_names, variants, upper=True, strip_zeros=False)
         missing = "no_name" if data is None else "no_twemoji" if tw is None else "no_openmoji" if om is None else ""
@@ -132,14 +132,16 @@ def select(concepts: list[Concept], limit: int | None) -> list[Concept]:
 
 
 def _on_white(img):
-    """RGB image of ``img`` composited on a white background, at IMAGE_SIZE."""
+    """RGB image of ``img`` with its alpha composited on white (images.to_rgb, as precompute does), at
+    IMAGE_SIZE."""
     from PIL import Image
 
-    img = img.convert("RGBA")
-    if img.size != (IMAGE_SIZE, IMAGE_SIZE):
-        img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS)
-    background = Image.new("RGBA", img.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, img).convert("RGB")
+    from toolkit.data.images import to_rgb
+
+    rgb, _ = to_rgb(img)
+    if rgb.size != (IMAGE_SIZE, IMAGE_SIZE):
+        rgb = rgb.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.LANCZOS)
+    return rgb
 
 
 def render(concept: Concept, root: Path) -> None:

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkit.core import io
 from toolkit.core.config import config_hash, option, to_dict
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, fingerprint, read_manifest, stage_run
@@ -114,15 +113,10 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     return digest
 
 
-def absolute(path: str) -> str:
-    """img2dataset resolves output paths against the cwd; pass it absolute local paths."""
-    return os.path.abspath(io.local_path(path)) if io.is_local(path) else path.rstrip("/")
-
-
 def worker_spec(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str, done: set[int]) -> dict[str, Any]:
     """The JSON document ``_fetch_worker`` reads."""
     spec = {k: v for k, v in to_dict(cfg).items() if k not in ("urls", "out", "input_format", "caption_col")}
-    return {**spec, "url_list": absolute(cfg.urls), "input_format": fmt, "caption_col": caption_col,
+    return {**spec, "url_list": raw.absolute(cfg.urls), "input_format": fmt, "caption_col": caption_col,
             "output_folder": out, "tmp_path": f"{out}/_tmp", "done_shards": sorted(done)}
 
 
@@ -246,7 +240,7 @@ def run(cfg: FetchConfig) -> StageResult:
     _check_distributor(cfg.distributor)
     fmt = detect_format(cfg.urls, cfg.input_format)
     caption_col = check_url_list(cfg.urls, fmt, cfg.url_col, cfg.caption_col)
-    out = absolute(cfg.out)
+    out = raw.absolute(cfg.out)
     digest = check_resumable(cfg, out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
@@ -255,7 +249,8 @@ def run(cfg: FetchConfig) -> StageResult:
         if cfg.overwrite:
             log.info("fetch: --overwrite: removed %d shard files from %s", raw.remove_shards(out), out)
         done_before = raw.finished_shards(out)
-        _clear_tmp(out)
+        if raw.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
+            log.info("fetch: removed %s/_tmp left by an interrupted run", out)
         start = time.monotonic()
         outcome = download(worker_spec(cfg, fmt, caption_col, out, done_before), cfg.run_timeout_s)
         wall_s = time.monotonic() - start
@@ -272,16 +267,6 @@ def _check_distributor(name: str) -> None:
     if name != "multiprocessing" and importlib.util.find_spec(name) is None:
         raise ValueError(f"distributor {name!r} needs the {name} package (pip install {name}); "
                          "or use --distributor multiprocessing")
-
-
-def _clear_tmp(out: str) -> None:
-    """A failed run leaves img2dataset's ``_tmp/`` (feather splits of the URL list); start clean."""
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(f"{out}/_tmp")
-    if fs.exists(path):
-        log.info("fetch: removing %s left by an interrupted run", f"{out}/_tmp")
-        fs.rm(path, recursive=True)
 
 
 def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float) -> dict[str, Any]:

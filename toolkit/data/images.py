@@ -28,7 +28,8 @@ DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 ResizeMode = Literal["center_crop", "pad"]
 WHITE = (255, 255, 255)
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
-_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N"}
+# Pillow modes with more than 8 bits per sample (16-bit grey PNG/TIFF open as I;16*, 32-bit as I, float as F).
+DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 
 class ImageError(ValueError):
@@ -43,12 +44,16 @@ def _has_alpha(img: Image.Image) -> bool:
     return img.mode in _ALPHA_MODES or (img.mode in ("P", "RGB", "L") and "transparency" in img.info)
 
 
-def _sixteen_bit_to_l(img: Image.Image) -> Image.Image:
-    """Greyscale with a 16-bit range -> 8-bit L, scaling (65535 -> 255) instead of clipping."""
-    arr = np.asarray(img).astype(np.int64)
-    if img.mode == "I" and img.format != "PNG":  # 32-bit integers of unknown range: clip like PIL
+def deep_to_l(img: Image.Image) -> Image.Image:
+    """A greyscale image in one of DEEP_MODES -> 8-bit L. A 16-bit range (I;16*, and I from PNG) is
+    scaled 0..65535 -> 0..255, not clipped; 32-bit integers of unknown range and floats clip like PIL.
+
+    Shared with :mod:`toolkit.data.raw` (fetch and shard) so a deep image gets the same levels there."""
+    arr = np.asarray(img)
+    if img.mode == "F" or (img.mode == "I" and img.format != "PNG"):
         return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")
-    return Image.fromarray(((np.clip(arr, 0, 65535) * 255 + 32767) // 65535).astype(np.uint8), "L")
+    arr = np.clip(arr.astype(np.int64), 0, 65535)
+    return Image.fromarray(((arr * 255 + 32767) // 65535).astype(np.uint8), "L")
 
 
 def to_rgb(img: Image.Image) -> tuple[Image.Image, str | None]:
@@ -61,11 +66,8 @@ def to_rgb(img: Image.Image) -> tuple[Image.Image, str | None]:
         canvas = Image.new("RGBA", rgba.size, WHITE + (255,))
         canvas.alpha_composite(rgba)
         return canvas.convert("RGB"), f"{mode}+alpha" if mode in ("P", "RGB", "L") else mode
-    if mode in _SIXTEEN_BIT or mode == "I":
-        return _sixteen_bit_to_l(img).convert("RGB"), mode
-    if mode == "F":
-        arr = np.clip(np.asarray(img), 0, 255).astype(np.uint8)
-        return Image.fromarray(arr, "L").convert("RGB"), mode
+    if mode in DEEP_MODES:
+        return deep_to_l(img).convert("RGB"), mode
     try:
         return img.convert("RGB"), mode
     except (ValueError, OSError) as err:

@@ -21,7 +21,7 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import MANIFEST, StageResult, stage_run
 from toolkit.data.images import ImageError, decode_rgb
-from toolkit.data.rawshards import RawShardReader, list_shards, shard_name
+from toolkit.data.rawshards import RawShardReader, list_shards, shard_name, sidecar
 from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
 
 KIND = "data.inspect"
@@ -142,7 +142,7 @@ def _raw_skip_reasons(source: str, urls: list[str]) -> dict[str, Any]:
                              or k == "errors"} or m.get("counts", {})
     stats, failed = Counter(), 0
     for url in urls:
-        path = url[: -len(".tar")] + "_stats.json"
+        path = sidecar(url, "_stats.json")
         if io.exists(path):
             data = io.read_json(path)
             stats.update({k: int(v) for k, v in (data.get("status_dict") or {}).items() if k != "success"})

@@ -19,7 +19,8 @@ How an epoch is split (:func:`plan_epoch`, the same pure function on every rank 
 3. A rank's range is cut into batches and each DataLoader worker takes a contiguous run of whole
    batches, so only a rank's very last batch can be short (``partial`` only).
 4. Workers seek straight to their first sample (samples have a fixed byte size), read the tar
-   members with webdataset, shuffle within a buffer (seeded by seed, epoch, rank, worker) and batch.
+   members (directly, or with webdataset's tar iterator: ``reader``), shuffle within a buffer
+   (seeded by seed, epoch, rank, worker) and batch.
 """
 
 from __future__ import annotations
@@ -286,7 +287,6 @@ class TrainStream(IterableDataset):
         return max(0, self.plan.num_batches - self.start_batch)
 
     def __iter__(self) -> Iterator[dict]:
-        import webdataset as wds
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
@@ -298,11 +298,10 @@ class TrainStream(IterableDataset):
         rng = random.Random(f"{self.seed}-{plan.epoch}-{plan.rank}-{worker}")
         roles = [f.role for f in self.ds.fields]
         read = read_segment if self.reader == "direct" else read_segment_webdataset
-        stages = [lambda: iter(segments), lambda src: (s for seg in src for s in read(self.ds, seg))]
+        samples = (s for seg in segments for s in read(self.ds, seg))
         if self.shuffle and self.shuffle_buffer > 1:
-            stages.append(lambda src: _shuffled(src, self.shuffle_buffer, rng))
-        stages.append(lambda src: _batched(src, plan.batch_size, roles, skips[worker]))
-        yield from wds.DataPipeline(*stages)
+            samples = _shuffled(samples, self.shuffle_buffer, rng)
+        yield from _batched(samples, plan.batch_size, roles, skips[worker])
 
 
 def make_loader(path: str | TrainDataset, *, rank: int = 0, world_size: int = 1, epoch: int = 0, batch_size: int,

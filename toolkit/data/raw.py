@@ -16,11 +16,14 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 from collections import Counter
 from typing import Any
 
 import fsspec
+
+from toolkit.core import io as core_io  # plain `io` is the standard library's here
 
 SHARD_DIGITS = 5  # img2dataset's oom_shard_count: shard names 00000..99999
 _SHARD_FILE = re.compile(r"^(\d+)(\.tar|\.parquet|_stats\.json)$")
@@ -93,10 +96,6 @@ def scrub(message: str) -> str:
 # ---------------------------------------------------------------- strict decoding
 
 
-# Pillow modes with more than 8 bits per sample (16-bit grey PNG/TIFF open as I;16 or I).
-DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
-
-
 def decode_image(data: bytes):
     """Fully decode ``data`` with Pillow: (image, None) or (None, an error message :func:`classify` maps).
 
@@ -121,13 +120,10 @@ def decode_image(data: bytes):
     return img, None
 
 
-def check_image_bytes(data: bytes) -> str | None:
-    """None when Pillow fully decodes ``data``, else the error message (see :func:`decode_image`)."""
-    return decode_image(data)[1]
-
-
 def is_deep(img, data: bytes) -> bool:
     """True for images with more than 8 bits per sample, which OpenCV keeps at 16 bits."""
+    from toolkit.data.images import DEEP_MODES
+
     if img.mode in DEEP_MODES:
         return True
     if img.format == "PNG":
@@ -139,25 +135,35 @@ def is_deep(img, data: bytes) -> bool:
 
 
 def to_8bit_png(img) -> bytes:
-    """Lossless 8-bit PNG of a deep image: grey keeps its top 8 bits; Pillow already gives RGB(A) 8 bits."""
-    import numpy as np
-    from PIL import Image
+    """Lossless 8-bit PNG of a deep image: grey gets precompute's levels (:func:`images.deep_to_l`);
+    Pillow already gives RGB(A) 8 bits."""
+    from toolkit.data.images import DEEP_MODES, deep_to_l
 
     if img.mode in DEEP_MODES:
-        arr = np.asarray(img, dtype=np.float64 if img.mode == "F" else np.int64)
-        arr = np.clip(arr, 0, 255) if img.mode == "F" else np.clip(arr, 0, 65535) >> 8
-        img = Image.fromarray(arr.astype(np.uint8), "L")
+        img = deep_to_l(img)
     buf = io.BytesIO()
     img.save(buf, "PNG")
     return buf.getvalue()
 
 
-class CheckedResizer:
-    """img2dataset's ``Resizer`` with a full Pillow decode in front (when ``strict``).
+def _deep_as_png(data: bytes) -> bytes | None:
+    """Without the strict check: an 8-bit PNG of ``data`` if its header says deep, else None (also when
+    Pillow cannot read it: img2dataset's own decoder then decides, as strict_decode=false asks)."""
+    from PIL import Image
 
-    Rejected images return :func:`decode_image`'s message. Images with 16 bits per sample are handed
-    on as 8-bit PNGs: img2dataset's OpenCV path would cast 16-bit values to 8 bits by saturation,
-    turning nearly every pixel white. Same call signature and return tuple as
+    try:
+        img = Image.open(io.BytesIO(data))  # reads the header only
+        return to_8bit_png(img) if is_deep(img, data) else None
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, Image.DecompressionBombError):
+        return None
+
+
+class CheckedResizer:
+    """img2dataset's ``Resizer`` with Pillow in front: a full decode when ``strict``, a header read when not.
+
+    When ``strict``, rejected images return :func:`decode_image`'s message. Either way, images with 16
+    bits per sample are handed on as 8-bit PNGs: img2dataset's OpenCV path would cast 16-bit values to
+    8 bits by saturation, turning nearly every pixel white. Same call signature and return tuple as
     ``img2dataset.resizer.Resizer.__call__``: (image bytes, width, height, original width, original
     height, error message). Picklable, so img2dataset's spawned download processes can use it.
     """
@@ -168,12 +174,12 @@ class CheckedResizer:
 
     def prepare(self, data: bytes) -> tuple[bytes | None, str | None]:
         """(bytes for img2dataset's resizer, None) or (None, error message); thread-safe."""
-        if not self.strict:
-            return data, None
-        img, error = decode_image(data)
-        if error is not None:
-            return None, error
-        return (to_8bit_png(img) if is_deep(img, data) else data), None
+        if self.strict:
+            img, error = decode_image(data)
+            if error is not None:
+                return None, error
+            return (to_8bit_png(img) if is_deep(img, data) else data), None
+        return _deep_as_png(data) or data, None
 
     def resize(self, data: bytes, blurring_bbox_list=None):
         """img2dataset's resizer on prepared bytes. NOT thread-safe: it dup2's fds 1 and 2 to /dev/null
@@ -190,6 +196,12 @@ class CheckedResizer:
 
 
 # ---------------------------------------------------------------- finished shards and summaries
+
+
+def absolute(path: str) -> str:
+    """img2dataset resolves local paths against the cwd: an absolute local path, or the URL without a
+    trailing '/' (shard names are appended with '/')."""
+    return os.path.abspath(core_io.local_path(path)) if core_io.is_local(path) else path.rstrip("/")
 
 
 def _fs(out: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -223,9 +235,17 @@ def remove_shards(out: str) -> int:
         for suffix in kinds:
             fs.rm(f"{path}/{shard_name(shard_id)}{suffix}")
             removed += 1
-    if fs.exists(f"{path}/_tmp"):
-        fs.rm(f"{path}/_tmp", recursive=True)
+    remove_tmp(out)
     return removed
+
+
+def remove_tmp(out: str) -> bool:
+    """Delete img2dataset's ``_tmp/`` (feather splits of the URL list) in ``out``; True if it existed."""
+    fs, path = _fs(out)
+    if not fs.exists(f"{path}/_tmp"):
+        return False
+    fs.rm(f"{path}/_tmp", recursive=True)
+    return True
 
 
 def read_stats(out: str, shard_ids: set[int] | None = None) -> dict[int, dict]:
@@ -243,34 +263,46 @@ def read_stats(out: str, shard_ids: set[int] | None = None) -> dict[int, dict]:
     return stats
 
 
+def summarize_status(status: dict[str, int], num_unrecorded: int = 0) -> dict[str, Any]:
+    """Status messages (message -> count, img2dataset's ``status_dict``) -> successes, failures by
+    reason (most frequent first) and the most frequent raw messages, addresses scrubbed."""
+    reasons: Counter[str] = Counter()
+    messages: Counter[str] = Counter()
+    for message, n in status.items():
+        reasons[classify(message)] += n
+        if message != SUCCESS:
+            messages[scrub(message)] += n
+    if num_unrecorded:
+        reasons["unrecorded"] += num_unrecorded
+    num_success = reasons.pop(SUCCESS, 0)
+    return {
+        "num_success": num_success,
+        "num_failed": sum(reasons.values()),
+        "failed_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "messages": dict(messages.most_common(MAX_RAW_MESSAGES)),
+    }
+
+
 def summarize(stats: dict[int, dict]) -> dict[str, Any]:
     """Totals over shards: samples, successes, failures by reason, raw messages, download seconds.
 
     Samples that img2dataset counted but gave no status (a writer exception it only printed) are
     reported as reason 'unrecorded', so the reasons always add up to ``num_samples``.
     """
-    reasons: Counter[str] = Counter()
-    messages: Counter[str] = Counter()
-    num_samples = 0
+    status: Counter[str] = Counter()
+    num_samples = num_unrecorded = 0
     start, end = math.inf, -math.inf
     for shard in stats.values():
-        num_samples += int(shard.get("count", 0))
+        count, recorded = int(shard.get("count", 0)), shard.get("status_dict") or {}
+        num_samples += count
         start, end = min(start, shard.get("start_time", math.inf)), max(end, shard.get("end_time", -math.inf))
-        recorded = 0
-        for message, n in (shard.get("status_dict") or {}).items():
-            reasons[classify(message)] += n
-            recorded += n
-            if message != SUCCESS:
-                messages[scrub(message)] += n
-        if recorded < int(shard.get("count", 0)):
-            reasons["unrecorded"] += int(shard["count"]) - recorded
-    num_success = reasons.pop(SUCCESS, 0)
+        status.update(recorded)
+        num_unrecorded += max(0, count - sum(recorded.values()))
+    summary = summarize_status(status, num_unrecorded)
     return {
         "num_samples": num_samples,
-        "num_success": num_success,
-        "num_failed": num_samples - num_success,
-        "failed_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "messages": dict(messages.most_common(MAX_RAW_MESSAGES)),
+        **summary,
+        "num_failed": num_samples - summary["num_success"],
         "span_s": round(end - start, 3) if stats else 0.0,
     }
 

@@ -73,32 +73,37 @@ def shard_name(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _sidecar(url: str, suffix: str) -> str:
+def sidecar(url: str, suffix: str) -> str:
+    """The file img2dataset writes beside shard ``url``: ``sidecar('d/00001.tar', '_stats.json')``."""
     return url[: -len(".tar")] + suffix if url.endswith(".tar") else url + suffix
 
 
 def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
-    """Keys img2dataset wrote into this shard (parquet, status success) and/or its success count
-    (``_stats.json``); (None, None) when neither file exists or is readable."""
-    keys, count = None, None
-    parquet = _sidecar(url, ".parquet")
+    """Keys img2dataset wrote into this shard (parquet rows with status success), or when the parquet
+    is missing or unreadable its success count (``_stats.json``); (None, None) when neither is usable.
+
+    Called once per raw shard by precompute: only the ``key`` and ``status`` columns are read, and the
+    stats file only when the parquet gives no keys."""
+    parquet = sidecar(url, ".parquet")
     try:
         if io.exists(parquet):
             import pyarrow.parquet as pq
 
             with io.open_file(parquet, "rb") as fh:
-                table = pq.read_table(fh, columns=None).to_pydict()
+                pf = pq.ParquetFile(fh)
+                columns = [c for c in ("key", "status") if c in pf.schema_arrow.names]
+                table = pf.read(columns=columns).to_pydict()
             statuses = table.get("status") or ["success"] * len(table.get("key", []))
-            keys = [str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"]
+            return [str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"], None
     except (OSError, ValueError, ImportError):
-        keys = None
-    stats = _sidecar(url, "_stats.json")
+        pass
+    stats = sidecar(url, "_stats.json")
     try:
         if io.exists(stats):
-            count = int(io.read_json(stats).get("successes"))
+            return None, int(io.read_json(stats).get("successes"))
     except (OSError, ValueError, TypeError):
-        count = None
-    return keys, count
+        pass
+    return None, None
 
 
 class RawShardReader:

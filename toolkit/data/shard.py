@@ -32,10 +32,12 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data import raw
+from toolkit.data.rawshards import IMAGE_EXTS
 
 KIND = "data.shard"
 log = get_logger("data.shard")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+# The image files a folder source may hold: the same extensions precompute reads from a raw shard.
+IMAGE_EXTENSIONS = tuple(f".{ext}" for ext in IMAGE_EXTS)
 # Columns of img2dataset's per-shard parquet, in its order (caption and url first: the input columns).
 PARQUET_COLUMNS = ("caption", "url", "key", "status", "error_message", "width", "height",
                    "original_width", "original_height", "exif", "sha256")
@@ -234,7 +236,7 @@ def run(cfg: ShardConfig) -> StageResult:
     RuntimeError when no input row makes a valid sample.
     """
     items, other = collect(cfg)
-    out = cfg.out if not io.is_local(cfg.out) else os.path.abspath(io.local_path(cfg.out))
+    out = raw.absolute(cfg.out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
         removed = raw.remove_shards(out)
@@ -246,12 +248,12 @@ def run(cfg: ShardConfig) -> StageResult:
             for shard_id, chunk in progress(list(enumerate(chunks)), desc="shard", unit="shards"):
                 status += write_shard(out, shard_id, chunk, cfg, resizer, pool)
         wall_s = time.monotonic() - start
-        summary = _summarize(status)
+        summary = raw.summarize_status(status)
+        messages = summary.pop("messages")
         rec.counts.update(num_inputs=len(items), num_shards=len(chunks), **summary)
         rec.details.update(other_files=other, wall_s=round(wall_s, 3),
                            samples_per_s=round(len(items) / wall_s, 2) if wall_s > 0 else None,
-                           error_messages=dict(Counter({raw.scrub(m): n for m, n in status.items()
-                                                        if m != raw.SUCCESS}).most_common(raw.MAX_RAW_MESSAGES)))
+                           error_messages=messages)
         reasons = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
         log.info("shard: %d inputs, %d ok, %d failed (%s); %d shards in %.1f s", len(items),
                  summary["num_success"], summary["num_failed"], reasons, len(chunks), wall_s)
@@ -259,11 +261,3 @@ def run(cfg: ShardConfig) -> StageResult:
             raise RuntimeError(f"no valid sample in {cfg.source} ({len(items)} inputs; failed: {reasons})")
     return rec.result()
 
-
-def _summarize(status: Counter) -> dict[str, Any]:
-    reasons = Counter()
-    for message, n in status.items():
-        reasons[raw.classify(message)] += n
-    num_success = reasons.pop(raw.SUCCESS, 0)
-    return {"num_success": num_success, "num_failed": sum(reasons.values()),
-            "failed_by_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
