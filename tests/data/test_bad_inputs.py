@@ -8,7 +8,7 @@ import tarfile
 
 import numpy as np
 import pytest
-from conftest import SIZE, encode, precompute, random_image, read_meta, write_raw_shard
+from datakit import SIZE, encode, precompute, random_image, read_meta, write_raw_shard
 from PIL import Image
 
 from toolkit.data.images import ImageError, decode_rgb

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import read_tar
+from datakit import read_tar
 from PIL import Image
 
 from toolkit.data import raw

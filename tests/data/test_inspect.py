@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import precompute
+from datakit import precompute
 from PIL import Image
 
 from toolkit.core.config import build

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import MODEL, SIZE, precompute, read_meta, read_tar
+from datakit import MODEL, SIZE, precompute, read_meta, read_tar
 
 from toolkit.data.images import decode_rgb
 from toolkit.data.loader import make_loader
