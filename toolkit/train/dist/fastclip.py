@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.dist import _kernels as K
 from toolkit.train.dist.losses import _add_positive_grads, _split_pairs, positive_logits
 
 
@@ -29,8 +29,8 @@ class _FastClipLoss(torch.autograd.Function):
         r, b = D.get_rank(group), x.shape[0]
         pairs = D.all_gather_nograd(torch.stack([x, y], 1), group, D.FEATURES, check_sizes=False, ledger=ledger)
         xs, ys = _split_pairs(pairs)
-        row, _ = K.lse_forward(x, ys, a, compute_col=False, backend=backend)
-        _, col = K.lse_forward(xs, y, a, compute_row=False, backend=backend)
+        row, _ = K.lse_forward(x, ys, a, a, compute_col=False, backend=backend)
+        _, col = K.lse_forward(xs, y, a, a, compute_row=False, backend=backend)
         lses = D.all_gather_nograd(torch.stack([row, col], 1), group, D.SCALARS, check_sizes=False, ledger=ledger)
         row_all, col_all = lses[:, 0].contiguous(), lses[:, 1].contiguous()
         pos = positive_logits(x, y)
@@ -47,9 +47,9 @@ class _FastClipLoss(torch.autograd.Function):
         w_all = (g / (2 * b)).expand(big_b).contiguous()
         row, col = row_all[ctx.local], col_all[ctx.local]
         # Local images: as anchors (their rows) and as negatives of every text anchor (all columns).
-        dx, _, da_row, _ = K.lse_backward(x, ys, a, row, col_all, w_local, w_all, backend=ctx.backend)
+        dx, _, da_row, _ = K.lse_backward(x, ys, a, a, row, col_all, w_local, w_all, backend=ctx.backend)
         # Local texts: as anchors (their columns) and as negatives of every image anchor (all rows).
-        _, dy, _, da_col = K.lse_backward(xs, y, a, row_all, col, w_all, w_local, backend=ctx.backend)
+        _, dy, _, da_col = K.lse_backward(xs, y, a, a, row_all, col, w_all, w_local, backend=ctx.backend)
         dx, dy = _add_positive_grads(dx, dy, x, y, a, g)
         # logit_scale: only this rank's anchors (its rows in the first call, its columns in the second).
         da = da_row.sum() + da_col.sum() - g * pos.mean()
