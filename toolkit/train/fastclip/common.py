@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from toolkit.train.fastclip._ops import all_gather_nograd, world
+from toolkit.core import dist as cdist
 
 LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
 
@@ -59,12 +59,12 @@ def gather_batch(image_features: Tensor, text_features: Tensor, group) -> Global
         raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
                          f"and {tuple(text_features.shape)}")
     acc = torch.float64 if image_features.dtype == torch.float64 else torch.float32
-    rank, k = world(group)
+    rank, k = cdist.get_rank(group), cdist.get_world_size(group)
     x, y = image_features.detach().to(acc), text_features.detach().to(acc)
     if k > 1:
         dt = torch.promote_types(image_features.dtype, text_features.dtype)  # AMP: gather in bf16/fp16
-        both = all_gather_nograd(torch.stack([image_features.detach().to(dt), text_features.detach().to(dt)], 1),
-                                 group, check_sizes=True)
+        both = cdist.all_gather_nograd(torch.stack([image_features.detach().to(dt), text_features.detach().to(dt)], 1),
+                                       group, cdist.FEATURES, check_sizes=True)
         xg, yg = both[:, 0].to(acc), both[:, 1].to(acc)
     else:
         xg, yg = x, y
@@ -78,7 +78,9 @@ def gather_batch(image_features: Tensor, text_features: Tensor, group) -> Global
 
 def gather_rows(rows: Tensor, batch: GlobalBatch, group) -> Tensor:
     """Per-sample scalars [b, C] (float64, so sample ids travel exactly) -> [B, C]. Called by all ranks."""
-    return all_gather_nograd(rows.to(torch.float64), group, category="scalars") if batch.num_ranks > 1 else rows
+    if batch.num_ranks == 1:
+        return rows
+    return cdist.all_gather_nograd(rows.to(torch.float64), group, cdist.SCALARS, check_sizes=False)
 
 
 def check_unique(index_all: Tensor) -> None:

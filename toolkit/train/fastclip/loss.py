@@ -32,8 +32,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from toolkit.core import dist as cdist
+from toolkit.kernels import lse_backward, lse_forward
 from toolkit.train.fastclip import individual
-from toolkit.train.fastclip._ops import attach, lse_backward, lse_forward
+from toolkit.train.fastclip._ops import attach
 from toolkit.train.fastclip.common import (
     GlobalBatch,
     check_unique,
@@ -104,12 +106,7 @@ class FastCLIPLoss(nn.Module):
         """Collective (all ranks): returns once every rank's table writes are done. Call it before
         reading the tables outside forward (state_dict for a checkpoint, inspection); forward itself
         is ordered by its collectives."""
-        from toolkit.train.fastclip._ops import world
-
-        if world(self.group)[1] > 1:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.group)
+        cdist.barrier(self.group)
 
     def table(self, name: str) -> Tensor:
         """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
@@ -182,10 +179,10 @@ class FastCLIPLoss(nn.Module):
         bt, acc = batch, batch.x.dtype
         a = logit_scale.detach().to(acc).reshape(())
         if bt.num_ranks == 1:  # one pass gives both
-            row_lse, col_lse = lse_forward(bt.x, bt.y, a, a, 0, True, True, self.backend)
+            row_lse, col_lse = lse_forward(bt.x, bt.y, a, a, 0, True, True, backend=self.backend)
         else:
-            row_lse, _ = lse_forward(bt.x, bt.yg, a, a, bt.off, True, False, self.backend)
-            _, col_lse = lse_forward(bt.xg, bt.y, a, a, -bt.off, False, True, self.backend)
+            row_lse, _ = lse_forward(bt.x, bt.yg, a, a, bt.off, True, False, backend=self.backend)
+            _, col_lse = lse_forward(bt.xg, bt.y, a, a, -bt.off, False, True, backend=self.backend)
         log_g1 = row_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_g2 = col_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, log_g1, log_g2).unbind(1)
@@ -220,10 +217,10 @@ def _surrogate_grads(bt: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, w: Tens
     wb = w.expand(bt.b)
     wB = w.expand(bt.size)
     if bt.num_ranks == 1:
-        dx, dy, d_row, d_col = lse_backward(bt.x, bt.y, a, a, n1, n2, wb, wb, 0, backend)
+        dx, dy, d_row, d_col = lse_backward(bt.x, bt.y, a, a, n1, n2, wb, wb, 0, backend=backend)
         return dx, dy, d_row.sum() + d_col.sum()
     # rows of S owned here: x's anchor terms and x as a negative of every text anchor
-    dx, _, d_row, _ = lse_backward(bt.x, bt.yg, a, a, n1[mine], n2, wb, wB, bt.off, backend)
+    dx, _, d_row, _ = lse_backward(bt.x, bt.yg, a, a, n1[mine], n2, wb, wB, bt.off, backend=backend)
     # columns owned here: y's anchor terms and y as a negative of every image anchor
-    _, dy, _, d_col = lse_backward(bt.xg, bt.y, a, a, n1, n2[mine], wB, wb, -bt.off, backend)
+    _, dy, _, d_col = lse_backward(bt.xg, bt.y, a, a, n1, n2[mine], wB, wb, -bt.off, backend=backend)
     return dx, dy, d_row.sum() + d_col.sum()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from toolkit.train.fastclip._ops import world
+from toolkit.core import dist as cdist
 
 try:
     from toolkit.kernels import clip_loss as _clip_loss
@@ -48,7 +48,7 @@ class OpenCLIPLoss(nn.Module):
         self.group = group
 
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor) -> Tensor:
-        rank, k = world(self.group)
+        rank, k = cdist.get_rank(self.group), cdist.get_world_size(self.group)
         if k == 1:
             return _clip_loss(image_features, text_features, logit_scale)
         xg = _gather_with_grad(image_features, self.group)
