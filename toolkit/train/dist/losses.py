@@ -77,8 +77,13 @@ def gather_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "aut
     return 0.5 * (row.mean() + col.mean()) - a.to(acc) * pos.mean()
 
 
-def _split_pairs(pairs: Tensor) -> tuple[Tensor, Tensor]:
-    """[B, 2, d] gathered (image, text) pairs -> contiguous X [B, d], Y [B, d]."""
+def gather_pairs(x: Tensor, y: Tensor, group=None, check_sizes: bool = False, ledger=None) -> tuple[Tensor, Tensor]:
+    """All ranks' (image, text) rows without autograd: ONE all_gather of the stacked [b, 2, d] (category
+    ``features``, in the promoted feature dtype) -> contiguous X [B, d], Y [B, d] in rank order.
+
+    Called by all ranks of ``group``; ``check_sizes`` refuses unequal batches (callers that checked skip it)."""
+    pairs = D.all_gather_nograd(torch.stack([x.detach(), y.detach()], 1), group, D.FEATURES,
+                                check_sizes=check_sizes, ledger=ledger)
     return pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
 
 
@@ -88,8 +93,7 @@ class _DiscoLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, group, backend, ledger):
-        pairs = D.all_gather_nograd(torch.stack([x, y], 1), group, D.FEATURES, check_sizes=False, ledger=ledger)
-        xs, ys = _split_pairs(pairs)
+        xs, ys = gather_pairs(x, y, group, ledger=ledger)
         row, _ = K.lse_forward(x, ys, a, a, compute_col=False, backend=backend)
         _, col = K.lse_forward(xs, y, a, a, compute_row=False, backend=backend)
         pos = positive_logits(x, y)

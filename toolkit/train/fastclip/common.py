@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
+from toolkit.train.dist.losses import gather_pairs
 
 LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
 
@@ -54,18 +55,17 @@ class GlobalBatch:
 
 
 def gather_batch(image_features: Tensor, text_features: Tensor, group) -> GlobalBatch:
-    """Gather the features of every rank (no autograd): 2 all_gathers of [b, d]. Called by all ranks."""
+    """Gather the features of every rank (no autograd): one all_gather of the stacked [b, 2, d] (in the
+    promoted feature dtype: bf16/fp16 under AMP). Called by all ranks."""
     if image_features.dim() != 2 or image_features.shape != text_features.shape:
         raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
                          f"and {tuple(text_features.shape)}")
     acc = torch.float64 if image_features.dtype == torch.float64 else torch.float32
-    rank, k = cdist.get_rank(group), cdist.get_world_size(group)
+    rank, k, b = cdist.get_rank(group), cdist.get_world_size(group), image_features.shape[0]
     x, y = image_features.detach().to(acc), text_features.detach().to(acc)
     if k > 1:
-        dt = torch.promote_types(image_features.dtype, text_features.dtype)  # AMP: gather in bf16/fp16
-        both = cdist.all_gather_nograd(torch.stack([image_features.detach().to(dt), text_features.detach().to(dt)], 1),
-                                       group, cdist.FEATURES, check_sizes=True)
-        xg, yg = both[:, 0].to(acc), both[:, 1].to(acc)
+        xg, yg = gather_pairs(image_features, text_features, group, check_sizes=True)
+        xg, yg = xg.to(acc), yg.to(acc)
     else:
         xg, yg = x, y
     if xg.shape[0] < 2:
@@ -73,7 +73,7 @@ def gather_batch(image_features: Tensor, text_features: Tensor, group) -> Global
                          f"the B−1 negatives); got {xg.shape[0]}")
     sii = (x * y).sum(1)
     sii_all = (xg * yg).sum(1) if k > 1 else sii
-    return GlobalBatch(x, y, xg, yg, sii, sii_all, rank, k, rank * x.shape[0])
+    return GlobalBatch(x, y, xg, yg, sii, sii_all, rank, k, rank * b)
 
 
 def gather_rows(rows: Tensor, batch: GlobalBatch, group) -> Tensor:
