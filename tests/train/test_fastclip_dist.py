@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _launch import free_port, rank_env
 
 N, D = 23, 5
 VERSIONS = ("v0", "v1", "v2", "v3")
@@ -84,19 +84,11 @@ def _worker(out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:
-    port, root = _free_port(), Path(__file__).resolve().parents[2]
+    port, root = free_port(), Path(__file__).resolve().parents[2]
     procs = []
     for rank in range(num_ranks):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(num_ranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), LOCAL_RANK=str(rank % local_world), LOCAL_WORLD_SIZE=str(local_world),
-                   GROUP_RANK=str(rank // local_world), OMP_NUM_THREADS="1",
+        env = dict(os.environ, **rank_env(rank, num_ranks, port, local_world), OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
