@@ -58,8 +58,11 @@ def anchor_grads(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, row_al
         return dx, dy, d_row.sum() + d_col.sum()
     mine = slice(off, off + b)
     row_k, col_k = _offsets(off, masked)
-    dx, _, d_row, _ = K.lse_backward(x, ys, a, a, row_all[mine], col_all, wb, w_all, row_k, backend=backend)
-    _, dy, _, d_col = K.lse_backward(xs, y, a, a, row_all, col_all[mine], w_all, wb, col_k, backend=backend)
+    # each call needs one side only: skip the other's matmuls (a whole B×b pass on the triton backend)
+    dx, _, d_row, _ = K.lse_backward(x, ys, a, a, row_all[mine], col_all, wb, w_all, row_k, backend=backend,
+                                     compute_dy=False)
+    _, dy, _, d_col = K.lse_backward(xs, y, a, a, row_all, col_all[mine], w_all, wb, col_k, backend=backend,
+                                     compute_dx=False)
     return dx, dy, d_row.sum() + d_col.sum()
 
 
