@@ -130,7 +130,8 @@ def _reduce_like(grad: Tensor, scale: Tensor) -> Tensor:
 
 
 class TiledLSE(torch.autograd.Function):
-    """Autograd wrapper: saves x, y, scales and the O(M + N) LSEs; backward recomputes tiles."""
+    """Autograd wrapper: saves x, y, scales and the O(M + N) LSEs; backward recomputes tiles (only the
+    side(s) whose inputs need a gradient: a frozen y or x costs no matmuls)."""
 
     @staticmethod
     def forward(ctx, x, y, row_scale, col_scale, diag_offset, compute_row, compute_col, backend, block_size,
@@ -148,12 +149,14 @@ class TiledLSE(torch.autograd.Function):
         x, y, row_scale, col_scale, *lses = ctx.saved_tensors
         row = lses.pop(0) if compute_row else None
         col = lses.pop(0) if compute_col else None
+        need = ctx.needs_input_grad
         dx, dy, d_rs, d_cs = lse_backward(
             x, y, row_scale, col_scale, row, col, grad_row if compute_row else None,
             grad_col if compute_col else None, diag_offset, backend=backend, block_size=block_size,
-            input_precision=input_precision)
-        return (dx.to(x.dtype), dy.to(y.dtype), _reduce_like(d_rs, row_scale), _reduce_like(d_cs, col_scale),
-                None, None, None, None, None, None)
+            input_precision=input_precision, compute_dx=need[0] or need[2], compute_dy=need[1] or need[3])
+        return (None if dx is None else dx.to(x.dtype), None if dy is None else dy.to(y.dtype),
+                None if d_rs is None else _reduce_like(d_rs, row_scale),
+                None if d_cs is None else _reduce_like(d_cs, col_scale), None, None, None, None, None, None)
 
 
 def tiled_lse(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None = None, *,
