@@ -82,3 +82,25 @@ def test_naive_backend_fp32_matches_float64(gen, poisoned):
     """The naive backend is also a backend: fp32 through the dispatcher vs its own float64 run."""
     check_lse_case("naive", 29, 41, 96, -3, "per_row", "per_row", 100.0, None, torch.float32, 1e-5, gen)
     check_clip_loss("naive", 17, 72, 100.0, None, torch.float32, 1e-5, gen)
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch", "triton"])
+def test_backward_skips_a_side_on_request(backend, gen, poisoned):
+    """compute_dx/compute_dy=False return None for that side (dx and d_row_scale / dy and d_col_scale) and
+    leave the other side exactly as the full call computes it."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    dev = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    m, n, d = 19, 37, 72
+    x, y = unit_rows(m, d, gen).to(dev), unit_rows(n, d, gen).to(dev)
+    rs, cs = (10 + 5 * torch.rand(m, generator=gen)).to(dev), torch.tensor(12.0, device=dev)
+    row, col = K.lse_forward(x, y, rs, cs, 3, backend=backend, block_size=16)
+    g_r, g_c = torch.randn(m, generator=gen).to(dev), torch.randn(n, generator=gen).to(dev)
+    args = (x, y, rs, cs, row, col, g_r, g_c, 3)
+    full = K.lse_backward(*args, backend=backend, block_size=16)
+    x_side = K.lse_backward(*args, backend=backend, block_size=16, compute_dy=False)
+    y_side = K.lse_backward(*args, backend=backend, block_size=16, compute_dx=False)
+    assert x_side[1] is None and x_side[3] is None and y_side[0] is None and y_side[2] is None
+    for got, want in ((x_side[0], full[0]), (x_side[2], full[2]), (y_side[1], full[1]), (y_side[3], full[3])):
+        assert torch.equal(got, want)
+    assert K.lse_backward(*args, backend=backend, compute_dx=False, compute_dy=False) == (None, None, None, None)

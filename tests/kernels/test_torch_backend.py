@@ -105,3 +105,26 @@ def test_shared_scale_underflow_lines_are_recomputed(diag_offset, gen):
     out = K.lse_forward(x.float(), y.float(), a.float(), a.float(), diag_offset, backend="torch", block_size=4)
     for o, r in zip(out, ref, strict=True):
         assert rel_err(o, r) <= 1e-5
+
+
+def test_tiled_lse_frozen_side_gets_no_grad_and_same_other_grads(gen, monkeypatch):
+    """y without requires_grad (a frozen tower): x and the scales get the same gradients as when y is
+    trainable, and y's side of the backward is not computed."""
+    from toolkit.kernels import tiled
+
+    asked, real = [], tiled.lse_backward
+    monkeypatch.setattr(tiled, "lse_backward", lambda *a, **k: asked.append(a[-2:]) or real(*a, **k))
+    m, n, d = 9, 14, 16
+    x, y = unit_rows(m, d, gen), unit_rows(n, d, gen)
+    rs, cs = 3 + torch.rand(m, generator=gen), torch.tensor(7.0)
+    w_r, w_c = torch.randn(m, generator=gen), torch.randn(n, generator=gen)
+    grads = []
+    for y_trainable in (True, False):
+        xi, yi = x.clone().requires_grad_(), y.clone().requires_grad_(y_trainable)
+        ri = rs.clone().requires_grad_()
+        row, col = K.tiled_lse(xi, yi, ri, cs, 2, backend="torch", block_size=4)
+        ((row * w_r).sum() + (col * w_c).sum()).backward()
+        grads.append((xi.grad, ri.grad, yi.grad))
+    assert grads[1][2] is None and grads[0][2] is not None
+    assert asked == [(True, True), (True, False)]  # (compute_dx, compute_dy) of the two backwards
+    assert torch.equal(grads[1][0], grads[0][0]) and torch.equal(grads[1][1], grads[0][1])

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from _launch import free_port, rank_env
 from torch import nn
 from torch.nn.functional import normalize
 
@@ -137,8 +137,7 @@ def _subgroups(rank: int, world: int) -> dict:
 
 
 def _job(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(rank_env(rank, world, port))
     torch.set_num_threads(1)
     D.init_from_env(backend="gloo", timeout_s=120)
     # An exception ends this rank; mp.spawn then terminates the others and re-raises with the traceback.
@@ -149,12 +148,6 @@ def _job(rank: int, world: int, port: int, out_dir: str) -> None:
            "subgroups": _subgroups(rank, world)}
     torch.save(res, Path(out_dir) / f"rank{rank}.pt")
     D.destroy()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_job(world: int, out_dir: Path) -> list[dict]:

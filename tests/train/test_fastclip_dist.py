@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _launch import free_port, rank_env
 
 N, D = 23, 5
 VERSIONS = ("v0", "v1", "v2", "v3")
@@ -39,8 +39,9 @@ def scenario(num_ranks: int):
     return steps
 
 
-def run(num_ranks: int, rank: int, group=None):
-    """Every version over the scenario on this rank's rows; returns results per version."""
+def run(num_ranks: int, world: int, rank: int, group=None):
+    """Every version over ``scenario(num_ranks)`` on this rank's rows out of ``world`` ranks (world 1: the
+    single-process reference on the whole global batch); returns results per version."""
     from toolkit.train.fastclip import FastCLIPLoss, OpenCLIPLoss
 
     out = {}
@@ -48,7 +49,7 @@ def run(num_ranks: int, rank: int, group=None):
         loss = FastCLIPLoss(version, N, group=group, **KW)
         records = []
         for epoch, x, y, ids, p0 in scenario(num_ranks):
-            b = x.shape[0] // num_ranks
+            b = x.shape[0] // world
             rows = slice(rank * b, (rank + 1) * b)
             loss.set_epoch(epoch)
             xs, ys = x[rows].clone().requires_grad_(), y[rows].clone().requires_grad_()
@@ -59,12 +60,12 @@ def run(num_ranks: int, rank: int, group=None):
         loss.sync_tables()
         out[version] = {"steps": records, "tables": loss.tables.data.clone()}
     _, x, y, _, p0 = scenario(num_ranks)[0]
-    b = x.shape[0] // num_ranks
+    b = x.shape[0] // world
     xs, ys = x[rank * b:(rank + 1) * b].clone().requires_grad_(), y[rank * b:(rank + 1) * b].clone().requires_grad_()
     p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
     OpenCLIPLoss(group)(xs, ys, p.exp()).backward()
     out["openclip"] = {"dx": xs.grad, "dy": ys.grad, "dp": p.grad}
-    if num_ranks > 1:  # rank 1 brings one more pair: every rank must refuse, naming the sizes
+    if world > 1:  # rank 1 brings one more pair: every rank must refuse, naming the sizes
         loss, b = FastCLIPLoss("v3", N, group=group, **KW), 2 + (rank == 1)
         try:
             loss(x[:b], y[:b], torch.arange(rank * 3, rank * 3 + b), torch.tensor(10.0, dtype=torch.float64))
@@ -79,24 +80,16 @@ def _worker(out_dir: str) -> None:
 
     dist.init_process_group("gloo", init_method="env://")
     rank, k = dist.get_rank(), dist.get_world_size()
-    torch.save(run(k, rank), Path(out_dir) / f"rank{rank}.pt")
+    torch.save(run(k, k, rank), Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:
-    port, root = _free_port(), Path(__file__).resolve().parents[2]
+    port, root = free_port(), Path(__file__).resolve().parents[2]
     procs = []
     for rank in range(num_ranks):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(num_ranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), LOCAL_RANK=str(rank % local_world), LOCAL_WORLD_SIZE=str(local_world),
-                   GROUP_RANK=str(rank // local_world), OMP_NUM_THREADS="1",
+        env = dict(os.environ, **rank_env(rank, num_ranks, port, local_world), OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -149,29 +142,7 @@ def _single_process(num_ranks: int) -> dict:
     """The same global batches without a process group (rank 0 of 1 sees the whole batch)."""
     saved = {k: os.environ.pop(k) for k in ("RANK", "WORLD_SIZE") if k in os.environ}
     try:
-        out = {}
-        for version, res in zip(VERSIONS, [None] * 4, strict=True):
-            from toolkit.train.fastclip import FastCLIPLoss
-
-            del res
-            loss = FastCLIPLoss(version, N, **KW)
-            steps = []
-            for epoch, x, y, ids, p0 in scenario(num_ranks):
-                loss.set_epoch(epoch)
-                xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
-                p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
-                value = loss(xs, ys, ids, p.exp())
-                value.backward()
-                steps.append({"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad})
-            out[version] = {"steps": steps, "tables": loss.tables.data.clone()}
-        from toolkit.train.fastclip import OpenCLIPLoss
-
-        _, x, y, _, p0 = scenario(num_ranks)[0]
-        xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
-        p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
-        OpenCLIPLoss()(xs, ys, p.exp()).backward()
-        out["openclip"] = {"dx": xs.grad, "dy": ys.grad, "dp": p.grad}
-        return out
+        return run(num_ranks, 1, 0)
     finally:
         os.environ.update(saved)
 

@@ -225,14 +225,21 @@ def check_equal_sizes(t: Tensor, group=None, what: str = "batch", ledger: CommLe
     shape = torch.full((_MAX_NDIM + 1,), -1, dtype=torch.int64, device=t.device)
     shape[0] = t.dim()
     shape[1:1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    out = torch.empty(k * (_MAX_NDIM + 1), dtype=torch.int64, device=t.device)
-    _record(ledger, "all_gather", shape, CHECKS, group)
-    _all_gather_single(out, shape, group=group)
+    out = _gather(shape, k, group, CHECKS, ledger)
     shapes = [tuple(int(v) for v in row[1:1 + int(row[0])]) for row in out.view(k, -1).cpu()]
     if len(set(shapes)) > 1:
         listing = ", ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
         raise ValueError(f"{what} sizes differ across ranks ({listing}); every rank must pass the same "
                          "shape (use drop_last=True in the loader so each rank gets a full local batch)")
+
+
+def _gather(t: Tensor, k: int, group, category: str, ledger: CommLedger | None) -> Tensor:
+    """The counted all_gather of [b, ...] -> [k·b, ...] behind both gather wrappers (sizes already agreed)."""
+    t = t.contiguous()
+    out = torch.empty((k * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    _record(ledger, "all_gather", t, category, group)
+    _all_gather_single(out, t, group=group)
+    return out
 
 
 def all_gather_nograd(t: Tensor, group=None, category: str = FEATURES, check_sizes: bool = True,
@@ -248,11 +255,7 @@ def all_gather_nograd(t: Tensor, group=None, category: str = FEATURES, check_siz
         return t
     if check_sizes:
         check_equal_sizes(t, group, ledger=ledger)
-    t = t.contiguous()
-    out = torch.empty((k * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    _record(ledger, "all_gather", t, category, group)
-    _all_gather_single(out, t, group=group)
-    return out
+    return _gather(t, k, group, category, ledger)
 
 
 def reduce_scatter_sum(t: Tensor, group=None, category: str = FEATURE_GRADS,
@@ -295,12 +298,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: Tensor, group, category: str, ledger):
         ctx.group, ctx.ledger = group, ledger
-        k = get_world_size(group)
-        t = t.contiguous()
-        out = torch.empty((k * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-        _record(ledger, "all_gather", t, category, group)
-        _all_gather_single(out, t, group=group)
-        return out
+        return _gather(t, get_world_size(group), group, category, ledger)
 
     @staticmethod
     def backward(ctx, grad: Tensor):

@@ -90,12 +90,15 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
 def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
                  col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
                  diag_offset: int | None = None, *, backend: str = "auto", block_size: int | None = None,
-                 input_precision: str | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 input_precision: str | None = None, compute_dx: bool = True, compute_dy: bool = True
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """(dx [M, D], dy [N, D], d_row_scale [M], d_col_scale [N]), fp32 (fp64 for fp64 inputs).
 
     ``row_lse``/``col_lse`` are whatever normalisers the caller's objective uses (local, global, or
     FastCLIP's log-estimators); the formula is evaluated with them tile by tile. ``grad_row``/
     ``grad_col`` None means zero upstream gradient for that side (its LSE may then be None too).
+    ``compute_dx=False`` / ``compute_dy=False``: that side's outputs (dx and d_row_scale / dy and
+    d_col_scale) come back None and their matmuls (the triton backend: a whole kernel pass) are skipped.
     """
     _check_inputs(x, y, row_scale, col_scale)
     x, y = x.detach(), y.detach()
@@ -111,12 +114,14 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
     col_lse = _vec(col_lse, n, acc, "col_lse") if grad_col is not None else None
     which = resolve_backend(backend, x.device)
     if which == "naive":
-        return naive.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset)
+        return naive.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset, compute_dx,
+                                  compute_dy)
     if which == "torch":
-        return tiled.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset, block_size)
+        return tiled.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset, block_size,
+                                  compute_dx, compute_dy)
     from toolkit.kernels import triton_lse
     return triton_lse.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset,
-                                   block_size, input_precision)
+                                   block_size, input_precision, compute_dx, compute_dy)
 
 
 def _reduce_like(grad: Tensor, scale: Tensor) -> Tensor:
@@ -125,7 +130,8 @@ def _reduce_like(grad: Tensor, scale: Tensor) -> Tensor:
 
 
 class TiledLSE(torch.autograd.Function):
-    """Autograd wrapper: saves x, y, scales and the O(M + N) LSEs; backward recomputes tiles."""
+    """Autograd wrapper: saves x, y, scales and the O(M + N) LSEs; backward recomputes tiles (only the
+    side(s) whose inputs need a gradient: a frozen y or x costs no matmuls)."""
 
     @staticmethod
     def forward(ctx, x, y, row_scale, col_scale, diag_offset, compute_row, compute_col, backend, block_size,
@@ -143,12 +149,14 @@ class TiledLSE(torch.autograd.Function):
         x, y, row_scale, col_scale, *lses = ctx.saved_tensors
         row = lses.pop(0) if compute_row else None
         col = lses.pop(0) if compute_col else None
+        need = ctx.needs_input_grad
         dx, dy, d_rs, d_cs = lse_backward(
             x, y, row_scale, col_scale, row, col, grad_row if compute_row else None,
             grad_col if compute_col else None, diag_offset, backend=backend, block_size=block_size,
-            input_precision=input_precision)
-        return (dx.to(x.dtype), dy.to(y.dtype), _reduce_like(d_rs, row_scale), _reduce_like(d_cs, col_scale),
-                None, None, None, None, None, None)
+            input_precision=input_precision, compute_dx=need[0] or need[2], compute_dy=need[1] or need[3])
+        return (None if dx is None else dx.to(x.dtype), None if dy is None else dy.to(y.dtype),
+                None if d_rs is None else _reduce_like(d_rs, row_scale),
+                None if d_cs is None else _reduce_like(d_cs, col_scale), None, None, None, None, None, None)
 
 
 def tiled_lse(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None = None, *,

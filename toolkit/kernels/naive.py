@@ -39,8 +39,10 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
 
 def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
                  col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dx, dy, d_row_scale, d_col_scale) given the LSEs and their upstream gradients."""
+                 diag_offset: int | None = None, compute_dx: bool = True, compute_dy: bool = True
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients (dx, dy, d_row_scale, d_col_scale) given the LSEs and their upstream gradients; the x side
+    (dx, d_row_scale) and the y side (dy, d_col_scale) are None when not asked for."""
     s, zr, zc = _scaled(x, y, row_scale, col_scale)
     acc = s.dtype
     m, n = s.shape
@@ -62,7 +64,9 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
         gq = grad_col.to(acc).reshape(1, -1) * q
         w = w + gq * col_scale.to(acc).reshape(1, -1)
         d_col = (gq * s).sum(0)
-    return w @ y.to(acc), w.T @ x.to(acc), d_row, d_col
+    dx = w @ y.to(acc) if compute_dx else None
+    dy = w.T @ x.to(acc) if compute_dy else None
+    return dx, dy, (d_row if compute_dx else None), (d_col if compute_dy else None)
 
 
 def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor) -> Tensor:

@@ -149,8 +149,10 @@ def _probs(z: Tensor, lse: Tensor, diag, out: Tensor) -> Tensor:
 
 def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
                  col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None, block_size: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx [M, D], dy [N, D], d_row_scale [M], d_col_scale [N]) in the acc dtype, strip by strip.
+                 diag_offset: int | None, block_size: int | None, compute_dx: bool = True,
+                 compute_dy: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """(dx [M, D], dy [N, D], d_row_scale [M], d_col_scale [N]) in the acc dtype, strip by strip; the x side
+    (dx, d_row_scale) / y side (dy, d_col_scale) is None and skipped with compute_dx / compute_dy False.
 
     Per strip: one matmul recomputes s, then dL/ds = g_r·a_r·P + g_c·a_c·Q feeds two matmuls
     (dx rows, dy accumulation); the scale gradients are row/column sums of g·P·s and g·Q·s.
@@ -158,11 +160,11 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
     m, n = x.shape[0], y.shape[0]
     acc = row_scale.dtype
     xa, ya = x.to(acc), y.to(acc)
-    dx = torch.zeros(m, x.shape[1], dtype=acc, device=x.device)
-    dy = torch.zeros(n, y.shape[1], dtype=acc, device=x.device)
-    d_row = torch.zeros(m, dtype=acc, device=x.device)
-    d_col = torch.zeros(n, dtype=acc, device=x.device)
-    if grad_row is None and grad_col is None:
+    dx = torch.zeros(m, x.shape[1], dtype=acc, device=x.device) if compute_dx else None
+    dy = torch.zeros(n, y.shape[1], dtype=acc, device=x.device) if compute_dy else None
+    d_row = torch.zeros(m, dtype=acc, device=x.device) if compute_dx else None
+    d_col = torch.zeros(n, dtype=acc, device=x.device) if compute_dy else None
+    if (grad_row is None and grad_col is None) or not (compute_dx or compute_dy):
         return dx, dy, d_row, d_col
     bm = strip_rows(m, n, block_size)
     shared = _same_scale(row_scale, col_scale)
@@ -180,13 +182,17 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
         w = None  # dL/ds on this strip
         if grad_row is not None:
             p = _probs(z_row, row_lse[i0:i1, None], diag, p_buf[:k])
-            d_row[i0:i1] = torch.linalg.vecdot(p, s).mul_(grad_row[i0:i1])
+            if compute_dx:
+                d_row[i0:i1] = torch.linalg.vecdot(p, s).mul_(grad_row[i0:i1])
             w = p.mul_(f_row[i0:i1, None])
         if grad_col is not None:
             z_col = z_row if shared else torch.mul(s, _cols(col_scale), out=z_buf[:k])
             q = _probs(z_col, col_lse[None, :], diag, q_buf[:k])
-            d_col.add_(torch.linalg.vecdot(q, s, dim=0).mul_(grad_col))
+            if compute_dy:
+                d_col.add_(torch.linalg.vecdot(q, s, dim=0).mul_(grad_col))
             w = q.mul_(f_col) if w is None else w.addcmul_(q, f_col)
-        torch.mm(w, ya, out=dx[i0:i1])
-        dy.addmm_(w.T, xa[i0:i1])
+        if compute_dx:
+            torch.mm(w, ya, out=dx[i0:i1])
+        if compute_dy:
+            dy.addmm_(w.T, xa[i0:i1])
     return dx, dy, d_row, d_col

@@ -259,20 +259,25 @@ def _bwd_launch(x, y, rs, cs, lse_r, lse_c, g_r, g_c, diag_offset, block_size, p
 
 def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
                  col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None, block_size: int | None, input_precision: str | None
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dy, d_row_scale, d_col_scale) in fp32: one kernel pass for x's side, one for y's side."""
+                 diag_offset: int | None, block_size: int | None, input_precision: str | None,
+                 compute_dx: bool = True, compute_dy: bool = True
+                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """(dx, dy, d_row_scale, d_col_scale) in fp32: one kernel pass for x's side (dx, d_row_scale), one for
+    y's side (dy, d_col_scale); a side not asked for is None and its pass is skipped."""
     _check_block(block_size)
     m, n = x.shape[0], y.shape[0]
     if x.dtype == torch.float64 or m == 0 or n == 0 or (grad_row is None and grad_col is None):
         return tiled.lse_backward(x, y, row_scale, col_scale, row_lse, col_lse, grad_row, grad_col,
-                                  diag_offset, None)
+                                  diag_offset, None, compute_dx, compute_dy)
     x, y = x.contiguous(), y.contiguous()
     rs, cs = _per_row(row_scale, m), _per_row(col_scale, n)
     vec = [None if t is None else t.float().contiguous() for t in (row_lse, col_lse, grad_row, grad_col)]
     lse_r, lse_c, g_r, g_c = vec
     precision = _precision(x, input_precision)
-    dx, d_rs = _bwd_launch(x, y, rs, cs, lse_r, lse_c, g_r, g_c, diag_offset, block_size, precision)
-    neg = None if diag_offset is None else -diag_offset
-    dy, d_cs = _bwd_launch(y, x, cs, rs, lse_c, lse_r, g_c, g_r, neg, block_size, precision)
+    dx = dy = d_rs = d_cs = None
+    if compute_dx:
+        dx, d_rs = _bwd_launch(x, y, rs, cs, lse_r, lse_c, g_r, g_c, diag_offset, block_size, precision)
+    if compute_dy:
+        neg = None if diag_offset is None else -diag_offset
+        dy, d_cs = _bwd_launch(y, x, cs, rs, lse_c, lse_r, g_c, g_r, neg, block_size, precision)
     return dx, dy, d_rs, d_cs

@@ -9,8 +9,8 @@ negative of every gathered anchor, which ``lse_backward`` gives directly when ha
 with w = g/(2b) per anchor. The other ranks' upstream g is taken equal to this rank's (there is no
 backward communication to learn it): scale the loss only by rank-independent factors.
 Per rank: feature bytes are half of gather/disco's (no reduce_scatter), plus 2·B fp32 scalars.
-FastCLIP's estimators (u, per-sample τ) build on the same pattern: gather features and per-sample
-scalars once, then ``lse_backward`` with the global normalisers.
+FastCLIP's estimators (``toolkit.train.fastclip``: u, per-sample τ) build on the same pattern and share
+``anchor_lses`` / ``anchor_grads`` (there with the positives masked and normalisers from u).
 """
 
 from __future__ import annotations
@@ -18,41 +18,76 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.dist import _kernels as K
-from toolkit.train.dist.losses import _add_positive_grads, _split_pairs, positive_logits
+from toolkit.train.dist.losses import _add_positive_grads, gather_pairs, positive_logits
+
+
+def _offsets(off: int, masked: bool) -> tuple[int | None, int | None]:
+    """diag_offset for this rank's rows against all columns (+off) and all rows against its columns (−off)."""
+    return (off, -off) if masked else (None, None)
+
+
+def anchor_lses(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, off: int, masked: bool,
+                backend: str) -> tuple[Tensor, Tensor]:
+    """LSEs of this rank's anchors: rows of a·x Ysᵀ [b] and columns of a·Xs yᵀ [b] (no autograd).
+
+    x, y [b, d] this rank's rows (rows off ... off+b−1 of the global batch), xs, ys [B, d] all rows;
+    ``masked`` leaves the positive pairs out of the sums (FastCLIP's g). B = b: one pass gives both."""
+    if xs.shape[0] == x.shape[0]:
+        return K.lse_forward(x, y, a, a, 0 if masked else None, backend=backend)
+    row_k, col_k = _offsets(off, masked)
+    row, _ = K.lse_forward(x, ys, a, a, row_k, compute_col=False, backend=backend)
+    _, col = K.lse_forward(xs, y, a, a, col_k, compute_row=False, backend=backend)
+    return row, col
+
+
+def anchor_grads(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, row_all: Tensor, col_all: Tensor,
+                 w: Tensor, off: int, masked: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    """This rank's share of ∇ w·Σ_i (row term_i + column term_i) over the global batch, given every anchor's
+    normalisers row_all, col_all [B]: (dx [b, d], dy [b, d], its anchors' part of d/da, 0-d).
+
+    x's gradient comes from its rows (anchor terms) and from being a negative of every text anchor (all
+    columns); y's likewise with the roles swapped. ``w``: 0-d upstream weight of every term. No
+    communication: the gathered normalisers carry what the other ranks would have sent."""
+    b, big_b = x.shape[0], xs.shape[0]
+    wb, w_all = w.expand(b), w.expand(big_b)
+    if big_b == b:
+        dx, dy, d_row, d_col = K.lse_backward(x, y, a, a, row_all, col_all, wb, wb, 0 if masked else None,
+                                              backend=backend)
+        return dx, dy, d_row.sum() + d_col.sum()
+    mine = slice(off, off + b)
+    row_k, col_k = _offsets(off, masked)
+    # each call needs one side only: skip the other's matmuls (a whole B×b pass on the triton backend)
+    dx, _, d_row, _ = K.lse_backward(x, ys, a, a, row_all[mine], col_all, wb, w_all, row_k, backend=backend,
+                                     compute_dy=False)
+    _, dy, _, d_col = K.lse_backward(xs, y, a, a, row_all, col_all[mine], w_all, wb, col_k, backend=backend,
+                                     compute_dx=False)
+    return dx, dy, d_row.sum() + d_col.sum()
 
 
 class _FastClipLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, a, group, backend, ledger):
         r, b = D.get_rank(group), x.shape[0]
-        pairs = D.all_gather_nograd(torch.stack([x, y], 1), group, D.FEATURES, check_sizes=False, ledger=ledger)
-        xs, ys = _split_pairs(pairs)
-        row, _ = K.lse_forward(x, ys, a, compute_col=False, backend=backend)
-        _, col = K.lse_forward(xs, y, a, compute_row=False, backend=backend)
+        xs, ys = gather_pairs(x, y, group, ledger=ledger)
+        row, col = anchor_lses(x, y, xs, ys, a, r * b, False, backend)
         lses = D.all_gather_nograd(torch.stack([row, col], 1), group, D.SCALARS, check_sizes=False, ledger=ledger)
         row_all, col_all = lses[:, 0].contiguous(), lses[:, 1].contiguous()
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, xs, ys, row_all, col_all, pos)
-        ctx.backend, ctx.local = backend, slice(r * b, (r + 1) * b)
+        ctx.backend, ctx.off = backend, r * b
         return 0.5 * (row.mean() + col.mean()) - a.to(row.dtype) * pos.mean()
 
     @staticmethod
     def backward(ctx, g):
         x, y, a, xs, ys, row_all, col_all, pos = ctx.saved_tensors
-        b, big_b = x.shape[0], xs.shape[0]
         g = g.to(row_all.dtype)
-        w_local = (g / (2 * b)).expand(b).contiguous()
-        w_all = (g / (2 * b)).expand(big_b).contiguous()
-        row, col = row_all[ctx.local], col_all[ctx.local]
-        # Local images: as anchors (their rows) and as negatives of every text anchor (all columns).
-        dx, _, da_row, _ = K.lse_backward(x, ys, a, row, col_all, w_local, w_all, backend=ctx.backend)
-        # Local texts: as anchors (their columns) and as negatives of every image anchor (all rows).
-        _, dy, _, da_col = K.lse_backward(xs, y, a, row_all, col, w_all, w_local, backend=ctx.backend)
+        dx, dy, da = anchor_grads(x, y, xs, ys, a, row_all, col_all, g / (2 * x.shape[0]), ctx.off, False,
+                                  ctx.backend)
         dx, dy = _add_positive_grads(dx, dy, x, y, a, g)
-        # logit_scale: only this rank's anchors (its rows in the first call, its columns in the second).
-        da = da_row.sum() + da_col.sum() - g * pos.mean()
+        # logit_scale: only this rank's anchors (its rows and its columns)
+        da = da - g * pos.mean()
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None
 
 

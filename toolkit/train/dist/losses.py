@@ -13,6 +13,9 @@ its copy of logit_scale (∂loss_r/∂a). DDP's mean over ranks then yields exac
 on the concatenated global batch. Multiply the loss by anything (accumulation 1/n, a GradScaler's
 scale) only by factors equal on every rank: ``fastclip`` assumes so (it has no backward communication),
 the other modes carry each rank's own upstream gradient. Log ``mean_over_ranks(loss)`` for L.
+
+Every mode evaluates ``toolkit.kernels.lse_forward``/``lse_backward`` on [b, d] × [n, d] blocks with the one
+scalar scale a for rows and columns (``backend`` as there: auto, torch, triton or naive).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.dist import _kernels as K
 
 MODES = ("gather", "disco", "ring", "fastclip")
 
@@ -43,7 +46,7 @@ class _SideLSE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, a: Tensor, side: str, backend: str):
-        row, col = K.lse_forward(x, y, a, compute_row=side == "row", compute_col=side == "col", backend=backend)
+        row, col = K.lse_forward(x, y, a, a, compute_row=side == "row", compute_col=side == "col", backend=backend)
         out = row if side == "row" else col
         ctx.save_for_backward(x, y, a, out)
         ctx.side, ctx.backend = side, backend
@@ -53,9 +56,9 @@ class _SideLSE(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, y, a, out = ctx.saved_tensors
         if ctx.side == "row":
-            dx, dy, da, _ = K.lse_backward(x, y, a, out, None, grad, None, backend=ctx.backend)
+            dx, dy, da, _ = K.lse_backward(x, y, a, a, out, None, grad, None, backend=ctx.backend)
         else:
-            dx, dy, _, da = K.lse_backward(x, y, a, None, out, None, grad, backend=ctx.backend)
+            dx, dy, _, da = K.lse_backward(x, y, a, a, None, out, None, grad, backend=ctx.backend)
         return dx.to(x.dtype), dy.to(y.dtype), da.sum().to(a.dtype), None, None
 
 
@@ -74,8 +77,13 @@ def gather_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "aut
     return 0.5 * (row.mean() + col.mean()) - a.to(acc) * pos.mean()
 
 
-def _split_pairs(pairs: Tensor) -> tuple[Tensor, Tensor]:
-    """[B, 2, d] gathered (image, text) pairs -> contiguous X [B, d], Y [B, d]."""
+def gather_pairs(x: Tensor, y: Tensor, group=None, check_sizes: bool = False, ledger=None) -> tuple[Tensor, Tensor]:
+    """All ranks' (image, text) rows without autograd: ONE all_gather of the stacked [b, 2, d] (category
+    ``features``, in the promoted feature dtype) -> contiguous X [B, d], Y [B, d] in rank order.
+
+    Called by all ranks of ``group``; ``check_sizes`` refuses unequal batches (callers that checked skip it)."""
+    pairs = D.all_gather_nograd(torch.stack([x.detach(), y.detach()], 1), group, D.FEATURES,
+                                check_sizes=check_sizes, ledger=ledger)
     return pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
 
 
@@ -85,10 +93,9 @@ class _DiscoLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, a, group, backend, ledger):
-        pairs = D.all_gather_nograd(torch.stack([x, y], 1), group, D.FEATURES, check_sizes=False, ledger=ledger)
-        xs, ys = _split_pairs(pairs)
-        row, _ = K.lse_forward(x, ys, a, compute_col=False, backend=backend)
-        _, col = K.lse_forward(xs, y, a, compute_row=False, backend=backend)
+        xs, ys = gather_pairs(x, y, group, ledger=ledger)
+        row, _ = K.lse_forward(x, ys, a, a, compute_col=False, backend=backend)
+        _, col = K.lse_forward(xs, y, a, a, compute_row=False, backend=backend)
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, xs, ys, row, col, pos)
         ctx.group, ctx.backend, ctx.ledger = group, backend, ledger
@@ -100,8 +107,8 @@ class _DiscoLoss(torch.autograd.Function):
         b = x.shape[0]
         g = g.to(row.dtype)
         w = (g / (2 * b)).expand(b).contiguous()
-        dx, dys, da_row, _ = K.lse_backward(x, ys, a, row, None, w, None, backend=ctx.backend)
-        dxs, dy, _, da_col = K.lse_backward(xs, y, a, None, col, None, w, backend=ctx.backend)
+        dx, dys, da_row, _ = K.lse_backward(x, ys, a, a, row, None, w, None, backend=ctx.backend)
+        dxs, dy, _, da_col = K.lse_backward(xs, y, a, a, None, col, None, w, backend=ctx.backend)
         # Contributions to every rank's rows, summed over ranks: one reduce_scatter of [B, 2, d],
         # in the feature dtype (what gather's autograd reduce-scatters too).
         mine = D.reduce_scatter_sum(torch.stack([dxs, dys], 1).to(x.dtype), ctx.group, D.FEATURE_GRADS, ctx.ledger)
@@ -143,8 +150,7 @@ def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tenso
     if image_local.dim() != 2 or image_local.shape != text_local.shape:
         raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
                          "must both be [b, d] with the same shape")
-    if backend not in K.BACKENDS:
-        raise ValueError(f"unknown kernels backend {backend!r}; choose one of {K.BACKENDS}")
+    K.resolve_backend(backend, image_local.device)  # refuses an unknown backend before any collective
     if not isinstance(logit_scale, Tensor):
         logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
     if logit_scale.dim() != 0:

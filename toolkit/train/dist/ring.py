@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.dist import _kernels as K
 from toolkit.train.dist.losses import _add_positive_grads, positive_logits
 
 Combine = Callable[[Sequence[Tensor], Sequence[Tensor]], list[Tensor]]
@@ -76,7 +76,7 @@ class _RingLoss(torch.autograd.Function):
 
         def tile(held: Sequence[Tensor]) -> list[Tensor]:
             nonlocal row
-            part, col = K.lse_forward(x, held[0], a, backend=backend)
+            part, col = K.lse_forward(x, held[0], a, a, backend=backend)
             row = part if row is None else torch.logaddexp(row, part)
             return [col]
 
@@ -98,7 +98,7 @@ class _RingLoss(torch.autograd.Function):
         def tile(held: Sequence[Tensor]) -> list[Tensor]:
             nonlocal dx, da_row
             ys, (col_s, w_s) = held[0], held[1]
-            dxp, dyp, drow, dcol = K.lse_backward(x, ys, a, row, col_s, w, w_s, backend=ctx.backend)
+            dxp, dyp, drow, dcol = K.lse_backward(x, ys, a, a, row, col_s, w, w_s, backend=ctx.backend)
             dx, da_row = dx + dxp, da_row + drow.sum()
             return [dyp, dcol.sum().reshape(1)]
 

@@ -1,42 +1,13 @@
-"""What FastCLIP builds on: the contrastive LSE kernels, the counted no-grad all_gather, and an
-autograd node that hands back gradients computed eagerly in the forward pass."""
+"""The autograd node FastCLIP hands its eagerly computed gradients to (``attach``).
+
+FastCLIP calls ``toolkit.kernels`` and ``toolkit.core.dist`` directly; this is the one piece of its own
+plumbing: its gradients are formed in the forward pass, not by differentiating the value it returns.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from toolkit.core import dist as cdist
-from toolkit.kernels import lse_backward as _lse_backward
-from toolkit.kernels import lse_forward as _lse_forward
-
-
-def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None,
-                compute_row: bool, compute_col: bool, backend: str) -> tuple[Tensor | None, Tensor | None]:
-    """``toolkit.kernels.lse_forward`` (see its docstring)."""
-    return _lse_forward(x, y, row_scale, col_scale, diag_offset=diag_offset, compute_row=compute_row,
-                        compute_col=compute_col, backend=backend)
-
-
-def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
-                 col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``toolkit.kernels.lse_backward``: the LSEs may be any normalisers (FastCLIP passes
-    a·s_ii + log(B−1) + log(u_i+ε), so that P_ij = exp(a(s_ij−s_ii)) / ((B−1)(u_i+ε)))."""
-    return _lse_backward(x, y, row_scale, col_scale, row_lse, col_lse, grad_row, grad_col,
-                         diag_offset=diag_offset, backend=backend)
-
-
-def world(group=None) -> tuple[int, int]:
-    """(rank, world size) in ``group``; (0, 1) without an initialised process group."""
-    return cdist.get_rank(group), cdist.get_world_size(group)
-
-
-def all_gather_nograd(t: Tensor, group=None, category: str = "features", check_sizes: bool = False) -> Tensor:
-    """[b, ...] from every rank of ``group`` -> [K·b, ...] in rank order, without autograd; counted in
-    the communication ledger. Called by all ranks; ``check_sizes`` refuses unequal batches with an
-    error naming each rank's shape (the first gather of a step checks, later ones reuse that)."""
-    return cdist.all_gather_nograd(t.contiguous(), group=group, category=category, check_sizes=check_sizes)
 
 
 class AttachGrads(torch.autograd.Function):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from toolkit.train.fastclip._ops import all_gather_nograd, world
+from toolkit.core import dist as cdist
+from toolkit.train.dist.losses import gather_pairs
 
 LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
 
@@ -25,9 +26,9 @@ LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf /
 class GlobalBatch:
     """One rank's view of the global batch (K ranks × b rows, B = K·b), in the accumulation dtype.
 
-    x, y: this rank's rows [b, d]; xg, yg: all rows [B, d] (gathered without autograd; x, y themselves
-    when K = 1); sii / sii_all: positive-pair similarities [b] / [B]; off = rank·b (this rank's rows in
-    the global batch, the kernels' ``diag_offset``).
+    xg, yg: all rows [B, d] (gathered without autograd when K > 1); x, y: this rank's rows [b, d] (the
+    views xg[off:off+b], yg[off:off+b]); sii_all: positive-pair similarities [B], sii its [b] slice;
+    off = rank·b (this rank's rows in the global batch, the kernels' ``diag_offset``).
     """
 
     x: Tensor
@@ -54,31 +55,32 @@ class GlobalBatch:
 
 
 def gather_batch(image_features: Tensor, text_features: Tensor, group) -> GlobalBatch:
-    """Gather the features of every rank (no autograd): 2 all_gathers of [b, d]. Called by all ranks."""
+    """Gather the features of every rank (no autograd): one all_gather of the stacked [b, 2, d] (in the
+    promoted feature dtype: bf16/fp16 under AMP). Called by all ranks."""
     if image_features.dim() != 2 or image_features.shape != text_features.shape:
         raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
                          f"and {tuple(text_features.shape)}")
     acc = torch.float64 if image_features.dtype == torch.float64 else torch.float32
-    rank, k = world(group)
-    x, y = image_features.detach().to(acc), text_features.detach().to(acc)
+    rank, k, b = cdist.get_rank(group), cdist.get_world_size(group), image_features.shape[0]
     if k > 1:
-        dt = torch.promote_types(image_features.dtype, text_features.dtype)  # AMP: gather in bf16/fp16
-        both = all_gather_nograd(torch.stack([image_features.detach().to(dt), text_features.detach().to(dt)], 1),
-                                 group, check_sizes=True)
-        xg, yg = both[:, 0].to(acc), both[:, 1].to(acc)
+        xg, yg = gather_pairs(image_features, text_features, group, check_sizes=True)
+        xg, yg = xg.to(acc), yg.to(acc)
     else:
-        xg, yg = x, y
+        xg, yg = image_features.detach().to(acc), text_features.detach().to(acc)
     if xg.shape[0] < 2:
         raise ValueError("FastCLIP needs a global batch of at least 2 pairs (the estimators average over "
                          f"the B−1 negatives); got {xg.shape[0]}")
-    sii = (x * y).sum(1)
-    sii_all = (xg * yg).sum(1) if k > 1 else sii
-    return GlobalBatch(x, y, xg, yg, sii, sii_all, rank, k, rank * x.shape[0])
+    sii_all = (xg * yg).sum(1)
+    # this rank's rows are a slice of the gathered batch (the same values: gathered exactly, then upcast)
+    mine = slice(rank * b, (rank + 1) * b)
+    return GlobalBatch(xg[mine], yg[mine], xg, yg, sii_all[mine], sii_all, rank, k, rank * b)
 
 
 def gather_rows(rows: Tensor, batch: GlobalBatch, group) -> Tensor:
     """Per-sample scalars [b, C] (float64, so sample ids travel exactly) -> [B, C]. Called by all ranks."""
-    return all_gather_nograd(rows.to(torch.float64), group, category="scalars") if batch.num_ranks > 1 else rows
+    if batch.num_ranks == 1:
+        return rows
+    return cdist.all_gather_nograd(rows.to(torch.float64), group, cdist.SCALARS, check_sizes=False)
 
 
 def check_unique(index_all: Tensor) -> None:

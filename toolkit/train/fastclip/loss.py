@@ -32,8 +32,10 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from toolkit.core import dist as cdist
+from toolkit.train.dist.fastclip import anchor_grads, anchor_lses
 from toolkit.train.fastclip import individual
-from toolkit.train.fastclip._ops import attach, lse_backward, lse_forward
+from toolkit.train.fastclip._ops import attach
 from toolkit.train.fastclip.common import (
     GlobalBatch,
     check_unique,
@@ -104,12 +106,7 @@ class FastCLIPLoss(nn.Module):
         """Collective (all ranks): returns once every rank's table writes are done. Call it before
         reading the tables outside forward (state_dict for a checkpoint, inspection); forward itself
         is ordered by its collectives."""
-        from toolkit.train.fastclip._ops import world
-
-        if world(self.group)[1] > 1:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.group)
+        cdist.barrier(self.group)
 
     def table(self, name: str) -> Tensor:
         """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
@@ -181,11 +178,7 @@ class FastCLIPLoss(nn.Module):
         """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
         bt, acc = batch, batch.x.dtype
         a = logit_scale.detach().to(acc).reshape(())
-        if bt.num_ranks == 1:  # one pass gives both
-            row_lse, col_lse = lse_forward(bt.x, bt.y, a, a, 0, True, True, self.backend)
-        else:
-            row_lse, _ = lse_forward(bt.x, bt.yg, a, a, bt.off, True, False, self.backend)
-            _, col_lse = lse_forward(bt.xg, bt.y, a, a, -bt.off, False, True, self.backend)
+        row_lse, col_lse = anchor_lses(bt.x, bt.y, bt.xg, bt.yg, a, bt.off, True, self.backend)
         log_g1 = row_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_g2 = col_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, log_g1, log_g2).unbind(1)
@@ -195,7 +188,8 @@ class FastCLIPLoss(nn.Module):
         c = 1.0 / a if self.version == "v3" else torch.ones((), dtype=acc, device=a.device)
         n1 = a * bt.sii_all + bt.log_bm1 + den1
         n2 = a * bt.sii_all + bt.log_bm1 + den2
-        dx, dy, dsum = _surrogate_grads(bt, a, n1, n2, c / (2 * bt.size), self.backend)
+        dx, dy, dsum = anchor_grads(bt.x, bt.y, bt.xg, bt.yg, a, n1, n2, c / (2 * bt.size), bt.off, True,
+                                    self.backend)
         mine = slice(bt.off, bt.off + bt.b)
         # ∂/∂s_ii of the anchors' own terms (the reference's loss1 differentiates s_ii too)
         dsii = -(c / (2 * bt.size)) * a * (r1_all[mine] + r2_all[mine])
@@ -212,18 +206,3 @@ class FastCLIPLoss(nn.Module):
         k = bt.num_ranks
         return value, k * dx, k * dy, (None if self.version == "v1" else k * da)
 
-
-def _surrogate_grads(bt: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, w: Tensor, backend: str):
-    """Off-diagonal part of the surrogate's gradient for this rank's rows: (dx [b,d], dy [b,d],
-    Σ over this rank's anchors of w·Σ_j P_ij s_ij, rows and columns). n1, n2: normalisers [B]."""
-    mine = slice(bt.off, bt.off + bt.b)
-    wb = w.expand(bt.b)
-    wB = w.expand(bt.size)
-    if bt.num_ranks == 1:
-        dx, dy, d_row, d_col = lse_backward(bt.x, bt.y, a, a, n1, n2, wb, wb, 0, backend)
-        return dx, dy, d_row.sum() + d_col.sum()
-    # rows of S owned here: x's anchor terms and x as a negative of every text anchor
-    dx, _, d_row, _ = lse_backward(bt.x, bt.yg, a, a, n1[mine], n2, wb, wB, bt.off, backend)
-    # columns owned here: y's anchor terms and y as a negative of every image anchor
-    _, dy, _, d_col = lse_backward(bt.xg, bt.y, a, a, n1, n2[mine], wB, wb, -bt.off, backend)
-    return dx, dy, d_row.sum() + d_col.sum()

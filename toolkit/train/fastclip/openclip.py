@@ -1,27 +1,21 @@
 """The OpenCLIP baseline: the standard (mini-batch) CLIP loss with a learnable logit scale.
 
-Single process: ``toolkit.kernels`` clip_loss. Under torch.distributed: OpenCLIP's ``local_loss`` +
-``gather_with_grad`` formulation (this rank's rows against the gathered global batch, features gathered
-with autograd), whose DDP-averaged gradient is the gradient of the global-batch CLIP loss. The scale is
-a = exp(p); p is clamped to [0, ln 100] after each optimiser step (``clamp_logit_scale_``).
+Single process: ``toolkit.kernels`` clip_loss. Under torch.distributed: the ``gather`` mode of
+``toolkit.train.dist.contrastive_loss`` (OpenCLIP's ``local_loss`` + ``gather_with_grad``: this rank's
+rows against the gathered global batch, features gathered with autograd), whose DDP-averaged gradient is
+the gradient of the global-batch CLIP loss. The scale is a = exp(p); p is clamped to [0, ln 100] after
+each optimiser step (``clamp_logit_scale_``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from toolkit.train.fastclip._ops import world
-
-try:
-    from toolkit.kernels import clip_loss as _clip_loss
-except ImportError:  # before backend dispatch lands
-    from toolkit.kernels.naive import clip_loss as _clip_loss
-
-MAX_LOGIT_SCALE = math.log(100.0)
+from toolkit.core import dist as cdist
+from toolkit.kernels import clip_loss
+from toolkit.train.dist import contrastive_loss
+from toolkit.train.fastclip.schedules import MAX_LOGIT_SCALE
 
 
 @torch.no_grad()
@@ -30,31 +24,17 @@ def clamp_logit_scale_(logit_scale: nn.Parameter, max_value: float = MAX_LOGIT_S
     logit_scale.clamp_(0.0, max_value)
 
 
-def _gather_with_grad(t: Tensor, group) -> Tensor:
-    try:
-        from toolkit.core.dist import all_gather_with_grad
-    except ImportError:
-        from torch.distributed.nn.functional import all_gather
-
-        return torch.cat(all_gather(t, group=group), 0)
-    return all_gather_with_grad(t, group=group)
-
-
 class OpenCLIPLoss(nn.Module):
-    """½(CE image→text + CE text→image) over the global batch; forward(x [b,d], y [b,d], a) -> 0-d."""
+    """½(CE image→text + CE text→image) over the global batch; forward(x [b,d], y [b,d], a 0-d) -> 0-d.
 
-    def __init__(self, group=None):
+    Called by every rank of ``group`` with the same b; ``backend`` is the kernels backend."""
+
+    def __init__(self, group=None, backend: str = "auto"):
         super().__init__()
-        self.group = group
+        self.group, self.backend = group, backend
 
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor) -> Tensor:
-        rank, k = world(self.group)
-        if k == 1:
-            return _clip_loss(image_features, text_features, logit_scale)
-        xg = _gather_with_grad(image_features, self.group)
-        yg = _gather_with_grad(text_features, self.group)
-        b = image_features.shape[0]
-        labels = torch.arange(b, device=image_features.device) + rank * b
-        logits_i = logit_scale * image_features @ yg.T
-        logits_t = logit_scale * text_features @ xg.T
-        return 0.5 * (F.cross_entropy(logits_i, labels) + F.cross_entropy(logits_t, labels))
+        if cdist.get_world_size(self.group) == 1:  # one fused pass for both sides
+            return clip_loss(image_features, text_features, logit_scale, backend=self.backend)
+        return contrastive_loss(image_features, text_features, logit_scale, mode="gather", group=self.group,
+                                backend=self.backend)

@@ -20,18 +20,17 @@ import uuid
 import torch
 from torch import Tensor
 
+from toolkit.core import dist as cdist
+
 SHM_DIR = "/dev/shm"
 
 
 def _node_layout(group=None) -> tuple[int, int, int, int]:
     """(rank, world, local_rank, local_world) from the process group and torchrun's env vars."""
-    from toolkit.train.fastclip._ops import world
-
-    rank, k = world(group)
+    rank, k = cdist.get_rank(group), cdist.get_world_size(group)
     if k == 1:
         return 0, 1, 0, 1
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world, local_rank = cdist.get_local_world_size(), cdist.get_local_rank()
     if k % local_world != 0 or local_rank >= local_world:
         raise ValueError(f"LOCAL_WORLD_SIZE={local_world} / LOCAL_RANK={local_rank} do not fit world size {k}")
     return rank, k, local_rank, local_world
