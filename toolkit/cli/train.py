@@ -3,7 +3,7 @@
 
 import typer
 
-app = typer.Typer(help="Train CLIP models (FastCLIP, DisCo, ring, gather modes).", no_args_is_help=True)
+app = typer.Typer(help="Training: FastCLIP presets (the trainer itself lands in a later issue).", no_args_is_help=True)
 
 
 @app.command("presets")

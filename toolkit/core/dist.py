@@ -95,8 +95,8 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
                                 timeout=timedelta(seconds=timeout_s))
     if not is_initialized():
         return DistInfo(0, 1, local_rank, 1, None, device)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank,
-                    int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())), dist.get_backend(), device)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, get_local_world_size(), dist.get_backend(),
+                    device)
 
 
 def destroy() -> None:
