@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from io import BytesIO
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from PIL import Image, ImageDraw
 from toolkit.core import io
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
-from toolkit.core.stage import MANIFEST, StageResult, stage_run
+from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
 from toolkit.data.rawshards import RawShardReader, list_shards, shard_name, sidecar
 from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
@@ -74,7 +75,7 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
                               "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
                               "model": ds.model, "source": ds.source}
-    manifest = io.read_json(io.join(cfg.input, MANIFEST)) if io.exists(io.join(cfg.input, MANIFEST)) else {}
+    manifest = read_manifest(cfg.input) or {}
     counts = manifest.get("counts", {})
     report["skipped"] = {"precompute": counts.get("skipped", {})} if counts else {}
     report["converted"] = counts.get("converted", {})
@@ -135,9 +136,8 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
 def _raw_skip_reasons(source: str, urls: list[str]) -> dict[str, Any]:
     """Failures recorded by the producer: the fetch manifest's counts and img2dataset's stats files."""
     found: dict[str, Any] = {}
-    manifest = io.join(source, MANIFEST)
-    if "*" not in source and "{" not in source and io.exists(manifest):
-        m = io.read_json(manifest)
+    m = read_manifest(source) if "*" not in source and "{" not in source else None
+    if m is not None:
         found["manifest"] = {k: v for k, v in (m.get("counts") or {}).items() if "fail" in k or "skip" in k
                              or k == "errors"} or m.get("counts", {})
     stats, failed = Counter(), 0
@@ -165,8 +165,9 @@ def run(cfg: InspectConfig) -> StageResult:
         rec.outputs["report"] = io.join(cfg.out, "report.json")
         if tiles:
             path = io.join(cfg.out, "contact_sheet.png")
-            with io.open_file(path, "wb") as fh:
-                contact_sheet(tiles, cfg.thumb_size).save(fh, "PNG")
+            buf = BytesIO()
+            contact_sheet(tiles, cfg.thumb_size).save(buf, "PNG")
+            io.write_bytes_atomic(path, buf.getvalue())
             rec.outputs["contact_sheet"] = path
         rec.counts.update({"num_samples": report["num_samples"], "num_shards": report["num_shards"],
                            "num_contact": len(tiles)})
