@@ -16,7 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from toolkit.eval.datasets import IMAGE_EXTS, DatasetError
+from toolkit.data.rawshards import IMAGE_EXTS as INPUT_IMAGE_EXTS
+from toolkit.eval.datasets import DatasetError
 
 GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
                      "a good photo of a {c}.", "a blurry photo of a {c}.", "a cropped photo of the {c}.")
@@ -95,7 +96,7 @@ def from_folder(root: str, classnames: list[str] | None) -> EvalSamples:
     out = EvalSamples("classification", [], list(names))
     for label, folder in enumerate(folders):
         files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-        images = [p for p in files if p.suffix.lower().lstrip(".") in (*IMAGE_EXTS, "bmp", "gif", "tif", "tiff")]
+        images = [p for p in files if p.suffix.lower().lstrip(".") in INPUT_IMAGE_EXTS]
         if len(images) < len(files):
             out.left_out["not an image file"] = out.left_out.get("not an image file", 0) + len(files) - len(images)
         for p in images:
