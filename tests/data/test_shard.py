@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,18 @@ def _image(rng, mode="RGB", fmt="JPEG", size: tuple[int, int] | None = None) -> 
     Image.fromarray(arr[..., 0] if mode == "L" else arr, mode).save(buf, fmt)
     return buf.getvalue()
 
+
+
+def _write_deep_images(src: Path, rng: np.random.Generator) -> None:
+    """deep.png (16-bit grey around 0x8000) and deep_rgb.png (16-bit RGB at 1/4, 1/2, 3/4), with captions."""
+    import cv2
+
+    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
+    Image.fromarray(deep).save(src / "deep.png")
+    (src / "deep.txt").write_text("caption of deep.png")
+    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
+    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
+    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
 
 def read_shards(out) -> dict[str, dict]:
     """Caption -> sample metadata over all tars in ``out``; checks each sample's members."""
@@ -58,14 +71,7 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
         (src / name).write_bytes(_image(rng, mode, fmt))
         (src / name).with_suffix(".txt").write_text(f"  caption of {name}\n")
     # 16 bits per sample: img2dataset alone would saturate these to white; they must keep their levels
-    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
-    Image.fromarray(deep).save(src / "deep.png")
-    (src / "deep.txt").write_text("caption of deep.png")
-    import cv2
-
-    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
-    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
-    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
+    _write_deep_images(src, rng)
     (src / "nocap.jpg").write_bytes(_image(rng))
     (src / "blank.jpg").write_bytes(_image(rng))
     (src / "blank.txt").write_text(" \n\t")
@@ -105,17 +111,10 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
 
 def test_deep_images_keep_their_levels_without_the_strict_check(tmp_path):
     # the 16-bit handling is not part of the strict check: strict_decode=False must not turn them white
-    import cv2
-
     rng = np.random.default_rng()
     src = tmp_path / "src"
     src.mkdir()
-    deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
-    Image.fromarray(deep).save(src / "deep.png")
-    (src / "deep.txt").write_text("caption of deep.png")
-    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
-    (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
-    (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
+    _write_deep_images(src, rng)
     out = tmp_path / "raw"
     result = run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, strict_decode=False))
     assert (result.counts["num_success"], result.counts["num_failed"]) == (2, 0)
