@@ -19,7 +19,8 @@ row_scale [M] (or 0-d, broadcast) and col_scale [N] (or 0-d) multiplicative scal
   block's share of the gradient, which is how the ring mode accumulates across ranks.
 - ``tiled_lse``: autograd wrapper of the two (gradients to x, y and both scales).
 - ``clip_loss``: the symmetric CLIP loss, same value and gradients as open_clip's ClipLoss.
-- ``offdiag_mean_exp``: FastCLIP's g_i = mean_{j≠i} exp(a_i(s_ij − s_ii)) per row, with autograd.
+- ``accumulation_dtype`` / ``clip_value``: the dtype every loss accumulates in and the CLIP value
+  ½ mean(r − a·s_ii) + ½ mean(c − a·s_ii) from LSEs, shared with the training losses.
 
 Backends (keyword ``backend``): ``naive`` (full matrix, tests/benchmarks), ``torch`` (chunked PyTorch,
 ``toolkit/kernels/tiled.py``), ``triton`` (``toolkit/kernels/triton_lse.py``), ``auto`` (triton for CUDA
@@ -37,16 +38,17 @@ from toolkit.kernels.api import (
     clip_loss,
     lse_backward,
     lse_forward,
-    offdiag_mean_exp,
     resolve_backend,
     tiled_lse,
     triton_available,
 )
+from toolkit.kernels.common import accumulation_dtype, clip_value
 from toolkit.kernels.naive import clip_loss as naive_clip_loss
 from toolkit.kernels.naive import lse_backward as naive_lse_backward
 from toolkit.kernels.naive import lse_forward as naive_lse_forward
 
 __all__ = [
-    "BACKENDS", "ClipLossFn", "TiledLSE", "clip_loss", "lse_backward", "lse_forward", "naive_clip_loss",
-    "naive_lse_backward", "naive_lse_forward", "offdiag_mean_exp", "resolve_backend", "tiled_lse", "triton_available",
+    "BACKENDS", "ClipLossFn", "TiledLSE", "accumulation_dtype", "clip_loss", "clip_value", "lse_backward",
+    "lse_forward", "naive_clip_loss", "naive_lse_backward", "naive_lse_forward", "resolve_backend", "tiled_lse",
+    "triton_available",
 ]

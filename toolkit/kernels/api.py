@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from toolkit.kernels import naive, tiled
+from toolkit.kernels.common import accumulation_dtype, clip_value
 
 BACKENDS = ("auto", "naive", "torch", "triton")
 
@@ -30,10 +31,6 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend != "auto":
         return backend
     return "triton" if device.type == "cuda" and triton_available() else "torch"
-
-
-def _acc_dtype(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _check_inputs(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor) -> None:
@@ -75,7 +72,7 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
     """
     _check_inputs(x, y, row_scale, col_scale)
     x, y = x.detach(), y.detach()
-    acc = _acc_dtype(x)
+    acc = accumulation_dtype(x)
     rs, cs = _scale(row_scale, acc, x.device), _scale(col_scale, acc, x.device)
     which = resolve_backend(backend, x.device)
     if which == "naive":
@@ -102,7 +99,7 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
     """
     _check_inputs(x, y, row_scale, col_scale)
     x, y = x.detach(), y.detach()
-    acc = _acc_dtype(x)
+    acc = accumulation_dtype(x)
     m, n = x.shape[0], y.shape[0]
     rs, cs = _scale(row_scale, acc, x.device), _scale(col_scale, acc, x.device)
     grad_row, grad_col = _vec(grad_row, m, acc, "grad_row"), _vec(grad_col, n, acc, "grad_col")
@@ -186,8 +183,7 @@ class ClipLossFn(torch.autograd.Function):
         pos = _pair_dots(x.detach(), y.detach(), row.dtype)
         ctx.save_for_backward(x, y, scale, row, col, pos)
         ctx.opts = (backend, block_size, input_precision)
-        a = scale.detach().to(row.dtype)
-        return 0.5 * (row.mean() + col.mean()) - a * pos.mean()
+        return clip_value(row, col, scale, pos)
 
     @staticmethod
     def backward(ctx, grad):
@@ -222,25 +218,3 @@ def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
     if resolve_backend(backend, image_features.device) == "naive":
         return naive.clip_loss(image_features, text_features, logit_scale)
     return ClipLossFn.apply(image_features, text_features, logit_scale, backend, block_size, input_precision)
-
-
-def offdiag_mean_exp(x: Tensor, y: Tensor, row_scale: Tensor, diag_offset: int = 0, *, backend: str = "auto",
-                     block_size: int | None = None, input_precision: str | None = None) -> Tensor:
-    """FastCLIP's g_i = 1/(N−1) Σ_{j≠i+k} exp(a_i (s_ij − s_{i,i+k})) per row, differentiable.
-
-    x [M, D] rows whose positives are y[i + diag_offset] (so 0 <= diag_offset <= N − M), y [N, D],
-    row_scale 0-d or [M]. Computed as exp(row_lse_masked − a_i·s_{i,i+k}) / (N − 1) from one tiled
-    row sweep (no column LSE). For the text side (g2) call it with x and y swapped.
-    """
-    m, n = x.shape[0], y.shape[0]
-    if not 0 <= diag_offset <= n - m:
-        raise ValueError(f"every row needs its positive: need 0 <= diag_offset <= N - M = {n - m}, "
-                         f"got {diag_offset}")
-    if n < 2:
-        raise ValueError("offdiag_mean_exp needs N >= 2 (a mean over no negatives is undefined)")
-    col_scale = row_scale if row_scale.dim() == 0 else row_scale.new_ones(())  # unused: no column sweep
-    row, _ = tiled_lse(x, y, row_scale, col_scale, diag_offset, backend=backend, block_size=block_size,
-                       compute_col=False, input_precision=input_precision)
-    acc = row.dtype
-    pos = (x.to(acc) * y[diag_offset:diag_offset + m].to(acc)).sum(1) * row_scale.to(acc)
-    return torch.exp(row - pos) / (n - 1)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from toolkit.kernels.common import accumulation_dtype
+
 
 def _mask(m: int, n: int, diag_offset: int | None, device) -> Tensor | None:
     if diag_offset is None:
@@ -20,7 +22,7 @@ def _mask(m: int, n: int, diag_offset: int | None, device) -> Tensor | None:
 
 def _scaled(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """s = x·yᵀ in fp32 (fp64 stays fp64); returns (s, row_scale_i·s_ij, col_scale_j·s_ij)."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x)
     s = x.to(acc) @ y.to(acc).T
     return s, row_scale.to(acc).reshape(-1, 1) * s, col_scale.to(acc).reshape(1, -1) * s
 
