@@ -53,7 +53,7 @@ def _step(model, mode: str, batch) -> tuple[float, dict, float]:
     The loss alone: forward+backward of ``contrastive_loss`` on detached copies of the step's features
     (all of a mode's feature communication, none of the model's compute or gradient all_reduce)."""
     from toolkit.core import dist as D
-    from toolkit.train.dist import contrastive_loss
+    from toolkit.train.losses.modes import contrastive_loss
 
     model.zero_grad(set_to_none=True)
     D.barrier()  # uncounted: the ledger is reset right after
@@ -78,7 +78,7 @@ def _worker(rank: int, args, port: int, out_dir: str) -> None:
     torch.set_num_threads(args.threads)
     from toolkit.core import dist as D
     from toolkit.models.registry import context_length, image_size
-    from toolkit.train.dist import wrap_ddp
+    from toolkit.train.ddp import wrap_ddp
 
     D.init_from_env(backend="gloo", timeout_s=1800)
     batch = _batch(rank, args.batch, image_size(args.model), context_length(args.model))

@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn.functional import normalize
 
 from toolkit.core import dist as D
-from toolkit.train.dist import MODES, contrastive_loss, grad_sync, mean_over_ranks, wrap_ddp
+from toolkit.train.ddp import grad_sync, wrap_ddp
+from toolkit.train.losses.modes import MODES, contrastive_loss, mean_over_ranks
 
 LOCAL_BATCH = 3  # odd on purpose
 FEATURE_BATCHES = (1, 5)  # local batch sizes of the feature-level checks (batch 1 included)

@@ -1,4 +1,4 @@
-"""Launch plumbing shared by the multi-process gloo tests (test_dist via _dist_jobs, test_fastclip_dist).
+"""Launch plumbing shared by the multi-process gloo tests (losses/test_modes via _dist_jobs, losses/test_fastclip_dist).
 
 Imported by file location (tests/train on sys.path): the venv ships an unrelated top-level ``tests`` package.
 """

@@ -64,7 +64,7 @@ def _open_clip_tiny(open_clip):
 def test_each_optimizer_builds_and_steps(name):
     torch.manual_seed(0)
     m = _Tiny()
-    opt = build_optimizer(m, OptimConfig(name=name, lr=1e-2, weight_decay=0.1, lr_tau=1e-3))
+    opt = build_optimizer(m, OptimConfig(name=name, lr=1e-2, weight_decay=0.1), lr_tau=1e-3)
     assert logit_scale_group(opt)["lr"] == 1e-3
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
     m.bn1.train()

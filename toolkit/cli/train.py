@@ -3,7 +3,7 @@
 
 import typer
 
-app = typer.Typer(help="Training: FastCLIP presets (the trainer itself lands in a later issue).", no_args_is_help=True)
+app = typer.Typer(help="Training: FastCLIP presets.", no_args_is_help=True)
 
 
 @app.command("presets")
@@ -13,12 +13,12 @@ def presets(
     """List the reference's published FastCLIP settings (CC3M, CC12M, LAION), or print one as YAML."""
     from toolkit.cli.common import fail
     from toolkit.core.config import dump_yaml
-    from toolkit.train.fastclip.presets import PRESETS
+    from toolkit.train.presets import PRESETS
 
     if name is None:
         width = max(len(n) for n in PRESETS)
         for key, p in PRESETS.items():
-            typer.echo(f"{key:<{width}}  {p.loss:<8} {p.model:<9} batch {p.global_batch_size:<5}  {p.description}")
+            typer.echo(f"{key:<{width}}  {p.loss.name:<12} {p.model:<9} batch {p.batch_size:<5}  {p.description}")
         return
     if name not in PRESETS:
         fail(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")

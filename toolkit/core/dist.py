@@ -193,11 +193,6 @@ class CommLedger:
 LEDGER = CommLedger()
 
 
-def get_ledger() -> CommLedger:
-    """The process-wide ledger every wrapper records into unless given another one."""
-    return LEDGER
-
-
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 

@@ -69,11 +69,6 @@ def wrap_ddp(module: nn.Module, *, grad_dtype: str = "fp32", bucket_cap_mb: floa
     return ddp
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The model inside a DDP wrapper (for checkpoints and evaluation), else ``module``."""
-    return module.module if isinstance(module, DistributedDataParallel) else module
-
-
 @contextmanager
 def grad_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
     """Run forward+backward of one micro-step; with ``enabled=False`` DDP keeps the gradients local

@@ -5,8 +5,9 @@ Parameter groups, in this order (as the reference's main.py builds them):
     weight decay 0;
   1 ``decay``: every other weight, ``weight_decay``;
   2 ``logit_scale``: the temperature parameter p (name ending in ``logit_scale``), weight decay 0 and its
-    own learning rate ``lr_tau`` (FastCLIP-v3 learns τ with lr_tau and the step_thresh rule; v0 with lr
-    unless lr_tau is set) — always the last group, the one ``TemperatureControl`` drives. Parameters
+    own learning rate ``lr_tau`` (the loss config's: FastCLIP-v3 learns τ with lr_tau and the step_thresh
+    rule; openclip and v0 with lr unless lr_tau is set) — always the last group, the one
+    ``toolkit.train.losses.TemperatureControl`` drives. Parameters
     with requires_grad=False (a frozen tower, v1/v2's constant logit scale) get no group.
 Implementations: torch.optim.AdamW and SGD; timm.optim.Lamb (bias-corrected, trust ratio only where
 weight decay is non-zero, no internal gradient clipping: the reference's LAMB) and timm.optim.Lion.
@@ -16,20 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Literal
 
 from toolkit.core.config import option
 
+if TYPE_CHECKING:  # torch loads when an optimiser is built: presets and --help stay fast
+    import torch
+    from torch import nn
+
 OptimizerName = Literal["adamw", "lamb", "lion", "sgd"]
+LrScheduleName = Literal["cosine", "constant"]
 GROUP_NAMES = ("no_decay", "decay", "logit_scale")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The model optimiser (learning-rate schedules are the trainer's)."""
+    """The model optimiser, its learning-rate schedule and gradient clipping."""
 
     name: OptimizerName = option("adamw", doc="Optimiser: adamw, lamb, lion or sgd (with momentum).")
     lr: float = option(1e-3, gt=0, doc="Peak learning rate of the model weights.")
@@ -39,7 +42,12 @@ class OptimConfig:
                                                   "The reference uses 0.98 for ViT models.")
     eps: float = option(1e-8, gt=0, doc="Denominator epsilon (adamw, lamb); the reference uses 1e-6 for ViT.")
     momentum: float = option(0.9, ge=0, le=1, doc="Momentum of sgd.")
-    lr_tau: float | None = option(None, doc="Learning rate of the logit-scale (τ) group; empty: lr.")
+    lr_schedule: LrScheduleName = option("cosine", doc="cosine: linear warmup, then cosine from lr down to "
+                                                       "lr_min at the last step; constant: warmup, then lr.")
+    warmup_steps: int = option(0, ge=0, doc="Steps of linear learning-rate warmup from 0 to lr.")
+    lr_min: float = option(0.0, ge=0, doc="Final learning rate of the cosine schedule.")
+    grad_clip_norm: float | None = option(None, gt=0, doc="Clip the global gradient norm to this (empty: no "
+                                                          "clipping).")
 
 
 def _is_gain_or_bias(name: str, p: torch.Tensor) -> bool:
@@ -68,10 +76,13 @@ def param_groups(named_parameters: Iterable[tuple[str, nn.Parameter]], weight_de
     return [g for g in out if g["params"]]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """The optimiser for ``model``'s trainable parameters with the groups above; each group carries
-    ``name`` and its ``initial_lr`` (what lr schedules scale)."""
-    groups = param_groups(model.named_parameters(), cfg.weight_decay, cfg.lr_tau)
+def build_optimizer(model: nn.Module, cfg: OptimConfig, lr_tau: float | None = None) -> torch.optim.Optimizer:
+    """The optimiser for ``model``'s trainable parameters with the groups above (``lr_tau``: the
+    logit-scale group's lr, None: cfg.lr); each group carries ``name`` and its ``initial_lr`` (what lr
+    schedules scale)."""
+    import torch
+
+    groups = param_groups(model.named_parameters(), cfg.weight_decay, lr_tau)
     if not groups:
         raise ValueError("the model has no trainable parameters (all requires_grad=False)")
     betas = (cfg.beta1, cfg.beta2)

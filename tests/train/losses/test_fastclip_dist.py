@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 from _launch import free_port, rank_env
+from fastclip_oracle import make_loss
 
 N, D = 23, 5
 VERSIONS = ("v0", "v1", "v2", "v3")
 LOCAL_BATCHES = (3, 1, 2)
 KW = {"gamma_min": 0.3, "gamma_decay_epochs": 2, "rho": 6.5, "eps": 1e-14, "tau_init": 0.07, "lr_tau": 0.05,
-      "beta2_tau": 0.98, "eps_tau": 1e-6, "table_dtype": torch.float64}
+      "tau_beta2": 0.98, "tau_eps": 1e-6, "table_dtype": torch.float64}
 
 
 def scenario(num_ranks: int):
@@ -42,11 +43,12 @@ def scenario(num_ranks: int):
 def run(num_ranks: int, world: int, rank: int, group=None):
     """Every version over ``scenario(num_ranks)`` on this rank's rows out of ``world`` ranks (world 1: the
     single-process reference on the whole global batch); returns results per version."""
-    from toolkit.train.fastclip import FastCLIPLoss, OpenCLIPLoss
+    from toolkit.train.losses import LossConfig, build_loss
+    from toolkit.train.losses.modes import MODES
 
     out = {}
     for version in VERSIONS:
-        loss = FastCLIPLoss(version, N, group=group, **KW)
+        loss = make_loss(version, N, group=group, **KW)
         records = []
         for epoch, x, y, ids, p0 in scenario(num_ranks):
             b = x.shape[0] // world
@@ -54,7 +56,7 @@ def run(num_ranks: int, world: int, rank: int, group=None):
             loss.set_epoch(epoch)
             xs, ys = x[rows].clone().requires_grad_(), y[rows].clone().requires_grad_()
             p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
-            value = loss(xs, ys, ids[rows], p.exp())
+            value = loss(xs, ys, p.exp(), ids[rows])
             value.backward()
             records.append({"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad})
         loss.sync_tables()
@@ -62,13 +64,16 @@ def run(num_ranks: int, world: int, rank: int, group=None):
     _, x, y, _, p0 = scenario(num_ranks)[0]
     b = x.shape[0] // world
     xs, ys = x[rank * b:(rank + 1) * b].clone().requires_grad_(), y[rank * b:(rank + 1) * b].clone().requires_grad_()
-    p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
-    OpenCLIPLoss(group)(xs, ys, p.exp()).backward()
-    out["openclip"] = {"dx": xs.grad, "dy": ys.grad, "dp": p.grad}
+    for mode in MODES:  # the baseline through build_loss in every mode: the same gradients
+        xm, ym = xs.detach().clone().requires_grad_(), ys.detach().clone().requires_grad_()
+        p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
+        loss = build_loss(LossConfig(kind="openclip", mode=mode), group=group)
+        loss(xm, ym, p.exp(), None).backward()
+        out[f"openclip-{mode}"] = {"dx": xm.grad, "dp": p.grad, "value": loss.global_value()}
     if world > 1:  # rank 1 brings one more pair: every rank must refuse, naming the sizes
-        loss, b = FastCLIPLoss("v3", N, group=group, **KW), 2 + (rank == 1)
+        loss, b = make_loss("v3", N, group=group, **KW), 2 + (rank == 1)
         try:
-            loss(x[:b], y[:b], torch.arange(rank * 3, rank * 3 + b), torch.tensor(10.0, dtype=torch.float64))
+            loss(x[:b], y[:b], torch.tensor(10.0, dtype=torch.float64), torch.arange(rank * 3, rank * 3 + b))
             out["unequal"] = None
         except ValueError as err:
             out["unequal"] = str(err)
@@ -86,11 +91,12 @@ def _worker(out_dir: str) -> None:
 
 
 def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:
-    port, root = free_port(), Path(__file__).resolve().parents[2]
+    port, root = free_port(), Path(__file__).resolve().parents[3]
+    helpers = Path(__file__).resolve().parents[1]  # tests/train: _launch, fastclip_oracle
     procs = []
     for rank in range(num_ranks):
         env = dict(os.environ, **rank_env(rank, num_ranks, port, local_world), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+                   PYTHONPATH=os.pathsep.join([str(root), str(helpers), os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
@@ -129,11 +135,13 @@ def test_distributed_equals_single_process(tmp_path, num_ranks, local_world):
                 _close(mean_dp, want["dp"], f"{version} step {s} dp")
         for r, res in enumerate(ranks):
             _close(res[version]["tables"], expected[version]["tables"], f"{version} rank {r} tables")
-    want = expected["openclip"]
-    b = want["dx"].shape[0] // num_ranks
-    for r, res in enumerate(ranks):
-        _close(res["openclip"]["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"openclip rank {r} dx")
-    _close(sum(res["openclip"]["dp"] for res in ranks) / num_ranks, want["dp"], "openclip dp")
+    for mode in ("gather", "disco", "ring", "fastclip"):
+        key, want = f"openclip-{mode}", expected["openclip-gather"]  # world 1: every mode is one clip loss
+        b = want["dx"].shape[0] // num_ranks
+        for r, res in enumerate(ranks):
+            _close(res[key]["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"{key} rank {r} dx")
+            _close(res[key]["value"], want["value"], f"{key} rank {r} global value")
+        _close(sum(res[key]["dp"] for res in ranks) / num_ranks, want["dp"], f"{key} dp")
     for r, res in enumerate(ranks):
         assert res["unequal"] is not None and "rank 1: [3," in res["unequal"], f"rank {r}: {res['unequal']}"
 

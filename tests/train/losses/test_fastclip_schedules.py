@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from fastclip_oracle import make_loss
 
-from toolkit.train.fastclip import TemperatureControl, gamma_at_epoch, gamma_at_step
+from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
+from toolkit.train.losses.temperature import TemperatureControl
 
 
 def test_gamma_cosine_and_constant_by_epoch():
@@ -30,9 +32,7 @@ def test_gamma_per_step_cosine():
 
 
 def test_loss_set_step_changes_gamma_only_for_step_schedule():
-    from toolkit.train.fastclip import FastCLIPLoss
-
-    loss = FastCLIPLoss("v1", 4, gamma_min=0.2, gamma_decay_epochs=4, gamma_schedule="cosine_step")
+    loss = make_loss("v1", 4, gamma_min=0.2, gamma_decay_epochs=4, gamma_schedule="cosine_step")
     loss.set_epoch(1)
     loss.set_step(15, 10)
     assert loss.gamma == pytest.approx(gamma_at_step(15, 10, 0.2, 4, "cosine_step"))

@@ -6,9 +6,8 @@ import math
 
 import pytest
 import torch
+from fastclip_oracle import Oracle, make_batch, make_loss
 from safetensors.torch import load_file, save_file
-
-from toolkit.train.fastclip import FastCLIPLoss
 
 
 def _adversarial(b: int, d: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,13 +25,13 @@ def _adversarial(b: int, d: int, gen: torch.Generator) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize("version", ["v0", "v1", "v2", "v3"])
 def test_no_inf_or_nan_at_tau_001_fp32(version):
     gen = torch.Generator().manual_seed(7)
-    loss = FastCLIPLoss(version, 40, gamma_min=0.2, gamma_decay_epochs=2, rho=6.5, tau_init=0.01, lr_tau=0.01)
+    loss = make_loss(version, 40, gamma_min=0.2, gamma_decay_epochs=2, rho=6.5, tau_init=0.01, lr_tau=0.01)
     p = torch.tensor(math.log(100.0), requires_grad=True)  # τ = 0.01
     for epoch in range(3):
         loss.set_epoch(epoch)
         x, y = _adversarial(10, 8, gen)
         x.requires_grad_(), y.requires_grad_()
-        value = loss(x, y, torch.randperm(40, generator=gen)[:10], p.exp())
+        value = loss(x, y, p.exp(), torch.randperm(40, generator=gen)[:10])
         value.backward()
         assert torch.isfinite(value), version
         assert torch.isfinite(x.grad).all() and torch.isfinite(y.grad).all(), version
@@ -51,7 +50,7 @@ def _steps(loss, gen, num_steps, start_epoch):
         loss.set_epoch(start_epoch + s)
         x = torch.nn.functional.normalize(torch.randn(5, 6, generator=gen), dim=1).requires_grad_()
         y = torch.nn.functional.normalize(torch.randn(5, 6, generator=gen), dim=1)
-        v = loss(x, y, torch.randperm(17, generator=gen)[:5], torch.tensor(30.0))
+        v = loss(x, y, torch.tensor(30.0), torch.randperm(17, generator=gen)[:5])
         v.backward()
         out.append((v.detach(), x.grad))
     return out
@@ -61,7 +60,7 @@ def _steps(loss, gen, num_steps, start_epoch):
 @pytest.mark.parametrize("fmt", ["torch", "safetensors"])
 def test_checkpoint_round_trip(tmp_path, version, fmt):
     kw = {"gamma_min": 0.4, "gamma_decay_epochs": 3, "tau_init": 0.05, "lr_tau": 0.02}
-    first = FastCLIPLoss(version, 17, **kw)
+    first = make_loss(version, 17, **kw)
     _steps(first, torch.Generator().manual_seed(1), 2, 0)
     state = first.state_dict()
     assert set(state) >= {"tables.log_u_image", "tables.log_u_text"}
@@ -71,7 +70,7 @@ def test_checkpoint_round_trip(tmp_path, version, fmt):
     else:
         save_file(state, str(tmp_path / "fastclip.safetensors"))
         loaded = load_file(str(tmp_path / "fastclip.safetensors"))
-    second = FastCLIPLoss(version, 17, **kw)
+    second = make_loss(version, 17, **kw)
     second.load_state_dict(loaded)
     torch.testing.assert_close(second.tables.data, first.tables.data, rtol=0, atol=0)
     a = _steps(first, torch.Generator().manual_seed(2), 2, 2)
@@ -83,19 +82,17 @@ def test_checkpoint_round_trip(tmp_path, version, fmt):
 
 
 def test_load_rejects_wrong_data_size():
-    state = FastCLIPLoss("v0", 10, gamma_min=0.5, gamma_decay_epochs=1).state_dict()
+    state = make_loss("v0", 10, gamma_min=0.5, gamma_decay_epochs=1).state_dict()
     with pytest.raises(RuntimeError, match="data_size"):
-        FastCLIPLoss("v0", 11, gamma_min=0.5, gamma_decay_epochs=1).load_state_dict(state)
+        make_loss("v0", 11, gamma_min=0.5, gamma_decay_epochs=1).load_state_dict(state)
     with pytest.raises(RuntimeError, match="Missing"):
-        FastCLIPLoss("v2", 10, gamma_min=0.5, gamma_decay_epochs=1).load_state_dict(state)
+        make_loss("v2", 10, gamma_min=0.5, gamma_decay_epochs=1).load_state_dict(state)
 
 
 @pytest.mark.parametrize("version", ["v0", "v3"])
 def test_fp32_at_tau_001_close_to_float64_oracle(version):
     """Random features at τ = 0.01, where the float64 oracle is still finite: our fp32 run agrees."""
-    from test_fastclip_oracle import Oracle, make_batch
-
-    loss = FastCLIPLoss(version, 30, gamma_min=0.3, gamma_decay_epochs=2, rho=6.5)
+    loss = make_loss(version, 30, gamma_min=0.3, gamma_decay_epochs=2, rho=6.5)
     oracle = Oracle(version, 30, rho=6.5)
     gen = torch.Generator().manual_seed(11)
     for epoch in range(3):
@@ -107,7 +104,7 @@ def test_fp32_at_tau_001_close_to_float64_oracle(version):
         ps = torch.tensor(math.log(100.0), requires_grad=True)
         xo, yo = x.clone().requires_grad_(), y.clone().requires_grad_()
         po = torch.tensor(math.log(100.0), dtype=torch.float64, requires_grad=True)
-        value = loss(xs, ys, ids, ps.exp())
+        value = loss(xs, ys, ps.exp(), ids)
         value.backward()
         want, _ = oracle.step(xo, yo, ids, po)
         scale = xo.grad.abs().max()

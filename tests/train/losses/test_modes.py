@@ -15,7 +15,7 @@ import torch
 
 # The venv ships an unrelated top-level ``tests`` package, so the job helpers are imported by file
 # location (spawned ranks inherit sys.path).
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from _dist_jobs import (  # noqa: E402
     FEATURE_BATCHES,
     LOCAL_BATCH,

@@ -12,7 +12,9 @@ from torch.nn.functional import normalize
 
 from toolkit.core import dist as D
 from toolkit.kernels.naive import clip_loss
-from toolkit.train.dist import MODES, contrastive_loss, grad_sync, mean_over_ranks, unwrap, wrap_ddp
+from toolkit.models import unwrap_model
+from toolkit.train.ddp import grad_sync, wrap_ddp
+from toolkit.train.losses.modes import MODES, contrastive_loss, mean_over_ranks
 
 
 def _features(b: int, d: int, dtype=torch.float32, seed: int = 0):
@@ -89,7 +91,7 @@ def test_init_from_env_without_launcher(monkeypatch):
 
 def test_ddp_helpers_pass_a_plain_module_through():
     model = torch.nn.Linear(3, 2)
-    assert wrap_ddp(model, grad_dtype="bf16") is model and unwrap(model) is model
+    assert wrap_ddp(model, grad_dtype="bf16") is model and unwrap_model(model) is model
     with grad_sync(model, enabled=False):
         model(torch.randn(4, 3)).sum().backward()
     assert model.weight.grad is not None

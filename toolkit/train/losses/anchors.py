@@ -9,7 +9,7 @@ negative of every gathered anchor, which ``lse_backward`` gives directly when ha
 with w = g/(2b) per anchor. The other ranks' upstream g is taken equal to this rank's (there is no
 backward communication to learn it): scale the loss only by rank-independent factors.
 Per rank: feature bytes are half of gather/disco's (no reduce_scatter), plus 2·B fp32 scalars.
-FastCLIP's estimators (``toolkit.train.fastclip``: u, per-sample τ) build on the same pattern and share
+FastCLIP's estimators (``toolkit.train.losses.fastclip``: u, per-sample τ) build on the same pattern and share
 ``anchor_lses`` / ``anchor_grads`` (there with the positives masked and normalisers from u).
 """
 
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.dist.losses import _add_positive_grads, gather_pairs, positive_logits
+from toolkit.train.losses.common import add_positive_grads, clip_value, gather_pairs, positive_logits
 
 
 def _offsets(off: int, masked: bool) -> tuple[int | None, int | None]:
@@ -77,7 +77,7 @@ class _FastClipLoss(torch.autograd.Function):
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, xs, ys, row_all, col_all, pos)
         ctx.backend, ctx.off = backend, r * b
-        return 0.5 * (row.mean() + col.mean()) - a.to(row.dtype) * pos.mean()
+        return clip_value(row, col, a, pos)
 
     @staticmethod
     def backward(ctx, g):
@@ -85,7 +85,7 @@ class _FastClipLoss(torch.autograd.Function):
         g = g.to(row_all.dtype)
         dx, dy, da = anchor_grads(x, y, xs, ys, a, row_all, col_all, g / (2 * x.shape[0]), ctx.off, False,
                                   ctx.backend)
-        dx, dy = _add_positive_grads(dx, dy, x, y, a, g)
+        dx, dy = add_positive_grads(dx, dy, x, y, a, g)
         # logit_scale: only this rank's anchors (its rows and its columns)
         da = da - g * pos.mean()
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None

@@ -27,18 +27,11 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
+from toolkit.train.losses.anchors import fastclip_loss
+from toolkit.train.losses.common import add_positive_grads, clip_value, gather_pairs, positive_logits
+from toolkit.train.losses.ring import ring_loss
 
 MODES = ("gather", "disco", "ring", "fastclip")
-
-
-def _acc(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def positive_logits(x: Tensor, y: Tensor) -> Tensor:
-    """s_ii = <x_i, y_i> [b] in the accumulation dtype (fp32, fp64 for fp64 inputs), no autograd."""
-    acc = _acc(x)
-    return (x.detach().to(acc) * y.detach().to(acc)).sum(1)
 
 
 class _SideLSE(torch.autograd.Function):
@@ -72,19 +65,9 @@ def gather_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "aut
     col = _SideLSE.apply(xs, y, a, "col", backend)
     acc = row.dtype
     # The positive logit a·s_ii is local (OpenCLIP reads it from the gathered copy at row r·b + i; its
-    # gradient comes back to this rank by the reduce_scatter either way).
+    # gradient comes back to this rank by the reduce_scatter either way); autograd differentiates it here.
     pos = (x.to(acc) * y.to(acc)).sum(1)
-    return 0.5 * (row.mean() + col.mean()) - a.to(acc) * pos.mean()
-
-
-def gather_pairs(x: Tensor, y: Tensor, group=None, check_sizes: bool = False, ledger=None) -> tuple[Tensor, Tensor]:
-    """All ranks' (image, text) rows without autograd: ONE all_gather of the stacked [b, 2, d] (category
-    ``features``, in the promoted feature dtype) -> contiguous X [B, d], Y [B, d] in rank order.
-
-    Called by all ranks of ``group``; ``check_sizes`` refuses unequal batches (callers that checked skip it)."""
-    pairs = D.all_gather_nograd(torch.stack([x.detach(), y.detach()], 1), group, D.FEATURES,
-                                check_sizes=check_sizes, ledger=ledger)
-    return pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+    return clip_value(row, col, a, pos)
 
 
 class _DiscoLoss(torch.autograd.Function):
@@ -99,7 +82,7 @@ class _DiscoLoss(torch.autograd.Function):
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, xs, ys, row, col, pos)
         ctx.group, ctx.backend, ctx.ledger = group, backend, ledger
-        return 0.5 * (row.mean() + col.mean()) - a.to(row.dtype) * pos.mean()
+        return clip_value(row, col, a, pos)
 
     @staticmethod
     def backward(ctx, g):
@@ -112,15 +95,9 @@ class _DiscoLoss(torch.autograd.Function):
         # Contributions to every rank's rows, summed over ranks: one reduce_scatter of [B, 2, d],
         # in the feature dtype (what gather's autograd reduce-scatters too).
         mine = D.reduce_scatter_sum(torch.stack([dxs, dys], 1).to(x.dtype), ctx.group, D.FEATURE_GRADS, ctx.ledger)
-        dx, dy = _add_positive_grads(dx + mine[:, 0], dy + mine[:, 1], x, y, a, g)
+        dx, dy = add_positive_grads(dx + mine[:, 0], dy + mine[:, 1], x, y, a, g)
         da = da_row.sum() + da_col.sum() - g * pos.mean()
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None
-
-
-def _add_positive_grads(dx: Tensor, dy: Tensor, x: Tensor, y: Tensor, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-    """Add the gradients of −a·mean_i(x_i·y_i) (upstream ``g``) to the local dx, dy [b, d]."""
-    c = g * a.detach().to(g.dtype) / x.shape[0]
-    return dx - c * y.to(g.dtype), dy - c * x.to(g.dtype)
 
 
 def disco_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "auto", ledger=None) -> Tensor:
@@ -128,11 +105,8 @@ def disco_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "auto
     return _DiscoLoss.apply(x, y, a, group, backend, ledger)
 
 
-def _mode_fns() -> dict[str, Callable[..., Tensor]]:
-    from toolkit.train.dist.fastclip import fastclip_loss
-    from toolkit.train.dist.ring import ring_loss
-
-    return {"gather": gather_loss, "disco": disco_loss, "ring": ring_loss, "fastclip": fastclip_loss}
+MODE_FNS: dict[str, Callable[..., Tensor]] = {"gather": gather_loss, "disco": disco_loss, "ring": ring_loss,
+                                             "fastclip": fastclip_loss}
 
 
 def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tensor | float, *, mode: str,
@@ -156,7 +130,7 @@ def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tenso
     if logit_scale.dim() != 0:
         raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
     D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
-    return _mode_fns()[mode](image_local, text_local, logit_scale, group=group, backend=backend, ledger=ledger)
+    return MODE_FNS[mode](image_local, text_local, logit_scale, group=group, backend=backend, ledger=ledger)
 
 
 def mean_over_ranks(value: Tensor, group=None, ledger: D.CommLedger | None = None) -> Tensor:

@@ -1,40 +1,42 @@
-"""The OpenCLIP baseline: the standard (mini-batch) CLIP loss with a learnable logit scale.
+"""The OpenCLIP baseline: the standard CLIP loss over the global batch, in any distributed mode.
 
-Single process: ``toolkit.kernels`` clip_loss. Under torch.distributed: the ``gather`` mode of
-``toolkit.train.dist.contrastive_loss`` (OpenCLIP's ``local_loss`` + ``gather_with_grad``: this rank's
-rows against the gathered global batch, features gathered with autograd), whose DDP-averaged gradient is
-the gradient of the global-batch CLIP loss. The scale is a = exp(p); p is clamped to [0, ln 100] after
-each optimiser step (``clamp_logit_scale_``).
+One process: ``toolkit.kernels.clip_loss`` (both LSEs in one fused tiled pass). K ranks: the configured
+mode of ``contrastive_loss`` (gather = OpenCLIP's ``local_loss`` + ``gather_with_grad``; disco, ring,
+fastclip give the same gradients with less communication or memory). τ is learnable (``learn_tau``,
+clamped to [0, ln 100] by the trainer's ``TemperatureControl``) or fixed at ``tau_init``.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from toolkit.core import dist as cdist
 from toolkit.kernels import clip_loss
-from toolkit.train.dist import contrastive_loss
-from toolkit.train.fastclip.schedules import MAX_LOGIT_SCALE
+from toolkit.train.losses.base import TrainingLoss
+from toolkit.train.losses.config import LossConfig
+from toolkit.train.losses.modes import contrastive_loss, mean_over_ranks
 
 
-@torch.no_grad()
-def clamp_logit_scale_(logit_scale: nn.Parameter, max_value: float = MAX_LOGIT_SCALE) -> None:
-    """Clamp p in place to [0, max_value] (the reference does this after every optimiser step)."""
-    logit_scale.clamp_(0.0, max_value)
+class OpenCLIPLoss(TrainingLoss):
+    """½(CE image→text + CE text→image) over the global batch (``TrainingLoss`` interface; ``index`` unused)."""
 
+    def __init__(self, cfg: LossConfig | None = None, group=None, ledger: cdist.CommLedger | None = None):
+        super().__init__(cfg or LossConfig(kind="openclip", mode="gather"), group)
+        self.ledger = ledger
+        self._last: Tensor | None = None
 
-class OpenCLIPLoss(nn.Module):
-    """½(CE image→text + CE text→image) over the global batch; forward(x [b,d], y [b,d], a 0-d) -> 0-d.
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
+                index: Tensor | None = None) -> Tensor:
+        if cdist.get_world_size(self.group) == 1:
+            share = clip_loss(image_features, text_features, logit_scale, backend=self.cfg.backend)
+        else:
+            share = contrastive_loss(image_features, text_features, logit_scale, mode=self.cfg.mode,
+                                     group=self.group, backend=self.cfg.backend, ledger=self.ledger)
+        self._last = share.detach()
+        return share
 
-    Called by every rank of ``group`` with the same b; ``backend`` is the kernels backend."""
+    def global_value(self) -> Tensor:
+        if self._last is None:
+            raise RuntimeError("global_value() before the first forward")
+        return mean_over_ranks(self._last, self.group, self.ledger)
 
-    def __init__(self, group=None, backend: str = "auto"):
-        super().__init__()
-        self.group, self.backend = group, backend
-
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor) -> Tensor:
-        if cdist.get_world_size(self.group) == 1:  # one fused pass for both sides
-            return clip_loss(image_features, text_features, logit_scale, backend=self.backend)
-        return contrastive_loss(image_features, text_features, logit_scale, mode="gather", group=self.group,
-                                backend=self.backend)

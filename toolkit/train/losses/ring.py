@@ -21,7 +21,7 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.dist.losses import _add_positive_grads, positive_logits
+from toolkit.train.losses.common import add_positive_grads, clip_value, positive_logits
 
 Combine = Callable[[Sequence[Tensor], Sequence[Tensor]], list[Tensor]]
 
@@ -84,7 +84,7 @@ class _RingLoss(torch.autograd.Function):
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, row, col, pos)
         ctx.group, ctx.backend, ctx.ledger = group, backend, ledger
-        return 0.5 * (row.mean() + col.mean()) - a.to(row.dtype) * pos.mean()
+        return clip_value(row, col, a, pos)
 
     @staticmethod
     def backward(ctx, g):
@@ -105,7 +105,7 @@ class _RingLoss(torch.autograd.Function):
         # The block carries its column LSEs and its owner's upstream weights: each rank's own g counts.
         dy, da_col = circulate([y, torch.stack([col, w])], [D.FEATURES, D.SCALARS], tile, _add,
                                [D.FEATURE_GRADS, D.SCALARS], ctx.group, ctx.ledger)
-        dx, dy = _add_positive_grads(dx, dy, x, y, a, g)
+        dx, dy = add_positive_grads(dx, dy, x, y, a, g)
         da = da_row + da_col[0] - g * pos.mean()
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None
 

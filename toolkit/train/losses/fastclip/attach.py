@@ -1,7 +1,6 @@
 """The autograd node FastCLIP hands its eagerly computed gradients to (``attach``).
 
-FastCLIP calls ``toolkit.kernels`` and ``toolkit.core.dist`` directly; this is the one piece of its own
-plumbing: its gradients are formed in the forward pass, not by differentiating the value it returns.
+FastCLIP's gradients are formed in the forward pass, not by differentiating the value it returns.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.dist.losses import gather_pairs
+from toolkit.train.losses.common import accumulation_dtype, gather_pairs
 
 LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
 
@@ -60,7 +60,7 @@ def gather_batch(image_features: Tensor, text_features: Tensor, group) -> Global
     if image_features.dim() != 2 or image_features.shape != text_features.shape:
         raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
                          f"and {tuple(text_features.shape)}")
-    acc = torch.float64 if image_features.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(image_features)
     rank, k, b = cdist.get_rank(group), cdist.get_world_size(group), image_features.shape[0]
     if k > 1:
         xg, yg = gather_pairs(image_features, text_features, group, check_sizes=True)

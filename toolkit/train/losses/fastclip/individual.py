@@ -16,14 +16,12 @@ reference's value averages the pre- and post-update halves; only logging sees th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from toolkit.kernels import lse_backward, lse_forward
-from toolkit.train.fastclip.common import (
+from toolkit.train.losses.config import LossConfig
+from toolkit.train.losses.fastclip.estimators import (
     GlobalBatch,
     check_unique,
     ema_log,
@@ -31,24 +29,14 @@ from toolkit.train.fastclip.common import (
     log_plus_eps,
     row_max,
 )
-
-if TYPE_CHECKING:
-    from toolkit.train.fastclip.loss import FastCLIPLoss
+from toolkit.train.losses.fastclip.tables import SampleTables
 
 SIDES = ("image", "text")
 PER_SIDE = ("log_u", "tau", "bound", "m", "v")
 
 
-@dataclass(frozen=True)
-class TauSettings:
-    tau_init: float
-    lr_tau: float
-    beta1: float
-    beta2: float
-    eps_tau: float
-    tau_min: float
-    tau_max: float
-    grad_clamp: float
+# lr of the per-sample τ rule when LossConfig.lr_tau is empty (the reference's default for iSogCLR).
+DEFAULT_LR_TAU = 1e-2
 
 
 def table_columns(tau_init: float) -> dict[str, float]:
@@ -56,7 +44,7 @@ def table_columns(tau_init: float) -> dict[str, float]:
     return {f"{k}_{s}": (tau_init if k == "tau" else 0.0) for k in PER_SIDE[1:] for s in SIDES}
 
 
-def _side_update(loss: FastCLIPLoss, bt: GlobalBatch, old: dict[str, Tensor], rows: bool):
+def _side_update(cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old: dict[str, Tensor], rows: bool):
     """One side's anchors on this rank: (new state dict, log g̃, d/d features of the anchor side).
 
     rows=True: image anchors, rows of S = x (this rank) @ yg.T; False: text anchors, columns of
@@ -68,58 +56,61 @@ def _side_update(loss: FastCLIPLoss, bt: GlobalBatch, old: dict[str, Tensor], ro
     scale = 1.0 / tau
     z_max = (row_max(a_rows, a_cols) - bt.sii) * scale
     bound = torch.maximum(old["bound"], z_max)
-    lse, _ = lse_forward(a_rows, a_cols, scale, one, bt.off, True, False, backend=loss.backend)
+    lse, _ = lse_forward(a_rows, a_cols, scale, one, bt.off, True, False, backend=cfg.backend)
     log_g = lse.to(acc) - scale * bt.sii - bound - bt.log_bm1
-    log_u = ema_log(old["log_u"], log_g, loss.gamma, shift=old["bound"] - bound)
-    den = log_plus_eps(log_u, loss.eps)
+    log_u = ema_log(old["log_u"], log_g, gamma, shift=old["bound"] - bound)
+    den = log_plus_eps(log_u, cfg.eps)
     w = torch.full((bt.b,), 1.0 / (2 * bt.size), dtype=acc, device=bt.x.device)
     norm = scale * bt.sii + bound + bt.log_bm1 + den
     d_anchor, _, d_scale, _ = lse_backward(a_rows, a_cols, scale, one, norm, None, w, None, bt.off,
-                                           backend=loss.backend, compute_dy=False)
+                                           backend=cfg.backend, compute_dy=False)
     r = (log_g - den).exp()
     sum_pz = scale * (d_scale.to(acc) / w - bt.sii * r)  # Σ_j P_ij z_ij with P_ij = e^{z_ij−b_i}/((B−1)(ũ_i+ε))
-    st = loss.tau
-    grad = (-sum_pz + den + bound + loss.rho).clamp(-st.grad_clamp, st.grad_clamp)
-    beta1, beta2 = (st.beta1, st.beta2) if loss.epoch > 0 else (0.0, 0.0)
+    grad = (-sum_pz + den + bound + cfg.rho).clamp(-cfg.tau_grad_clamp, cfg.tau_grad_clamp)
+    beta1, beta2 = (cfg.tau_beta1, cfg.tau_beta2) if epoch > 0 else (0.0, 0.0)
     m = beta1 * old["m"] + (1.0 - beta1) * grad
     v = beta2 * old["v"] + (1.0 - beta2) * grad**2
-    m_hat = m / (1.0 - beta1 ** (loss.epoch + 1))
-    v_hat = v / (1.0 - beta2 ** (loss.epoch + 1))
-    tau_new = (tau - st.lr_tau * m_hat / (v_hat + st.eps_tau)).clamp(st.tau_min, st.tau_max)
+    m_hat = m / (1.0 - beta1 ** (epoch + 1))
+    v_hat = v / (1.0 - beta2 ** (epoch + 1))
+    lr_tau = DEFAULT_LR_TAU if cfg.lr_tau is None else cfg.lr_tau
+    tau_new = (tau - lr_tau * m_hat / (v_hat + cfg.tau_eps)).clamp(cfg.tau_min, cfg.tau_max)
     d_anchor = d_anchor.to(acc) - (w * scale * r)[:, None] * (bt.y if rows else bt.x)  # through s_ii
     new = {"log_u": log_u, "tau": tau_new, "bound": bound, "m": m, "v": v}
     return new, log_g, d_anchor, w * scale * r
 
 
-def step(loss: FastCLIPLoss, bt: GlobalBatch, index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """v2 for this rank: (value, d/dx [b,d], d/dy [b,d]); tables updated for the global batch."""
+def step(tables: SampleTables, cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch,
+         index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """v2 for this rank: (value, d/dx [b,d], d/dy [b,d], mean updated τ over the global batch (0-d, for
+    logging)); the tables are updated for the global batch. Called by every rank (one all_gather)."""
     acc, dev = bt.x.dtype, bt.x.device
-    names = loss.tables.names
-    old_rows = loss.tables.read(index).to(device=dev, dtype=acc)
+    names = tables.names
+    old_rows = tables.read(index).to(device=dev, dtype=acc)
     new, log_g, d_anchor, dsii_own = {}, {}, {}, {}
     for side, rows in (("image", True), ("text", False)):
         old = {k: old_rows[:, names.index(f"{k}_{side}")] for k in PER_SIDE}
-        new[side], log_g[side], d_anchor[side], dsii_own[side] = _side_update(loss, bt, old, rows)
+        new[side], log_g[side], d_anchor[side], dsii_own[side] = _side_update(cfg, gamma, epoch, bt, old, rows)
     ids = index.detach().to(device=dev, dtype=torch.float64)
     cols = [new[s][k] for k in PER_SIDE for s in SIDES] + [log_g["image"], log_g["text"]]
-    packed = gather_rows(torch.stack([ids] + [c.double() for c in cols], 1), bt, loss.tables.group)
+    packed = gather_rows(torch.stack([ids] + [c.double() for c in cols], 1), bt, tables.group)
     idx_all = packed[:, 0].long()
     check_unique(idx_all)
     order = [f"{k}_{s}" for k in PER_SIDE for s in SIDES]
-    loss.tables.write_gathered(idx_all, packed[:, 1:1 + len(order)][:, [order.index(n) for n in names]], bt.b)
+    tables.write_gathered(idx_all, packed[:, 1:1 + len(order)][:, [order.index(n) for n in names]], bt.b)
     g = {n: packed[:, 1 + i].to(acc) for i, n in enumerate(order)}
     log_g_all = {"image": packed[:, -2].to(acc), "text": packed[:, -1].to(acc)}
-    den = {s: log_plus_eps(g[f"log_u_{s}"], loss.eps) for s in SIDES}
+    den = {s: log_plus_eps(g[f"log_u_{s}"], cfg.eps) for s in SIDES}
     value = sum((log_g_all[s] - den[s]).exp().mean() for s in SIDES)
     # negative side with the post-update τ and bounds of every anchor in the global batch
     w = torch.full((bt.size,), 1.0 / (2 * bt.size), dtype=acc, device=dev)
     one = torch.ones((), dtype=acc, device=dev)
     norm = {s: bt.sii_all / g[f"tau_{s}"] + g[f"bound_{s}"] + bt.log_bm1 + den[s] for s in SIDES}
     _, dx_neg, _, _ = lse_backward(bt.yg, bt.x, 1.0 / g["tau_text"], one, norm["text"], None, w, None,
-                                   -bt.off, backend=loss.backend, compute_dx=False)
+                                   -bt.off, backend=cfg.backend, compute_dx=False)
     _, dy_neg, _, _ = lse_backward(bt.xg, bt.y, 1.0 / g["tau_image"], one, norm["image"], None, w, None,
-                                   -bt.off, backend=loss.backend, compute_dx=False)
+                                   -bt.off, backend=cfg.backend, compute_dx=False)
     dx = d_anchor["image"] + dx_neg.to(acc) - dsii_own["text"][:, None] * bt.y
     dy = d_anchor["text"] + dy_neg.to(acc) - dsii_own["image"][:, None] * bt.x
     k = bt.num_ranks
-    return value, k * dx, k * dy
+    tau_mean = 0.5 * (g["tau_image"].mean() + g["tau_text"].mean())
+    return value, k * dx, k * dy, tau_mean

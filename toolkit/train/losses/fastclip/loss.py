@@ -6,7 +6,7 @@ Per global batch (B pairs, L2-normalised image rows x, text rows y, s_ij = <x_i,
     model gradient = c/2 · ∇ (1/B) Σ_i [g1_i/(u1_i+ε) + g2_i/(u2_i+ε)],  u fixed,  c = τ (v3) else 1.
 Versions: v0 learnable τ through the surrogate; v1 constant τ (no gradient to the logit scale); v3
 (RGCL-g) value τ·S + ρτ + τ/2·mean(log u1 + log u2), gradient to τ as the reference forms it; v2
-individual temperatures (``toolkit.train.fastclip.individual``).
+individual temperatures (``toolkit.train.losses.fastclip.individual``).
 
 **The τ-gradient is doubled, on purpose.** The reference splits each rank's loss into loss1 (its
 anchors against all negatives) and loss2 (all anchors against its negatives); the feature gradients of
@@ -27,16 +27,17 @@ v2 adds τ, bound, m, v), no autograd, no feature-gradient exchange; each rank d
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.dist.fastclip import anchor_grads, anchor_lses
-from toolkit.train.fastclip import individual
-from toolkit.train.fastclip._ops import attach
-from toolkit.train.fastclip.common import (
+from toolkit.train.losses.anchors import anchor_grads, anchor_lses
+from toolkit.train.losses.base import TrainingLoss
+from toolkit.train.losses.config import LossConfig
+from toolkit.train.losses.fastclip import individual
+from toolkit.train.losses.fastclip.attach import attach
+from toolkit.train.losses.fastclip.estimators import (
     GlobalBatch,
     check_unique,
     ema_log,
@@ -44,62 +45,49 @@ from toolkit.train.fastclip.common import (
     gather_rows,
     log_plus_eps,
 )
-from toolkit.train.fastclip.schedules import GammaScheduleName, gamma_at_epoch, gamma_at_step
-from toolkit.train.fastclip.tables import SampleTables
+from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
+from toolkit.train.losses.fastclip.tables import SampleTables
 
-Version = Literal["v0", "v1", "v2", "v3"]
 VERSIONS = ("v0", "v1", "v2", "v3")
 
 
-class FastCLIPLoss(nn.Module):
+class FastCLIPLoss(TrainingLoss):
     """FastCLIP loss with its per-sample state (see the module docstring for the maths).
 
-    Args: version "v0" | "v1" | "v2" | "v3"; data_size N (sample ids are 0..N−1); gamma_min, the final
-    inner learning rate γ; gamma_decay_epochs, epochs of the γ decay; gamma_schedule "cosine" |
-    "constant" | "cosine_step"; rho ρ (v2, v3); eps ε added to u in the denominators. v2 only: tau_init,
-    lr_tau, beta1_tau, beta2_tau, eps_tau, tau_min, tau_max, grad_clamp_tau. group: process group
-    (default world); backend: kernels backend; table_dtype: dtype of the tables (fp32 as the reference;
-    fp64 for oracles); share_tables: one table per node in shared memory (see ``tables``).
-    Tables (``self.tables``, columns): log_u_image, log_u_text (all versions), and for v2 tau_image,
-    tau_text, bound_image, bound_text, m_image, m_text, v_image, v_text. ``u_image`` etc. give u.
+    ``cfg``: a ``LossConfig`` with kind fastclip (version, γ schedule, ρ, ε, v2's τ rule, backend).
+    ``data_size`` N: sample ids are 0..N−1. ``group``: process group (default world). ``table_dtype``:
+    dtype of the tables (fp32 as the reference; fp64 for oracles); ``share_tables``: one table per node
+    in shared memory (see ``tables``). Tables (``self.tables``, columns): log_u_image, log_u_text (all
+    versions), and for v2 tau_image, tau_text, bound_image, bound_text, m_image, m_text, v_image,
+    v_text. ``table("u_image")`` etc. give u.
     """
 
-    def __init__(self, version: Version, data_size: int, *, gamma_min: float, gamma_decay_epochs: int,
-                 gamma_schedule: GammaScheduleName = "cosine", rho: float = 8.0, eps: float = 1e-14,
-                 tau_init: float = 0.07, lr_tau: float = 1e-2, beta1_tau: float = 0.9, beta2_tau: float = 0.999,
-                 eps_tau: float = 1e-8, tau_min: float = 0.01, tau_max: float = 1.0, grad_clamp_tau: float = 5.0,
-                 group=None, backend: str = "auto", table_dtype: torch.dtype = torch.float32,
+    def __init__(self, cfg: LossConfig, data_size: int, group=None, *, table_dtype: torch.dtype = torch.float32,
                  share_tables: bool = True):
-        super().__init__()
-        if version not in VERSIONS:
-            raise ValueError(f"unknown FastCLIP version {version!r}; choose one of {VERSIONS}")
-        if gamma_schedule not in ("cosine", "constant", "cosine_step"):
-            raise ValueError(f"unknown gamma_schedule {gamma_schedule!r}; choose cosine, constant or cosine_step")
-        if not 0.0 < gamma_min <= 1.0:
-            raise ValueError(f"gamma_min must lie in (0, 1], got {gamma_min}")
-        if gamma_decay_epochs < 1 and gamma_schedule != "constant":
-            raise ValueError(f"gamma_decay_epochs must be >= 1 for the {gamma_schedule} schedule")
-        self.version, self.data_size, self.rho, self.eps = version, data_size, rho, eps
-        self.gamma_min, self.gamma_decay_epochs, self.gamma_schedule = gamma_min, gamma_decay_epochs, gamma_schedule
-        self.tau = individual.TauSettings(tau_init, lr_tau, beta1_tau, beta2_tau, eps_tau, tau_min, tau_max,
-                                          grad_clamp_tau)
-        self.group, self.backend = group, backend
+        super().__init__(cfg, group)
+        if cfg.kind != "fastclip":
+            raise ValueError(f"FastCLIPLoss needs a LossConfig of kind fastclip, got {cfg.kind!r}")
+        if cfg.version not in VERSIONS:  # build() checks the Literal; a LossConfig made in code may not be
+            raise ValueError(f"unknown FastCLIP version {cfg.version!r}; choose one of {VERSIONS}")
+        self.version, self.data_size = cfg.version, data_size
         self.epoch, self.gamma = 0, 1.0
+        self._value: Tensor | None = None
+        self._tau_mean: Tensor | None = None
         columns = {"log_u_image": -math.inf, "log_u_text": -math.inf}
-        if version == "v2":
-            columns.update(individual.table_columns(tau_init))
+        if self.version == "v2":
+            columns.update(individual.table_columns(cfg.tau_init))
         self.tables = SampleTables(data_size, columns, table_dtype, group, share_tables)
 
     # ----------------------------------------------------------------- schedules
     def set_epoch(self, epoch: int) -> None:
         """Start of epoch ``epoch`` (0-based): γ for the epoch; v2's Adam betas (0 in epoch 0)."""
         self.epoch = epoch
-        self.gamma = gamma_at_epoch(epoch, self.gamma_min, self.gamma_decay_epochs, self.gamma_schedule)
+        self.gamma = gamma_at_epoch(epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs, self.cfg.gamma_schedule)
 
     def set_step(self, step: int, steps_per_epoch: int) -> None:
         """Per-step γ (only ``cosine_step`` changes within an epoch); call before forward."""
-        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_min, self.gamma_decay_epochs,
-                                   self.gamma_schedule)
+        self.gamma = gamma_at_step(step, steps_per_epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs,
+                                   self.cfg.gamma_schedule)
 
     # ----------------------------------------------------------------- tables
     def sync_tables(self) -> None:
@@ -135,13 +123,14 @@ class FastCLIPLoss(nn.Module):
             error_msgs.append(str(err))
 
     # ----------------------------------------------------------------- forward
-    def forward(self, image_features: Tensor, text_features: Tensor, index: Tensor,
-                logit_scale: Tensor | None = None) -> Tensor:
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | None,
+                index: Tensor) -> Tensor:
         """Loss for this rank's batch; updates the tables for the global batch.
 
         image_features, text_features: [b, d] L2-normalised (any float dtype; computed in fp32, fp64
-        stays fp64); index: [b] dense global sample ids; logit_scale: a = exp(p), 0-d or [1] (ignored
-        by v2, which keeps per-sample τ). Called by every rank with the same b. Returns a 0-d tensor.
+        stays fp64); logit_scale: a = exp(p), 0-d or [1] (ignored by v2, which keeps per-sample τ);
+        index: [b] dense global sample ids. Called by every rank with the same b. Returns the global
+        value (0-d, equal on every rank, so it is also this rank's share) carrying this rank's gradients.
         """
         if self.version != "v2" and logit_scale is None:
             raise ValueError(f"FastCLIP {self.version} needs logit_scale (exp of the model's logit_scale)")
@@ -154,12 +143,26 @@ class FastCLIPLoss(nn.Module):
             # proves every local peer has finished writing the previous step's rows we may read now.
             torch.cuda.current_stream(batch.xg.device).synchronize()
         if self.version == "v2":
-            value, dx, dy = individual.step(self, batch, index)
+            value, dx, dy, self._tau_mean = individual.step(self.tables, self.cfg, self.gamma, self.epoch, batch,
+                                                            index)
             pairs = [(image_features, dx), (text_features, dy)]
         else:
             value, dx, dy, da = self._global_step(batch, index, logit_scale)
             pairs = [(image_features, dx), (text_features, dy), (logit_scale, da)]
+        self._value = value.detach()
         return attach(value, pairs)
+
+    def global_value(self) -> Tensor:
+        """The last forward's value: already the global one on every rank (no communication)."""
+        if self._value is None:
+            raise RuntimeError("global_value() before the first forward")
+        return self._value
+
+    def temperature(self, logit_scale: Tensor) -> float:
+        """1/a; v2: the mean per-sample τ over the last global batch (both sides, after its update)."""
+        if self.version == "v2":
+            return float("nan") if self._tau_mean is None else float(self._tau_mean)
+        return super().temperature(logit_scale)
 
     def _update_u(self, batch: GlobalBatch, index: Tensor, log_g1: Tensor, log_g2: Tensor) -> Tensor:
         """New log u for this rank's rows, gathered with ids and log g -> [B, 5]; tables written."""
@@ -178,18 +181,18 @@ class FastCLIPLoss(nn.Module):
         """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
         bt, acc = batch, batch.x.dtype
         a = logit_scale.detach().to(acc).reshape(())
-        row_lse, col_lse = anchor_lses(bt.x, bt.y, bt.xg, bt.yg, a, bt.off, True, self.backend)
+        row_lse, col_lse = anchor_lses(bt.x, bt.y, bt.xg, bt.yg, a, bt.off, True, self.cfg.backend)
         log_g1 = row_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_g2 = col_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, log_g1, log_g2).unbind(1)
-        den1, den2 = log_plus_eps(log_u1, self.eps), log_plus_eps(log_u2, self.eps)
+        den1, den2 = log_plus_eps(log_u1, self.cfg.eps), log_plus_eps(log_u2, self.cfg.eps)
         r1_all, r2_all = (log_g1_all - den1).exp(), (log_g2_all - den2).exp()
         surrogate = (r1_all + r2_all).mean()
         c = 1.0 / a if self.version == "v3" else torch.ones((), dtype=acc, device=a.device)
         n1 = a * bt.sii_all + bt.log_bm1 + den1
         n2 = a * bt.sii_all + bt.log_bm1 + den2
         dx, dy, dsum = anchor_grads(bt.x, bt.y, bt.xg, bt.yg, a, n1, n2, c / (2 * bt.size), bt.off, True,
-                                    self.backend)
+                                    self.cfg.backend)
         mine = slice(bt.off, bt.off + bt.b)
         # ∂/∂s_ii of the anchors' own terms (the reference's loss1 differentiates s_ii too)
         dsii = -(c / (2 * bt.size)) * a * (r1_all[mine] + r2_all[mine])
@@ -201,8 +204,8 @@ class FastCLIPLoss(nn.Module):
         if self.version == "v3":
             tau = 1.0 / a
             mean_log_u = (log_u1 + log_u2).mean()
-            value = tau * surrogate + self.rho * tau + tau / 2 * mean_log_u
-            da = da - (self.rho / bt.num_ranks + (log_u1[mine] + log_u2[mine]).sum() / (2 * bt.size)) / a**2
+            value = tau * surrogate + self.cfg.rho * tau + tau / 2 * mean_log_u
+            da = da - (self.cfg.rho / bt.num_ranks + (log_u1[mine] + log_u2[mine]).sum() / (2 * bt.size)) / a**2
         k = bt.num_ranks
         return value, k * dx, k * dy, (None if self.version == "v1" else k * da)
 

@@ -1,0 +1,93 @@
+"""``LossConfig``: every training objective's settings in one typed config (presets fill it as is).
+
+- ``kind: openclip``: the standard CLIP loss over the global batch with a learnable (or fixed) τ, in any
+  distributed ``mode``.
+- ``kind: fastclip``: FastCLIP ``version`` v0–v3 (docs/fastclip.md) with per-sample estimators u, the
+  inner learning-rate schedule γ, the temperature rule and the robust loss's ρ. Its distributed step is
+  the ``fastclip`` mode (no feature-gradient communication); other modes are refused, not emulated.
+The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from toolkit.core.config import option
+
+LossKind = Literal["openclip", "fastclip"]
+Version = Literal["v0", "v1", "v2", "v3"]
+Mode = Literal["gather", "disco", "ring", "fastclip"]
+Backend = Literal["auto", "torch", "triton", "naive"]
+GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
+TauLrSchedule = Literal["step_thresh", "const", "cosine"]
+LOSS_NAMES = ("openclip", "fastclip-v0", "fastclip-v1", "fastclip-v2", "fastclip-v3")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The training objective (see module docstring)."""
+
+    kind: LossKind = option("fastclip", doc="openclip (mini-batch CLIP loss) or fastclip (global contrastive "
+                                            "loss with per-sample estimators).")
+    version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
+                                        "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
+    mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
+                                        "or fastclip (no feature-gradient communication; FastCLIP's only mode).")
+    backend: Backend = option("auto", doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
+                                          "or naive (full matrix, for tests).")
+    tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
+                                             "log(1/τ); v2: every sample's initial τ.")
+    learn_tau: bool = option(True, doc="openclip only: learn τ (true) or keep it at tau_init (false). FastCLIP "
+                                       "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).")
+    lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3; "
+                                            "empty: the model lr) or v2's per-sample rule's (empty: 1e-2).")
+    lr_tau_schedule: TauLrSchedule = option(
+        "cosine", doc="Schedule of the logit-scale group's lr: cosine (as the model's), const, or step_thresh "
+                      "(lr_tau, divided by 3 once τ <= 0.03: the reference's v3 rule).")
+    gamma_min: float = option(0.2, gt=0, le=1, doc="FastCLIP's final inner learning rate γ (1 in epoch 0).")
+    gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
+    gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
+                                                             "(per step) or constant (gamma_min after epoch 0).")
+    rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3).")
+    eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators.")
+    tau_min: float = option(0.01, gt=0, doc="v2: lower clamp of the per-sample τ.")
+    tau_max: float = option(1.0, gt=0, doc="v2: upper clamp of the per-sample τ.")
+    tau_grad_clamp: float = option(5.0, gt=0, doc="v2: the per-sample τ gradient is clipped to ±this.")
+    tau_beta1: float = option(0.9, ge=0, doc="v2: first-moment decay of the per-sample τ rule "
+                                                   "(0 in epoch 0).")
+    tau_beta2: float = option(0.999, ge=0, doc="v2: second-moment decay of the per-sample τ rule.")
+    tau_eps: float = option(1e-8, gt=0, doc="v2: denominator ε of the per-sample τ rule (added to v̂, not √v̂, "
+                                            "as the reference).")
+
+    def __post_init__(self) -> None:
+        if self.kind == "fastclip" and self.mode != "fastclip":
+            raise ValueError(f"FastCLIP runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
+                             "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
+                             "gather/disco/ring")
+        for name in ("tau_beta1", "tau_beta2"):  # bias correction divides by 1 − β^(epoch+1)
+            if not getattr(self, name) < 1:
+                raise ValueError(f"{name} must be < 1, got {getattr(self, name)}")
+        if self.tau_min > self.tau_max:
+            raise ValueError(f"tau_min ({self.tau_min}) must not exceed tau_max ({self.tau_max})")
+
+    @property
+    def name(self) -> str:
+        """The CLI's name of the objective: openclip or fastclip-vN."""
+        return "openclip" if self.kind == "openclip" else f"fastclip-{self.version}"
+
+    @property
+    def learns_logit_scale(self) -> bool:
+        """Whether the model's global logit scale p is trained (v2's per-sample τ lives in the loss)."""
+        if self.kind == "openclip":
+            return self.learn_tau
+        return self.version in ("v0", "v3")
+
+
+def loss_fields(name: str) -> dict[str, str]:
+    """``--loss NAME`` (openclip, fastclip-v0 ... fastclip-v3) -> LossConfig fields {kind[, version]}."""
+    if name not in LOSS_NAMES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSS_NAMES)}")
+    if name == "openclip":
+        return {"kind": "openclip"}
+    return {"kind": "fastclip", "version": name.split("-")[1]}
