@@ -15,6 +15,8 @@ Called by every rank of ``group`` each optimiser step, with the same local batch
 - ``state_dict()`` / ``load_state_dict()``: per-sample state (FastCLIP's u and τ tables), world-size
   independent (one [N] column per quantity, whatever the number of ranks or nodes).
 - ``temperature(logit_scale)``: τ for logging (v2: the mean per-sample τ of the last batch).
+- ``rollback()``: undo the last forward's per-sample updates (the trainer skips a non-finite step);
+  collective, called by every rank or none.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class TrainingLoss(nn.Module):
     def global_value(self) -> Tensor:
         """The last forward's global objective value (0-d, detached). Collective (every rank calls it)."""
         raise NotImplementedError
+
+    def rollback(self) -> None:
+        """Undo the per-sample state updates of the last forward (no-op without per-sample state)."""
 
     def temperature(self, logit_scale: Tensor) -> float:
         """τ for logging: 1/a of the global scale a (0-d)."""

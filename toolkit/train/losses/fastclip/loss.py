@@ -73,6 +73,7 @@ class FastCLIPLoss(TrainingLoss):
         self.epoch, self.gamma = 0, 1.0
         self._value: Tensor | None = None
         self._tau_mean: Tensor | None = None
+        self._undo: tuple[Tensor, Tensor, torch.device] | None = None  # ids [b], their old rows, device
         columns = {"log_u_image": -math.inf, "log_u_text": -math.inf}
         if self.version == "v2":
             columns.update(individual.table_columns(cfg.tau_init))
@@ -137,6 +138,7 @@ class FastCLIPLoss(TrainingLoss):
         if index.shape != (image_features.shape[0],):
             raise ValueError(f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}")
         self.tables.check_index(index)
+        self._undo = (index.detach().cpu(), self.tables.read(index), image_features.device)
         batch = gather_batch(image_features, text_features, self.group)
         if self.tables.shared and batch.xg.is_cuda:
             # NCCL collectives do not block the host: wait until the feature gather completed, which
@@ -151,6 +153,17 @@ class FastCLIPLoss(TrainingLoss):
             pairs = [(image_features, dx), (text_features, dy), (logit_scale, da)]
         self._value = value.detach()
         return attach(value, pairs)
+
+    def rollback(self) -> None:
+        """Restore the rows the last forward overwrote, on every node (one all_gather of [b, 1 + C] old rows;
+        only when the trainer skips a step). Collective."""
+        if self._undo is None:
+            return
+        index, rows, device = self._undo
+        self._undo = None
+        packed = torch.cat([index[:, None].double(), rows.double()], 1).to(device)  # nccl gathers on the GPU
+        packed = cdist.all_gather_nograd(packed, self.group, cdist.SCALARS, check_sizes=False)
+        self.tables.write_gathered(packed[:, 0].long(), packed[:, 1:], index.shape[0])
 
     def global_value(self) -> Tensor:
         """The last forward's value: already the global one on every rank (no communication)."""
