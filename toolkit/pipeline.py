@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, suggest
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
@@ -270,8 +270,8 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
     results: dict[str, dict[str, str]] = {}
     report: list[tuple[str, str, StageResult | None]] = []
     planned: set[str] = set()  # dry run: stages that would run, so their new outputs are unknown
-    io.makedirs(pipe.run_dir)
-    with jsonl_log(io.join(pipe.run_dir, "pipeline.log.jsonl")):
+    files.makedirs(pipe.run_dir)
+    with jsonl_log(files.join(pipe.run_dir, "pipeline.log.jsonl")):
         for stage in stages:
             if stage.refs & planned:  # only in a dry run: its config needs outputs that do not exist yet
                 action = "run (forced)" if forced else "run: after " + ", ".join(sorted(stage.refs & planned))
@@ -285,7 +285,7 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
             if dry_run and not action.startswith("skip"):
                 planned.add(stage.name)
             report.append((stage.name, action, result))
-    io.write_text_atomic(io.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
+    files.write_text_atomic(files.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
         {"name": pipe.name, "run_dir": pipe.run_dir,
          "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages]}, sort_keys=False))
     return report

@@ -44,9 +44,9 @@ def zeroshot(
                           weights=str(weights) if weights else None, batch_size=batch_size, num_workers=workers,
                           device=device, amp=amp, precision=precision)
     result = run_stage(run, cfg)
-    from toolkit.core import io
+    from toolkit.core import files
 
-    with io.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL
+    with files.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL
         typer.echo(fh.read())
     typer.echo(f"results: {result.outputs['results']}\nchart:   {result.outputs['chart']}")
 

@@ -210,7 +210,7 @@ def set_path(data: dict, path: list[str], value: Any) -> None:
 
 def read_yaml(path: str | Path) -> dict:
     """Read a YAML mapping; errors name the file."""
-    from toolkit.core.io import open_file
+    from toolkit.core.files import open_file
 
     try:
         with open_file(str(path), "r") as fh:

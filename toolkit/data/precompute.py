@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import ConfigError, option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
@@ -218,8 +218,8 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         remove_stale_shards(cfg.out, len(shards))
         dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
                                _extra(cfg, fields), root=cfg.out)
-        io.write_json_atomic(io.join(cfg.out, DATASET_JSON), dataset.to_json())
-        io.write_text_atomic(io.join(cfg.out, "skipped.jsonl"),
+        files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
+        files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
                              "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
         timing = {"process_s": round(process_s, 3), "write_s": round(write_s, 3), "num_workers": workers,
                   "num_shards": len(shards)}
@@ -234,8 +234,8 @@ def _scratch_parent(cfg: PrecomputeConfig) -> str | None:
     if cfg.tmp_dir:
         os.makedirs(cfg.tmp_dir, exist_ok=True)
         return cfg.tmp_dir
-    if io.is_local(cfg.out):
-        path = os.path.join(io.local_path(cfg.out), "_tmp")
+    if files.is_local(cfg.out):
+        path = os.path.join(files.local_path(cfg.out), "_tmp")
         os.makedirs(path, exist_ok=True)
         return path
     return None

@@ -23,7 +23,7 @@ from typing import Any
 
 import fsspec
 
-from toolkit.core import io as core_io  # plain `io` is the standard library's here
+from toolkit.core import files
 
 SHARD_DIGITS = 5  # img2dataset's oom_shard_count: shard names 00000..99999
 _SHARD_FILE = re.compile(r"^(\d+)(\.tar|\.parquet|_stats\.json)$")
@@ -201,7 +201,7 @@ class CheckedResizer:
 def absolute(path: str) -> str:
     """img2dataset resolves local paths against the cwd: an absolute local path, or the URL without a
     trailing '/' (shard names are appended with '/')."""
-    return os.path.abspath(core_io.local_path(path)) if core_io.is_local(path) else path.rstrip("/")
+    return os.path.abspath(files.local_path(path)) if files.is_local(path) else path.rstrip("/")
 
 
 def _fs(out: str) -> tuple[fsspec.AbstractFileSystem, str]:

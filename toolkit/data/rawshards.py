@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 
-from toolkit.core import io
+from toolkit.core import files
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
@@ -47,13 +47,13 @@ def list_shards(source: str) -> list[str]:
         import braceexpand
 
         urls = sorted(braceexpand.braceexpand(source))
-        missing = [u for u in urls if not io.exists(u)]
+        missing = [u for u in urls if not files.exists(u)]
         if missing:
             raise FileNotFoundError(f"{source}: {len(missing)} shard(s) do not exist, e.g. {missing[0]}")
         return urls
     fs, path = fsspec.core.url_to_fs(source)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    prefix = "" if io.is_local(source) else f"{protocol}://"
+    prefix = "" if files.is_local(source) else f"{protocol}://"
     if any(ch in path for ch in "*?["):
         found = fs.glob(path)
     elif fs.isdir(path):
@@ -86,10 +86,10 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
     stats file only when the parquet gives no keys."""
     parquet = sidecar(url, ".parquet")
     try:
-        if io.exists(parquet):
+        if files.exists(parquet):
             import pyarrow.parquet as pq
 
-            with io.open_file(parquet, "rb") as fh:
+            with files.open_file(parquet, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 columns = [c for c in ("key", "status") if c in pf.schema_arrow.names]
                 table = pf.read(columns=columns).to_pydict()
@@ -99,8 +99,8 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
         pass
     stats = sidecar(url, "_stats.json")
     try:
-        if io.exists(stats):
-            return None, int(io.read_json(stats).get("successes"))
+        if files.exists(stats):
+            return None, int(files.read_json(stats).get("successes"))
     except (OSError, ValueError, TypeError):
         pass
     return None, None
@@ -121,7 +121,7 @@ class RawShardReader:
     def samples(self) -> Iterator[RawSample]:
         current: RawSample | None = None
         try:
-            with io.open_file(self.url, "rb") as fh:
+            with files.open_file(self.url, "rb") as fh:
                 try:
                     stream = tarfile.open(fileobj=fh, mode="r|*")
                 except (tarfile.TarError, EOFError, OSError) as err:

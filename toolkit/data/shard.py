@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io as pyio
+import io
 import json
 import os
 import tarfile
@@ -27,7 +27,7 @@ from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any, Literal
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
@@ -97,9 +97,9 @@ def _check_caption(text: str | None, where: str) -> tuple[str | None, str | None
 def items_from_folder(root: Path) -> tuple[list[Item], dict[str, int]]:
     """Images under ``root`` (sorted) with their sidecar captions; also counts of other files."""
     items, other = [], Counter()
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    images = {p.with_suffix("") for p in files if p.suffix.lower() in IMAGE_EXTENSIONS}
-    for p in files:
+    paths = sorted(p for p in root.rglob("*") if p.is_file())
+    images = {p.with_suffix("") for p in paths if p.suffix.lower() in IMAGE_EXTENSIONS}
+    for p in paths:
         if p.suffix.lower() in IMAGE_EXTENSIONS:
             caption, error = read_caption(p.with_suffix(".txt"))
             items.append(Item(str(p), caption, error))
@@ -136,7 +136,7 @@ def items_from_csv(path: Path, path_col: str, caption_col: str) -> list[Item]:
 
 
 def collect(cfg: ShardConfig) -> tuple[list[Item], dict[str, int]]:
-    source = Path(io.local_path(cfg.source))
+    source = Path(files.local_path(cfg.source))
     if source.is_dir():
         return items_from_folder(source)
     if source.is_file():
@@ -196,7 +196,7 @@ def process(loaded: tuple[Item, bytes, bytes | None, str | None],
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), mtime, 0o444
-    tar.addfile(info, pyio.BytesIO(data))
+    tar.addfile(info, io.BytesIO(data))
 
 
 def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, resizer, pool: ThreadPool) -> Counter:

@@ -21,7 +21,7 @@ Members are written in USTAR format with one 512-byte header each, so every samp
 
 from __future__ import annotations
 
-import io as _io
+import io
 import json
 import os
 import tarfile
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.core import io
+from toolkit.core import files
 
 FORMAT = "cliptk-train-v1"
 DATASET_JSON = "dataset.json"
@@ -101,7 +101,7 @@ class TrainDataset:
         return next((f for f in self.fields if f.role == role), None)
 
     def url(self, shard: ShardInfo) -> str:
-        return io.join(self.root, shard.name)
+        return files.join(self.root, shard.name)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -112,10 +112,10 @@ class TrainDataset:
     @classmethod
     def open(cls, root: str) -> TrainDataset:
         """Read ``root/dataset.json`` (local or fsspec); errors name the path."""
-        path = io.join(root, DATASET_JSON)
-        if not io.exists(path):
+        path = files.join(root, DATASET_JSON)
+        if not files.exists(path):
             raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
-        data = io.read_json(path)
+        data = files.read_json(path)
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads {FORMAT!r}")
         fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
@@ -151,13 +151,13 @@ class _AtomicOut:
 
     def __init__(self, path: str):
         self.path = path
-        self.tmp = f"{io.local_path(path)}.tmp-{os.getpid()}" if io.is_local(path) else None
-        self.fh = open(self.tmp, "wb") if self.tmp else io.open_file(path, "wb")
+        self.tmp = f"{files.local_path(path)}.tmp-{os.getpid()}" if files.is_local(path) else None
+        self.fh = open(self.tmp, "wb") if self.tmp else files.open_file(path, "wb")
 
     def commit(self) -> None:
         self.fh.close()
         if self.tmp:
-            os.replace(self.tmp, io.local_path(self.path))
+            os.replace(self.tmp, files.local_path(self.path))
 
 
 class TrainShardWriter:
@@ -176,8 +176,8 @@ class TrainShardWriter:
 
     def _open(self) -> None:
         index = len(self.shards)
-        tar_out, meta_out = _AtomicOut(io.join(self.out, shard_file(index))), _AtomicOut(
-            io.join(self.out, meta_file(index)))
+        tar_out, meta_out = _AtomicOut(files.join(self.out, shard_file(index))), _AtomicOut(
+            files.join(self.out, meta_file(index)))
         self._files = (tar_out, meta_out)
         self._tar = tarfile.open(fileobj=tar_out.fh, mode="w", format=tarfile.USTAR_FORMAT)
         self._count, self._first = 0, self.next_id
@@ -200,7 +200,7 @@ class TrainShardWriter:
         for f, data in zip(self.fields, payloads, strict=True):
             if len(data) != f.nbytes:
                 raise ValueError(f"sample {sample_id} field {f.ext}: {len(data)} bytes, expected {f.nbytes}")
-            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), _io.BytesIO(data))
+            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), io.BytesIO(data))
         self._files[1].fh.write((json.dumps({"id": sample_id, **meta}, ensure_ascii=False) + "\n").encode())
         self.next_id += 1
         self._count += 1
@@ -215,12 +215,12 @@ class TrainShardWriter:
 
 def remove_stale_shards(out: str, keep: int) -> int:
     """Delete ``NNNNN.tar``/``.meta.jsonl`` with index >= keep left by an earlier, larger run."""
-    if not io.is_local(out) or not os.path.isdir(io.local_path(out)):
+    if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
         return 0
     removed = 0
-    for name in os.listdir(io.local_path(out)):
+    for name in os.listdir(files.local_path(out)):
         stem = name.split(".", 1)[0]
         if stem.isdigit() and len(stem) == 5 and int(stem) >= keep and name.endswith((".tar", ".meta.jsonl")):
-            os.remove(os.path.join(io.local_path(out), name))
+            os.remove(os.path.join(files.local_path(out), name))
             removed += 1
     return removed

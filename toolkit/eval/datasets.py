@@ -16,7 +16,7 @@ model with ``encode_image``/``encode_text`` can be evaluated, and so errors name
 from __future__ import annotations
 
 import dataclasses
-import io as _io
+import io
 import os
 import re
 import tarfile
@@ -121,7 +121,7 @@ def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any) -> tuple[
     if image_key is None:
         raise DatasetError(f"{where}: no image ({', '.join('.' + e for e in IMAGE_EXTS)})")
     try:
-        image = Image.open(_io.BytesIO(sample[image_key])).convert("RGB")
+        image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
     except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
         raise DatasetError(f"{where}: unreadable image .{image_key}: {err}") from err
     if eval_set.kind == "retrieval":

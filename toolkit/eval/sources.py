@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
-import io as _io
+import io
 import re
 import struct
 from pathlib import Path
@@ -59,12 +59,12 @@ def read_image(path: Path, where: str) -> tuple[bytes, str]:
         raise DatasetError(f"{where}: image file not found: {path}")
     data = path.read_bytes()
     try:
-        with Image.open(_io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data)) as img:
             img.load()
             fmt = (img.format or "").lower()
             if fmt in ("png", "jpeg", "webp"):
                 return data, "jpg" if fmt == "jpeg" else fmt
-            buf = _io.BytesIO()
+            buf = io.BytesIO()
             img.convert("RGB").save(buf, format="PNG")
             return buf.getvalue(), "png"
     except (OSError, ValueError) as err:
@@ -185,7 +185,7 @@ def from_fashion_mnist(root: str, split: str = "test", limit: int = 0) -> EvalSa
     out = EvalSamples("classification", [], list(FASHION_MNIST_CLASSES), list(FASHION_MNIST_TEMPLATES))
     size = rows * cols
     for i in range(min(num, limit) if limit else num):
-        buf = _io.BytesIO()
+        buf = io.BytesIO()
         Image.frombytes("L", (cols, rows), pixels[i * size:(i + 1) * size]).save(buf, format="PNG")
         out.samples.append((buf.getvalue(), "png", int(labels[i])))
     return out
