@@ -1,4 +1,4 @@
-"""Model checkpoints in open_clip's ``local-dir:`` layout: ``open_clip_config.json`` + safetensors weights.
+"""Model weights on disk, in open_clip's ``local-dir:`` layout: ``open_clip_config.json`` + safetensors weights.
 
 A cliptk checkpoint directory holds exactly what ``open_clip.create_model_and_transforms('local-dir:DIR')``
 reads:
