@@ -123,7 +123,7 @@ def test_truncated_image_is_not_half_decoded():
 
 
 def test_raw_reader_keeps_samples_before_damage(tmp_path):
-    from toolkit.data.rawshards import RawShardReader
+    from toolkit.data.raw.reader import RawShardReader
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -61,7 +61,7 @@ def fetch_cmd(
     More keys (min_image_size, max_aspect_ratio, strict_decode, ...): `toolkit pipeline kinds data.fetch`,
     set them with --set KEY=VALUE.
     """
-    from toolkit.data.fetch import FetchConfig, run
+    from toolkit.data.acquire.fetch import FetchConfig, run
 
     cfg = load_cli_config(FetchConfig, config, overrides, urls=urls, out=out, input_format=input_format,
                           url_col=url_col, caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
@@ -96,7 +96,7 @@ def shard_cmd(
     overrides: SetOverrides = None,
 ) -> None:
     """Write local images and captions into the same raw shard layout as `fetch`, without downloading."""
-    from toolkit.data.shard import ShardConfig, run
+    from toolkit.data.acquire.shard import ShardConfig, run
 
     cfg = load_cli_config(ShardConfig, config, overrides, source=source, out=out, path_col=path_col,
                           caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
@@ -121,7 +121,7 @@ def demo_cmd(
     overrides: SetOverrides = None,
 ) -> None:
     """Build the emoji demo set: Twemoji (training) and OpenMoji (held-out artist) with Unicode names."""
-    from toolkit.data.demo import DemoConfig, run
+    from toolkit.data.acquire.demo import DemoConfig, run
 
     cfg = load_cli_config(DemoConfig, config, overrides, out=out, limit=limit, base_url=base_url)
     result = run_stage(run, cfg)
@@ -138,7 +138,7 @@ def serve_cmd(
                                       max=65535)] = 8000,
 ) -> None:
     """Serve a folder over HTTP on 127.0.0.1 until Ctrl-C (first line printed: the URL)."""
-    from toolkit.data.serve import make_server
+    from toolkit.data.acquire.serve import make_server
 
     server = make_server(str(root), port)
     typer.echo(f"serving {server.root} at {server.url}", nl=True)

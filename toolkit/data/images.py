@@ -48,7 +48,7 @@ def deep_to_l(img: Image.Image) -> Image.Image:
     """A greyscale image in one of DEEP_MODES -> 8-bit L. A 16-bit range (I;16*, and I from PNG) is
     scaled 0..65535 -> 0..255, not clipped; 32-bit integers of unknown range and floats clip like PIL.
 
-    Shared with :mod:`toolkit.data.raw` (fetch and shard) so a deep image gets the same levels there."""
+    Shared with :mod:`toolkit.data.acquire.resizer` (fetch and shard) so a deep image gets the same levels there."""
     arr = np.asarray(img)
     if img.mode == "F" or (img.mode == "I" and img.format != "PNG"):
         return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")

@@ -22,7 +22,7 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
-from toolkit.data.rawshards import RawShardReader, list_shards, shard_name, sidecar
+from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename, sidecar
 from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
 
 KIND = "data.inspect"
@@ -124,7 +124,7 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
             if cfg.max_samples and num >= cfg.max_samples:
                 break
         if reader.error:
-            errors[shard_name(url)] = reader.error
+            errors[shard_basename(url)] = reader.error
         if cfg.max_samples and num >= cfg.max_samples:
             break
     report.update({"num_samples": num, "members_by_ext": dict(sorted(exts.items())), "tar_errors": errors,

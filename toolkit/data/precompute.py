@@ -30,7 +30,7 @@ from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data import shardwork
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
-from toolkit.data.rawshards import list_shards, shard_name
+from toolkit.data.raw.reader import list_shards, shard_basename
 from toolkit.data.trainformat import DATASET_JSON, Field, TrainDataset, TrainShardWriter, remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
@@ -120,7 +120,7 @@ def assign_ids(results: list[shardwork.ShardResult]) -> tuple[list[tuple[int, in
     skips: list[dict] = []
     owner: dict[str, str] = {}
     for i, res in enumerate(results):
-        name = shard_name(res.url)
+        name = shard_basename(res.url)
         skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
         for row in sorted(range(len(res.keys)), key=res.keys.__getitem__):
             key = res.keys[row]
@@ -156,7 +156,7 @@ def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[shar
         images, texts = rows[i]
         res = results[i]
         writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
-                   {"caption": res.captions[row], "source": shard_name(res.url), "key": res.keys[row]})
+                   {"caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]})
     return writer.close()
 
 
@@ -181,7 +181,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     rec.details.update({
         "throughput": {**timing, "process_samples_per_s": round(num_read / max(timing["process_s"], 1e-9), 1),
                        "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
-        "skipped_keys": examples, "tar_errors": {shard_name(r.url): r.tar_error for r in results if r.tar_error},
+        "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
 

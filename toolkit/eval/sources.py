@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from toolkit.data.rawshards import IMAGE_EXTS as INPUT_IMAGE_EXTS
+from toolkit.data.raw.reader import IMAGE_EXTS as INPUT_IMAGE_EXTS
 from toolkit.eval.datasets import DatasetError
 
 GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",

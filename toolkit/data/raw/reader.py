@@ -68,8 +68,8 @@ def list_shards(source: str) -> list[str]:
     return urls
 
 
-def shard_name(url: str) -> str:
-    """File name of a shard URL (used in manifests and skip lists)."""
+def shard_basename(url: str) -> str:
+    """File name of a shard URL, ``'d/00001.tar'`` -> ``'00001.tar'`` (used in manifests and skip lists)."""
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
