@@ -184,7 +184,7 @@ def precompute_cmd(
     overrides: SetOverrides = None,
 ) -> None:
     """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids."""
-    from toolkit.data.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
     cfg = load_cli_config(PrecomputeConfig, config, overrides, input=input_, out=out, model=model,
                           image_size=image_size, resize_mode=resize_mode, samples_per_shard=samples_per_shard,

@@ -23,7 +23,7 @@ from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
 from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename, sidecar
-from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
+from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
 
 KIND = "data.inspect"
 # Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).
@@ -69,8 +69,6 @@ def contact_sheet(tiles: list[tuple[np.ndarray, str]], thumb: int) -> Image.Imag
 
 
 def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
-    from toolkit.data.loader import Segment, read_segment
-
     ds = TrainDataset.open(cfg.input)
     report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
                               "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
