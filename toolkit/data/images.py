@@ -23,6 +23,9 @@ from typing import Literal
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+# File extensions (lower case, no dot) read as images: raw shard members, `toolkit data shard`'s folder
+# sources and eval-set inputs. All of them are formats Pillow decodes.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 # PIL's own default limit (about 89.5 MP); a larger image is treated as a decompression bomb.
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 ResizeMode = Literal["center_crop", "pad"]

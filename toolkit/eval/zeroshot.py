@@ -18,7 +18,7 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import report
-from toolkit.eval.datasets import EvalSet, make_loader, open_eval_set
+from toolkit.eval.datasets import EvalSet, make_eval_loader, open_eval_set
 
 # clip-benchmark draws its own tqdm bars; tqdm reads TQDM_* variables when it is first imported, so this
 # only takes effect if nothing imported tqdm before. Our progress bar (toolkit.core.log) is the one we show.
@@ -80,7 +80,7 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     undefined values (top-5 below 5 classes, R@k above the number of images) as None."""
     from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
-    loader = make_loader(eval_set, transform, batch_size, num_workers)
+    loader = make_eval_loader(eval_set, transform, batch_size, num_workers)
     num_batches = -(-eval_set.num_samples // batch_size)
     batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
     wrapped = _LoaderView(batches, loader.dataset)

@@ -35,6 +35,7 @@ from toolkit.core.stage import StageResult, stage_run
 KIND = "data.demo"
 log = get_logger("data.demo")
 IMAGE_SIZE = 72  # Twemoji's PNG size; OpenMoji is rendered to match
+# Columns of twemoji.csv and openmoji.csv; eval build-set (toolkit.eval.sources) reads them by these names.
 COLUMNS = ("path", "caption", "group", "subgroup", "codepoints")
 ARTISTS = ("twemoji", "openmoji")
 # Subgroups whose CLDR names have a "flag: " / "keycap: " prefix that the emoji package drops.
@@ -156,10 +157,15 @@ def render(concept: Concept, root: Path) -> None:
         _on_white(img).save(root / "openmoji" / f"{concept.codepoints}.png")
 
 
+def artist_csv(artist: str) -> str:
+    """File name of ``artist``'s CSV (:data:`COLUMNS`) in the demo folder, e.g. 'openmoji.csv'."""
+    return f"{artist}.csv"
+
+
 def write_csvs(root: Path, concepts: list[Concept], base_url: str) -> None:
     for artist in ARTISTS:
         rows = [(f"{artist}/{c.codepoints}.png", c.caption, c.group, c.subgroup, c.codepoints) for c in concepts]
-        with (root / f"{artist}.csv").open("w", newline="", encoding="utf-8") as fh:
+        with (root / artist_csv(artist)).open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(COLUMNS)
             writer.writerows(rows)
@@ -195,7 +201,7 @@ def run(cfg: DemoConfig) -> StageResult:
         rec.counts.update(num_concepts=len(chosen), num_available=len(concepts), num_groups=len(groups),
                           num_subgroups=len({c.subgroup for c in chosen}))
         rec.details.update(groups=groups, skipped=skipped, base_url=base_url, image_size=IMAGE_SIZE)
-        rec.outputs.update(root=str(root), train_csv=str(root / "twemoji.csv"), eval_csv=str(root / "openmoji.csv"),
+        rec.outputs.update(root=str(root), train_csv=str(root / artist_csv("twemoji")), eval_csv=str(root / artist_csv("openmoji")),
                            train_urls=str(root / "twemoji_urls.csv"), eval_urls=str(root / "openmoji_urls.csv"))
         log.info("demo: %d concepts in %d groups (of %d available) written to %s", len(chosen), len(groups),
                  len(concepts), root)

@@ -1,8 +1,8 @@
 """``toolkit data shard``: local images + captions into raw shards, without any download.
 
 Two sources:
-- a folder: every image (``.jpg .jpeg .png .webp .bmp .gif .tif .tiff``, searched recursively) with a
-  sidecar caption file of the same name and ``.txt`` extension (``cat.png`` + ``cat.txt``);
+- a folder: every image (an extension of :data:`toolkit.data.images.IMAGE_EXTS`, searched recursively)
+  with a sidecar caption file of the same name and ``.txt`` extension (``cat.png`` + ``cat.txt``);
 - a CSV (or TSV) file with a path and a caption column; relative paths are read against the file's folder.
 
 The output is exactly ``fetch``'s layout (see :mod:`toolkit.data.raw.layout`): images go through the same
@@ -32,13 +32,11 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.acquire.resizer import CheckedResizer
+from toolkit.data.images import IMAGE_EXTS
 from toolkit.data.raw import layout, reasons
-from toolkit.data.raw.reader import IMAGE_EXTS
 
 KIND = "data.shard"
 log = get_logger("data.shard")
-# The image files a folder source may hold: the same extensions precompute reads from a raw shard.
-IMAGE_EXTENSIONS = tuple(f".{ext}" for ext in IMAGE_EXTS)
 # Columns of img2dataset's per-shard parquet, in its order (caption and url first: the input columns).
 PARQUET_COLUMNS = ("caption", "url", "key", "status", "error_message", "width", "height",
                    "original_width", "original_height", "exif", "sha256")
@@ -99,9 +97,9 @@ def items_from_folder(root: Path) -> tuple[list[Item], dict[str, int]]:
     """Images under ``root`` (sorted) with their sidecar captions; also counts of other files."""
     items, other = [], Counter()
     paths = sorted(p for p in root.rglob("*") if p.is_file())
-    images = {p.with_suffix("") for p in paths if p.suffix.lower() in IMAGE_EXTENSIONS}
+    images = {p.with_suffix("") for p in paths if p.suffix.lower().lstrip(".") in IMAGE_EXTS}
     for p in paths:
-        if p.suffix.lower() in IMAGE_EXTENSIONS:
+        if p.suffix.lower().lstrip(".") in IMAGE_EXTS:
             caption, error = read_caption(p.with_suffix(".txt"))
             items.append(Item(str(p), caption, error))
         elif p.suffix == ".txt" and p.with_suffix("") not in images:

@@ -20,9 +20,17 @@ from dataclasses import dataclass, field
 import fsspec
 
 from toolkit.core import files
+from toolkit.data.images import IMAGE_EXTS
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+# webdataset's grouping: a member's key is its path up to the first dot of the file name, the rest its extension.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """(key, lower-case extension) of a tar member name the way webdataset groups members into samples
+    (``'a/b.c.jpg'`` -> ``('a/b', 'c.jpg')``); None without an extension. Eval sets are read the same way."""
+    match = _KEY_EXT.match(name)
+    return (match.group(1), match.group(2).lower()) if match else None
 
 
 @dataclass
@@ -130,10 +138,10 @@ class RawShardReader:
                 for info in stream:
                     if not info.isreg():
                         continue
-                    match = _KEY_EXT.match(info.name)
-                    if match is None:  # no extension: not part of any sample
+                    split = split_member_name(info.name)
+                    if split is None:  # no extension: not part of any sample
                         continue
-                    key, ext = match.group(1), match.group(2).lower()
+                    key, ext = split
                     if current is not None and (current.key != key or ext in current.files):
                         yield current  # a repeated extension starts a second sample with the same key
                         current = None
