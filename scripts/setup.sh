@@ -15,7 +15,7 @@ fi
 export NO_ALBUMENTATIONS_UPDATE=1
 pip_install() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; }
 # torch and torchvision pinned in the same resolution: an unpinned open_clip_torch would otherwise pull
-# a different torch, and PyPI's torchvision only imports beside its matching torch (ENVIRONMENT.md).
+# a different torch, and PyPI's torchvision only imports beside the torch it was built for (0.29.1 <-> 2.14.1).
 pip_install -e ".[dev]" "torch==2.14.1" "torchvision==0.29.1"
 "$VENV/bin/python" -m pip check
 echo "$want" > "$stamp"

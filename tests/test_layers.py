@@ -1,14 +1,73 @@
-"""Imports point down the layer stack only (DESIGN.md); kernels import nothing from toolkit."""
+"""Import rules of the ``toolkit`` package, checked on its source with ``ast``.
+
+- Imports point down the layer stack only: cli > pipeline > eval | train > data > models > kernels | core;
+  siblings (eval and train, kernels and core) never import each other, and kernels import nothing from toolkit.
+- No import cycles between toolkit modules.
+- No source folder is named like a build output (dist, build, out): .gitignore and ruff's default
+  excludes hide such folders, so code in them would go unlinted or uncommitted.
+
+Every import counts: module level, inside functions (lazy imports) and under ``if TYPE_CHECKING``;
+``from toolkit.x import y`` is an import of the submodule ``toolkit.x.y`` when that module exists, and
+relative imports are resolved against the importing module's package. Importing ``a.b.c`` is an edge to
+``a.b.c`` only: Python runs the parent packages' ``__init__`` first, but a package that re-exports its own
+modules is not a cycle.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "toolkit"
-# Higher number = higher layer. eval and train are siblings that must not import each other.
-LAYER = {"core": 0, "kernels": 1, "models": 2, "data": 3, "train": 4, "eval": 4, "pipeline": 5, "cli": 6,
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "toolkit"
+# Higher number = higher layer. Modules of the same number but different layers are siblings.
+LAYER = {"core": 0, "kernels": 0, "models": 2, "data": 3, "train": 4, "eval": 4, "pipeline": 5, "cli": 6,
          "__init__": 0, "__main__": 7}
+BUILD_OUTPUT_NAMES = {"dist", "build", "out"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _package_of(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
+    """The toolkit modules ``module`` imports anywhere in its source (see the module docstring)."""
+
+    def resolve(name: str) -> str | None:  # the module itself, or the package that defines the name
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(resolve(a.name) for a in node.names if a.name.split(".")[0] == "toolkit")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = _package_of(module, path).split(".")
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            if base.split(".")[0] != "toolkit":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else resolve(base))
+    return {m for m in found if m is not None}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {m: imported_modules(m, p, set(modules)) for m, p in modules.items()}
 
 
 def layer_of(module: str) -> str:
@@ -16,27 +75,97 @@ def layer_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append(node.module)
-    return [m for m in found if m == "toolkit" or m.startswith("toolkit.")]
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of every import cycle: strongly connected components of more than one module (or of a
+    module importing itself), each sorted, in sorted order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm; the graph has a few hundred nodes, recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(components)
+
+
+def example_cycle(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest import path from the component's first module back to itself, inside the component."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & members):
+                if w == start:
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start}")  # unreachable for a strongly connected component
 
 
 def test_imports_point_down_only():
     violations = []
-    for path in ROOT.rglob("*.py"):
-        rel = path.relative_to(ROOT.parent).with_suffix("")
-        src = layer_of(".".join(rel.parts))
-        for target in imports(path):
-            dst = layer_of(target)
-            if dst == "__init__" and target == "toolkit":
+    for src_module, targets in import_graph().items():
+        src = layer_of(src_module)
+        for target in sorted(targets):
+            if target == "toolkit":  # the root package holds only __version__
                 continue
+            dst = layer_of(target)
             same_level_sibling = LAYER[src] == LAYER[dst] and src != dst
             if LAYER[dst] > LAYER[src] or same_level_sibling or (src == "kernels" and dst != "kernels"):
-                violations.append(f"{rel}: imports {target}")
+                violations.append(f"{src_module}: imports {target}")
     assert violations == []
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    found = [f"{', '.join(c)} (e.g. {' -> '.join(example_cycle(c, graph))})" for c in cycles(graph)]
+    assert found == [], "import cycles between these modules:\n" + "\n".join(found)
+
+
+def test_cycle_finder_reports_the_modules_of_a_cycle():
+    graph = {"a": {"b"}, "b": {"c", "a"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"], ["e"]]
+    assert example_cycle(["a", "b", "c"], graph) == ["a", "b", "a"] and example_cycle(["e"], graph) == ["e", "e"]
+
+
+def test_from_import_of_a_submodule_and_relative_imports_are_edges(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from toolkit.data import images\n    from . import fetch\n"
+                    "    from ..raw.layout import shard_stem\n")
+    known = {"toolkit.data", "toolkit.data.images", "toolkit.data.acquire", "toolkit.data.acquire.fetch",
+             "toolkit.data.raw.layout", "toolkit.data.acquire.m"}
+    assert imported_modules("toolkit.data.acquire.m", path, known) == {
+        "toolkit.data.images", "toolkit.data.acquire.fetch", "toolkit.data.raw.layout"}
+
+
+def test_no_folder_named_like_a_build_output():
+    bad = [str(p.relative_to(REPO)) for top in (ROOT, REPO / "tests") for p in top.rglob("*")
+           if p.is_dir() and p.name in BUILD_OUTPUT_NAMES]
+    assert bad == [], f"rename these folders (.gitignore / ruff's default excludes hide them): {bad}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from toolkit import __version__
@@ -42,3 +43,29 @@ def test_pipeline_kinds_lists_shell_keys():
 def test_python_dash_m_toolkit_runs_cli():
     out = subprocess.run([sys.executable, "-m", "toolkit", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"cliptk {__version__}"
+
+
+@pytest.mark.parametrize(("args", "source"), [
+    (["data", "fetch", "--urls", "u.csv", "--out", "o", "--threads", "0"], "option --threads: num_threads"),
+    (["data", "fetch", "--urls", "u.csv", "--out", "o", "--processes", "0"], "option --processes: num_processes"),
+    (["data", "fetch", "--urls", "u.csv", "--out", "o", "--timeout", "0"], "option --timeout: timeout_s"),
+    (["data", "shard", "--source", "s", "--out", "o", "--threads", "0"], "option --threads: num_threads"),
+    (["data", "precompute", "--in", "r", "--out", "t", "--model", "m", "--workers", "-1"],
+     "option --workers: num_workers"),
+    (["data", "inspect", "d", "--thumb-size", "2"], "option --thumb-size: thumb_size"),
+    (["eval", "zeroshot", "-m", "m", "-d", "a", "--root", "r", "-o", "o", "--workers", "-1"],
+     "option --workers: num_workers"),
+])
+def test_config_errors_name_the_flag_that_was_typed(args, source):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and f"error: {source}: must be" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [["data", "fetch"], ["data", "shard"], ["data", "demo"], ["data", "precompute"],
+                                     ["data", "inspect", "d"], ["eval", "zeroshot"], ["eval", "build-set"]])
+def test_every_config_command_maps_its_options_to_flags(command):
+    # load_cli_config raises TypeError for a config key without a same-named parameter before anything
+    # else, so reaching the --set error proves every key of this command names a real flag.
+    result = CliRunner().invoke(app, [*command, "--set", "no_such_key=1"])
+    assert result.exit_code == 2 and "error: --set no_such_key=1: no_such_key: unknown key" in result.output, \
+        result.output

@@ -43,6 +43,15 @@ def test_precedence_defaults_yaml_set_explicit(tmp_path):
     assert cfg.num_steps == 11 and cfg.optim.lr == 2e-3
 
 
+def test_explicit_value_errors_name_the_given_source(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, None, ["data=x"], {"num_steps": 0}, {"num_steps": "option --steps"})
+    assert err.value.source == "option --steps" and err.value.key == "num_steps"
+    with pytest.raises(ConfigError) as err:  # no source given: nothing pretends to know the flag
+        load_config(RunConfig, None, ["data=x"], {"num_steps": 0})
+    assert err.value.source == "explicit value"
+
+
 def test_unknown_key_names_file_key_and_suggestion(tmp_path):
     path = write(tmp_path, "data: x\noptim: {lerning_rate: 1}\n")
     with pytest.raises(ConfigError) as err:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolkit.core import stage
-from toolkit.core.shell import ShellConfig
+from toolkit.pipeline.shell import ShellConfig
 
 
 def test_fingerprints_once_serves_the_recorder_then_measures_afresh(tmp_path):

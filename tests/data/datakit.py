@@ -150,7 +150,7 @@ def build_bad_inputs(root: Path) -> dict:
 def precompute(raw, out, **overrides):
     """Run the precompute stage with cliptk-tiny; returns the StageResult."""
     from toolkit.core.config import build
-    from toolkit.data.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
     cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, **overrides})
     return run(cfg)

@@ -81,7 +81,7 @@ def test_zeroshot_cli_errors(workspace):
 
 
 def test_pipeline_kinds_registered():
-    from toolkit.pipeline import KINDS
+    from toolkit.pipeline.kinds import KINDS
 
     assert {"results", "report"} <= set(KINDS["eval.zeroshot"].outputs)
     assert KINDS["eval.build-set"].load("run").__module__ == "toolkit.eval.build"
@@ -97,7 +97,7 @@ def test_help_lists_every_option():
 
 
 def test_pipeline_builds_then_evaluates(workspace, tmp_path):
-    from toolkit.pipeline import load_pipeline, run_pipeline
+    from toolkit.pipeline.runner import load_pipeline, run_pipeline
 
     (tmp_path / "p.yaml").write_text(f"""
 run_dir: {tmp_path / "run"}

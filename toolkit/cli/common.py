@@ -28,15 +28,42 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def load_cli_config(cls: type[T], config: Path | None, overrides: list[str] | None, **explicit: Any) -> T:
-    """Build ``cls`` from defaults < --config < --set < explicit options; config errors exit 2."""
+def load_cli_config(ctx: typer.Context, cls: type[T], config: Path | None, overrides: list[str] | None,
+                    **explicit: Any) -> T:
+    """Build ``cls`` from defaults < --config < --set < explicit options; config errors exit 2.
+
+    Call it from a command (``ctx`` is the command's ``typer.Context``) with ``field=value`` for every
+    option that sets a config field; each keyword must be the name of the command's parameter that
+    carries it (a dotted field ``a.b`` is parameter ``a_b``), so that an error names the flag the user
+    typed (``option --threads``), not the field.
+    """
     from toolkit.core.config import ConfigError, load_config
 
+    sources = parameter_labels(ctx, list(explicit))
     try:
-        return load_config(cls, config, overrides or [], explicit)  # it ignores options left at None
+        return load_config(cls, config, overrides or [], explicit, sources)  # it ignores options left at None
     except ConfigError as err:
         fail(str(err))
         raise  # unreachable; keeps type checkers happy
+
+
+def parameter_labels(ctx: typer.Context, keys: list[str]) -> dict[str, str]:
+    """Config key -> the command's parameter of the same name as errors name it: 'option --threads',
+    'option --overwrite/--resume', 'argument DIRECTORY'. A key with no such parameter is a bug in the
+    command (its errors would name the wrong flag), so it raises at every call, not only on bad input."""
+    params = {p.name: p for p in ctx.command.params}
+    labels = {}
+    for key in keys:
+        param = params.get(key.replace(".", "_"))
+        if param is None:
+            raise TypeError(f"command {ctx.command.name!r} has no parameter named {key.replace('.', '_')!r} for "
+                            f"config key {key!r}; name the parameter after the field it sets")
+        if param.param_type_name == "option":
+            flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+            labels[key] = "option " + "/".join([flag, *param.secondary_opts])
+        else:
+            labels[key] = f"argument {(param.metavar or param.name).upper()}"
+    return labels
 
 
 def run_stage(run: Callable[[T], Any], cfg: T) -> Any:

@@ -24,6 +24,7 @@ def _reasons(counts: dict) -> str:
 
 @app.command("fetch")
 def fetch_cmd(
+    ctx: typer.Context,
     urls: Annotated[str | None, typer.Option(
         "--urls", help="URL list: csv, tsv, parquet, jsonl, json or txt (optionally .gz), local or fsspec "
                        "URL, or a folder of them.")] = None,
@@ -61,9 +62,9 @@ def fetch_cmd(
     More keys (min_image_size, max_aspect_ratio, strict_decode, ...): `toolkit pipeline kinds data.fetch`,
     set them with --set KEY=VALUE.
     """
-    from toolkit.data.fetch import FetchConfig, run
+    from toolkit.data.acquire.fetch import FetchConfig, run
 
-    cfg = load_cli_config(FetchConfig, config, overrides, urls=urls, out=out, input_format=input_format,
+    cfg = load_cli_config(ctx, FetchConfig, config, overrides, urls=urls, out=out, input_format=input_format,
                           url_col=url_col, caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
                           samples_per_shard=samples_per_shard, num_processes=num_processes, num_threads=num_threads,
                           timeout_s=timeout_s, retries=retries, distributor=distributor,
@@ -79,6 +80,7 @@ def fetch_cmd(
 
 @app.command("shard")
 def shard_cmd(
+    ctx: typer.Context,
     source: Annotated[str | None, typer.Option(
         "--source", help="Folder of images with sidecar .txt captions, or a CSV/TSV of "
                          "path,caption.")] = None,
@@ -96,9 +98,9 @@ def shard_cmd(
     overrides: SetOverrides = None,
 ) -> None:
     """Write local images and captions into the same raw shard layout as `fetch`, without downloading."""
-    from toolkit.data.shard import ShardConfig, run
+    from toolkit.data.acquire.shard import ShardConfig, run
 
-    cfg = load_cli_config(ShardConfig, config, overrides, source=source, out=out, path_col=path_col,
+    cfg = load_cli_config(ctx, ShardConfig, config, overrides, source=source, out=out, path_col=path_col,
                           caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
                           samples_per_shard=samples_per_shard, num_threads=num_threads)
     result = run_stage(run, cfg)
@@ -109,6 +111,7 @@ def shard_cmd(
 
 @app.command("demo")
 def demo_cmd(
+    ctx: typer.Context,
     out: Annotated[str | None, typer.Option(
         "--out", help="Output folder for the demo set.")] = None,
     limit: Annotated[int | None, typer.Option(
@@ -121,9 +124,9 @@ def demo_cmd(
     overrides: SetOverrides = None,
 ) -> None:
     """Build the emoji demo set: Twemoji (training) and OpenMoji (held-out artist) with Unicode names."""
-    from toolkit.data.demo import DemoConfig, run
+    from toolkit.data.acquire.demo import DemoConfig, run
 
-    cfg = load_cli_config(DemoConfig, config, overrides, out=out, limit=limit, base_url=base_url)
+    cfg = load_cli_config(ctx, DemoConfig, config, overrides, out=out, limit=limit, base_url=base_url)
     result = run_stage(run, cfg)
     typer.echo(f"{result.counts['num_concepts']} concepts in {result.counts['num_groups']} groups: "
                f"{result.outputs['root']}")
@@ -138,7 +141,7 @@ def serve_cmd(
                                       max=65535)] = 8000,
 ) -> None:
     """Serve a folder over HTTP on 127.0.0.1 until Ctrl-C (first line printed: the URL)."""
-    from toolkit.data.serve import make_server
+    from toolkit.data.acquire.serve import make_server
 
     server = make_server(str(root), port)
     typer.echo(f"serving {server.root} at {server.url}", nl=True)
@@ -157,7 +160,8 @@ def _echo_counts(title: str, counts: dict) -> None:
 
 @app.command("precompute")
 def precompute_cmd(
-    input_: Annotated[str | None, typer.Option("--in", help="Raw shards: folder of .tar files, one .tar, glob or "
+    ctx: typer.Context,
+    input: Annotated[str | None, typer.Option("--in", help="Raw shards: folder of .tar files, one .tar, glob or "
                                                             "brace pattern; local or fsspec URL.")] = None,
     out: Annotated[str | None, typer.Option("--out", help="Output folder for training shards (local or fsspec).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name or config JSON: sets image size and "
@@ -167,7 +171,7 @@ def precompute_cmd(
     resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="center_crop or pad (white).")] = None,
     samples_per_shard: Annotated[int | None, typer.Option("--samples-per-shard", help="Samples per training "
                                                                                       "shard.")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (0: one per core).")] = None,
+    num_workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (0: one per core).")] = None,
     image_tower: Annotated[str | None, typer.Option("--image-tower", help="Store frozen image features instead "
                                                     "of pixels: none, open_clip or efficientnet_lite0.")] = None,
     image_tower_model: Annotated[str | None, typer.Option("--image-tower-model", help="open_clip model of the "
@@ -184,11 +188,11 @@ def precompute_cmd(
     overrides: SetOverrides = None,
 ) -> None:
     """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids."""
-    from toolkit.data.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
-    cfg = load_cli_config(PrecomputeConfig, config, overrides, input=input_, out=out, model=model,
+    cfg = load_cli_config(ctx, PrecomputeConfig, config, overrides, input=input, out=out, model=model,
                           image_size=image_size, resize_mode=resize_mode, samples_per_shard=samples_per_shard,
-                          num_workers=workers, image_tower=image_tower, image_tower_model=image_tower_model,
+                          num_workers=num_workers, image_tower=image_tower, image_tower_model=image_tower_model,
                           image_tower_weights=image_tower_weights, text_tower=text_tower,
                           text_tower_model=text_tower_model, text_tower_weights=text_tower_weights)
     result = run_stage(run, cfg)
@@ -201,7 +205,9 @@ def precompute_cmd(
 
 @app.command("inspect")
 def inspect_cmd(
-    directory: Annotated[str, typer.Argument(help="Folder of raw shards or training shards (local or fsspec).")],
+    ctx: typer.Context,
+    input: Annotated[str, typer.Argument(help="Folder of raw shards or training shards (local or fsspec).",
+                                         metavar="directory")],
     out: Annotated[str | None, typer.Option("--out", help="Report folder (default: DIRECTORY-inspect beside "
                                                           "it).")] = None,
     num_contact: Annotated[int | None, typer.Option("--num-contact", help="Samples on the contact sheet.")] = None,
@@ -214,11 +220,11 @@ def inspect_cmd(
     """Counts, skip reasons, a caption-length histogram and a contact sheet PNG of a shard folder."""
     from toolkit.data.inspect import InspectConfig, run
 
-    cfg = load_cli_config(InspectConfig, config, overrides, input=directory,
-                          out=out or directory.rstrip("/") + "-inspect", num_contact=num_contact,
+    cfg = load_cli_config(ctx, InspectConfig, config, overrides, input=input,
+                          out=out or input.rstrip("/") + "-inspect", num_contact=num_contact,
                           thumb_size=thumb_size, max_samples=max_samples)
     d = run_stage(run, cfg).details
-    typer.echo(f"{directory}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
+    typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
     for source, counts in (d.get("skipped") or {}).items():
         _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
     _echo_counts("converted", d.get("converted") or {})

@@ -14,6 +14,7 @@ app = typer.Typer(help="Evaluate CLIP models zero-shot (clip-benchmark metrics).
 
 @app.command("zeroshot")
 def zeroshot(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Checkpoint directory (open_clip_config.json "
                                               "+ weights), open_clip model name (cliptk-tiny, ViT-B-32) or "
                                               "config JSON.")] = None,
@@ -27,7 +28,7 @@ def zeroshot(
     weights: Annotated[Path | None, typer.Option("--weights", help="Local weights file (.safetensors/.pt/.bin) "
                                                  "for a model name or config JSON; none: random init.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Images per batch (default 64).")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="DataLoader worker processes (default 0).")] = None,
+    num_workers: Annotated[int | None, typer.Option("--workers", help="DataLoader worker processes (default 0).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto (default), cpu, cuda or cuda:N.")] = None,
     amp: Annotated[bool | None, typer.Option("--amp/--no-amp", help="Autocast forward passes (default off).")] = None,
     precision: Annotated[str | None, typer.Option("--precision", help="fp32 (default), bf16, fp16, pure_bf16, "
@@ -39,20 +40,21 @@ def zeroshot(
     from toolkit.eval.zeroshot import ZeroShotConfig, run
 
     names = [n.strip() for n in datasets.split(",") if n.strip()] if datasets is not None else None
-    cfg = load_cli_config(ZeroShotConfig, config, overrides, model=model, datasets=names,
+    cfg = load_cli_config(ctx, ZeroShotConfig, config, overrides, model=model, datasets=names,
                           root=str(root) if root else None, out=out,
-                          weights=str(weights) if weights else None, batch_size=batch_size, num_workers=workers,
+                          weights=str(weights) if weights else None, batch_size=batch_size, num_workers=num_workers,
                           device=device, amp=amp, precision=precision)
     result = run_stage(run, cfg)
-    from toolkit.core import io
+    from toolkit.core import files
 
-    with io.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL
+    with files.open_file(result.outputs["report"], "r") as fh:  # out may be an fsspec URL
         typer.echo(fh.read())
     typer.echo(f"results: {result.outputs['results']}\nchart:   {result.outputs['chart']}")
 
 
 @app.command("build-set")
 def build_set(
+    ctx: typer.Context,
     source: Annotated[str | None, typer.Option("--source", help="folder, csv, fashion-mnist or openmoji.")] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Folder of the new set (ROOT/NAME).")] = None,
     input: Annotated[Path | None, typer.Option("--input", "-i", help="Class-per-subfolder folder, CSV file, "
@@ -74,7 +76,7 @@ def build_set(
     """Write an evaluation set in clip-benchmark's local wds layout from a folder, CSV or packaged data."""
     from toolkit.eval.build import BuildSetConfig, run
 
-    cfg = load_cli_config(BuildSetConfig, config, overrides, source=source, out=out,
+    cfg = load_cli_config(ctx, BuildSetConfig, config, overrides, source=source, out=out,
                           input=str(input) if input else None, task=task,
                           classnames=str(classnames) if classnames else None,
                           templates=str(templates) if templates else None, image_column=image_column,

@@ -27,7 +27,7 @@ def run_cmd(
 ) -> None:
     """Validate the whole pipeline, then run its stages in order, skipping those already done."""
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline import PipelineError, load_pipeline, run_pipeline
+    from toolkit.pipeline.runner import PipelineError, load_pipeline, run_pipeline
 
     if start and only:
         fail("--from and --only exclude each other")
@@ -46,7 +46,7 @@ def run_cmd(
 def validate_cmd(file: PipelineFile, overrides: SetOverrides = None) -> None:
     """Check kinds, keys, types and references of every stage without running anything."""
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline import load_pipeline
+    from toolkit.pipeline.runner import load_pipeline
 
     try:
         pipe = load_pipeline(str(file), overrides or [])
@@ -60,7 +60,7 @@ def kinds_cmd(kind: Annotated[str | None, typer.Argument(help="Show this kind's 
     """List the stage kinds a pipeline may use, or one kind's config keys with their docs."""
     import dataclasses
 
-    from toolkit.pipeline import KINDS
+    from toolkit.pipeline.kinds import KINDS
 
     if kind is None:
         for name, spec in KINDS.items():

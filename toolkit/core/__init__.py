@@ -1,1 +1,1 @@
-"""Config, logging/progress, fsspec io, stage manifests: the layer everything else stands on."""
+"""Config, logging/progress, fsspec file helpers, stage manifests: the layer everything else stands on."""

@@ -210,7 +210,7 @@ def set_path(data: dict, path: list[str], value: Any) -> None:
 
 def read_yaml(path: str | Path) -> dict:
     """Read a YAML mapping; errors name the file."""
-    from toolkit.core.io import open_file
+    from toolkit.core.files import open_file
 
     try:
         with open_file(str(path), "r") as fh:
@@ -231,9 +231,13 @@ def load_config(
     yaml_path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     explicit: Mapping[str, Any] | None = None,
+    explicit_sources: Mapping[str, str] | None = None,
 ) -> T:
     """defaults < YAML file < ``--set`` overrides < explicit (CLI option) values; returns ``cls``.
 
+    ``explicit`` maps config keys (dotted for nested fields) to values; None means "not given".
+    ``explicit_sources`` says what set each explicit key, as errors should name it (the CLI passes the
+    real flag, e.g. ``{'num_threads': 'option --threads'}``); keys without one are named 'explicit value'.
     Errors name where the offending value came from: the file, the ``--set`` text, or the option.
     """
     data: dict = read_yaml(yaml_path) if yaml_path else {}
@@ -245,7 +249,7 @@ def load_config(
     for key, value in (explicit or {}).items():
         if value is not None:
             set_path(data, key.split("."), value)
-            sources[key] = f"option --{key.replace('_', '-')}"
+            sources[key] = (explicit_sources or {}).get(key, "explicit value")
     default_source = str(yaml_path) if yaml_path else "command line"
     try:
         return build(cls, data, source=default_source)

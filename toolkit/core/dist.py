@@ -225,7 +225,7 @@ def check_equal_sizes(t: Tensor, group=None, what: str = "batch", ledger: CommLe
     if len(set(shapes)) > 1:
         listing = ", ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
         raise ValueError(f"{what} sizes differ across ranks ({listing}); every rank must pass the same "
-                         "shape (use drop_last=True in the loader so each rank gets a full local batch)")
+                         "shape (use last_batch='drop' in make_loader so each rank gets a full local batch)")
 
 
 def _gather(t: Tensor, k: int, group, category: str, ledger: CommLedger | None) -> Tensor:

@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from toolkit import __version__
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
 from toolkit.core.log import get_logger, jsonl_log
 
@@ -77,26 +77,26 @@ def fingerprint(path: str) -> str:
 
 
 def _measure(path: str) -> str:
-    if not io.exists(path):
+    if not files.exists(path):
         return "missing"
     m = read_manifest(path)  # a stage's output folder: its manifest says when it changed
     if m is not None:
         key = [m.get("config_hash"), m.get("finished_at"), m.get("outputs")]
         return "manifest:" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    if not io.is_local(path):
+    if not files.is_local(path):
         import fsspec
 
         fs, p = fsspec.core.url_to_fs(path)
         info = fs.info(p)
         return f"remote:{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
-    local = io.local_path(path)
+    local = files.local_path(path)
     if os.path.isfile(local):
         st = os.stat(local)
         return f"file:{st.st_size}:{st.st_mtime_ns}"
     digest, num_files = hashlib.sha256(), 0
-    for root, dirs, files in os.walk(local):
+    for root, dirs, names in os.walk(local):
         dirs.sort()
-        for name in sorted(files):
+        for name in sorted(names):
             st = os.stat(os.path.join(root, name))
             digest.update(f"{os.path.relpath(os.path.join(root, name), local)}:{st.st_size}:{st.st_mtime_ns};".encode())
             num_files += 1
@@ -106,11 +106,11 @@ def _measure(path: str) -> str:
 
 
 def read_manifest(out: str) -> dict | None:
-    path = io.join(out, MANIFEST)
-    if not io.exists(path):
+    path = files.join(out, MANIFEST)
+    if not files.exists(path):
         return None
     try:
-        return io.read_json(path)
+        return files.read_json(path)
     except (OSError, ValueError):
         return None
 
@@ -150,7 +150,7 @@ class StageRecorder:
 
     def write(self, **updates: Any) -> None:
         self.manifest.update(updates, outputs=self.outputs, counts=self.counts, details=self.details)
-        io.write_json_atomic(io.join(self.out, MANIFEST), self.manifest)
+        files.write_json_atomic(files.join(self.out, MANIFEST), self.manifest)
 
     def result(self) -> StageResult:
         return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details))
@@ -162,16 +162,16 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
 
     Called by every stage's ``run(cfg)`` on the process that owns ``out`` (rank 0 in distributed runs).
     """
-    io.makedirs(out)
-    io.write_text_atomic(io.join(out, "config.yaml"), dump_yaml(cfg))
+    files.makedirs(out)
+    files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))
     rec = StageRecorder(kind, cfg, out)
     measured = _MEASURED.get()
     if measured is not None:  # the check's measurements served this recorder; the body may change inputs
         measured.clear()
     rec.write()
     start = time.monotonic()
-    log_path = io.join(out, "log.jsonl")
-    with jsonl_log(log_path) if io.is_local(out) else _nullcontext():
+    log_path = files.join(out, "log.jsonl")
+    with jsonl_log(log_path) if files.is_local(out) else _nullcontext():
         try:
             yield rec
         except BaseException as err:

@@ -23,6 +23,9 @@ from typing import Literal
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+# File extensions (lower case, no dot) read as images: raw shard members, `toolkit data shard`'s folder
+# sources and eval-set inputs. All of them are formats Pillow decodes.
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 # PIL's own default limit (about 89.5 MP); a larger image is treated as a decompression bomb.
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 ResizeMode = Literal["center_crop", "pad"]
@@ -48,7 +51,7 @@ def deep_to_l(img: Image.Image) -> Image.Image:
     """A greyscale image in one of DEEP_MODES -> 8-bit L. A 16-bit range (I;16*, and I from PNG) is
     scaled 0..65535 -> 0..255, not clipped; 32-bit integers of unknown range and floats clip like PIL.
 
-    Shared with :mod:`toolkit.data.raw` (fetch and shard) so a deep image gets the same levels there."""
+    Shared with :mod:`toolkit.data.acquire.resizer` (fetch and shard) so a deep image gets the same levels there."""
     arr = np.asarray(img)
     if img.mode == "F" or (img.mode == "I" and img.format != "PNG"):
         return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")

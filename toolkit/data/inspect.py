@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
-from toolkit.data.rawshards import RawShardReader, list_shards, shard_name, sidecar
-from toolkit.data.trainformat import DATASET_JSON, TrainDataset, meta_file
+from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename, sidecar
+from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
 
 KIND = "data.inspect"
 # Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).
@@ -69,8 +69,6 @@ def contact_sheet(tiles: list[tuple[np.ndarray, str]], thumb: int) -> Image.Imag
 
 
 def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
-    from toolkit.data.loader import Segment, read_segment
-
     ds = TrainDataset.open(cfg.input)
     report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
                               "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
@@ -85,7 +83,7 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     for i in range(len(ds.shards)):
         if len(lengths) >= limit:
             break
-        with io.open_file(io.join(cfg.input, meta_file(i)), "r") as fh:
+        with files.open_file(files.join(cfg.input, meta_file(i)), "r") as fh:
             for line in fh:
                 if len(lengths) >= limit:
                     break
@@ -124,7 +122,7 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
             if cfg.max_samples and num >= cfg.max_samples:
                 break
         if reader.error:
-            errors[shard_name(url)] = reader.error
+            errors[shard_basename(url)] = reader.error
         if cfg.max_samples and num >= cfg.max_samples:
             break
     report.update({"num_samples": num, "members_by_ext": dict(sorted(exts.items())), "tar_errors": errors,
@@ -143,8 +141,8 @@ def _raw_skip_reasons(source: str, urls: list[str]) -> dict[str, Any]:
     stats, failed = Counter(), 0
     for url in urls:
         path = sidecar(url, "_stats.json")
-        if io.exists(path):
-            data = io.read_json(path)
+        if files.exists(path):
+            data = files.read_json(path)
             stats.update({k: int(v) for k, v in (data.get("status_dict") or {}).items() if k != "success"})
             failed += int(data.get("failed_to_download", 0)) + int(data.get("failed_to_resize", 0))
     if stats or failed:
@@ -156,18 +154,18 @@ def run(cfg: InspectConfig) -> StageResult:
     """Inspect ``cfg.input`` (training shards if it holds dataset.json, else raw shards)."""
     log = get_logger("data.inspect")
     with stage_run(KIND, cfg, cfg.out) as rec:
-        is_train = io.exists(io.join(cfg.input, DATASET_JSON))
+        is_train = files.exists(files.join(cfg.input, DATASET_JSON))
         report, tiles = _inspect_train(cfg) if is_train else _inspect_raw(cfg)
         if report["num_samples"] == 0:
             raise ValueError(f"{cfg.input}: no samples found")
-        io.write_json_atomic(io.join(cfg.out, "report.json"), report)
+        files.write_json_atomic(files.join(cfg.out, "report.json"), report)
         rec.outputs["out"] = cfg.out
-        rec.outputs["report"] = io.join(cfg.out, "report.json")
+        rec.outputs["report"] = files.join(cfg.out, "report.json")
         if tiles:
-            path = io.join(cfg.out, "contact_sheet.png")
+            path = files.join(cfg.out, "contact_sheet.png")
             buf = BytesIO()
             contact_sheet(tiles, cfg.thumb_size).save(buf, "PNG")
-            io.write_bytes_atomic(path, buf.getvalue())
+            files.write_bytes_atomic(path, buf.getvalue())
             rec.outputs["contact_sheet"] = path
         rec.counts.update({"num_samples": report["num_samples"], "num_shards": report["num_shards"],
                            "num_contact": len(tiles)})

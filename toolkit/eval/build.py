@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
@@ -80,7 +80,7 @@ def write_shards(kind: str, samples: list[tuple[bytes, str, Any]], out: Path, ma
     import webdataset as wds
 
     num_shards = -(-len(samples) // max_per_shard)
-    with io.replacing_dir(out / SPLIT) as tmp:
+    with files.replacing_dir(out / SPLIT) as tmp:
         for shard in range(num_shards):
             with wds.TarWriter(str(tmp / f"{shard}.tar")) as sink:
                 chunk = samples[shard * max_per_shard:(shard + 1) * max_per_shard]
@@ -95,25 +95,25 @@ def write_metadata(found: sources.EvalSamples, out: Path) -> None:
     for name in ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt"):
         (out / name).unlink(missing_ok=True)
     if found.kind == "retrieval":
-        io.write_text_atomic(str(out / "dataset_type.txt"), "retrieval\n")
+        files.write_text_atomic(str(out / "dataset_type.txt"), "retrieval\n")
         return
     bad = [t for t in found.templates if "{c}" not in t]
     if bad:
         raise DatasetError(f"template {bad[0]!r} has no {{c}} placeholder")
-    io.write_text_atomic(str(out / "classnames.txt"), "\n".join(found.classnames) + "\n")
-    io.write_text_atomic(str(out / "zeroshot_classification_templates.txt"), "\n".join(found.templates) + "\n")
+    files.write_text_atomic(str(out / "classnames.txt"), "\n".join(found.classnames) + "\n")
+    files.write_text_atomic(str(out / "zeroshot_classification_templates.txt"), "\n".join(found.templates) + "\n")
 
 
 def run(cfg: BuildSetConfig) -> StageResult:
     """Build the set, then re-open it with the evaluation reader as a check."""
     log = get_logger("eval")
-    if not io.is_local(cfg.out):
+    if not files.is_local(cfg.out):
         raise DatasetError(f"out: {cfg.out}: evaluation sets are written to local folders")
     with stage_run(KIND, cfg, cfg.out) as rec:
         found = collect(cfg)
         if not found.samples:
             raise DatasetError(f"{cfg.input}: no samples found")
-        out = Path(io.local_path(cfg.out))
+        out = Path(files.local_path(cfg.out))
         kept = found.samples[:cfg.limit] if cfg.limit else found.samples
         num = len(kept)
         write_metadata(found, out)

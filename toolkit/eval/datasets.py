@@ -16,15 +16,17 @@ model with ``encode_image``/``encode_text`` can be evaluated, and so errors name
 from __future__ import annotations
 
 import dataclasses
-import io as _io
+import io
 import os
-import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
-IMAGE_EXTS = ("png", "jpg", "jpeg", "webp")
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+from toolkit.data.raw.reader import split_member_name
+
+# Image members an evaluation set may hold: the formats clip-benchmark's wds reader decodes (its
+# webp/png/jpg/jpeg), in the order a sample's image is looked up. build-set re-encodes anything else as PNG.
+SET_IMAGE_EXTS = ("png", "jpg", "jpeg", "webp")
 SPLIT = "test"
 TASKS = {"classification": "zeroshot_classification", "retrieval": "zeroshot_retrieval"}
 
@@ -68,10 +70,9 @@ def _count_samples(shard: str) -> int:
     try:
         with tarfile.open(shard) as tar:
             for member in tar:
-                # webdataset's grouping: the key ends at the first dot of the file name.
-                match = _KEY_EXT.match(member.name)
-                if member.isfile() and match and match.group(2).lower() in IMAGE_EXTS:
-                    keys.add(match.group(1))
+                split = split_member_name(member.name)
+                if member.isfile() and split and split[1] in SET_IMAGE_EXTS:
+                    keys.add(split[0])
     except (tarfile.TarError, OSError) as err:
         raise DatasetError(f"{shard}: not a readable tar file: {err}") from err
     return len(keys)
@@ -101,7 +102,7 @@ def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
                            "'classification'")
     num_samples = sum(_count_samples(s) for s in shards)
     if num_samples == 0:
-        raise DatasetError(f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(IMAGE_EXTS)})")
+        raise DatasetError(f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(SET_IMAGE_EXTS)})")
     if kind == "retrieval":
         return EvalSet(name, path, kind, shards, num_samples)
     classnames = _read_lines(path / "classnames.txt", "one class name per line")
@@ -117,11 +118,11 @@ def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any) -> tuple[
     from PIL import Image
 
     where = f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}"
-    image_key = next((k for k in IMAGE_EXTS if k in sample), None)
+    image_key = next((k for k in SET_IMAGE_EXTS if k in sample), None)
     if image_key is None:
-        raise DatasetError(f"{where}: no image ({', '.join('.' + e for e in IMAGE_EXTS)})")
+        raise DatasetError(f"{where}: no image ({', '.join('.' + e for e in SET_IMAGE_EXTS)})")
     try:
-        image = Image.open(_io.BytesIO(sample[image_key])).convert("RGB")
+        image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
     except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
         raise DatasetError(f"{where}: unreadable image .{image_key}: {err}") from err
     if eval_set.kind == "retrieval":
@@ -146,7 +147,7 @@ def _collate_captions(batch: list[tuple[Any, list[str]]]) -> tuple[Any, list[lis
     return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
 
 
-def make_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0) -> Any:
+def make_eval_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0) -> Any:
     """A DataLoader over the set in shard order: (images [B,3,S,S], labels [B] int64) for classification,
     (images, list of caption lists) for retrieval. ``loader.dataset.classes`` is what clip-benchmark reads."""
     import functools

@@ -13,11 +13,11 @@ The primary metric of a set is top-1 accuracy (classification) or the mean of bo
 
 from __future__ import annotations
 
-import io as _io
+import io
 import math
 from typing import Any
 
-from toolkit.core import io
+from toolkit.core import files
 
 RECORD_KEYS = ("dataset", "model", "pretrained", "task", "metrics", "language")
 CLASSIFICATION_COLUMNS = (("acc1", "top-1"), ("acc5", "top-5"), ("mean_per_class_recall", "mean per-class recall"))
@@ -83,13 +83,13 @@ def validate_record(record: Any, where: str) -> dict[str, Any]:
 
 def write_results(path: str, model: str, pretrained: str | None, records: list[dict[str, Any]]) -> dict:
     data = {"model": model, "pretrained": pretrained, "results": records, "average": average(records)}
-    io.write_json_atomic(path, data)
+    files.write_json_atomic(path, data)
     return data
 
 
 def read_results(path: str) -> dict[str, Any]:
     """Load and validate a ``results.json`` written by :func:`write_results`."""
-    data = io.read_json(path)
+    data = files.read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise ValueError(f"{path}: expected an object with a 'results' list")
     for i, record in enumerate(data["results"]):
@@ -147,6 +147,6 @@ def bar_chart(data: dict[str, Any], path: str) -> None:
         draw.rectangle([label_w, y + 3, label_w + max(length, 1), y + row_h - 3], fill=colour)
         draw.text((label_w + length + 6, y + 6), _pct(value), fill="black", font=font)
     draw.line([label_w, top - 2, label_w, top + row_h * len(bars)], fill="black")
-    buf = _io.BytesIO()
+    buf = io.BytesIO()
     img.save(buf, format="PNG")
-    io.write_bytes_atomic(path, buf.getvalue())
+    files.write_bytes_atomic(path, buf.getvalue())

@@ -10,13 +10,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
-import io as _io
+import io
 import re
 import struct
 from pathlib import Path
 from typing import Any
 
-from toolkit.data.rawshards import IMAGE_EXTS as INPUT_IMAGE_EXTS
+from toolkit.data.acquire import demo
+from toolkit.data.images import IMAGE_EXTS
 from toolkit.eval.datasets import DatasetError
 
 GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
@@ -36,8 +37,6 @@ EMOJI_GROUPS = {"smileys-emotion": "smileys and emotion", "people-body": "people
                 "symbols": "symbols", "flags": "flags"}
 EMOJI_GROUP_TEMPLATES = ("an emoji from the group {c}.", "a drawing of an emoji about {c}.",
                          "an emoji icon of {c}.", "a {c} emoji.")
-OPENMOJI_CSV = "openmoji.csv"
-OPENMOJI_COLUMNS = ("path", "caption", "group", "subgroup", "codepoints")
 
 
 @dataclasses.dataclass
@@ -59,12 +58,12 @@ def read_image(path: Path, where: str) -> tuple[bytes, str]:
         raise DatasetError(f"{where}: image file not found: {path}")
     data = path.read_bytes()
     try:
-        with Image.open(_io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data)) as img:
             img.load()
             fmt = (img.format or "").lower()
             if fmt in ("png", "jpeg", "webp"):
                 return data, "jpg" if fmt == "jpeg" else fmt
-            buf = _io.BytesIO()
+            buf = io.BytesIO()
             img.convert("RGB").save(buf, format="PNG")
             return buf.getvalue(), "png"
     except (OSError, ValueError) as err:
@@ -96,7 +95,7 @@ def from_folder(root: str, classnames: list[str] | None) -> EvalSamples:
     out = EvalSamples("classification", [], list(names))
     for label, folder in enumerate(folders):
         files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-        images = [p for p in files if p.suffix.lower().lstrip(".") in INPUT_IMAGE_EXTS]
+        images = [p for p in files if p.suffix.lower().lstrip(".") in IMAGE_EXTS]
         if len(images) < len(files):
             out.left_out["not an image file"] = out.left_out.get("not an image file", 0) + len(files) - len(images)
         for p in images:
@@ -185,7 +184,7 @@ def from_fashion_mnist(root: str, split: str = "test", limit: int = 0) -> EvalSa
     out = EvalSamples("classification", [], list(FASHION_MNIST_CLASSES), list(FASHION_MNIST_TEMPLATES))
     size = rows * cols
     for i in range(min(num, limit) if limit else num):
-        buf = _io.BytesIO()
+        buf = io.BytesIO()
         Image.frombytes("L", (cols, rows), pixels[i * size:(i + 1) * size]).save(buf, format="PNG")
         out.samples.append((buf.getvalue(), "png", int(labels[i])))
     return out
@@ -200,10 +199,10 @@ def from_openmoji(demo_dir: str, kind: str) -> EvalSamples:
     """The held-out OpenMoji drawings from ``toolkit data demo`` (DIR/openmoji.csv: path,caption,group,
     subgroup,codepoints). Retrieval: image <-> its Unicode name. Classification: the Unicode emoji group;
     rows of a non-Unicode group (OpenMoji's extras) are left out and counted."""
-    csv_path = Path(demo_dir) / OPENMOJI_CSV
+    csv_path = Path(demo_dir) / demo.artist_csv("openmoji")
     if not csv_path.is_file():
         raise DatasetError(f"{csv_path}: missing; create it with `toolkit data demo --out {demo_dir}`")
-    rows = _read_csv(csv_path, OPENMOJI_COLUMNS)
+    rows = _read_csv(csv_path, demo.COLUMNS)
     if kind == "retrieval":
         return _group_captions(csv_path, rows, "path", "caption")
     slugs = [group_slug(row["group"] or "") for row in rows]

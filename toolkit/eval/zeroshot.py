@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import report
-from toolkit.eval.datasets import EvalSet, make_loader, open_eval_set
+from toolkit.eval.datasets import EvalSet, make_eval_loader, open_eval_set
 
 # clip-benchmark draws its own tqdm bars; tqdm reads TQDM_* variables when it is first imported, so this
 # only takes effect if nothing imported tqdm before. Our progress bar (toolkit.core.log) is the one we show.
@@ -80,7 +80,7 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     undefined values (top-5 below 5 classes, R@k above the number of images) as None."""
     from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
-    loader = make_loader(eval_set, transform, batch_size, num_workers)
+    loader = make_eval_loader(eval_set, transform, batch_size, num_workers)
     num_batches = -(-eval_set.num_samples // batch_size)
     batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
     wrapped = _LoaderView(batches, loader.dataset)
@@ -139,8 +139,8 @@ def run(cfg: ZeroShotConfig) -> StageResult:
             import open_clip
 
             model = InputCast(model, open_clip.get_input_dtype(cfg.precision))
-        per_dataset = io.join(cfg.out, "per_dataset")
-        io.makedirs(per_dataset)
+        per_dataset = files.join(cfg.out, "per_dataset")
+        files.makedirs(per_dataset)
         records = []
         for eval_set in sets:
             start = time.monotonic()
@@ -150,17 +150,17 @@ def run(cfg: ZeroShotConfig) -> StageResult:
             record = report.make_record(eval_set.name, loaded.name, loaded.weights, eval_set.task, metrics,
                                         cfg.language)
             records.append(record)
-            io.write_json_atomic(io.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
+            files.write_json_atomic(files.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
             rec.details.setdefault("duration_s", {})[eval_set.name] = round(time.monotonic() - start, 3)
             log.info("%s (%s, %d samples): %s", eval_set.name, eval_set.task, eval_set.num_samples,
                      ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
                      extra={"data": record})
         counts = {s.name: s.num_samples for s in sets}
-        data = report.write_results(io.join(cfg.out, "results.json"), loaded.name, loaded.weights, records)
-        io.write_text_atomic(io.join(cfg.out, "report.md"), report.markdown_table(data, counts, cfg.recall_k))
-        report.bar_chart(data, io.join(cfg.out, "results.png"))
-        rec.outputs.update(results=io.join(cfg.out, "results.json"), report=io.join(cfg.out, "report.md"),
-                           chart=io.join(cfg.out, "results.png"), per_dataset=per_dataset)
+        data = report.write_results(files.join(cfg.out, "results.json"), loaded.name, loaded.weights, records)
+        files.write_text_atomic(files.join(cfg.out, "report.md"), report.markdown_table(data, counts, cfg.recall_k))
+        report.bar_chart(data, files.join(cfg.out, "results.png"))
+        rec.outputs.update(results=files.join(cfg.out, "results.json"), report=files.join(cfg.out, "report.md"),
+                           chart=files.join(cfg.out, "results.png"), per_dataset=per_dataset)
         rec.counts.update(num_datasets=len(sets), num_samples=counts)
         rec.details.update(average=data["average"], model=loaded.name, weights=loaded.weights, device=device)
     return rec.result()

@@ -1,5 +1,6 @@
-"""CLIP towers through open_clip: named or custom configs, tokenizers, checkpoints, frozen towers."""
+"""CLIP towers through open_clip: named or custom configs, tokenizers, model weights, frozen towers."""
 
+from toolkit.models.factory import LoadedModel, build_model, load_model, resolve_spec
 from toolkit.models.registry import (
     context_length,
     image_size,
@@ -7,9 +8,7 @@ from toolkit.models.registry import (
     register_builtin_configs,
     tokenizer,
 )
-
-__all__ = ["context_length", "image_size", "model_config", "register_builtin_configs", "tokenizer"]
-from toolkit.models.checkpoint import (  # noqa: E402
+from toolkit.models.weights import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
@@ -20,8 +19,8 @@ from toolkit.models.checkpoint import (  # noqa: E402
     save_model,
     unwrap_model,
 )
-from toolkit.models.factory import LoadedModel, build_model, load_model, make_tokenizer, resolve_spec  # noqa: E402
 
-__all__ += ["CONFIG_NAME", "WEIGHTS_NAME", "CheckpointError", "LoadedModel", "build_model", "find_weights",
-            "is_checkpoint_dir", "load_model", "load_weights", "make_tokenizer", "read_checkpoint_config",
-            "resolve_spec", "save_model", "unwrap_model"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "CheckpointError", "LoadedModel", "build_model", "context_length",
+           "find_weights", "image_size", "is_checkpoint_dir", "load_model", "load_weights", "model_config",
+           "read_checkpoint_config", "register_builtin_configs", "resolve_spec", "save_model", "tokenizer",
+           "unwrap_model"]

@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.core.log import get_logger
-from toolkit.models import checkpoint as ckpt
-from toolkit.models.registry import (
-    config_context_length,
-    config_image_size,
-    config_tokenizer,
-    model_config,
-    tokenizer,
+from toolkit.models.registry import config_context_length, config_image_size, model_config, tokenizer
+from toolkit.models.weights import (
+    CONFIG_NAME,
+    WEIGHT_SUFFIXES,
+    CheckpointError,
+    check_weights_file,
+    default_preprocess_cfg,
+    find_weights,
+    load_weights,
+    read_checkpoint_config,
 )
 
 PRECISIONS = ("fp32", "bf16", "fp16", "pure_bf16", "pure_fp16")
@@ -61,7 +64,7 @@ class ResolvedSpec:
     model_cfg: dict[str, Any]
     preprocess_cfg: dict[str, Any]
     weights: Path | None
-    tokenizer_source: str  # 'local-dir:DIR', a registered name, or '' (build from model_cfg)
+    tokenizer_source: str  # what registry.tokenizer() takes: 'local-dir:DIR', a registered name or a config JSON
 
 
 def resolve_spec(spec: str, weights: str | None = None) -> ResolvedSpec:
@@ -69,22 +72,19 @@ def resolve_spec(spec: str, weights: str | None = None) -> ResolvedSpec:
     spec = str(spec)
     if spec.startswith(LOCAL_DIR_PREFIX) or Path(spec).is_dir():
         directory = Path(spec.removeprefix(LOCAL_DIR_PREFIX))
-        model_cfg, pp = ckpt.read_checkpoint_config(directory)
-        found = ckpt.check_weights_file(weights) if weights else ckpt.find_weights(directory)
+        model_cfg, pp = read_checkpoint_config(directory)
+        found = check_weights_file(weights) if weights else find_weights(directory)
         return ResolvedSpec(directory.name, model_cfg, pp, found, f"{LOCAL_DIR_PREFIX}{directory}")
     if spec.endswith(".json"):
         if not Path(spec).is_file():
-            raise ckpt.CheckpointError(f"model config file not found: {spec}")
-        tok_source = ""
-    elif "/" in spec or Path(spec).suffix in ckpt.WEIGHT_SUFFIXES:
-        raise ckpt.CheckpointError(f"model not found: {spec} is neither a checkpoint directory (with "
-                                   f"{ckpt.CONFIG_NAME}) nor a config JSON nor a model name")
-    else:
-        tok_source = spec
+            raise CheckpointError(f"model config file not found: {spec}")
+    elif "/" in spec or Path(spec).suffix in WEIGHT_SUFFIXES:
+        raise CheckpointError(f"model not found: {spec} is neither a checkpoint directory (with "
+                              f"{CONFIG_NAME}) nor a config JSON nor a model name")
     model_cfg = model_config(spec)  # ValueError naming cliptk's configs for unknown names
-    found = ckpt.check_weights_file(weights) if weights else None
+    found = check_weights_file(weights) if weights else None
     name = Path(spec).stem if spec.endswith(".json") else spec
-    return ResolvedSpec(name, model_cfg, ckpt.default_preprocess_cfg(model_cfg), found, tok_source)
+    return ResolvedSpec(name, model_cfg, default_preprocess_cfg(model_cfg), found, spec)
 
 
 def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
@@ -123,11 +123,6 @@ def to_device_precision(model: Any, device: str, precision: str, is_timm: bool =
     return model
 
 
-def make_tokenizer(model_cfg: dict[str, Any], source: str = "") -> Callable[[list[str]], Any]:
-    """open_clip's tokenizer for ``source`` (name or local-dir:), else one built from ``model_cfg``."""
-    return tokenizer(source) if source else config_tokenizer(model_cfg)
-
-
 def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", precision: str = "fp32",
                seed: int | None = None) -> LoadedModel:
     """Build the model for ``spec``, load its weights strictly (random init when there are none), move it
@@ -146,7 +141,7 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
             torch.manual_seed(seed)
         model = build_model(resolved.model_cfg, precision)
     if resolved.weights is not None:
-        ckpt.load_weights(model, resolved.weights)
+        load_weights(model, resolved.weights)
     else:
         get_logger("models").warning("model %s: no weights given, using a random initialisation", resolved.name)
     is_timm = "timm_model_name" in resolved.model_cfg.get("vision_cfg", {})
@@ -155,7 +150,7 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
     pp = open_clip.transform.PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v
                                               for k, v in resolved.preprocess_cfg.items()})
     return LoadedModel(
-        model=model, tokenizer=make_tokenizer(resolved.model_cfg, resolved.tokenizer_source),
+        model=model, tokenizer=tokenizer(resolved.tokenizer_source),
         image_size=config_image_size(resolved.model_cfg),
         preprocess=open_clip.transform.image_transform_v2(pp, is_train=False),
         model_cfg=resolved.model_cfg, preprocess_cfg=resolved.preprocess_cfg, name=resolved.name,

@@ -51,7 +51,7 @@ def config_context_length(model_cfg: dict[str, Any]) -> int:
     return int(model_cfg.get("text_cfg", {}).get("context_length", 77))
 
 
-def config_tokenizer(model_cfg: dict[str, Any]):
+def _config_tokenizer(model_cfg: dict[str, Any]):
     """The tokenizer an open_clip model config implies: its HF tokenizer, else open_clip's bundled BPE."""
     import open_clip
 
@@ -75,11 +75,12 @@ def context_length(name: str) -> int:
 def tokenizer(name: str):
     """The model's tokenizer: callable list[str] -> LongTensor [n, context_length] (offline, bundled BPE).
 
-    ``name`` is a registered config name, ``local-dir:DIR`` or a config JSON file.
+    ``name`` is a registered config name, ``local-dir:DIR`` or a config JSON file. The one way to get a
+    tokenizer: precompute, the frozen text towers and :func:`toolkit.models.load_model` all call it.
     """
     import open_clip
 
     if name.endswith(".json"):
-        return config_tokenizer(model_config(name))
+        return _config_tokenizer(model_config(name))
     register_builtin_configs()
     return open_clip.get_tokenizer(name)

@@ -1,12 +1,12 @@
 """``toolkit data precompute``: raw shards -> fixed-size training shards with dense global ids.
 
-1. A pool of worker processes (one task per raw shard, :mod:`toolkit.data.shardwork`) validates,
-   decodes, converts to RGB, resizes/crops to the model resolution (or runs a frozen image tower)
-   and tokenizes (or runs a frozen text tower), writing rows to local scratch files.
+1. A pool of worker processes (one task per raw shard, :mod:`.precompute_worker`) validates, decodes,
+   converts to RGB, resizes/crops to the model resolution (or runs a frozen image tower) and
+   tokenizes (or runs a frozen text tower), writing rows to local scratch files.
 2. The parent orders the kept samples by (raw shard in sorted order, key in sorted order), drops
    keys already kept from an earlier shard, and assigns ids 0..N-1 in that order: the same input and
    config give the same ids on every rerun, whatever the number of workers.
-3. It writes ``samples_per_shard``-sized training shards (:mod:`toolkit.data.trainformat`),
+3. It writes ``samples_per_shard``-sized training shards (:mod:`toolkit.data.trainset.format`),
    ``dataset.json``, ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
    stage manifest (counts by skip reason and conversion, throughput, examples of skipped keys).
 """
@@ -24,14 +24,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import ConfigError, option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.data import shardwork
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
-from toolkit.data.rawshards import list_shards, shard_name
-from toolkit.data.trainformat import DATASET_JSON, Field, TrainDataset, TrainShardWriter, remove_stale_shards
+from toolkit.data.raw.reader import list_shards, shard_basename
+from toolkit.data.trainset import precompute_worker
+from toolkit.data.trainset.format import (
+    DATASET_JSON,
+    Field,
+    TrainDataset,
+    TrainShardWriter,
+    remove_stale_shards,
+)
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
@@ -68,11 +74,11 @@ class PrecomputeConfig:
 
 
 def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
-    """Load tokenizer/towers into shardwork.STATE (before the pool forks); return the sample fields."""
+    """Load tokenizer/towers into precompute_worker.STATE (before the pool forks); return the sample fields."""
     from toolkit.models import frozen
     from toolkit.models.registry import image_size, tokenizer
 
-    state = shardwork.STATE
+    state = precompute_worker.STATE
     state.clear()
     state["image_tower"] = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model,
                                                     cfg.image_tower_weights) if cfg.image_tower != "none" else None)
@@ -93,24 +99,27 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
 
 def _worker_init() -> None:
     # One intra-op thread per worker: the pool already uses every core.
-    if shardwork.STATE.get("image_tower") is not None or shardwork.STATE.get("text_tower") is not None:
+    state = precompute_worker.STATE
+    if state.get("image_tower") is not None or state.get("text_tower") is not None:
         import torch
 
         torch.set_num_threads(1)
 
 
-def _process_all(tasks: list[shardwork.ShardTask], num_workers: int) -> list[shardwork.ShardResult]:
+def _process_all(tasks: list[precompute_worker.ShardTask],
+                 num_workers: int) -> list[precompute_worker.ShardResult]:
     """Run every task (a fork pool when num_workers > 1); results in task order."""
     if num_workers <= 1:
-        results = [shardwork.process_shard(t) for t in progress(tasks, desc="precompute", unit="shards")]
+        results = [precompute_worker.process_shard(t)
+                   for t in progress(tasks, desc="precompute", unit="shards")]
     else:
         with mp.get_context("fork").Pool(num_workers, initializer=_worker_init) as pool:
-            done = pool.imap_unordered(shardwork.process_shard, tasks)
+            done = pool.imap_unordered(precompute_worker.process_shard, tasks)
             results = list(progress(done, total=len(tasks), desc="precompute", unit="shards"))
     return sorted(results, key=lambda r: r.index)
 
 
-def assign_ids(results: list[shardwork.ShardResult]) -> tuple[list[tuple[int, int]], list[dict]]:
+def assign_ids(results: list[precompute_worker.ShardResult]) -> tuple[list[tuple[int, int]], list[dict]]:
     """Global order of kept samples as (result index, row) and every skip record.
 
     Order: raw shards in sorted-URL order, then keys in sorted order; a key already kept from an
@@ -120,7 +129,7 @@ def assign_ids(results: list[shardwork.ShardResult]) -> tuple[list[tuple[int, in
     skips: list[dict] = []
     owner: dict[str, str] = {}
     for i, res in enumerate(results):
-        name = shard_name(res.url)
+        name = shard_basename(res.url)
         skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
         for row in sorted(range(len(res.keys)), key=res.keys.__getitem__):
             key = res.keys[row]
@@ -143,7 +152,7 @@ def _rows(path: str, field: Field, count: int) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r", shape=(count, field.nbytes))
 
 
-def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[shardwork.ShardResult],
+def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
                   order: list[tuple[int, int]]) -> list:
     writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
     image_f, text_f = fields
@@ -156,7 +165,7 @@ def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[shar
         images, texts = rows[i]
         res = results[i]
         writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
-                   {"caption": res.captions[row], "source": shard_name(res.url), "key": res.keys[row]})
+                   {"caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]})
     return writer.close()
 
 
@@ -181,7 +190,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     rec.details.update({
         "throughput": {**timing, "process_samples_per_s": round(num_read / max(timing["process_s"], 1e-9), 1),
                        "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
-        "skipped_keys": examples, "tar_errors": {shard_name(r.url): r.tar_error for r in results if r.tar_error},
+        "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
 
@@ -198,7 +207,7 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         scratch = tempfile.mkdtemp(prefix="precompute-", dir=_scratch_parent(cfg))
         try:
             side = fields[0].shape[0] if fields[0].role == "image" else 0
-            tasks = [shardwork.ShardTask(i, u, scratch, side, cfg.resize_mode, cfg.max_image_pixels,
+            tasks = [precompute_worker.ShardTask(i, u, scratch, side, cfg.resize_mode, cfg.max_image_pixels,
                                          cfg.caption_ext) for i, u in enumerate(urls)]
             workers = min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks))
             log.info("precompute: %d raw shards with %d workers -> %s", len(urls), workers, cfg.out)
@@ -218,8 +227,8 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         remove_stale_shards(cfg.out, len(shards))
         dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
                                _extra(cfg, fields), root=cfg.out)
-        io.write_json_atomic(io.join(cfg.out, DATASET_JSON), dataset.to_json())
-        io.write_text_atomic(io.join(cfg.out, "skipped.jsonl"),
+        files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
+        files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
                              "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
         timing = {"process_s": round(process_s, 3), "write_s": round(write_s, 3), "num_workers": workers,
                   "num_shards": len(shards)}
@@ -234,8 +243,8 @@ def _scratch_parent(cfg: PrecomputeConfig) -> str | None:
     if cfg.tmp_dir:
         os.makedirs(cfg.tmp_dir, exist_ok=True)
         return cfg.tmp_dir
-    if io.is_local(cfg.out):
-        path = os.path.join(io.local_path(cfg.out), "_tmp")
+    if files.is_local(cfg.out):
+        path = os.path.join(files.local_path(cfg.out), "_tmp")
         os.makedirs(path, exist_ok=True)
         return path
     return None
@@ -251,7 +260,7 @@ def _remove_empty_dir(path: str) -> None:
 def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
     """Provenance the loader does not need but users and the trainer may: towers, resize mode."""
     extra: dict = {"resize_mode": cfg.resize_mode}
-    state = shardwork.STATE
+    state = precompute_worker.STATE
     if state.get("image_tower") is not None:
         t = state["image_tower"]
         extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,

@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from toolkit.data.serve import serve
+from toolkit.data.acquire.serve import serve
 
 
 def _get(url: str) -> tuple[int, bytes]:

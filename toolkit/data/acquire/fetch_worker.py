@@ -1,6 +1,6 @@
 """Subprocess entry for ``toolkit data fetch``: drives img2dataset's reader, downloader and distributor.
 
-Run as ``python -m toolkit.data._fetch_worker SPEC.json`` by :func:`toolkit.data.fetch.run`, never
+Run as ``python -m toolkit.data.acquire.fetch_worker SPEC.json`` by :func:`toolkit.data.acquire.fetch.run`, never
 imported by the CLI. Why a subprocess: img2dataset's multiprocessing distributor uses the 'spawn'
 start method, which re-imports the caller's ``__main__``; ``python -m toolkit`` has no ``__main__``
 guard, pytest's or a notebook's main module are not ours either. Here the guard is ours, and the
@@ -43,12 +43,13 @@ class ReportingDownloader:
 
 
 def build_downloader(spec: dict, column_list: list[str]):
-    """img2dataset's Downloader for ``spec`` (see toolkit.data.fetch.worker_spec for the keys)."""
+    """img2dataset's Downloader for ``spec`` (see toolkit.data.acquire.fetch.worker_spec for the keys)."""
     from img2dataset.downloader import Downloader
     from img2dataset.resizer import Resizer
     from img2dataset.writer import WebDatasetSampleWriter
 
-    from toolkit.data.raw import SHARD_DIGITS, CheckedResizer
+    from toolkit.data.acquire.resizer import CheckedResizer
+    from toolkit.data.raw.layout import SHARD_DIGITS
 
     resizer = Resizer(
         image_size=spec["image_size"], resize_mode=spec["resize_mode"],
@@ -120,5 +121,5 @@ def main(spec_path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m toolkit.data._fetch_worker SPEC.json")
+        sys.exit("usage: python -m toolkit.data.acquire.fetch_worker SPEC.json")
     main(sys.argv[1])

@@ -7,7 +7,7 @@ File format::
     vars: {size: 32}                  # ${vars.size} in values
     stages:
       - name: fetch
-        kind: data.fetch              # a key of KINDS
+        kind: data.fetch              # a key of toolkit.pipeline.kinds.KINDS
         config: {urls: "${stages.demo.outputs.train_urls}", out: "${run_dir}/raw"}
 
 A value that is exactly one ``${...}`` keeps the referenced value's type; otherwise references are
@@ -19,7 +19,6 @@ first failed or changed stage.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,50 +26,11 @@ from typing import Any
 
 import yaml
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, suggest
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
-
-
-@dataclass(frozen=True)
-class StageKind:
-    """A registered stage: its config class and run function as 'module:attr' (imported lazily)."""
-
-    config: str
-    run: str
-    outputs: tuple[str, ...]
-    doc: str
-
-    def load(self, attr: str) -> Any:
-        module, name = getattr(self, attr).split(":")
-        return getattr(importlib.import_module(module), name)
-
-
-# Each stage module registers here; later issues add data.*, train and eval.* kinds.
-KINDS: dict[str, StageKind] = {
-    "shell": StageKind("toolkit.core.shell:ShellConfig", "toolkit.core.shell:run", ("out",),
-                       "Any command line (bash -c); outputs are the keys of its `outputs` mapping."),
-    "eval.zeroshot": StageKind("toolkit.eval.zeroshot:ZeroShotConfig", "toolkit.eval.zeroshot:run",
-                               ("results", "report", "chart", "per_dataset"),
-                               "Zero-shot classification and retrieval of a model on clip-benchmark wds sets."),
-    "eval.build-set": StageKind("toolkit.eval.build:BuildSetConfig", "toolkit.eval.build:run",
-                                ("dataset", "root", "name"),
-                                "Build an evaluation set (clip-benchmark wds layout) from a folder, CSV, "
-                                "Fashion-MNIST or the OpenMoji demo."),
-    "data.precompute": StageKind("toolkit.data.precompute:PrecomputeConfig", "toolkit.data.precompute:run",
-                                 ("train",), "Raw shards -> fixed-size training shards with dense sample ids."),
-    "data.inspect": StageKind("toolkit.data.inspect:InspectConfig", "toolkit.data.inspect:run",
-                              ("out", "report", "contact_sheet"),
-                              "Counts, skip reasons, caption lengths and a contact sheet of a shard folder."),
-    "data.fetch": StageKind("toolkit.data.fetch:FetchConfig", "toolkit.data.fetch:run", ("shards",),
-                            "Download a URL list into raw webdataset shards (img2dataset); resumes."),
-    "data.shard": StageKind("toolkit.data.shard:ShardConfig", "toolkit.data.shard:run", ("shards",),
-                            "Local images + captions (folder or CSV) into raw shards, no download."),
-    "data.demo": StageKind("toolkit.data.demo:DemoConfig", "toolkit.data.demo:run",
-                           ("train_urls", "eval_urls", "train_csv", "eval_csv", "root"),
-                           "Emoji demo set: Twemoji (train) and OpenMoji (held-out artist), URL lists and CSVs."),
-}
+from toolkit.pipeline.kinds import KINDS
 
 _REF = re.compile(r"\$\{([^}]+)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
@@ -270,8 +230,8 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
     results: dict[str, dict[str, str]] = {}
     report: list[tuple[str, str, StageResult | None]] = []
     planned: set[str] = set()  # dry run: stages that would run, so their new outputs are unknown
-    io.makedirs(pipe.run_dir)
-    with jsonl_log(io.join(pipe.run_dir, "pipeline.log.jsonl")):
+    files.makedirs(pipe.run_dir)
+    with jsonl_log(files.join(pipe.run_dir, "pipeline.log.jsonl")):
         for stage in stages:
             if stage.refs & planned:  # only in a dry run: its config needs outputs that do not exist yet
                 action = "run (forced)" if forced else "run: after " + ", ".join(sorted(stage.refs & planned))
@@ -285,7 +245,7 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
             if dry_run and not action.startswith("skip"):
                 planned.add(stage.name)
             report.append((stage.name, action, result))
-    io.write_text_atomic(io.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
+    files.write_text_atomic(files.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
         {"name": pipe.name, "run_dir": pipe.run_dir,
          "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages]}, sort_keys=False))
     return report

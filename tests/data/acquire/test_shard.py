@@ -12,8 +12,8 @@ import pytest
 from datakit import read_tar
 from PIL import Image
 
-from toolkit.data import raw
-from toolkit.data.shard import PARQUET_COLUMNS, ShardConfig, run
+from toolkit.data.acquire.shard import PARQUET_COLUMNS, ShardConfig, run
+from toolkit.data.raw import layout, reasons
 
 SIZE = 20
 # img2dataset's resizer passes albumentations a deprecated argument; not ours to fix.
@@ -99,12 +99,12 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     assert abs(pixels["caption of deep.png"].mean() - 128) < 3
     assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
         pytest.approx([64, 128, 192], abs=3)
-    assert raw.finished_shards(str(out)) == {0, 1, 2, 3}
-    stats = raw.read_stats(str(out))
-    assert raw.summarize(stats)["failed_by_reason"] == c["failed_by_reason"]  # the same reasons as fetch
+    assert layout.finished_shards(str(out)) == {0, 1, 2, 3}
+    stats = layout.read_stats(str(out))
+    assert reasons.summarize(stats)["failed_by_reason"] == c["failed_by_reason"]  # the same reasons as fetch
     import pyarrow.parquet as pq
 
-    rows = [r for i in range(4) for r in pq.read_table(out / f"{raw.shard_name(i)}.parquet").to_pylist()]
+    rows = [r for i in range(4) for r in pq.read_table(out / f"{layout.shard_stem(i)}.parquet").to_pylist()]
     assert len(rows) == 11 and sum(r["status"] == "success" for r in rows) == 6
     assert all(r["error_message"] for r in rows if r["status"] != "success")
 

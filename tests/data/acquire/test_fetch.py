@@ -19,11 +19,12 @@ import pytest
 from datakit import read_tar
 from PIL import Image
 
-from toolkit.data import raw
-from toolkit.data.fetch import FetchConfig, check_resumable, run
-from toolkit.data.serve import QuietHandler, serve
-from toolkit.data.shard import PARQUET_COLUMNS
-from toolkit.data.urllist import check_url_list, detect_format
+from toolkit.data.acquire.fetch import FetchConfig, check_resumable, run
+from toolkit.data.acquire.resizer import decode_image
+from toolkit.data.acquire.serve import QuietHandler, serve
+from toolkit.data.acquire.shard import PARQUET_COLUMNS
+from toolkit.data.acquire.urllist import check_url_list, detect_format
+from toolkit.data.raw import layout, reasons
 
 TIMEOUT_S = 1.0
 SLOW_S = 3.0  # the slow endpoint hangs up after this long: past the timeout, bounded so the server stops
@@ -136,7 +137,7 @@ def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(si
 
     captions = {}
     for shard in range(6):
-        name = raw.shard_name(shard)
+        name = layout.shard_stem(shard)
         for key, files in read_tar(out / f"{name}.tar").items():
             assert set(files) == {"jpg", "txt", "json"}
             meta = json.loads(files["json"])
@@ -257,12 +258,12 @@ def test_url_list_errors_name_the_file(tmp_path):
     ("something nobody expected", "other"),
 ])
 def test_classify_messages(message, reason):
-    assert raw.classify(message) == reason
+    assert reasons.classify(message) == reason
 
 
 def check_image_bytes(data: bytes) -> str | None:
-    """None when Pillow fully decodes ``data``, else raw.decode_image's error message."""
-    return raw.decode_image(data)[1]
+    """None when Pillow fully decodes ``data``, else resizer.decode_image's error message."""
+    return decode_image(data)[1]
 
 
 def test_strict_check_rejects_truncated_corrupt_bombs_and_non_images(monkeypatch):
@@ -270,13 +271,13 @@ def test_strict_check_rejects_truncated_corrupt_bombs_and_non_images(monkeypatch
     img = Image.fromarray(rng.integers(0, 256, (31, 17, 3), dtype=np.uint8))
     jpeg, png = _encode(img, "JPEG"), _encode(img, "PNG")
     assert check_image_bytes(jpeg) is None and check_image_bytes(png) is None
-    assert raw.classify(check_image_bytes(jpeg[: len(jpeg) // 2])) == "truncated_image"
-    assert raw.classify(check_image_bytes(png[:-30])) == "truncated_image"
-    assert raw.classify(check_image_bytes(png[:60] + bytes([png[60] ^ 0xFF]) + png[61:])) == "corrupt_image"
-    assert raw.classify(check_image_bytes(rng.bytes(300))) == "not_an_image"
-    assert raw.classify(check_image_bytes(b"")) == "empty_response"
+    assert reasons.classify(check_image_bytes(jpeg[: len(jpeg) // 2])) == "truncated_image"
+    assert reasons.classify(check_image_bytes(png[:-30])) == "truncated_image"
+    assert reasons.classify(check_image_bytes(png[:60] + bytes([png[60] ^ 0xFF]) + png[61:])) == "corrupt_image"
+    assert reasons.classify(check_image_bytes(rng.bytes(300))) == "not_an_image"
+    assert reasons.classify(check_image_bytes(b"")) == "empty_response"
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 31x17 = 527 pixels > 2x the limit: a bomb
-    assert raw.classify(check_image_bytes(png)) == "decompression_bomb"
+    assert reasons.classify(check_image_bytes(png)) == "decompression_bomb"
 
 
 def test_summarize_adds_up_and_reports_unrecorded_samples():
@@ -285,7 +286,7 @@ def test_summarize_adds_up_and_reports_unrecorded_samples():
                                  "cannot identify image file <_io.BytesIO object at 0x7f00aa>": 1}},
              1: {"count": 3, "start_time": 11.0, "end_time": 15.5,
                  "status_dict": {"success": 3}}}
-    s = raw.summarize(stats)
+    s = reasons.summarize(stats)
     assert (s["num_samples"], s["num_success"], s["num_failed"]) == (8, 5, 3)
     assert s["failed_by_reason"] == {"http_404": 1, "other": 1, "unrecorded": 1}
     assert "cannot identify image file <_io.BytesIO object>" in s["messages"] and s["span_s"] == 5.5

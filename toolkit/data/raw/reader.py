@@ -19,10 +19,18 @@ from dataclasses import dataclass, field
 
 import fsspec
 
-from toolkit.core import io
+from toolkit.core import files
+from toolkit.data.images import IMAGE_EXTS
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
+# webdataset's grouping: a member's key is its path up to the first dot of the file name, the rest its extension.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """(key, lower-case extension) of a tar member name the way webdataset groups members into samples
+    (``'a/b.c.jpg'`` -> ``('a/b', 'c.jpg')``); None without an extension. Eval sets are read the same way."""
+    match = _KEY_EXT.match(name)
+    return (match.group(1), match.group(2).lower()) if match else None
 
 
 @dataclass
@@ -47,13 +55,13 @@ def list_shards(source: str) -> list[str]:
         import braceexpand
 
         urls = sorted(braceexpand.braceexpand(source))
-        missing = [u for u in urls if not io.exists(u)]
+        missing = [u for u in urls if not files.exists(u)]
         if missing:
             raise FileNotFoundError(f"{source}: {len(missing)} shard(s) do not exist, e.g. {missing[0]}")
         return urls
     fs, path = fsspec.core.url_to_fs(source)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-    prefix = "" if io.is_local(source) else f"{protocol}://"
+    prefix = "" if files.is_local(source) else f"{protocol}://"
     if any(ch in path for ch in "*?["):
         found = fs.glob(path)
     elif fs.isdir(path):
@@ -68,8 +76,8 @@ def list_shards(source: str) -> list[str]:
     return urls
 
 
-def shard_name(url: str) -> str:
-    """File name of a shard URL (used in manifests and skip lists)."""
+def shard_basename(url: str) -> str:
+    """File name of a shard URL, ``'d/00001.tar'`` -> ``'00001.tar'`` (used in manifests and skip lists)."""
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
@@ -86,10 +94,10 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
     stats file only when the parquet gives no keys."""
     parquet = sidecar(url, ".parquet")
     try:
-        if io.exists(parquet):
+        if files.exists(parquet):
             import pyarrow.parquet as pq
 
-            with io.open_file(parquet, "rb") as fh:
+            with files.open_file(parquet, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 columns = [c for c in ("key", "status") if c in pf.schema_arrow.names]
                 table = pf.read(columns=columns).to_pydict()
@@ -99,8 +107,8 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
         pass
     stats = sidecar(url, "_stats.json")
     try:
-        if io.exists(stats):
-            return None, int(io.read_json(stats).get("successes"))
+        if files.exists(stats):
+            return None, int(files.read_json(stats).get("successes"))
     except (OSError, ValueError, TypeError):
         pass
     return None, None
@@ -121,7 +129,7 @@ class RawShardReader:
     def samples(self) -> Iterator[RawSample]:
         current: RawSample | None = None
         try:
-            with io.open_file(self.url, "rb") as fh:
+            with files.open_file(self.url, "rb") as fh:
                 try:
                     stream = tarfile.open(fileobj=fh, mode="r|*")
                 except (tarfile.TarError, EOFError, OSError) as err:
@@ -130,10 +138,10 @@ class RawShardReader:
                 for info in stream:
                     if not info.isreg():
                         continue
-                    match = _KEY_EXT.match(info.name)
-                    if match is None:  # no extension: not part of any sample
+                    split = split_member_name(info.name)
+                    if split is None:  # no extension: not part of any sample
                         continue
-                    key, ext = match.group(1), match.group(2).lower()
+                    key, ext = split
                     if current is not None and (current.key != key or ext in current.files):
                         yield current  # a repeated extension starts a second sample with the same key
                         current = None

@@ -19,7 +19,8 @@ How an epoch is split (:func:`plan_epoch`, the same pure function on every rank 
 3. A rank's range is cut into batches and each DataLoader worker takes a contiguous run of whole
    batches, so only a rank's very last batch can be short (``partial`` only).
 4. Workers seek straight to their first sample (samples have a fixed byte size), read the tar
-   members (directly, or with webdataset's tar iterator: ``reader``), shuffle within a buffer
+   members (:mod:`toolkit.data.trainset.format`'s readers: directly, or with webdataset's tar
+   iterator: ``reader``), shuffle within a buffer
    (seeded by seed, epoch, rank, worker) and batch.
 """
 
@@ -34,23 +35,10 @@ from typing import Any, Literal
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from toolkit.core import io
-from toolkit.data.trainformat import BLOCK, TrainDataset, sample_key
+from toolkit.data.trainset.format import Segment, TrainDataset, read_segment, read_segment_webdataset
 
 LastBatch = Literal["partial", "drop", "pad"]
 Reader = Literal["direct", "webdataset"]
-# Samples per read call of the direct reader: big reads, while a shuffle buffer keeps little extra alive.
-READ_CHUNK = 32
-
-
-@dataclass(frozen=True)
-class Segment:
-    """``count`` consecutive samples of shard ``shard`` from sample ``start``; ``valid`` False for padding."""
-
-    shard: int
-    start: int
-    count: int
-    valid: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,79 +115,6 @@ def plan_epoch(ds: TrainDataset, *, rank: int, world_size: int, epoch: int, batc
         workers.append(tuple(_segments(order, sizes, start, stop)) if stop > start else ())
     padded = sum(s.count for segs in workers for s in segs if not s.valid)
     return RankPlan(rank, world_size, epoch, batch_size, count, num_batches, dropped, padded, tuple(workers))
-
-
-class _Limited:
-    """A read-only view of the next ``size`` bytes of ``fh`` (so the tar stream ends at a segment end)."""
-
-    def __init__(self, fh, size: int):
-        self.fh, self.left = fh, size
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n is None or n < 0 else min(n, self.left)
-        data = self.fh.read(n) if n else b""
-        self.left -= len(data)
-        return data
-
-
-def _layout_error(url: str, position: int, expected: str, found: Any) -> ValueError:
-    return ValueError(f"{url}: sample {position} is {found!r}, expected {expected!r}: the shard does not "
-                      "match dataset.json (rewritten or damaged?)")
-
-
-def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
-    """Samples of one segment as dicts {role: array, 'index': id, 'valid': bool}, parsed by webdataset's
-    tar iterator after seeking to the segment's first byte (the portable, slower reader)."""
-    from webdataset.tariterators import group_by_keys, tar_file_iterator
-
-    shard = ds.shards[seg.shard]
-    url, size = ds.url(shard), ds.sample_bytes
-    with io.open_file(url, "rb") as fh:
-        fh.seek(seg.start * size)
-        members = (dict(m, __url__=url) for m in tar_file_iterator(_Limited(fh, seg.count * size)))
-        for k, sample in enumerate(group_by_keys(members)):
-            sample_id = shard.first_id + seg.start + k
-            if sample["__key__"] != sample_key(sample_id):
-                raise _layout_error(url, seg.start + k, sample_key(sample_id), sample["__key__"])
-            out = {f.role: f.decode(sample[f.ext]) for f in ds.fields}
-            out["index"], out["valid"] = sample_id, seg.valid
-            yield out
-            if k + 1 == seg.count:
-                return
-    raise ValueError(f"{url}: ended before sample {seg.start + seg.count} (dataset.json says {shard.num_samples})")
-
-
-def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:
-    """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly: ``chunk``
-    samples per read call, fields as numpy views of the read buffer; each sample's first member name
-    is checked against its expected id so a shard that does not match dataset.json fails loudly."""
-    shard = ds.shards[seg.shard]
-    url, size = ds.url(shard), ds.sample_bytes
-    offsets, pos = [], 0
-    for f in ds.fields:
-        offsets.append(pos + BLOCK)  # data follows the member's 512-byte header
-        pos += f.padded_bytes
-    first_ext = ds.fields[0].ext
-    with io.open_file(url, "rb") as fh:
-        fh.seek(seg.start * size)
-        for c0 in range(0, seg.count, chunk):
-            n = min(chunk, seg.count - c0)
-            buf = fh.read(n * size)
-            if len(buf) != n * size:
-                raise ValueError(f"{url}: ended inside sample {seg.start + c0 + len(buf) // size} "
-                                 f"(dataset.json says {shard.num_samples} samples)")
-            rows = np.frombuffer(buf, np.uint8).reshape(n, size)
-            views = [rows[:, o:o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
-                     for f, o in zip(ds.fields, offsets, strict=True)]
-            for k in range(n):
-                sample_id = shard.first_id + seg.start + c0 + k
-                name = f"{sample_key(sample_id)}.{first_ext}".encode()
-                if buf[k * size:k * size + len(name) + 1] != name + b"\0":
-                    raise _layout_error(url, seg.start + c0 + k, name.decode(),
-                                        buf[k * size:k * size + 100].split(b"\0")[0])
-                out = {f.role: v[k] for f, v in zip(ds.fields, views, strict=True)}
-                out["index"], out["valid"] = sample_id, seg.valid
-                yield out
 
 
 def _shuffled(samples: Iterator[dict], buffer: int, rng: random.Random) -> Iterator[dict]:

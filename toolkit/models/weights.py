@@ -1,4 +1,4 @@
-"""Model checkpoints in open_clip's ``local-dir:`` layout: ``open_clip_config.json`` + safetensors weights.
+"""Model weights on disk, in open_clip's ``local-dir:`` layout: ``open_clip_config.json`` + safetensors weights.
 
 A cliptk checkpoint directory holds exactly what ``open_clip.create_model_and_transforms('local-dir:DIR')``
 reads:
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.models.registry import config_image_size
 
 CONFIG_NAME = "open_clip_config.json"
@@ -89,7 +89,7 @@ def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike
     if preprocess_cfg is None:
         preprocess_cfg = {**default_preprocess_cfg(model_cfg), **(get_model_preprocess_cfg(unwrap_model(model)) or {})}
     config = {"model_cfg": model_cfg, "preprocess_cfg": _plain(preprocess_cfg)}
-    with io.replacing_dir(target) as tmp:
+    with files.replacing_dir(target) as tmp:
         save_file(state_dict_for_saving(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         if write_extra is not None:

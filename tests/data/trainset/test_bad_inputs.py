@@ -12,7 +12,7 @@ from datakit import SIZE, encode, precompute, random_image, read_meta, write_raw
 from PIL import Image
 
 from toolkit.data.images import ImageError, decode_rgb
-from toolkit.data.loader import make_loader
+from toolkit.data.trainset.loader import make_loader
 
 
 def test_skips_by_reason_and_key(bad_raw, bad_train):
@@ -123,7 +123,7 @@ def test_truncated_image_is_not_half_decoded():
 
 
 def test_raw_reader_keeps_samples_before_damage(tmp_path):
-    from toolkit.data.rawshards import RawShardReader
+    from toolkit.data.raw.reader import RawShardReader
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

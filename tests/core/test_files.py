@@ -1,4 +1,4 @@
-"""core.io atomic writers: files and whole directories appear complete or not at all."""
+"""core.files atomic writers: files and whole directories appear complete or not at all."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import os
 
 import pytest
 
-from toolkit.core import io
+from toolkit.core import files
 
 
 def test_replacing_dir_swaps_whole_folder_and_cleans_up(tmp_path):
     target = tmp_path / "set" / "test"
-    with io.replacing_dir(target) as tmp:
+    with files.replacing_dir(target) as tmp:
         (tmp / "0.tar").write_bytes(b"first")
         assert not target.exists()  # nothing visible until the block ends
     (target / "stale.txt").write_text("from the first run")
-    with io.replacing_dir(str(target)) as tmp:
+    with files.replacing_dir(str(target)) as tmp:
         (tmp / "0.tar").write_bytes(b"second")
     assert sorted(p.name for p in target.iterdir()) == ["0.tar"] and (target / "0.tar").read_bytes() == b"second"
     assert sorted(p.name for p in target.parent.iterdir()) == ["test"]  # no temp or old folders left
@@ -26,9 +26,9 @@ def test_replacing_dir_swaps_whole_folder_and_cleans_up(tmp_path):
 
 def test_replacing_dir_failure_keeps_old_folder(tmp_path):
     target = tmp_path / "ck"
-    with io.replacing_dir(target) as tmp:
+    with files.replacing_dir(target) as tmp:
         (tmp / "w").write_bytes(b"old")
-    with pytest.raises(OSError, match="disk full"), io.replacing_dir(target) as tmp:
+    with pytest.raises(OSError, match="disk full"), files.replacing_dir(target) as tmp:
         (tmp / "w").write_bytes(b"half")
         raise OSError("disk full")
     assert (target / "w").read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
@@ -36,6 +36,6 @@ def test_replacing_dir_failure_keeps_old_folder(tmp_path):
 
 def test_write_bytes_atomic_replaces_and_leaves_no_temp(tmp_path):
     path = tmp_path / "sub" / "chart.png"
-    io.write_bytes_atomic(str(path), b"\x89PNG one")
-    io.write_bytes_atomic(str(path), b"\x89PNG two")
+    files.write_bytes_atomic(str(path), b"\x89PNG one")
+    files.write_bytes_atomic(str(path), b"\x89PNG two")
     assert path.read_bytes() == b"\x89PNG two" and [p.name for p in path.parent.iterdir()] == ["chart.png"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageError, decode_rgb
-from toolkit.data.rawshards import RawSample, RawShardReader, expected_keys, shard_name
+from toolkit.data.raw.reader import RawSample, RawShardReader, expected_keys, shard_basename
 
 # Set by the parent before workers start: 'tokenizer', 'image_tower', 'text_tower' (or None).
 STATE: dict[str, Any] = {}
@@ -142,7 +142,7 @@ def _process(task: ShardTask) -> ShardResult:
     for sample in reader.samples():
         res.num_read += 1
         if sample.key in seen:
-            res.skips.append(("duplicate_key", sample.key, f"key repeats within {shard_name(task.url)}"))
+            res.skips.append(("duplicate_key", sample.key, f"key repeats within {shard_basename(task.url)}"))
             continue
         seen.add(sample.key)
         caption, problem = caption_of(sample, task.caption_ext)

@@ -1,6 +1,6 @@
 """``toolkit data fetch``: download a URL list into raw webdataset shards with img2dataset.
 
-img2dataset does the downloading, resizing and writing (``_fetch_worker`` runs it in a subprocess);
+img2dataset does the downloading, resizing and writing (:mod:`.fetch_worker` runs it in a subprocess);
 this module validates the URL list, decides which shards are already finished (rerunning resumes:
 finished shards are never downloaded again), watches progress, and writes the summary of successes and
 failures by reason plus the throughput into the stage manifest (``counts`` and ``details``).
@@ -20,11 +20,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import toolkit
 from toolkit.core.config import config_hash, option, to_dict
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, fingerprint, read_manifest, stage_run
-from toolkit.data import raw, urllist
-from toolkit.data.urllist import check_url_list, detect_format
+from toolkit.data.acquire import urllist
+from toolkit.data.acquire.urllist import check_url_list, detect_format
+from toolkit.data.raw import layout, reasons
 
 KIND = "data.fetch"
 log = get_logger("data.fetch")
@@ -95,7 +97,7 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     same_file = ((previous.get("inputs") or {}).get("urls") or {}).get("fingerprint") == fingerprint(cfg.urls)
     recorded = (previous.get("details") or {}).get("urls_sha256")
     digest = recorded if same_file and recorded else urllist.list_digest(cfg.urls)
-    if cfg.overwrite or not raw.shard_files(out):
+    if cfg.overwrite or not layout.shard_files(out):
         return digest
     if not previous:
         log.warning("%s holds shards but no manifest; resuming on the assumption they come from %s", out, cfg.urls)
@@ -114,9 +116,9 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
 
 
 def worker_spec(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str, done: set[int]) -> dict[str, Any]:
-    """The JSON document ``_fetch_worker`` reads."""
+    """The JSON document ``fetch_worker`` reads."""
     spec = {k: v for k, v in to_dict(cfg).items() if k not in ("urls", "out", "input_format", "caption_col")}
-    return {**spec, "url_list": raw.absolute(cfg.urls), "input_format": fmt, "caption_col": caption_col,
+    return {**spec, "url_list": layout.absolute(cfg.urls), "input_format": fmt, "caption_col": caption_col,
             "output_folder": out, "tmp_path": f"{out}/_tmp", "done_shards": sorted(done)}
 
 
@@ -124,17 +126,18 @@ def worker_spec(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str, d
 
 
 class WorkerRun:
-    """Runs ``_fetch_worker`` in its own process group; yields its events; kills it on timeout."""
+    """Runs ``fetch_worker`` in its own process group; yields its events; kills it on timeout."""
 
     def __init__(self, spec: dict, run_timeout_s: float | None):
         fd, self.spec_path = tempfile.mkstemp(prefix="cliptk-fetch-", suffix=".json")
         with os.fdopen(fd, "w") as fh:
             json.dump(spec, fh)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # The folder holding this very toolkit package, so the worker imports the same tree as its parent.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(toolkit.__file__)))
         env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.data._fetch_worker", self.spec_path], stdout=subprocess.PIPE,
+            [sys.executable, "-m", "toolkit.data.acquire.fetch_worker", self.spec_path], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace", env=env,
             start_new_session=True)
         self.tail: collections.deque[str] = collections.deque(maxlen=ERROR_TAIL_LINES)
@@ -163,7 +166,7 @@ class WorkerRun:
 
     def events(self):
         """Parsed events from the worker's stdout; other lines go to the debug log and the error tail."""
-        from toolkit.data._fetch_worker import EVENT_PREFIX
+        from toolkit.data.acquire.fetch_worker import EVENT_PREFIX
 
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -240,16 +243,16 @@ def run(cfg: FetchConfig) -> StageResult:
     _check_distributor(cfg.distributor)
     fmt = detect_format(cfg.urls, cfg.input_format)
     caption_col = check_url_list(cfg.urls, fmt, cfg.url_col, cfg.caption_col)
-    out = raw.absolute(cfg.out)
+    out = layout.absolute(cfg.out)
     digest = check_resumable(cfg, out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
         rec.details["urls_sha256"] = digest
         rec.write()  # recorded before downloading, so even a killed run's shards can be checked on resume
         if cfg.overwrite:
-            log.info("fetch: --overwrite: removed %d shard files from %s", raw.remove_shards(out), out)
-        done_before = raw.finished_shards(out)
-        if raw.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
+            log.info("fetch: --overwrite: removed %d shard files from %s", layout.remove_shards(out), out)
+        done_before = layout.finished_shards(out)
+        if layout.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
             log.info("fetch: removed %s/_tmp left by an interrupted run", out)
         start = time.monotonic()
         outcome = download(worker_spec(cfg, fmt, caption_col, out, done_before), cfg.run_timeout_s)
@@ -270,9 +273,9 @@ def _check_distributor(name: str) -> None:
 
 
 def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float) -> dict[str, Any]:
-    stats = raw.read_stats(out)
-    total = raw.summarize(stats)
-    new = raw.summarize({i: s for i, s in stats.items() if i not in done_before})
+    stats = layout.read_stats(out)
+    total = reasons.summarize(stats)
+    new = reasons.summarize({i: s for i, s in stats.items() if i not in done_before})
     num_unfinished = max(0, outcome["num_shards_planned"] - len(set(stats) - done_before))
     rec.counts.update({
         "num_urls": total["num_samples"], "num_success": total["num_success"], "num_failed": total["num_failed"],
@@ -294,9 +297,9 @@ def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float) 
 
 def _report(summary: dict[str, Any]) -> None:
     this = summary["this_run"]
-    reasons = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
+    failures = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
     log.info("fetch: %d URLs, %d ok, %d failed (%s); %d shards (%d resumed)", summary["num_urls"],
-             summary["num_success"], summary["num_failed"], reasons, summary["num_shards"],
+             summary["num_success"], summary["num_failed"], failures, summary["num_shards"],
              summary["num_shards_resumed"])
     log.info("fetch: this run %d URLs in %.1f s = %s URLs/s (%s images/s stored); downloading alone %.1f s = "
              "%s URLs/s", this["num_urls"], this["wall_s"], this["urls_per_s"], this["success_per_s"],
@@ -311,5 +314,5 @@ def _raise_if_incomplete(cfg: FetchConfig, summary: dict[str, Any], outcome: dic
         raise RuntimeError(f"{summary['num_shards_unfinished']} shards did not finish (see log.jsonl); "
                            "rerun the same command to resume them")
     if summary["num_success"] == 0:
-        reasons = ", ".join(f"{k}: {v}" for k, v in summary["failed_by_reason"].items()) or "no URLs in the list"
-        raise RuntimeError(f"no image downloaded from {cfg.urls} ({summary['num_urls']} URLs; {reasons})")
+        failures = ", ".join(f"{k}: {v}" for k, v in summary["failed_by_reason"].items()) or "no URLs in the list"
+        raise RuntimeError(f"no image downloaded from {cfg.urls} ({summary['num_urls']} URLs; {failures})")

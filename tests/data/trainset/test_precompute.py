@@ -10,8 +10,8 @@ import pytest
 from datakit import MODEL, SIZE, precompute, read_meta, read_tar
 
 from toolkit.data.images import decode_rgb
-from toolkit.data.loader import make_loader
-from toolkit.data.trainformat import TrainDataset
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.loader import make_loader
 from toolkit.models.registry import tokenizer
 
 
@@ -55,7 +55,7 @@ def test_rerun_gives_identical_ids_and_bytes(small_raw, small_train, tmp_path):
     again = precompute(small_raw, tmp_path / "again", num_workers=1, samples_per_shard=10)
     assert _digest(out) == _digest(tmp_path / "again")
     from toolkit.core.config import build, config_hash
-    from toolkit.data.precompute import PrecomputeConfig
+    from toolkit.data.trainset.precompute import PrecomputeConfig
 
     base = {"input": str(small_raw), "out": str(out), "model": MODEL, "samples_per_shard": 10}
     hashes = {config_hash(build(PrecomputeConfig, {**base, "num_workers": n}), "data.precompute") for n in (1, 2)}
@@ -121,7 +121,7 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
     from typer.testing import CliRunner
 
     from toolkit.cli.main import app
-    from toolkit.pipeline import load_pipeline, run_pipeline
+    from toolkit.pipeline.runner import load_pipeline, run_pipeline
 
     spec = {"run_dir": str(tmp_path / "run"), "stages": [
         {"name": "pre", "kind": "data.precompute",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from toolkit.data.demo import COLUMNS, DemoConfig, caption_for, load_concepts, run
+from toolkit.data.acquire.demo import COLUMNS, DemoConfig, caption_for, load_concepts, run
 
 GROUPS = {"Smileys & Emotion", "People & Body", "Animals & Nature", "Food & Drink", "Travel & Places",
           "Activities", "Objects", "Symbols", "Flags"}
@@ -91,8 +91,8 @@ def test_demo_cli_base_url_then_shard_the_training_csv(tmp_path):
     urls, _ = read_csv(out / "openmoji_urls.csv")
     assert all(u["url"].startswith("http://127.0.0.1:8765/openmoji/") for u in urls)
 
-    from toolkit.data.shard import ShardConfig
-    from toolkit.data.shard import run as shard
+    from toolkit.data.acquire.shard import ShardConfig
+    from toolkit.data.acquire.shard import run as shard
 
     result = shard(ShardConfig(source=str(out / "twemoji.csv"), out=str(tmp_path / "raw"), image_size=32))
     assert (result.counts["num_success"], result.counts["num_failed"]) == (12, 0)
@@ -100,7 +100,7 @@ def test_demo_cli_base_url_then_shard_the_training_csv(tmp_path):
 
 def test_pipeline_validates_demo_fetch_shard_references(tmp_path):
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline import load_pipeline
+    from toolkit.pipeline.runner import load_pipeline
 
     text = """
 stages:
@@ -119,9 +119,9 @@ stages:
 
 @pytest.mark.slow
 def test_demo_served_over_http_fetches_every_image(demo, tmp_path):
-    from toolkit.data.fetch import FetchConfig
-    from toolkit.data.fetch import run as fetch
-    from toolkit.data.serve import serve
+    from toolkit.data.acquire.fetch import FetchConfig
+    from toolkit.data.acquire.fetch import run as fetch
+    from toolkit.data.acquire.serve import serve
 
     out, _ = demo
     with serve(str(out)) as server:

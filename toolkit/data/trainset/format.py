@@ -1,6 +1,6 @@
 """The training shard format (``cliptk-train-v1``): fixed-size samples in plain webdataset tars.
 
-A training directory holds ``dataset.json`` (this format's description, read by the loader),
+A training directory holds ``dataset.json`` (this format's description, read by :meth:`TrainDataset.open`),
 ``NNNNN.tar`` shards and a ``NNNNN.meta.jsonl`` sidecar per shard (one line per sample: id,
 caption, source shard and key). Each tar sample is keyed by its zero-padded global id
 (``0000000042``) and holds one member per field, in a fixed order, as raw little-endian bytes:
@@ -17,20 +17,26 @@ member                  dtype       shape         when
 Members are written in USTAR format with one 512-byte header each, so every sample occupies exactly
 ``sample_bytes`` = sum(512 + ceil(nbytes / 512) * 512) bytes and sample k of a shard starts at byte
 ``k * sample_bytes``: readers can seek straight to any sample. See docs/data-format.md.
+
+This module holds both sides of the format: :class:`TrainDataset` (``dataset.json``), the seekable
+segment readers (:func:`read_segment`, :func:`read_segment_webdataset`) that the loader and ``inspect``
+use, and :class:`TrainShardWriter`, which precompute writes with.
 """
 
 from __future__ import annotations
 
-import io as _io
+import io
 import json
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from toolkit.core import io
+from toolkit.core import files
+from toolkit.data.raw.layout import SHARD_DIGITS, shard_stem
 
 FORMAT = "cliptk-train-v1"
 DATASET_JSON = "dataset.json"
@@ -101,7 +107,7 @@ class TrainDataset:
         return next((f for f in self.fields if f.role == role), None)
 
     def url(self, shard: ShardInfo) -> str:
-        return io.join(self.root, shard.name)
+        return files.join(self.root, shard.name)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -112,10 +118,10 @@ class TrainDataset:
     @classmethod
     def open(cls, root: str) -> TrainDataset:
         """Read ``root/dataset.json`` (local or fsspec); errors name the path."""
-        path = io.join(root, DATASET_JSON)
-        if not io.exists(path):
+        path = files.join(root, DATASET_JSON)
+        if not files.exists(path):
             raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
-        data = io.read_json(path)
+        data = files.read_json(path)
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads {FORMAT!r}")
         fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
@@ -127,16 +133,110 @@ class TrainDataset:
         return ds
 
 
-def sample_key(sample_id: int) -> str:
+def id_key(sample_id: int) -> str:
+    """Tar key of global sample id ``sample_id``: ``id_key(42) == '0000000042'``."""
     return f"{sample_id:0{KEY_DIGITS}d}"
 
 
+# Training shards are numbered like raw shards (toolkit.data.raw.layout), so both sort the same way.
 def shard_file(index: int) -> str:
-    return f"{index:05d}.tar"
+    return f"{shard_stem(index)}.tar"
 
 
 def meta_file(index: int) -> str:
-    return f"{index:05d}.meta.jsonl"
+    return f"{shard_stem(index)}.meta.jsonl"
+
+
+# ---------------------------------------------------------------- reading: seek to any sample
+
+# Samples per read call of the direct reader: big reads, while a shuffle buffer keeps little extra alive.
+READ_CHUNK = 32
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``count`` consecutive samples of shard ``shard`` from sample ``start``; ``valid`` False for padding."""
+
+    shard: int
+    start: int
+    count: int
+    valid: bool = True
+
+
+class _Limited:
+    """A read-only view of the next ``size`` bytes of ``fh`` (so the tar stream ends at a segment end)."""
+
+    def __init__(self, fh, size: int):
+        self.fh, self.left = fh, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.fh.read(n) if n else b""
+        self.left -= len(data)
+        return data
+
+
+def _layout_error(url: str, position: int, expected: str, found: Any) -> ValueError:
+    return ValueError(f"{url}: sample {position} is {found!r}, expected {expected!r}: the shard does not "
+                      "match dataset.json (rewritten or damaged?)")
+
+
+def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
+    """Samples of one segment as dicts {role: array, 'index': id, 'valid': bool}, parsed by webdataset's
+    tar iterator after seeking to the segment's first byte (the portable, slower reader)."""
+    from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+    shard = ds.shards[seg.shard]
+    url, size = ds.url(shard), ds.sample_bytes
+    with files.open_file(url, "rb") as fh:
+        fh.seek(seg.start * size)
+        members = (dict(m, __url__=url) for m in tar_file_iterator(_Limited(fh, seg.count * size)))
+        for k, sample in enumerate(group_by_keys(members)):
+            sample_id = shard.first_id + seg.start + k
+            if sample["__key__"] != id_key(sample_id):
+                raise _layout_error(url, seg.start + k, id_key(sample_id), sample["__key__"])
+            out = {f.role: f.decode(sample[f.ext]) for f in ds.fields}
+            out["index"], out["valid"] = sample_id, seg.valid
+            yield out
+            if k + 1 == seg.count:
+                return
+    raise ValueError(f"{url}: ended before sample {seg.start + seg.count} (dataset.json says {shard.num_samples})")
+
+
+def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:
+    """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly: ``chunk``
+    samples per read call, fields as numpy views of the read buffer; each sample's first member name
+    is checked against its expected id so a shard that does not match dataset.json fails loudly."""
+    shard = ds.shards[seg.shard]
+    url, size = ds.url(shard), ds.sample_bytes
+    offsets, pos = [], 0
+    for f in ds.fields:
+        offsets.append(pos + BLOCK)  # data follows the member's 512-byte header
+        pos += f.padded_bytes
+    first_ext = ds.fields[0].ext
+    with files.open_file(url, "rb") as fh:
+        fh.seek(seg.start * size)
+        for c0 in range(0, seg.count, chunk):
+            n = min(chunk, seg.count - c0)
+            buf = fh.read(n * size)
+            if len(buf) != n * size:
+                raise ValueError(f"{url}: ended inside sample {seg.start + c0 + len(buf) // size} "
+                                 f"(dataset.json says {shard.num_samples} samples)")
+            rows = np.frombuffer(buf, np.uint8).reshape(n, size)
+            views = [rows[:, o:o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
+                     for f, o in zip(ds.fields, offsets, strict=True)]
+            for k in range(n):
+                sample_id = shard.first_id + seg.start + c0 + k
+                name = f"{id_key(sample_id)}.{first_ext}".encode()
+                if buf[k * size:k * size + len(name) + 1] != name + b"\0":
+                    raise _layout_error(url, seg.start + c0 + k, name.decode(),
+                                        buf[k * size:k * size + 100].split(b"\0")[0])
+                out = {f.role: v[k] for f, v in zip(ds.fields, views, strict=True)}
+                out["index"], out["valid"] = sample_id, seg.valid
+                yield out
+
+
+# ---------------------------------------------------------------- writing
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
@@ -151,13 +251,13 @@ class _AtomicOut:
 
     def __init__(self, path: str):
         self.path = path
-        self.tmp = f"{io.local_path(path)}.tmp-{os.getpid()}" if io.is_local(path) else None
-        self.fh = open(self.tmp, "wb") if self.tmp else io.open_file(path, "wb")
+        self.tmp = f"{files.local_path(path)}.tmp-{os.getpid()}" if files.is_local(path) else None
+        self.fh = open(self.tmp, "wb") if self.tmp else files.open_file(path, "wb")
 
     def commit(self) -> None:
         self.fh.close()
         if self.tmp:
-            os.replace(self.tmp, io.local_path(self.path))
+            os.replace(self.tmp, files.local_path(self.path))
 
 
 class TrainShardWriter:
@@ -176,8 +276,8 @@ class TrainShardWriter:
 
     def _open(self) -> None:
         index = len(self.shards)
-        tar_out, meta_out = _AtomicOut(io.join(self.out, shard_file(index))), _AtomicOut(
-            io.join(self.out, meta_file(index)))
+        tar_out, meta_out = _AtomicOut(files.join(self.out, shard_file(index))), _AtomicOut(
+            files.join(self.out, meta_file(index)))
         self._files = (tar_out, meta_out)
         self._tar = tarfile.open(fileobj=tar_out.fh, mode="w", format=tarfile.USTAR_FORMAT)
         self._count, self._first = 0, self.next_id
@@ -196,11 +296,11 @@ class TrainShardWriter:
             raise ValueError(f"sample ids must be added in order: got {sample_id}, expected {self.next_id}")
         if self._tar is None:
             self._open()
-        key = sample_key(sample_id)
+        key = id_key(sample_id)
         for f, data in zip(self.fields, payloads, strict=True):
             if len(data) != f.nbytes:
                 raise ValueError(f"sample {sample_id} field {f.ext}: {len(data)} bytes, expected {f.nbytes}")
-            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), _io.BytesIO(data))
+            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), io.BytesIO(data))
         self._files[1].fh.write((json.dumps({"id": sample_id, **meta}, ensure_ascii=False) + "\n").encode())
         self.next_id += 1
         self._count += 1
@@ -215,12 +315,12 @@ class TrainShardWriter:
 
 def remove_stale_shards(out: str, keep: int) -> int:
     """Delete ``NNNNN.tar``/``.meta.jsonl`` with index >= keep left by an earlier, larger run."""
-    if not io.is_local(out) or not os.path.isdir(io.local_path(out)):
+    if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
         return 0
     removed = 0
-    for name in os.listdir(io.local_path(out)):
+    for name in os.listdir(files.local_path(out)):
         stem = name.split(".", 1)[0]
-        if stem.isdigit() and len(stem) == 5 and int(stem) >= keep and name.endswith((".tar", ".meta.jsonl")):
-            os.remove(os.path.join(io.local_path(out), name))
+        if stem.isdigit() and len(stem) == SHARD_DIGITS and int(stem) >= keep and name.endswith((".tar", ".meta.jsonl")):
+            os.remove(os.path.join(files.local_path(out), name))
             removed += 1
     return removed

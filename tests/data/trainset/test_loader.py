@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.data.loader import make_loader, plan_epoch, read_segment, read_segment_webdataset
-from toolkit.data.trainformat import Field, ShardInfo, TrainDataset
+from toolkit.data.trainset.format import Field, ShardInfo, TrainDataset, read_segment, read_segment_webdataset
+from toolkit.data.trainset.loader import make_loader, plan_epoch
 
 N_SMALL = 103  # small_raw: 11 training shards of 10, the last holding 3
 

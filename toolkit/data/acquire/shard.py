@@ -1,11 +1,11 @@
 """``toolkit data shard``: local images + captions into raw shards, without any download.
 
 Two sources:
-- a folder: every image (``.jpg .jpeg .png .webp .bmp .gif .tif .tiff``, searched recursively) with a
-  sidecar caption file of the same name and ``.txt`` extension (``cat.png`` + ``cat.txt``);
+- a folder: every image (an extension of :data:`toolkit.data.images.IMAGE_EXTS`, searched recursively)
+  with a sidecar caption file of the same name and ``.txt`` extension (``cat.png`` + ``cat.txt``);
 - a CSV (or TSV) file with a path and a caption column; relative paths are read against the file's folder.
 
-The output is exactly ``fetch``'s layout (see :mod:`toolkit.data.raw`): images go through the same
+The output is exactly ``fetch``'s layout (see :mod:`toolkit.data.raw.layout`): images go through the same
 img2dataset resizer (and the same strict Pillow check), the per-sample ``.json`` carries img2dataset's
 fields, and every input that cannot become a sample is counted by reason in ``NNNNN_stats.json``,
 ``NNNNN.parquet`` (status and error_message per row) and the stage manifest. Deeper checks that need the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io as pyio
+import io
 import json
 import os
 import tarfile
@@ -27,17 +27,16 @@ from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any, Literal
 
-from toolkit.core import io
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.data import raw
-from toolkit.data.rawshards import IMAGE_EXTS
+from toolkit.data.acquire.resizer import CheckedResizer
+from toolkit.data.images import IMAGE_EXTS
+from toolkit.data.raw import layout, reasons
 
 KIND = "data.shard"
 log = get_logger("data.shard")
-# The image files a folder source may hold: the same extensions precompute reads from a raw shard.
-IMAGE_EXTENSIONS = tuple(f".{ext}" for ext in IMAGE_EXTS)
 # Columns of img2dataset's per-shard parquet, in its order (caption and url first: the input columns).
 PARQUET_COLUMNS = ("caption", "url", "key", "status", "error_message", "width", "height",
                    "original_width", "original_height", "exif", "sha256")
@@ -97,10 +96,10 @@ def _check_caption(text: str | None, where: str) -> tuple[str | None, str | None
 def items_from_folder(root: Path) -> tuple[list[Item], dict[str, int]]:
     """Images under ``root`` (sorted) with their sidecar captions; also counts of other files."""
     items, other = [], Counter()
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    images = {p.with_suffix("") for p in files if p.suffix.lower() in IMAGE_EXTENSIONS}
-    for p in files:
-        if p.suffix.lower() in IMAGE_EXTENSIONS:
+    paths = sorted(p for p in root.rglob("*") if p.is_file())
+    images = {p.with_suffix("") for p in paths if p.suffix.lower().lstrip(".") in IMAGE_EXTS}
+    for p in paths:
+        if p.suffix.lower().lstrip(".") in IMAGE_EXTS:
             caption, error = read_caption(p.with_suffix(".txt"))
             items.append(Item(str(p), caption, error))
         elif p.suffix == ".txt" and p.with_suffix("") not in images:
@@ -136,7 +135,7 @@ def items_from_csv(path: Path, path_col: str, caption_col: str) -> list[Item]:
 
 
 def collect(cfg: ShardConfig) -> tuple[list[Item], dict[str, int]]:
-    source = Path(io.local_path(cfg.source))
+    source = Path(files.local_path(cfg.source))
     if source.is_dir():
         return items_from_folder(source)
     if source.is_file():
@@ -147,16 +146,16 @@ def collect(cfg: ShardConfig) -> tuple[list[Item], dict[str, int]]:
 # ---------------------------------------------------------------- one sample
 
 
-def make_resizer(cfg: ShardConfig) -> raw.CheckedResizer:
+def make_resizer(cfg: ShardConfig) -> CheckedResizer:
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     from img2dataset.resizer import Resizer
 
     resizer = Resizer(image_size=cfg.image_size, resize_mode=cfg.resize_mode, resize_only_if_bigger=False,
                       encode_quality=cfg.encode_quality, encode_format="jpg")
-    return raw.CheckedResizer(resizer, cfg.strict_decode)
+    return CheckedResizer(resizer, cfg.strict_decode)
 
 
-def load(item: Item, resizer: raw.CheckedResizer) -> tuple[Item, bytes, bytes | None, str | None]:
+def load(item: Item, resizer: CheckedResizer) -> tuple[Item, bytes, bytes | None, str | None]:
     """Read and check one item (thread-safe): (item, original bytes, bytes for the resizer, error)."""
     if item.error is not None:
         return item, b"", None, item.error
@@ -171,7 +170,7 @@ def load(item: Item, resizer: raw.CheckedResizer) -> tuple[Item, bytes, bytes | 
 
 
 def process(loaded: tuple[Item, bytes, bytes | None, str | None],
-            resizer: raw.CheckedResizer) -> tuple[bytes | None, dict[str, Any]]:
+            resizer: CheckedResizer) -> tuple[bytes | None, dict[str, Any]]:
     """(jpeg bytes or None, img2dataset metadata without the key) for one loaded item.
 
     Runs on the calling thread only: img2dataset's resizer is not thread-safe (see CheckedResizer.resize).
@@ -196,7 +195,7 @@ def process(loaded: tuple[Item, bytes, bytes | None, str | None],
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), mtime, 0o444
-    tar.addfile(info, pyio.BytesIO(data))
+    tar.addfile(info, io.BytesIO(data))
 
 
 def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, resizer, pool: ThreadPool) -> Counter:
@@ -206,17 +205,17 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
     import pyarrow.parquet as pq
 
     start, status, rows = time.time(), Counter(), []
-    fs, base = fsspec.core.url_to_fs(f"{out}/{raw.shard_name(shard_id)}")
+    fs, base = fsspec.core.url_to_fs(f"{out}/{layout.shard_stem(shard_id)}")
     with fs.open(base + ".tar", "wb") as fh, tarfile.open(fileobj=fh, mode="w") as tar:
         loaded = pool.imap(lambda it: load(it, resizer), items)  # reading and Pillow decoding in threads
         for index, (img, meta) in enumerate(process(one, resizer) for one in loaded):
             meta = {"caption": meta.pop("caption"), "url": meta.pop("url"),
-                    "key": raw.sample_key(index, shard_id, cfg.samples_per_shard), **meta}
+                    "key": layout.img2dataset_key(index, shard_id, cfg.samples_per_shard), **meta}
             rows.append(meta)
             if img is None:
                 status[meta["error_message"]] += 1
                 continue
-            status[raw.SUCCESS] += 1
+            status[reasons.SUCCESS] += 1
             members = {"jpg": img, "txt": meta["caption"].encode(), "json": json.dumps(meta, indent=4).encode()}
             for ext, data in members.items():
                 _add(tar, f"{meta['key']}.{ext}", data, start)
@@ -225,7 +224,7 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
         for c in PARQUET_COLUMNS]))
     with fs.open(base + ".parquet", "wb") as fh:
         pq.write_table(table, fh)
-    raw.write_stats(out, shard_id, status, start, time.time())  # last: marks the shard finished
+    layout.write_stats(out, shard_id, status, start, time.time())  # last: marks the shard finished
     return status
 
 
@@ -236,10 +235,10 @@ def run(cfg: ShardConfig) -> StageResult:
     RuntimeError when no input row makes a valid sample.
     """
     items, other = collect(cfg)
-    out = raw.absolute(cfg.out)
+    out = layout.absolute(cfg.out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
-        removed = raw.remove_shards(out)
+        removed = layout.remove_shards(out)
         if removed:
             log.info("shard: replaced %d shard files in %s", removed, out)
         resizer, status, start = make_resizer(cfg), Counter(), time.monotonic()
@@ -248,16 +247,16 @@ def run(cfg: ShardConfig) -> StageResult:
             for shard_id, chunk in progress(list(enumerate(chunks)), desc="shard", unit="shards"):
                 status += write_shard(out, shard_id, chunk, cfg, resizer, pool)
         wall_s = time.monotonic() - start
-        summary = raw.summarize_status(status)
+        summary = reasons.summarize_status(status)
         messages = summary.pop("messages")
         rec.counts.update(num_inputs=len(items), num_shards=len(chunks), **summary)
         rec.details.update(other_files=other, wall_s=round(wall_s, 3),
                            samples_per_s=round(len(items) / wall_s, 2) if wall_s > 0 else None,
                            error_messages=messages)
-        reasons = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
+        failures = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
         log.info("shard: %d inputs, %d ok, %d failed (%s); %d shards in %.1f s", len(items),
-                 summary["num_success"], summary["num_failed"], reasons, len(chunks), wall_s)
+                 summary["num_success"], summary["num_failed"], failures, len(chunks), wall_s)
         if summary["num_success"] == 0:
-            raise RuntimeError(f"no valid sample in {cfg.source} ({len(items)} inputs; failed: {reasons})")
+            raise RuntimeError(f"no valid sample in {cfg.source} ({len(items)} inputs; failed: {failures})")
     return rec.result()
 
