@@ -7,16 +7,10 @@ results with K=1 references on the concatenated global batch computed here.
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-# The venv ships an unrelated top-level ``tests`` package, so the job helpers are imported by file
-# location (spawned ranks inherit sys.path).
-sys.path.insert(0, str(Path(__file__).parents[1]))
-from _dist_jobs import (  # noqa: E402
+from _dist_jobs import (
     FEATURE_BATCHES,
     LOCAL_BATCH,
     MODES,
@@ -27,8 +21,8 @@ from _dist_jobs import (  # noqa: E402
     spawn_job,
 )
 
-from toolkit.core.dist import wire_bytes  # noqa: E402
-from toolkit.kernels.naive import clip_loss  # noqa: E402
+from toolkit.core.dist import wire_bytes
+from toolkit.kernels.naive import clip_loss
 
 pytestmark = pytest.mark.dist
 TOL = 1e-5
@@ -141,7 +135,7 @@ def test_unequal_batches_refused_on_every_rank(job):
 
 
 def expected_ledger(mode: str, world: int, b: int, d: int, num_params: int, elt: int = 4) -> dict:
-    """(op, category) -> (calls, bytes) per rank for one step of ``mode`` (the DESIGN.md table, exactly)."""
+    """(op, category) -> (calls, bytes) per rank for one step of ``mode`` (the table in docs/distributed.md, exactly)."""
     k, big_b, f32 = world, world * b, 4
     table = {("all_gather", "checks"): (1, 9 * 8), ("all_reduce", "param_grads"): (None, num_params * 4)}
     if mode == "gather":
