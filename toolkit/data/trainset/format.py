@@ -203,36 +203,52 @@ def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str
     raise ValueError(f"{url}: ended before sample {seg.start + seg.count} (dataset.json says {shard.num_samples})")
 
 
-def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:
-    """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly: ``chunk``
-    samples per read call, fields as numpy views of the read buffer; each sample's first member name
-    is checked against its expected id so a shard that does not match dataset.json fails loudly."""
-    shard = ds.shards[seg.shard]
-    url, size = ds.url(shard), ds.sample_bytes
+def field_offsets(ds: TrainDataset) -> list[int]:
+    """Byte offset of each field's data inside one sample (each member's data follows its 512-byte header)."""
     offsets, pos = [], 0
     for f in ds.fields:
-        offsets.append(pos + BLOCK)  # data follows the member's 512-byte header
+        offsets.append(pos + BLOCK)
         pos += f.padded_bytes
+    return offsets
+
+
+def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int) -> np.ndarray:
+    """Samples ``start .. start+count-1`` of shard ``shard_index`` from the open file ``fh``, as raw bytes
+    [count, sample_bytes] (one seek, one read). Each sample's first member name is checked against its
+    expected id, so a shard that does not match dataset.json fails loudly, naming the shard."""
+    shard = ds.shards[shard_index]
+    url, size = ds.url(shard), ds.sample_bytes
+    fh.seek(start * size)
+    buf = fh.read(count * size)
+    if len(buf) != count * size:
+        raise ValueError(f"{url}: ended inside sample {start + len(buf) // size} "
+                         f"(dataset.json says {shard.num_samples} samples)")
     first_ext = ds.fields[0].ext
-    with files.open_file(url, "rb") as fh:
-        fh.seek(seg.start * size)
+    for k in range(count):
+        name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode()
+        if buf[k * size:k * size + len(name) + 1] != name + b"\0":
+            raise _layout_error(url, start + k, name.decode(), buf[k * size:k * size + 100].split(b"\0")[0])
+    return np.frombuffer(buf, np.uint8).reshape(count, size)
+
+
+def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Raw sample rows [n, sample_bytes] -> {role: array [n, *shape]} (views of ``rows``, little-endian)."""
+    n = rows.shape[0]
+    return {f.role: rows[:, o:o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
+            for f, o in zip(ds.fields, field_offsets(ds), strict=True)}
+
+
+def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:
+    """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly with
+    :func:`read_rows` (``chunk`` samples per read call, fields as numpy views of the read buffer)."""
+    shard = ds.shards[seg.shard]
+    with files.open_file(ds.url(shard), "rb") as fh:
         for c0 in range(0, seg.count, chunk):
             n = min(chunk, seg.count - c0)
-            buf = fh.read(n * size)
-            if len(buf) != n * size:
-                raise ValueError(f"{url}: ended inside sample {seg.start + c0 + len(buf) // size} "
-                                 f"(dataset.json says {shard.num_samples} samples)")
-            rows = np.frombuffer(buf, np.uint8).reshape(n, size)
-            views = [rows[:, o:o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
-                     for f, o in zip(ds.fields, offsets, strict=True)]
+            views = decode_rows(ds, read_rows(fh, ds, seg.shard, seg.start + c0, n))
             for k in range(n):
-                sample_id = shard.first_id + seg.start + c0 + k
-                name = f"{id_key(sample_id)}.{first_ext}".encode()
-                if buf[k * size:k * size + len(name) + 1] != name + b"\0":
-                    raise _layout_error(url, seg.start + c0 + k, name.decode(),
-                                        buf[k * size:k * size + 100].split(b"\0")[0])
-                out = {f.role: v[k] for f, v in zip(ds.fields, views, strict=True)}
-                out["index"], out["valid"] = sample_id, seg.valid
+                out = {role: v[k] for role, v in views.items()}
+                out["index"], out["valid"] = shard.first_id + seg.start + c0 + k, seg.valid
                 yield out
 
 

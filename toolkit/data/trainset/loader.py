@@ -1,240 +1,150 @@
-"""The training loader: batches from precomputed training shards, split exactly across ranks and workers.
+"""The training loader: this rank's slice of every global batch, in an order no world size changes.
 
-``make_loader(path, rank=, world_size=, epoch=, batch_size=, num_workers=)`` returns a torch
-``DataLoader`` whose batches are dicts of tensors:
+``make_loader(path, batch_size=B, rank=r, world_size=K, seed=, start_step=, num_steps=)`` returns a torch
+``DataLoader`` whose items are this rank's slices of global batches t = start_step, start_step+1, ...
+(``toolkit.data.trainset.order``: a pseudo-random permutation per pass over the dataset, seeded by
+``seed``; each pass cut into ``N // B`` batches). Each item is a dict:
 
-- ``image`` uint8 [b, H, W, 3] (RGB, not normalised) or ``image_features`` float16 [b, D_img];
-- ``tokens`` int64 [b, L] or ``text_features`` float16 [b, D_txt];
-- ``index`` int64 [b]: global sample ids (0..N-1), FastCLIP's per-sample state index;
-- ``valid`` bool [b]: False only for padding copies (``last_batch='pad'``).
+- ``image`` uint8 [B/K, H, W, 3] (RGB, not normalised) or ``image_features`` float16 [B/K, D_img];
+- ``tokens`` int64 [B/K, L] or ``text_features`` float16 [B/K, D_txt];
+- ``index`` int64 [B/K]: global sample ids (0..N-1), FastCLIP's per-sample state index;
+- ``step``: the global batch index t.
 
-How an epoch is split (:func:`plan_epoch`, the same pure function on every rank and worker):
-1. Shards are put in a per-epoch order (a permutation seeded by ``seed`` and ``epoch``) and their
-   samples concatenated into one sequence of N positions.
-2. Each rank takes one contiguous range of it: ``partial`` gives ranks N // W or N // W + 1 samples
-   (every sample exactly once); ``drop`` gives each rank the same whole number of batches and
-   leaves out the last N mod (W * b) positions of this epoch's order (a different set each epoch,
-   reported as ``plan.num_dropped``); ``pad`` gives each rank the same whole number of batches by
-   wrapping around to the start of the order, marking those copies ``valid=False``.
-3. A rank's range is cut into batches and each DataLoader worker takes a contiguous run of whole
-   batches, so only a rank's very last batch can be short (``partial`` only).
-4. Workers seek straight to their first sample (samples have a fixed byte size), read the tar
-   members (:mod:`toolkit.data.trainset.format`'s readers: directly, or with webdataset's tar
-   iterator: ``reader``), shuffle within a buffer
-   (seeded by seed, epoch, rank, worker) and batch.
+K ranks together read exactly the global batches one process would, so training with K ranks equals
+training with one on the same global batch, and a resume at any world size or worker count continues at
+the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
+them round-robin, so batches arrive in t order. Samples are read by seeking (fixed-size samples): the ids
+of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call;
+``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
+once, in order, on one process (``InOrder``), for inspection and tests.
 """
 
 from __future__ import annotations
 
-import bisect
-import random
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from toolkit.data.trainset.format import Segment, TrainDataset, read_segment, read_segment_webdataset
+from toolkit.core import files
+from toolkit.data.trainset.format import TrainDataset, decode_rows, read_rows
+from toolkit.data.trainset.order import BatchOrder
 
-LastBatch = Literal["partial", "drop", "pad"]
-Reader = Literal["direct", "webdataset"]
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    """What one rank reads in one epoch: per-worker segments, batch and sample counts."""
-
-    rank: int
-    world_size: int
-    epoch: int
-    batch_size: int
-    num_samples: int  # samples this rank yields, padding copies included
-    num_batches: int
-    num_dropped: int  # samples left out of this epoch across all ranks (last_batch='drop')
-    num_padded: int  # padding copies this rank yields (last_batch='pad')
-    workers: tuple[tuple[Segment, ...], ...]
+# Open shard files a worker keeps (a global order touches every shard; reopening costs a round trip on
+# object stores). 64 handles stay well under the usual 1024 open-files limit with several workers.
+MAX_OPEN_FILES = 64
 
 
-def shard_order(num_shards: int, epoch: int, seed: int, shuffle: bool) -> list[int]:
-    """Per-epoch shard order, identical on every rank: a seeded permutation, or 0..S-1."""
-    if not shuffle:
-        return list(range(num_shards))
-    return [int(i) for i in np.random.default_rng([seed, epoch]).permutation(num_shards)]
+class SampleReader:
+    """Reads arbitrary sample ids of one dataset into stacked arrays; keeps shard files open (one per
+    process: each DataLoader worker makes its own)."""
+
+    def __init__(self, ds: TrainDataset):
+        self.ds = ds
+        self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
+        self._open: dict[int, Any] = {}
+
+    def _file(self, shard: int):
+        if shard not in self._open:
+            if len(self._open) >= MAX_OPEN_FILES:
+                oldest = next(iter(self._open))
+                self._open.pop(oldest).close()
+            self._open[shard] = files.open_file(self.ds.url(self.ds.shards[shard]), "rb")
+        return self._open[shard]
+
+    def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """{role: array [len(ids), *shape]} for ``ids`` (int64, any order, in that order)."""
+        if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
+            raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+        out = {f.role: np.empty((len(ids), *f.shape), dtype=np.dtype(f.dtype)) for f in self.ds.fields}
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
+        breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
+        for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
+            shard = int(shards[lo])
+            start = int(sorted_ids[lo] - self.first_ids[shard])
+            views = decode_rows(self.ds, read_rows(self._file(shard), self.ds, shard, start, int(hi - lo)))
+            for role, values in views.items():
+                out[role][order[lo:hi]] = values
+        return out
+
+    def close(self) -> None:
+        for fh in self._open.values():
+            fh.close()
+        self._open.clear()
 
 
-def _rank_range(n: int, rank: int, world: int, batch: int, last_batch: str) -> tuple[int, int, int]:
-    """(first position, sample count, dropped in total) of ``rank`` in an epoch sequence of n samples."""
-    if last_batch == "partial":
-        lo, hi = rank * n // world, (rank + 1) * n // world
-        return lo, hi - lo, 0
-    if last_batch == "drop":
-        per = n // (world * batch) * batch
-        if per == 0:
-            raise ValueError(f"last_batch='drop': {n} samples are fewer than one global batch of "
-                             f"{world} ranks x {batch}; use 'partial' or 'pad'")
-        return rank * per, per, n - world * per
-    if last_batch == "pad":
-        per = -(-n // (world * batch)) * batch
-        return rank * per, per, 0
-    raise ValueError(f"unknown last_batch {last_batch!r}; use partial, drop or pad")
+class InOrder(BatchOrder):
+    """``shuffle=False``: one process reads ids 0..N-1 in order, every sample once (the last batch may be
+    short); for inspection and tests, not training (a short batch would not split over ranks)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def batches_per_pass(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def batch_ids(self, t: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        if world_size != 1:
+            raise ValueError("shuffle=False reads the dataset in order on one process (world_size 1)")
+        start = (t % self.batches_per_pass) * self.batch_size
+        return np.arange(start, min(start + self.batch_size, self.num_samples), dtype=np.int64)
 
 
-def _segments(order: list[int], sizes: list[int], lo: int, hi: int) -> list[Segment]:
-    """Positions [lo, hi) of the epoch sequence (wrapping past its end) as shard segments."""
-    cum = [0]
-    for j in order:
-        cum.append(cum[-1] + sizes[j])
-    n, out, p = cum[-1], [], lo
-    while p < hi:
-        wrap, q = divmod(p, n)
-        j = bisect.bisect_right(cum, q) - 1
-        take = min(cum[j + 1] - q, hi - p)
-        out.append(Segment(order[j], q - cum[j], take, wrap == 0))
-        p += take
-    return out
-
-
-def plan_epoch(ds: TrainDataset, *, rank: int, world_size: int, epoch: int, batch_size: int, num_workers: int,
-               seed: int = 0, shuffle: bool = True, last_batch: LastBatch = "partial") -> RankPlan:
-    """The deterministic split of one epoch for ``rank`` (see module docstring); pure, called by every
-    rank and every DataLoader worker. ``num_workers`` 0 means reading in the main process (one stream)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world_size {world_size}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    streams = max(1, num_workers)
-    sizes = [s.num_samples for s in ds.shards]
-    order = shard_order(len(sizes), epoch, seed, shuffle)
-    lo, count, dropped = _rank_range(ds.num_samples, rank, world_size, batch_size, last_batch)
-    num_batches = -(-count // batch_size)
-    workers = []
-    for w in range(streams):
-        b0, b1 = w * num_batches // streams, (w + 1) * num_batches // streams
-        start, stop = lo + b0 * batch_size, min(lo + b1 * batch_size, lo + count)
-        workers.append(tuple(_segments(order, sizes, start, stop)) if stop > start else ())
-    padded = sum(s.count for segs in workers for s in segs if not s.valid)
-    return RankPlan(rank, world_size, epoch, batch_size, count, num_batches, dropped, padded, tuple(workers))
-
-
-def _shuffled(samples: Iterator[dict], buffer: int, rng: random.Random) -> Iterator[dict]:
-    """Reservoir-style shuffle within ``buffer`` samples (no sample is lost or repeated)."""
-    pool: list[dict] = []
-    for sample in samples:
-        if len(pool) < buffer:
-            pool.append(sample)
-            continue
-        j = rng.randrange(len(pool))
-        yield pool[j]
-        pool[j] = sample
-    rng.shuffle(pool)
-    yield from pool
-
-
-def collate(samples: list[dict], roles: list[str]) -> dict[str, Any]:
-    """List of sample dicts -> batch of tensors (see module docstring for keys, dtypes, shapes)."""
+def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """numpy fields -> torch tensors; token ids become int64 (what open_clip's text towers index with)."""
     import torch
-    from torch.utils.data import get_worker_info
 
-    shared = get_worker_info() is not None  # stack straight into shared memory: one copy fewer per batch
-    batch = {}
-    for role in roles:
-        first = samples[0][role]
-        dtype = np.dtype(np.int64) if role == "tokens" else first.dtype.newbyteorder("=")
-        out = torch.empty((len(samples), *first.shape), dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
-        if shared:
-            out.share_memory_()
-        np.stack([s[role] for s in samples], out=out.numpy(), casting="same_kind")
-        batch[role] = out
-    batch["index"] = torch.tensor([s["index"] for s in samples], dtype=torch.int64)
-    batch["valid"] = torch.tensor([s["valid"] for s in samples], dtype=torch.bool)
-    return batch
+    return {role: torch.from_numpy(a.astype(np.int64) if role == "tokens" else a) for role, a in arrays.items()}
 
 
-def _batched(samples: Iterator[dict], batch_size: int, roles: list[str], skip: int = 0) -> Iterator[dict]:
-    """Collate consecutive samples into batches; the first ``skip`` batches are formed but not collated."""
-    chunk: list[dict] = []
-    for sample in samples:
-        chunk.append(sample)
-        if len(chunk) == batch_size:
-            if skip:
-                skip -= 1
-            else:
-                yield collate(chunk, roles)
-            chunk = []
-    if chunk and not skip:
-        yield collate(chunk, roles)
+class GlobalBatchStream(IterableDataset):
+    """This rank's slices of global batches [start_step, start_step + num_steps) (module docstring)."""
 
-
-def resume_point(plan: RankPlan, start_batch: int) -> tuple[list[int], int]:
-    """(batches each worker has already yielded, next worker to ask) after the rank's first
-    ``start_batch`` batches: the DataLoader takes batches from its workers round-robin starting at
-    worker 0 and passes over finished ones, so a resumed loader rotates worker roles by the second value."""
-    left = [-(-sum(s.count for s in segs) // plan.batch_size) for segs in plan.workers]
-    skips, w = [0] * len(left), 0
-    for _ in range(min(start_batch, sum(left))):
-        while left[w] == 0:
-            w = (w + 1) % len(left)
-        skips[w] += 1
-        left[w] -= 1
-        w = (w + 1) % len(left)
-    return skips, w
-
-
-class TrainStream(IterableDataset):
-    """IterableDataset of batches for one rank and epoch; each DataLoader worker reads its own plan part."""
-
-    def __init__(self, ds: TrainDataset, *, rank: int, world_size: int, epoch: int, batch_size: int,
-                 num_workers: int, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 1000,
-                 last_batch: LastBatch = "partial", reader: Reader = "direct", start_batch: int = 0):
+    def __init__(self, ds: TrainDataset, order: BatchOrder, *, rank: int, world_size: int, start_step: int,
+                 num_steps: int):
         super().__init__()
-        if start_batch < 0:
-            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
-        if reader not in ("direct", "webdataset"):
-            raise ValueError(f"unknown reader {reader!r}; use direct or webdataset")
-        self.ds, self.seed, self.shuffle, self.shuffle_buffer = ds, seed, shuffle, shuffle_buffer
-        self.reader, self.start_batch = reader, start_batch
-        self.args = dict(rank=rank, world_size=world_size, epoch=epoch, batch_size=batch_size, seed=seed,
-                         shuffle=shuffle, last_batch=last_batch)
-        self.plan = plan_epoch(ds, num_workers=num_workers, **self.args)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        order.batch_ids(start_step, rank, world_size)  # refuses a batch that does not divide by the ranks
+        self.ds, self.order, self.rank, self.world_size = ds, order, rank, world_size
+        self.start_step, self.num_steps = start_step, num_steps
 
     def __len__(self) -> int:
-        return max(0, self.plan.num_batches - self.start_batch)
+        return self.num_steps
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import torch
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
-        worker, streams = (info.id, info.num_workers) if info is not None else (0, 1)
-        plan = plan_epoch(self.ds, num_workers=streams, **self.args)
-        skips, pointer = resume_point(plan, self.start_batch)
-        worker = (worker + pointer) % streams  # this process plays that worker of the uninterrupted epoch
-        segments = list(plan.workers[worker])
-        rng = random.Random(f"{self.seed}-{plan.epoch}-{plan.rank}-{worker}")
-        roles = [f.role for f in self.ds.fields]
-        read = read_segment if self.reader == "direct" else read_segment_webdataset
-        samples = (s for seg in segments for s in read(self.ds, seg))
-        if self.shuffle and self.shuffle_buffer > 1:
-            samples = _shuffled(samples, self.shuffle_buffer, rng)
-        yield from _batched(samples, plan.batch_size, roles, skips[worker])
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        reader = SampleReader(self.ds)
+        try:
+            for t in range(self.start_step + worker, self.start_step + self.num_steps, num_workers):
+                ids = self.order.batch_ids(t, self.rank, self.world_size)
+                batch = to_tensors(reader.read(ids))
+                batch["index"], batch["step"] = torch.from_numpy(ids), t
+                yield batch
+        finally:
+            reader.close()
 
 
-def make_loader(path: str | TrainDataset, *, rank: int = 0, world_size: int = 1, epoch: int = 0, batch_size: int,
-                num_workers: int = 0, seed: int = 0, shuffle: bool = True, shuffle_buffer: int = 1000,
-                last_batch: LastBatch = "partial", reader: Reader = "direct", start_batch: int = 0,
-                pin_memory: bool = False, prefetch_factor: int = 2):
-    """DataLoader over the training shards at ``path`` (local or fsspec) for one rank and epoch.
-
-    Called by every rank once per epoch. ``len(loader)`` and ``loader.dataset.plan`` give this rank's
-    batch count (equal on all ranks for 'drop' and 'pad'; may differ by one for 'partial').
-    ``start_batch`` resumes mid-epoch: the loader yields exactly the batches a full pass with the same
-    arguments yields from position ``start_batch`` on (skipped samples are read but not collated).
-    """
+def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
+                block: int = 1, shuffle: bool = True, start_step: int = 0, num_steps: int | None = None,
+                num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int = 2):
+    """DataLoader of this rank's slices of global batches of ``batch_size`` (module docstring); local or
+    fsspec ``path``. ``num_steps`` None: one pass (``N // batch_size`` batches). Called by every rank once."""
     from torch.utils.data import DataLoader
 
     ds = path if isinstance(path, TrainDataset) else TrainDataset.open(str(path))
-    stream = TrainStream(ds, rank=rank, world_size=world_size, epoch=epoch, batch_size=batch_size,
-                         num_workers=num_workers, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                         last_batch=last_batch, reader=reader, start_batch=start_batch)
-    extra = {"prefetch_factor": prefetch_factor} if num_workers > 0 else {}
+    order = (BatchOrder if shuffle else InOrder)(ds.num_samples, batch_size, seed, block)
+    steps = order.batches_per_pass if num_steps is None else num_steps
+    stream = GlobalBatchStream(ds, order, rank=rank, world_size=world_size, start_step=start_step, num_steps=steps)
+    extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if num_workers > 0 else {}
     return DataLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **extra)
