@@ -29,17 +29,18 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def load_cli_config(ctx: typer.Context, cls: type[T], config: Path | None, overrides: list[str] | None,
-                    **explicit: Any) -> T:
+                    labels: dict[str, str] | None = None, **explicit: Any) -> T:
     """Build ``cls`` from defaults < --config < --set < explicit options; config errors exit 2.
 
     Call it from a command (``ctx`` is the command's ``typer.Context``) with ``field=value`` for every
     option that sets a config field; each keyword must be the name of the command's parameter that
     carries it (a dotted field ``a.b`` is parameter ``a_b``), so that an error names the flag the user
-    typed (``option --threads``), not the field.
+    typed (``option --threads``), not the field. ``labels`` names the source of keys that one option
+    splits into several fields (``--loss fastclip-v3`` sets loss.kind and loss.version).
     """
     from toolkit.core.config import ConfigError, load_config
 
-    sources = parameter_labels(ctx, list(explicit))
+    sources = {**parameter_labels(ctx, [k for k in explicit if k not in (labels or {})]), **(labels or {})}
     try:
         return load_config(cls, config, overrides or [], explicit, sources)  # it ignores options left at None
     except ConfigError as err:

@@ -154,9 +154,27 @@ def suggest(name: str, known: list[str]) -> str:
     return f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}"
 
 
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` on top, mappings merged key by key (neither input is changed)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<config>", prefix: str = "") -> T:
-    """Validate ``data`` against dataclass ``cls`` and return the frozen instance."""
+    """Validate ``data`` against dataclass ``cls`` and return the frozen instance.
+
+    A config class may define ``layered_defaults(data, source) -> mapping``: defaults that depend on the
+    data itself (the trainer's ``preset``), merged beneath ``data`` before validation, so every way of
+    building the config (CLI, YAML, ``--set``, pipelines) applies them the same way."""
     data = dict(data or {})
+    layered = getattr(cls, "layered_defaults", None)
+    if layered is not None:
+        data = deep_merge(layered(data, source), data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for name in data:

@@ -123,6 +123,15 @@ def to_device_precision(model: Any, device: str, precision: str, is_timm: bool =
     return model
 
 
+def eval_transform(preprocess_cfg: dict[str, Any]) -> Callable[[Any], Any]:
+    """open_clip's inference transform (PIL image -> float tensor [3, S, S]) for a preprocess config."""
+    import open_clip
+
+    pp = open_clip.transform.PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v
+                                              for k, v in preprocess_cfg.items()})
+    return open_clip.transform.image_transform_v2(pp, is_train=False)
+
+
 def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", precision: str = "fp32",
                seed: int | None = None) -> LoadedModel:
     """Build the model for ``spec``, load its weights strictly (random init when there are none), move it
@@ -147,12 +156,10 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
     is_timm = "timm_model_name" in resolved.model_cfg.get("vision_cfg", {})
     model = to_device_precision(model, device, precision, is_timm).eval()
     open_clip.set_model_preprocess_cfg(model, resolved.preprocess_cfg)
-    pp = open_clip.transform.PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v
-                                              for k, v in resolved.preprocess_cfg.items()})
     return LoadedModel(
         model=model, tokenizer=tokenizer(resolved.tokenizer_source),
         image_size=config_image_size(resolved.model_cfg),
-        preprocess=open_clip.transform.image_transform_v2(pp, is_train=False),
+        preprocess=eval_transform(resolved.preprocess_cfg),
         model_cfg=resolved.model_cfg, preprocess_cfg=resolved.preprocess_cfg, name=resolved.name,
         weights=str(resolved.weights) if resolved.weights else None,
         context_length=config_context_length(resolved.model_cfg))

@@ -72,14 +72,17 @@ def context_length(name: str) -> int:
     return config_context_length(model_config(name))
 
 
-def tokenizer(name: str):
+def tokenizer(name: str | dict[str, Any]):
     """The model's tokenizer: callable list[str] -> LongTensor [n, context_length] (offline, bundled BPE).
 
-    ``name`` is a registered config name, ``local-dir:DIR`` or a config JSON file. The one way to get a
-    tokenizer: precompute, the frozen text towers and :func:`toolkit.models.load_model` all call it.
+    ``name`` is a registered config name, ``local-dir:DIR``, a config JSON file or an open_clip model
+    config dict. The one way to get a tokenizer: precompute, the frozen text towers,
+    :func:`toolkit.models.load_model` and the trainer's evaluation all call it.
     """
     import open_clip
 
+    if isinstance(name, dict):
+        return _config_tokenizer(name)
     if name.endswith(".json"):
         return _config_tokenizer(model_config(name))
     register_builtin_configs()
