@@ -1,0 +1,152 @@
+"""``TrainConfig``: the ``train`` stage's one config, composed of small parts each owned by its module.
+
+Precedence when the CLI or a pipeline builds it: defaults < ``preset`` < YAML file < ``--set`` <
+explicit options. ``batch_size`` is the *global* batch (all ranks together), as in the FastCLIP paper.
+Torch-free: the CLI validates a config (and refuses a bad one) before any process starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from toolkit.core.config import ConfigError, option
+from toolkit.train.losses.config import LossConfig
+from toolkit.train.optim import OptimConfig
+
+Precision = Literal["fp32", "bf16", "fp16"]
+GradDtype = Literal["fp32", "bf16"]
+Backend = Literal["auto", "gloo", "nccl"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How many processes and where (torchrun under the hood; SLURM's variables are read when set)."""
+
+    nproc_per_node: int = option(1, ge=1, affects_output=False, doc="Training processes on this node (one per "
+                                                                    "GPU on CUDA).")
+    nodes: str = option("1", affects_output=False, doc="Number of nodes N, or MIN:MAX for an elastic job "
+                                                       "(torchrun's c10d rendezvous).")
+    node_rank: int = option(0, ge=0, affects_output=False, doc="This node's rank, 0..N-1 (fixed N only; "
+                                                               "elastic jobs are ranked by the rendezvous).")
+    master_addr: str = option("127.0.0.1", affects_output=False, doc="Address of node 0 (the rendezvous host).")
+    master_port: int = option(29500, ge=1, le=65535, affects_output=False, doc="Rendezvous port on master_addr.")
+    max_restarts: int = option(0, ge=0, affects_output=False, doc="Times torchrun restarts the workers after a "
+                                                                  "failure; they resume from the latest checkpoint.")
+    rdzv_id: str = option("cliptk", affects_output=False, doc="Job id shared by every node of an elastic job.")
+    backend: Backend = option("auto", affects_output=False, doc="Process-group backend: auto (nccl on CUDA, "
+                                                                "else gloo), gloo or nccl.")
+    timeout_s: float = option(1800.0, gt=0, affects_output=False, doc="Collective timeout in seconds.")
+
+    def node_range(self) -> tuple[int, int]:
+        """(min, max) nodes from ``nodes`` ('2' -> (2, 2), '1:4' -> (1, 4))."""
+        parts = self.nodes.split(":")
+        try:
+            lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+        except ValueError:
+            lo = hi = 0
+        if lo < 1 or hi < lo:
+            raise ValueError(f"nodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.nodes!r}")
+        return lo, hi
+
+    @property
+    def is_multiprocess(self) -> bool:
+        return self.nproc_per_node > 1 or self.node_range() != (1, 1) or self.max_restarts > 0
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Reading the training shards (the order of global batches never depends on these)."""
+
+    num_workers: int = option(2, ge=0, affects_output=False, doc="DataLoader worker processes per rank (0: read "
+                                                                 "in the training process).")
+    shuffle_block: int = option(1, ge=1, doc="Samples per shuffled block: 1 shuffles samples; larger blocks "
+                                             "read runs of consecutive samples (fewer, larger reads for object "
+                                             "stores), shuffled as blocks.")
+    prefetch_batches: int = option(2, ge=1, affects_output=False, doc="Batches each worker reads ahead.")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Trainer checkpoints under OUT/checkpoints/step-NNNNNNNN/ (open_clip weights + trainer state)."""
+
+    every_steps: int = option(0, ge=0, affects_output=False, doc="Checkpoint every this many steps (0: only "
+                                                                 "at the end).")
+    keep: int = option(3, ge=1, affects_output=False, doc="Keep the newest this many checkpoints.")
+    resume: str = option("auto", affects_output=False,
+                         doc="auto: continue from the newest valid checkpoint in OUT if there is one; latest: "
+                             "the same but fail if there is none; none: start afresh (old checkpoints are "
+                             "removed); or a checkpoint directory.")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Zero-shot evaluation during training, run on rank 0 by a callback the CLI or pipeline passes in."""
+
+    every_steps: int = option(0, ge=0, affects_output=False, doc="Evaluate every this many steps and at the end "
+                                                                 "(0: never).")
+    root: str = option("", affects_output=False, doc="Folder holding the evaluation sets (clip-benchmark wds "
+                                                     "layout).")
+    datasets: list[str] = option(factory=list, affects_output=False, doc="Evaluation set names under root.")
+    batch_size: int = option(64, ge=1, affects_output=False, doc="Images per evaluation batch.")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The ``train`` stage (docs/training.md)."""
+
+    data: str = option(is_input=True, doc="Training shards: a `toolkit data precompute` output folder (local or "
+                                          "fsspec URL).")
+    out: str = option(doc="Run directory: config, manifest, metrics, checkpoints/, model/, plots/, tensorboard/.")
+    model: str = option("cliptk-tiny", doc="open_clip model name (RN50, ViT-B-32, cliptk-tiny, ...), config JSON "
+                                           "or checkpoint directory (architecture; weights come from init).")
+    init: str = option("", is_input=True, doc="Initial weights: an open_clip local-dir checkpoint or a "
+                                              ".safetensors/.pt file (local only); empty: random init "
+                                              "(the weights of a checkpoint directory given as model).")
+    preset: str = option("", doc="The published setting this config started from (see `toolkit train "
+                                 "presets`); recorded for provenance.")
+    batch_size: int = option(64, ge=2, doc="Global batch: pairs per step over all ranks; must divide by the "
+                                           "number of ranks.")
+    epochs: int = option(1, ge=1, doc="Training epochs (ignored when steps is set).")
+    steps: int = option(0, ge=0, doc="Total optimiser steps; 0: epochs x steps per epoch.")
+    train_num_samples: int = option(0, ge=0, doc="Samples per (virtual) epoch; 0: the dataset's size. Epochs "
+                                                 "drive the γ and τ schedules.")
+    seed: int = option(0, doc="Seed of the init, the data order and every rank's random streams.")
+    precision: Precision = option("fp32", doc="fp32; bf16 autocast (CPU and CUDA); fp16 autocast with a "
+                                              "GradScaler (CUDA).")
+    device: str = option("auto", affects_output=False, doc="auto (cuda if available), cpu or cuda.")
+    micro_batch_size: int = option(0, ge=0, doc="Gradient cache: micro-batch per rank for the tower passes; 0: "
+                                                "the whole local batch in one pass.")
+    grad_dtype: GradDtype = option("fp32", doc="dtype of DDP's gradient all_reduce (bf16 halves the bytes).")
+    max_nonfinite_steps: int = option(5, ge=1, affects_output=False, doc="Abort after this many steps in a row "
+                                                                         "with a non-finite loss or gradient.")
+    log_every: int = option(10, ge=1, affects_output=False, doc="Write metrics every this many steps.")
+    tensorboard: bool = option(True, affects_output=False, doc="Write TensorBoard event files to OUT/tensorboard.")
+    nonfinite_test_steps: list[int] = option(factory=list, doc="Testing aid: poison the loss with NaN at these "
+                                                               "steps to exercise the non-finite handling.")
+    loss: LossConfig = option(factory=LossConfig, doc="The objective.")
+    optim: OptimConfig = option(factory=OptimConfig, doc="Optimiser, lr schedule, gradient clipping.")
+    loader: LoaderConfig = option(factory=LoaderConfig, doc="Reading the training shards.")
+    launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes.")
+    checkpoint: CheckpointConfig = option(factory=CheckpointConfig, doc="Checkpoints and resume.")
+    eval: EvalConfig = option(factory=EvalConfig, doc="Zero-shot evaluation during training.")
+
+    @staticmethod
+    def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+        """The named ``preset``'s settings, which the rest of the config overrides (core.config.build)."""
+        name = data.get("preset") or ""
+        if not name:
+            return {}
+        from toolkit.train.presets import PRESETS
+
+        if name not in PRESETS:
+            raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+        return PRESETS[name].train_overrides()
+
+    def __post_init__(self) -> None:
+        self.launch.node_range()  # refuses a malformed nodes value
+        if self.eval.every_steps and not (self.eval.root and self.eval.datasets):
+            raise ValueError("eval.every_steps is set: give eval.root and eval.datasets too")
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")

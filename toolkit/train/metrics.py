@@ -1,0 +1,143 @@
+"""What rank 0 reports while training: ``metrics.jsonl``, TensorBoard events, PNG curves, a progress bar.
+
+``metrics.jsonl`` has one JSON object per logged step with at least ``step`` (optimiser steps done, 1 at
+the first), ``epoch``, ``samples_seen``, ``loss``, ``lr``, ``tau``, ``gamma``, ``samples_per_s``,
+``step_time_s``, ``data_wait_s``, ``comm_bytes``, ``peak_mem_bytes``, ``skipped_steps`` (plus
+``grad_norm`` and ``eval/<dataset>/<metric>`` when evaluation ran). A resumed run first drops the
+lines after its checkpoint's step, so the file continues without a gap or a repeated step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toolkit.core.log import PROGRESS_LOG_INTERVAL_S, get_logger, is_quiet
+
+METRICS = "metrics.jsonl"
+PLOTTED = ("loss", "lr", "tau", "gamma", "samples_per_s", "grad_norm")
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Keep the lines of ``path`` whose step is <= ``step`` (a resume); returns how many were dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            keep = json.loads(line).get("step", 0) <= step
+        except ValueError:
+            keep = False  # a line cut by a crash
+        kept.append(line) if keep else None
+        dropped += not keep
+    path.write_text("".join(f"{line}\n" for line in kept))
+    return dropped
+
+
+class MetricsWriter:
+    """Appends metric records (rank 0 only); mirrors scalars to TensorBoard when enabled."""
+
+    def __init__(self, run_dir: str, tensorboard: bool, resume_step: int | None):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS
+        if resume_step is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            truncate_after(self.path, resume_step)
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self.tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(run_dir: str) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_plots(run_dir: str) -> list[str]:
+    """PNG curves of the logged metrics (one file per metric, eval metrics included) into RUN_DIR/plots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    keys = [k for k in PLOTTED if any(k in r for r in records)]
+    keys += sorted({k for r in records for k in r if k.startswith("eval/")})
+    out_dir = Path(run_dir) / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for key in keys:
+        points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        ax.plot(*zip(*points, strict=True), marker="o" if len(points) < 30 else None, markersize=3)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / f"{key.replace('/', '_')}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+class Progress:
+    """A rich progress bar with samples/s, loss and ETA on a TTY; a log line every ~10 s otherwise."""
+
+    def __init__(self, total_steps: int, start_step: int):
+        self.total, self.done = total_steps, start_step
+        self.log = get_logger("train")
+        self.bar = self.task = None
+        self.last_log = time.monotonic()
+        if not is_quiet() and sys.stderr.isatty():
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                                    TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total_steps, completed=start_step, info="")
+
+    def update(self, step: int, loss: float, samples_per_s: float) -> None:
+        info = f"loss {loss:.4f}  {samples_per_s:,.0f} samples/s"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+            return
+        now = time.monotonic()
+        if now - self.last_log >= PROGRESS_LOG_INTERVAL_S or step == self.total:
+            self.last_log = now
+            self.log.info("step %d/%d: %s", step, self.total, info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,281 @@
+"""Everything a training run holds, built once per rank: ``build_setup(cfg) -> Setup``.
+
+``Setup`` owns the process group, the data order and loader, the model (DDP-wrapped), the objective,
+the optimiser with its schedules, the GradScaler, and rank 0's reporting; the loop (``loop.py``) calls
+its small methods in order. Every method is called by every rank unless it says otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolkit.core import dist as D
+from toolkit.core.config import config_hash
+from toolkit.core.log import get_logger
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.loader import make_loader
+from toolkit.data.trainset.order import BatchOrder
+from toolkit.models.weights import save_model
+from toolkit.train import checkpoint as ckpt
+from toolkit.train import model as model_lib
+from toolkit.train.config import TrainConfig
+from toolkit.train.ddp import wrap_ddp
+from toolkit.train.losses import build_loss
+from toolkit.train.losses.temperature import TemperatureControl
+from toolkit.train.metrics import MetricsWriter, Progress
+from toolkit.train.optim import build_optimizer, logit_scale_group
+from toolkit.train.schedule import set_lr
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}; expected auto, cpu or cuda")
+    return torch.device(device)
+
+
+def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
+    """Global batches per (virtual) epoch: train_num_samples (or the dataset) // batch_size, at least 1."""
+    return max(1, (cfg.train_num_samples or num_samples) // cfg.batch_size)
+
+
+def output_hash(cfg: TrainConfig) -> str:
+    """Hash of the fields that change what training produces (a resume refuses a different one)."""
+    return config_hash(cfg, "train")
+
+
+class Setup:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg, self.log = cfg, get_logger("train")
+        backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
+        info = D.init_from_env(backend, cfg.launch.timeout_s)
+        self.rank, self.group_size = info.rank, info.world_size
+        self.device = info.device if info.device.type == "cuda" else resolve_device(cfg.device)
+        self.dataset = TrainDataset.open(cfg.data)
+        # refuse a batch larger than the data or not divisible by the ranks before building anything
+        BatchOrder(self.dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
+            0, self.rank, self.group_size)
+        self.steps_per_epoch = steps_per_epoch(cfg, self.dataset.num_samples)
+        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.built = model_lib.build(cfg.model, cfg.init, self.dataset, cfg.loss.tau_init,
+                                     cfg.loss.learns_logit_scale, cfg.seed)
+        self.clip = self.built.model.clip
+        self.built.model.to(self.device).train()
+        cuda = self.device.type == "cuda"
+        self.model = wrap_ddp(self.built.model, grad_dtype=cfg.grad_dtype,
+                              device_ids=[self.device.index] if cuda else None)
+        self.loss_fn = build_loss(cfg.loss, data_size=self.dataset.num_samples)
+        self.optimizer = build_optimizer(self.clip, cfg.optim, cfg.loss.lr_tau)
+        self.tau_ctl = self._temperature_control()
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+        self.last_checkpoint: int | None = None
+        self.writer: MetricsWriter | None = None
+        self.progress: Progress | None = None
+        D.LEDGER.reset()
+
+    def _temperature_control(self) -> TemperatureControl | None:
+        group = logit_scale_group(self.optimizer)
+        if group is None:
+            return None
+        lc = self.cfg.loss
+        return TemperatureControl(self.clip.logit_scale, group, lr_tau=lc.lr_tau or self.cfg.optim.lr,
+                                  schedule=lc.lr_tau_schedule)
+
+    # ------------------------------------------------------------------ data
+    def batches(self, start_step: int):
+        """This rank's slices of global batches start_step .. total_steps-1 (each dict has its ``step``)."""
+        if self.rank == 0:
+            self.writer = MetricsWriter(self.cfg.out, self.cfg.tensorboard,
+                                        start_step if start_step or self.last_checkpoint is not None else None)
+            self.progress = Progress(self.total_steps, start_step)
+        if start_step >= self.total_steps:
+            return iter(())
+        lc = self.cfg.loader
+        return iter(make_loader(self.dataset, batch_size=self.cfg.batch_size, rank=self.rank,
+                                world_size=self.group_size, seed=self.cfg.seed, block=lc.shuffle_block,
+                                start_step=start_step, num_steps=self.total_steps - start_step,
+                                num_workers=lc.num_workers, prefetch_factor=lc.prefetch_batches,
+                                pin_memory=self.device.type == "cuda"))
+
+    def to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        image = batch["image"] if "image" in batch else batch["image_features"].float()
+        text = batch["tokens"] if "tokens" in batch else batch["text_features"].float()
+        return tuple(t.to(self.device, non_blocking=True) for t in (image, text, batch["index"]))
+
+    # ------------------------------------------------------------------ the update
+    def autocast(self):
+        if self.cfg.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.cfg.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def scale(self, share: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(share) if self.scaler is not None else share
+
+    def set_lr(self, step: int) -> float:
+        lr = set_lr(self.optimizer, step, self.total_steps, self.cfg.optim)
+        if self.tau_ctl is not None and self.cfg.loss.lr_tau_schedule != "cosine":
+            self.tau_ctl.before_step(step)  # step_thresh / const own the τ group's lr
+        return lr
+
+    def unscale_and_clip(self) -> float:
+        """Global gradient norm after DDP's average (identical on every rank), clipped if configured."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.clip.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.grad_clip_norm or math.inf
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+
+    def optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        if self.tau_ctl is not None:
+            self.tau_ctl.after_step()
+
+    def skip_step(self) -> None:
+        """No optimiser step; the objective's per-sample updates of this step are undone."""
+        self.loss_fn.rollback()
+        if self.scaler is not None:
+            self.scaler.update()  # lowers the scale after an overflow, as scaler.step would have
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def tau(self) -> float:
+        return self.loss_fn.temperature(self.clip.logit_scale.detach().exp())
+
+    # ------------------------------------------------------------------ state
+    def loss_fn_sync(self) -> None:
+        sync = getattr(self.loss_fn, "sync_tables", None)
+        if sync is not None:
+            sync()
+
+    def sync_buffers(self) -> None:
+        """Average floating-point buffers (BatchNorm running statistics) over ranks, so every rank and
+        every checkpoint holds the same model."""
+        if self.group_size == 1:
+            return
+        for buf in self.clip.buffers():
+            if buf.is_floating_point():
+                D.all_reduce_sum(buf, category=D.CHECKS).div_(self.group_size)
+
+    def write_checkpoint(self, state: dict[str, Any]) -> None:
+        """Rank 0: checkpoint ``state['step']`` under OUT/checkpoints (see ``train.checkpoint``)."""
+        from safetensors.torch import save_file
+
+        def write_state(tmp: Path) -> None:
+            meta = {"state": state, "config_hash": output_hash(self.cfg), "world_size": self.group_size,
+                    "total_steps": self.total_steps, "model": self.built.name}
+            (tmp / ckpt.TRAINER).write_text(json.dumps(meta, indent=2))
+            opt = {"optimizer": self.optimizer.state_dict()}
+            if self.scaler is not None:
+                opt["scaler"] = self.scaler.state_dict()
+            torch.save(opt, tmp / ckpt.OPTIMIZER)
+            loss_state = {k: v.contiguous() for k, v in self.loss_fn.state_dict().items()}
+            if loss_state:
+                save_file(loss_state, str(tmp / ckpt.LOSS_STATE))
+
+        def write_model(target: Path, write_extra) -> None:
+            save_model(self.clip, self.built.model_cfg, target, self.built.preprocess_cfg, write_extra=write_extra)
+
+        path = ckpt.save(self.cfg.out, state["step"], write_model, write_state, self.cfg.checkpoint.keep)
+        self.log.info("checkpoint %s", path)
+        if self.writer is not None:
+            from toolkit.train.metrics import write_plots
+
+            write_plots(self.cfg.out)
+
+    def resume_path(self) -> Path | None:
+        """The checkpoint to resume from per ``checkpoint.resume`` (auto, latest, none or a directory)."""
+        how = self.cfg.checkpoint.resume
+        if how == "none":
+            if self.rank == 0 and ckpt.remove_all(self.cfg.out):
+                self.log.info("resume: none: removed the old checkpoints of %s", self.cfg.out)
+            D.barrier()
+            return None
+        if how in ("auto", "latest"):
+            path = ckpt.latest_valid(self.cfg.out)
+            if path is None and how == "latest":
+                raise FileNotFoundError(f"--resume latest: no complete checkpoint under "
+                                        f"{ckpt.checkpoints_dir(self.cfg.out)}")
+            return path
+        ckpt.verify(how)
+        return Path(how)
+
+    def load_checkpoint(self, path: Path, saved: dict[str, Any]) -> None:
+        """Load weights, optimiser, scaler and loss state of ``path``; refuse a different configuration."""
+        from safetensors.torch import load_file
+
+        from toolkit.models.weights import WEIGHTS_NAME, load_weights
+
+        if saved.get("config_hash") != output_hash(self.cfg):
+            raise ValueError(f"{path}: written by a run with a different configuration (config hash "
+                             f"{saved.get('config_hash')} != {output_hash(self.cfg)}); resume it with its own "
+                             "config, use --resume none to start afresh, or --init to start from its weights")
+        load_weights(self.clip, path / WEIGHTS_NAME)
+        opt = torch.load(path / ckpt.OPTIMIZER, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        if self.scaler is not None and "scaler" in opt:
+            self.scaler.load_state_dict(opt["scaler"])
+        if (path / ckpt.LOSS_STATE).is_file():
+            self.loss_fn.load_state_dict(load_file(str(path / ckpt.LOSS_STATE)))
+        self.last_checkpoint = saved["state"]["step"]
+        D.barrier()  # shared tables: every local rank sees local rank 0's loaded copy before step 1
+
+    # ------------------------------------------------------------------ reporting (rank 0)
+    def comm_and_memory(self, steps: int) -> dict[str, Any]:
+        """Bytes this rank sent per step since the last call, and peak memory (CUDA: allocated; CPU: RSS)."""
+        comm = D.LEDGER.step()
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        return {"comm_bytes": comm["comm/total/sent_bytes"] / max(steps, 1), "peak_mem_bytes": int(peak)}
+
+    def log_metrics(self, state, metrics: dict[str, Any], quiet: bool = False) -> None:
+        if self.writer is None or not metrics:
+            return
+        epoch = metrics.pop("epoch", (state.step - 1) // self.steps_per_epoch)
+        self.writer.write({"step": state.step, "epoch": epoch, "samples_seen": state.samples_seen,
+                           "skipped_steps": state.skipped_steps, **metrics})
+        if not quiet and self.progress is not None:
+            self.progress.update(state.step, metrics.get("loss", float("nan")), metrics.get("samples_per_s", 0.0))
+
+    def finish(self, state, preempted: bool) -> dict[str, Any]:
+        """Rank 0 writes OUT/model (the final open_clip model) and the plots; every rank returns the summary."""
+        model_dir = str(Path(self.cfg.out) / "model")
+        if self.rank == 0 and not preempted:
+            save_model(self.clip, self.built.model_cfg, model_dir, self.built.preprocess_cfg)
+        if self.rank == 0:
+            from toolkit.train.metrics import write_plots
+
+            write_plots(self.cfg.out)
+        D.barrier()
+        return {"step": state.step, "total_steps": self.total_steps, "samples_seen": state.samples_seen,
+                "skipped_steps": state.skipped_steps, "preempted": preempted, "world_size": self.group_size,
+                "model": None if preempted else model_dir, "steps_per_epoch": self.steps_per_epoch}
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def build_setup(cfg: TrainConfig) -> Setup:
+    """Build every rank's ``Setup`` (collective: process group, DDP, FastCLIP's shared tables)."""
+    return Setup(cfg)

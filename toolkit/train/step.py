@@ -1,0 +1,115 @@
+"""One optimiser step on this rank's slice of a global batch, with an optional gradient cache.
+
+Without micro-batches (``micro_batch_size`` 0 or >= the local batch b): one forward with a graph, the
+loss, one backward. With micro-batches of m < b (the gradient cache, GradCache-style):
+
+1. every micro-batch runs forward **without** a graph; only its features [m, E] are kept;
+2. the loss runs once on the whole local batch's features (all ranks together form the global batch)
+   and its backward gives d loss / d features [b, E] (and d loss / d a) — FastCLIP's tables are
+   updated exactly once, by this one loss evaluation;
+3. every micro-batch runs forward again **with** a graph and back-propagates its slice of the cached
+   feature gradients; DDP all-reduces only on the last one (``grad_sync``), which also carries d a.
+
+The random state is replayed: before both forwards of micro-batch i the generators are seeded from
+(seed, step, rank, i), so dropout and drop-path draw the same masks twice and the result is the
+gradient of the whole global batch, not an average of micro-batch losses. BatchNorm buffers are
+restored after the graph-free pass so running statistics move once per micro-batch, as without the
+cache. Every rank calls every function here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from toolkit.train.ddp import grad_sync
+
+# Mixing constants of the per-(step, rank, micro-batch) seeds (64-bit odd numbers from splitmix64).
+_SEED_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def stream_seed(seed: int, step: int, rank: int, micro: int) -> int:
+    """A 63-bit seed for one micro-batch of one step on one rank: no generator state has to be saved,
+    so a resumed run (at any world size) draws exactly what an uninterrupted one would have."""
+    value = seed & 0xFFFFFFFFFFFFFFFF
+    for part, mult in zip((step, rank, micro), _SEED_MIX, strict=True):
+        value = ((value ^ part) * mult + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
+        value ^= value >> 31
+    return value & 0x7FFFFFFFFFFFFFFF
+
+
+@dataclass
+class StepInputs:
+    """This rank's slice of one global batch: image [b, ...], text [b, ...] and sample ids [b] (device)."""
+
+    image: Tensor
+    text: Tensor
+    index: Tensor
+
+    def chunk(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        return self.image[start:stop], self.text[start:stop]
+
+
+@contextlib.contextmanager
+def _frozen_norm_buffers(model: nn.Module) -> Iterator[None]:
+    """Restore BatchNorm running statistics after the block (the graph-free pass of the cache)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    saved = [{k: v.clone() for k, v in m.state_dict().items()} for m in norms]
+    try:
+        yield
+    finally:
+        for m, state in zip(norms, saved, strict=True):
+            m.load_state_dict(state)
+
+
+def _ranges(b: int, micro: int) -> list[tuple[int, int]]:
+    m = b if micro <= 0 or micro >= b else micro
+    return [(s, min(s + m, b)) for s in range(0, b, m)]
+
+
+def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *, micro_batch_size: int,
+                     seed_of: Callable[[int], int], autocast: Callable, scale: Callable[[Tensor], Tensor] = lambda t: t,
+                     poison: bool = False) -> Tensor:
+    """Gradients of this rank's share of the global objective into the parameters; returns the share
+    (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``stream_seed``); ``autocast`` is a
+    context-manager factory; ``scale`` multiplies what is back-propagated (a GradScaler's ``scale``: equal
+    on every rank, as the fastclip mode requires); ``poison`` multiplies the image features by NaN before
+    the loss (the test aid for a model that produced a NaN: the loss, its per-sample updates and every
+    gradient become non-finite)."""
+    ranges = _ranges(inputs.index.shape[0], micro_batch_size)
+    if len(ranges) == 1:
+        torch.manual_seed(seed_of(0))
+        with autocast():
+            x, y, a = model(inputs.image, inputs.text)
+        share = loss_fn(x * float("nan") if poison else x, y, a, inputs.index)
+        scale(share).backward()
+        return share.detach()
+    feats = []
+    with torch.no_grad(), _frozen_norm_buffers(model), autocast():
+        for i, (start, stop) in enumerate(ranges):
+            torch.manual_seed(seed_of(i))
+            x, y, a = model(*inputs.chunk(start, stop))
+            feats.append((x, y))
+    x_all = torch.cat([f[0] for f in feats]).requires_grad_()
+    y_all = torch.cat([f[1] for f in feats]).requires_grad_()
+    a_leaf = a.detach().requires_grad_()
+    share = loss_fn(x_all * float("nan") if poison else x_all, y_all, a_leaf, inputs.index)
+    scale(share).backward()
+    dx, dy = x_all.grad, y_all.grad
+    da = a_leaf.grad if a_leaf.grad is not None else torch.zeros_like(a_leaf)
+    for i, (start, stop) in enumerate(ranges):
+        last = i == len(ranges) - 1
+        with grad_sync(model, enabled=last):
+            torch.manual_seed(seed_of(i))
+            with autocast():
+                x, y, a = model(*inputs.chunk(start, stop))
+            outputs, grads = [x, y], [dx[start:stop], dy[start:stop]]
+            if last and a.requires_grad:  # d a once; on the synced pass so DDP sees logit_scale used
+                outputs.append(a)
+                grads.append(da.to(a.dtype))
+            torch.autograd.backward(outputs, grads)
+    return share.detach()
