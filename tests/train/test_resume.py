@@ -1,0 +1,120 @@
+"""Checkpoints and resume: a killed run continues exactly; SIGTERM checkpoints and exits 0; a damaged
+checkpoint is skipped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, weights
+
+from toolkit.train.checkpoint import CheckpointInvalid, latest_valid, verify
+from toolkit.train.run import run
+
+STEPS = 40
+ARGS = ["--batch-size", "16", "--workers", "0", "--log-every", "1", "--set", "tensorboard=false",
+        "--set", "optim.warmup_steps=5", "--set", "loss.gamma_decay_epochs=2"]
+
+
+def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--data", str(data), "--out", str(out), "--steps", str(STEPS), *ARGS, *extra]
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended (code {proc.returncode}) before the point to interrupt it:\n"
+                                 + proc.stdout.read()[-3000:])
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the training to reach the interruption point")
+        time.sleep(0.05)
+
+
+def _tables(ckpt_dir: Path) -> dict:
+    return load_file(str(ckpt_dir / "loss_state.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(demo_train, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = run_cli(_train_args(demo_train, out, "--checkpoint-every", "5"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(demo_train, uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd(*_train_args(demo_train, out, "--checkpoint-every", "5")), cwd=ROOT,
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: (out / "checkpoints" / "step-00000015" / "checkpoint.json").is_file(), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    killed_at = max(r["step"] for r in metrics(out))
+    assert killed_at < STEPS, "the job finished before the kill"
+    resumed = run_cli(_train_args(demo_train, out, "--checkpoint-every", "5", "--resume", "latest"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert [r["step"] for r in metrics(out)] == list(range(1, STEPS + 1))  # no gap, no repeated step
+    want, got = weights(uninterrupted), weights(out)
+    assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-6
+    final = "checkpoints/step-00000040"
+    tw, tg = _tables(uninterrupted / final), _tables(out / final)
+    assert max((tg[k] - tw[k]).abs().max().item() for k in tw) <= 1e-6
+    assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(uninterrupted)], rel=1e-6)
+
+
+def test_sigterm_finishes_the_step_writes_one_checkpoint_and_exits_0(demo_train, uninterrupted, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd(*_train_args(demo_train, out)), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: (out / "metrics.jsonl").is_file() and len(metrics(out)) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-3000:]
+    assert "preempted at step" in output
+    steps = [int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir()]
+    assert len(steps) == 1 and steps[0] == max(r["step"] for r in metrics(out)) < STEPS
+    assert not (out / "model").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "preempted" in manifest["error"]
+    again = run_cli(_train_args(demo_train, out))  # resume: auto continues the preempted run
+    assert again.returncode == 0, again.stderr[-3000:]
+    want, got = weights(uninterrupted), weights(out)
+    assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-6
+
+
+def test_a_damaged_or_unfinished_newest_checkpoint_is_skipped(demo_train, tmp_path, caplog):
+    out = tmp_path / "run"
+    cfg = train_cfg(demo_train, out, steps=9, checkpoint={"every_steps": 3})
+    run(cfg)
+    reference = weights(out)
+    ckpts = out / "checkpoints"
+    weights_file = ckpts / "step-00000009" / "open_clip_model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:1000])  # truncated
+    (ckpts / "step-00000006" / "checkpoint.json").unlink()  # never completed
+    with pytest.raises(CheckpointInvalid, match="open_clip_model.safetensors"):
+        verify(ckpts / "step-00000009")
+    assert latest_valid(str(out)) == ckpts / "step-00000003"
+    assert "step-00000009" in caplog.text and "open_clip_model.safetensors" in caplog.text
+    assert "step-00000006" in caplog.text and "checkpoint.json: missing" in caplog.text
+    result = run(train_cfg(demo_train, out, steps=9, checkpoint={"every_steps": 3, "resume": "latest"}))
+    assert result.counts["step"] == 9
+    for key, value in weights(out).items():
+        assert torch.allclose(value, reference[key], rtol=0, atol=1e-6), key
+
+
+def test_resume_refuses_a_different_configuration(demo_train, tmp_path):
+    out = tmp_path / "run"
+    run(train_cfg(demo_train, out, steps=2))
+    with pytest.raises(ValueError, match="different configuration"):
+        run(train_cfg(demo_train, out, steps=2, seed=1, checkpoint={"resume": "latest"}))
+    run(train_cfg(demo_train, out, steps=2, seed=1, checkpoint={"resume": "none"}))  # starts afresh
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]
