@@ -104,8 +104,8 @@ class TrainConfig:
     init: str = option("", is_input=True, doc="Initial weights: an open_clip local-dir checkpoint or a "
                                               ".safetensors/.pt file (local only); empty: random init "
                                               "(the weights of a checkpoint directory given as model).")
-    preset: str = option("", doc="The published setting this config started from (see `toolkit train "
-                                 "presets`); recorded for provenance.")
+    preset: str = option("", doc="Start from this published setting (`toolkit train presets`); every other "
+                                 "key given overrides it.")
     batch_size: int = option(64, ge=2, doc="Global batch: pairs per step over all ranks; must divide by the "
                                            "number of ranks.")
     epochs: int = option(1, ge=1, doc="Training epochs (ignored when steps is set).")

@@ -51,13 +51,31 @@ def _record(rec, summary: dict) -> None:
                            "written: rerun the same command to continue (resume: auto)")
 
 
-def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:
-    """Train per ``cfg`` (module docstring). Raises on failure; preemption raises after checkpointing."""
+def preflight(cfg: TrainConfig) -> None:
+    """Refuse what would fail on every rank, before any process starts or any output is written: data that
+    does not fit the model, a global batch larger than the data or not divisible by the ranks."""
+    from toolkit.data.trainset.format import TrainDataset
+    from toolkit.data.trainset.order import BatchOrder
+    from toolkit.models.factory import resolve_spec
+    from toolkit.train.model import check_dataset
+
     if not files.is_local(cfg.out):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")
+    dataset = TrainDataset.open(cfg.data)
+    order = BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block)
+    lo, hi = cfg.launch.node_range()
+    if lo == hi:  # an elastic job's world size is known only at rendezvous (each rank checks it then)
+        order.batch_ids(0, 0, lo * cfg.launch.nproc_per_node)
+    if not (dataset.field("image_features") or dataset.field("text_features")):
+        check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
+
+
+def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:
+    """Train per ``cfg`` (module docstring). Raises on failure; preemption raises after checkpointing."""
     L.apply_slurm_env(cfg.launch)
     if L.is_worker():
         return _as_rank(cfg, eval_fn)
+    preflight(cfg)
     if cfg.launch.is_multiprocess:
         keeps_books = cfg.launch.node_rank == 0
         with stage_run(KIND, cfg, cfg.out) if keeps_books else _Nothing(cfg.out) as rec:
