@@ -100,6 +100,8 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
     share = loss_fn(x_all * float("nan") if poison else x_all, y_all, a_leaf, inputs.index)
     scale(share).backward()
     dx, dy = x_all.grad, y_all.grad
+    # a learnable scale always takes part in the synced backward (a zero gradient if the objective gives it
+    # none): DDP all-reduces a bucket only once all its parameters reported, and would silently skip it
     da = a_leaf.grad if a_leaf.grad is not None else torch.zeros_like(a_leaf)
     for i, (start, stop) in enumerate(ranges):
         last = i == len(ranges) - 1
@@ -108,7 +110,7 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
             with autocast():
                 x, y, a = model(*inputs.chunk(start, stop))
             outputs, grads = [x, y], [dx[start:stop], dy[start:stop]]
-            if last and a.requires_grad:  # d a once; on the synced pass so DDP sees logit_scale used
+            if last and a.requires_grad:  # d a once, on the synced pass
                 outputs.append(a)
                 grads.append(da.to(a.dtype))
             torch.autograd.backward(outputs, grads)
