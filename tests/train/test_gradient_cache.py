@@ -74,3 +74,24 @@ def test_training_steps_with_the_cache_equal_steps_without(demo_train, tmp_path)
     run(train_cfg(demo_train, tmp_path / "plain", steps=3, batch_size=16, **sgd))
     run(train_cfg(demo_train, tmp_path / "cached", steps=3, batch_size=16, micro_batch_size=5, **sgd))
     assert _rel(weights(tmp_path / "cached"), weights(tmp_path / "plain")) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_offloaded_cuda_step_equals_the_cpu_step():
+    """Pinned host batch, micro-batches copied on a side stream, cached features offloaded: the same
+    gradients as the CPU run (TF32 off)."""
+    import contextlib
+
+    import gradcache_jobs
+
+    from toolkit.train.step import StepInputs, forward_backward
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, _, loss, images, tokens, index = gradcache_jobs._setup("fastclip-v3", 0, 1, dropout=False)
+    model.cuda()
+    inputs = StepInputs(images.pin_memory(), tokens.pin_memory(), index.cuda())
+    forward_backward(model, loss, inputs, micro_batch_size=3, seed_of=gradcache_jobs._seed(0),
+                     autocast=contextlib.nullcontext, offload_features=True)
+    got = {n: p.grad.cpu() for n, p in model.clip.named_parameters() if p.grad is not None}
+    assert _rel(got, grads("fastclip-v3", 0, dropout=False)) <= 1e-4

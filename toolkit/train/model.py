@@ -38,13 +38,13 @@ class TrainModel(nn.Module):
 
     def encode_image(self, image: Tensor) -> Tensor:
         if self.image_role == "image_features":
-            return frozen.head_forward(self.clip, "image", image)
+            return frozen.head_forward(self.clip, "image", image.float())  # stored as float16
         pixels = image.permute(0, 3, 1, 2).float().div_(255.0)
         return self.clip.encode_image((pixels - self.mean) / self.std)
 
     def encode_text(self, text: Tensor) -> Tensor:
         if self.text_role == "text_features":
-            return frozen.head_forward(self.clip, "text", text)
+            return frozen.head_forward(self.clip, "text", text.float())
         return self.clip.encode_text(text)
 
     def forward(self, image: Tensor, text: Tensor) -> tuple[Tensor, Tensor, Tensor]:

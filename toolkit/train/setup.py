@@ -108,10 +108,20 @@ class Setup:
                                 num_workers=lc.num_workers, prefetch_factor=lc.prefetch_batches,
                                 pin_memory=self.device.type == "cuda"))
 
+    @property
+    def offloaded(self) -> bool:
+        """Gradient cache on: the batch stays in host memory, only the micro-batch in flight moves."""
+        local = self.cfg.batch_size // self.group_size
+        return 0 < self.cfg.micro_batch_size < local
+
     def to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        image = batch["image"] if "image" in batch else batch["image_features"].float()
-        text = batch["tokens"] if "tokens" in batch else batch["text_features"].float()
-        return tuple(t.to(self.device, non_blocking=True) for t in (image, text, batch["index"]))
+        """(image, text, index): index on the device; image and text too unless offloaded (then the
+        gradient cache moves each micro-batch itself, non-blocking from pinned memory on CUDA)."""
+        image = batch["image"] if "image" in batch else batch["image_features"]
+        text = batch["tokens"] if "tokens" in batch else batch["text_features"]
+        if not self.offloaded:
+            image, text = image.to(self.device, non_blocking=True), text.to(self.device, non_blocking=True)
+        return image, text, batch["index"].to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ the update
     def autocast(self):

@@ -44,14 +44,43 @@ def stream_seed(seed: int, step: int, rank: int, micro: int) -> int:
 
 @dataclass
 class StepInputs:
-    """This rank's slice of one global batch: image [b, ...], text [b, ...] and sample ids [b] (device)."""
+    """This rank's slice of one global batch: image [b, ...], text [b, ...] (on the host when offloaded:
+    pinned on CUDA) and sample ids [b] (on the device)."""
 
     image: Tensor
     text: Tensor
     index: Tensor
 
-    def chunk(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
-        return self.image[start:stop], self.text[start:stop]
+
+class _Mover:
+    """Micro-batch i of the inputs on ``device``: a plain slice when they are there already; from pinned
+    host memory, on CUDA, copied on a side stream one micro-batch ahead, so the copy of i+1 overlaps the
+    compute of i (data offload: only the micro-batch in flight is on the device)."""
+
+    def __init__(self, inputs: StepInputs, ranges: list[tuple[int, int]], device: torch.device):
+        self.inputs, self.ranges, self.device = inputs, ranges, device
+        self.stream = (torch.cuda.Stream(device) if device.type == "cuda" and inputs.image.device.type == "cpu"
+                       else None)
+        self.pending: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def _copy(self, i: int) -> tuple[Tensor, Tensor]:
+        start, stop = self.ranges[i]
+        parts = (self.inputs.image[start:stop], self.inputs.text[start:stop])
+        if self.stream is None:
+            return tuple(t.to(self.device) for t in parts)
+        with torch.cuda.stream(self.stream):
+            return tuple(t.to(self.device, non_blocking=True) for t in parts)
+
+    def get(self, i: int) -> tuple[Tensor, Tensor]:
+        chunk = self.pending.pop(i) if i in self.pending else self._copy(i)
+        if self.stream is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self.stream)
+            for t in chunk:
+                t.record_stream(current)  # the copy stream must not reuse the memory while compute reads it
+            if i + 1 < len(self.ranges):
+                self.pending[i + 1] = self._copy(i + 1)
+        return chunk
 
 
 @contextlib.contextmanager
@@ -73,29 +102,35 @@ def _ranges(b: int, micro: int) -> list[tuple[int, int]]:
 
 def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *, micro_batch_size: int,
                      seed_of: Callable[[int], int], autocast: Callable, scale: Callable[[Tensor], Tensor] = lambda t: t,
-                     poison: bool = False) -> Tensor:
+                     poison: bool = False, offload_features: bool = False) -> Tensor:
     """Gradients of this rank's share of the global objective into the parameters; returns the share
     (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``stream_seed``); ``autocast`` is a
     context-manager factory; ``scale`` multiplies what is back-propagated (a GradScaler's ``scale``: equal
     on every rank, as the fastclip mode requires); ``poison`` multiplies the image features by NaN before
     the loss (the test aid for a model that produced a NaN: the loss, its per-sample updates and every
-    gradient become non-finite)."""
+    gradient become non-finite). ``offload_features``: keep the cached features in host memory while the
+    towers run (they come back to the device for the loss)."""
+    device = inputs.index.device
     ranges = _ranges(inputs.index.shape[0], micro_batch_size)
+    mover = _Mover(inputs, ranges, device)
     if len(ranges) == 1:
         torch.manual_seed(seed_of(0))
         with autocast():
-            x, y, a = model(inputs.image, inputs.text)
+            x, y, a = model(*mover.get(0))
         share = loss_fn(x * float("nan") if poison else x, y, a, inputs.index)
         scale(share).backward()
         return share.detach()
     feats = []
     with torch.no_grad(), _frozen_norm_buffers(model), autocast():
-        for i, (start, stop) in enumerate(ranges):
+        for i in range(len(ranges)):
             torch.manual_seed(seed_of(i))
-            x, y, a = model(*inputs.chunk(start, stop))
-            feats.append((x, y))
-    x_all = torch.cat([f[0] for f in feats]).requires_grad_()
-    y_all = torch.cat([f[1] for f in feats]).requires_grad_()
+            x, y, a = model(*mover.get(i))
+            feats.append((x.to("cpu", non_blocking=True), y.to("cpu", non_blocking=True)) if offload_features
+                         else (x, y))
+    if offload_features and device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # the device-to-host copies above have landed
+    x_all = torch.cat([f[0] for f in feats]).to(device).requires_grad_()
+    y_all = torch.cat([f[1] for f in feats]).to(device).requires_grad_()
     a_leaf = a.detach().requires_grad_()
     share = loss_fn(x_all * float("nan") if poison else x_all, y_all, a_leaf, inputs.index)
     scale(share).backward()
@@ -108,7 +143,7 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
         with grad_sync(model, enabled=last):
             torch.manual_seed(seed_of(i))
             with autocast():
-                x, y, a = model(*inputs.chunk(start, stop))
+                x, y, a = model(*mover.get(i))
             outputs, grads = [x, y], [dx[start:stop], dy[start:stop]]
             if last and a.requires_grad:  # d a once, on the synced pass
                 outputs.append(a)
