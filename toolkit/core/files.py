@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,7 +56,10 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         return
     target = Path(local_path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    # os.open with 0666 applies the umask like open() does (mkstemp would make every file 0600, unlike the
+    # tars beside it); O_EXCL and a per-writer name keep concurrent writers apart.
+    tmp = str(target.parent / f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
