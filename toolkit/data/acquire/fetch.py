@@ -128,7 +128,7 @@ def worker_spec(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str, d
 class WorkerRun:
     """Runs ``fetch_worker`` in its own process group; yields its events; kills it on timeout."""
 
-    def __init__(self, spec: dict, run_timeout_s: float | None):
+    def __init__(self, spec: dict, run_timeout_s: float | None, lock_fd: int | None = None):
         fd, self.spec_path = tempfile.mkstemp(prefix="cliptk-fetch-", suffix=".json")
         with os.fdopen(fd, "w") as fh:
             json.dump(spec, fh)
@@ -139,7 +139,10 @@ class WorkerRun:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolkit.data.acquire.fetch_worker", self.spec_path], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace", env=env,
-            start_new_session=True)
+            start_new_session=True,
+            # the worker holds the output lock too: if this process dies first, the folder stays locked
+            # until the worker writing into it is gone as well
+            pass_fds=(lock_fd,) if lock_fd is not None else ())
         self.tail: collections.deque[str] = collections.deque(maxlen=ERROR_TAIL_LINES)
         self.timed_out = False
         self.timer = threading.Timer(run_timeout_s, self._on_timeout) if run_timeout_s else None
@@ -192,9 +195,9 @@ class WorkerRun:
         return code
 
 
-def download(spec: dict, run_timeout_s: float | None) -> dict[str, Any]:
+def download(spec: dict, run_timeout_s: float | None, lock_fd: int | None = None) -> dict[str, Any]:
     """Run the worker with progress over shards; returns the number of shards planned and if it timed out."""
-    worker = WorkerRun(spec, run_timeout_s)
+    worker = WorkerRun(spec, run_timeout_s, lock_fd)
     planned = 0
     try:
         events = worker.events()
@@ -255,7 +258,7 @@ def run(cfg: FetchConfig) -> StageResult:
         if layout.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
             log.info("fetch: removed %s/_tmp left by an interrupted run", out)
         start = time.monotonic()
-        outcome = download(worker_spec(cfg, fmt, caption_col, out, done_before), cfg.run_timeout_s)
+        outcome = download(worker_spec(cfg, fmt, caption_col, out, done_before), cfg.run_timeout_s, rec.lock_fd)
         wall_s = time.monotonic() - start
         summary = _record(rec, out, done_before, outcome, wall_s)
         _report(summary)
