@@ -201,6 +201,8 @@ def precompute_cmd(
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
     _echo_counts("skipped", c["skipped"])
     _echo_counts("converted", c["converted"])
+    for shard, error in (result.details.get("tar_errors") or {}).items():
+        typer.echo(f"damaged: {shard}: {error}")
 
 
 @app.command("inspect")

@@ -184,6 +184,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     rec.counts.update({
         "num_samples": len(order), "num_read": num_read, "num_skipped": len(skips),
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
+        "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
         "samples_per_s": round(num_read / max(total_s, 1e-9), 1),
     })
