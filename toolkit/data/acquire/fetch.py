@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import toolkit
+from toolkit.core import files
 from toolkit.core.config import config_hash, option, to_dict
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, fingerprint, read_manifest, stage_run
@@ -113,6 +114,29 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
         raise ValueError(f"{cfg.urls} changed since {out} was fetched from it (its rows decide which shard "
                          "holds which URL); pass --overwrite to fetch again, or choose another --out")
     return digest
+
+
+def verified_shards(rec, out: str) -> set[int]:
+    """Finished shards whose tar, parquet and stats agree; the others are deleted to be fetched again.
+
+    Each redone shard and why is logged and recorded (``details.shards_redone``, ``counts.num_shards_redone``):
+    a shard left half-written by an interrupted run, or damaged by a second run or a full disk.
+    """
+    from toolkit.data.raw.verify import check_shard
+
+    present = layout.shard_files(out)
+    redo = {i: f"unfinished: only {', '.join(sorted(kinds))} written" for i, kinds in present.items()
+            if not {".tar", ".parquet", "_stats.json"} <= kinds}
+    for shard_id in sorted(set(present) - set(redo)):
+        why = check_shard(out, shard_id, deep=files.is_local(out))
+        if why is not None:
+            redo[shard_id] = why
+    for shard_id, why in sorted(redo.items()):
+        log.warning("fetch: shard %s is fetched again: %s", layout.shard_stem(shard_id), why)
+        layout.remove_shard(out, shard_id)
+    rec.details["shards_redone"] = {layout.shard_stem(i): why for i, why in sorted(redo.items())}
+    rec.counts["num_shards_redone"] = len(redo)
+    return set(present) - set(redo)
 
 
 def worker_spec(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str, done: set[int]) -> dict[str, Any]:
@@ -254,7 +278,7 @@ def run(cfg: FetchConfig) -> StageResult:
         rec.write()  # recorded before downloading, so even a killed run's shards can be checked on resume
         if cfg.overwrite:
             log.info("fetch: --overwrite: removed %d shard files from %s", layout.remove_shards(out), out)
-        done_before = layout.finished_shards(out)
+        done_before = verified_shards(rec, out)
         if layout.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
             log.info("fetch: removed %s/_tmp left by an interrupted run", out)
         start = time.monotonic()

@@ -77,6 +77,15 @@ def remove_shards(out: str) -> int:
     return removed
 
 
+def remove_shard(out: str, shard_id: int) -> int:
+    """Delete shard ``shard_id``'s tar, parquet and stats file (those that exist); returns files removed."""
+    fs, path = _fs(out)
+    kinds = shard_files(out).get(shard_id, set())
+    for suffix in kinds:
+        fs.rm(f"{path}/{shard_stem(shard_id)}{suffix}")
+    return len(kinds)
+
+
 def remove_tmp(out: str) -> bool:
     """Delete img2dataset's ``_tmp/`` (feather splits of the URL list) in ``out``; True if it existed."""
     fs, path = _fs(out)
