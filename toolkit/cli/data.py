@@ -18,6 +18,11 @@ RawResizeMode = Annotated[str | None, typer.Option(
     "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default border).")]
 
 
+def _split(text: str | None) -> list[str] | None:
+    """'file, ftp' -> ['file', 'ftp'] (None stays None: option not given)."""
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
 def _reasons(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.get("failed_by_reason", {}).items()) or "none"
 
@@ -54,6 +59,15 @@ def fetch_cmd(
     overwrite: Annotated[bool | None, typer.Option(
         "--overwrite/--resume", help="Delete the shards already in --out first, or resume them (default "
                                      "resume).")] = None,
+    max_bytes: Annotated[int | None, typer.Option(
+        "--max-bytes", help="Abort a download larger than this many bytes, counted as too_large (default "
+                            "52428800 = 50 MiB).")] = None,
+    allow_schemes: Annotated[str | None, typer.Option(
+        "--allow-schemes", help="Comma-separated URL schemes to download besides http and https: file, ftp, "
+                                "data (default none: such URLs fail as disallowed_scheme).")] = None,
+    keep_duplicates: Annotated[bool | None, typer.Option(
+        "--keep-duplicates/--skip-duplicates", help="Download every occurrence of a URL, or only the first "
+                                                    "(default: skip, counted as duplicate_url).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -62,20 +76,18 @@ def fetch_cmd(
     More keys (min_image_size, max_aspect_ratio, strict_decode, ...): `toolkit pipeline kinds data.fetch`,
     set them with --set KEY=VALUE.
     """
-    from toolkit.data.acquire.fetch import FetchConfig, run
+    from toolkit.data.acquire.fetch import FetchConfig, run, summary_lines
 
     cfg = load_cli_config(ctx, FetchConfig, config, overrides, urls=urls, out=out, input_format=input_format,
                           url_col=url_col, caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
                           samples_per_shard=samples_per_shard, num_processes=num_processes, num_threads=num_threads,
                           timeout_s=timeout_s, retries=retries, distributor=distributor,
-                          run_timeout_s=run_timeout_s, overwrite=overwrite)
+                          run_timeout_s=run_timeout_s, overwrite=overwrite, max_bytes=max_bytes,
+                          allow_schemes=_split(allow_schemes), keep_duplicates=keep_duplicates)
     result = run_stage(run, cfg)
-    c, this = result.counts, result.details["this_run"]
-    typer.echo(f"{c['num_urls']} URLs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
-               f"{c['num_shards']} shards in {result.outputs['shards']} ({c['num_shards_resumed']} resumed)")
-    typer.echo(f"this run: {this['num_urls']} URLs in {this['wall_s']:.1f} s = {this['urls_per_s']} URLs/s, "
-               f"{this['success_per_s']} images/s stored; downloading alone {this['download_s']:.1f} s = "
-               f"{this['download_urls_per_s']} URLs/s")
+    for line in summary_lines({**result.counts, **result.details}):
+        typer.echo(line)
+    typer.echo(f"shards in {result.outputs['shards']}")
 
 
 @app.command("shard")
