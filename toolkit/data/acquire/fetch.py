@@ -104,7 +104,10 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     same_file = ((previous.get("inputs") or {}).get("urls") or {}).get("fingerprint") == fingerprint(cfg.urls)
     recorded = (previous.get("details") or {}).get("urls_sha256")
     digest = recorded if same_file and recorded else urllist.list_digest(cfg.urls)
-    if cfg.overwrite or not layout.shard_files(out):
+    if cfg.overwrite:
+        layout.check_owned(out, (KIND, "data.shard"))  # --overwrite deletes only shards cliptk wrote
+        return digest
+    if not layout.shard_files(out):
         return digest
     if not previous:
         log.warning("%s holds shards but no manifest; resuming on the assumption they come from %s", out, cfg.urls)

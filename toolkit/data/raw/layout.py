@@ -22,7 +22,8 @@ from toolkit.core import files
 from toolkit.data.raw.reasons import SUCCESS
 
 SHARD_DIGITS = 5  # img2dataset's oom_shard_count: shard names 00000..99999
-_SHARD_FILE = re.compile(r"^(\d+)(\.tar|\.parquet|_stats\.json)$")
+# At least SHARD_DIGITS digits: '2023.parquet' or '1.tar' beside the shards are someone else's files.
+_SHARD_FILE = re.compile(rf"^(\d{{{SHARD_DIGITS},}})(\.tar|\.parquet|_stats\.json)$")
 
 
 def shard_stem(shard_id: int) -> str:
@@ -63,6 +64,24 @@ def shard_files(out: str) -> dict[int, set[str]]:
 def finished_shards(out: str) -> set[int]:
     """Ids of shards whose tar, parquet and stats file all exist (the stats file is written last)."""
     return {i for i, kinds in shard_files(out).items() if {".tar", ".parquet", "_stats.json"} <= kinds}
+
+
+def check_owned(out: str, kinds: tuple[str, ...]) -> None:
+    """Raise ValueError if ``out`` holds files named like shards that no run of ``kinds`` wrote (its
+    manifest says so): deleting or replacing shards must never touch a user's own ``00000.tar``."""
+    from toolkit.core.stage import read_manifest
+
+    found = shard_files(out)
+    if not found:
+        return
+    kind = (read_manifest(out) or {}).get("kind")
+    if kind in kinds:
+        return
+    example = f"{shard_stem(min(found))}{sorted(found[min(found)])[0]}"
+    who = f"the output of a {kind!r} stage" if kind else "no manifest"
+    raise ValueError(f"{out} holds {sum(map(len, found.values()))} file(s) named like shards (e.g. {example}) "
+                     f"and {who}: they were not written by {' or '.join(kinds)}, so they are not replaced; "
+                     "choose an empty output folder or move them away")
 
 
 def remove_shards(out: str) -> int:

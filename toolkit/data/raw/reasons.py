@@ -34,6 +34,7 @@ _REASONS: list[tuple[re.Pattern, str]] = [(re.compile(p, re.IGNORECASE), r) for 
     (r"^unreadable caption", "unreadable_caption"),
     (r"^caption not utf-8", "caption_not_utf8"),
     (r"^empty caption", "empty_caption"),
+    (r"^duplicate url", "duplicate_url"),
     (r"HTTP Error (\d{3})", "http_{0}"),
     (r"timed out|timeout", "timeout"),
     (r"connection refused", "connection_refused"),
