@@ -5,7 +5,7 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_stage
+from toolkit.cli.common import ConfigFile, SetOverrides, fail, load_cli_config, run_stage
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
@@ -155,7 +155,10 @@ def serve_cmd(
     """Serve a folder over HTTP on 127.0.0.1 until Ctrl-C (first line printed: the URL)."""
     from toolkit.data.acquire.serve import make_server
 
-    server = make_server(str(root), port)
+    try:
+        server = make_server(str(root), port)
+    except OSError as err:
+        fail(err.strerror or str(err), code=1)
     typer.echo(f"serving {server.root} at {server.url}", nl=True)
     try:
         server.serve_forever()
