@@ -173,6 +173,12 @@ def _echo_counts(title: str, counts: dict) -> None:
         typer.echo(f"{title}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
 
 
+def _echo_converted(counts: dict) -> None:
+    """'converted to RGB: 3 from mode 'L', 1 from mode '1'' (a bare '1 1' hides which number is the mode)."""
+    if counts:
+        typer.echo("converted to RGB: " + ", ".join(f"{n} from mode {mode!r}" for mode, n in sorted(counts.items())))
+
+
 @app.command("precompute")
 def precompute_cmd(
     ctx: typer.Context,
@@ -215,7 +221,7 @@ def precompute_cmd(
     typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
     _echo_counts("skipped", c["skipped"])
-    _echo_counts("converted", c["converted"])
+    _echo_converted(c["converted"])
     for shard, error in (result.details.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
 
@@ -244,7 +250,7 @@ def inspect_cmd(
     typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
     for source, counts in (d.get("skipped") or {}).items():
         _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
-    _echo_counts("converted", d.get("converted") or {})
+    _echo_converted(d.get("converted") or {})
     for shard, error in (d.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
     peak = max([b["count"] for b in d["caption_words"]] + [1])

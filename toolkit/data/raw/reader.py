@@ -26,6 +26,8 @@ from toolkit.data.images import IMAGE_EXTS
 
 log = get_logger("data.raw")
 
+# Shard-like files list_shards does not read (it names them in a warning instead of skipping them silently).
+COMPRESSED_TAR_EXTS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 # webdataset's grouping: a member's key is its path up to the first dot of the file name, the rest its extension.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
@@ -54,7 +56,8 @@ class RawSample:
 
 def list_shards(source: str) -> list[str]:
     """Raw shard URLs of ``source`` in sorted order: a folder of ``*.tar``, one ``.tar``, a glob or a
-    brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError."""
+    brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError.
+    Compressed tars in a folder (``.tar.gz``, ...) are not read; a warning names them."""
     if "{" in source:
         import braceexpand
 
@@ -66,17 +69,26 @@ def list_shards(source: str) -> list[str]:
     fs, path = fsspec.core.url_to_fs(source)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     prefix = "" if files.is_local(source) else f"{protocol}://"
+    compressed: list[str] = []
     if any(ch in path for ch in "*?["):
         found = fs.glob(path)
     elif fs.isdir(path):
-        found = [p for p in fs.ls(path, detail=False) if p.endswith(".tar")]
+        names = fs.ls(path, detail=False)
+        found = [p for p in names if p.endswith(".tar")]
+        compressed = sorted(p.rsplit("/", 1)[-1] for p in names if p.endswith(COMPRESSED_TAR_EXTS))
     elif fs.exists(path):
         found = [path]
     else:
         raise FileNotFoundError(f"{source}: no such file or folder")
+    note = ""
+    if compressed:
+        note = (f"{len(compressed)} compressed tar(s) ignored ({', '.join(compressed[:3])}"
+                f"{', ...' if len(compressed) > 3 else ''}): only plain .tar shards are read; decompress them")
     urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
     if not urls:
-        raise FileNotFoundError(f"{source}: no .tar shards found")
+        raise FileNotFoundError(f"{source}: no .tar shards found" + (f"; {note}" if note else ""))
+    if note:
+        log.warning("%s: %s", source, note)
     return urls
 
 
