@@ -183,28 +183,36 @@ def _echo_converted(counts: dict) -> None:
 def precompute_cmd(
     ctx: typer.Context,
     input: Annotated[str | None, typer.Option("--in", help="Raw shards: folder of .tar files, one .tar, glob or "
-                                                            "brace pattern; local or fsspec URL.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Output folder for training shards (local or fsspec).")] = None,
+                                                            "brace pattern; local or fsspec URL. Required (here or "
+                                                            "in --config).")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Output folder for training shards (local or fsspec). "
+                                                          "Required (here or in --config).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name or config JSON: sets image size and "
-                                                              "tokenizer, e.g. cliptk-tiny.")] = None,
-    image_size: Annotated[int | None, typer.Option("--image-size", help="Image side in pixels (default: the "
+                                                              "tokenizer, e.g. cliptk-tiny. Required (here or in "
+                                                              "--config).")] = None,
+    image_size: Annotated[int | None, typer.Option("--image-size", help="Image side in pixels (default 0: the "
                                                                         "model's).")] = None,
-    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="center_crop or pad (white).")] = None,
+    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="center_crop or pad (white) (default "
+                                                                          "center_crop).")] = None,
     samples_per_shard: Annotated[int | None, typer.Option("--samples-per-shard", help="Samples per training "
-                                                                                      "shard.")] = None,
-    num_workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (0: one per core).")] = None,
+                                                                                      "shard (default 1000).")] = None,
+    num_workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (default 0: one per "
+                                                                      "core).")] = None,
     image_tower: Annotated[str | None, typer.Option("--image-tower", help="Store frozen image features instead "
-                                                    "of pixels: none, open_clip or efficientnet_lite0.")] = None,
+                                                    "of pixels: none, open_clip or efficientnet_lite0 (default "
+                                                    "none).")] = None,
     image_tower_model: Annotated[str | None, typer.Option("--image-tower-model", help="open_clip model of the "
                                                                                       "image tower.")] = None,
     image_tower_weights: Annotated[str | None, typer.Option("--image-tower-weights", help="Local weights file "
-                                                                                          "of the image tower.")] = None,
+                                                            "of the image tower (default: packaged or seeded "
+                                                            "random).")] = None,
     text_tower: Annotated[str | None, typer.Option("--text-tower", help="Store frozen text features instead of "
-                                                                        "tokens: none or open_clip.")] = None,
+                                                                        "tokens: none or open_clip (default "
+                                                                        "none).")] = None,
     text_tower_model: Annotated[str | None, typer.Option("--text-tower-model", help="open_clip model of the "
                                                                                     "text tower.")] = None,
     text_tower_weights: Annotated[str | None, typer.Option("--text-tower-weights", help="Local weights file of "
-                                                                                        "the text tower.")] = None,
+                                                           "the text tower (default: seeded random).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
