@@ -131,7 +131,7 @@ def demo_cmd(
                         "1,900).")] = None,
     base_url: Annotated[str | None, typer.Option(
         "--base-url", help="URL prefix for *_urls.csv, e.g. http://127.0.0.1:8000/ (default "
-                           "file://<OUT>/).")] = None,
+                           "file://<OUT>/, which fetch downloads only with --allow-schemes file).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
