@@ -39,3 +39,17 @@ def test_write_bytes_atomic_replaces_and_leaves_no_temp(tmp_path):
     files.write_bytes_atomic(str(path), b"\x89PNG one")
     files.write_bytes_atomic(str(path), b"\x89PNG two")
     assert path.read_bytes() == b"\x89PNG two" and [p.name for p in path.parent.iterdir()] == ["chart.png"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_write_bytes_atomic_follows_the_umask_like_open(tmp_path, umask):
+    # mkstemp creates 0600 files whatever the umask; atomically written manifests and reports must get
+    # the same mode as the tars beside them (open() with 0666 & ~umask)
+    old = os.umask(umask)
+    try:
+        files.write_text_atomic(str(tmp_path / "manifest.json"), "{}")
+        (tmp_path / "plain.tar").write_bytes(b"")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == (tmp_path / "plain.tar").stat().st_mode & 0o777

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from toolkit.core import stage
 from toolkit.pipeline.shell import ShellConfig
 
@@ -20,3 +24,64 @@ def test_fingerprints_once_serves_the_recorder_then_measures_afresh(tmp_path):
             assert rec.manifest["inputs"]["inputs[0]"]["fingerprint"] == before
             assert stage.fingerprint(str(folder)) != before  # the body sees the folder as it is now
     assert stage.fingerprint(str(folder)) != outside
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+import os
+
+import pytest
+
+from toolkit.core import stage
+from toolkit.pipeline.shell import ShellConfig
+
+cfg = ShellConfig(cmd="hold", out=sys.argv[1])
+with stage.stage_run("shell", cfg, cfg.out):
+    Path(sys.argv[2]).write_text("holding")
+    time.sleep(600)
+"""
+
+
+def _start_holder(tmp_path, out):
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(ready)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.timeout(120)
+def test_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_path):
+    import signal
+    import socket
+
+    from toolkit.core.outlock import OutputLocked
+
+    out = tmp_path / "out"
+    holder = _start_holder(tmp_path, out)
+    try:
+        manifest = (out / "manifest.json").read_text()
+        cfg = ShellConfig(cmd="second", out=str(out))
+        with pytest.raises(OutputLocked) as err, stage.stage_run("shell", cfg, cfg.out):
+            raise AssertionError("the body of a second run must not start")
+        message = str(err.value)
+        assert f"{out} is in use by another run (pid {holder.pid} on {socket.gethostname()}, since " in message
+        assert "running: " in message and "hold" in message and "\n" not in message
+        assert (out / "manifest.json").read_text() == manifest  # nothing of the holder's was touched
+        assert "cmd: hold" in (out / "config.yaml").read_text()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no clean-up at all: the OS releases the flock
+        holder.wait(30)
+    with stage.stage_run("shell", cfg, cfg.out) as rec:
+        assert rec.lock_fd is not None
+        assert f'"pid": {os.getpid()}, ' in (out / ".lock").read_text()
+    assert (out / ".lock").read_text() == ""  # released: names nobody
+    assert stage.read_manifest(str(out))["status"] == "done"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from datakit import precompute
 from PIL import Image
 
@@ -64,3 +65,51 @@ def test_cli_inspect_prints_summary(bad_train, tmp_path):
     res = CliRunner().invoke(app, ["data", "inspect", str(out), "--out", str(tmp_path / "r"), "--num-contact", "4"])
     assert res.exit_code == 0, res.output
     assert "19 samples" in res.output and "truncated_tar 3" in res.output and "caption length" in res.output
+
+
+@pytest.mark.filterwarnings("ignore:value is deprecated:DeprecationWarning")  # img2dataset's resizer, not ours
+def test_cli_inspect_of_raw_shards_prints_skip_reasons_and_compressed_tars(tmp_path):
+    import io as _io
+
+    import numpy as np
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+    from toolkit.data.acquire.shard import ShardConfig
+    from toolkit.data.acquire.shard import run as shard
+
+    src = tmp_path / "src"
+    src.mkdir()
+    buf = _io.BytesIO()
+    Image.fromarray(np.full((9, 9, 3), 200, np.uint8)).save(buf, "PNG")
+    for name in ("a", "b", "c"):
+        (src / f"{name}.png").write_bytes(buf.getvalue())
+    (src / "a.txt").write_text("a caption")
+    (src / "b.txt").write_text("   ")  # empty caption; c has none
+    raw = tmp_path / "raw"
+    shard(build(ShardConfig, {"source": str(src), "out": str(raw), "image_size": 8}))
+    (raw / "more.tar.gz").write_bytes(b"\x1f\x8b")
+    res = CliRunner().invoke(app, ["data", "inspect", str(raw), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert "skipped (shards): empty_caption 1, missing_caption 1" in res.output
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["skipped"] == {"shards": {"empty_caption": 1, "missing_caption": 1}}
+    log = (tmp_path / "r" / "log.jsonl").read_text()
+    assert "1 compressed tar(s) ignored (more.tar.gz): only plain .tar shards are read" in log
+
+
+def test_cli_precompute_names_the_mode_of_converted_images(tmp_path):
+    import numpy as np
+    from datakit import MODEL, encode, write_raw_shard
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    bilevel = encode(Image.fromarray(np.eye(16, dtype=bool)), "PNG")  # mode '1'
+    write_raw_shard(raw / "00000.tar", [("k0", {"png": bilevel, "txt": b"a diagonal"})])
+    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "t"),
+                                   "--model", MODEL, "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "converted to RGB: 1 from mode '1'" in res.output and "converted: 1 1" not in res.output

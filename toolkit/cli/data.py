@@ -5,7 +5,7 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_stage
+from toolkit.cli.common import ConfigFile, SetOverrides, fail, load_cli_config, run_stage
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
@@ -16,6 +16,11 @@ CaptionCol = Annotated[str | None, typer.Option(
 RawImageSize = Annotated[int | None, typer.Option("--image-size", help="Target image side in pixels (default 256).")]
 RawResizeMode = Annotated[str | None, typer.Option(
     "--resize-mode", help="border, center_crop, keep_ratio, keep_ratio_largest or no (default border).")]
+
+
+def _split(text: str | None) -> list[str] | None:
+    """'file, ftp' -> ['file', 'ftp'] (None stays None: option not given)."""
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _reasons(counts: dict) -> str:
@@ -54,6 +59,15 @@ def fetch_cmd(
     overwrite: Annotated[bool | None, typer.Option(
         "--overwrite/--resume", help="Delete the shards already in --out first, or resume them (default "
                                      "resume).")] = None,
+    max_bytes: Annotated[int | None, typer.Option(
+        "--max-bytes", help="Abort a download larger than this many bytes, counted as too_large (default "
+                            "52428800 = 50 MiB).")] = None,
+    allow_schemes: Annotated[str | None, typer.Option(
+        "--allow-schemes", help="Comma-separated URL schemes to download besides http and https: file, ftp, "
+                                "data (default none: such URLs fail as disallowed_scheme).")] = None,
+    keep_duplicates: Annotated[bool | None, typer.Option(
+        "--keep-duplicates/--skip-duplicates", help="Download every occurrence of a URL, or only the first "
+                                                    "(default: skip, counted as duplicate_url).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -62,20 +76,18 @@ def fetch_cmd(
     More keys (min_image_size, max_aspect_ratio, strict_decode, ...): `toolkit pipeline kinds data.fetch`,
     set them with --set KEY=VALUE.
     """
-    from toolkit.data.acquire.fetch import FetchConfig, run
+    from toolkit.data.acquire.fetch import FetchConfig, run, summary_lines
 
     cfg = load_cli_config(ctx, FetchConfig, config, overrides, urls=urls, out=out, input_format=input_format,
                           url_col=url_col, caption_col=caption_col, image_size=image_size, resize_mode=resize_mode,
                           samples_per_shard=samples_per_shard, num_processes=num_processes, num_threads=num_threads,
                           timeout_s=timeout_s, retries=retries, distributor=distributor,
-                          run_timeout_s=run_timeout_s, overwrite=overwrite)
+                          run_timeout_s=run_timeout_s, overwrite=overwrite, max_bytes=max_bytes,
+                          allow_schemes=_split(allow_schemes), keep_duplicates=keep_duplicates)
     result = run_stage(run, cfg)
-    c, this = result.counts, result.details["this_run"]
-    typer.echo(f"{c['num_urls']} URLs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
-               f"{c['num_shards']} shards in {result.outputs['shards']} ({c['num_shards_resumed']} resumed)")
-    typer.echo(f"this run: {this['num_urls']} URLs in {this['wall_s']:.1f} s = {this['urls_per_s']} URLs/s, "
-               f"{this['success_per_s']} images/s stored; downloading alone {this['download_s']:.1f} s = "
-               f"{this['download_urls_per_s']} URLs/s")
+    for line in summary_lines({**result.counts, **result.details}):
+        typer.echo(line)
+    typer.echo(f"shards in {result.outputs['shards']}")
 
 
 @app.command("shard")
@@ -119,7 +131,7 @@ def demo_cmd(
                         "1,900).")] = None,
     base_url: Annotated[str | None, typer.Option(
         "--base-url", help="URL prefix for *_urls.csv, e.g. http://127.0.0.1:8000/ (default "
-                           "file://<OUT>/).")] = None,
+                           "file://<OUT>/, which fetch downloads only with --allow-schemes file).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -143,7 +155,10 @@ def serve_cmd(
     """Serve a folder over HTTP on 127.0.0.1 until Ctrl-C (first line printed: the URL)."""
     from toolkit.data.acquire.serve import make_server
 
-    server = make_server(str(root), port)
+    try:
+        server = make_server(str(root), port)
+    except OSError as err:
+        fail(err.strerror or str(err), code=1)
     typer.echo(f"serving {server.root} at {server.url}", nl=True)
     try:
         server.serve_forever()
@@ -158,32 +173,46 @@ def _echo_counts(title: str, counts: dict) -> None:
         typer.echo(f"{title}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
 
 
+def _echo_converted(counts: dict) -> None:
+    """'converted to RGB: 3 from mode 'L', 1 from mode '1'' (a bare '1 1' hides which number is the mode)."""
+    if counts:
+        typer.echo("converted to RGB: " + ", ".join(f"{n} from mode {mode!r}" for mode, n in sorted(counts.items())))
+
+
 @app.command("precompute")
 def precompute_cmd(
     ctx: typer.Context,
     input: Annotated[str | None, typer.Option("--in", help="Raw shards: folder of .tar files, one .tar, glob or "
-                                                            "brace pattern; local or fsspec URL.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Output folder for training shards (local or fsspec).")] = None,
+                                                            "brace pattern; local or fsspec URL. Required (here or "
+                                                            "in --config).")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Output folder for training shards (local or fsspec). "
+                                                          "Required (here or in --config).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name or config JSON: sets image size and "
-                                                              "tokenizer, e.g. cliptk-tiny.")] = None,
-    image_size: Annotated[int | None, typer.Option("--image-size", help="Image side in pixels (default: the "
+                                                              "tokenizer, e.g. cliptk-tiny. Required (here or in "
+                                                              "--config).")] = None,
+    image_size: Annotated[int | None, typer.Option("--image-size", help="Image side in pixels (default 0: the "
                                                                         "model's).")] = None,
-    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="center_crop or pad (white).")] = None,
+    resize_mode: Annotated[str | None, typer.Option("--resize-mode", help="center_crop or pad (white) (default "
+                                                                          "center_crop).")] = None,
     samples_per_shard: Annotated[int | None, typer.Option("--samples-per-shard", help="Samples per training "
-                                                                                      "shard.")] = None,
-    num_workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (0: one per core).")] = None,
+                                                                                      "shard (default 1000).")] = None,
+    num_workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (default 0: one per "
+                                                                      "core).")] = None,
     image_tower: Annotated[str | None, typer.Option("--image-tower", help="Store frozen image features instead "
-                                                    "of pixels: none, open_clip or efficientnet_lite0.")] = None,
+                                                    "of pixels: none, open_clip or efficientnet_lite0 (default "
+                                                    "none).")] = None,
     image_tower_model: Annotated[str | None, typer.Option("--image-tower-model", help="open_clip model of the "
                                                                                       "image tower.")] = None,
     image_tower_weights: Annotated[str | None, typer.Option("--image-tower-weights", help="Local weights file "
-                                                                                          "of the image tower.")] = None,
+                                                            "of the image tower (default: packaged or seeded "
+                                                            "random).")] = None,
     text_tower: Annotated[str | None, typer.Option("--text-tower", help="Store frozen text features instead of "
-                                                                        "tokens: none or open_clip.")] = None,
+                                                                        "tokens: none or open_clip (default "
+                                                                        "none).")] = None,
     text_tower_model: Annotated[str | None, typer.Option("--text-tower-model", help="open_clip model of the "
                                                                                     "text tower.")] = None,
     text_tower_weights: Annotated[str | None, typer.Option("--text-tower-weights", help="Local weights file of "
-                                                                                        "the text tower.")] = None,
+                                                           "the text tower (default: seeded random).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -200,7 +229,9 @@ def precompute_cmd(
     typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
     _echo_counts("skipped", c["skipped"])
-    _echo_counts("converted", c["converted"])
+    _echo_converted(c["converted"])
+    for shard, error in (result.details.get("tar_errors") or {}).items():
+        typer.echo(f"damaged: {shard}: {error}")
 
 
 @app.command("inspect")
@@ -227,7 +258,7 @@ def inspect_cmd(
     typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
     for source, counts in (d.get("skipped") or {}).items():
         _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
-    _echo_counts("converted", d.get("converted") or {})
+    _echo_converted(d.get("converted") or {})
     for shard, error in (d.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
     peak = max([b["count"] for b in d["caption_words"]] + [1])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import tempfile
+import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,7 +58,10 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         return
     target = Path(local_path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    # os.open with 0666 applies the umask like open() does (mkstemp would make every file 0600, unlike the
+    # tars beside it); O_EXCL and a per-writer name keep concurrent writers apart.
+    tmp = str(target.parent / f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -106,3 +110,45 @@ def replacing_dir(path: str | os.PathLike) -> Iterator[Path]:
 def read_json(path: str) -> Any:
     with open_file(path, "r") as fh:
         return json.load(fh)
+
+
+def owned_temp_prefix(prefix: str) -> str:
+    """``prefix`` + this host and pid, for ``tempfile.mkdtemp(prefix=...)``: :func:`remove_stale_temp_dirs`
+    can then tell whether the folder's owner is still running."""
+    return f"{prefix}{socket.gethostname()}-{os.getpid()}-"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: running
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(parent: str | None, prefix: str, all_stale: bool = False) -> list[str]:
+    """Delete the temp folders ``parent/<prefix>*`` that a killed run left behind; returns their names.
+
+    A folder named by :func:`owned_temp_prefix` is stale when its owner (this host, that pid) is no longer
+    running; folders of other hosts are left alone. With ``all_stale`` (the caller holds the lock of the
+    output folder that ``parent`` belongs to, so no other run can be using it) every ``<prefix>*`` folder
+    is stale, whatever its name. A missing ``parent`` (or None) has nothing to clean.
+    """
+    if not parent or not os.path.isdir(parent):
+        return []
+    owned = re.compile(rf"^{re.escape(prefix)}(?P<host>.+)-(?P<pid>\d+)-[^-]*$")
+    removed = []
+    for name in sorted(os.listdir(parent)):
+        path = os.path.join(parent, name)
+        if not name.startswith(prefix) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        match = owned.match(name)
+        if match and int(match["pid"]) == os.getpid() and match["host"] == socket.gethostname():
+            continue  # this very process: never stale
+        mine = match is not None and match["host"] == socket.gethostname()
+        if all_stale or (mine and not _pid_running(int(match["pid"]))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    return removed

@@ -4,7 +4,8 @@ Every stage writes into its output directory ``out``:
 - ``config.yaml``: the resolved config;
 - ``manifest.json``: kind, status (running/done/failed), config hash, input fingerprints, outputs,
   counts, details, start/end time, error;
-- ``log.jsonl``: every toolkit log record emitted while the stage ran.
+- ``log.jsonl``: every toolkit log record emitted while the stage ran;
+- ``.lock``: held while the stage runs (:mod:`toolkit.core.outlock`), so a second run into the folder fails.
 The pipeline runner skips a stage whose manifest says done with the same config hash and inputs.
 """
 
@@ -26,6 +27,7 @@ from toolkit import __version__
 from toolkit.core import files
 from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
 from toolkit.core.log import get_logger, jsonl_log
+from toolkit.core.outlock import output_lock
 
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
@@ -139,6 +141,7 @@ class StageRecorder:
         self.kind, self.cfg, self.out = kind, cfg, out
         self.hash = config_hash(cfg, kind)
         self.outputs: dict[str, str] = {}
+        self.lock_fd: int | None = None  # set by stage_run: the output lock's descriptor (None: not locked)
         self.counts: dict[str, Any] = {}
         self.details: dict[str, Any] = {}
         self.manifest: dict[str, Any] = {
@@ -161,25 +164,34 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     """Wrap a stage body: writes config.yaml and a running manifest, then done or failed (re-raising).
 
     Called by every stage's ``run(cfg)`` on the process that owns ``out`` (rank 0 in distributed runs).
+    A local ``out`` is locked for the whole stage (:mod:`toolkit.core.outlock`): a second run into the
+    same folder raises :class:`~toolkit.core.outlock.OutputLocked` before anything is written, naming the
+    run that holds it. ``rec.lock_fd`` is the lock's descriptor, for worker processes that must hold it too.
     """
     files.makedirs(out)
-    files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))
-    rec = StageRecorder(kind, cfg, out)
-    measured = _MEASURED.get()
-    if measured is not None:  # the check's measurements served this recorder; the body may change inputs
-        measured.clear()
-    rec.write()
+    with output_lock(out) as lock_fd:
+        files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))
+        rec = StageRecorder(kind, cfg, out)
+        rec.lock_fd = lock_fd
+        measured = _MEASURED.get()
+        if measured is not None:  # the check's measurements served this recorder; the body may change inputs
+            measured.clear()
+        rec.write()
+        with jsonl_log(files.join(out, "log.jsonl")) if files.is_local(out) else _nullcontext():
+            yield from _recorded(rec, kind)
+
+
+def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
+    """Yield ``rec`` to the stage body; record done, or failed with the error (re-raised)."""
     start = time.monotonic()
-    log_path = files.join(out, "log.jsonl")
-    with jsonl_log(log_path) if files.is_local(out) else _nullcontext():
-        try:
-            yield rec
-        except BaseException as err:
-            get_logger("stage").error("%s failed: %s", kind, err)
-            rec.write(status="failed", finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
-                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
-            raise
-        rec.write(status="done", finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
+    try:
+        yield rec
+    except BaseException as err:
+        get_logger("stage").error("%s failed: %s", kind, err)
+        rec.write(status="failed", finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
+                  error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
+        raise
+    rec.write(status="done", finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
 
 
 @contextmanager

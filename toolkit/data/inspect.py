@@ -22,6 +22,7 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
+from toolkit.data.raw import reasons
 from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename, sidecar
 from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
 
@@ -101,53 +102,63 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     return report, tiles
 
 
+def _raw_samples(urls: list[str], errors: dict[str, str]):
+    """Every sample of every shard in order; each damaged shard's error lands in ``errors``."""
+    for url in urls:
+        reader = RawShardReader(url)
+        yield from reader.samples()
+        if reader.error:
+            errors[shard_basename(url)] = reader.error
+
+
 def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
     urls = list_shards(cfg.input)
     report: dict[str, Any] = {"kind": "raw", "num_shards": len(urls)}
     exts, lengths, tiles, errors, problems = Counter(), [], [], {}, Counter()
+    skipped, expected = _raw_skip_reasons(cfg.input, urls)
     num = 0
-    for url in progress(urls, desc="inspect", unit="shards"):
-        reader = RawShardReader(url)
-        for sample in reader.samples():
-            num += 1
-            exts.update(sample.files.keys())
-            text = sample.files.get("txt", b"").decode("utf-8", errors="replace")
-            lengths.append(len(text.split()))
-            image = sample.image()
-            if len(tiles) < cfg.num_contact and image is not None:
-                try:
-                    tiles.append((decode_rgb(image[1], cfg.thumb_size)[0], text.strip()))
-                except ImageError as err:
-                    problems[err.reason] += 1
-            if cfg.max_samples and num >= cfg.max_samples:
-                break
-        if reader.error:
-            errors[shard_basename(url)] = reader.error
+    # progress in samples, not shards: one big shard would sit at 0/1 until the end
+    for sample in progress(_raw_samples(urls, errors), total=expected, desc="inspect", unit="samples"):
+        num += 1
+        exts.update(sample.files.keys())
+        text = sample.files.get("txt", b"").decode("utf-8", errors="replace")
+        lengths.append(len(text.split()))
+        image = sample.image()
+        if len(tiles) < cfg.num_contact and image is not None:
+            try:
+                tiles.append((decode_rgb(image[1], cfg.thumb_size)[0], text.strip()))
+            except ImageError as err:
+                problems[err.reason] += 1
         if cfg.max_samples and num >= cfg.max_samples:
             break
     report.update({"num_samples": num, "members_by_ext": dict(sorted(exts.items())), "tar_errors": errors,
                    "contact_sheet_decode_errors": dict(problems), "caption_words": histogram(lengths)})
-    report["skipped"] = _raw_skip_reasons(cfg.input, urls)
+    report["skipped"] = skipped
     return report, tiles
 
 
-def _raw_skip_reasons(source: str, urls: list[str]) -> dict[str, Any]:
-    """Failures recorded by the producer: the fetch manifest's counts and img2dataset's stats files."""
-    found: dict[str, Any] = {}
+def _raw_skip_reasons(source: str, urls: list[str]) -> tuple[dict[str, dict[str, int]], int | None]:
+    """Failures the producer recorded, by reason: ``shards`` (fetch/shard: each shard's _stats.json
+    status messages, classified like fetch's manifest) and ``url_list`` (rows fetch skipped, from its
+    manifest); plus the number of samples the stats files promise (None if one has none)."""
+    found: dict[str, dict[str, int]] = {}
     m = read_manifest(source) if "*" not in source and "{" not in source else None
-    if m is not None:
-        found["manifest"] = {k: v for k, v in (m.get("counts") or {}).items() if "fail" in k or "skip" in k
-                             or k == "errors"} or m.get("counts", {})
-    stats, failed = Counter(), 0
-    for url in urls:
+    if m is not None and (m.get("counts") or {}).get("skipped_rows"):
+        found["url_list"] = dict(m["counts"]["skipped_rows"])
+    stats, expected = {}, 0
+    for i, url in enumerate(urls):
         path = sidecar(url, "_stats.json")
-        if files.exists(path):
-            data = files.read_json(path)
-            stats.update({k: int(v) for k, v in (data.get("status_dict") or {}).items() if k != "success"})
-            failed += int(data.get("failed_to_download", 0)) + int(data.get("failed_to_resize", 0))
-    if stats or failed:
-        found["img2dataset"] = {"failed": failed, "by_status": dict(stats.most_common())}
-    return found
+        try:
+            data = files.read_json(path) if files.exists(path) else None
+            expected = expected + int(data["successes"]) if expected is not None and data else None
+        except (OSError, ValueError, KeyError, TypeError):
+            data, expected = None, None
+        if data and "status_dict" in data:
+            stats[i] = data
+    failed = reasons.summarize(stats)["failed_by_reason"] if stats else {}
+    if failed:
+        found["shards"] = failed
+    return found, expected
 
 
 def run(cfg: InspectConfig) -> StageResult:

@@ -304,5 +304,80 @@ def test_run_timeout_stops_a_stalled_run_and_malformed_lists_fail_clearly(tmp_pa
             run(FetchConfig(urls=str(urls), out=str(tmp_path / "o"), timeout_s=120, run_timeout_s=6))
     bad = tmp_path / "bad.csv"
     bad.write_text('url,caption\n"http://127.0.0.1:1/a.jpg,unterminated\n')
-    with pytest.raises(RuntimeError, match="worker exited with code 1: .*CSV parse error"):
+    # one bad row no longer aborts the run with pyarrow's traceback: it is skipped, named by its line
+    with pytest.raises(RuntimeError, match=r"no image downloaded .*1 rows skipped as malformed_row, e\.g\. "
+                                           r".*bad\.csv line 2: bad quoting: unexpected end of data"):
         run(FetchConfig(urls=str(bad), out=str(tmp_path / "o2")))
+
+
+def test_resume_fetches_again_finished_shards_whose_tar_parquet_and_stats_disagree(site):
+    import tarfile
+
+    from toolkit.data.raw.verify import check_shard
+
+    server, rows, work = site
+    urls, out = work / "verify.csv", work / "verify"
+    write_list(urls, server.url, rows[:12])  # good images only: 3 shards of 4
+    cfg = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD,
+                      timeout_s=TIMEOUT_S, num_threads=4)
+    assert run(cfg).counts["num_success"] == 12
+    assert all(check_shard(str(out), i) is None for i in range(3))
+    # shard 0: cut at a member boundary (tarfile sees a complete tar); shard 1: stats and parquet disagree
+    tar0 = out / "00000.tar"
+    with tarfile.open(tar0) as tar:
+        boundary = tar.getmembers()[-3].offset
+    tar0.write_bytes(tar0.read_bytes()[:boundary])
+    stats1 = json.loads((out / "00001_stats.json").read_text())
+    (out / "00001_stats.json").write_text(json.dumps({**stats1, "count": 9}))
+    kept = (out / "00002.tar").stat().st_mtime_ns
+    server.reset_counts()
+
+    result = run(cfg)
+    redone = result.details["shards_redone"]
+    assert sorted(redone) == ["00000", "00001"]
+    assert "no end-of-archive marker" in redone["00000"] and "stats file says 9" in redone["00001"]
+    assert result.counts["num_shards_redone"] == 2 and result.counts["num_shards_resumed"] == 1
+    assert dict(server.request_counts) == {"/" + p: 1 for p, _, _ in rows[:8]}  # shards 0 and 1 only
+    assert (out / "00002.tar").stat().st_mtime_ns == kept
+    assert all(check_shard(str(out), i) is None for i in range(3)) and len(read_tar(tar0)) == 4
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["details"]["shards_redone"] == redone and manifest["counts"]["num_success"] == 12
+    assert check_shard(str(out), 2, deep=False) is None
+    (out / "00002.tar").write_bytes((out / "00002.tar").read_bytes()[:boundary])
+    assert "does not end with its end-of-archive marker" in check_shard(str(out), 2, deep=False)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from toolkit.data.acquire.fetch import FetchConfig, KIND
+from toolkit.core.stage import stage_run
+
+cfg = FetchConfig(urls=sys.argv[1], out=sys.argv[2])
+with stage_run(KIND, cfg, cfg.out):
+    Path(sys.argv[3]).write_text("fetching")
+    time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_second_fetch_into_the_same_out_fails_at_once_naming_the_first(tmp_path):
+    urls, out, ready = tmp_path / "urls.txt", tmp_path / "raw", tmp_path / "ready"
+    urls.write_text("http://127.0.0.1:1/a.jpg\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(urls), str(out), str(ready)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(urls),
+                                 "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        first.kill()
+        first.wait(30)
+    assert second.returncode == 1
+    errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{out} is in use by another run (pid {first.pid} on " in errors[0]
+    assert "Traceback" not in second.stderr and not (out / "_tmp").exists()
+    assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # the first run's, untouched

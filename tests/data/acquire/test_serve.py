@@ -57,3 +57,32 @@ def test_serve_command_prints_url_of_a_free_port(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_serve_never_follows_symlinks_out_of_its_folder(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for the web")
+    root = tmp_path / "www"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "ok.txt").write_text("served")
+    (root / "leak.txt").symlink_to(outside / "secret.txt")
+    (root / "leakdir").symlink_to(outside, target_is_directory=True)
+    (root / "inside.txt").symlink_to(root / "sub" / "ok.txt")  # stays in the folder: fine
+    with serve(str(root)) as server:
+        assert _get(server.url + "leak.txt")[0] == 404
+        assert _get(server.url + "leakdir/secret.txt")[0] == 404
+        assert _get(server.url + "leakdir/")[0] == 404
+        assert _get(server.url + "inside.txt") == (200, b"served")
+        assert _get(server.url + "sub/ok.txt") == (200, b"served")
+
+
+def test_serve_command_on_a_busy_port_is_one_line(tmp_path):
+    with serve(str(tmp_path)) as busy:
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "serve", str(tmp_path), "--port",
+                               str(busy.port)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: cannot serve on 127.0.0.1:{busy.port}: Address already in use; pick another with --port, "
+        "or --port 0 for a free one"]

@@ -183,3 +183,65 @@ def test_threaded_shard_keeps_stdout_and_stderr(tmp_path, capfd):
     os.write(2, b"stderr still open\n")
     captured = capfd.readouterr()
     assert "stdout still open" in captured.out and "stderr still open" in captured.err
+
+
+def test_shard_csv_with_a_bom_duplicate_paths_and_bom_captions(tmp_path, caplog):
+    rng = np.random.default_rng()
+    (tmp_path / "imgs").mkdir()
+    for i in range(3):
+        (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_image(rng))
+    csv_path = tmp_path / "excel.csv"  # "CSV UTF-8" from a spreadsheet: a byte order mark before 'path'
+    csv_path.write_bytes("\ufeffpath,caption\n"
+                         "imgs/0.jpg,\ufeffzero\n"
+                         "imgs/1.jpg,one\n"
+                         "imgs/./0.jpg,zero again\n"  # the same file, spelled differently
+                         f"{tmp_path / 'imgs' / '0.jpg'},zero a third time\n"
+                         "imgs/2.jpg,two\n".encode())
+    out = tmp_path / "raw"
+    result = run(ShardConfig(source=str(csv_path), out=str(out), image_size=SIZE))
+    assert (result.counts["num_success"], result.counts["failed_by_reason"]) == (3, {"duplicate_url": 2})
+    assert sorted(read_shards(out)) == ["one", "two", "zero"]  # the first row of each image, no BOM left
+    assert any("excel.csv line 4 names the image of line 2" in m for m in result.details["error_messages"])
+    kept = run(ShardConfig(source=str(csv_path), out=str(tmp_path / "all"), image_size=SIZE, keep_duplicates=True))
+    assert kept.counts["num_success"] == 5
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(_image(rng))
+    (folder / "a.txt").write_bytes("\ufeffa caption saved by notepad\r\n".encode())
+    (folder / "more.tar.gz").write_bytes(b"\x1f\x8b not read")
+    result = run(ShardConfig(source=str(folder), out=str(tmp_path / "f"), image_size=SIZE))
+    assert sorted(read_shards(tmp_path / "f")) == ["a caption saved by notepad"]
+    assert result.details["ignored_files"] == ["more.tar.gz"]
+    log = (tmp_path / "f" / "log.jsonl").read_text()
+    assert "are neither images" in log and "more.tar.gz" in log
+
+
+def test_shard_and_fetch_overwrite_never_delete_files_they_did_not_write(tmp_path):
+    from toolkit.data.acquire.fetch import FetchConfig
+    from toolkit.data.acquire.fetch import run as fetch
+
+    rng = np.random.default_rng()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jpg").write_bytes(_image(rng))
+    (tmp_path / "src" / "a.txt").write_text("a")
+    mine = tmp_path / "mine"  # a user's folder with files that merely look like shards
+    mine.mkdir()
+    for name in ("00000.tar", "00001.parquet", "2023.parquet", "1.tar"):
+        (mine / name).write_bytes(b"precious " + name.encode())
+    with pytest.raises(ValueError, match=r"mine holds 2 file\(s\) named like shards \(e\.g\. 00000\.tar\) and no "
+                                         r"manifest: they were not written by data\.shard"):
+        run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))
+    urls = tmp_path / "urls.txt"
+    urls.write_text("http://127.0.0.1:1/a.jpg\n")
+    with pytest.raises(ValueError, match="named like shards .* not written by data.fetch or data.shard"):
+        fetch(FetchConfig(urls=str(urls), out=str(mine), overwrite=True))
+    assert sorted(p.name for p in mine.iterdir()) == ["00000.tar", "00001.parquet", "1.tar", "2023.parquet"]
+    assert all(p.read_bytes() == b"precious " + p.name.encode() for p in mine.iterdir())
+
+    (mine / "00000.tar").unlink()
+    (mine / "00001.parquet").unlink()
+    run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))  # only unrelated names left
+    run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))  # replaces its own shards
+    assert {"1.tar", "2023.parquet", "00000.tar"} <= {p.name for p in mine.iterdir()}
+    assert (mine / "2023.parquet").read_bytes() == b"precious 2023.parquet"

@@ -8,7 +8,7 @@ import tarfile
 
 import numpy as np
 import pytest
-from datakit import SIZE, encode, precompute, random_image, read_meta, write_raw_shard
+from datakit import MODEL, SIZE, encode, precompute, random_image, read_meta, write_raw_shard
 from PIL import Image
 
 from toolkit.data.images import ImageError, decode_rgb
@@ -92,7 +92,20 @@ def test_truncation_without_parquet_uses_stats_count(tmp_path):
     path.write_bytes(path.read_bytes()[:boundary])
     result = precompute(raw, tmp_path / "out", num_workers=1)
     assert result.counts["num_samples"] == 3
-    assert result.counts["skipped"] == {"missing_from_tar": 2}
+    # no end-of-archive marker: the tar was cut, so the two samples it lost are truncated_tar
+    assert result.counts["skipped"] == {"truncated_tar": 2}
+    assert result.counts["num_damaged_tars"] == 1
+
+
+def test_clean_tar_with_fewer_samples_than_promised_is_missing_from_tar(tmp_path):
+    rng = np.random.default_rng(6)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(3)]
+    write_raw_shard(raw / "00000.tar", samples, successes=5)  # a whole tar, but the stats promise 5
+    (raw / "00000.parquet").unlink()
+    result = precompute(raw, tmp_path / "out", num_workers=1)
+    assert result.counts["skipped"] == {"missing_from_tar": 2} and result.counts["num_damaged_tars"] == 0
 
 
 @pytest.mark.parametrize("mode", ["center_crop", "pad"])
@@ -136,3 +149,72 @@ def test_raw_reader_keeps_samples_before_damage(tmp_path):
     reader = RawShardReader(str(path))
     assert [s.key for s in reader.samples()] == ["a"]
     assert reader.error_kind == "truncated_tar" and reader.cut_key == "b"
+
+
+def _two_sample_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in [("a.jpg", b"1" * 600), ("a.txt", b"cap"), ("b.jpg", b"2" * 700), ("b.txt", b"c")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()  # members at 0 (a.jpg), 1536 (a.txt), 2560 (b.jpg), 4096 (b.txt); end marker at 5120
+
+
+@pytest.mark.parametrize("cut, keys, cut_key, where", [
+    (4096 + 100, ["a"], "b", "cut inside the member header at byte 4096"),  # b.txt's header cut: b lost
+    (4096, ["a"], "b", "no end-of-archive marker after byte 4096"),  # at a member boundary inside sample b
+    (2560, ["a"], None, "no end-of-archive marker after byte 2560"),  # at a sample boundary: nothing cut
+    (5120, ["a", "b"], None, "no end-of-archive marker after byte 5120"),  # every member, no end marker
+])
+def test_raw_reader_detects_cuts_tarfile_takes_for_a_clean_end(tmp_path, caplog, cut, keys, cut_key, where):
+    from toolkit.data.raw.reader import RawShardReader
+
+    path = tmp_path / "x.tar"
+    path.write_bytes(_two_sample_tar()[:cut])
+    reader = RawShardReader(str(path))
+    assert [s.key for s in reader.samples()] == keys
+    assert reader.error_kind == "truncated_tar" and reader.cut_key == cut_key and where in reader.error
+    assert any(where in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+
+
+def test_raw_reader_whole_tar_and_damaged_header(tmp_path):
+    from toolkit.data.raw.reader import RawShardReader
+
+    data = _two_sample_tar()
+    path = tmp_path / "x.tar"
+    path.write_bytes(data)
+    reader = RawShardReader(str(path))
+    assert [s.key for s in reader.samples()] == ["a", "b"] and reader.error is None
+    path.write_bytes(data[:2560] + b"garbage!" * 64 + data[3072:])  # b.jpg's header overwritten
+    reader = RawShardReader(str(path))
+    assert [s.key for s in reader.samples()] == ["a"]
+    assert reader.error_kind == "truncated_tar" and "damaged member header at byte 2560" in reader.error
+
+
+def test_precompute_reports_a_tar_cut_mid_header_on_the_terminal_log_and_counts(tmp_path):
+    import json as _json
+
+    rng = np.random.default_rng(8)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(4)]
+    path = write_raw_shard(raw / "00000.tar", samples)
+    with tarfile.open(path) as tar:  # cut inside k2.txt's header: k2 has its image, not its caption
+        header = [m for m in tar.getmembers() if m.name == "k2.txt"][0].offset
+    path.write_bytes(path.read_bytes()[:header + 200])
+    out = tmp_path / "out"
+    result = precompute(raw, out, num_workers=1)
+    assert result.counts["skipped"] == {"truncated_tar": 2}  # k2 (cut) and k3 (lost); not missing_caption
+    assert result.counts["num_damaged_tars"] == 1
+    logged = [_json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert any(e["level"] == "WARNING" and "00000.tar" in e["message"] and "cut inside the member header"
+               in e["message"] for e in logged)
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "cli"),
+                                   "--model", MODEL, "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert "damaged: 00000.tar: tar file ends early or is damaged: cut inside the member header" in res.output

@@ -8,24 +8,19 @@ failures by reason plus the throughput into the stage manifest (``counts`` and `
 
 from __future__ import annotations
 
-import collections
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import toolkit
+from toolkit.core import files
 from toolkit.core.config import config_hash, option, to_dict
-from toolkit.core.log import get_logger, progress
+from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, fingerprint, read_manifest, stage_run
 from toolkit.data.acquire import urllist
+from toolkit.data.acquire.fetch_process import download
 from toolkit.data.acquire.urllist import check_url_list, detect_format
+from toolkit.data.acquire.urlrows import ListRows, read_rows, write_rows
 from toolkit.data.raw import layout, reasons
 
 KIND = "data.fetch"
@@ -35,10 +30,14 @@ InputFormat = Literal["auto", "txt", "csv", "tsv", "parquet", "jsonl", "json",
                       "txt.gz", "csv.gz", "tsv.gz", "jsonl.gz", "json.gz"]
 ResizeMode = Literal["border", "center_crop", "keep_ratio", "keep_ratio_largest", "no"]
 Distributor = Literal["multiprocessing", "pyspark", "ray"]
-# Lines of worker output kept for the error message when the worker fails.
-ERROR_TAIL_LINES = 40
-# Seconds between SIGTERM and SIGKILL when a run exceeds run_timeout_s.
-KILL_GRACE_S = 5.0
+ExtraScheme = Literal["http", "https", "file", "ftp", "data"]
+# 50 MiB: web images are rarely above 5 MB and camera JPEGs rarely above 25 MB, while one 1.5 GB URL
+# otherwise costs 1.5 GB of memory. Downloads in flight hold up to this much each: img2dataset keeps up to
+# 2 x threads samples per process, so the worst case is about 2 x processes x threads x max_bytes; lower
+# --max-bytes or --threads on a small machine.
+DEFAULT_MAX_BYTES = 50 * 2**20
+# Name of the cleaned URL list (url, caption) that the worker hands img2dataset, under OUT/_tmp/.
+ROWS_FILE = "urls.parquet"
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,14 @@ class FetchConfig:
                                              "rerun resumes (default: no limit).")
     overwrite: bool = option(False, affects_output=False,
                              doc="Delete the shards already in `out` first instead of resuming.")
+    max_bytes: int = option(DEFAULT_MAX_BYTES, ge=1, doc="Abort a download once it exceeds this many bytes "
+                                                          "(announced or received); counted as too_large.")
+    allow_schemes: list[ExtraScheme] = option(
+        factory=list, doc="URL schemes to download besides http and https, e.g. [file] for local test lists; "
+                          "URL lists come from the internet, so file, ftp and data URLs are refused unless "
+                          "named here (reason disallowed_scheme).")
+    keep_duplicates: bool = option(False, doc="Download every occurrence of a URL; by default only the first is "
+                                              "kept and the others are counted as duplicate_url.")
 
 
 # ---------------------------------------------------------------- resume bookkeeping
@@ -97,7 +104,10 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     same_file = ((previous.get("inputs") or {}).get("urls") or {}).get("fingerprint") == fingerprint(cfg.urls)
     recorded = (previous.get("details") or {}).get("urls_sha256")
     digest = recorded if same_file and recorded else urllist.list_digest(cfg.urls)
-    if cfg.overwrite or not layout.shard_files(out):
+    if cfg.overwrite:
+        layout.check_owned(out, (KIND, "data.shard"))  # --overwrite deletes only shards cliptk wrote
+        return digest
+    if not layout.shard_files(out):
         return digest
     if not previous:
         log.warning("%s holds shards but no manifest; resuming on the assumption they come from %s", out, cfg.urls)
@@ -115,120 +125,54 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     return digest
 
 
-def worker_spec(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str, done: set[int]) -> dict[str, Any]:
-    """The JSON document ``fetch_worker`` reads."""
+def verified_shards(rec, out: str) -> set[int]:
+    """Finished shards whose tar, parquet and stats agree; the others are deleted to be fetched again.
+
+    Each redone shard and why is logged and recorded (``details.shards_redone``, ``counts.num_shards_redone``):
+    a shard left half-written by an interrupted run, or damaged by a second run or a full disk.
+    """
+    from toolkit.data.raw.verify import check_shard
+
+    present = layout.shard_files(out)
+    redo = {i: f"unfinished: only {', '.join(sorted(kinds))} written" for i, kinds in present.items()
+            if not {".tar", ".parquet", "_stats.json"} <= kinds}
+    for shard_id in sorted(set(present) - set(redo)):
+        why = check_shard(out, shard_id, deep=files.is_local(out))
+        if why is not None:
+            redo[shard_id] = why
+    for shard_id, why in sorted(redo.items()):
+        log.warning("fetch: shard %s is fetched again: %s", layout.shard_stem(shard_id), why)
+        layout.remove_shard(out, shard_id)
+    rec.details["shards_redone"] = {layout.shard_stem(i): why for i, why in sorted(redo.items())}
+    rec.counts["num_shards_redone"] = len(redo)
+    return set(present) - set(redo)
+
+
+def worker_spec(cfg: FetchConfig, with_captions: bool, out: str, done: set[int]) -> dict[str, Any]:
+    """The JSON document ``fetch_worker`` reads; the list is the cleaned ``OUT/_tmp/urls.parquet``."""
     spec = {k: v for k, v in to_dict(cfg).items() if k not in ("urls", "out", "input_format", "caption_col")}
-    return {**spec, "url_list": layout.absolute(cfg.urls), "input_format": fmt, "caption_col": caption_col,
-            "output_folder": out, "tmp_path": f"{out}/_tmp", "done_shards": sorted(done)}
+    return {**spec, "url_list": f"{out}/_tmp/{ROWS_FILE}", "input_format": "parquet", "url_col": "url",
+            "caption_col": "caption" if with_captions else None, "output_folder": out, "tmp_path": f"{out}/_tmp",
+            "done_shards": sorted(done)}
 
 
-# ---------------------------------------------------------------- the worker process
+def prepare_rows(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str) -> ListRows:
+    """Read the URL list row by row, log the rows skipped (with line numbers) and write the usable rows
+    where the worker reads them. Raises ValueError naming the file for a list that cannot be read at all."""
+    rows = read_rows(cfg.urls, fmt, cfg.url_col, caption_col, cfg.keep_duplicates)
+    for reason, n in sorted(rows.counts.items()):
+        shown = "; ".join(rows.listed[reason][:3]) + ("; ..." if n > 3 else "")
+        kept = " (the first occurrence of each is fetched; keep_duplicates fetches them all)" \
+            if reason == "duplicate_url" else ""
+        log.warning("fetch: %d row(s) skipped as %s%s: %s", n, reason, kept, shown)
+    write_rows(rows, f"{out}/_tmp/{ROWS_FILE}")
+    return rows
 
 
-class WorkerRun:
-    """Runs ``fetch_worker`` in its own process group; yields its events; kills it on timeout."""
-
-    def __init__(self, spec: dict, run_timeout_s: float | None):
-        fd, self.spec_path = tempfile.mkstemp(prefix="cliptk-fetch-", suffix=".json")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(spec, fh)
-        # The folder holding this very toolkit package, so the worker imports the same tree as its parent.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(toolkit.__file__)))
-        env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.data.acquire.fetch_worker", self.spec_path], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace", env=env,
-            start_new_session=True)
-        self.tail: collections.deque[str] = collections.deque(maxlen=ERROR_TAIL_LINES)
-        self.timed_out = False
-        self.timer = threading.Timer(run_timeout_s, self._on_timeout) if run_timeout_s else None
-        if self.timer:
-            self.timer.daemon = True
-            self.timer.start()
-
-    def _on_timeout(self) -> None:
-        self.timed_out = True
-        self.kill()
-
-    def kill(self) -> None:
-        """SIGTERM the worker's process group (img2dataset's pool included), SIGKILL after a grace period."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(KILL_GRACE_S)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def events(self):
-        """Parsed events from the worker's stdout; other lines go to the debug log and the error tail."""
-        from toolkit.data.acquire.fetch_worker import EVENT_PREFIX
-
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            for part in line.rstrip("\n").split("\r"):  # tqdm redraws with carriage returns
-                if part.startswith(EVENT_PREFIX):
-                    yield json.loads(part[len(EVENT_PREFIX):])
-                elif part.strip():
-                    self.tail.append(part)
-                    log.debug("img2dataset: %s", part)
-
-    def close(self) -> int:
-        if self.timer:
-            self.timer.cancel()
-        if self.proc.poll() is None:
-            try:
-                code = self.proc.wait(KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                code = self.proc.wait()
-        else:
-            code = self.proc.returncode
-        os.unlink(self.spec_path)
-        return code
-
-
-def download(spec: dict, run_timeout_s: float | None) -> dict[str, Any]:
-    """Run the worker with progress over shards; returns the number of shards planned and if it timed out."""
-    worker = WorkerRun(spec, run_timeout_s)
-    planned = 0
-    try:
-        events = worker.events()
-        for event in events:
-            if "plan" in event:
-                planned = event["plan"]["num_shards"]
-                log.info("fetch: %d shards to download (%d already finished)", planned, len(spec["done_shards"]))
-                break
-        for _ in progress(_first_attempts(events, worker), total=planned, desc="fetch", unit="shards"):
-            pass
-    except BaseException:
-        worker.kill()
-        raise
-    finally:
-        code = worker.close()
-    if code != 0 and not worker.timed_out:
-        last = worker.tail[-1] if worker.tail else "no output"
-        tail = "\n".join(worker.tail)
-        raise RuntimeError(f"img2dataset worker exited with code {code}: {last}\n--- output tail:\n{tail}")
-    return {"num_shards_planned": planned, "timed_out": worker.timed_out}
-
-
-def _first_attempts(events, worker: WorkerRun):
-    """Shard events, each shard once (img2dataset retries failed shards); failures are logged with why."""
-    seen: set[int] = set()
-    for event in events:
-        if "shard" not in event:
-            continue
-        if not event["ok"]:
-            why = worker.tail[-1] if worker.tail else "no output"
-            log.warning("fetch: shard %s failed (%s); img2dataset retries it max_shard_retry times", event["shard"], why)
-        if event["shard"] not in seen:
-            seen.add(event["shard"])
-            yield event
+def urls_to_download(num_rows: int, samples_per_shard: int, done: set[int]) -> int:
+    """Rows of the shards not yet finished (every shard is full but the last)."""
+    return sum(min(samples_per_shard, num_rows - i * samples_per_shard)
+               for i in range(math.ceil(num_rows / samples_per_shard)) if i not in done)
 
 
 # ---------------------------------------------------------------- the stage
@@ -251,13 +195,16 @@ def run(cfg: FetchConfig) -> StageResult:
         rec.write()  # recorded before downloading, so even a killed run's shards can be checked on resume
         if cfg.overwrite:
             log.info("fetch: --overwrite: removed %d shard files from %s", layout.remove_shards(out), out)
-        done_before = layout.finished_shards(out)
+        done_before = verified_shards(rec, out)
         if layout.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
             log.info("fetch: removed %s/_tmp left by an interrupted run", out)
         start = time.monotonic()
-        outcome = download(worker_spec(cfg, fmt, caption_col, out, done_before), cfg.run_timeout_s)
+        rows = prepare_rows(cfg, fmt, caption_col, out)
+        num_todo = urls_to_download(rows.table.num_rows, cfg.samples_per_shard, done_before)
+        spec = worker_spec(cfg, caption_col is not None, out, done_before)
+        outcome = download(spec, cfg.run_timeout_s, rec.lock_fd, num_todo)
         wall_s = time.monotonic() - start
-        summary = _record(rec, out, done_before, outcome, wall_s)
+        summary = _record(rec, out, done_before, outcome, wall_s, rows)
         _report(summary)
         _raise_if_incomplete(cfg, summary, outcome)
     return rec.result()
@@ -272,7 +219,9 @@ def _check_distributor(name: str) -> None:
                          "or use --distributor multiprocessing")
 
 
-def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float) -> dict[str, Any]:
+def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float, rows: ListRows) -> dict[str, Any]:
+    rec.counts.update(num_rows=rows.num_rows, skipped_rows=dict(sorted(rows.counts.items())))
+    rec.details["skipped_row_lines"] = rows.listed
     stats = layout.read_stats(out)
     total = reasons.summarize(stats)
     new = reasons.summarize({i: s for i, s in stats.items() if i not in done_before})
@@ -295,15 +244,30 @@ def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float) 
     return {**rec.counts, **rec.details}
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The end-of-run summary, as logged and as the CLI prints it."""
+    c, this = summary, summary["this_run"]
+    lines = []
+    if c["skipped_rows"]:
+        skipped = ", ".join(f"{k} {v}" for k, v in c["skipped_rows"].items())
+        lines.append(f"{c['num_rows']} rows in the list: {sum(c['skipped_rows'].values())} skipped ({skipped}; "
+                     "lines in the manifest's details.skipped_row_lines)")
+    failures = ", ".join(f"{k} {v}" for k, v in c["failed_by_reason"].items()) or "none"
+    lines.append(f"{c['num_urls']} URLs: {c['num_success']} ok, {c['num_failed']} failed ({failures}); "
+                 f"{c['num_shards']} shards ({c['num_shards_resumed']} resumed)")
+    if this["num_urls"] == 0:
+        lines.append("this run: nothing to download (every shard was already finished)")
+        return lines
+    line = (f"this run: {this['num_urls']} URLs in {this['wall_s']:.1f} s = {this['urls_per_s']} URLs/s, "
+            f"{this['success_per_s']} images/s stored")
+    if this["download_urls_per_s"]:
+        line += f"; downloading alone {this['download_s']:.1f} s = {this['download_urls_per_s']} URLs/s"
+    return lines + [line]
+
+
 def _report(summary: dict[str, Any]) -> None:
-    this = summary["this_run"]
-    failures = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
-    log.info("fetch: %d URLs, %d ok, %d failed (%s); %d shards (%d resumed)", summary["num_urls"],
-             summary["num_success"], summary["num_failed"], failures, summary["num_shards"],
-             summary["num_shards_resumed"])
-    log.info("fetch: this run %d URLs in %.1f s = %s URLs/s (%s images/s stored); downloading alone %.1f s = "
-             "%s URLs/s", this["num_urls"], this["wall_s"], this["urls_per_s"], this["success_per_s"],
-             this["download_s"], this["download_urls_per_s"])
+    for line in summary_lines(summary):
+        log.info("fetch: %s", line)
 
 
 def _raise_if_incomplete(cfg: FetchConfig, summary: dict[str, Any], outcome: dict) -> None:
@@ -315,4 +279,9 @@ def _raise_if_incomplete(cfg: FetchConfig, summary: dict[str, Any], outcome: dic
                            "rerun the same command to resume them")
     if summary["num_success"] == 0:
         failures = ", ".join(f"{k}: {v}" for k, v in summary["failed_by_reason"].items()) or "no URLs in the list"
-        raise RuntimeError(f"no image downloaded from {cfg.urls} ({summary['num_urls']} URLs; {failures})")
+        skipped = "".join(f"; {n} rows skipped as {k}, e.g. {summary['skipped_row_lines'][k][0]}"
+                          for k, n in summary["skipped_rows"].items())
+        hint = "; file:// URLs need allow_schemes (--allow-schemes file)" \
+            if "disallowed_scheme" in summary["failed_by_reason"] else ""
+        raise RuntimeError(f"no image downloaded from {cfg.urls} ({summary['num_urls']} URLs; {failures}"
+                           f"{skipped}){hint}")

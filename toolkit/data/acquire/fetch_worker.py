@@ -12,8 +12,9 @@ logger process only prints. The parent computes finished shards itself (tar + pa
 present) and passes them in; everything else is img2dataset's own code.
 
 Protocol: lines on stdout starting with ``EVENT_PREFIX`` carry JSON events for the parent:
-``{"plan": {"num_shards": N}}`` once the URL list is split, ``{"shard": id, "ok": bool}`` per shard
-(multiprocessing distributor only), ``{"done": true}`` at the end. Everything else is img2dataset's
+``{"plan": {"num_shards": N}}`` once the URL list is split, ``{"urls": n}`` while downloading (URLs done
+since the last event), ``{"shard": id, "ok": bool, "urls": n}`` per shard (multiprocessing distributor
+only), ``{"done": true}`` at the end. Everything else is img2dataset's
 own output, which the parent logs at debug level.
 """
 
@@ -22,23 +23,68 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
+
+from toolkit.data.acquire.download import DEFAULT_SCHEMES
 
 EVENT_PREFIX = "@@cliptk-fetch "
+
+
+# A download process reports URLs done at most this often (plus once per finished shard), so progress
+# moves inside one big shard without a line per URL.
+PROGRESS_EVENT_S = 0.5
+_PROGRESS = {"pending": 0, "last": 0.0}
+_PROGRESS_LOCK = threading.Lock()
+_INSTALLED: dict[str, tuple] = {}
 
 
 def emit(event: dict) -> None:
     print(EVENT_PREFIX + json.dumps(event), flush=True)
 
 
-class ReportingDownloader:
-    """Wraps img2dataset's ``Downloader`` to emit one event per finished shard (picklable)."""
+def _url_done() -> None:
+    """Called by the download threads after every URL: an ``{"urls": n}`` event every PROGRESS_EVENT_S."""
+    with _PROGRESS_LOCK:
+        _PROGRESS["pending"] += 1
+        now = time.monotonic()
+        if now - _PROGRESS["last"] < PROGRESS_EVENT_S:
+            return
+        pending, _PROGRESS["pending"], _PROGRESS["last"] = _PROGRESS["pending"], 0, now
+    emit({"urls": pending})
 
-    def __init__(self, downloader):
+
+def _take_pending() -> int:
+    with _PROGRESS_LOCK:
+        pending, _PROGRESS["pending"] = _PROGRESS["pending"], 0
+    return pending
+
+
+def install_download(allowed_schemes: list[str], max_bytes: int) -> None:
+    """Put :func:`toolkit.data.acquire.download.make_download` in place of img2dataset's downloader, in
+    this process (img2dataset's pool processes are spawned: each installs it on its first shard)."""
+    import img2dataset.downloader
+
+    from toolkit.data.acquire.download import make_download
+
+    settings = (tuple(allowed_schemes), max_bytes)
+    if _INSTALLED.get("settings") != settings:
+        img2dataset.downloader.download_image_with_retry = make_download(allowed_schemes, max_bytes, _url_done)
+        _INSTALLED["settings"] = settings
+
+
+class ReportingDownloader:
+    """Wraps img2dataset's ``Downloader``: checked downloads (scheme allow-list, size limit) and one
+    event per finished shard (picklable: img2dataset's pool sends it to each download process)."""
+
+    def __init__(self, downloader, allowed_schemes: list[str], max_bytes: int):
         self.downloader = downloader
+        self.allowed_schemes, self.max_bytes = list(allowed_schemes), max_bytes
 
     def __call__(self, row):
+        install_download(self.allowed_schemes, self.max_bytes)
         ok, row = self.downloader(row)
-        emit({"shard": int(row[0]), "ok": bool(ok)})
+        emit({"shard": int(row[0]), "ok": bool(ok), "urls": _take_pending()})
         return ok, row
 
 
@@ -113,7 +159,8 @@ def main(spec_path: str) -> None:
     shards = list(reader)  # splits the list into feather files under _tmp/, skipping finished shards
     emit({"plan": {"num_shards": len(shards)}})
     downloader = build_downloader(spec, reader.column_list)
-    distribute(spec, ReportingDownloader(downloader), shards)
+    allowed = [*DEFAULT_SCHEMES, *spec["allow_schemes"]]
+    distribute(spec, ReportingDownloader(downloader, allowed, spec["max_bytes"]), shards)
     if fs.exists(tmp):
         fs.rm(tmp, recursive=True)
     emit({"done": True})

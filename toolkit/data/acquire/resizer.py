@@ -24,7 +24,8 @@ def decode_image(data: bytes):
         img = Image.open(io.BytesIO(data))
         img.load()
     except UnidentifiedImageError:
-        return None, f"not an image: Pillow cannot identify the format (first bytes {data[:16]!r})"
+        # no bytes quoted: a URL list can point at any file, and messages land in parquets and manifests
+        return None, f"not an image: Pillow cannot identify the format of {len(data)} bytes"
     except Image.DecompressionBombError as err:
         return None, f"decompression bomb: {err}"
     except (OSError, SyntaxError, ValueError, EOFError) as err:

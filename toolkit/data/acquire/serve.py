@@ -2,12 +2,15 @@
 
 ``toolkit data serve DIR --port P`` blocks until Ctrl-C; tests and scripts use :func:`serve` as a
 context manager. Only the loopback interface is bound: this is a test and demo tool, not a web server.
+Files are served from inside the folder only: a symlink that points out of it answers 404.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import functools
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +33,11 @@ class QuietHandler(SimpleHTTPRequestHandler):
         server = self.server
         with server.count_lock:  # type: ignore[attr-defined]
             server.request_counts[self.path.split("?", 1)[0]] += 1  # type: ignore[attr-defined]
+        root = server.root  # type: ignore[attr-defined]
+        real = os.path.realpath(self.translate_path(self.path))
+        if real != root and not real.startswith(root + os.sep):  # a symlink pointing out of the folder
+            self.send_error(404, "File not found")
+            return None
         return super().send_head()
 
 
@@ -40,7 +48,7 @@ class FolderServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, root: str, port: int, handler_cls: type[SimpleHTTPRequestHandler]):
-        self.root = str(Path(root).resolve())
+        self.root = os.path.realpath(root)
         self.request_counts: collections.Counter[str] = collections.Counter()
         self.count_lock = threading.Lock()
         super().__init__((HOST, port), functools.partial(handler_cls, directory=self.root))
@@ -73,7 +81,11 @@ def make_server(root: str, port: int = 0,
     """Bind a :class:`FolderServer` for ``root`` on 127.0.0.1 (``port`` 0 picks a free one)."""
     if not Path(root).is_dir():
         raise FileNotFoundError(f"cannot serve {root}: not a directory")
-    return FolderServer(root, port, handler_cls)
+    try:
+        return FolderServer(root, port, handler_cls)
+    except OSError as err:  # a busy port, mostly: one line naming it, not a traceback
+        hint = "; pick another with --port, or --port 0 for a free one" if err.errno == errno.EADDRINUSE else ""
+        raise OSError(err.errno, f"cannot serve on {HOST}:{port}: {err.strerror}{hint}") from None
 
 
 @contextmanager

@@ -38,6 +38,8 @@ from toolkit.data.raw import layout, reasons
 KIND = "data.shard"
 log = get_logger("data.shard")
 # Columns of img2dataset's per-shard parquet, in its order (caption and url first: the input columns).
+# Names of ignored input files listed in the manifest (all are counted).
+MAX_LISTED = 20
 PARQUET_COLUMNS = ("caption", "url", "key", "status", "error_message", "width", "height",
                    "original_width", "original_height", "exif", "sha256")
 
@@ -58,6 +60,8 @@ class ShardConfig:
     samples_per_shard: int = option(10000, ge=1, doc="Input rows per shard.")
     num_threads: int = option(4, ge=1, affects_output=False, doc="Threads reading and checking images (resizing "
                                                                  "runs on one thread: img2dataset's is not thread-safe).")
+    keep_duplicates: bool = option(False, doc="Shard an image every time the CSV lists it; by default only its "
+                                              "first row is kept and the others fail as duplicate_url.")
 
 
 @dataclass
@@ -84,18 +88,21 @@ def read_caption(path: Path) -> tuple[str | None, str | None]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         return None, f"caption not utf-8: {path}: {err}"
-    return _check_caption(text.strip(), str(path))
+    return _check_caption(text, str(path))
 
 
 def _check_caption(text: str | None, where: str) -> tuple[str | None, str | None]:
-    if not text or not text.strip():
+    # Windows editors start UTF-8 files with a byte order mark (U+FEFF), which is no part of the caption
+    text = (text or "").strip().lstrip("\ufeff").strip()
+    if not text:
         return None, f"empty caption: {where}"
-    return text.strip(), None
+    return text, None
 
 
-def items_from_folder(root: Path) -> tuple[list[Item], dict[str, int]]:
-    """Images under ``root`` (sorted) with their sidecar captions; also counts of other files."""
-    items, other = [], Counter()
+def items_from_folder(root: Path) -> tuple[list[Item], dict[str, int], list[str]]:
+    """Images under ``root`` (sorted) with their sidecar captions; counts of other files, and the names of
+    the files ignored (a ``.tar.gz`` of images, notes, ...) relative to ``root``."""
+    items, other, ignored = [], Counter(), []
     paths = sorted(p for p in root.rglob("*") if p.is_file())
     images = {p.with_suffix("") for p in paths if p.suffix.lower().lstrip(".") in IMAGE_EXTS}
     for p in paths:
@@ -106,14 +113,17 @@ def items_from_folder(root: Path) -> tuple[list[Item], dict[str, int]]:
             other["captions_without_image"] += 1
         elif p.suffix != ".txt":
             other["ignored_files"] += 1
-    return items, dict(other)
+            ignored.append(str(p.relative_to(root)))
+    return items, dict(other), ignored
 
 
-def items_from_csv(path: Path, path_col: str, caption_col: str) -> list[Item]:
-    """Rows of a CSV/TSV with ``path_col`` and ``caption_col``; errors name the file and column."""
+def items_from_csv(path: Path, path_col: str, caption_col: str, keep_duplicates: bool = False) -> list[Item]:
+    """Rows of a CSV/TSV with ``path_col`` and ``caption_col``; errors name the file and column. A path
+    listed again is a ``duplicate url`` failure (the first row is kept) unless ``keep_duplicates``."""
     delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        # utf-8-sig: spreadsheets save a byte order mark, which must not become part of the first column's name
+        with path.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh, delimiter=delimiter)
             columns = reader.fieldnames or []
             for key, col in (("path_col", path_col), ("caption_col", caption_col)):
@@ -122,7 +132,7 @@ def items_from_csv(path: Path, path_col: str, caption_col: str) -> list[Item]:
             rows = list(reader)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err})") from err
-    items = []
+    items, first_line = [], {}
     for line, row in enumerate(rows, start=2):
         name = (row.get(path_col) or "").strip()
         if not name:
@@ -130,16 +140,20 @@ def items_from_csv(path: Path, path_col: str, caption_col: str) -> list[Item]:
             continue
         image = Path(name) if os.path.isabs(name) else path.parent / name
         caption, error = _check_caption(row.get(caption_col), f"{path} line {line}")
+        seen = first_line.setdefault(os.path.normpath(image.absolute()), line)
+        if seen != line and not keep_duplicates:
+            error = f"duplicate url: {path} line {line} names the image of line {seen} ({name})"
         items.append(Item(str(image), caption, error))
     return items
 
 
-def collect(cfg: ShardConfig) -> tuple[list[Item], dict[str, int]]:
+def collect(cfg: ShardConfig) -> tuple[list[Item], dict[str, int], list[str]]:
+    """(items, counts of other files, names of ignored files) of the source folder or CSV."""
     source = Path(files.local_path(cfg.source))
     if source.is_dir():
         return items_from_folder(source)
     if source.is_file():
-        return items_from_csv(source, cfg.path_col, cfg.caption_col), {}
+        return items_from_csv(source, cfg.path_col, cfg.caption_col, cfg.keep_duplicates), {}, []
     raise FileNotFoundError(f"shard source not found: {cfg.source} (expected a folder or a CSV file)")
 
 
@@ -234,10 +248,16 @@ def run(cfg: ShardConfig) -> StageResult:
     Raises FileNotFoundError for a missing source, ValueError for a CSV without the columns, and
     RuntimeError when no input row makes a valid sample.
     """
-    items, other = collect(cfg)
+    items, other, ignored = collect(cfg)
     out = layout.absolute(cfg.out)
+    layout.check_owned(out, (KIND,))
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
+        if ignored:
+            log.warning("shard: %d file(s) in %s are neither images (%s) nor captions and are ignored: %s%s",
+                        len(ignored), cfg.source, ", ".join(IMAGE_EXTS), ", ".join(ignored[:5]),
+                        ", ..." if len(ignored) > 5 else "")
+            rec.details["ignored_files"] = ignored[:MAX_LISTED]
         removed = layout.remove_shards(out)
         if removed:
             log.info("shard: replaced %d shard files in %s", removed, out)

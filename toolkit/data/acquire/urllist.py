@@ -41,7 +41,9 @@ def _format_of(name: str) -> str | None:
 
 
 def list_columns(path: str, fmt: str) -> list[str] | None:
-    """Column names of one URL list file (None where they cannot be read cheaply: json)."""
+    """Column names of one URL list file (None where they cannot be read cheaply: json, or a jsonl whose
+    first line is not a JSON object). Only the first line is decoded: a bad byte further down is a bad
+    row (:mod:`.urlrows`), not a bad list. A UTF-8 byte order mark is not part of the first name."""
     compression = "gzip" if fmt.endswith(".gz") else None
     base = fmt.removesuffix(".gz")
     if base == "parquet":
@@ -49,17 +51,20 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
 
         with fsspec.open(path, "rb") as fh:
             return list(pq.read_schema(fh).names)
-    if base in ("csv", "tsv"):
-        import csv
-
-        with fsspec.open(path, "rt", compression=compression, encoding="utf-8") as fh:
-            header = next(csv.reader(fh, delimiter="\t" if base == "tsv" else ","), [])
-        return [h.strip() for h in header]
+    if base not in ("csv", "tsv", "jsonl"):
+        return None
+    with fsspec.open(path, "rb", compression=compression) as fh:
+        first = fh.readline().decode("utf-8-sig", errors="replace")
     if base == "jsonl":
-        with fsspec.open(path, "rt", compression=compression, encoding="utf-8") as fh:
-            first = fh.readline()
-        return list(json.loads(first)) if first.strip() else []
-    return None
+        try:
+            obj = json.loads(first) if first.strip() else {}
+        except ValueError:
+            return None
+        return list(obj) if isinstance(obj, dict) else None
+    import csv
+
+    header = next(csv.reader([first], delimiter="\t" if base == "tsv" else ","), [])
+    return [h.strip() for h in header]
 
 
 def check_url_list(urls: str, fmt: str, url_col: str, caption_col: str) -> str | None:

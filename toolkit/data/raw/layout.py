@@ -22,7 +22,8 @@ from toolkit.core import files
 from toolkit.data.raw.reasons import SUCCESS
 
 SHARD_DIGITS = 5  # img2dataset's oom_shard_count: shard names 00000..99999
-_SHARD_FILE = re.compile(r"^(\d+)(\.tar|\.parquet|_stats\.json)$")
+# At least SHARD_DIGITS digits: '2023.parquet' or '1.tar' beside the shards are someone else's files.
+_SHARD_FILE = re.compile(rf"^(\d{{{SHARD_DIGITS},}})(\.tar|\.parquet|_stats\.json)$")
 
 
 def shard_stem(shard_id: int) -> str:
@@ -65,6 +66,24 @@ def finished_shards(out: str) -> set[int]:
     return {i for i, kinds in shard_files(out).items() if {".tar", ".parquet", "_stats.json"} <= kinds}
 
 
+def check_owned(out: str, kinds: tuple[str, ...]) -> None:
+    """Raise ValueError if ``out`` holds files named like shards that no run of ``kinds`` wrote (its
+    manifest says so): deleting or replacing shards must never touch a user's own ``00000.tar``."""
+    from toolkit.core.stage import read_manifest
+
+    found = shard_files(out)
+    if not found:
+        return
+    kind = (read_manifest(out) or {}).get("kind")
+    if kind in kinds:
+        return
+    example = f"{shard_stem(min(found))}{sorted(found[min(found)])[0]}"
+    who = f"the output of a {kind!r} stage" if kind else "no manifest"
+    raise ValueError(f"{out} holds {sum(map(len, found.values()))} file(s) named like shards (e.g. {example}) "
+                     f"and {who}: they were not written by {' or '.join(kinds)}, so they are not replaced; "
+                     "choose an empty output folder or move them away")
+
+
 def remove_shards(out: str) -> int:
     """Delete every shard file and img2dataset's ``_tmp/`` in ``out`` (nothing else); returns files removed."""
     fs, path = _fs(out)
@@ -75,6 +94,15 @@ def remove_shards(out: str) -> int:
             removed += 1
     remove_tmp(out)
     return removed
+
+
+def remove_shard(out: str, shard_id: int) -> int:
+    """Delete shard ``shard_id``'s tar, parquet and stats file (those that exist); returns files removed."""
+    fs, path = _fs(out)
+    kinds = shard_files(out).get(shard_id, set())
+    for suffix in kinds:
+        fs.rm(f"{path}/{shard_stem(shard_id)}{suffix}")
+    return len(kinds)
 
 
 def remove_tmp(out: str) -> bool:

@@ -7,7 +7,8 @@ grouped into samples by key the way webdataset does (key = path up to the first 
 Damaged tars are read as far as they go: :class:`RawShardReader` yields every sample before the
 damage and then records what was lost (``truncated_tar``: the sample cut in half, plus the keys the
 shard's parquet or stats file says should have followed) or that nothing was readable
-(``unreadable_tar``).
+(``unreadable_tar``). A tar counts as whole only when it ends with its end-of-archive marker: tarfile
+itself takes a tar cut at a member boundary or inside a header for a complete one.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ from dataclasses import dataclass, field
 import fsspec
 
 from toolkit.core import files
+from toolkit.core.log import get_logger
 from toolkit.data.images import IMAGE_EXTS
 
+log = get_logger("data.raw")
+
+# Shard-like files list_shards does not read (it names them in a warning instead of skipping them silently).
+COMPRESSED_TAR_EXTS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 # webdataset's grouping: a member's key is its path up to the first dot of the file name, the rest its extension.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
@@ -50,7 +56,8 @@ class RawSample:
 
 def list_shards(source: str) -> list[str]:
     """Raw shard URLs of ``source`` in sorted order: a folder of ``*.tar``, one ``.tar``, a glob or a
-    brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError."""
+    brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError.
+    Compressed tars in a folder (``.tar.gz``, ...) are not read; a warning names them."""
     if "{" in source:
         import braceexpand
 
@@ -62,17 +69,26 @@ def list_shards(source: str) -> list[str]:
     fs, path = fsspec.core.url_to_fs(source)
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     prefix = "" if files.is_local(source) else f"{protocol}://"
+    compressed: list[str] = []
     if any(ch in path for ch in "*?["):
         found = fs.glob(path)
     elif fs.isdir(path):
-        found = [p for p in fs.ls(path, detail=False) if p.endswith(".tar")]
+        names = fs.ls(path, detail=False)
+        found = [p for p in names if p.endswith(".tar")]
+        compressed = sorted(p.rsplit("/", 1)[-1] for p in names if p.endswith(COMPRESSED_TAR_EXTS))
     elif fs.exists(path):
         found = [path]
     else:
         raise FileNotFoundError(f"{source}: no such file or folder")
+    note = ""
+    if compressed:
+        note = (f"{len(compressed)} compressed tar(s) ignored ({', '.join(compressed[:3])}"
+                f"{', ...' if len(compressed) > 3 else ''}): only plain .tar shards are read; decompress them")
     urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
     if not urls:
-        raise FileNotFoundError(f"{source}: no .tar shards found")
+        raise FileNotFoundError(f"{source}: no .tar shards found" + (f"; {note}" if note else ""))
+    if note:
+        log.warning("%s: %s", source, note)
     return urls
 
 
@@ -114,10 +130,41 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
     return None, None
 
 
+class EndAwareTarInfo(tarfile.TarInfo):
+    """A TarInfo that records on its TarFile (``end_error``) which header problem ended the iteration.
+
+    tarfile stops iterating without any error at a zero block (the proper end-of-archive marker), but
+    equally at end of file (a tar cut at a member boundary), at a partial header block (cut inside a
+    header) and at a header with a bad checksum past the first member. :func:`end_problem` tells them apart.
+    """
+
+    @classmethod
+    def fromtarfile(cls, tarfile_):  # tarfile's own signature
+        try:
+            return super().fromtarfile(tarfile_)
+        except tarfile.HeaderError as err:
+            tarfile_.end_error = err
+            raise
+
+
+def end_problem(tar: tarfile.TarFile) -> str | None:
+    """None if an iterated ``tar`` (opened with ``tarinfo=EndAwareTarInfo``) ended at its end-of-archive
+    marker, else what was wrong where it stopped."""
+    err = getattr(tar, "end_error", None)
+    if err is None or isinstance(err, tarfile.EOFHeaderError):
+        return None
+    if isinstance(err, tarfile.EmptyHeaderError):
+        return f"no end-of-archive marker after byte {tar.offset} (cut at a member boundary)"
+    if isinstance(err, tarfile.TruncatedHeaderError):
+        return f"cut inside the member header at byte {tar.offset}"
+    return f"damaged member header at byte {tar.offset} ({err})"
+
+
 class RawShardReader:
     """Iterate the samples of one raw shard; after iteration, ``error`` says why reading stopped early
-    (None if the tar was read to its end), ``error_kind`` is 'truncated_tar' or 'unreadable_tar', and
-    ``cut_key`` names the sample that was cut in half (if any)."""
+    (None if the tar was read to its end-of-archive marker), ``error_kind`` is 'truncated_tar' or
+    'unreadable_tar', and ``cut_key`` names the sample that was cut in half (if any). Damage is logged
+    as a warning (terminal and the stage's log.jsonl)."""
 
     def __init__(self, url: str):
         self.url = url
@@ -131,9 +178,9 @@ class RawShardReader:
         try:
             with files.open_file(self.url, "rb") as fh:
                 try:
-                    stream = tarfile.open(fileobj=fh, mode="r|*")
+                    stream = tarfile.open(fileobj=fh, mode="r|*", tarinfo=EndAwareTarInfo)
                 except (tarfile.TarError, EOFError, OSError) as err:
-                    self.error_kind, self.error = "unreadable_tar", f"not a readable tar file: {err}"
+                    self._damaged("unreadable_tar", f"not a readable tar file: {err}")
                     return
                 for info in stream:
                     if not info.isreg():
@@ -151,11 +198,17 @@ class RawShardReader:
                     current.files[ext] = extracted.read() if extracted is not None else b""
                     self.num_members += 1
                     stream.members = []  # stream mode keeps every TarInfo otherwise
+                problem = end_problem(stream)
+                if problem is not None:
+                    raise tarfile.ReadError(problem)
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
-            self.error_kind, self.error = "truncated_tar", f"tar file ends early or is damaged: {err}"
-            if self.num_members == 0 and current is None:
-                self.error_kind = "unreadable_tar"
+            kind = "unreadable_tar" if self.num_members == 0 and current is None else "truncated_tar"
+            self._damaged(kind, f"tar file ends early or is damaged: {err}")
             if current is not None and not (current.image() and "txt" in current.files):
                 self.cut_key, current = current.key, None  # incomplete sample: lost to the damage
         if current is not None:
             yield current
+
+    def _damaged(self, kind: str, message: str) -> None:
+        self.error_kind, self.error = kind, message
+        log.warning("%s: %s (%s)", self.url, message, kind)

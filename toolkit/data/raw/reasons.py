@@ -20,6 +20,9 @@ MAX_RAW_MESSAGES = 20
 # (anchored at the start) go first so that bytes quoted in them cannot match a later pattern.
 _REASONS: list[tuple[re.Pattern, str]] = [(re.compile(p, re.IGNORECASE), r) for p, r in [
     (r"^success$", SUCCESS),
+    (r"^disallowed url scheme", "disallowed_scheme"),
+    (r"^too large", "too_large"),
+    (r"^invalid url", "bad_url"),
     (r"^empty response", "empty_response"),
     (r"^not an image", "not_an_image"),
     (r"^truncated image", "truncated_image"),
@@ -31,6 +34,7 @@ _REASONS: list[tuple[re.Pattern, str]] = [(re.compile(p, re.IGNORECASE), r) for 
     (r"^unreadable caption", "unreadable_caption"),
     (r"^caption not utf-8", "caption_not_utf8"),
     (r"^empty caption", "empty_caption"),
+    (r"^duplicate url", "duplicate_url"),
     (r"HTTP Error (\d{3})", "http_{0}"),
     (r"timed out|timeout", "timeout"),
     (r"connection refused", "connection_refused"),

@@ -184,6 +184,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     rec.counts.update({
         "num_samples": len(order), "num_read": num_read, "num_skipped": len(skips),
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
+        "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
         "samples_per_s": round(num_read / max(total_s, 1e-9), 1),
     })
@@ -204,7 +205,10 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
-        scratch = tempfile.mkdtemp(prefix="precompute-", dir=_scratch_parent(cfg))
+        parent = _scratch_parent(cfg)  # stale scratch of a killed run: OUT/_tmp's all (we hold OUT's lock)
+        for name in files.remove_stale_temp_dirs(parent or tempfile.gettempdir(), "precompute-", not cfg.tmp_dir and files.is_local(cfg.out)):
+            log.info("precompute: removed %s left by a run that was killed", name)
+        scratch = tempfile.mkdtemp(prefix=files.owned_temp_prefix("precompute-"), dir=parent)
         try:
             side = fields[0].shape[0] if fields[0].role == "image" else 0
             tasks = [precompute_worker.ShardTask(i, u, scratch, side, cfg.resize_mode, cfg.max_image_pixels,

@@ -1,0 +1,67 @@
+"""URL lists read row by row: bad rows and duplicate URLs are skipped with their line numbers, in every format."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from toolkit.data.acquire.urllist import check_url_list
+from toolkit.data.acquire.urlrows import read_rows
+
+
+def test_jsonl_txt_and_gzip_rows(tmp_path):
+    jsonl = tmp_path / "list.jsonl"
+    jsonl.write_text('{"url": "http://h/a.jpg", "caption": "a"}\n'
+                     '{"url": "http://h/b.jpg", "caption": "b"\n'          # line 2: cut short
+                     '\n'
+                     '["http://h/c.jpg"]\n'                                # line 4: not an object
+                     '{"url": 7, "caption": "seven"}\n'                     # line 5: not a string
+                     '{"url": "http://h/a.jpg", "caption": "again"}\n')     # line 6: duplicate
+    rows = read_rows(str(jsonl), "jsonl", "url", "caption")
+    assert rows.table.to_pylist() == [{"url": "http://h/a.jpg", "caption": "a"}]
+    assert (rows.num_rows, dict(rows.counts)) == (5, {"malformed_row": 3, "duplicate_url": 1})
+    assert [x.split(":", 1)[0] for x in rows.listed["malformed_row"]] == [f"{jsonl} line {n}" for n in (2, 4, 5)]
+    txt = tmp_path / "list.txt.gz"
+    txt.write_bytes(gzip.compress(b"http://h/a,b.jpg\n\n\"quoted\"\nhttp://h/\xff.jpg\nhttp://h/a,b.jpg\n"))
+    rows = read_rows(str(txt), "txt.gz", "url", None)
+    assert rows.table.to_pylist() == [{"url": "http://h/a,b.jpg"}, {"url": '"quoted"'}]  # a line is a URL
+    assert rows.listed == {"malformed_row": [f"{txt} line 4: not UTF-8"],
+                           "duplicate_url": [f"{txt} line 5: same URL as {txt} line 1: http://h/a,b.jpg"]}
+    kept = read_rows(str(txt), "txt.gz", "url", None, keep_duplicates=True)
+    assert kept.table.num_rows == 3 and dict(kept.counts) == {"malformed_row": 1}
+
+
+def test_folder_of_parquets_and_tsvs_duplicates_across_files_by_row(tmp_path):
+    folder = tmp_path / "lists"
+    folder.mkdir()
+    pq.write_table(pa.table({"u": ["http://h/1", "http://h/2"], "t": ["one", "two"]}), folder / "a.parquet")
+    pq.write_table(pa.table({"u": ["http://h/3", "http://h/1"], "t": ["three", None]}), folder / "b.parquet")
+    rows = read_rows(str(folder), "parquet", "u", "t")
+    assert [r["url"] for r in rows.table.to_pylist()] == ["http://h/1", "http://h/2", "http://h/3"]
+    assert rows.listed == {"duplicate_url": [f"{folder}/b.parquet row 2: same URL as {folder}/a.parquet row 1: "
+                                             "http://h/1"]}
+    tsv = tmp_path / "list.tsv"
+    tsv.write_bytes(b"\xef\xbb\xbfurl\tcaption\nhttp://h/1\tone\tand more\nhttp://h/2\ttwo\n")
+    assert check_url_list(str(tsv), "tsv", "url", "caption") == "caption"  # a BOM is not part of 'url'
+    rows = read_rows(str(tsv), "tsv", "url", "caption")
+    assert rows.table.to_pylist() == [{"url": "http://h/2", "caption": "two"}]
+    assert rows.listed["malformed_row"] == [f"{tsv} line 2: 3 field(s), the header has 2"]
+
+
+def test_unreadable_whole_files_name_the_file(tmp_path):
+    bad = tmp_path / "list.json"
+    bad.write_text('[{"url": "http://h/1"}, ')
+    with pytest.raises(ValueError, match=r"list\.json: unreadable json URL list"):
+        read_rows(str(bad), "json", "url", None)
+    good = tmp_path / "ok.json"
+    good.write_text(json.dumps([{"url": "http://h/1", "caption": "c"}, {"url": "http://h/1", "caption": "d"}]))
+    rows = read_rows(str(good), "json", "url", "caption")
+    assert rows.table.num_rows == 1 and rows.listed["duplicate_url"][0].startswith(f"{good} row 2: same URL as")
+    broken = tmp_path / "list.csv.gz"
+    broken.write_bytes(gzip.compress(b"url,caption\nhttp://h/1,a\n")[:-12])
+    with pytest.raises(ValueError, match=r"list\.csv\.gz: unreadable csv\.gz URL list"):
+        read_rows(str(broken), "csv.gz", "url", "caption")

@@ -1,0 +1,44 @@
+"""What `toolkit data` commands print: help with defaults, and summaries without 'None' or bare numbers."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from toolkit.cli.main import app
+from toolkit.data.acquire.fetch import summary_lines
+
+
+def _help(*command: str) -> str:
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"}, terminal_width=200)
+    assert res.exit_code == 0, res.output
+    return re.sub(r"[│╭╮╰╯─]", " ", res.output)
+
+
+def test_precompute_help_shows_defaults_and_what_is_required():
+    text = " ".join(_help("data", "precompute").split())
+    for flag, words in [("--model", "Required (here or in --config)"), ("--in", "Required (here or in --config)"),
+                        ("--out", "Required (here or in --config)"), ("--samples-per-shard", "(default 1000)"),
+                        ("--workers", "(default 0: one per core)"), ("--resize-mode", "(default center_crop)"),
+                        ("--image-size", "(default 0: the model's)"), ("--image-tower", "(default none)"),
+                        ("--text-tower", "(default none)")]:
+        assert re.search(rf"{re.escape(flag)} <\w+> [^<]*{re.escape(words)}", text), (flag, words)
+
+
+def _summary(**this) -> dict:
+    run = {"num_urls": 0, "num_success": 0, "wall_s": 3.2, "urls_per_s": 0.0, "success_per_s": 0.0,
+           "download_s": 0.0, "download_urls_per_s": None, **this}
+    return {"num_rows": 24, "skipped_rows": {}, "num_urls": 24, "num_success": 14, "num_failed": 10,
+            "failed_by_reason": {"http_404": 10}, "num_shards": 6, "num_shards_resumed": 6, "this_run": run}
+
+
+def test_fetch_summary_of_a_run_with_nothing_left_to_download():
+    lines = summary_lines(_summary())
+    assert lines == ["24 URLs: 14 ok, 10 failed (http_404 10); 6 shards (6 resumed)",
+                     "this run: nothing to download (every shard was already finished)"]
+    assert not any("None" in line for line in lines)
+    lines = summary_lines(_summary(num_urls=4, num_success=4, urls_per_s=1.25, success_per_s=1.25))
+    assert lines[-1] == "this run: 4 URLs in 3.2 s = 1.25 URLs/s, 1.25 images/s stored"  # no 'None URLs/s'
+    lines = summary_lines(_summary(num_urls=4, download_s=0.5, download_urls_per_s=8.0))
+    assert lines[-1].endswith("; downloading alone 0.5 s = 8.0 URLs/s")
