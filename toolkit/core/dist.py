@@ -91,12 +91,31 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
         if missing:
             raise RuntimeError(f"RANK/WORLD_SIZE are set but {', '.join(missing)} is not: launch with torchrun "
                                "or set the rendezvous address")
-        dist.init_process_group(backend or ("nccl" if use_cuda else "gloo"), init_method="env://",
-                                timeout=timedelta(seconds=timeout_s))
+        name, timeout = backend or ("nccl" if use_cuda else "gloo"), timedelta(seconds=timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(name, init_method="env://", timeout=timeout)
+        else:
+            dist.init_process_group(name, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     if not is_initialized():
         return DistInfo(0, 1, local_rank, 1, None, device)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, get_local_world_size(), dist.get_backend(),
                     device)
+
+
+def _attempt_store(timeout: timedelta):
+    """Under torchrun's elastic agent: a client of the agent's store with keys private to this restart.
+
+    torch 2.14's env:// rendezvous reuses the agent's store across restarts without a prefix, so the
+    workers of restart n found the previous attempt's process-group keys (addresses of dead workers) and
+    hung in ProcessGroupGloo's constructor (seen: a SIGKILLed worker, ``--max-restarts 1``, the restarted
+    pair never left init_process_group). None when not launched by an elastic agent (plain env://)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"cliptk/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
 
 def destroy() -> None:

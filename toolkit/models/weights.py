@@ -72,6 +72,20 @@ def state_dict_for_saving(model: Any) -> dict[str, Any]:
     return out
 
 
+def model_files(model: Any, model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any] | None = None
+                ) -> dict[str, bytes]:
+    """The two files of an open_clip ``local-dir:`` model, serialised in memory: {CONFIG_NAME: JSON bytes,
+    WEIGHTS_NAME: safetensors bytes}. ``preprocess_cfg`` defaults to the model's or open_clip's."""
+    from open_clip import get_model_preprocess_cfg
+    from safetensors.torch import save
+
+    if preprocess_cfg is None:
+        preprocess_cfg = {**default_preprocess_cfg(model_cfg), **(get_model_preprocess_cfg(unwrap_model(model)) or {})}
+    config = {"model_cfg": model_cfg, "preprocess_cfg": _plain(preprocess_cfg)}
+    return {CONFIG_NAME: (json.dumps(config, indent=2) + "\n").encode(),
+            WEIGHTS_NAME: save(state_dict_for_saving(model), metadata={"format": "pt"})}
+
+
 def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike,
                preprocess_cfg: dict[str, Any] | None = None,
                write_extra: Callable[[Path], None] | None = None) -> Path:
@@ -79,19 +93,13 @@ def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike
 
     ``model_cfg`` is the open_clip config the model was built from (``LoadedModel.model_cfg``);
     ``preprocess_cfg`` defaults to the model's ``visual.preprocess_cfg`` or open_clip's defaults.
-    ``write_extra(tmp_dir)`` may add more files (trainer state) that then appear in the same atomic
-    rename. An existing ``out_dir`` is replaced as a whole. Called by one process (rank 0).
+    ``write_extra(tmp_dir)`` may add more files that then appear in the same atomic rename. An existing
+    ``out_dir`` is replaced as a whole. Called by one process (rank 0).
     """
-    from open_clip import get_model_preprocess_cfg
-    from safetensors.torch import save_file
-
     target = Path(out_dir)
-    if preprocess_cfg is None:
-        preprocess_cfg = {**default_preprocess_cfg(model_cfg), **(get_model_preprocess_cfg(unwrap_model(model)) or {})}
-    config = {"model_cfg": model_cfg, "preprocess_cfg": _plain(preprocess_cfg)}
     with files.replacing_dir(target) as tmp:
-        save_file(state_dict_for_saving(model), str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        for name, data in model_files(model, model_cfg, preprocess_cfg).items():
+            (tmp / name).write_bytes(data)
         if write_extra is not None:
             write_extra(tmp)
     return target

@@ -73,6 +73,8 @@ class CheckpointConfig:
 
     every_steps: int = option(0, ge=0, affects_output=False, doc="Checkpoint every this many steps (0: only "
                                                                  "at the end).")
+    dir: str = option("", affects_output=False, doc="Where checkpoints go: a local folder or an fsspec URL "
+                                                    "(s3://..., gs://...); empty: OUT/checkpoints.")
     keep: int = option(3, ge=1, affects_output=False, doc="Keep the newest this many checkpoints.")
     resume: str = option("auto", affects_output=False,
                          doc="auto: continue from the newest valid checkpoint in OUT if there is one; latest: "
@@ -98,7 +100,9 @@ class TrainConfig:
 
     data: str = option(is_input=True, doc="Training shards: a `toolkit data precompute` output folder (local or "
                                           "fsspec URL).")
-    out: str = option(doc="Run directory: config, manifest, metrics, checkpoints/, model/, plots/, tensorboard/.")
+    # not hashed: a checkpoint moved to another run directory resumes there
+    out: str = option(affects_output=False,
+                      doc="Run directory: config, manifest, metrics, checkpoints/, model/, plots/, tensorboard/.")
     model: str = option("cliptk-tiny", doc="open_clip model name (RN50, ViT-B-32, cliptk-tiny, ...), config JSON "
                                            "or checkpoint directory (architecture; weights come from init).")
     init: str = option("", is_input=True, doc="Initial weights: an open_clip local-dir checkpoint or a "
@@ -123,6 +127,9 @@ class TrainConfig:
                                                                          "with a non-finite loss or gradient.")
     log_every: int = option(10, ge=1, affects_output=False, doc="Write metrics every this many steps.")
     tensorboard: bool = option(True, affects_output=False, doc="Write TensorBoard event files to OUT/tensorboard.")
+    audit_samples: bool = option(False, affects_output=False, doc="Record every step's sample ids per rank in "
+                                                                 "OUT/samples/ (to check that no sample is seen "
+                                                                 "twice or skipped across interruptions).")
     nonfinite_test_steps: list[int] = option(factory=list, doc="Testing aid: poison the loss with NaN at these "
                                                                "steps to exercise the non-finite handling.")
     loss: LossConfig = option(factory=LossConfig, doc="The objective.")

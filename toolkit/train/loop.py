@@ -105,6 +105,8 @@ def train_step(s: Setup, state: TrainState, batch: dict) -> dict[str, float]:
                                   f"the last at step {t + 1} (lr {lr:.3g}, tau {s.tau():.4g}); lower the lr or "
                                   "check the data")
     s.zero_grad()
+    if s.audit is not None:
+        s.audit.record(t + 1, batch["index"].tolist(), skipped=not finite)
     state.step += 1
     state.samples_seen += cfg.batch_size
     del share
@@ -153,7 +155,7 @@ def save_checkpoint(s: Setup, state: TrainState) -> None:
     """Checkpoint ``state.step`` (all ranks call; rank 0 writes); skipped when it already exists."""
     s.loss_fn_sync()
     s.sync_buffers()
-    if s.rank == 0 and (not s.last_checkpoint or s.last_checkpoint != state.step):
+    if s.rank == 0 and s.last_checkpoint != state.step:
         s.write_checkpoint(asdict(state))
     s.last_checkpoint = state.step
     D.barrier()

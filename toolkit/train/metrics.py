@@ -29,7 +29,7 @@ def truncate_after(path: Path, step: int) -> int:
     kept, dropped = [], 0
     for line in path.read_text().splitlines():
         try:
-            keep = json.loads(line).get("step", 0) <= step
+            keep = json.loads(line)["step"] <= step
         except ValueError:
             keep = False  # a line cut by a crash
         kept.append(line) if keep else None
@@ -66,6 +66,43 @@ class MetricsWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+class SampleAudit:
+    """``audit_samples``: OUT/samples/rank-R-of-K.jsonl, one line per step with the sample ids this rank
+    trained on ({"step": steps done, "ids": [...], "skipped": bool}), so any sequence of interruptions and
+    resumes can be checked for samples seen twice or never (``scripts/chaos_train.py``)."""
+
+    DIR = "samples"
+
+    def __init__(self, run_dir: str, rank: int, world_size: int):
+        self.path = Path(run_dir) / self.DIR / f"rank-{rank}-of-{world_size}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def reset(cls, run_dir: str, resume_step: int | None) -> None:
+        """Rank 0, before any rank records: drop every line after the resume step (all files, whatever
+        world size wrote them), or every file for a fresh run."""
+        for path in (Path(run_dir) / cls.DIR).glob("rank-*.jsonl"):
+            if resume_step is None:
+                path.unlink()
+            else:
+                truncate_after(path, resume_step)
+
+    def record(self, step: int, ids: list[int], skipped: bool) -> None:
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps({"step": step, "ids": ids, "skipped": skipped}) + "\n")
+
+
+def read_audit(run_dir: str) -> dict[int, list[int]]:
+    """Step -> the global batch's ids (all ranks' lines, in rank order) from OUT/samples/*.jsonl."""
+    parts: dict[int, list[tuple[int, list[int]]]] = {}
+    for path in sorted((Path(run_dir) / SampleAudit.DIR).glob("rank-*.jsonl")):
+        rank = int(path.stem.split("-")[1])
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            parts.setdefault(row["step"], []).append((rank, row["ids"]))
+    return {step: [i for _, ids in sorted(p) for i in ids] for step, p in sorted(parts.items())}
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:

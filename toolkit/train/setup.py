@@ -8,8 +8,10 @@ its small methods in order. Every method is called by every rank unless it says 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
+import os
 import resource
 import sys
 from pathlib import Path
@@ -18,19 +20,20 @@ from typing import Any
 import torch
 
 from toolkit.core import dist as D
+from toolkit.core import files
 from toolkit.core.config import config_hash
 from toolkit.core.log import get_logger
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
-from toolkit.models.weights import save_model
+from toolkit.models import weights
 from toolkit.train import checkpoint as ckpt
 from toolkit.train import model as model_lib
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
 from toolkit.train.losses import build_loss
 from toolkit.train.losses.temperature import TemperatureControl
-from toolkit.train.metrics import MetricsWriter, Progress
+from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit
 from toolkit.train.optim import build_optimizer, logit_scale_group
 from toolkit.train.schedule import set_lr
 
@@ -80,8 +83,10 @@ class Setup:
         self.tau_ctl = self._temperature_control()
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
         self.last_checkpoint: int | None = None
+        self.checkpoints = ckpt.AsyncWriter()
         self.writer: MetricsWriter | None = None
         self.progress: Progress | None = None
+        self.audit: SampleAudit | None = None
         D.LEDGER.reset()
 
     def _temperature_control(self) -> TemperatureControl | None:
@@ -95,10 +100,14 @@ class Setup:
     # ------------------------------------------------------------------ data
     def batches(self, start_step: int):
         """This rank's slices of global batches start_step .. total_steps-1 (each dict has its ``step``)."""
+        resume_step = start_step if start_step or self.last_checkpoint is not None else None
         if self.rank == 0:
-            self.writer = MetricsWriter(self.cfg.out, self.cfg.tensorboard,
-                                        start_step if start_step or self.last_checkpoint is not None else None)
+            self.writer = MetricsWriter(self.cfg.out, self.cfg.tensorboard, resume_step)
             self.progress = Progress(self.total_steps, start_step)
+            SampleAudit.reset(self.cfg.out, resume_step)
+        D.barrier()  # no rank records before rank 0 has cut the logs back to the resume point
+        if self.cfg.audit_samples:
+            self.audit = SampleAudit(self.cfg.out, self.rank, self.group_size)
         if start_step >= self.total_steps:
             return iter(())
         lc = self.cfg.loader
@@ -183,66 +192,71 @@ class Setup:
             if buf.is_floating_point():
                 D.all_reduce_sum(buf, category=D.CHECKS).div_(self.group_size)
 
+    @property
+    def ckpt_dir(self) -> str:
+        return self.cfg.checkpoint.dir or files.join(self.cfg.out, ckpt.CHECKPOINTS)
+
     def write_checkpoint(self, state: dict[str, Any]) -> None:
-        """Rank 0: checkpoint ``state['step']`` under OUT/checkpoints (see ``train.checkpoint``)."""
-        from safetensors.torch import save_file
+        """Rank 0: serialise checkpoint ``state['step']`` now, write it on the background thread."""
+        from safetensors.torch import save
 
-        def write_state(tmp: Path) -> None:
-            meta = {"state": state, "config_hash": output_hash(self.cfg), "world_size": self.group_size,
-                    "total_steps": self.total_steps, "model": self.built.name}
-            (tmp / ckpt.TRAINER).write_text(json.dumps(meta, indent=2))
-            opt = {"optimizer": self.optimizer.state_dict()}
-            if self.scaler is not None:
-                opt["scaler"] = self.scaler.state_dict()
-            torch.save(opt, tmp / ckpt.OPTIMIZER)
-            loss_state = {k: v.contiguous() for k, v in self.loss_fn.state_dict().items()}
-            if loss_state:
-                save_file(loss_state, str(tmp / ckpt.LOSS_STATE))
-
-        def write_model(target: Path, write_extra) -> None:
-            save_model(self.clip, self.built.model_cfg, target, self.built.preprocess_cfg, write_extra=write_extra)
-
-        path = ckpt.save(self.cfg.out, state["step"], write_model, write_state, self.cfg.checkpoint.keep)
-        self.log.info("checkpoint %s", path)
+        meta = {"state": state, "config_hash": output_hash(self.cfg), "world_size": self.group_size,
+                "total_steps": self.total_steps, "model": self.built.name}
+        blobs = weights.model_files(self.clip, self.built.model_cfg, self.built.preprocess_cfg)
+        blobs[ckpt.TRAINER] = json.dumps(meta, indent=2).encode()
+        opt = {"optimizer": self.optimizer.state_dict()}
+        if self.scaler is not None:
+            opt["scaler"] = self.scaler.state_dict()
+        buf = io.BytesIO()
+        torch.save(opt, buf)
+        blobs[ckpt.OPTIMIZER] = buf.getvalue()
+        loss_state = {k: v.contiguous() for k, v in self.loss_fn.state_dict().items()}
+        if loss_state:
+            blobs[ckpt.LOSS_STATE] = save(loss_state)
+        self.checkpoints.submit(self.ckpt_dir, state["step"], blobs, self.cfg.checkpoint.keep)
         if self.writer is not None:
             from toolkit.train.metrics import write_plots
 
             write_plots(self.cfg.out)
 
-    def resume_path(self) -> Path | None:
+    def resume_path(self) -> str | None:
         """The checkpoint to resume from per ``checkpoint.resume`` (auto, latest, none or a directory)."""
         how = self.cfg.checkpoint.resume
         if how == "none":
-            if self.rank == 0 and ckpt.remove_all(self.cfg.out):
-                self.log.info("resume: none: removed the old checkpoints of %s", self.cfg.out)
+            if self.rank == 0 and ckpt.remove_all(self.ckpt_dir):
+                self.log.info("resume: none: removed the old checkpoints in %s", self.ckpt_dir)
             D.barrier()
             return None
         if how in ("auto", "latest"):
-            path = ckpt.latest_valid(self.cfg.out)
+            path = ckpt.latest_valid(self.ckpt_dir)
             if path is None and how == "latest":
-                raise FileNotFoundError(f"--resume latest: no complete checkpoint under "
-                                        f"{ckpt.checkpoints_dir(self.cfg.out)}")
+                raise FileNotFoundError(f"--resume latest: no complete checkpoint under {self.ckpt_dir}")
             return path
         ckpt.verify(how)
-        return Path(how)
+        return how
 
-    def load_checkpoint(self, path: Path, saved: dict[str, Any]) -> None:
+    def load_checkpoint(self, path: str, saved: dict[str, Any]) -> None:
         """Load weights, optimiser, scaler and loss state of ``path``; refuse a different configuration."""
-        from safetensors.torch import load_file
-
-        from toolkit.models.weights import WEIGHTS_NAME, load_weights
+        from safetensors.torch import load
 
         if saved.get("config_hash") != output_hash(self.cfg):
             raise ValueError(f"{path}: written by a run with a different configuration (config hash "
                              f"{saved.get('config_hash')} != {output_hash(self.cfg)}); resume it with its own "
                              "config, use --resume none to start afresh, or --init to start from its weights")
-        load_weights(self.clip, path / WEIGHTS_NAME)
-        opt = torch.load(path / ckpt.OPTIMIZER, map_location="cpu", weights_only=True)
+        local, temporary = ckpt.local_file(path, weights.WEIGHTS_NAME)
+        try:
+            weights.load_weights(self.clip, local)
+        finally:
+            if temporary:
+                os.unlink(local)
+        opt = torch.load(io.BytesIO(ckpt.read_bytes(path, ckpt.OPTIMIZER)), map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         if self.scaler is not None and "scaler" in opt:
             self.scaler.load_state_dict(opt["scaler"])
-        if (path / ckpt.LOSS_STATE).is_file():
-            self.loss_fn.load_state_dict(load_file(str(path / ckpt.LOSS_STATE)))
+        try:
+            self.loss_fn.load_state_dict(load(ckpt.read_bytes(path, ckpt.LOSS_STATE)))
+        except FileNotFoundError:
+            pass  # an objective without per-sample state
         self.last_checkpoint = saved["state"]["step"]
         D.barrier()  # shared tables: every local rank sees local rank 0's loaded copy before step 1
 
@@ -268,8 +282,9 @@ class Setup:
     def finish(self, state, preempted: bool) -> dict[str, Any]:
         """Rank 0 writes OUT/model (the final open_clip model) and the plots; every rank returns the summary."""
         model_dir = str(Path(self.cfg.out) / "model")
+        self.checkpoints.wait()
         if self.rank == 0 and not preempted:
-            save_model(self.clip, self.built.model_cfg, model_dir, self.built.preprocess_cfg)
+            weights.save_model(self.clip, self.built.model_cfg, model_dir, self.built.preprocess_cfg)
         if self.rank == 0:
             from toolkit.train.metrics import write_plots
 
@@ -280,6 +295,7 @@ class Setup:
                 "model": None if preempted else model_dir, "steps_per_epoch": self.steps_per_epoch}
 
     def close(self) -> None:
+        self.checkpoints.wait()  # a checkpoint being written when training stops is completed first
         if self.progress is not None:
             self.progress.close()
         if self.writer is not None:
