@@ -130,3 +130,18 @@ def test_checkpoints_on_an_fsspec_url_resume_exactly(demo_train, tmp_path):
     for key, value in weights(tmp_path / "a").items():
         assert torch.equal(value, reference[key]), key
     fs.rm("/cliptk-ckpt-test", recursive=True)
+
+
+@pytest.mark.dist
+def test_sigusr1_to_a_launcher_reaches_its_workers(demo_train, tmp_path):
+    """SLURM's --signal=USR1 aimed at a torchrun launcher: passed on to the workers, which checkpoint and
+    exit 0 (the signal's default action used to kill the launcher and orphan them)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out), "--steps", "400", "--nproc-per-node", "2"),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait(lambda: (out / "metrics.jsonl").is_file() and len(metrics(out)) >= 3, proc)
+    proc.send_signal(signal.SIGUSR1)
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, output[-3000:]
+    last = max(r["step"] for r in metrics(out))
+    assert last < 400 and (out / "checkpoints" / f"step-{last:08d}" / "checkpoint.json").is_file()

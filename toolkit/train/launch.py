@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import FrameType
 
 from toolkit.core.config import dump_yaml
 from toolkit.core.log import get_logger
 from toolkit.train.config import LaunchConfig, TrainConfig
+
+# Signals the launcher passes to its workers instead of letting torchrun's agent handle them.
+FORWARDED = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
+AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default minus SIGTERM
+AGENT_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"  # torchrun sets it from --signals-to-handle
 
 WORKER_ENV = "CLIPTK_TRAIN_WORKER"  # set for workers a cliptk launcher started (it keeps the stage books)
 
@@ -38,7 +48,9 @@ def launched_by_cliptk() -> bool:
 def torchrun_argv(launch: LaunchConfig, entry: str, args: list[str]) -> list[str]:
     """torchrun's command-line arguments (module docstring) running ``python -m entry *args``."""
     lo, hi = launch.node_range()
-    argv = [f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}"]
+    argv = [f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}",
+            # SIGTERM is passed to the workers by the launcher (signals_forwarded_to_workers), not torchrun
+            f"--signals-to-handle={AGENT_SIGNALS}"]
     endpoint = f"{launch.master_addr}:{launch.master_port}"
     if (lo, hi) == (1, 1):
         argv.append("--standalone")
@@ -66,7 +78,8 @@ def launch(cfg: TrainConfig, entry: str) -> None:
     saved = os.environ.get(WORKER_ENV)
     os.environ[WORKER_ENV] = "1"
     try:
-        torchrun_main(argv)
+        with signals_forwarded_to_workers():
+            torchrun_main(argv)
     except ChildFailedError as err:
         raise RuntimeError(f"training workers failed: {_first_failure(err)}") from None
     except SignalException as err:  # torchrun passed the signal on: the ranks checkpoint and exit
@@ -78,6 +91,46 @@ def launch(cfg: TrainConfig, entry: str) -> None:
             os.environ.pop(WORKER_ENV, None)
         else:
             os.environ[WORKER_ENV] = saved
+
+
+@contextmanager
+def signals_forwarded_to_workers() -> Iterator[None]:
+    """While torchrun runs in this process: SIGTERM and SIGUSR1 go on to the worker processes, which
+    checkpoint and exit 0, and the agent ends normally. Left to torchrun, SIGTERM made the agent kill its
+    workers and die, and the other nodes' agents then waited in the exit barrier for 300 s (measured: a
+    two-node job hung past 180 s after SIGTERM to node 1's launcher); SIGUSR1's default action killed the
+    launcher outright. Main thread only (elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        get_logger("train").warning("launcher received %s: passing it to the workers", signal.Signals(signum).name)
+        for pid in _child_pids(os.getpid()):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    saved = os.environ.get(AGENT_SIGNALS_ENV)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if saved is None:
+            os.environ.pop(AGENT_SIGNALS_ENV, None)
+        else:
+            os.environ[AGENT_SIGNALS_ENV] = saved
+
+
+def _child_pids(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (torchrun's workers), from /proc (Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _first_failure(err) -> str:
