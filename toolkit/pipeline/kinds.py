@@ -49,6 +49,9 @@ KINDS: dict[str, StageKind] = {
                        ("run_dir", "model", "metrics", "checkpoints"),
                        "Train a CLIP model (FastCLIP or OpenCLIP loss) on training shards; one process, "
                        "several (launch.nproc_per_node) or several nodes."),
+    "data.serve": StageKind("toolkit.data.acquire.serve:ServeConfig", "toolkit.data.acquire.serve:run", ("url",),
+                            "Serve a folder on 127.0.0.1 for the rest of the pipeline (fetch over real HTTP); "
+                            "runs on every pipeline run, writes no manifest."),
     "data.demo": StageKind("toolkit.data.acquire.demo:DemoConfig", "toolkit.data.acquire.demo:run",
                            ("train_urls", "eval_urls", "train_csv", "eval_csv", "root"),
                            "Emoji demo set: Twemoji (train) and OpenMoji (held-out artist), URL lists and CSVs."),

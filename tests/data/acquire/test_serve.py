@@ -86,3 +86,22 @@ def test_serve_command_on_a_busy_port_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"error: cannot serve on 127.0.0.1:{busy.port}: Address already in use; pick another with --port, "
         "or --port 0 for a free one"]
+
+
+def test_serve_stage_runs_in_the_background_and_is_reused_in_one_process(tmp_path):
+    """The pipeline kind data.serve: creates its folder, serves files written after it started, and a
+    second run with the same folder and port (a pipeline rerun in one process) reuses the server."""
+    import urllib.request
+
+    from _launch import free_port
+
+    from toolkit.core.config import build
+    from toolkit.data.acquire import serve as serve_stage
+
+    cfg = build(serve_stage.ServeConfig, {"root": str(tmp_path / "site"), "port": free_port()})
+    first = serve_stage.run(cfg)
+    (tmp_path / "site" / "a.txt").write_text("hello")
+    with urllib.request.urlopen(first.outputs["url"] + "a.txt", timeout=10) as resp:
+        assert resp.read() == b"hello"
+    assert serve_stage.run(cfg).outputs["url"] == first.outputs["url"]
+    assert not (tmp_path / "site" / "manifest.json").exists()  # a service keeps no books

@@ -14,10 +14,13 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from toolkit.core.config import option
 from toolkit.core.log import get_logger
+from toolkit.core.stage import StageResult
 
 HOST = "127.0.0.1"
 
@@ -101,3 +104,32 @@ def serve(root: str, port: int = 0,
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The pipeline kind ``data.serve``: a folder served for the rest of the pipeline's process."""
+
+    root: str = option(doc="Folder to serve (created if missing, so a later stage may fill it).")
+    port: int = option(0, ge=0, le=65535, doc="Port on 127.0.0.1 (0: a free one). Give a fixed port when a "
+                                              "later stage's config holds the URL, or it changes every run.")
+    out: str = option("", doc="The stage's own folder (pipelines set it); a service writes nothing there.")
+
+
+# (folder, port) -> its server, for the life of this process: a pipeline run twice in one process (tests,
+# notebooks) reuses the server instead of failing on its own busy port.
+_BACKGROUND: dict[tuple[str, int], FolderServer] = {}
+
+
+def run(cfg: ServeConfig) -> StageResult:
+    """Serve ``cfg.root`` from a daemon thread until this process exits; outputs ``url``. Writes no
+    manifest: a service has no result to reuse, so a pipeline starts it again on every run (milliseconds)."""
+    Path(cfg.root).mkdir(parents=True, exist_ok=True)
+    key = (os.path.realpath(cfg.root), cfg.port)
+    server = _BACKGROUND.get(key) if cfg.port else None
+    if server is None:
+        server = make_server(cfg.root, cfg.port)
+        threading.Thread(target=server.serve_forever, name=f"serve:{server.port}", daemon=True).start()
+        _BACKGROUND[(key[0], server.port)] = server
+    get_logger("serve").info("serving %s at %s for the rest of this run", server.root, server.url)
+    return StageResult(cfg.out, {"url": server.url}, {"port": server.port}, "")
