@@ -56,9 +56,11 @@ def test_markdown_and_chart(tmp_path):
     from PIL import Image
 
     data = report.write_results(str(tmp_path / "r.json"), "cliptk-tiny", "w.safetensors", _records())
-    md = report.markdown_table(data, {"cls7": 14, "fm": 20, "ret9": 9}, [1, 10])
-    assert "| cls7 | 14 | 50.00 | – | 25.00 |" in md
-    assert "| ret9 | 9 | 40.00 | – | 20.00 | – |" in md
+    chance = {"cls7": report.chance_level("classification", 14, 7), "ret9": report.chance_level("retrieval", 9, 0)}
+    md = report.markdown_table(data, {"cls7": 14, "fm": 20, "ret9": 9}, [1, 10], chance)
+    assert "| cls7 | 14 | 14.29 | 50.00 | – | 25.00 |" in md  # chance of top-1 with 7 classes: 1/7
+    assert "| ret9 | 9 | 11.11 | 40.00 | – | 20.00 | – |" in md  # chance of R@1 among 9 pairs: 1/9
+    assert "| fm | 20 | – |" in md  # no chance level given: a dash
     assert "**35.00%**" in md
     report.bar_chart(data, str(tmp_path / "c.png"))
     with Image.open(tmp_path / "c.png") as img:

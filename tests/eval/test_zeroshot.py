@@ -66,3 +66,29 @@ def test_run_with_bf16_model_weights(sets_root, tmp_path):
     # 3 images: R@5 and R@10 are undefined, so only R@1 enters the retrieval average.
     assert set(avg["zeroshot_retrieval"]) == {"image_retrieval_recall@1", "text_retrieval_recall@1"}
     assert avg["num_datasets"] == 2 and avg["primary"] is not None
+
+
+def test_optional_sets_missing_are_reported_not_fatal(sets_root, tmp_path):
+    """build-set --missing-ok without its input builds nothing; zeroshot --skip-missing evaluates the rest
+    and names the missing set in report.md; without the flags both fail naming the path or set."""
+    from toolkit.core.config import build
+    from toolkit.eval.build import BuildSetConfig
+    from toolkit.eval.build import run as build_set
+    from toolkit.eval.datasets import DatasetError
+    from toolkit.eval.zeroshot import ZeroShotConfig, run
+
+    absent = str(tmp_path / "no-fashion-mnist")
+    spec = {"source": "fashion-mnist", "input": absent, "out": str(tmp_path / "sets" / "fashion_mnist")}
+    built = build_set(build(BuildSetConfig, {**spec, "missing_ok": True}))
+    assert built.counts["missing_input"] == 1 and not (tmp_path / "sets" / "fashion_mnist" / "test").exists()
+    with pytest.raises(DatasetError, match="no-fashion-mnist"):
+        build_set(build(BuildSetConfig, {**spec, "out": str(tmp_path / "other")}))
+    (tmp_path / "sets" / "cls7").symlink_to(sets_root / "cls7")
+    cfg = {"model": "cliptk-tiny", "datasets": ["cls7", "fashion_mnist"], "root": str(tmp_path / "sets"),
+           "out": str(tmp_path / "zs"), "device": "cpu"}
+    result = run(build(ZeroShotConfig, {**cfg, "skip_missing": True}))
+    assert result.counts["num_samples"] == {"cls7": 14} and result.details["not_evaluated"] == ["fashion_mnist"]
+    report_md = (tmp_path / "zs" / "report.md").read_text()
+    assert "Not evaluated" in report_md and "fashion_mnist" in report_md and "| cls7 | 14 | 14.29 |" in report_md
+    with pytest.raises(DatasetError, match="fashion_mnist"):
+        run(build(ZeroShotConfig, {**cfg, "out": str(tmp_path / "zs2")}))

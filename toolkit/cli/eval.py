@@ -33,6 +33,8 @@ def zeroshot(
     amp: Annotated[bool | None, typer.Option("--amp/--no-amp", help="Autocast forward passes (default off).")] = None,
     precision: Annotated[str | None, typer.Option("--precision", help="fp32 (default), bf16, fp16, pure_bf16, "
                                                   "pure_fp16.")] = None,
+    skip_missing: Annotated[bool | None, typer.Option("--skip-missing", help="Report sets with no folder under "
+                                                      "--root as not evaluated instead of failing.")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -43,7 +45,7 @@ def zeroshot(
     cfg = load_cli_config(ctx, ZeroShotConfig, config, overrides, model=model, datasets=names,
                           root=str(root) if root else None, out=out,
                           weights=str(weights) if weights else None, batch_size=batch_size, num_workers=num_workers,
-                          device=device, amp=amp, precision=precision)
+                          device=device, amp=amp, precision=precision, skip_missing=skip_missing)
     result = run_stage(run, cfg)
     from toolkit.core import files
 
@@ -70,6 +72,8 @@ def build_set(
     caption_column: Annotated[str | None, typer.Option("--caption-column", help="CSV caption column "
                                                        "(default caption).")] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Keep the first N samples (default all).")] = None,
+    missing_ok: Annotated[bool | None, typer.Option("--missing-ok", help="A missing --input is not an error: "
+                                                    "no set is built (for optional sets like Fashion-MNIST).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -80,9 +84,13 @@ def build_set(
                           input=str(input) if input else None, task=task,
                           classnames=str(classnames) if classnames else None,
                           templates=str(templates) if templates else None, image_column=image_column,
-                          label_column=label_column, caption_column=caption_column, limit=limit)
+                          label_column=label_column, caption_column=caption_column, limit=limit,
+                          missing_ok=missing_ok)
     result = run_stage(run, cfg)
     counts = result.counts
+    if counts.get("missing_input"):
+        typer.echo(f"{cfg.input or cfg.source}: not found: no set built (--missing-ok)")
+        return
     typer.echo(f"{result.outputs['dataset']}: {counts['num_samples']} samples, {counts['num_classes']} classes, "
                f"{counts['num_shards']} shard(s)")
     for reason, num in counts["left_out"].items():

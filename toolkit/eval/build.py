@@ -45,6 +45,10 @@ class BuildSetConfig:
                                                          "the set's split is always 'test'.")
     limit: int = option(0, ge=0, doc="Keep only the first N samples (0: all).")
     max_per_shard: int = option(10_000, ge=1, doc="Samples per tar shard.")
+    missing_ok: bool = option(False, doc="When the input folder/file does not exist, finish without a set "
+                                         "(a warning, counts.missing_input) instead of failing: for optional "
+                                         "sets such as Fashion-MNIST from its Debian package. Evaluate with "
+                                         "eval zeroshot's skip_missing.")
 
     def __post_init__(self) -> None:
         if self.task == "retrieval" and self.source in ("folder", "fashion-mnist"):
@@ -110,6 +114,12 @@ def run(cfg: BuildSetConfig) -> StageResult:
     if not files.is_local(cfg.out):
         raise DatasetError(f"out: {cfg.out}: evaluation sets are written to local folders")
     with stage_run(KIND, cfg, cfg.out) as rec:
+        source_path = cfg.input or (sources.FASHION_MNIST_DIR if cfg.source == "fashion-mnist" else "")
+        if cfg.missing_ok and not Path(source_path).exists():
+            hint = " (apt-get install dataset-fashion-mnist)" if cfg.source == "fashion-mnist" else ""
+            log.warning("%s: not found%s: no %s set built (missing_ok)", source_path, hint, cfg.source)
+            rec.counts.update(num_samples=0, missing_input=1)
+            return rec.result()
         found = collect(cfg)
         if not found.samples:
             raise DatasetError(f"{cfg.input}: no samples found")

@@ -101,8 +101,17 @@ def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.2f}"
 
 
-def markdown_table(data: dict[str, Any], counts: dict[str, int], recall_k: list[int]) -> str:
-    """Two tables (classification, retrieval) in percent, each with an average row."""
+def chance_level(kind: str, num_samples: int, num_classes: int) -> float:
+    """The primary metric of a model that guesses: top-1 = 1/classes; R@1 = 1/samples (one caption per
+    image, as the sets built by `eval build-set` from the demo hold)."""
+    return 1.0 / max(num_classes if kind == "classification" else num_samples, 1)
+
+
+def markdown_table(data: dict[str, Any], counts: dict[str, int], recall_k: list[int],
+                   chance: dict[str, float] | None = None) -> str:
+    """Two tables (classification, retrieval) in percent, each with an average row; ``chance`` (set name
+    -> chance level of the primary metric) adds a column beside the numbers."""
+    chance = chance or {}
     lines = [f"# Zero-shot evaluation: {data['model']}", "",
              f"weights: `{data['pretrained'] or 'random init'}`", ""]
     for task, columns in (("zeroshot_classification", CLASSIFICATION_COLUMNS),
@@ -111,14 +120,14 @@ def markdown_table(data: dict[str, Any], counts: dict[str, int], recall_k: list[
         if not rows:
             continue
         lines += [f"## {task.replace('_', ' ')} (%)", "",
-                  "| dataset | samples | " + " | ".join(h for _, h in columns) + " |",
-                  "|---|---:|" + "---:|" * len(columns)]
+                  "| dataset | samples | chance | " + " | ".join(h for _, h in columns) + " |",
+                  "|---|---:|---:|" + "---:|" * len(columns)]
         for r in rows:
             name = r["dataset"].removeprefix("wds/")
             cells = [_pct(r["metrics"].get(k)) for k, _ in columns]
-            lines.append(f"| {name} | {counts.get(name, '')} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {counts.get(name, '')} | {_pct(chance.get(name))} | " + " | ".join(cells) + " |")
         avg = data["average"][task]
-        lines.append("| **average** | | " + " | ".join(_pct(avg.get(k)) for k, _ in columns) + " |")
+        lines.append("| **average** | | | " + " | ".join(_pct(avg.get(k)) for k, _ in columns) + " |")
         lines.append("")
     lines.append(f"Average primary metric over {data['average']['num_datasets']} set(s) (top-1 for "
                  f"classification, mean R@1 for retrieval): **{_pct(data['average']['primary'])}%**")

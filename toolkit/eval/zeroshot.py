@@ -18,7 +18,7 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import report
-from toolkit.eval.datasets import EvalSet, make_eval_loader, open_eval_set
+from toolkit.eval.datasets import SPLIT, DatasetError, EvalSet, make_eval_loader, open_eval_set
 
 # clip-benchmark draws its own tqdm bars; tqdm reads TQDM_* variables when it is first imported, so this
 # only takes effect if nothing imported tqdm before. Our progress bar (toolkit.core.log) is the one we show.
@@ -46,6 +46,8 @@ class ZeroShotConfig:
     recall_k: list[int] = option(factory=lambda: [1, 5, 10], doc="k values for retrieval recall@k.")
     seed: int = option(0, doc="Seed of the random init when no weights are given.")
     language: str = option("en", doc="Language recorded in the results (clip-benchmark's schema).")
+    skip_missing: bool = option(False, doc="Sets of `datasets` with no folder under `root` are reported as "
+                                           "not evaluated instead of failing (optional sets, e.g. Fashion-MNIST).")
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -130,7 +132,14 @@ def run(cfg: ZeroShotConfig) -> StageResult:
 
     log = get_logger("eval")
     with stage_run(KIND, cfg, cfg.out) as rec:
-        sets = [open_eval_set(cfg.root, name) for name in cfg.datasets]  # fail before loading the model
+        # a set is there when its split folder is (build-set --missing-ok leaves only its manifest)
+        missing = [n for n in cfg.datasets if cfg.skip_missing and not files.exists(files.join(cfg.root, n, SPLIT))]
+        for name in missing:
+            log.warning("%s: no evaluation set in %s: not evaluated (skip_missing)", name, cfg.root)
+        if len(missing) == len(cfg.datasets):
+            raise DatasetError(f"{cfg.root}: none of the sets {cfg.datasets} exists")
+        # open every set before loading the model, so a bad one fails at once
+        sets = [open_eval_set(cfg.root, name) for name in cfg.datasets if name not in missing]
         device = resolve_device(cfg.device)
         loaded = load_model(cfg.model, weights=cfg.weights or None, device=device, precision=cfg.precision,
                             seed=cfg.seed)
@@ -157,10 +166,14 @@ def run(cfg: ZeroShotConfig) -> StageResult:
                      extra={"data": record})
         counts = {s.name: s.num_samples for s in sets}
         data = report.write_results(files.join(cfg.out, "results.json"), loaded.name, loaded.weights, records)
-        files.write_text_atomic(files.join(cfg.out, "report.md"), report.markdown_table(data, counts, cfg.recall_k))
+        chance = {s.name: report.chance_level(s.kind, s.num_samples, len(s.classnames)) for s in sets}
+        table = report.markdown_table(data, counts, cfg.recall_k, chance)
+        if missing:
+            table += f"\nNot evaluated (no set under {cfg.root}): {', '.join(missing)}\n"
+        files.write_text_atomic(files.join(cfg.out, "report.md"), table)
         report.bar_chart(data, files.join(cfg.out, "results.png"))
         rec.outputs.update(results=files.join(cfg.out, "results.json"), report=files.join(cfg.out, "report.md"),
                            chart=files.join(cfg.out, "results.png"), per_dataset=per_dataset)
         rec.counts.update(num_datasets=len(sets), num_samples=counts)
-        rec.details.update(average=data["average"], model=loaded.name, weights=loaded.weights, device=device)
+        rec.details.update(not_evaluated=missing, chance=chance, average=data["average"], model=loaded.name, weights=loaded.weights, device=device)
     return rec.result()
