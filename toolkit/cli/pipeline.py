@@ -40,6 +40,17 @@ def run_cmd(
         fail(str(err), code=1)
     for name, action, _ in report:
         typer.echo(f"{name}: {action}")
+    _print_last_report(report)
+
+
+def _print_last_report(report: list) -> None:
+    """Print the markdown report of the last stage that ran and wrote one (e.g. eval.zeroshot's table)."""
+    for _, _, result in reversed(report):
+        path = (result.outputs.get("report", "") if result is not None else "") or ""
+        if path.endswith(".md") and Path(path).is_file():
+            typer.echo("\n" + Path(path).read_text(encoding="utf-8"))
+            typer.echo(f"(this table: {path})")
+            return
 
 
 @app.command("validate")
