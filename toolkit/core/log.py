@@ -21,13 +21,30 @@ def get_logger(name: str = "") -> logging.Logger:
     return logging.getLogger(f"{LOGGER_NAME}.{name}" if name else LOGGER_NAME)
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record, not the one at set-up: a caller
+    that swaps stderr (typer's CliRunner, a notebook capturing output) and closes its copy afterwards would
+    otherwise make every later record fail with 'I/O operation on closed file'."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(level: str = "INFO", quiet: bool = False) -> None:
     """Called once by the CLI entry point: human-readable records on stderr."""
     _STATE["quiet"] = quiet
     logger = get_logger()
     logger.setLevel(level.upper())
     if not any(getattr(h, "_toolkit_console", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._toolkit_console = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

@@ -70,13 +70,26 @@ class WorkerRun:
         from toolkit.data.acquire.fetch_worker import EVENT_PREFIX
 
         assert self.proc.stdout is not None
+        decoder = json.JSONDecoder()
         for line in self.proc.stdout:
             for part in line.rstrip("\n").split("\r"):  # tqdm redraws with carriage returns
-                if part.startswith(EVENT_PREFIX):
-                    yield json.loads(part[len(EVENT_PREFIX):])
-                elif part.strip():
-                    self.tail.append(part)
-                    log.debug("img2dataset: %s", part)
+                # img2dataset's own output may share a line with an event (it prints without a newline
+                # at times): every event in the part is decoded, the text around them is output
+                chunks = part.split(EVENT_PREFIX)
+                self._output(chunks[0])
+                for chunk in chunks[1:]:
+                    try:
+                        event, end = decoder.raw_decode(chunk)
+                    except json.JSONDecodeError:
+                        self._output(EVENT_PREFIX + chunk)
+                        continue
+                    yield event
+                    self._output(chunk[end:])
+
+    def _output(self, text: str) -> None:
+        if text.strip():
+            self.tail.append(text)
+            log.debug("img2dataset: %s", text)
 
     def close(self) -> int:
         if self.timer:

@@ -40,7 +40,12 @@ _INSTALLED: dict[str, tuple] = {}
 
 
 def emit(event: dict) -> None:
-    print(EVENT_PREFIX + json.dumps(event), flush=True)
+    """One event line in one ``write`` system call. img2dataset's pool processes and download threads
+    share this stdout pipe, and ``print`` under PYTHONUNBUFFERED writes the text and its newline in two
+    calls, so two events could land on one line (CI saw ``{"urls": 123}@@cliptk-fetch ...``). A single
+    write of under PIPE_BUF (4096) bytes to a pipe is atomic."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (EVENT_PREFIX + json.dumps(event) + "\n").encode())
 
 
 def _url_done() -> None:
