@@ -24,6 +24,8 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
+from toolkit.core import safeyaml
+
 T = TypeVar("T")
 MISSING = dataclasses.MISSING
 
@@ -58,6 +60,18 @@ def option(
 # ---------------------------------------------------------------- building and validation
 
 
+# Longest quoted value in an error message: a value from a file is quoted, never printed whole.
+SHORT_REPR_CHARS = 80
+
+
+def short(value: Any) -> str:
+    """``repr(value)``, cut to :data:`SHORT_REPR_CHARS` with the full length named."""
+    text = repr(value)
+    if len(text) <= SHORT_REPR_CHARS:
+        return text
+    return f"{text[:SHORT_REPR_CHARS]}... ({len(text):,} characters)"
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
@@ -78,28 +92,28 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
                 return _coerce(arg, value, source, key)
             except ConfigError as err:
                 errors.append(err.message)
-        raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(source, key, f"expected {_type_name(tp)}, got {short(value)}")
     if origin is Literal:
         if value in args:
             return value
         hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
         extra = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ConfigError(source, key, f"must be one of {', '.join(repr(a) for a in args)}, got {value!r}{extra}")
+        raise ConfigError(source, key, f"must be one of {', '.join(repr(a) for a in args)}, got {short(value)}{extra}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(source, key, f"expected a mapping for {tp.__name__}, got {value!r}")
+            raise ConfigError(source, key, f"expected a mapping for {tp.__name__}, got {short(value)}")
         return build(tp, value, source=source, prefix=key)
     if origin in (list, tuple):
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-            raise ConfigError(source, key, f"expected a list, got {value!r}")
+            raise ConfigError(source, key, f"expected a list, got {short(value)}")
         item_tp = args[0] if args else Any
         items = [_coerce(item_tp, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(source, key, f"expected a mapping, got {value!r}")
+            raise ConfigError(source, key, f"expected a mapping, got {short(value)}")
         val_tp = args[1] if len(args) == 2 else Any
         return {str(k): _coerce(val_tp, v, source, f"{key}.{k}") for k, v in value.items()}
     return _coerce_scalar(tp, value, source, key)
@@ -110,11 +124,11 @@ def _coerce_scalar(tp: Any, value: Any, source: str, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(source, key, f"expected true or false, got {value!r}")
+        raise ConfigError(source, key, f"expected true or false, got {short(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(source, key, f"expected an integer, got {value!r}")
+        raise ConfigError(source, key, f"expected an integer, got {short(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -123,18 +137,18 @@ def _coerce_scalar(tp: Any, value: Any, source: str, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(source, key, f"expected a number, got {value!r}")
+        raise ConfigError(source, key, f"expected a number, got {short(value)}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(source, key, f"expected a string, got {value!r}")
+        raise ConfigError(source, key, f"expected a string, got {short(value)}")
     if tp is Path:
         if isinstance(value, (str, Path)):
             return Path(value)
-        raise ConfigError(source, key, f"expected a path, got {value!r}")
+        raise ConfigError(source, key, f"expected a path, got {short(value)}")
     if isinstance(value, tp):
         return value
-    raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(source, key, f"expected {_type_name(tp)}, got {short(value)}")
 
 
 _BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
@@ -146,7 +160,7 @@ def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> Non
     for name, (op, word) in _BOUNDS.items():
         bound = f.metadata.get(name)
         if bound is not None and not op(value, bound):
-            raise ConfigError(source, key, f"must be {word} {bound}, got {value!r}")
+            raise ConfigError(source, key, f"must be {word} {bound}, got {short(value)}")
 
 
 def suggest(name: str, known: list[str]) -> str:
@@ -179,8 +193,9 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for name in data:
         if name not in fields:
-            key = f"{prefix}.{name}" if prefix else str(name)
-            raise ConfigError(source, key, "unknown key" + suggest(str(name), list(fields)))
+            name = str(name) if len(str(name)) <= SHORT_REPR_CHARS else short(name)
+            key = f"{prefix}.{name}" if prefix else name
+            raise ConfigError(source, key, "unknown key" + suggest(name, list(fields)))
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -208,7 +223,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key.strip():
         raise ConfigError("--set", text, "empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safeyaml.load(raw) if raw.strip() else ""
+    except safeyaml.YamlTooLarge as err:
+        raise ConfigError("--set", key.strip(), f"invalid YAML value: {err}") from None
     except yaml.YAMLError:
         value = raw
     return key.strip().split("."), value
@@ -232,11 +249,11 @@ def read_yaml(path: str | Path) -> dict:
 
     try:
         with open_file(str(path), "r") as fh:
-            data = yaml.safe_load(fh)
+            data = safeyaml.load(fh)
     except FileNotFoundError as err:
         raise ConfigError(str(path), "", "file not found") from err
     except yaml.YAMLError as err:
-        raise ConfigError(str(path), "", f"invalid YAML: {err}") from err
+        raise ConfigError(str(path), "", f"invalid YAML: {' '.join(str(err).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

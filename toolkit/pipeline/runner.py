@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from toolkit.core import files
-from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, suggest
+from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, short, suggest
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
 from toolkit.pipeline.kinds import KINDS
@@ -151,12 +151,12 @@ def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, ea
             raise ConfigError(path, f"{where}.{key}", "unknown key" + suggest(str(key), STAGE_KEYS))
     name, kind = entry.get("name"), entry.get("kind")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(path, f"{where}.name", f"expected a name of letters, digits, '_' or '-', got {name!r}")
+        raise ConfigError(path, f"{where}.name", f"expected a name of letters, digits, '_' or '-', got {short(name)}")
     if name in earlier:
         raise ConfigError(path, f"{where}.name", f"duplicate stage name {name!r}")
     where = f"stages.{name}"
     if kind not in KINDS:
-        raise ConfigError(path, f"{where}.kind", f"unknown stage kind {kind!r}" + suggest(str(kind), list(KINDS)))
+        raise ConfigError(path, f"{where}.kind", f"unknown stage kind {short(kind)}" + suggest(str(kind)[:80], list(KINDS)))
     config = entry.get("config") or {}
     if not isinstance(config, dict):
         raise ConfigError(path, f"{where}.config", "expected a mapping")
