@@ -30,6 +30,7 @@ from toolkit.core import files
 from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, short, suggest
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
+from toolkit.pipeline import shell
 from toolkit.pipeline.kinds import KINDS
 
 _REF = re.compile(r"\$\{([^}]+)\}")
@@ -68,14 +69,17 @@ class Pipeline:
         return names.index(name)
 
 
-def _substitute(value: Any, lookup, source: str, key: str) -> Any:
-    """Replace ``${...}`` in strings (recursively) using ``lookup(ref, key) -> value``."""
+def _substitute(value: Any, lookup, source: str, key: str, shell_key: str = "") -> Any:
+    """Replace ``${...}`` in strings (recursively) using ``lookup(ref, key) -> value``; the string at
+    ``shell_key`` (a shell stage's cmd) gets each value quoted for the shell (``shell.substitute_cmd``)."""
     if isinstance(value, dict):
-        return {k: _substitute(v, lookup, source, f"{key}.{k}") for k, v in value.items()}
+        return {k: _substitute(v, lookup, source, f"{key}.{k}", shell_key) for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute(v, lookup, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [_substitute(v, lookup, source, f"{key}[{i}]", shell_key) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
+    if key == shell_key:
+        return shell.substitute_cmd(value, _REF, lambda ref: lookup(ref, key))
     whole = _REF.fullmatch(value)
     if whole:
         return lookup(whole.group(1).strip(), key)
@@ -161,13 +165,19 @@ def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, ea
     if not isinstance(config, dict):
         raise ConfigError(path, f"{where}.config", "expected a mapping")
     refs: set[str] = set()
-    raw = _substitute(config, _static_lookup(path, run_dir, variables, earlier, refs), path, f"{where}.config")
+    raw = _substitute(config, _static_lookup(path, run_dir, variables, earlier, refs), path, f"{where}.config",
+                      _shell_key(kind, config, where))
     cls = KINDS[kind].load("config")
     if "out" in {f.name for f in dataclasses.fields(cls)} and "out" not in raw:
         raw["out"] = f"{run_dir}/{name}"
     placeholder = _substitute(raw, lambda ref, key: f"<{ref}>", path, where)
     build(cls, placeholder, source=path, prefix=f"{where}.config")
     return Stage(name, kind, raw, refs)
+
+
+def _shell_key(kind: str, config: dict, where: str) -> str:
+    """The key path of a shell stage's cmd, whose references are quoted, unless ``quote_refs: false``."""
+    return f"{where}.config.cmd" if kind == "shell" and config.get("quote_refs", True) is not False else ""
 
 
 def resolve_stage(pipe: Pipeline, stage: Stage, results: dict[str, dict[str, str]]) -> Any:
@@ -183,7 +193,8 @@ def resolve_stage(pipe: Pipeline, stage: Stage, results: dict[str, dict[str, str
         if out_key not in results[name]:
             raise ConfigError(pipe.path, key, f"stage {name!r} recorded no output {out_key!r}")
         return results[name][out_key]
-    data = _substitute(stage.raw, lookup, pipe.path, f"stages.{stage.name}.config")
+    where = f"stages.{stage.name}"
+    data = _substitute(stage.raw, lookup, pipe.path, f"{where}.config", _shell_key(stage.kind, stage.raw, where))
     return build(KINDS[stage.kind].load("config"), data, source=pipe.path, prefix=f"stages.{stage.name}.config")
 
 

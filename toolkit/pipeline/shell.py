@@ -1,10 +1,21 @@
-"""The ``shell`` stage: any command line as a pipeline stage, with the same manifest bookkeeping."""
+"""The ``shell`` stage: any command line as a pipeline stage, with the same manifest bookkeeping.
+
+Values reach the command as data: the runner inserts each ``${...}`` in ``cmd`` through
+:func:`substitute_cmd`, quoted for the place it stands in (bare, inside '...' or inside "..."), so
+``--set 'vars.name=x; touch F'`` passes the text ``x; touch F`` and a ``run_dir`` with a space stays one
+word. ``quote_refs: false`` inserts the raw text for the shell to parse, for values you wrote yourself.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from toolkit.core.config import option
 from toolkit.core.log import get_logger
@@ -13,6 +24,8 @@ from toolkit.core.stage import StageResult, stage_run
 KIND = "shell"
 # How much of a failed command's output goes into the error message and manifest.
 ERROR_TAIL_CHARS = 2000
+# After SIGTERM to the command's process group, how long its processes get before SIGKILL.
+KILL_GRACE_S = 2.0
 
 
 class ShellStageError(RuntimeError):
@@ -21,7 +34,8 @@ class ShellStageError(RuntimeError):
 
 @dataclass(frozen=True)
 class ShellConfig:
-    cmd: str = option(doc="Command line, run with `bash -c`; $STAGE_OUT holds the output directory.")
+    cmd: str = option(doc="Command line, run with `bash -c`; $STAGE_OUT holds the output directory. Each ${...} "
+                          "is inserted as literal text, quoted for where it stands (see quote_refs).")
     out: str = option(doc="Output directory; manifest.json, config.yaml and log.jsonl are written here.")
     inputs: list[str] = option(factory=list, is_input=True,
                                doc="Paths the command reads; a change to any of them reruns the stage.")
@@ -29,7 +43,85 @@ class ShellConfig:
                                      doc="Output name -> path, for later stages' ${stages.NAME.outputs.KEY}.")
     env: dict[str, str] = option(factory=dict, doc="Extra environment variables for the command.")
     cwd: str = option("", doc="Working directory (default: the current one).")
-    timeout_s: float | None = option(None, gt=0, doc="Kill the command after this many seconds (default: none).")
+    timeout_s: float | None = option(None, gt=0, doc="Kill the command and every process it started after this "
+                                                     "many seconds (default: none).")
+    quote_refs: bool = option(True, doc="Quote each ${...} value in cmd so the shell sees it as text; false "
+                                        "inserts it raw, to be parsed as shell syntax (only for values you trust).")
+
+
+def _quote_state(text: str, state: str) -> str:
+    """The quoting context ('' bare, "'" or '"') after ``text``, starting in ``state``; backslash escapes
+    count outside single quotes. ``$(...)``, backticks and here-documents are not tracked (bare)."""
+    escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\" and state != "'":
+            escaped = True
+        elif state == "" and char in "'\"":
+            state = char
+        elif char == state:
+            state = ""
+    return state
+
+
+def _quote(text: str, state: str) -> str:
+    if state == "'":
+        return text.replace("'", "'\\''")  # close, escaped quote, reopen
+    if state == '"':
+        return re.sub(r'([\\"$`])', r"\\\1", text)
+    return shlex.quote(text)
+
+
+def substitute_cmd(cmd: str, pattern: re.Pattern, lookup: Callable[[str], Any], quote: bool = True) -> str:
+    """``cmd`` with every ``pattern`` match (``${ref}``) replaced by ``str(lookup(ref))``, shell-quoted for
+    its context unless ``quote`` is false. A lookup that returns the reference itself (resolved later)
+    is kept as it is."""
+    out, pos, state = [], 0, ""
+    for match in pattern.finditer(cmd):
+        state = _quote_state(cmd[pos:match.start()], state)
+        ref = match.group(1).strip()
+        text = str(lookup(ref))
+        if quote and text != "${" + ref + "}":
+            text = _quote(text, state)
+        out += [cmd[pos:match.start()], text]
+        pos = match.end()
+    return "".join(out) + cmd[pos:]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the command's whole process group (``sleep 25 | cat`` included), SIGKILL after a grace."""
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``cfg.cmd`` in its own process group: (exit code, stdout, stderr); a timeout or Ctrl-C kills
+    the group, not only bash."""
+    proc = subprocess.Popen(["bash", "-c", cfg.cmd], cwd=cfg.cwd or None, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
+    except subprocess.TimeoutExpired as err:
+        _kill_group(proc)
+        proc.communicate()
+        raise ShellStageError(f"command timed out after {cfg.timeout_s} s (its processes were killed): "
+                              f"{cfg.cmd}") from err
+    except BaseException:  # KeyboardInterrupt: the command must not outlive the pipeline
+        _kill_group(proc)
+        raise
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    return proc.returncode, stdout, stderr
 
 
 def run(cfg: ShellConfig) -> StageResult:
@@ -38,17 +130,13 @@ def run(cfg: ShellConfig) -> StageResult:
     with stage_run(KIND, cfg, cfg.out) as rec:
         env = {**os.environ, **cfg.env, "STAGE_OUT": cfg.out}
         log.info("$ %s", cfg.cmd)
-        try:
-            proc = subprocess.run(["bash", "-c", cfg.cmd], cwd=cfg.cwd or None, env=env, capture_output=True,
-                                  text=True, timeout=cfg.timeout_s, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as err:
-            raise ShellStageError(f"command timed out after {cfg.timeout_s} s: {cfg.cmd}") from err
-        for stream, text in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+        code, stdout, stderr = _run_command(cfg, env)
+        for stream, text in (("stdout", stdout), ("stderr", stderr)):
             for line in text.splitlines():
                 log.info("[%s] %s", stream, line)
-        rec.counts["exit_code"] = proc.returncode
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout)[-ERROR_TAIL_CHARS:].strip()
-            raise ShellStageError(f"command exited with code {proc.returncode}: {cfg.cmd}\n{tail}")
+        rec.counts["exit_code"] = code
+        if code != 0:
+            tail = (stderr or stdout)[-ERROR_TAIL_CHARS:].strip()
+            raise ShellStageError(f"command exited with code {code}: {cfg.cmd}\n{tail}")
         rec.outputs.update({"out": cfg.out, **cfg.outputs})
     return rec.result()
