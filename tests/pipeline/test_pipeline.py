@@ -159,3 +159,59 @@ def test_changed_input_folder_is_walked_once_and_recorded(tmp_path, monkeypatch)
     recorded = manifest(tmp_path, "read")["inputs"]["inputs[0]"]["fingerprint"]
     assert recorded == stage.fingerprint(str(folder))
     assert "read: skipped" in invoke("run", str(path)).output
+
+
+def test_dry_run_writes_nothing(pipe, tmp_path):
+    """Issue 15 item 11: a dry run created run_dir, pipeline.log.jsonl and pipeline.resolved.yaml."""
+    dry = invoke("run", str(pipe), "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert not (tmp_path / "run").exists()
+    assert invoke("run", str(pipe)).exit_code == 0
+    before = sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*"))
+    assert invoke("run", str(pipe), "--dry-run", "--set", "vars.greeting=bye").exit_code == 0
+    assert sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_unwritable_run_dir_is_one_line(pipe, tmp_path):
+    """Issue 15 item 9: a run_dir that cannot be created was a traceback (root ignores chmod, so: under a file)."""
+    (tmp_path / "afile").write_text("x")
+    result = invoke("run", str(pipe), "--set", f"run_dir={tmp_path}/afile/run")
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert f"cannot write to {tmp_path}/afile/run" in result.output and str(pipe) in result.output
+
+
+@pytest.mark.parametrize(("override", "source_words"), [
+    ("vars.greting=x", "defines no variable 'greting'; did you mean 'greeting'"),
+    ("run_dir=", "run_dir: expected a non-empty string"),
+    ("name.x=1", "name.x: use vars.NAME=V"),
+    ("run_dir.x=1", "run_dir.x: use vars.NAME=V"),
+    ("vars.greeting.x=1", "vars.greeting.x: use vars.NAME=V"),
+    ("stages.mkae.cmd=true", "no such stage; did you mean 'make'"),
+    ("stages.make.timeout_s=-1", "stages.make.config.timeout_s: must be > 0"),
+    ("stages.make.cmdd=true", "stages.make.config.cmdd: unknown key"),
+])
+def test_set_errors_name_the_set_text(pipe, override, source_words):
+    """Issue 15 item 13: --set errors were blamed on the YAML file, and some were accepted silently."""
+    result = invoke("validate", str(pipe), "--set", override)
+    assert result.exit_code == 2, result.output
+    assert f"--set {override}" in result.output and source_words in result.output, result.output
+
+
+def test_bad_var_value_from_set_is_blamed_on_set(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(f"run_dir: {tmp_path}/r\nvars: {{t: 1}}\nstages:\n"
+                    "  - {name: slow, kind: shell, config: {cmd: 'true', timeout_s: '${vars.t}'}}\n")
+    result = invoke("validate", str(path), "--set", "vars.t=-5")
+    assert result.exit_code == 2 and "--set vars.t=-5: stages.slow.config.timeout_s: must be > 0" in result.output
+    path.write_text(path.read_text().replace("t: 1", "t: -1"))
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2 and f"{path}: stages.slow.config.timeout_s: must be > 0" in result.output
+
+
+def test_empty_run_dir_or_name_in_the_file_is_an_error(tmp_path):
+    for text in ("run_dir: ''\n", "name: [a]\n"):
+        path = tmp_path / "e.yaml"
+        path.write_text(text + "stages:\n  - {name: s, kind: shell, config: {cmd: 'true'}}\n")
+        result = invoke("validate", str(path))
+        assert result.exit_code == 2 and "expected a non-empty string" in result.output, result.output

@@ -18,8 +18,10 @@ first failed or changed stage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,9 +88,13 @@ def _substitute(value: Any, lookup, source: str, key: str, shell_key: str = "") 
     return _REF.sub(lambda m: str(lookup(m.group(1).strip(), key)), value)
 
 
-def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, Stage], refs: set[str]):
+def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, Stage], refs: set[str],
+                   sources: dict[str, str]):
+    """``lookup(ref, key)`` for load time; a value that came from ``--set`` marks ``key`` as set by it."""
     def lookup(ref: str, key: str) -> Any:
         parts = ref.split(".")
+        if ref in sources:
+            sources.setdefault(key, sources[ref])
         if ref == "run_dir":
             return run_dir
         if parts[0] == "vars" and len(parts) == 2:
@@ -116,37 +122,72 @@ def _check_output_key(path: str, key: str, stage: Stage, out_key: str) -> None:
 
 
 def load_pipeline(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Pipeline:
-    """Parse and validate the whole file (kinds, keys, types, references); nothing runs."""
+    """Parse and validate the whole file (kinds, keys, types, references); nothing runs.
+
+    Errors name the ``--set`` text when the offending value came from one (directly or through a
+    ``${vars.X}`` / ``${run_dir}`` it set), otherwise the file."""
     data = read_yaml(path)
-    for text in overrides:
-        keys, value = parse_override(text)
-        if keys[0] == "stages" and len(keys) >= 3:
-            stage = next((s for s in data.get("stages") or [] if isinstance(s, dict) and s.get("name") == keys[1]), None)
-            if stage is None:
-                raise ConfigError(f"--set {text}", keys[1], "no such stage")
-            set_path(stage.setdefault("config", {}), keys[2:], value)
-        elif keys[0] in ("vars", "run_dir", "name"):
-            set_path(data, keys, value)
-        else:
-            raise ConfigError(f"--set {text}", keys[0], "use vars.NAME=V, run_dir=DIR or stages.STAGE.KEY=V")
     for key in data:
         if key not in TOP_KEYS:
-            raise ConfigError(path, key, "unknown key" + suggest(key, TOP_KEYS))
+            raise ConfigError(path, key, "unknown key" + suggest(str(key), TOP_KEYS))
     variables = data.get("vars") or {}
     if not isinstance(variables, dict):
         raise ConfigError(path, "vars", "expected a mapping")
-    run_dir = str(data.get("run_dir") or f"runs/{Path(path).stem}")
+    sources = _apply_overrides(path, data, overrides)
+    for key in ("run_dir", "name"):
+        if key in data and (not isinstance(data[key], str) or not data[key].strip()):
+            raise ConfigError(sources.get(key, path), key, f"expected a non-empty string, got {short(data[key])}")
+    run_dir = data.get("run_dir") or f"runs/{Path(path).stem}"
     entries = data.get("stages")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(path, "stages", "expected a non-empty list of stages")
     stages: dict[str, Stage] = {}
     for i, entry in enumerate(entries):
-        stage = _load_stage(path, i, entry, run_dir, variables, stages)
+        try:
+            stage = _load_stage(path, i, entry, run_dir, variables, stages, sources)
+        except ConfigError as err:
+            blamed = [k for k in sources if err.key == k or err.key.startswith((k + ".", k + "["))]
+            if err.source != path or not blamed:
+                raise
+            raise ConfigError(sources[max(blamed, key=len)], err.key, err.message) from None
         stages[stage.name] = stage
-    return Pipeline(path, str(data.get("name") or Path(path).stem), run_dir, list(stages.values()))
+    return Pipeline(path, data.get("name") or Path(path).stem, run_dir, list(stages.values()))
 
 
-def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, earlier: dict[str, Stage]) -> Stage:
+def _apply_overrides(path: str, data: dict, overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Apply ``--set`` texts to the file's mapping; returns key path -> the ``--set`` text that set it."""
+    sources: dict[str, str] = {}
+    variables = data.get("vars") or {}
+    entries = [s for s in data.get("stages") or [] if isinstance(s, dict)]
+    for text in overrides:
+        keys, value = parse_override(text)
+        source, dotted = f"--set {text}", ".".join(keys)
+        if keys[0] == "stages" and len(keys) >= 3:
+            stage = next((s for s in entries if s.get("name") == keys[1]), None)
+            if stage is None:
+                raise ConfigError(source, keys[1], "no such stage" + suggest(keys[1], [str(s.get("name")) for s in entries]))
+            if stage.get("config") is None:
+                stage["config"] = {}
+            if not isinstance(stage["config"], dict):
+                raise ConfigError(path, f"stages.{keys[1]}.config", "expected a mapping")
+            set_path(stage["config"], keys[2:], value)
+            sources[f"stages.{keys[1]}.config.{'.'.join(keys[2:])}"] = source
+        elif keys[0] == "vars" and len(keys) == 2:
+            if keys[1] not in variables:
+                known = suggest(keys[1], list(variables)) if variables else "; the file's vars is empty"
+                raise ConfigError(source, dotted, f"{path} defines no variable {keys[1]!r}{known}")
+            variables[keys[1]] = value
+            sources[dotted] = source
+        elif keys[0] in ("run_dir", "name") and len(keys) == 1:
+            data[keys[0]] = value
+            sources[dotted] = source
+        else:
+            raise ConfigError(source, dotted, "use vars.NAME=V, run_dir=DIR, name=NAME or stages.STAGE.KEY=V")
+    return sources
+
+
+def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, earlier: dict[str, Stage],
+                sources: dict[str, str]) -> Stage:
     where = f"stages[{i}]"
     if not isinstance(entry, dict):
         raise ConfigError(path, where, "expected a mapping with name, kind and config")
@@ -165,7 +206,7 @@ def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, ea
     if not isinstance(config, dict):
         raise ConfigError(path, f"{where}.config", "expected a mapping")
     refs: set[str] = set()
-    raw = _substitute(config, _static_lookup(path, run_dir, variables, earlier, refs), path, f"{where}.config",
+    raw = _substitute(config, _static_lookup(path, run_dir, variables, earlier, refs, sources), path, f"{where}.config",
                       _shell_key(kind, config, where))
     cls = KINDS[kind].load("config")
     if "out" in {f.name for f in dataclasses.fields(cls)} and "out" not in raw:
@@ -231,6 +272,17 @@ def _step(stage: Stage, cfg: Any, forced: bool, dry_run: bool) -> tuple[str, Sta
     return "ran", result, result.outputs
 
 
+def _make_run_dir(pipe: Pipeline) -> None:
+    """Create ``run_dir``; one that cannot be created or written to is a ConfigError naming it."""
+    try:
+        files.makedirs(pipe.run_dir)
+        if files.is_local(pipe.run_dir):  # fail here, not with a traceback from the first log write
+            with tempfile.TemporaryFile(dir=files.local_path(pipe.run_dir)):
+                pass
+    except OSError as err:
+        raise ConfigError(pipe.path, "run_dir", f"cannot write to {pipe.run_dir}: {err.strerror or err}") from None
+
+
 def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None = None,
                  dry_run: bool = False) -> list[tuple[str, str, StageResult | None]]:
     """Run (or plan, with ``dry_run``) the selected stages in order; returns (name, action, result).
@@ -241,8 +293,9 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
     results: dict[str, dict[str, str]] = {}
     report: list[tuple[str, str, StageResult | None]] = []
     planned: set[str] = set()  # dry run: stages that would run, so their new outputs are unknown
-    files.makedirs(pipe.run_dir)
-    with jsonl_log(files.join(pipe.run_dir, "pipeline.log.jsonl")):
+    if not dry_run:  # a dry run writes nothing, not even run_dir
+        _make_run_dir(pipe)
+    with contextlib.nullcontext() if dry_run else jsonl_log(files.join(pipe.run_dir, "pipeline.log.jsonl")):
         for stage in stages:
             if stage.refs & planned:  # only in a dry run: its config needs outputs that do not exist yet
                 action = "run (forced)" if forced else "run: after " + ", ".join(sorted(stage.refs & planned))
@@ -256,6 +309,8 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
             if dry_run and not action.startswith("skip"):
                 planned.add(stage.name)
             report.append((stage.name, action, result))
+    if dry_run:
+        return report
     files.write_text_atomic(files.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
         {"name": pipe.name, "run_dir": pipe.run_dir,
          "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages]}, sort_keys=False))
