@@ -209,6 +209,9 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
     except (ValueError, TypeError) as err:  # __post_init__ cross-field checks
         if isinstance(err, ConfigError):
             raise
+        name, sep, message = str(err).partition(": ")  # 'field: message' blames that field
+        if sep and name in fields:
+            raise ConfigError(source, f"{prefix}.{name}" if prefix else name, message) from err
         raise ConfigError(source, prefix, str(err)) from err
 
 

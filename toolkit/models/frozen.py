@@ -15,6 +15,7 @@ All encoding runs under ``torch.no_grad`` in eval mode on the CPU of the calling
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -70,6 +71,27 @@ class FrozenTextTower:
         with torch.no_grad():
             feats = self.forward(self.tokenize(list(captions)))
         return feats.float().numpy().astype(np.float16)
+
+
+def check_weights_value(key: str, weights: str) -> None:
+    """Validation-time check of a frozen tower's weights option: a local file, never a name or URL.
+
+    open_clip takes ``pretrained='openai'`` or ``'hf-hub:org/name'`` as an order to download (56 s of
+    Hugging Face retries offline, issue 15 item 8); cliptk only reads files. A path that does not exist yet
+    (an earlier pipeline stage may write it) passes here and is refused by :func:`require_weights_file`."""
+    if not weights or os.path.isfile(weights):
+        return
+    scheme = weights.split("/", 1)[0]
+    if "://" in weights or ":" in scheme or ("/" not in weights and "." not in weights):
+        raise ValueError(f"{key}: {weights[:200]!r} is not a local file; frozen tower weights are read from a "
+                         "local file only, nothing is downloaded (omit it for the packaged or random weights)")
+
+
+def require_weights_file(weights: str) -> str:
+    """``weights`` when it is an existing local file (or empty); ValueError naming it otherwise."""
+    if weights and not os.path.isfile(weights):
+        raise ValueError(f"frozen tower weights {weights[:200]!r}: no such local file (nothing is downloaded)")
+    return weights
 
 
 def _open_clip_model(model: str, weights: str):
@@ -146,11 +168,11 @@ def load_image_tower(kind: str, model: str = "", weights: str = "") -> FrozenIma
     """The frozen image tower of ``kind`` (a key of IMAGE_TOWERS); ValueError for unknown kinds."""
     if kind not in IMAGE_TOWERS:
         raise ValueError(f"unknown image tower {kind!r}; known: {', '.join(IMAGE_TOWERS)}")
-    return IMAGE_TOWERS[kind](model, weights)
+    return IMAGE_TOWERS[kind](model, require_weights_file(weights))
 
 
 def load_text_tower(kind: str, model: str = "", weights: str = "") -> FrozenTextTower:
     """The frozen text tower of ``kind`` (a key of TEXT_TOWERS); ValueError for unknown kinds."""
     if kind not in TEXT_TOWERS:
         raise ValueError(f"unknown text tower {kind!r}; known: {', '.join(TEXT_TOWERS)}")
-    return TEXT_TOWERS[kind](model, weights)
+    return TEXT_TOWERS[kind](model, require_weights_file(weights))

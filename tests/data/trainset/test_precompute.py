@@ -141,3 +141,31 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
     res = CliRunner().invoke(app, ["data", "precompute", "--in", str(tmp_path / "nothing"), "--out",
                                    str(tmp_path / "cli2"), "--model", MODEL])
     assert res.exit_code == 1 and "nothing" in res.output
+
+
+@pytest.mark.parametrize("weights", ["openai", "laion2b_s34b_b79k", "hf-hub:timm/vit", "https://example.org/w.pt",
+                                     "file:///tmp/w.pt"])
+def test_tower_weights_must_be_a_local_file(weights, tmp_path):
+    """Issue 15 item 8: --image-tower-weights openai spent 56 s trying the Hugging Face hub."""
+    from toolkit.core.config import ConfigError, load_config
+    from toolkit.data.trainset.precompute import PrecomputeConfig
+
+    for key in ("image_tower_weights", "text_tower_weights"):
+        with pytest.raises(ConfigError) as err:
+            load_config(PrecomputeConfig, None, [], {"input": "raw", "out": "o", "model": "m", key: weights},
+                        {key: f"option --{key.replace('_', '-')}"})
+        assert err.value.key == key and err.value.source == f"option --{key.replace('_', '-')}"
+        assert "not a local file" in err.value.message and "nothing is downloaded" in err.value.message
+    weights_file = tmp_path / "w.pt"
+    weights_file.write_bytes(b"")
+    assert load_config(PrecomputeConfig, None, [], {"input": "raw", "out": "o", "model": "m",
+                                                    "image_tower_weights": str(weights_file)})
+
+
+def test_missing_tower_weights_file_is_refused_before_open_clip(monkeypatch):
+    """A path that an earlier pipeline stage may write passes validation; loading it must not download."""
+    from toolkit.models import frozen
+
+    monkeypatch.setitem(frozen.IMAGE_TOWERS, "open_clip", lambda *a: pytest.fail("tower loader called"))
+    with pytest.raises(ValueError, match="runs/x/missing.pt.*no such local file"):
+        frozen.load_image_tower("open_clip", "cliptk-tiny", "runs/x/missing.pt")

@@ -72,6 +72,12 @@ class PrecomputeConfig:
     tmp_dir: str = option("", affects_output=False, doc="Local scratch folder (default: OUT/_tmp for a local "
                                                         "OUT, else the system temp folder); removed at the end.")
 
+    def __post_init__(self) -> None:
+        from toolkit.models.frozen import check_weights_value
+
+        check_weights_value("image_tower_weights", self.image_tower_weights)
+        check_weights_value("text_tower_weights", self.text_tower_weights)
+
 
 def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     """Load tokenizer/towers into precompute_worker.STATE (before the pool forks); return the sample fields."""
