@@ -80,6 +80,18 @@ def test_zeroshot_cli_errors(workspace):
     assert result.exit_code == 2 and "model: missing required value" in result.output
 
 
+@pytest.mark.parametrize("name", ["../../six", "/abs/six", "..", "a\\b"])
+def test_zeroshot_dataset_name_is_not_a_path(workspace, name):
+    """Issue 15 item 14: sets/deep/er/../../six was evaluated and its JSON written outside --out."""
+    (workspace / "sets" / "deep" / "er").mkdir(parents=True, exist_ok=True)
+    out = workspace / "escape" / "out"
+    result = CliRunner().invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets", name,
+                                      "--root", str(workspace / "sets" / "deep" / "er"), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "is not a set name" in result.output and "datasets" in result.output
+    assert not (workspace / "escape").exists()
+
+
 def test_pipeline_kinds_registered():
     from toolkit.pipeline.kinds import KINDS
 

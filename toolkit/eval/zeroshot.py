@@ -52,6 +52,10 @@ class ZeroShotConfig:
     def __post_init__(self) -> None:
         if not self.datasets:
             raise ValueError("datasets: give at least one evaluation set name")
+        bad = [n for n in self.datasets if n in ("", ".", "..") or any(c in n for c in "/\\\0") or n != n.strip()]
+        if bad:  # names become folder and file names under root and out: '../../x' wrote outside out
+            raise ValueError(f"datasets: {bad[0][:80]!r} is not a set name; give the folder name of a set under "
+                             "root (no '/', '\\', '..'), and point root at the folder that holds it")
         if len(set(self.datasets)) != len(self.datasets):
             raise ValueError(f"datasets: duplicate names in {self.datasets}")
         if not self.recall_k or any(k < 1 for k in self.recall_k):
