@@ -115,3 +115,20 @@ def test_fashion_mnist_real_files(tmp_path):
         assert img.size == (28, 28) and img.mode == "L"
         # The first test image of Fashion-MNIST is an ankle boot (label 9).
         assert tar.extractfile("s0000000.cls").read() == b"9"
+
+
+@pytest.mark.parametrize("side", [10_000, 20_000])  # above cliptk's limit (89M pixels); above PIL's (179M)
+def test_decompression_bomb_png_is_named_not_a_traceback(tmp_path, side):
+    """Issue 15 item 9: PIL's DecompressionBombError escaped as a traceback naming no file."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    make_folder(tmp_path / "in", [1, 1])
+    bomb = tmp_path / "in" / "object_#0" / "bomb.png"
+    Image.new("1", (side, side)).save(bomb)  # a few kB on disk, side*side pixels decoded
+    result = CliRunner().invoke(app, ["--quiet", "eval", "build-set", "--source", "folder", "--input",
+                                      str(tmp_path / "in"), "--out", str(tmp_path / "set")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"error: DatasetError: {tmp_path / 'in' / 'object_#0'}" in result.output and str(bomb) in result.output

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.data.acquire import demo
-from toolkit.data.images import IMAGE_EXTS
+from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS
 from toolkit.eval.datasets import DatasetError
 
 GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
@@ -59,6 +59,10 @@ def read_image(path: Path, where: str) -> tuple[bytes, str]:
     data = path.read_bytes()
     try:
         with Image.open(io.BytesIO(data)) as img:
+            pixels = img.width * img.height
+            if pixels > DEFAULT_MAX_IMAGE_PIXELS:  # checked before decoding: 20000x20000 would need 400 MB+
+                raise DatasetError(f"{where}: {path}: {img.width}x{img.height} = {pixels:,} pixels, more than "
+                                   f"{DEFAULT_MAX_IMAGE_PIXELS:,} (decompression bomb?); remove or shrink it")
             img.load()
             fmt = (img.format or "").lower()
             if fmt in ("png", "jpeg", "webp"):
@@ -66,7 +70,9 @@ def read_image(path: Path, where: str) -> tuple[bytes, str]:
             buf = io.BytesIO()
             img.convert("RGB").save(buf, format="PNG")
             return buf.getvalue(), "png"
-    except (OSError, ValueError) as err:
+    except DatasetError:
+        raise
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise DatasetError(f"{where}: unreadable image {path}: {err}") from err
 
 
