@@ -77,3 +77,5 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
         fail(str(err))
     except (OSError, RuntimeError, ValueError) as err:
         fail(f"{type(err).__name__}: {err}", code=1)
+    except KeyboardInterrupt:
+        fail("interrupted (Ctrl-C); finished work is kept, rerun the same command to resume", code=130)

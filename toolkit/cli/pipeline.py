@@ -38,6 +38,8 @@ def run_cmd(
         fail(str(err))
     except PipelineError as err:
         fail(str(err), code=1)
+    except KeyboardInterrupt:
+        fail("interrupted (Ctrl-C); finished stages are kept, rerun to resume", code=130)
     for name, action, _ in report:
         typer.echo(f"{name}: {action}")
     _print_last_report(report)

@@ -181,15 +181,24 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
             yield from _recorded(rec, kind)
 
 
+def describe_error(err: BaseException) -> str:
+    """A one-line description of why a stage stopped; never empty (Ctrl-C's KeyboardInterrupt has no text)."""
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (Ctrl-C or SIGINT); finished work is kept, rerun to resume"
+    if isinstance(err, SystemExit):
+        return f"exited with code {err.code}"
+    return str(err) if str(err).strip() else f"{type(err).__name__} (no message)"
+
+
 def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
     """Yield ``rec`` to the stage body; record done, or failed with the error (re-raised)."""
     start = time.monotonic()
     try:
         yield rec
     except BaseException as err:
-        get_logger("stage").error("%s failed: %s", kind, err)
+        get_logger("stage").error("%s failed: %s", kind, describe_error(err))
         rec.write(status="failed", finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
-                  error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=20))
+                  error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
         raise
     rec.write(status="done", finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
 
