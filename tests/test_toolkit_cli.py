@@ -97,3 +97,35 @@ def test_every_config_command_maps_its_options_to_flags(command):
     result = CliRunner().invoke(app, [*command, "--set", "no_such_key=1"])
     assert result.exit_code == 2 and "error: --set no_such_key=1: no_such_key: unknown key" in result.output, \
         result.output
+
+
+@pytest.mark.parametrize(("argv", "hoisted"), [
+    (["data", "fetch", "--urls", "u", "--quiet"], ["--quiet", "data", "fetch", "--urls", "u"]),
+    (["pipeline", "run", "p.yaml", "-q", "--log-level", "DEBUG"], ["-q", "--log-level", "DEBUG", "pipeline", "run", "p.yaml"]),
+    (["train", "presets", "--log-level=ERROR"], ["--log-level=ERROR", "train", "presets"]),
+    (["--quiet", "train", "presets"], ["--quiet", "train", "presets"]),
+    (["pipeline", "run", "p.yaml", "--", "-q"], ["pipeline", "run", "p.yaml", "--", "-q"]),
+])
+def test_root_options_after_the_subcommand_are_hoisted(argv, hoisted):
+    """Issue 15 item 17: `--quiet` worked only before the subcommand."""
+    from toolkit.cli.main import hoist_root_options
+
+    assert hoist_root_options(argv) == hoisted
+
+
+def test_quiet_after_the_subcommand_silences_info_logs(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - {{name: s, kind: shell, config: {{cmd: 'true'}}}}\n")
+    run = [sys.executable, "-m", "toolkit", "pipeline", "run", str(path)]
+    loud = subprocess.run(run, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    quiet = subprocess.run([*run, "--quiet", "--from", "s"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parents[1])
+    assert loud.returncode == 0 and quiet.returncode == 0, quiet.stderr
+    assert "running" in loud.stderr and "running" not in quiet.stderr and "s: ran" in quiet.stdout
+
+
+def test_set_help_names_no_key_the_command_lacks():
+    """Issue 15 item 19: every command's --set help said `e.g. --set optim.lr=1e-3`."""
+    for args in (["data", "shard"], ["eval", "zeroshot"], ["pipeline", "run"]):
+        result = CliRunner().invoke(app, [*args, "--help"], terminal_width=200)
+        assert result.exit_code == 0 and "optim.lr" not in result.output, args

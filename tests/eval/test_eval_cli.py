@@ -29,6 +29,8 @@ def workspace(tmp_path_factory):
         result = runner.invoke(app, ["eval", "build-set", *args])
         assert result.exit_code == 0, result.output
         assert "evaluate with: toolkit eval zeroshot --root" in result.output
+        # issue 15 item 19: a retrieval set was summarised as '7 samples, 0 classes'
+        assert ("7 retrieval pairs" if "retrieval" in args else "9 samples in 6 classes") in result.output
     return tmp
 
 

@@ -17,8 +17,9 @@ ConfigFile = Annotated[
 ]
 SetOverrides = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override one config key, KEY=VALUE with dotted keys (repeatable), "
-                                     "e.g. --set optim.lr=1e-3."),
+    typer.Option("--set", "-s", help="Override one config key of this command, KEY=VALUE (dotted for nested "
+                                     "keys; repeatable); the keys are those of its --config YAML, listed by "
+                                     "`toolkit pipeline kinds KIND`."),
 ]
 
 

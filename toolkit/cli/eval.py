@@ -91,8 +91,8 @@ def build_set(
     if counts.get("missing_input"):
         typer.echo(f"{cfg.input or cfg.source}: not found: no set built (--missing-ok)")
         return
-    typer.echo(f"{result.outputs['dataset']}: {counts['num_samples']} samples, {counts['num_classes']} classes, "
-               f"{counts['num_shards']} shard(s)")
+    kind = "retrieval pairs" if result.details.get("task") == "retrieval" else f"samples in {counts['num_classes']} classes"
+    typer.echo(f"{result.outputs['dataset']}: {counts['num_samples']} {kind}, {counts['num_shards']} shard(s)")
     for reason, num in counts["left_out"].items():
         typer.echo(f"left out {num} row(s): {reason}")
     typer.echo(f"evaluate with: toolkit eval zeroshot --root {result.outputs['root']} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -44,5 +45,29 @@ def root(
     setup_logging(log_level, quiet)
 
 
+# Options of the root callback that may also be written after the subcommand (`toolkit data fetch ... -q`);
+# click only accepts them before it, and silently took `--quiet` at the end for an error (issue 15 item 17).
+ROOT_FLAGS = ("--quiet", "-q")
+ROOT_VALUE_OPTIONS = ("--log-level",)
+
+
+def hoist_root_options(argv: list[str]) -> list[str]:
+    """``argv`` with the root options found after the subcommand moved to the front (not after ``--``)."""
+    front, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg in ROOT_FLAGS or arg.split("=", 1)[0] in ROOT_VALUE_OPTIONS:
+            takes_value = arg in ROOT_VALUE_OPTIONS and i + 1 < len(argv)
+            front += argv[i:i + 1 + takes_value]
+            i += 1 + takes_value
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
-    app()
+    app(args=hoist_root_options(sys.argv[1:]))

@@ -7,10 +7,15 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import SetOverrides, fail
+from toolkit.cli.common import fail
 
 app = typer.Typer(help="Run and check YAML pipelines of toolkit stages.", no_args_is_help=True)
 
+SetOverrides = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a value of the file (repeatable): vars.NAME=V, run_dir=DIR, "
+                                     "name=NAME or stages.STAGE.KEY=V (a key of the stage's config)."),
+]
 PipelineFile = Annotated[Path, typer.Argument(help="Pipeline YAML file.", dir_okay=False)]
 
 

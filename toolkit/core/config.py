@@ -221,7 +221,7 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``'a.b=3'`` -> (['a', 'b'], 3); the value is parsed as YAML (numbers, booleans, lists)."""
     if "=" not in text:
-        raise ConfigError("--set", text, "expected KEY=VALUE, e.g. --set optim.lr=1e-3")
+        raise ConfigError("--set", text, "expected KEY=VALUE (a dotted key for nested values)")
     key, raw = text.split("=", 1)
     if not key.strip():
         raise ConfigError("--set", text, "empty key")
