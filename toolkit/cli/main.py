@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from toolkit import __version__
-from toolkit.cli import data, eval, pipeline, train
+from toolkit.cli import data, eval, pipeline, plan, train
 
 app = typer.Typer(
     name="toolkit",
@@ -21,6 +21,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(train.app, name="train")
 app.add_typer(eval.app, name="eval")
 app.add_typer(pipeline.app, name="pipeline")
+app.add_typer(plan.app, name="plan")
 
 
 def _version(value: bool) -> None:

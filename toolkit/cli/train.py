@@ -38,8 +38,12 @@ def train(
     precision: Annotated[str | None, Opt("--precision", help="fp32 (default), bf16 (autocast) or fp16 "
                                          "(autocast + GradScaler, CUDA).")] = None,
     device: Annotated[str | None, Opt("--device", help="auto (default), cpu or cuda.")] = None,
-    micro_batch_size: Annotated[int | None, Opt("--micro-batch-size", help="Gradient cache: tower passes of "
-                                                "this many samples per rank (0: whole local batch).")] = None,
+    micro_batch_size: Annotated[str | None, Opt("--micro-batch-size", help="Gradient cache: tower passes of "
+                                                "this many samples per rank (0: whole local batch; auto: the "
+                                                "largest that fits --memory-budget-gb, chosen at start-up).")] = None,
+    memory_budget_gb: Annotated[float | None, Opt("--memory-budget-gb", help="Memory per rank for "
+                                                  "--micro-batch-size auto, GiB (0 default: CPU 90% of available "
+                                                  "host memory over the node's ranks; CUDA the device's).")] = None,
     checkpoint_resume: Annotated[str | None, Opt("--resume", help="auto (default: newest checkpoint of --out if "
                                                  "any), latest (must exist), none, or a checkpoint dir.")] = None,
     launch_nproc_per_node: Annotated[int | None, Opt("--nproc-per-node", help="Processes on this node "
@@ -86,7 +90,8 @@ def train(
     cfg = load_cli_config(
         ctx, TrainConfig, config, overrides, labels={k: "option --loss" for k in split}, **split, data=data,
         out=out, model=model, init=init, preset=preset, batch_size=batch_size, epochs=epochs, steps=steps,
-        seed=seed, precision=precision, device=device, micro_batch_size=micro_batch_size, log_every=log_every,
+        seed=seed, precision=precision, device=device, micro_batch_size=_micro(micro_batch_size),
+        memory_budget_gb=memory_budget_gb, log_every=log_every,
         **{"loss.mode": loss_mode, "optim.lr": optim_lr, "checkpoint.resume": checkpoint_resume,
            "launch.nproc_per_node": launch_nproc_per_node, "launch.nodes": launch_nodes,
            "launch.node_rank": launch_node_rank, "launch.master_addr": launch_master_addr,
@@ -100,6 +105,11 @@ def train(
                f"rank(s), {c.get('skipped_steps')} skipped")
     if "model" in result.outputs:
         typer.echo(f"model: {result.outputs['model']}  (toolkit eval zeroshot --model {result.outputs['model']} ...)")
+
+
+def _micro(value: str | None) -> int | str | None:
+    """--micro-batch-size's text as the config's int | 'auto' (anything else is refused by the config)."""
+    return int(value) if value is not None and value.strip().isdigit() else value
 
 
 def _run(cfg):

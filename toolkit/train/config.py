@@ -120,8 +120,13 @@ class TrainConfig:
     precision: Precision = option("fp32", doc="fp32; bf16 autocast (CPU and CUDA); fp16 autocast with a "
                                               "GradScaler (CUDA).")
     device: str = option("auto", affects_output=False, doc="auto (cuda if available), cpu or cuda.")
-    micro_batch_size: int = option(0, ge=0, doc="Gradient cache: micro-batch per rank for the tower passes; 0: "
-                                                "the whole local batch in one pass.")
+    micro_batch_size: int | Literal["auto"] = option(
+        0, ge=0, doc="Gradient cache: micro-batch per rank for the tower passes; 0: the whole local batch in one "
+                     "pass; auto: the largest that fits memory_budget_gb, chosen at start-up and logged.")
+    memory_budget_gb: float = option(0.0, ge=0, affects_output=False,
+                                     doc="Memory per rank micro_batch_size auto may use, GiB; 0: CPU 90% of "
+                                         "(available + this process's) host memory over the node's ranks, "
+                                         "CUDA the device's memory.")
     grad_dtype: GradDtype = option("fp32", doc="dtype of DDP's gradient all_reduce (bf16 halves the bytes).")
     max_nonfinite_steps: int = option(5, ge=1, affects_output=False, doc="Abort after this many steps in a row "
                                                                          "with a non-finite loss or gradient.")

@@ -85,7 +85,7 @@ def train_step(s: Setup, state: TrainState, batch: dict) -> dict[str, float]:
     s.loss_fn.set_step(t, s.steps_per_epoch)
     lr = s.set_lr(t)
     inputs = StepInputs(*s.to_device(batch))
-    share = forward_backward(s.model, s.loss_fn, inputs, micro_batch_size=cfg.micro_batch_size,
+    share = forward_backward(s.model, s.loss_fn, inputs, micro_batch_size=s.micro_batch_size,
                              seed_of=lambda i: stream_seed(cfg.seed, t, s.rank, i), autocast=s.autocast,
                              scale=s.scale, poison=t in cfg.nonfinite_test_steps, offload_features=s.offloaded)
     value = float(s.loss_fn.global_value())  # collective: identical on every rank

@@ -82,6 +82,11 @@ class Setup:
         self.optimizer = build_optimizer(self.clip, cfg.optim, cfg.loss.lr_tau)
         self.tau_ctl = self._temperature_control()
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+        self.micro_batch_size = cfg.micro_batch_size
+        if cfg.micro_batch_size == "auto":
+            from toolkit.train import automicro
+
+            self.micro_batch_size = automicro.choose(self)
         self.last_checkpoint: int | None = None
         self.checkpoints = ckpt.AsyncWriter()
         self.writer: MetricsWriter | None = None
@@ -121,7 +126,7 @@ class Setup:
     def offloaded(self) -> bool:
         """Gradient cache on: the batch stays in host memory, only the micro-batch in flight moves."""
         local = self.cfg.batch_size // self.group_size
-        return 0 < self.cfg.micro_batch_size < local
+        return 0 < self.micro_batch_size < local
 
     def to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(image, text, index): index on the device; image and text too unless offloaded (then the

@@ -23,6 +23,7 @@ from _dist_jobs import (
 
 from toolkit.core.dist import wire_bytes
 from toolkit.kernels.naive import clip_loss
+from toolkit.train.losses.traffic import step_traffic
 
 pytestmark = pytest.mark.dist
 TOL = 1e-5
@@ -134,32 +135,12 @@ def test_unequal_batches_refused_on_every_rank(job):
             assert "rank 0: [3, 7]" in msg and "rank 1: [4, 7]" in msg and f"rank {world - 1}:" in msg, msg
 
 
-def expected_ledger(mode: str, world: int, b: int, d: int, num_params: int, elt: int = 4) -> dict:
-    """(op, category) -> (calls, bytes) per rank for one step of ``mode`` (the table in docs/distributed.md, exactly)."""
-    k, big_b, f32 = world, world * b, 4
-    table = {("all_gather", "checks"): (1, 9 * 8), ("all_reduce", "param_grads"): (None, num_params * 4)}
-    if mode == "gather":
-        table |= {("all_gather", "features"): (2, 2 * b * d * elt),
-                  ("reduce_scatter", "feature_grads"): (2, 2 * big_b * d * elt)}
-    elif mode == "disco":
-        table |= {("all_gather", "features"): (1, 2 * b * d * elt),
-                  ("reduce_scatter", "feature_grads"): (1, 2 * big_b * d * elt)}
-    elif mode == "fastclip":
-        table |= {("all_gather", "features"): (1, 2 * b * d * elt), ("all_gather", "scalars"): (1, 2 * b * f32)}
-    else:  # ring: K−1 hops forward and backward, travelling accumulators
-        for op in ("send", "recv"):
-            table |= {(op, "features"): (2 * (k - 1), 2 * (k - 1) * b * d * elt),
-                      (op, "scalars"): (3 * (k - 1), (k - 1) * (b * f32 + 2 * b * f32 + f32)),
-                      (op, "feature_grads"): (k - 1, (k - 1) * b * d * f32)}
-    return table
-
-
 def test_ledger_matches_the_analytic_formula(job):
     world, ranks = job
     _, ref_grads = model_reference(world)
     num_params = sum(g.numel() for g in ref_grads.values())
     for mode in MODES:
-        want = expected_ledger(mode, world, LOCAL_BATCH, 8, num_params)
+        want = step_traffic(mode, world, LOCAL_BATCH, 8, num_params)  # the docs/distributed.md table
         for res in ranks:
             led = res["model"][mode]["ledger"]
             seen = {tuple(k.split("/")[1:3]) for k in led if k.endswith("/calls") and k.count("/") == 3}

@@ -1,0 +1,134 @@
+"""``toolkit plan``: the table's arithmetic, the CLI, --micro-batch-size auto, and the prediction against
+the peak memory of a real CPU training run (within 15%)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from trainkit import ROOT, env, run_cli, train_cfg
+
+from toolkit.core.config import ConfigError, build
+from toolkit.train import plan
+from toolkit.train.losses.traffic import sent_bytes, step_traffic
+
+TINY = plan.ModelShape("t", num_params=1000, num_trainable=1000, embed_dim=8, sample_bytes=100)
+
+
+def _cfg(**over) -> plan.PlanConfig:
+    return build(plan.PlanConfig, {"batch_size": 64, **over})
+
+
+@pytest.mark.parametrize(("name", "slots"), [("adamw", 2), ("lamb", 2), ("lion", 1), ("sgd", 1)])
+def test_optimizer_state_is_slots_times_fp32_params(name, slots):
+    rows = plan.memory_rows(_cfg(optimizer=name), TINY, 0.0, 0.0)
+    assert rows[f"optimizer state ({name})"] == slots * 4 * 1000
+    assert rows["parameters"] == rows["gradients"] == 4000
+
+
+def test_micro_batch_rows():
+    cfg = _cfg(nodes=2, nproc_per_node=2, micro_batch_size=4, mode="gather", loss="openclip")  # b = 16
+    rows = plan.memory_rows(cfg, TINY, 100.0, 10.0, overhead=7.0)
+    assert rows["activations (micro-batch 4)"] == 100 + 10 * 4
+    assert rows["runtime buffers (measured)"] == 7.0
+    assert rows["cached features + grads"] == 4 * 2 * 2 * 16 * 8
+    assert rows["batch inputs"] == 2 * 4 * 100  # cuda: two micro-batches in flight (offload)
+    assert rows["loss features"] == 2 * 64 * 8 * 4 * 2  # gathered x, y and their gradients
+    off = plan.memory_rows(_cfg(nodes=2, nproc_per_node=2, micro_batch_size=0), TINY, 100.0, 10.0)
+    assert off["activations (micro-batch 16)"] == 100 + 10 * 16 and off["cached features + grads"] == 0
+
+
+def test_traffic_is_the_ledger_formula():
+    cfg = _cfg(nodes=1, nproc_per_node=4, loss="fastclip-v3")
+    got = plan.traffic(cfg, TINY)
+    assert got["openclip/gather"] == sent_bytes(step_traffic("gather", 4, 16, 8, 1000), 4)
+    # all_gather of [b, 2, d] fp32: (K-1)·n wire bytes; fastclip's feature bytes are half of gather's
+    assert got["openclip/fastclip"]["features"] == 3 * 2 * 16 * 8 * 4
+    assert got["openclip/gather"]["features"] + got["openclip/gather"]["feature_grads"] == \
+        2 * got["openclip/fastclip"]["features"]
+    assert got["fastclip-v3/fastclip"]["scalars"] == 3 * 16 * 5 * 8
+    assert got["openclip/gather"]["param_grads"] == 2 * 3 / 4 * 4000
+
+
+def test_largest_fit_is_the_boundary():
+    cfg = _cfg(device_memory_gb=1.0, device="cuda")
+    fit = plan.largest_fit(cfg, TINY, 1e6, 1e6, 0.0)
+    budget = plan.GiB
+
+    def total(big_b, m):
+        return sum(plan.memory_rows(cfg, TINY, 1e6, 1e6, 0.0, big_b, m).values())
+
+    n = fit["global_batch_no_cache"]
+    assert total(n, 0) <= budget < total(n + 1, 0)
+    assert fit["micro_batch"] == 64  # the whole local batch fits
+    assert plan.largest_fit(_cfg(device_memory_gb=0.01), TINY, 1e6, 1e6, 0.0)["micro_batch"] == 9
+
+
+def test_cli_prints_the_table_and_refuses_bad_input():
+    res = run_cli(["plan", "--model", "cliptk-tiny", "-b", "256", "--nproc-per-node", "2", "--device", "cpu",
+                   "--device-memory-gb", "2", "--micro-batch-size", "16"])
+    assert res.returncode == 0, res.stderr
+    for text in ("optimizer state (adamw)", "activations (micro-batch 16)", "openclip/ring", "fastclip-v3/fastclip",
+                 "largest global batch with micro-batch 16"):
+        assert text in res.stdout
+    bad = run_cli(["plan", "--optimizer", "adam"])
+    assert bad.returncode == 2 and "did you mean 'adamw'" in bad.stderr
+    unknown = run_cli(["plan", "--model", "cliptk-small", "--precision", "bf16"])
+    assert unknown.returncode == 1 and "--measure" in unknown.stderr
+    helptext = run_cli(["plan", "--help"]).stdout
+    for flag in ("--measure", "--device-memory-gb", "--num-samples", "--grad-dtype", "--optimizer"):
+        assert flag in helptext
+
+
+def test_micro_batch_auto_config_and_cli(tmp_path):
+    from toolkit.train.config import TrainConfig
+
+    cfg = build(TrainConfig, {"data": "d", "out": "o", "micro_batch_size": "auto"})
+    assert cfg.micro_batch_size == "auto"
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        build(TrainConfig, {"data": "d", "out": "o", "micro_batch_size": "big"})
+    res = run_cli(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--micro-batch-size", "lots"])
+    assert res.returncode == 2 and "--micro-batch-size" in res.stderr
+
+
+def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
+    from toolkit.train.automicro import plan_config
+    from toolkit.train.setup import build_setup
+
+    fixed, per_sample, overhead = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")]
+    for budget_gb in (0.25, 8.0):
+        s = build_setup(train_cfg(demo_train, tmp_path / f"r{budget_gb}", batch_size=64, micro_batch_size="auto",
+                                  memory_budget_gb=budget_gb))
+        s.close()
+        pcfg = plan_config(s.cfg, 1, 1, "cpu", s.dataset.num_samples)
+        shape = plan.model_shape("cliptk-tiny")
+
+        def total(m, pcfg=pcfg, shape=shape):
+            return sum(plan.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values())
+
+        if budget_gb == 8.0:
+            assert s.micro_batch_size == 0 and total(0) <= 8 * plan.GiB  # the whole batch fits: no cache
+        else:  # about (256 MiB - 153 MiB fixed) / 3.08 MiB per sample
+            m = s.micro_batch_size
+            assert 10 < m < 64 and total(m) <= 0.25 * plan.GiB < total(m + 1), m
+
+
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # RSS follows live memory (docs/training.md)
+
+
+@pytest.mark.parametrize(("batch", "micro"), [(64, 16), (64, 0)])
+def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micro, monkeypatch):
+    for key, value in MALLOC.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    predicted = plan.run(_cfg(batch_size=batch, micro_batch_size=micro, device="cpu", num_samples=160,
+                              measure=True)).total
+    job = ROOT / "tests" / "train" / "plan_jobs.py"
+    proc = subprocess.run([sys.executable, str(job), str(demo_train), str(tmp_path / "run"), str(batch), str(micro)],
+                          env={**env(), **MALLOC, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'train'}"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])["measured"]
+    assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)

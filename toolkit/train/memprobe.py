@@ -1,0 +1,217 @@
+"""Measured activation memory of a model's tower passes: the constants behind ``toolkit plan`` and
+``--micro-batch-size auto``.
+
+``activations(m) = fixed + per_sample · m`` is fitted from the peak memory of one training-mode forward +
+backward of both towers (``TrainModel``: uint8 pixels and token ids in, normalised features out, the
+backward of a sum of the features) at two micro-batch sizes:
+
+- CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was allocated
+  before (the caching allocator counts every tensor, so this is exact and can run in-process).
+- CPU: torch has no public CPU allocator statistics and tracemalloc does not see its allocations, so
+  each size runs in a **fresh subprocess** (``python -m toolkit.train.memprobe``) that reads the
+  kernel's peak resident set (``VmHWM`` in /proc/self/status, reset by writing 5 to
+  /proc/self/clear_refs just before the pass) minus the resident set before it. A fresh process per size
+  keeps the C allocator's retained free memory of one size out of the other's measurement. Before the
+  measured pass the child runs one warm-up pass at one sample and keeps its gradients, as in training
+  from the second step on (gradients and one-time buffers such as oneDNN's are then already resident).
+
+Both are real allocator peaks, so the fit includes the backward's transient buffers (e.g. the token
+embedding's dense gradient before it is accumulated), not only the tensors autograd saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+def _status_kib(field: str) -> int:
+    with open(_STATUS) as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{_STATUS} has no {field} (not Linux?)")
+
+
+def rss_bytes() -> int:
+    """This process's resident set now (Linux)."""
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set since the last ``reset_peak_rss`` (Linux)."""
+    return _status_kib("VmHWM") * 1024
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS mark to the current RSS (Linux >= 4.0: 5 > /proc/PID/clear_refs)."""
+    with open(_CLEAR_REFS, "w") as fh:
+        fh.write("5")
+
+
+@dataclass(frozen=True)
+class ActivationFit:
+    """activations(m) = fixed_bytes + per_sample_bytes · m for one model, precision and device."""
+
+    model: str
+    precision: str
+    device: str
+    fixed_bytes: float
+    per_sample_bytes: float
+    overhead_bytes: float  # CPU: resident memory the model build and first pass add beyond weights and grads
+    points: tuple[tuple[int, int], ...]  # (micro-batch, measured bytes)
+
+    def at(self, micro: int) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * micro
+
+
+def tower_inputs(model: Any, micro: int, device: Any) -> tuple[Any, Any]:
+    """Random uint8 pixels [m, S, S, 3] and token ids [m, L] for a ``TrainModel`` of raw towers, or
+    float16 features [m, D] where it takes frozen-tower features."""
+    import torch
+
+    from toolkit.models.registry import config_context_length, config_image_size
+
+    gen = torch.Generator().manual_seed(0)
+    cfg = model.model_cfg
+    if model.image_role == "image_features":
+        image = torch.randn(micro, model.feature_dims[0], generator=gen).half()
+    else:
+        size = config_image_size(cfg)
+        image = torch.randint(0, 256, (micro, size, size, 3), dtype=torch.uint8, generator=gen)
+    if model.text_role == "text_features":
+        text = torch.randn(micro, model.feature_dims[1], generator=gen).half()
+    else:
+        vocab = int(cfg.get("text_cfg", {}).get("vocab_size", 49408))
+        text = torch.randint(0, vocab, (micro, config_context_length(cfg)), generator=gen)
+    return image.to(device), text.to(device)
+
+
+def tower_pass(model: Any, micro: int, autocast: Any, device: Any) -> None:
+    """One training-mode forward of both towers and the backward of their features (gradients accumulate
+    into ``.grad`` as the trainer's do)."""
+    image, text = tower_inputs(model, micro, device)
+    with autocast():
+        x, y, a = model(image, text)
+    (x.float().sum() + y.float().sum() + a.float().sum()).backward()
+
+
+def _autocast(precision: str, device_type: str):
+    import contextlib
+
+    import torch
+
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device_type, dtype=dtype)
+
+
+def build_tower_model(model_spec: str) -> Any:
+    """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg`` attached."""
+    import torch
+
+    from toolkit.models.factory import build_model, resolve_spec
+    from toolkit.train.model import TrainModel
+
+    spec = resolve_spec(model_spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        clip = build_model(spec.model_cfg)
+    pp = spec.preprocess_cfg
+    model = TrainModel(clip, "image", "tokens", tuple(pp["mean"]), tuple(pp["std"])).train()
+    model.model_cfg = spec.model_cfg
+    return model
+
+
+def probe_here(model_spec: str, micro: int, precision: str, device: str) -> tuple[int, int]:
+    """(peak bytes of one tower pass of ``micro`` samples above the memory before it, overhead): on the
+    CPU the overhead is what building the model and its first pass left resident beyond the weights and
+    gradients (Python objects, the allocator's and oneDNN's buffers, autograd's threads: ~36 MiB for
+    cliptk-tiny), which a training process holds too; 0 on CUDA."""
+    import open_clip  # noqa: F401  (imports are not training memory: loaded before the baseline)
+    import torch
+
+    import toolkit.train.model  # noqa: F401
+
+    cpu = not device.startswith("cuda")
+    start = rss_bytes() if cpu else 0
+    model = build_tower_model(model_spec)
+    dev = torch.device(device)
+    model.to(dev)
+    autocast = _autocast(precision, dev.type)
+    tower_pass(model, 1, autocast, dev)  # warm-up: gradients and one-time buffers resident, as from step 2 on
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    overhead = rss_bytes() - start - 2 * weights if cpu else 0
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        tower_pass(model, micro, autocast, dev)
+        torch.cuda.synchronize(dev)
+        return int(torch.cuda.max_memory_allocated(dev) - before), 0
+    before = rss_bytes()
+    reset_peak_rss()
+    tower_pass(model, micro, autocast, dev)
+    return peak_rss_bytes() - before, overhead
+
+
+def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int,
+                     timeout_s: float = 600) -> tuple[int, int]:
+    """``probe_here`` on the CPU in a fresh Python process (module docstring)."""
+    cmd = [sys.executable, "-m", "toolkit.train.memprobe", "--model", model_spec, "--micro", str(micro),
+           "--precision", precision, "--threads", str(threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probe of {model_spec} at micro-batch {micro} failed: "
+                           f"{proc.stderr.strip()[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return int(out["bytes"]), int(out["overhead"])
+
+
+def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), precision: str = "fp32",
+                        device: str = "cpu", threads: int | None = None) -> ActivationFit:
+    """Fit activations(m) from tower passes at two micro-batch sizes (module docstring for how)."""
+    import torch
+
+    if len(sizes) != 2 or not 0 < sizes[0] < sizes[1]:
+        raise ValueError(f"need two micro-batch sizes 0 < m1 < m2, got {sizes}")
+    threads = threads or torch.get_num_threads()
+    if device.startswith("cuda"):
+        runs = [probe_here(model_spec, m, precision, device) for m in sizes]
+    else:
+        runs = [probe_subprocess(model_spec, m, precision, threads) for m in sizes]
+    (m1, m2), ((b1, o1), (b2, o2)) = sizes, runs
+    per_sample = max((b2 - b1) / (m2 - m1), 0.0)
+    return ActivationFit(model_spec, precision, "cuda" if device.startswith("cuda") else "cpu",
+                         float(b1 - per_sample * m1), float(per_sample), (o1 + o2) / 2,
+                         ((m1, b1), (m2, b2)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Child entry point: print {"bytes": peak above baseline} as JSON for one CPU tower pass."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--micro", type=int, required=True)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device)
+    print(json.dumps({"bytes": nbytes, "overhead": overhead, **vars(args)}))
+
+
+if __name__ == "__main__":
+    main()

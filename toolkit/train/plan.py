@@ -1,0 +1,287 @@
+"""``toolkit plan``: predicted per-device memory and per-rank traffic of a training configuration, and the
+largest global batch and micro-batch that fit a device: ``run(PlanConfig) -> Plan``.
+
+Every term is arithmetic on the model's shapes except the towers' activations, which are measured
+(``toolkit.train.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
+``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model). Bytes per
+device, for a global batch B over K = nodes × processes ranks (local batch b = B/K), micro-batch m (b
+without the gradient cache), embedding dim E, P parameters (T trainable):
+
+| row | bytes |
+|---|---|
+| parameters | 4·P (fp32 weights; bf16/fp16 autocast keeps them fp32) |
+| gradients | 4·T |
+| optimizer state | 4·T·slots (AdamW, LAMB: 2 moments; Lion, SGD with momentum: 1) |
+| activations | fixed + per_sample·m (measured; precision-specific) |
+| runtime buffers | CPU: what the model build and first pass leave resident beyond weights and gradients (measured) |
+| batch inputs | b·(uint8 pixels + int64 tokens) per sample; 2·m of them on CUDA with the cache (offload) |
+| cached features | gradient cache only: b rows of x and y and their gradients, 4·2·2·b·E |
+| loss features | the global batch's features: gather/disco 2·B·E·4 + their gradients 2·B·E·4; fastclip 2·B·E·4; ring 2·2·b·E·4 (the block in hand and the one arriving) |
+| loss tiles | tiled.py's backward: 4 strips of rows × n columns fp32, rows = min(b, 2^21 / n), n = B (b for ring); plus LSE vectors 4·4·n |
+| FastCLIP tables | per node, N samples × columns × 4 (2 columns; v2: 10), in host memory shared by the node's ranks |
+
+Traffic per rank per step comes from ``toolkit.train.losses.traffic`` (the ledger's own formula). The
+predictions leave out the framework's own resident memory (the CUDA context, torch's libraries), which
+the device must hold too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from toolkit.core.config import option
+
+OPTIMIZER_SLOTS = {"adamw": 2, "lamb": 2, "lion": 1, "sgd": 1}
+GiB = 1024**3
+
+# Measured with `MALLOC_MMAP_THRESHOLD_=131072 toolkit plan --model M --precision P --device cpu --measure`
+# on the 2-core CI-class CPU (fresh subprocess per size, 1 thread, micro-batches 16 and 64):
+# (fixed bytes, bytes per sample, runtime buffers). Re-measure on your machine with --measure.
+MEASURED: dict[tuple[str, str, str], tuple[float, float, float]] = {
+    ("cliptk-tiny", "fp32", "cpu"): (10_716_501.0, 3_230_634.7, 32_580_000.0),
+    ("cliptk-small", "fp32", "cpu"): (5_107_712.0, 9_967_616.0, 34_723_832.0),
+}
+
+Objective = Literal["openclip", "fastclip-v0", "fastclip-v1", "fastclip-v2", "fastclip-v3"]
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """``toolkit plan``'s one config (see the module docstring for the arithmetic)."""
+
+    model: str = option("cliptk-tiny", doc="open_clip model name, config JSON or checkpoint directory.")
+    batch_size: int = option(4096, ge=2, doc="GLOBAL batch over all ranks.")
+    nodes: int = option(1, ge=1, doc="Nodes.")
+    nproc_per_node: int = option(1, ge=1, doc="Training processes (devices) per node.")
+    mode: Literal["gather", "disco", "ring", "fastclip"] = option(
+        "fastclip", doc="Distributed mode whose loss memory is tabled (traffic is shown for every mode).")
+    loss: Objective = option("fastclip-v3", doc="Objective: openclip or fastclip-v0..v3 (FastCLIP runs in the "
+                                                "fastclip mode).")
+    micro_batch_size: int = option(0, ge=0, doc="Gradient-cache micro-batch per rank; 0: the whole local batch.")
+    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", doc="Autocast precision of the towers.")
+    optimizer: Literal["adamw", "lamb", "lion", "sgd"] = option("adamw", doc="Optimiser (its state per weight).")
+    grad_dtype: Literal["fp32", "bf16"] = option("fp32", doc="dtype of DDP's gradient all_reduce.")
+    device: Literal["cpu", "cuda"] = option("cuda", doc="Where training runs (cuda: batch offload counts 2 "
+                                                        "micro-batches on the device; cpu: FastCLIP tables count).")
+    num_samples: int = option(3_000_000, ge=1, doc="Dataset size N (FastCLIP's per-sample tables).")
+    device_memory_gb: float = option(0.0, ge=0, doc="Device memory in GiB to fit (0: skip the fit).")
+    measure: bool = option(False, doc="Measure the model's activations now instead of using MEASURED.")
+    measure_sizes: list[int] = option(factory=lambda: [16, 64], doc="The two micro-batch sizes measured.")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_params: int
+    num_trainable: int
+    embed_dim: int
+    sample_bytes: int  # uint8 pixels + int64 tokens of one pair, as the loader hands them over
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: PlanConfig
+    shape: ModelShape
+    fixed_bytes: float
+    per_sample_bytes: float
+    rows: dict[str, float]  # per device, bytes
+    table_bytes_per_node: float
+    traffic: dict[str, dict[str, float]]  # mode -> category -> sent bytes per rank per step
+    fit: dict[str, int | None] = field(default_factory=dict)
+    source: str = ""  # where the activation constants came from
+
+    @property
+    def total(self) -> float:
+        return sum(self.rows.values())
+
+
+def model_shape(model_spec: str) -> ModelShape:
+    """Parameter counts and sizes of ``model_spec``, built on torch's meta device (no memory, no init)."""
+    import torch
+
+    from toolkit.models.factory import build_model, resolve_spec
+    from toolkit.models.registry import config_context_length, config_image_size
+
+    spec = resolve_spec(model_spec)
+    with torch.device("meta"):
+        clip = build_model(spec.model_cfg)
+    n = sum(p.numel() for p in clip.parameters())
+    size = config_image_size(spec.model_cfg)
+    return ModelShape(spec.name, n, n, int(spec.model_cfg["embed_dim"]),
+                      size * size * 3 + 8 * config_context_length(spec.model_cfg))
+
+
+def local_batch(cfg: PlanConfig, batch_size: int | None = None) -> int:
+    big_b = cfg.batch_size if batch_size is None else batch_size
+    if big_b % cfg.world:
+        raise ValueError(f"global batch {big_b} does not divide by {cfg.world} ranks")
+    return big_b // cfg.world
+
+
+def loss_feature_bytes(mode: str, big_b: int, b: int, e: int, world: int) -> float:
+    """The loss's copies of the features: the gathered global batch (and its gradients for gather/disco)."""
+    if world == 1:
+        return 0.0  # the loss works on the local features themselves
+    if mode == "ring":
+        return 2 * 2 * b * e * 4
+    return 2 * big_b * e * 4 * (2 if mode in ("gather", "disco") else 1)
+
+
+def loss_tile_bytes(mode: str, big_b: int, b: int) -> float:
+    """toolkit/kernels/tiled.py's backward: 4 strip buffers [rows, n] fp32 + a few LSE vectors [n]."""
+    from toolkit.kernels.tiled import strip_rows
+
+    n = b if mode == "ring" else big_b
+    return 4 * strip_rows(b, n, None) * n * 4 + 4 * 4 * n
+
+
+def memory_rows(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float, overhead: float = 0.0,
+                batch_size: int | None = None, micro: int | None = None) -> dict[str, float]:
+    """Per-device bytes of every row of the module docstring's table (global batch and micro-batch
+    overridable for the fit)."""
+    big_b = cfg.batch_size if batch_size is None else batch_size
+    b = local_batch(cfg, big_b)
+    m = cfg.micro_batch_size if micro is None else micro
+    cached = 0 < m < b
+    m = m if cached else b
+    e, t = shape.embed_dim, shape.num_trainable
+    on_device_inputs = 2 * m if cached and cfg.device == "cuda" else b
+    return {
+        "parameters": 4.0 * shape.num_params,
+        "gradients": 4.0 * t,
+        f"optimizer state ({cfg.optimizer})": 4.0 * t * OPTIMIZER_SLOTS[cfg.optimizer],
+        f"activations (micro-batch {m})": fixed + per_sample * m,
+        "runtime buffers (measured)": overhead,
+        "batch inputs": float(on_device_inputs * shape.sample_bytes),
+        "cached features + grads": float(4 * 2 * 2 * b * e) if cached else 0.0,
+        "loss features": loss_feature_bytes(cfg.mode, big_b, b, e, cfg.world),
+        "loss tiles + LSE vectors": loss_tile_bytes(cfg.mode, big_b, b),
+    }
+
+
+def table_bytes(cfg: PlanConfig) -> float:
+    if not cfg.loss.startswith("fastclip"):
+        return 0.0
+    return 4.0 * cfg.num_samples * (10 if cfg.loss.endswith("v2") else 2)
+
+
+def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
+    """Wire bytes per rank per step for every mode (openclip objective), and FastCLIP's objective."""
+    from toolkit.train.losses.traffic import sent_bytes, step_traffic
+
+    b, feat = local_batch(cfg), 2 if cfg.precision != "fp32" else 4
+    grad = 2 if cfg.grad_dtype == "bf16" else 4
+    if cfg.world == 1:
+        return {}
+    out = {f"openclip/{mode}": sent_bytes(step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable,
+                                                       feature_bytes=feat, grad_bytes=grad), cfg.world)
+           for mode in ("gather", "disco", "ring", "fastclip")}
+    if cfg.loss.startswith("fastclip"):
+        table = step_traffic("fastclip", cfg.world, b, shape.embed_dim, shape.num_trainable, feature_bytes=feat,
+                             grad_bytes=grad, objective="fastclip", version=cfg.loss.split("-")[1])
+        out[f"{cfg.loss}/fastclip"] = sent_bytes(table, cfg.world)
+    return out
+
+
+def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
+    """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
+    key = (cfg.model, cfg.precision, cfg.device)
+    if not cfg.measure and key in MEASURED:
+        return (*MEASURED[key], "table")
+    if not cfg.measure:
+        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.MEASURED "
+                         f"(known: {sorted(MEASURED)}); pass --measure to measure them now")
+    from toolkit.train.memprobe import measure_activations
+
+    fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1)
+    return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
+
+
+def largest_fit(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float,
+                overhead: float) -> dict[str, int | None]:
+    """The largest micro-batch at cfg's global batch, and the largest global batches without the gradient
+    cache and with it (at cfg's micro-batch, or the largest that fits at cfg's batch), that fit
+    ``device_memory_gb`` (tables included on the CPU)."""
+    budget = cfg.device_memory_gb * GiB - (table_bytes(cfg) if cfg.device == "cpu" else 0.0)
+
+    def fits(big_b: int, micro: int) -> bool:
+        return sum(memory_rows(cfg, shape, fixed, per_sample, overhead, big_b, micro).values()) <= budget
+
+    b = local_batch(cfg)
+    best_micro = max((m for m in _candidates(b) if fits(cfg.batch_size, m)), default=None)
+    micro = cfg.micro_batch_size or best_micro or 1
+    return {"micro_batch": best_micro, "global_batch_no_cache": _largest_batch(cfg.world, lambda n: fits(n, 0)),
+            "global_batch_with_cache": _largest_batch(cfg.world, lambda n: fits(n, min(micro, n // cfg.world))),
+            "cache_micro_batch": micro}
+
+
+def _candidates(b: int) -> list[int]:
+    return list(range(1, b + 1)) if b <= 4096 else sorted({*range(1, 4097), b})
+
+
+def _largest_batch(world: int, fits) -> int | None:
+    """Largest multiple n of ``world`` (n >= 2, per-rank batch >= 1) with fits(n), by doubling + bisection."""
+    lo = world if world >= 2 else 2
+    if not fits(lo):
+        return None
+    hi = lo
+    while fits(hi * 2) and hi < 1 << 40:
+        hi *= 2
+    lo_k, hi_k = hi // world, 2 * hi // world  # in units of ranks' local batches
+    while hi_k - lo_k > 1:
+        mid = (lo_k + hi_k) // 2
+        lo_k, hi_k = (mid, hi_k) if fits(mid * world) else (lo_k, mid)
+    return lo_k * world
+
+
+def run(cfg: PlanConfig) -> Plan:
+    """The plan for ``cfg`` (module docstring); builds the model on the meta device, measures if asked."""
+    if cfg.loss.startswith("fastclip") and cfg.mode != "fastclip":
+        cfg = replace(cfg, mode="fastclip")
+    shape = model_shape(cfg.model)
+    fixed, per_sample, overhead, source = activation_constants(cfg)
+    rows = memory_rows(cfg, shape, fixed, per_sample, overhead)
+    if cfg.device == "cpu":
+        rows["FastCLIP tables (host, per node)"] = table_bytes(cfg)
+    fit = largest_fit(cfg, shape, fixed, per_sample, overhead) if cfg.device_memory_gb else {}
+    return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source)
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as the text tables ``toolkit plan`` prints."""
+    c, s = plan.cfg, plan.shape
+    b = local_batch(c)
+    lines = [f"{s.name}: {s.num_params / 1e6:.2f}M parameters, embed dim {s.embed_dim}; global batch {c.batch_size} "
+             f"= {c.nodes} node(s) x {c.nproc_per_node} process(es) x {b}; {c.loss}, mode {c.mode}, {c.precision}, "
+             f"{c.optimizer}, micro-batch {c.micro_batch_size or 'off'}, {c.device}",
+             f"activations: {_size(plan.fixed_bytes)} + {_size(plan.per_sample_bytes)} per sample"
+             + (f" ({plan.source})" if plan.source else ""), "", f"{'memory per device':<36}{'bytes':>14}"]
+    lines += [f"{name:<36}{_size(v):>14}" for name, v in plan.rows.items()]
+    lines.append(f"{'total':<36}{_size(plan.total):>14}")
+    if plan.table_bytes_per_node and c.device != "cpu":
+        lines.append(f"{'FastCLIP tables (host, per node)':<36}{_size(plan.table_bytes_per_node):>14}")
+    if plan.traffic:
+        cats = ("features", "feature_grads", "scalars", "param_grads", "total")
+        lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]
+        for name, row in plan.traffic.items():
+            lines.append(f"{name:<24}" + "".join(f"{_size(row.get(k, 0.0)):>15}" for k in cats))
+    if plan.fit:
+        f = plan.fit
+        lines += ["", f"fits in {c.device_memory_gb:g} GiB per device:",
+                  f"  largest micro-batch at global batch {c.batch_size}: {f['micro_batch'] or 'none fits'}",
+                  f"  largest global batch without the gradient cache: {f['global_batch_no_cache'] or 'none fits'}",
+                  f"  largest global batch with micro-batch {f['cache_micro_batch']}: "
+                  f"{f['global_batch_with_cache'] or 'none fits'}"]
+    return "\n".join(lines)
