@@ -163,7 +163,7 @@ class TreeRun:
     wall_s: float
     peak_pss_bytes: int  # max over polls of the summed PSS of the tree: shared pages counted once
     peak_rss_bytes: int  # max over polls of the summed RSS (shared library pages counted per process)
-    peak_main_rss_bytes: int  # the largest single child's ru_maxrss (exact peak, not polled)
+    peak_main_rss_bytes: int  # the largest single process's ru_maxrss (exact peak, not polled; 0 if killed)
     status: str  # ok | failed | over budget | timeout
     stdout: str = ""
     stderr: str = field(default="", repr=False)
@@ -179,18 +179,18 @@ def run_tree(cmd: list[str], env: dict, timeout_s: float, budget_bytes: int | No
              poll_s: float = 0.05, cwd: str | None = None) -> TreeRun:
     """Run ``cmd`` in its own session; poll the tree's memory every ``poll_s``; SIGKILL the whole session
     when the summed PSS exceeds ``budget_bytes`` (status "over budget") or after ``timeout_s``."""
-    import resource
     import tempfile
 
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out_f, stderr=err_f, start_new_session=True)
+    # Through the "rusage" wrapper: it prints the tree's exact ru_maxrss (largest single process) at the end.
+    proc = subprocess.Popen([PY, str(Path(__file__).resolve()), "rusage", *cmd], env=env, cwd=cwd,
+                            stdout=out_f, stderr=err_f, start_new_session=True)
     peak_pss = peak_rss = 0
     status = None
     while proc.poll() is None:
         rss = pss = 0
-        for pid in tree_pids(proc.pid):
+        for pid in tree_pids(proc.pid)[1:]:  # the wrapper itself is not the trainer's memory
             r, p = _rollup(pid)
             rss, pss = rss + r, pss + p
         peak_pss, peak_rss = max(peak_pss, pss), max(peak_rss, rss)
@@ -208,15 +208,13 @@ def run_tree(cmd: list[str], env: dict, timeout_s: float, budget_bytes: int | No
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of RUSAGE_CHILDREN is the largest waited-for descendant's peak; it only tells us something
-    # when this child raised it above every earlier one.
-    main_peak = after * 1024 if after > before else 0
     out_f.seek(0)
     err_f.seek(0)
     stdout, stderr = out_f.read(), err_f.read()
     out_f.close()
     err_f.close()
+    found = re.findall(r"^\[rusage\] maxrss_kb=(\d+)$", stderr, re.M)
+    main_peak = int(found[-1]) * 1024 if found else 0
     if status is None:
         status = "ok" if proc.returncode == 0 else "failed"
     return TreeRun(proc.returncode, wall, peak_pss, peak_rss, main_peak, status, stdout, stderr)
@@ -270,8 +268,19 @@ def _open_clip_main(argv: list[str]) -> None:
     sys.exit(main(argv[1:]) or 0)
 
 
+def _rusage_main(cmd: list[str]) -> None:
+    """Run ``cmd``; print the largest ru_maxrss of its waited-for tree (kB) last on stderr; pass its exit code."""
+    import resource
+
+    code = subprocess.call(cmd)
+    print(f"[rusage] maxrss_kb={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}", file=sys.stderr)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "open-clip":
         _open_clip_main(sys.argv[2:])
+    elif len(sys.argv) > 2 and sys.argv[1] == "rusage":
+        _rusage_main(sys.argv[2:])
     else:
-        sys.exit("usage: trainer_bench.py open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS...")
+        sys.exit("usage: trainer_bench.py open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... | rusage CMD...")
