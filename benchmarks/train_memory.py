@@ -234,7 +234,8 @@ def markdown(results: list[dict], meta: dict) -> str:
     for res in results:
         lines.append(f"- {res['trainer']}: largest global batch that fits {res['max_fit_B']} ({res['note']})")
         if res.get("fit"):
-            pred = ", ".join(f"{g} GB -> {v}" for g, v in res["fit"]["predicted_max_B"].items())
+            pred = ", ".join(f"{g} GB -> {v if v is not None else 'none (the fit does not reach it)'}"
+                             for g, v in res["fit"]["predicted_max_B"].items())
             lines.append(f"  - fitted curve (degree {res['fit']['degree']}, {res['fit']['points']} points) "
                          f"predicts: {pred} (prediction, not measured)")
     lines.append(f"- {summary(results)}")
