@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trial-timeout-s", type=int, default=600, help="wall limit of one trial")
     p.add_argument("--deadline-s", type=int, default=900, help="no new trial of a trainer after this long")
     p.add_argument("--poll-s", type=float, default=0.25, help="memory polling period")
+    p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra environment of both trainers' trials, e.g. MALLOC_MMAP_THRESHOLD_=65536 (glibc "
+                        "then returns freed activation blocks to the OS: cliptk-tiny B=8192 peaked at 1.19 GB "
+                        "instead of 1.67 GB)")
     p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
     p.add_argument("--raw-image-size", type=int, default=64, help="side of the raw JPEGs")
     p.add_argument("--samples-per-shard", type=int, default=2000)
@@ -109,6 +113,7 @@ def trial(a, ctx: dict, trainer: str, b: int, timeout_s: float) -> dict:
         cmd, env = cliptk_cmd(a, ctx["train_dir"], b, run_dir), tb.env_with_repo()
     else:
         cmd, env = open_clip_cmd(a, ctx["raw"], b, run_dir), tb.env_with_repo(ctx["pythonpath"])
+    env |= dict(kv.split("=", 1) for kv in a.env)
     load = tb.loadavg()
     print(f"[train_memory] {trainer} B={b} ...", file=sys.stderr, flush=True)
     r = tb.run_tree(cmd, env, timeout_s, budget_bytes=int(a.budget_gb * GB), poll_s=a.poll_s)
