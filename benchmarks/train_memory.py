@@ -211,7 +211,7 @@ def plot(results: list[dict], budget_gb: float, path: Path) -> None:
         if ok:
             ax.plot(*zip(*ok, strict=True), "o-", color=color, label=f"{label}: finished")
         if miss:
-            ax.plot(*zip(*miss, strict=True), "x", color=color, markersize=9, label=f"{label}: killed over budget")
+            ax.plot(*zip(*miss, strict=True), "x", color=color, markersize=9, label=f"{label}: over budget (killed, or finished above it)")
     ax.axhline(budget_gb, color="gray", ls="--", label=f"budget {budget_gb:g} GB")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch B")
