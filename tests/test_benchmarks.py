@@ -1,0 +1,62 @@
+"""Smoke checks of the trainer benchmarks' helpers (the benchmarks themselves take minutes and are not run).
+
+Argument parsing, step planning, log parsing of both trainers, and the process-tree memory runner on a
+child that allocates a known amount: seconds in all.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import train_memory  # noqa: E402
+import train_throughput  # noqa: E402
+import trainer_bench as tb  # noqa: E402
+
+MB = 2**20
+
+
+def test_throughput_args_and_steps():
+    a = train_throughput.parse_args([])
+    assert (a.model, a.precision, a.workers) == ("cliptk-tiny", "fp32", 2)
+    cuda = train_throughput.parse_args(["--cuda"])
+    assert (cuda.model, cuda.precision, cuda.workers) == ("ViT-B-32", "bf16", 8)
+    # 1898 samples, batch 256: 7 batches per epoch, open_clip rounds to 8 for 2 workers; 5 epochs -> 40 steps
+    assert train_throughput.plan_steps(1898, 256, 5, 2) == (1792, 40)
+    with pytest.raises(SystemExit):
+        train_throughput.plan_steps(100, 256, 1, 2)
+
+
+def test_memory_args_snap_to_micro_batch_times_workers(tmp_path):
+    a = train_memory.parse_args(["--micro-batch-size", "32", "--workers", "3"])
+    assert train_memory.batch_step(a) == 96
+    for i in range(3):
+        (tmp_path / f"{i:05d}.tar").touch()
+    cmd = train_memory.open_clip_cmd(a, tmp_path, 960, tmp_path / "t")
+    assert cmd[cmd.index("--accum-freq") + 1] == "30" and cmd[cmd.index("--batch-size") + 1] == "32"
+    assert cmd[cmd.index("--train-data") + 1] == str(tmp_path / "{00000..00002}.tar")
+
+
+def test_open_clip_log_parsing():
+    log = ("2026-11-23,12:37:51 | INFO | Train Epoch: 0 [ 256/2048 (12%)] Data (t): 0.711 Batch (t): 2.845, "
+           "89.9957/s, 89.9957/s/gpu LR: 0.000500 Logit Scale: 14.286 Loss: 5.6861 (5.6861)\n"
+           "2026-11-23,12:37:52 | INFO | Train Epoch: 0 [ 512/2048 (25%)] Data (t): 0.005 Batch (t): 1.436, "
+           "178.265/s, 178.265/s/gpu LR: 0.001000\n")
+    steps = tb.open_clip_steps(log)
+    assert [s["samples_done"] for s in steps] == [256, 512]
+    assert [s["step_time_s"] for s in steps] == [2.845, 1.436]
+    assert tb.steady_samples_per_s([s["step_time_s"] for s in steps], 256, skip=1) == pytest.approx(256 / 1.436)
+
+
+def test_run_tree_measures_and_enforces_memory():
+    grow = [sys.executable, "-c", "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+            "time.sleep(0.5)"]
+    ok = tb.run_tree(grow, tb.env_with_repo(), timeout_s=60, poll_s=0.05)
+    assert ok.status == "ok" and ok.returncode == 0
+    assert 300 * MB <= ok.peak_main_rss_bytes < 400 * MB  # exact peak from the rusage wrapper
+    assert ok.peak_pss_bytes >= 250 * MB  # polled while it slept
+    killed = tb.run_tree(grow, tb.env_with_repo(), timeout_s=60, budget_bytes=100 * MB, poll_s=0.05)
+    assert killed.status == "over budget" and killed.peak_pss_bytes > 100 * MB
