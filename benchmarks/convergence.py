@@ -21,7 +21,7 @@ validation R@1. Scores are held-out retrieval R@1 on the OpenMoji drawings of ev
 of those images (preprocessed as the zero-shot stage does) through the heads, with clip-benchmark's
 recall definition; image->text is clip-benchmark's ``text_retrieval_recall@1``.
 
-    PYTHONPATH=$PWD python benchmarks/convergence.py [--run-dir runs/lit --steps 300 --seeds 5]
+    PYTHONPATH=$PWD python benchmarks/convergence.py [--run-dir runs/lit --steps 200 --seeds 5]
 
 Writes ``--out`` (JSON), the same path with ``.md`` (table) and ``.png`` (held-out R@1 curves), and prints
 the table.
@@ -229,7 +229,7 @@ def summarise(batch: int, runs: dict[str, list[dict]], seeds: list[int]) -> dict
                        "heldout_t2i": _stats([f[1] for f in final]), "heldout_mean": _stats([_mean_r1(f) for f in final]),
                        "final_tau": _stats([r["tau"] for r in rs]), "steps_to_reach_best_openclip": reach,
                        "paired_diff_vs_best_openclip": {**d, "per_seed": diffs,
-                                                        "ahead_by_2_std": d["mean"] > 2 * d["std"] and d["mean"] > 0},
+                                                        "ahead_by_2_std": len(diffs) > 1 and d["mean"] > 2 * d["std"] and d["mean"] > 0},
                        "curve_steps": rs[0]["step"], "curve_heldout_mean": curve.tolist()}
     return {"batch": batch, "seeds": seeds, "best_openclip": best_open, "best_openclip_final_r1": target,
             "val_r1_by_method": val, "rows": rows}
@@ -278,10 +278,10 @@ def main() -> None:
     parser.add_argument("--heads", default="cliptk-small", help="model config whose embed_dim the heads use")
     parser.add_argument("--batches", type=int, nargs="+", default=[32, 64, 256])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--taus", type=float, nargs="+", default=[0.01, 0.02, 0.03, 0.05, 0.07, 0.1])
+    parser.add_argument("--taus", type=float, nargs="+", default=[0.01, 0.02, 0.03, 0.05, 0.07])
     parser.add_argument("--val-fraction", type=float, default=0.15)
     parser.add_argument("--out", default="benchmarks/results/convergence.json")
     args = parser.parse_args()

@@ -42,8 +42,9 @@ RANDOM_INIT_SEED = 0
 LITE0_DIM = 1280
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_DIM = 384
-# Word pieces per caption: the demo's longest caption has 24 and CC3M's captions average about 12 words,
-# so 64 truncates almost nothing while costing a quarter of MiniLM's 256 (sentence-transformers' limit).
+# Word pieces per caption, [CLS] and [SEP] included: the demo's longest caption has 14 (measured with the
+# package's tokenizer.json); 64 leaves room for web alt-texts of about 50 words at a quarter of the cost of
+# the 256 sentence-transformers allows (every caption is padded to this length).
 MINILM_CONTEXT_LENGTH = 64
 
 
