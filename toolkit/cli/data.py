@@ -207,12 +207,13 @@ def precompute_cmd(
                                                             "of the image tower (default: packaged or seeded "
                                                             "random).")] = None,
     text_tower: Annotated[str | None, typer.Option("--text-tower", help="Store frozen text features instead of "
-                                                                        "tokens: none or open_clip (default "
-                                                                        "none).")] = None,
+                                                                        "tokens: none, open_clip or minilm "
+                                                                        "(default none).")] = None,
     text_tower_model: Annotated[str | None, typer.Option("--text-tower-model", help="open_clip model of the "
                                                                                     "text tower.")] = None,
     text_tower_weights: Annotated[str | None, typer.Option("--text-tower-weights", help="Local weights file of "
-                                                           "the text tower (default: seeded random).")] = None,
+                                                           "the text tower (default: packaged or seeded "
+                                                           "random).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:

