@@ -217,7 +217,10 @@ def precompute_cmd(
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
-    """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids."""
+    """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids.
+
+    A run that is killed or fails keeps the raw shards it finished; rerunning the same command resumes.
+    """
     from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
     cfg = load_cli_config(ctx, PrecomputeConfig, config, overrides, input=input, out=out, model=model,

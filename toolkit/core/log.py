@@ -93,10 +93,35 @@ def jsonl_log(path: str) -> Iterator[None]:
         logger.removeHandler(handler)
 
 
-def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
-    """Yield ``items`` with a rich progress bar on a TTY, else a log line every ~10 s."""
-    if total is None and hasattr(items, "__len__"):
-        total = len(items)  # type: ignore[arg-type]
+class ProgressCounter:
+    """A progress display advanced by hand: a rich bar on a TTY, else a log line every ~10 s.
+
+    For work whose unit of progress is not the item being iterated (samples inside shards); see
+    :func:`counter`. ``advance(n)`` may be called as often as once per sample: it is cheap off a TTY.
+    """
+
+    def __init__(self, total: int | None, desc: str, unit: str, bar=None, task=None):
+        self.total, self.desc, self.unit, self.bar, self.task = total, desc, unit, bar, task
+        self.done, self.start = 0, time.monotonic()
+        self.last = self.start
+        self.log = get_logger("progress")
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+            return
+        now = time.monotonic()
+        if n and now - self.last >= PROGRESS_LOG_INTERVAL_S:
+            self.last = now
+            of = f"/{self.total}" if self.total else ""
+            rate = self.done / max(now - self.start, 1e-9)
+            self.log.info("%s: %d%s %s (%.1f %s/s)", self.desc, self.done, of, self.unit, rate, self.unit)
+
+
+@contextmanager
+def counter(total: int | None, desc: str = "", unit: str = "it") -> Iterator[ProgressCounter]:
+    """A :class:`ProgressCounter` for the block; ``total`` None shows a count without an end."""
     if not is_quiet() and sys.stderr.isatty():
         from rich.progress import (
             BarColumn,
@@ -110,17 +135,16 @@ def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit:
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                    TimeElapsedColumn(), TimeRemainingColumn()]
         with Progress(*columns, transient=False) as bar:
-            task = bar.add_task(desc, total=total)
-            for item in items:
-                yield item
-                bar.advance(task)
+            yield ProgressCounter(total, desc, unit, bar, bar.add_task(desc, total=total))
         return
-    log, start, last, done = get_logger("progress"), time.monotonic(), time.monotonic(), 0
-    for item in items:
-        yield item
-        done += 1
-        now = time.monotonic()
-        if now - last >= PROGRESS_LOG_INTERVAL_S:
-            last = now
-            of = f"/{total}" if total else ""
-            log.info("%s: %d%s %s (%.1f %s/s)", desc, done, of, unit, done / (now - start), unit)
+    yield ProgressCounter(total, desc, unit)
+
+
+def progress(items: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it") -> Iterator[T]:
+    """Yield ``items`` with a rich progress bar on a TTY, else a log line every ~10 s."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    with counter(total, desc, unit) as count:
+        for item in items:
+            yield item
+            count.advance()

@@ -245,3 +245,21 @@ def test_shard_and_fetch_overwrite_never_delete_files_they_did_not_write(tmp_pat
     run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))  # replaces its own shards
     assert {"1.tar", "2023.parquet", "00000.tar"} <= {p.name for p in mine.iterdir()}
     assert (mine / "2023.parquet").read_bytes() == b"precious 2023.parquet"
+
+
+def test_progress_counts_samples_not_shards(tmp_path, monkeypatch):
+    """Nine inputs into one shard: progress moves per sample (it used to sit at 0/1 shards to the end)."""
+    import toolkit.core.log as log
+
+    monkeypatch.setattr(log, "PROGRESS_LOG_INTERVAL_S", 0.0)
+    rng = np.random.default_rng(2)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(9):
+        (src / f"{i}.jpg").write_bytes(_image(rng))
+        (src / f"{i}.txt").write_text(f"caption {i}")
+    out = tmp_path / "raw"
+    run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, samples_per_shard=100))
+    messages = [json.loads(x)["message"] for x in (out / "log.jsonl").read_text().splitlines()]
+    counts = [m.split(" (")[0] for m in messages if m.startswith("shard: ") and " samples (" in m]
+    assert counts == [f"shard: {i}/9 samples" for i in range(1, 10)]

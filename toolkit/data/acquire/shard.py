@@ -22,6 +22,7 @@ import os
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 from toolkit.core import files
 from toolkit.core.config import option
-from toolkit.core.log import get_logger, progress
+from toolkit.core.log import counter, get_logger
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.acquire.resizer import CheckedResizer
 from toolkit.data.images import IMAGE_EXTS
@@ -212,8 +213,12 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, resizer, pool: ThreadPool) -> Counter:
-    """Write one shard's tar, parquet and stats; returns its status counts (message -> n)."""
+def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, resizer, pool: ThreadPool,
+                on_sample: Callable[[int], None] | None = None) -> Counter:
+    """Write one shard's tar, parquet and stats; returns its status counts (message -> n).
+
+    ``on_sample(1)`` is called after each input (kept or failed): progress in samples, not shards.
+    """
     import fsspec
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -226,6 +231,8 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
             meta = {"caption": meta.pop("caption"), "url": meta.pop("url"),
                     "key": layout.img2dataset_key(index, shard_id, cfg.samples_per_shard), **meta}
             rows.append(meta)
+            if on_sample is not None:
+                on_sample(1)
             if img is None:
                 status[meta["error_message"]] += 1
                 continue
@@ -263,9 +270,10 @@ def run(cfg: ShardConfig) -> StageResult:
             log.info("shard: replaced %d shard files in %s", removed, out)
         resizer, status, start = make_resizer(cfg), Counter(), time.monotonic()
         chunks = [items[i:i + cfg.samples_per_shard] for i in range(0, len(items), cfg.samples_per_shard)]
-        with ThreadPool(cfg.num_threads) as pool:
-            for shard_id, chunk in progress(list(enumerate(chunks)), desc="shard", unit="shards"):
-                status += write_shard(out, shard_id, chunk, cfg, resizer, pool)
+        # progress in samples, not shards: one big shard would sit at 0/1 until the end
+        with ThreadPool(cfg.num_threads) as pool, counter(len(items), desc="shard", unit="samples") as done:
+            for shard_id, chunk in enumerate(chunks):
+                status += write_shard(out, shard_id, chunk, cfg, resizer, pool, done.advance)
         wall_s = time.monotonic() - start
         summary = reasons.summarize_status(status)
         messages = summary.pop("messages")

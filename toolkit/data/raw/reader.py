@@ -130,6 +130,20 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
     return None, None
 
 
+def promised_samples(urls: list[str]) -> int | None:
+    """Samples the shards' ``_stats.json`` files count as successes, for progress totals; None when a
+    shard has no readable stats file (a hand-made tar) or a remote listing would cost one request each."""
+    total = 0
+    for url in urls:
+        if not files.is_local(url):
+            return None
+        try:
+            total += int(files.read_json(sidecar(url, "_stats.json"))["successes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return total
+
+
 class EndAwareTarInfo(tarfile.TarInfo):
     """A TarInfo that records on its TarFile (``end_error``) which header problem ended the iteration.
 

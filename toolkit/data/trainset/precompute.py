@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -26,10 +27,12 @@ import numpy as np
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, option
-from toolkit.core.log import get_logger, progress
+from toolkit.core.log import ProgressCounter, counter, get_logger, progress
+from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
-from toolkit.data.raw.reader import list_shards, shard_basename
+from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
+from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset import precompute_worker
 from toolkit.data.trainset.format import (
     DATASET_JSON,
@@ -43,6 +46,8 @@ from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 KIND = "data.precompute"
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
+# The parent reads the workers' shared sample counter this often (seconds) to move the progress display.
+POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,10 @@ class PrecomputeConfig:
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
     text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
                                                             "packaged ones, or a seeded random init).")
-    tmp_dir: str = option("", affects_output=False, doc="Local scratch folder (default: OUT/_tmp for a local "
-                                                        "OUT, else the system temp folder); removed at the end.")
+    tmp_dir: str = option("", affects_output=False, doc="Local scratch folder for processed raw shards (default: "
+                                                        "OUT/_tmp for a local OUT, else the system temp folder). "
+                                                        "Kept when a run fails or is killed, so that a rerun with "
+                                                        "the same tmp_dir resumes; removed at the end.")
 
     def __post_init__(self) -> None:
         from toolkit.models.frozen import check_weights_value
@@ -113,17 +120,44 @@ def _worker_init() -> None:
         torch.set_num_threads(1)
 
 
-def _process_all(tasks: list[precompute_worker.ShardTask],
-                 num_workers: int) -> list[precompute_worker.ShardResult]:
-    """Run every task (a fork pool when num_workers > 1); results in task order."""
-    if num_workers <= 1:
-        results = [precompute_worker.process_shard(t)
-                   for t in progress(tasks, desc="precompute", unit="shards")]
-    else:
+def _process_all(tasks: list[precompute_worker.ShardTask], num_workers: int, on_done,
+                 count: ProgressCounter) -> list[precompute_worker.ShardResult]:
+    """Run every task (a fork pool when num_workers > 1), calling ``on_done(result)`` as each finishes.
+
+    Progress is in samples read (``count``), not in shards: one big shard would sit at 0/1 until the end.
+    Workers add to a shared counter that the parent reads twice a second.
+    """
+    state, results = precompute_worker.STATE, []
+    if num_workers <= 1 or len(tasks) <= 1:
+        state["on_read"] = count.advance
+        try:
+            for task in tasks:
+                results.append(precompute_worker.process_shard(task))
+                on_done(results[-1])
+        finally:
+            state["on_read"] = None
+        return results
+    read, base = mp.get_context("fork").Value("q", 0), count.done  # base: samples of resumed shards
+    state["on_read"] = functools.partial(_add_shared, read)
+    try:
         with mp.get_context("fork").Pool(num_workers, initializer=_worker_init) as pool:
-            done = pool.imap_unordered(precompute_worker.process_shard, tasks)
-            results = list(progress(done, total=len(tasks), desc="precompute", unit="shards"))
-    return sorted(results, key=lambda r: r.index)
+            pending = pool.imap_unordered(precompute_worker.process_shard, tasks)
+            while len(results) < len(tasks):
+                try:
+                    results.append(pending.next(timeout=POLL_S))
+                    on_done(results[-1])
+                except mp.TimeoutError:
+                    pass
+                count.advance(base + read.value - count.done)
+    finally:
+        state["on_read"] = None
+    return results
+
+
+def _add_shared(value, n: int) -> None:
+    """Runs in pool workers: add ``n`` samples read to the parent's shared counter."""
+    with value.get_lock():
+        value.value += n
 
 
 def assign_ids(results: list[precompute_worker.ShardResult]) -> tuple[list[tuple[int, int]], list[dict]]:
@@ -204,7 +238,11 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
 
 
 def run(cfg: PrecomputeConfig) -> StageResult:
-    """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input)."""
+    """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input).
+
+    A rerun after a run was killed, interrupted or failed reuses the raw shards it finished
+    (:mod:`.precompute_resume`); the output is the same as an uninterrupted run's.
+    """
     log = get_logger("data.precompute")
     if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
         raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
@@ -212,37 +250,33 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
-        parent = _scratch_parent(cfg)  # stale scratch of a killed run: OUT/_tmp's all (we hold OUT's lock)
-        for name in files.remove_stale_temp_dirs(parent or tempfile.gettempdir(), "precompute-", not cfg.tmp_dir and files.is_local(cfg.out)):
-            log.info("precompute: removed %s left by a run that was killed", name)
-        scratch = tempfile.mkdtemp(prefix=files.owned_temp_prefix("precompute-"), dir=parent)
-        try:
-            side = fields[0].shape[0] if fields[0].role == "image" else 0
-            tasks = [precompute_worker.ShardTask(i, u, scratch, side, cfg.resize_mode, cfg.max_image_pixels,
-                                         cfg.caption_ext) for i, u in enumerate(urls)]
-            workers = min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks))
-            log.info("precompute: %d raw shards with %d workers -> %s", len(urls), workers, cfg.out)
-            start = time.monotonic()
-            results = _process_all(tasks, workers)
-            process_s = time.monotonic() - start
-            order, skips = assign_ids(results)
-            if not order:
-                reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
-                raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) ({reasons or 'empty'})")
-            start = time.monotonic()
-            shards = _write_shards(cfg, fields, results, order)
-            write_s = time.monotonic() - start
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-            _remove_empty_dir(os.path.dirname(scratch))
+        _remove_stale_scratch(cfg, log)
+        work = resume.work_dir(cfg)
+        os.makedirs(work, exist_ok=True)
+        with output_lock(work):
+            try:
+                results, timing = _process(cfg, urls, fields, work, log)
+                order, skips = assign_ids(results)
+                if not order:
+                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
+                    raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
+                                     f"({reasons or 'empty'})")
+                start = time.monotonic()
+                shards = _write_shards(cfg, fields, results, order)
+                timing.update(write_s=round(time.monotonic() - start, 3), num_shards=len(shards))
+            except BaseException:
+                log.warning("precompute: processed raw shards are kept in %s; a rerun into %s resumes from them",
+                            work, cfg.out)
+                raise
+            shutil.rmtree(work, ignore_errors=True)
+        if not cfg.tmp_dir and files.is_local(cfg.out):
+            _remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
         remove_stale_shards(cfg.out, len(shards))
         dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
                                _extra(cfg, fields), root=cfg.out)
         files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
         files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
-                             "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
-        timing = {"process_s": round(process_s, 3), "write_s": round(write_s, 3), "num_workers": workers,
-                  "num_shards": len(shards)}
+                                "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
         _record(rec, cfg, urls, results, order, skips, timing)
         rec.outputs["train"] = cfg.out
         log.info("precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
@@ -250,15 +284,40 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     return rec.result()
 
 
-def _scratch_parent(cfg: PrecomputeConfig) -> str | None:
+def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: str,
+             log) -> tuple[list[precompute_worker.ShardResult], dict]:
+    """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed."""
+    key = resume.process_key(cfg)
+    done = resume.load(work, urls, key, fields)
+    if done:
+        log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
+    side = fields[0].shape[0] if fields[0].role == "image" else 0
+    tasks = [precompute_worker.ShardTask(i, u, resume.stem(work, u), side, cfg.resize_mode,
+                                         cfg.max_image_pixels, cfg.caption_ext)
+             for i, u in enumerate(urls) if i not in done]
+    workers = max(1, min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks)))
+    log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
+             cfg.out)
+    start = time.monotonic()
+    with counter(promised_samples(urls), desc="precompute", unit="samples") as count:
+        count.advance(sum(r.num_read for r in done.values()))
+        fresh = _process_all(tasks, workers, lambda r: resume.save(r, key), count)
+    timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
+              "num_resumed_raw_shards": len(done)}
+    return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
+
+
+def _remove_stale_scratch(cfg: PrecomputeConfig, log) -> None:
+    """Delete the ``precompute-*`` scratch folders of killed runs (OUT/_tmp's all: we hold OUT's lock)."""
     if cfg.tmp_dir:
-        os.makedirs(cfg.tmp_dir, exist_ok=True)
-        return cfg.tmp_dir
-    if files.is_local(cfg.out):
-        path = os.path.join(files.local_path(cfg.out), "_tmp")
-        os.makedirs(path, exist_ok=True)
-        return path
-    return None
+        parent: str | None = cfg.tmp_dir
+    elif files.is_local(cfg.out):
+        parent = os.path.join(files.local_path(cfg.out), "_tmp")
+    else:
+        parent = tempfile.gettempdir()
+    whole = not cfg.tmp_dir and files.is_local(cfg.out)
+    for name in files.remove_stale_temp_dirs(parent, "precompute-", whole):
+        log.info("precompute: removed %s left by a run that was killed", name)
 
 
 def _remove_empty_dir(path: str) -> None:

@@ -11,7 +11,6 @@ forks, so workers share them copy-on-write instead of loading them once each.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +20,8 @@ import numpy as np
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageError, decode_rgb
 from toolkit.data.raw.reader import RawSample, RawShardReader, expected_keys, shard_basename
 
-# Set by the parent before workers start: 'tokenizer', 'image_tower', 'text_tower' (or None).
+# Set by the parent before workers start: 'tokenizer', 'image_tower', 'text_tower' (or None), and
+# 'on_read' (or None): called with 1 after each sample read from a tar, for progress in samples.
 STATE: dict[str, Any] = {}
 # Frozen-tower forward passes and tokenization run over this many samples at a time.
 ENCODE_BATCH = 64
@@ -31,7 +31,7 @@ ENCODE_BATCH = 64
 class ShardTask:
     index: int
     url: str
-    tmp_dir: str
+    stem: str  # row files are written to stem + '.image' and stem + '.text'
     image_size: int
     resize_mode: str = "center_crop"
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
@@ -133,14 +133,15 @@ def process_shard(task: ShardTask) -> ShardResult:
 
 def _process(task: ShardTask) -> ShardResult:
     res = ShardResult(task.index, task.url)
-    stem = os.path.join(task.tmp_dir, f"{task.index:06d}")
-    res.image_path, res.text_path = stem + ".image", stem + ".text"
+    res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
+    on_read = STATE.get("on_read") or (lambda _n: None)
     tower = STATE.get("image_tower")
     sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
     size = tower.image_size if tower is not None else task.image_size
     reader, seen = RawShardReader(task.url), set()
     for sample in reader.samples():
         res.num_read += 1
+        on_read(1)
         if sample.key in seen:
             res.skips.append(("duplicate_key", sample.key, f"key repeats within {shard_basename(task.url)}"))
             continue

@@ -1,0 +1,116 @@
+"""Resume of an interrupted ``precompute``: raw shards already processed are reused by a rerun.
+
+Processing a raw shard (decode, resize and tokenize, or a frozen tower's forward pass) is where
+precompute spends its time; writing the training shards afterwards is a copy. So every raw shard's rows
+go into a work folder that outlives a run killed, interrupted or failed, and each finished raw shard gets
+a record ``<stem>.json`` (its keys, captions, skips and counts) written after its row files. A rerun into
+the same output reuses each record whose raw shard (the tar and its parquet and stats, by size and
+modification time) and processing options (model, image size, resize mode, towers and their weights
+files, toolkit version) are unchanged, and processes the others again. Global ids are assigned after all
+raw shards are processed, from every shard's keys, so a resumed run writes the same bytes as an
+uninterrupted one. The folder is removed once the training shards and ``dataset.json`` are written.
+
+Where it lives: ``OUT/_tmp/resume-precompute`` for a local OUT without ``tmp_dir``; otherwise
+``resume-precompute-<hash of OUT>`` under ``tmp_dir`` (or the system temp folder for a remote OUT).
+A rerun with a different ``tmp_dir`` starts afresh. The folder is locked
+(:mod:`toolkit.core.outlock`) while a run uses it, so two runs never share it.
+All functions run in the parent process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+
+from toolkit import __version__
+from toolkit.core import files
+from toolkit.core.config import config_hash, input_paths
+from toolkit.core.stage import fingerprint
+from toolkit.data.raw.reader import sidecar
+from toolkit.data.trainset.format import Field
+from toolkit.data.trainset.precompute_worker import ShardResult
+
+RECORD_VERSION = 1
+
+
+def work_dir(cfg) -> str:
+    """The local work folder of a precompute run into ``cfg.out`` (not created)."""
+    if not cfg.tmp_dir and files.is_local(cfg.out):
+        return os.path.join(files.local_path(cfg.out), "_tmp", "resume-precompute")
+    tag = hashlib.sha256(cfg.out.rstrip("/").encode()).hexdigest()[:12]
+    return os.path.join(cfg.tmp_dir or tempfile.gettempdir(), f"resume-precompute-{tag}")
+
+
+def process_key(cfg) -> str:
+    """Hash of everything that changes a raw shard's processed rows (not OUT, not the shard size)."""
+    options = dataclasses.replace(cfg, input="", out="", samples_per_shard=1)
+    weights = {k: fingerprint(p) for k, p in input_paths(cfg).items() if k != "input"}
+    return config_hash(options, "precompute-rows", __version__, weights)
+
+
+def stem(work: str, url: str) -> str:
+    """Path prefix of one raw shard's files in ``work``: its row files and its record."""
+    return os.path.join(work, hashlib.sha256(url.encode()).hexdigest()[:16])
+
+
+def source_fingerprint(url: str) -> list[str]:
+    """What identifies a raw shard's content: the tar and the sidecars that name its missing samples."""
+    return [fingerprint(url), fingerprint(sidecar(url, ".parquet")), fingerprint(sidecar(url, "_stats.json"))]
+
+
+def save(res: ShardResult, key: str) -> None:
+    """Record ``res`` as finished (after its row files are complete): ``<stem>.json``, written atomically."""
+    record = {"version": RECORD_VERSION, "process_key": key, "url": res.url,
+              "source": source_fingerprint(res.url), "keys": res.keys, "captions": res.captions,
+              "num_read": res.num_read, "skips": [list(s) for s in res.skips],
+              "converted": dict(res.converted), "tar_error": res.tar_error}
+    files.write_text_atomic(os.path.splitext(res.image_path)[0] + ".json", json.dumps(record, ensure_ascii=False))
+
+
+def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int, ShardResult]:
+    """Finished results of this run's raw shards (task index -> result); deletes every other file.
+
+    A record counts when its process key, URL and source fingerprint match and both row files have
+    exactly ``len(keys)`` rows; anything else (a record of other options or of a changed shard, row
+    files a killed worker left half written, shards no longer in the input) is removed.
+    """
+    found: dict[int, ShardResult] = {}
+    keep = {".lock"}
+    for index, url in enumerate(urls):
+        res = _read(stem(work, url), index, url, key, fields)
+        if res is not None:
+            found[index] = res
+            keep.update(os.path.basename(p) for p in (res.image_path, res.text_path))
+            keep.add(os.path.basename(stem(work, url)) + ".json")
+    for name in os.listdir(work):
+        if name not in keep:
+            path = os.path.join(work, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+    return found
+
+
+def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> ShardResult | None:
+    try:
+        with open(base + ".json", encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or record.get("version") != RECORD_VERSION
+            or record.get("process_key") != key or record.get("url") != url
+            or record.get("source") != source_fingerprint(url)):
+        return None
+    res = ShardResult(index, url, list(record["keys"]), list(record["captions"]), base + ".image", base + ".text",
+                      int(record["num_read"]), [tuple(s) for s in record["skips"]],
+                      Counter(record["converted"]), record["tar_error"])
+    for path, field in zip((res.image_path, res.text_path), fields, strict=True):
+        try:
+            if os.path.getsize(path) != len(res.keys) * field.nbytes:
+                return None
+        except OSError:
+            return None
+    return res
