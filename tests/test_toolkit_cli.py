@@ -73,6 +73,13 @@ def test_python_dash_m_toolkit_runs_cli():
     assert out.stdout.strip() == f"cliptk {__version__}"
 
 
+def test_python_dash_m_toolkit_cli_main_runs_cli():
+    out = subprocess.run([sys.executable, "-m", "toolkit.cli.main", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Usage:" in out.stdout and "pipeline" in out.stdout
+
+
 @pytest.mark.parametrize(("args", "source"), [
     (["data", "fetch", "--urls", "u.csv", "--out", "o", "--threads", "0"], "option --threads: num_threads"),
     (["data", "fetch", "--urls", "u.csv", "--out", "o", "--processes", "0"], "option --processes: num_processes"),

@@ -114,7 +114,70 @@ def test_a_damaged_or_unfinished_newest_checkpoint_is_skipped(demo_train, tmp_pa
 def test_resume_refuses_a_different_configuration(demo_train, tmp_path):
     out = tmp_path / "run"
     run(train_cfg(demo_train, out, steps=2))
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match=r"different configuration \(checkpoint -> this run: seed 0 -> 1\); "
+                                         r"resume it with its own config, use --resume none"):
         run(train_cfg(demo_train, out, steps=2, seed=1, checkpoint={"resume": "latest"}))
     run(train_cfg(demo_train, out, steps=2, seed=1, checkpoint={"resume": "none"}))  # starts afresh
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]
+
+
+def test_refusal_names_the_output_keys_that_differ_with_old_and_new_values():
+    from toolkit.train.resume import ConfigMismatch, check_config, output_config, output_hash
+
+    old = train_cfg("data", "out", steps=2, log_every=1)
+    saved = {"config_hash": output_hash(old), "config": output_config(old)}
+    new = train_cfg("data", "out", steps=3, optim={"lr": 2e-3}, log_every=7, loader={"num_workers": 2})
+    with pytest.raises(ConfigMismatch) as refused:
+        check_config("ckpt", saved, new)
+    message = str(refused.value)
+    assert "(checkpoint -> this run: steps 2 -> 3, optim.lr 0.001 -> 0.002); " in message, message
+    assert "log_every" not in message and "num_workers" not in message  # affects_output=False: not hashed
+    assert "--resume none" in message and "\n" not in message
+    check_config("ckpt", saved, train_cfg("data", "elsewhere", steps=2, log_every=9))  # nothing hashed differs
+    # a checkpoint written before trainer.json recorded the config: the hashes, as before
+    with pytest.raises(ConfigMismatch, match=r"different configuration \(config hash [0-9a-f]{16} != [0-9a-f]{16}\)"):
+        check_config("ckpt", {"config_hash": output_hash(old)}, new)
+    many = train_cfg("d" * 300, "out", model="cliptk-small", batch_size=32, epochs=3, steps=5, seed=4)
+    with pytest.raises(ConfigMismatch) as refused:
+        check_config("ckpt", saved, many)
+    message = str(refused.value)
+    assert "data 'data' -> 'ddddddddddddddddddddddddddddddd... (302 characters), model" in message, message
+    assert "steps 2 -> 5 and 1 more);" in message and "seed" not in message and len(message) < 400, message
+
+
+PIPELINE = """
+run_dir: {run_dir}
+stages:
+  - name: train
+    kind: train
+    config: {{data: "{data}", batch_size: 16, steps: 2, log_every: 1, tensorboard: false, loader: {{num_workers: 0}}}}
+"""
+
+
+def test_pipeline_rerun_with_other_steps_names_steps_and_the_pipeline_remedy(demo_train, tmp_path):
+    """A user's report: rerunning a pipeline after changing steps failed with a config hash and the CLI's
+    --resume none. The refusal (before the two ranks start, as in the quickstart) names the key and the
+    --set that starts afresh, keeps the checkpoint, and that --set then works."""
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    path, run_dir = tmp_path / "p.yaml", tmp_path / "run"
+    path.write_text(PIPELINE.format(run_dir=run_dir, data=demo_train))
+
+    def pipeline_run(*overrides: str):
+        sets = [a for o in overrides for a in ("--set", o)]
+        return CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(path), *sets])
+
+    assert (first := pipeline_run()).exit_code == 0, first.output
+    refused = pipeline_run("stages.train.steps=3", "stages.train.launch.nproc_per_node=2")
+    assert refused.exit_code == 1, refused.output
+    line = refused.output.strip().splitlines()[-1]
+    assert "(checkpoint -> this run: steps 2 -> 3)" in line, refused.output
+    assert "--set stages.train.checkpoint.resume=none" in line and f"moving {run_dir}/train away" in line
+    assert "--resume none" not in line
+    assert (run_dir / "train" / "checkpoints" / "step-00000002" / "checkpoint.json").is_file()
+    afresh = pipeline_run("stages.train.steps=3", "stages.train.checkpoint.resume=none")
+    assert afresh.exit_code == 0, afresh.output
+    assert [p.name for p in (run_dir / "train" / "checkpoints").iterdir()] == ["step-00000003"]
+    assert "train: skipped" in pipeline_run("stages.train.steps=3").output  # resume is not part of the hash

@@ -72,3 +72,7 @@ def hoist_root_options(argv: list[str]) -> list[str]:
 
 def main() -> None:
     app(args=hoist_root_options(sys.argv[1:]))
+
+
+if __name__ == "__main__":  # `python -m toolkit.cli.main`, as `python -m toolkit` (worker re-imports skip it)
+    main()

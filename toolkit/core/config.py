@@ -64,12 +64,12 @@ def option(
 SHORT_REPR_CHARS = 80
 
 
-def short(value: Any) -> str:
-    """``repr(value)``, cut to :data:`SHORT_REPR_CHARS` with the full length named."""
+def short(value: Any, limit: int = SHORT_REPR_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters with the full length named."""
     text = repr(value)
-    if len(text) <= SHORT_REPR_CHARS:
+    if len(text) <= limit:
         return text
-    return f"{text[:SHORT_REPR_CHARS]}... ({len(text):,} characters)"
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _type_name(tp: Any) -> str:
@@ -316,6 +316,39 @@ def config_hash(cfg: Any, *extra: Any) -> str:
     """Stable 16-hex-digit hash of the fields that affect outputs (plus ``extra`` values)."""
     payload = json.dumps([_hashed(cfg), *extra], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def output_dict(cfg: Any) -> dict:
+    """The fields :func:`config_hash` hashes (``affects_output``), as plain JSON data: what a result records
+    so that a later refusal can name the keys that differ (:func:`changed_keys`)."""
+    return json.loads(json.dumps(_hashed(cfg), default=str))
+
+
+def _leaves(data: Mapping, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def changed_keys(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every leaf that differs, in ``new``'s key order (keys only
+    ``old`` has last); a key one side lacks has :data:`MISSING` there."""
+    a, b = _leaves(old), _leaves(new)
+    return [(k, a.get(k, MISSING), b.get(k, MISSING)) for k in {**b, **a} if a.get(k, MISSING) != b.get(k, MISSING)]
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]], limit: int = 5, width: int = 32) -> str:
+    """``'steps 2 -> 3, optim.lr 0.001 -> 0.002'``: the first ``limit`` changes on one line, each value cut
+    to ``width`` characters, and how many more there are."""
+    def show(value: Any) -> str:
+        return "(unset)" if value is MISSING else short(value, width)
+
+    text = ", ".join(f"{key} {show(old)} -> {show(new)}" for key, old, new in changes[:limit])
+    return text + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
 
 
 def dump_yaml(cfg: Any) -> str:

@@ -3,8 +3,8 @@
 A checkpoint directory is a plain open_clip ``local-dir:`` model plus the trainer's state:
 
 - ``open_clip_config.json`` + ``open_clip_model.safetensors``: the model (``toolkit.models.weights``);
-- ``trainer.json``: step (global batches consumed), samples seen, counters, world size at save time and
-  the hash of the output-affecting config;
+- ``trainer.json``: step (global batches consumed), samples seen, counters, world size at save time, the
+  hash of the output-affecting config and that config itself (a refused resume names the keys that differ);
 - ``optimizer.pt``: the optimiser's (and GradScaler's) state dict;
 - ``loss_state.safetensors``: the objective's per-sample state (FastCLIP's u/τ tables as [N] columns,
   independent of the number of ranks and nodes); absent when the objective has none;

@@ -53,11 +53,13 @@ def _record(rec, summary: dict) -> None:
 
 def preflight(cfg: TrainConfig) -> None:
     """Refuse what would fail on every rank, before any process starts or any output is written: data that
-    does not fit the model, a global batch larger than the data or not divisible by the ranks."""
+    does not fit the model, a global batch larger than the data or not divisible by the ranks, a checkpoint
+    to resume that was written with another configuration (``resume.ConfigMismatch``)."""
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.order import BatchOrder
     from toolkit.models.factory import resolve_spec
     from toolkit.train.model import check_dataset
+    from toolkit.train.resume import refuse_other_config
 
     if not files.is_local(cfg.out):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")
@@ -68,6 +70,7 @@ def preflight(cfg: TrainConfig) -> None:
         order.batch_ids(0, 0, lo * cfg.launch.nproc_per_node)
     if not (dataset.field("image_features") or dataset.field("text_features")):
         check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
+    refuse_other_config(cfg)
 
 
 def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:

@@ -20,8 +20,6 @@ from typing import Any
 import torch
 
 from toolkit.core import dist as D
-from toolkit.core import files
-from toolkit.core.config import config_hash
 from toolkit.core.log import get_logger
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
@@ -35,6 +33,7 @@ from toolkit.train.losses import build_loss
 from toolkit.train.losses.temperature import TemperatureControl
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit
 from toolkit.train.optim import build_optimizer, logit_scale_group
+from toolkit.train.resume import check_config, checkpoints_dir, find_checkpoint, output_config, output_hash
 from toolkit.train.schedule import set_lr
 
 
@@ -51,11 +50,6 @@ def resolve_device(device: str) -> torch.device:
 def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
     """Global batches per (virtual) epoch: train_num_samples (or the dataset) // batch_size, at least 1."""
     return max(1, (cfg.train_num_samples or num_samples) // cfg.batch_size)
-
-
-def output_hash(cfg: TrainConfig) -> str:
-    """Hash of the fields that change what training produces (a resume refuses a different one)."""
-    return config_hash(cfg, "train")
 
 
 class Setup:
@@ -199,14 +193,14 @@ class Setup:
 
     @property
     def ckpt_dir(self) -> str:
-        return self.cfg.checkpoint.dir or files.join(self.cfg.out, ckpt.CHECKPOINTS)
+        return checkpoints_dir(self.cfg)
 
     def write_checkpoint(self, state: dict[str, Any]) -> None:
         """Rank 0: serialise checkpoint ``state['step']`` now, write it on the background thread."""
         from safetensors.torch import save
 
-        meta = {"state": state, "config_hash": output_hash(self.cfg), "world_size": self.group_size,
-                "total_steps": self.total_steps, "model": self.built.name}
+        meta = {"state": state, "config_hash": output_hash(self.cfg), "config": output_config(self.cfg),
+                "world_size": self.group_size, "total_steps": self.total_steps, "model": self.built.name}
         blobs = weights.model_files(self.clip, self.built.model_cfg, self.built.preprocess_cfg)
         blobs[ckpt.TRAINER] = json.dumps(meta, indent=2).encode()
         opt = {"optimizer": self.optimizer.state_dict()}
@@ -232,22 +226,13 @@ class Setup:
                 self.log.info("resume: none: removed the old checkpoints in %s", self.ckpt_dir)
             D.barrier()
             return None
-        if how in ("auto", "latest"):
-            path = ckpt.latest_valid(self.ckpt_dir)
-            if path is None and how == "latest":
-                raise FileNotFoundError(f"--resume latest: no complete checkpoint under {self.ckpt_dir}")
-            return path
-        ckpt.verify(how)
-        return how
+        return find_checkpoint(how, self.ckpt_dir)
 
     def load_checkpoint(self, path: str, saved: dict[str, Any]) -> None:
         """Load weights, optimiser, scaler and loss state of ``path``; refuse a different configuration."""
         from safetensors.torch import load
 
-        if saved.get("config_hash") != output_hash(self.cfg):
-            raise ValueError(f"{path}: written by a run with a different configuration (config hash "
-                             f"{saved.get('config_hash')} != {output_hash(self.cfg)}); resume it with its own "
-                             "config, use --resume none to start afresh, or --init to start from its weights")
+        check_config(path, saved, self.cfg)
         local, temporary = ckpt.local_file(path, weights.WEIGHTS_NAME)
         try:
             weights.load_weights(self.clip, local)

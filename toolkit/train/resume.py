@@ -1,0 +1,96 @@
+"""Which checkpoint a run resumes from, and the refusal of one written with another configuration.
+
+Torch-free, so the launching process checks before any rank starts (``run.preflight``): a rerun after a
+change of ``steps`` fails at once, naming the keys that differ, instead of in every launched rank. The
+ranks check again when they load (``Setup.load_checkpoint``), for jobs started by torchrun or srun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from toolkit.core import files
+from toolkit.core.config import changed_keys, config_hash, describe_changes, output_dict
+from toolkit.train import checkpoint as ckpt
+from toolkit.train.config import TrainConfig
+
+CLI_REMEDY = "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"
+
+
+def output_hash(cfg: TrainConfig) -> str:
+    """Hash of the fields that change what training produces (a resume refuses a different one)."""
+    return config_hash(cfg, "train")
+
+
+def output_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The hashed fields themselves (trainer.json's ``config``), so a refusal can name what changed."""
+    return output_dict(cfg)
+
+
+class ConfigMismatch(ValueError):
+    """A checkpoint written with another output-affecting configuration. ``changes``: (key, checkpoint's
+    value, this run's value), or None for a checkpoint that recorded only the hash (before cliptk stored
+    its config); ``remedy``: what the user can do, in the terms of the command they ran."""
+
+    def __init__(self, path: str, saved_hash: Any, new_hash: str, changes: list[tuple[str, Any, Any]] | None,
+                 remedy: str = CLI_REMEDY):
+        self.path, self.saved_hash, self.new_hash, self.changes = path, saved_hash, new_hash, changes
+        self.remedy = remedy
+        what = (f"checkpoint -> this run: {describe_changes(changes)}" if changes
+                else f"config hash {saved_hash} != {new_hash}")
+        super().__init__(f"{path}: written by a run with a different configuration ({what}); {remedy}")
+
+    def with_remedy(self, remedy: str) -> ConfigMismatch:
+        return ConfigMismatch(self.path, self.saved_hash, self.new_hash, self.changes, remedy)
+
+
+def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
+    """Raise :class:`ConfigMismatch` unless checkpoint ``path`` (``saved``: its trainer.json) was written
+    with ``cfg``'s output-affecting configuration."""
+    new_hash = output_hash(cfg)
+    if saved.get("config_hash") == new_hash:
+        return
+    old = saved.get("config")
+    changes = changed_keys(old, output_config(cfg)) if isinstance(old, Mapping) else None
+    raise ConfigMismatch(path, saved.get("config_hash"), new_hash, changes or None)
+
+
+def checkpoints_dir(cfg: TrainConfig) -> str:
+    return cfg.checkpoint.dir or files.join(cfg.out, ckpt.CHECKPOINTS)
+
+
+def find_checkpoint(how: str, ckpt_dir: str) -> str | None:
+    """The checkpoint ``checkpoint.resume`` = ``how`` (auto, latest or a directory; not none) resumes from:
+    the newest that verifies (latest: one must exist), or the directory given, verified."""
+    if how in ("auto", "latest"):
+        path = ckpt.latest_valid(ckpt_dir)
+        if path is None and how == "latest":
+            raise FileNotFoundError(f"--resume latest: no complete checkpoint under {ckpt_dir}")
+        return path
+    ckpt.verify(how)
+    return how
+
+
+def _saved_hash(path: str) -> Any:
+    try:
+        return ckpt.read_trainer_state(path).get("config_hash")
+    except (ckpt.CheckpointInvalid, AttributeError):
+        return None
+
+
+def refuse_other_config(cfg: TrainConfig) -> None:
+    """Before any rank starts: raise :class:`ConfigMismatch` if the checkpoint the run would resume from has
+    another configuration. Only the small trainer.json files are read unless one of them differs; then the
+    checkpoint is chosen as the ranks choose it (verified, damaged ones skipped). Anything else that is
+    wrong (no checkpoint for ``latest``, a damaged directory) is left to the ranks, as before."""
+    how = cfg.checkpoint.resume
+    if how == "none":
+        return
+    ckpt_dir = checkpoints_dir(cfg)
+    candidates = [p for _, p in ckpt.list_checkpoints(ckpt_dir)] if how in ("auto", "latest") else [how]
+    if all(_saved_hash(p) in (None, output_hash(cfg)) for p in candidates):
+        return
+    path = find_checkpoint(how, ckpt_dir)
+    if path is not None:
+        check_config(path, ckpt.read_trainer_state(path), cfg)
