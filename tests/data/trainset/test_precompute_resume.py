@@ -75,6 +75,7 @@ def test_rerun_after_kill_reuses_finished_raw_shards(small_raw, small_train, tmp
     result = precompute(small_raw, out, num_workers=1, samples_per_shard=10)
     assert seen == ["00002.tar", "00003.tar", "00004.tar"]  # only the unfinished ones are processed again
     assert result.details["throughput"]["num_resumed_raw_shards"] == 2
+    assert result.details["throughput"]["num_resumed_samples"] == 30 + 17
     assert "resuming: 2 of 5 raw shards" in (out / "log.jsonl").read_text()
     assert _digest(out) == _digest(small_train[0])  # the same bytes as an uninterrupted run
     assert result.counts["num_samples"] == 103 and not (out / "_tmp").exists()  # work folder gone once done

@@ -227,10 +227,12 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
         "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
-        "samples_per_s": round(num_read / max(total_s, 1e-9), 1),
+        # rates of this run's work: samples of raw shards resumed from an earlier run are not in them
+        "samples_per_s": round((num_read - timing["num_resumed_samples"]) / max(total_s, 1e-9), 1),
     })
     rec.details.update({
-        "throughput": {**timing, "process_samples_per_s": round(num_read / max(timing["process_s"], 1e-9), 1),
+        "throughput": {**timing, "process_samples_per_s": round((num_read - timing["num_resumed_samples"])
+                                                                / max(timing["process_s"], 1e-9), 1),
                        "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
         "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
@@ -299,11 +301,12 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
              cfg.out)
     start = time.monotonic()
+    resumed = sum(r.num_read for r in done.values())
     with counter(promised_samples(urls), desc="precompute", unit="samples") as count:
-        count.advance(sum(r.num_read for r in done.values()))
+        count.advance(resumed)
         fresh = _process_all(tasks, workers, lambda r: resume.save(r, key), count)
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
-              "num_resumed_raw_shards": len(done)}
+              "num_resumed_raw_shards": len(done), "num_resumed_samples": resumed}
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
 
 
