@@ -112,12 +112,6 @@ def read_json(path: str) -> Any:
         return json.load(fh)
 
 
-def owned_temp_prefix(prefix: str) -> str:
-    """``prefix`` + this host and pid, for ``tempfile.mkdtemp(prefix=...)``: :func:`remove_stale_temp_dirs`
-    can then tell whether the folder's owner is still running."""
-    return f"{prefix}{socket.gethostname()}-{os.getpid()}-"
-
-
 def _pid_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -131,7 +125,8 @@ def _pid_running(pid: int) -> bool:
 def remove_stale_temp_dirs(parent: str | None, prefix: str, all_stale: bool = False) -> list[str]:
     """Delete the temp folders ``parent/<prefix>*`` that a killed run left behind; returns their names.
 
-    A folder named by :func:`owned_temp_prefix` is stale when its owner (this host, that pid) is no longer
+    A folder named ``<prefix><host>-<pid>-<suffix>`` (how precompute named its scratch before it kept a
+    resumable work folder) is stale when its owner (this host, that pid) is no longer
     running; folders of other hosts are left alone. With ``all_stale`` (the caller holds the lock of the
     output folder that ``parent`` belongs to, so no other run can be using it) every ``<prefix>*`` folder
     is stale, whatever its name. A missing ``parent`` (or None) has nothing to clean.
