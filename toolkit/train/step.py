@@ -100,6 +100,29 @@ def _ranges(b: int, micro: int) -> list[tuple[int, int]]:
     return [(s, min(s + m, b)) for s in range(0, b, m)]
 
 
+def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, int]], seed_of: Callable[[int], int],
+                     autocast: Callable, offload: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Pass 1 of the cache: every micro-batch's features, written into [b, E] buffers allocated once at
+    the first micro-batch (no list of chunks and concatenated copy alive together); in pinned host
+    memory when ``offload`` on CUDA (the caller moves them back for the loss). Returns (x, y, a of the
+    last micro-batch)."""
+    device, b = mover.device, ranges[-1][1]
+    x_all = y_all = None
+    with torch.no_grad(), _frozen_norm_buffers(model), autocast():
+        for i, (start, stop) in enumerate(ranges):
+            torch.manual_seed(seed_of(i))
+            x, y, a = model(*mover.get(i))
+            if x_all is None:
+                host = offload and device.type == "cuda"
+                x_all, y_all = (torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="cpu" if host else t.device,
+                                            pin_memory=host) for t in (x, y))
+            x_all[start:stop].copy_(x, non_blocking=True)
+            y_all[start:stop].copy_(y, non_blocking=True)
+    if x_all.device != device:
+        torch.cuda.current_stream(device).synchronize()  # the device-to-host copies above have landed
+    return x_all, y_all, a
+
+
 def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *, micro_batch_size: int,
                      seed_of: Callable[[int], int], autocast: Callable, scale: Callable[[Tensor], Tensor] = lambda t: t,
                      poison: bool = False, offload_features: bool = False) -> Tensor:
@@ -120,21 +143,13 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
         share = loss_fn(x * float("nan") if poison else x, y, a, inputs.index)
         scale(share).backward()
         return share.detach()
-    feats = []
-    with torch.no_grad(), _frozen_norm_buffers(model), autocast():
-        for i in range(len(ranges)):
-            torch.manual_seed(seed_of(i))
-            x, y, a = model(*mover.get(i))
-            feats.append((x.to("cpu", non_blocking=True), y.to("cpu", non_blocking=True)) if offload_features
-                         else (x, y))
-    if offload_features and device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()  # the device-to-host copies above have landed
-    x_all = torch.cat([f[0] for f in feats]).to(device).requires_grad_()
-    y_all = torch.cat([f[1] for f in feats]).to(device).requires_grad_()
+    x_all, y_all, a = _cached_features(model, mover, ranges, seed_of, autocast, offload_features)
+    x_all, y_all = x_all.to(device).requires_grad_(), y_all.to(device).requires_grad_()
     a_leaf = a.detach().requires_grad_()
     share = loss_fn(x_all * float("nan") if poison else x_all, y_all, a_leaf, inputs.index)
     scale(share).backward()
     dx, dy = x_all.grad, y_all.grad
+    del x_all, y_all  # pass 3 needs only the gradients
     # a learnable scale always takes part in the synced backward (a zero gradient if the objective gives it
     # none): DDP all-reduces a bucket only once all its parameters reported, and would silently skip it
     da = a_leaf.grad if a_leaf.grad is not None else torch.zeros_like(a_leaf)
