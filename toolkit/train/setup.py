@@ -29,6 +29,7 @@ from toolkit.train import checkpoint as ckpt
 from toolkit.train import model as model_lib
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
+from toolkit.train.hostmem import release_freed_memory
 from toolkit.train.losses import build_loss
 from toolkit.train.losses.temperature import TemperatureControl
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit
@@ -59,6 +60,8 @@ class Setup:
         info = D.init_from_env(backend, cfg.launch.timeout_s)
         self.rank, self.group_size = info.rank, info.world_size
         self.device = info.device if info.device.type == "cuda" else resolve_device(cfg.device)
+        if cfg.release_freed_memory:  # before the model build and the loader's forked workers
+            release_freed_memory(self.device.type)
         self.dataset = TrainDataset.open(cfg.data)
         # refuse a batch larger than the data or not divisible by the ranks before building anything
         BatchOrder(self.dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
