@@ -127,10 +127,11 @@ class TrainConfig:
                                      doc="Memory per rank micro_batch_size auto may use, GiB; 0: CPU 90% of "
                                          "(available + this process's) host memory over the node's ranks, "
                                          "CUDA the device's memory.")
-    release_freed_memory: bool = option(True, affects_output=False,
+    release_freed_memory: bool = option(False, affects_output=False,
                                         doc="CPU under glibc: fix malloc's mmap threshold at 64 KiB at start-up so "
-                                            "freed activation memory leaves the resident set (ignored when "
-                                            "MALLOC_MMAP_THRESHOLD_ is set).")
+                                            "freed activation memory leaves the resident set: less peak memory, "
+                                            "slower steps (docs/training.md; ignored when MALLOC_MMAP_THRESHOLD_ "
+                                            "is set).")
     grad_dtype: GradDtype = option("fp32", doc="dtype of DDP's gradient all_reduce (bf16 halves the bytes).")
     max_nonfinite_steps: int = option(5, ge=1, affects_output=False, doc="Abort after this many steps in a row "
                                                                          "with a non-finite loss or gradient.")

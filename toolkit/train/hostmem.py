@@ -1,11 +1,12 @@
-"""Host-memory behaviour of CPU training: make glibc give freed activation memory back to the system.
+"""Host-memory behaviour of CPU training: optionally make glibc give freed activation memory back.
 
 A CPU training step allocates and frees the towers' activations (blocks of tens of KiB to MiB) once per
 micro-batch. glibc's malloc serves blocks of 128 KiB and more with mmap at first, but raises that
 threshold (up to 32 MiB) each time such a block is freed, after which activations come from the heap
-and their freed memory stays resident: the peak resident set drifts upwards from step to step and grows
-with the batch far faster than the live tensors do. A fixed threshold (what ``MALLOC_MMAP_THRESHOLD_``
-sets at process start) stops that; ``mallopt`` sets the same at run time, so users need not.
+and their freed memory stays resident for reuse. A fixed threshold (what ``MALLOC_MMAP_THRESHOLD_`` sets
+at process start; ``mallopt`` sets the same at run time) returns it to the system, at the price of
+page-faulting every activation in afresh: less peak memory, much slower steps. Hence opt-in
+(``release_freed_memory``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 GLIBC_DEFAULT_TRIM_THRESHOLD = 128 * 1024
 
-# Blocks from this size up are mmap'ed and unmapped on free. Measured (cliptk-tiny, gradient cache with
-# micro-batch 64, openclip loss, 2 loader workers, peak PSS of the process tree): 48 KB per sample of
-# global batch with glibc's defaults, 7.5 KB with this threshold (benchmarks/results/train_memory.md).
+# Blocks from this size up are mmap'ed and unmapped on free. Measured on 2 shared cores (cliptk-tiny, fp32,
+# 2 loader workers, docs/training.md): one gradient-cache step (micro-batch 64, openclip loss) at global
+# batch 2048 peaked at 1.16 GB instead of 1.31 GB (process tree PSS), but steady-state training ran at
+# 0.69x the samples/s (batch 256, no cache) and 0.17-0.55x (batch 512, micro-batch 64).
 CPU_MMAP_THRESHOLD = 64 * 1024
 
 

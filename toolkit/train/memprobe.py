@@ -141,11 +141,8 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str) -> tupl
     import torch
 
     import toolkit.train.model  # noqa: F401
-    from toolkit.train.hostmem import release_freed_memory
 
     cpu = not device.startswith("cuda")
-    if cpu:
-        release_freed_memory("cpu")  # the malloc settings the trainer runs with (toolkit.train.hostmem)
     start = rss_bytes() if cpu else 0
     model = build_tower_model(model_spec)
     dev = torch.device(device)
