@@ -268,22 +268,17 @@ def _step(stage: Stage, cfg: Any, forced: bool, dry_run: bool) -> tuple[str, Sta
     try:
         result = KINDS[stage.kind].load("run")(cfg)
     except Exception as err:
-        raise PipelineError(stage.name, _failure(stage, cfg, err)) from err
+        raise PipelineError(stage.name, _failure(stage, err)) from err
     return "ran", result, result.outputs
 
 
-def _failure(stage: Stage, cfg: Any, err: Exception) -> str:
-    """A failed stage's one line. A train stage's checkpoint refused for another configuration gets the
-    pipeline's remedies (``toolkit train``'s ``--resume none`` is no option of ``pipeline run``); the
-    checkpoint itself stays: starting afresh is the user's choice."""
-    if stage.kind == "train":
-        from toolkit.train.resume import ConfigMismatch
-
-        if isinstance(err, ConfigMismatch):
-            where = cfg.checkpoint.dir or cfg.out
-            err = err.with_remedy(f"restore the old values to resume it, or start afresh with --set "
-                                  f"stages.{stage.name}.checkpoint.resume=none (deletes its checkpoints) or "
-                                  f"after moving {where} away")
+def _failure(stage: Stage, err: Exception) -> str:
+    """A failed stage's one line. An error that knows a better remedy in pipeline terms restates itself
+    through ``in_pipeline(stage_name)`` (a train checkpoint refused for another configuration: the
+    ``--resume none`` of ``toolkit train`` is no option of ``pipeline run``)."""
+    restate = getattr(err, "in_pipeline", None)
+    if callable(restate):
+        err = restate(stage.name)
     return f"{type(err).__name__}: {err}"
 
 

@@ -31,18 +31,24 @@ def output_config(cfg: TrainConfig) -> dict[str, Any]:
 class ConfigMismatch(ValueError):
     """A checkpoint written with another output-affecting configuration. ``changes``: (key, checkpoint's
     value, this run's value), or None for a checkpoint that recorded only the hash (before cliptk stored
-    its config); ``remedy``: what the user can do, in the terms of the command they ran."""
+    its config); ``where``: the run's checkpoint folder (or run directory) that holds it; ``remedy``: what
+    the user can do, in the terms of the command they ran."""
 
     def __init__(self, path: str, saved_hash: Any, new_hash: str, changes: list[tuple[str, Any, Any]] | None,
-                 remedy: str = CLI_REMEDY):
+                 where: str = "", remedy: str = CLI_REMEDY):
         self.path, self.saved_hash, self.new_hash, self.changes = path, saved_hash, new_hash, changes
-        self.remedy = remedy
+        self.where, self.remedy = where, remedy
         what = (f"checkpoint -> this run: {describe_changes(changes)}" if changes
                 else f"config hash {saved_hash} != {new_hash}")
         super().__init__(f"{path}: written by a run with a different configuration ({what}); {remedy}")
 
-    def with_remedy(self, remedy: str) -> ConfigMismatch:
-        return ConfigMismatch(self.path, self.saved_hash, self.new_hash, self.changes, remedy)
+    def in_pipeline(self, stage: str) -> ConfigMismatch:
+        """The same refusal with the remedies of ``pipeline run`` for stage ``stage`` (the runner calls this
+        on any error that has it: ``--resume none`` is no option there). The checkpoint stays either way."""
+        return ConfigMismatch(self.path, self.saved_hash, self.new_hash, self.changes, self.where,
+                              f"restore the old values to resume it, or start afresh with --set "
+                              f"stages.{stage}.checkpoint.resume=none (deletes its checkpoints) or after moving "
+                              f"{self.where} away")
 
 
 def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
@@ -53,7 +59,7 @@ def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
         return
     old = saved.get("config")
     changes = changed_keys(old, output_config(cfg)) if isinstance(old, Mapping) else None
-    raise ConfigMismatch(path, saved.get("config_hash"), new_hash, changes or None)
+    raise ConfigMismatch(path, saved.get("config_hash"), new_hash, changes or None, cfg.checkpoint.dir or cfg.out)
 
 
 def checkpoints_dir(cfg: TrainConfig) -> str:
@@ -87,9 +93,9 @@ def refuse_other_config(cfg: TrainConfig) -> None:
     how = cfg.checkpoint.resume
     if how == "none":
         return
-    ckpt_dir = checkpoints_dir(cfg)
+    ckpt_dir, new_hash = checkpoints_dir(cfg), output_hash(cfg)
     candidates = [p for _, p in ckpt.list_checkpoints(ckpt_dir)] if how in ("auto", "latest") else [how]
-    if all(_saved_hash(p) in (None, output_hash(cfg)) for p in candidates):
+    if all(_saved_hash(p) in (None, new_hash) for p in candidates):
         return
     path = find_checkpoint(how, ckpt_dir)
     if path is not None:

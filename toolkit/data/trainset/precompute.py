@@ -128,7 +128,7 @@ def _process_all(tasks: list[precompute_worker.ShardTask], num_workers: int, on_
     Workers add to a shared counter that the parent reads twice a second.
     """
     state, results = precompute_worker.STATE, []
-    if num_workers <= 1 or len(tasks) <= 1:
+    if num_workers <= 1:
         state["on_read"] = count.advance
         try:
             for task in tasks:
@@ -137,10 +137,11 @@ def _process_all(tasks: list[precompute_worker.ShardTask], num_workers: int, on_
         finally:
             state["on_read"] = None
         return results
-    read, base = mp.get_context("fork").Value("q", 0), count.done  # base: samples of resumed shards
+    fork = mp.get_context("fork")
+    read, base = fork.Value("q", 0), count.done  # base: samples of resumed shards
     state["on_read"] = functools.partial(_add_shared, read)
     try:
-        with mp.get_context("fork").Pool(num_workers, initializer=_worker_init) as pool:
+        with fork.Pool(num_workers, initializer=_worker_init) as pool:
             pending = pool.imap_unordered(precompute_worker.process_shard, tasks)
             while len(results) < len(tasks):
                 try:
@@ -214,6 +215,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     by_reason = Counter(s["reason"] for s in skips)
     converted = sum((r.converted for r in results), Counter())
     num_read = sum(r.num_read for r in results)
+    read_now = num_read - timing["num_resumed_samples"]  # rates are of this run's work, not a resumed run's
     if num_read != len(order) + len(skips):
         raise RuntimeError(f"internal count mismatch: read {num_read}, kept {len(order)}, skipped {len(skips)}")
     examples: dict[str, list[str]] = {}
@@ -227,12 +229,10 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
         "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
-        # rates of this run's work: samples of raw shards resumed from an earlier run are not in them
-        "samples_per_s": round((num_read - timing["num_resumed_samples"]) / max(total_s, 1e-9), 1),
+        "samples_per_s": round(read_now / max(total_s, 1e-9), 1),
     })
     rec.details.update({
-        "throughput": {**timing, "process_samples_per_s": round((num_read - timing["num_resumed_samples"])
-                                                                / max(timing["process_s"], 1e-9), 1),
+        "throughput": {**timing, "process_samples_per_s": round(read_now / max(timing["process_s"], 1e-9), 1),
                        "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
         "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
@@ -304,7 +304,7 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     resumed = sum(r.num_read for r in done.values())
     with counter(promised_samples(urls), desc="precompute", unit="samples") as count:
         count.advance(resumed)
-        fresh = _process_all(tasks, workers, lambda r: resume.save(r, key), count)
+        fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key), count)
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
               "num_resumed_raw_shards": len(done), "num_resumed_samples": resumed}
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing

@@ -62,13 +62,13 @@ def source_fingerprint(url: str) -> list[str]:
     return [fingerprint(url), fingerprint(sidecar(url, ".parquet")), fingerprint(sidecar(url, "_stats.json"))]
 
 
-def save(res: ShardResult, key: str) -> None:
+def save(work: str, res: ShardResult, key: str) -> None:
     """Record ``res`` as finished (after its row files are complete): ``<stem>.json``, written atomically."""
     record = {"version": RECORD_VERSION, "process_key": key, "url": res.url,
               "source": source_fingerprint(res.url), "keys": res.keys, "captions": res.captions,
               "num_read": res.num_read, "skips": [list(s) for s in res.skips],
               "converted": dict(res.converted), "tar_error": res.tar_error}
-    files.write_text_atomic(os.path.splitext(res.image_path)[0] + ".json", json.dumps(record, ensure_ascii=False))
+    files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
 def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int, ShardResult]:
@@ -79,15 +79,13 @@ def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int,
     files a killed worker left half written, shards no longer in the input) is removed.
     """
     found: dict[int, ShardResult] = {}
-    keep = {".lock"}
     for index, url in enumerate(urls):
         res = _read(stem(work, url), index, url, key, fields)
         if res is not None:
             found[index] = res
-            keep.update(os.path.basename(p) for p in (res.image_path, res.text_path))
-            keep.add(os.path.basename(stem(work, url)) + ".json")
+    kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
-        if name not in keep:
+        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image, <stem>.text, <stem>.json
             path = os.path.join(work, name)
             if os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)
