@@ -20,7 +20,7 @@ from toolkit.data.trainset import precompute_worker
 # The child runs precompute inline (one worker) and SIGKILLs itself when it starts the third raw shard:
 # what `kill -9` does at that moment, at a point the test knows.
 KILL_AT_THIRD_SHARD = textwrap.dedent("""
-    import os, signal, sys
+    import json, os, signal, sys
     from toolkit.core.config import build
     from toolkit.data.trainset import precompute, precompute_worker
     real, calls = precompute_worker.process_shard, []
@@ -31,7 +31,7 @@ KILL_AT_THIRD_SHARD = textwrap.dedent("""
         return real(task)
     precompute_worker.process_shard = dying
     cfg = build(precompute.PrecomputeConfig, {"input": sys.argv[1], "out": sys.argv[2], "model": sys.argv[3],
-                                              "num_workers": 1, "samples_per_shard": 10, **eval(sys.argv[4])})
+                                              "num_workers": 1, "samples_per_shard": 10, **json.loads(sys.argv[4])})
     precompute.run(cfg)
 """)
 
@@ -42,7 +42,7 @@ def _digest(out: Path) -> dict[str, str]:
 
 
 def _killed_run(raw: Path, out: Path, **overrides) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILL_AT_THIRD_SHARD, str(raw), str(out), MODEL, repr(overrides)],
+    proc = subprocess.run([sys.executable, "-c", KILL_AT_THIRD_SHARD, str(raw), str(out), MODEL, json.dumps(overrides)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # killed: no chance to record
