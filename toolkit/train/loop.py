@@ -81,8 +81,7 @@ def train_step(s: Setup, state: TrainState, batch: dict) -> dict[str, float]:
     if int(batch["step"]) != t:
         raise RuntimeError(f"data loader out of order: expected global batch {t}, got {int(batch['step'])}")
     epoch = t // s.steps_per_epoch
-    s.loss_fn.set_epoch(epoch)
-    s.loss_fn.set_step(t, s.steps_per_epoch)
+    s.loss_fn.begin_step(t, s.steps_per_epoch)
     lr = s.set_lr(t)
     inputs = StepInputs(*s.to_device(batch))
     share = forward_backward(s.model, s.loss_fn, inputs, micro_batch_size=s.micro_batch_size,
@@ -110,7 +109,7 @@ def train_step(s: Setup, state: TrainState, batch: dict) -> dict[str, float]:
     state.step += 1
     state.samples_seen += cfg.batch_size
     del share
-    return {"epoch": epoch, "loss": value, "lr": lr, "tau": s.tau(), "gamma": getattr(s.loss_fn, "gamma", None),
+    return {"epoch": epoch, "loss": value, "lr": lr, "tau": s.tau(), **s.loss_fn.metrics(),
             "grad_norm": grad_norm if finite else None}
 
 

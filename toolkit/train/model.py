@@ -47,10 +47,15 @@ class TrainModel(nn.Module):
             return frozen.head_forward(self.clip, "text", text.float())
         return self.clip.encode_text(text)
 
-    def forward(self, image: Tensor, text: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, image: Tensor, text: Tensor) -> tuple[Tensor, ...]:
+        """(x [b, E], y [b, E], a (0-d)), and the logit bias (0-d) when the open_clip model has one
+        (``init_logit_bias``: sigmoid losses)."""
         x = normalize(self.encode_image(image), dim=-1)
         y = normalize(self.encode_text(text), dim=-1)
-        return x, y, self.clip.logit_scale.exp()
+        bias = getattr(self.clip, "logit_bias", None)
+        if bias is None:
+            return x, y, self.clip.logit_scale.exp()
+        return x, y, self.clip.logit_scale.exp(), bias.reshape(())
 
 
 @dataclass

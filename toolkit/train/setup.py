@@ -75,7 +75,7 @@ class Setup:
         cuda = self.device.type == "cuda"
         self.model = wrap_ddp(self.built.model, grad_dtype=cfg.grad_dtype,
                               device_ids=[self.device.index] if cuda else None)
-        self.loss_fn = build_loss(cfg.loss, data_size=self.dataset.num_samples)
+        self.loss_fn = build_loss(cfg.loss, data_size=self.dataset.num_samples, check_sizes=False)
         self.optimizer = build_optimizer(self.clip, cfg.optim, cfg.loss.lr_tau)
         self.tau_ctl = self._temperature_control()
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
@@ -164,12 +164,13 @@ class Setup:
             self.scaler.update()
         else:
             self.optimizer.step()
+        self.loss_fn.end_step(applied=True)
         if self.tau_ctl is not None:
             self.tau_ctl.after_step()
 
     def skip_step(self) -> None:
         """No optimiser step; the objective's per-sample updates of this step are undone."""
-        self.loss_fn.rollback()
+        self.loss_fn.end_step(applied=False)
         if self.scaler is not None:
             self.scaler.update()  # lowers the scale after an overflow, as scaler.step would have
 
@@ -181,9 +182,7 @@ class Setup:
 
     # ------------------------------------------------------------------ state
     def loss_fn_sync(self) -> None:
-        sync = getattr(self.loss_fn, "sync_tables", None)
-        if sync is not None:
-            sync()
+        self.loss_fn.sync_state()
 
     def sync_buffers(self) -> None:
         """Average floating-point buffers (BatchNorm running statistics) over ranks, so every rank and

@@ -104,14 +104,14 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
                      autocast: Callable, offload: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1 of the cache: every micro-batch's features, written into [b, E] buffers allocated once at
     the first micro-batch (no list of chunks and concatenated copy alive together); in pinned host
-    memory when ``offload`` on CUDA (the caller moves them back for the loss). Returns (x, y, a of the
-    last micro-batch)."""
+    memory when ``offload`` on CUDA (the caller moves them back for the loss). Returns (x, y, the
+    model's scalars (a, and the bias b of sigmoid models) of the last micro-batch)."""
     device, b = mover.device, ranges[-1][1]
     x_all = y_all = None
     with torch.no_grad(), _frozen_norm_buffers(model), autocast():
         for i, (start, stop) in enumerate(ranges):
             torch.manual_seed(seed_of(i))
-            x, y, a = model(*mover.get(i))
+            x, y, *scalars = model(*mover.get(i))
             if x_all is None:
                 host = offload and device.type == "cuda"
                 x_all, y_all = (torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="cpu" if host else t.device,
@@ -120,7 +120,13 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
             y_all[start:stop].copy_(y, non_blocking=True)
     if x_all.device != device:
         torch.cuda.current_stream(device).synchronize()  # the device-to-host copies above have landed
-    return x_all, y_all, a
+    return x_all, y_all, scalars
+
+
+def _loss(loss_fn: nn.Module, x: Tensor, y: Tensor, scalars: list[Tensor], index: Tensor, poison: bool) -> Tensor:
+    """The objective on (x, y, a[, bias]); ``poison`` multiplies x by NaN first (module docstring)."""
+    bias = scalars[1] if len(scalars) > 1 else None
+    return loss_fn(x * float("nan") if poison else x, y, scalars[0], index, logit_bias=bias)
 
 
 def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *, micro_batch_size: int,
@@ -139,29 +145,30 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
     if len(ranges) == 1:
         torch.manual_seed(seed_of(0))
         with autocast():
-            x, y, a = model(*mover.get(0))
-        share = loss_fn(x * float("nan") if poison else x, y, a, inputs.index)
+            x, y, *scalars = model(*mover.get(0))
+        share = _loss(loss_fn, x, y, scalars, inputs.index, poison)
         scale(share).backward()
         return share.detach()
-    x_all, y_all, a = _cached_features(model, mover, ranges, seed_of, autocast, offload_features)
+    x_all, y_all, scalars = _cached_features(model, mover, ranges, seed_of, autocast, offload_features)
     x_all, y_all = x_all.to(device).requires_grad_(), y_all.to(device).requires_grad_()
-    a_leaf = a.detach().requires_grad_()
-    share = loss_fn(x_all * float("nan") if poison else x_all, y_all, a_leaf, inputs.index)
+    leaves = [t.detach().requires_grad_() for t in scalars]
+    share = _loss(loss_fn, x_all, y_all, leaves, inputs.index, poison)
     scale(share).backward()
     dx, dy = x_all.grad, y_all.grad
     del x_all, y_all  # pass 3 needs only the gradients
-    # a learnable scale always takes part in the synced backward (a zero gradient if the objective gives it
-    # none): DDP all-reduces a bucket only once all its parameters reported, and would silently skip it
-    da = a_leaf.grad if a_leaf.grad is not None else torch.zeros_like(a_leaf)
+    # a learnable scale (and bias) always takes part in the synced backward (a zero gradient if the objective
+    # gives it none): DDP all-reduces a bucket only once all its parameters reported, and would silently skip it
+    d_scalars = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
     for i, (start, stop) in enumerate(ranges):
         last = i == len(ranges) - 1
         with grad_sync(model, enabled=last):
             torch.manual_seed(seed_of(i))
             with autocast():
-                x, y, a = model(*mover.get(i))
+                x, y, *scalars = model(*mover.get(i))
             outputs, grads = [x, y], [dx[start:stop], dy[start:stop]]
-            if last and a.requires_grad:  # d a once, on the synced pass
-                outputs.append(a)
-                grads.append(da.to(a.dtype))
+            for t, g in zip(scalars, d_scalars, strict=True):
+                if last and t.requires_grad:  # d a (and d bias) once, on the synced pass
+                    outputs.append(t)
+                    grads.append(g.to(t.dtype))
             torch.autograd.backward(outputs, grads)
     return share.detach()

@@ -46,8 +46,7 @@ def test_openclip_in_every_mode_is_the_clip_loss(mode, b):
 def test_every_objective_builds_steps_and_reports(name):
     cfg = build(LossConfig, {**loss_fields(name), "tau_init": 0.05})
     loss = build_loss(cfg, data_size=20, table_dtype=torch.float64)
-    loss.set_epoch(1)
-    loss.set_step(7, 4)
+    loss.begin_step(7, 4)
     x, y = _batch(6, 5, 3)
     xs = x.clone().requires_grad_()
     p = torch.tensor(math.log(1 / 0.05), dtype=torch.float64, requires_grad=True)

@@ -1,6 +1,7 @@
 """Every training objective behind one interface: ``build_loss(cfg, data_size=, group=)``.
 
 - ``config``: ``LossConfig`` (kind, version, mode, backend, γ schedule, τ rule, ρ, ε, v2 settings).
+- ``registry``: the objectives by kind and the ``--loss`` names (``register`` plugs a new one in).
 - ``base``: ``TrainingLoss``, the interface and its gradient convention (docs/architecture.md).
 - ``openclip``: the CLIP loss over the global batch in any distributed mode; ``fastclip/``: FastCLIP v0–v3.
 - ``modes`` (gather, disco; ``contrastive_loss``), ``ring`` (Inf-CL), ``anchors`` (the fastclip mode),
@@ -15,23 +16,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from toolkit.train.losses.config import LOSS_NAMES, LossConfig, loss_fields
+from toolkit.train.losses.registry import KINDS, register
 
 if TYPE_CHECKING:
     from toolkit.train.losses.base import TrainingLoss
 
-__all__ = ["LOSS_NAMES", "LossConfig", "build_loss", "loss_fields"]
+__all__ = ["KINDS", "LOSS_NAMES", "LossConfig", "build_loss", "loss_fields", "register"]
 
 
-def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **fastclip_options) -> TrainingLoss:
-    """The objective ``cfg`` describes, for a dataset of ``data_size`` dense sample ids (FastCLIP's tables
-    need it; openclip ignores it). Called by every rank of ``group`` (FastCLIP's shared tables are created
-    collectively). ``fastclip_options``: ``table_dtype``, ``share_tables`` (see ``FastCLIPLoss``)."""
-    from toolkit.train.losses.fastclip.loss import FastCLIPLoss
-    from toolkit.train.losses.openclip import OpenCLIPLoss
+def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **options) -> TrainingLoss:
+    """The objective ``cfg`` describes (``cfg.kind`` looked up in ``registry.KINDS``), for a dataset of
+    ``data_size`` dense sample ids (objectives with per-sample state need it; the others ignore it).
+    Called by every rank of ``group`` (FastCLIP's shared tables are created collectively). ``options``
+    go to the objective's constructor (FastCLIP: ``table_dtype``, ``share_tables``; every objective:
+    ``check_sizes``); those its constructor does not take are left out, so one call builds any objective."""
+    import importlib
+    import inspect
 
-    if cfg.kind == "openclip":
-        return OpenCLIPLoss(cfg, group)
+    module, _, name = KINDS[cfg.kind].partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    accepted = inspect.signature(cls.__init__).parameters
+    options = {k: v for k, v in options.items() if k in accepted}
+    if not cls.needs_data_size:
+        return cls(cfg, group, **options)
     if data_size is None:
         raise ValueError(f"{cfg.name} keeps per-sample state: build_loss needs data_size (the number of "
                          "sample ids of the training set)")
-    return FastCLIPLoss(cfg, data_size, group, **fastclip_options)
+    return cls(cfg, data_size, group, **options)

@@ -14,22 +14,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 from toolkit.core.config import option
+from toolkit.train.losses.registry import KINDS, NAMES
 
-LossKind = Literal["openclip", "fastclip"]
 Version = Literal["v0", "v1", "v2", "v3"]
 Mode = Literal["gather", "disco", "ring", "fastclip"]
 Backend = Literal["auto", "torch", "triton", "naive"]
 GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
-LOSS_NAMES = ("openclip", "fastclip-v0", "fastclip-v1", "fastclip-v2", "fastclip-v3")
+LOSS_NAMES = tuple(NAMES)  # --loss names (losses/registry.py)
 
 
 @dataclass(frozen=True)
 class LossConfig:
     """The training objective (see module docstring)."""
 
-    kind: LossKind = option("fastclip", doc="openclip (mini-batch CLIP loss) or fastclip (global contrastive "
-                                            "loss with per-sample estimators).")
+    kind: str = option("fastclip", doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
+                                       "fastclip (global contrastive loss with per-sample estimators), ...")
     version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
                                         "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
@@ -61,6 +61,8 @@ class LossConfig:
                                             "as the reference).")
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(KINDS)}")
         if self.kind == "fastclip" and self.mode != "fastclip":
             raise ValueError(f"FastCLIP runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
                              "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
@@ -73,21 +75,22 @@ class LossConfig:
 
     @property
     def name(self) -> str:
-        """The CLI's name of the objective: openclip or fastclip-vN."""
-        return "openclip" if self.kind == "openclip" else f"fastclip-{self.version}"
+        """The CLI's ``--loss`` name of the objective (openclip, fastclip-vN, ...)."""
+        for name, fields in NAMES.items():
+            if fields["kind"] == self.kind and all(getattr(self, k) == v for k, v in fields.items()):
+                return name
+        return self.kind
 
     @property
     def learns_logit_scale(self) -> bool:
         """Whether the model's global logit scale p is trained (v2's per-sample τ lives in the loss)."""
-        if self.kind == "openclip":
-            return self.learn_tau
-        return self.version in ("v0", "v3")
+        if self.kind == "fastclip":
+            return self.version in ("v0", "v3")
+        return self.learn_tau
 
 
 def loss_fields(name: str) -> dict[str, str]:
-    """``--loss NAME`` (openclip, fastclip-v0 ... fastclip-v3) -> LossConfig fields {kind[, version]}."""
-    if name not in LOSS_NAMES:
-        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSS_NAMES)}")
-    if name == "openclip":
-        return {"kind": "openclip"}
-    return {"kind": "fastclip", "version": name.split("-")[1]}
+    """``--loss NAME`` (openclip, fastclip-v0 ... fastclip-v3, ...) -> LossConfig fields {kind[, version]}."""
+    if name not in NAMES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(NAMES)}")
+    return dict(NAMES[name])

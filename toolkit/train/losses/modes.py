@@ -110,11 +110,13 @@ MODE_FNS: dict[str, Callable[..., Tensor]] = {"gather": gather_loss, "disco": di
 
 
 def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tensor | float, *, mode: str,
-                     group=None, backend: str = "auto", ledger: D.CommLedger | None = None) -> Tensor:
+                     group=None, backend: str = "auto", ledger: D.CommLedger | None = None,
+                     check_sizes: bool = True) -> Tensor:
     """This rank's share loss_r (0-d, fp32) of the global-batch CLIP loss (module docstring).
 
     image_local, text_local: [b, d] L2-normalised features of this rank's b pairs (same b on every rank,
-    checked: a mismatch raises ValueError naming each rank's shape). logit_scale: the multiplicative
+    checked unless ``check_sizes`` is False, for callers whose data guarantees it (the trainer's loader):
+    a mismatch raises ValueError naming each rank's shape). logit_scale: the multiplicative
     scale a (open_clip's ``logit_scale.exp()``), 0-d. mode: one of ``MODES``. Called by every rank of
     ``group`` (default: world); without a process group every mode is the K=1 loss. Collectives are
     recorded in ``ledger`` (default ``toolkit.core.dist.LEDGER``).
@@ -129,7 +131,8 @@ def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tenso
         logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
     if logit_scale.dim() != 0:
         raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
-    D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
+    if check_sizes:
+        D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
     return MODE_FNS[mode](image_local, text_local, logit_scale, group=group, backend=backend, ledger=ledger)
 
 

@@ -54,16 +54,17 @@ class GlobalBatch:
         return math.log(self.size - 1)
 
 
-def gather_batch(image_features: Tensor, text_features: Tensor, group) -> GlobalBatch:
+def gather_batch(image_features: Tensor, text_features: Tensor, group, check_sizes: bool = True) -> GlobalBatch:
     """Gather the features of every rank (no autograd): one all_gather of the stacked [b, 2, d] (in the
-    promoted feature dtype: bf16/fp16 under AMP). Called by all ranks."""
+    promoted feature dtype: bf16/fp16 under AMP). ``check_sizes``: refuse unequal b across ranks first
+    (one tiny all_gather; the trainer skips it, its loader guarantees equal batches). Called by all ranks."""
     if image_features.dim() != 2 or image_features.shape != text_features.shape:
         raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
                          f"and {tuple(text_features.shape)}")
     acc = accumulation_dtype(image_features)
     rank, k, b = cdist.get_rank(group), cdist.get_world_size(group), image_features.shape[0]
     if k > 1:
-        xg, yg = gather_pairs(image_features, text_features, group, check_sizes=True)
+        xg, yg = gather_pairs(image_features, text_features, group, check_sizes=check_sizes)
         xg, yg = xg.to(acc), yg.to(acc)
     else:
         xg, yg = image_features.detach().to(acc), text_features.detach().to(acc)

@@ -80,12 +80,13 @@ def _side_update(cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old
 
 
 def step(tables: SampleTables, cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch,
-         index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+         index: Tensor, old_rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """v2 for this rank: (value, d/dx [b,d], d/dy [b,d], mean updated τ over the global batch (0-d, for
-    logging)); the tables are updated for the global batch. Called by every rank (one all_gather)."""
+    logging)); the tables are updated for the global batch. ``old_rows`` [b, C]: this rank's table rows
+    before the step. Called by every rank (one all_gather)."""
     acc, dev = bt.x.dtype, bt.x.device
     names = tables.names
-    old_rows = tables.read(index).to(device=dev, dtype=acc)
+    old_rows = old_rows.to(device=dev, dtype=acc)
     new, log_g, d_anchor, dsii_own = {}, {}, {}, {}
     for side, rows in (("image", True), ("text", False)):
         old = {k: old_rows[:, names.index(f"{k}_{side}")] for k in PER_SIDE}

@@ -62,9 +62,11 @@ class FastCLIPLoss(TrainingLoss):
     v_text. ``table("u_image")`` etc. give u.
     """
 
+    needs_data_size = True
+
     def __init__(self, cfg: LossConfig, data_size: int, group=None, *, table_dtype: torch.dtype = torch.float32,
-                 share_tables: bool = True):
-        super().__init__(cfg, group)
+                 share_tables: bool = True, check_sizes: bool = True):
+        super().__init__(cfg, group, check_sizes=check_sizes)
         if cfg.kind != "fastclip":
             raise ValueError(f"FastCLIPLoss needs a LossConfig of kind fastclip, got {cfg.kind!r}")
         if cfg.version not in VERSIONS:  # build() checks the Literal; a LossConfig made in code may not be
@@ -78,6 +80,25 @@ class FastCLIPLoss(TrainingLoss):
         if self.version == "v2":
             columns.update(individual.table_columns(cfg.tau_init))
         self.tables = SampleTables(data_size, columns, table_dtype, group, share_tables)
+
+    # ----------------------------------------------------------------- TrainingLoss hooks
+    def begin_step(self, step: int, steps_per_epoch: int) -> None:
+        """γ (and v2's betas) for step ``step``: ``set_epoch`` then ``set_step``."""
+        self.set_epoch(step // steps_per_epoch)
+        self.set_step(step, steps_per_epoch)
+
+    def end_step(self, applied: bool) -> None:
+        """A skipped step undoes this step's table updates (``rollback``); an applied one keeps them."""
+        if applied:
+            self._undo = None
+        else:
+            self.rollback()
+
+    def metrics(self) -> dict[str, float]:
+        return {"gamma": self.gamma}
+
+    def sync_state(self) -> None:
+        self.sync_tables()
 
     # ----------------------------------------------------------------- schedules
     def set_epoch(self, epoch: int) -> None:
@@ -125,12 +146,13 @@ class FastCLIPLoss(TrainingLoss):
 
     # ----------------------------------------------------------------- forward
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | None,
-                index: Tensor) -> Tensor:
+                index: Tensor, logit_bias: Tensor | None = None) -> Tensor:
         """Loss for this rank's batch; updates the tables for the global batch.
 
         image_features, text_features: [b, d] L2-normalised (any float dtype; computed in fp32, fp64
         stays fp64); logit_scale: a = exp(p), 0-d or [1] (ignored by v2, which keeps per-sample τ);
-        index: [b] dense global sample ids. Called by every rank with the same b. Returns the global
+        index: [b] dense global sample ids; logit_bias: unused (no bias in FastCLIP's objectives).
+        Called by every rank with the same b. Returns the global
         value (0-d, equal on every rank, so it is also this rank's share) carrying this rank's gradients.
         """
         if self.version != "v2" and logit_scale is None:
@@ -138,18 +160,21 @@ class FastCLIPLoss(TrainingLoss):
         if index.shape != (image_features.shape[0],):
             raise ValueError(f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}")
         self.tables.check_index(index)
-        self._undo = (index.detach().cpu(), self.tables.read(index), image_features.device)
-        batch = gather_batch(image_features, text_features, self.group)
+        batch = gather_batch(image_features, text_features, self.group, self.check_sizes)
         if self.tables.shared and batch.xg.is_cuda:
             # NCCL collectives do not block the host: wait until the feature gather completed, which
             # proves every local peer has finished writing the previous step's rows we may read now.
             torch.cuda.current_stream(batch.xg.device).synchronize()
+        # read once, after the gather (local peers' writes of the previous step are done): the undo
+        # snapshot and the estimators' old values
+        old_rows = self.tables.read(index)
+        self._undo = (index.detach().cpu(), old_rows, image_features.device)
         if self.version == "v2":
             value, dx, dy, self._tau_mean = individual.step(self.tables, self.cfg, self.gamma, self.epoch, batch,
-                                                            index)
+                                                            index, old_rows)
             pairs = [(image_features, dx), (text_features, dy)]
         else:
-            value, dx, dy, da = self._global_step(batch, index, logit_scale)
+            value, dx, dy, da = self._global_step(batch, index, old_rows, logit_scale)
             pairs = [(image_features, dx), (text_features, dy), (logit_scale, da)]
         self._value = value.detach()
         return attach(value, pairs)
@@ -177,9 +202,11 @@ class FastCLIPLoss(TrainingLoss):
             return float("nan") if self._tau_mean is None else float(self._tau_mean)
         return super().temperature(logit_scale)
 
-    def _update_u(self, batch: GlobalBatch, index: Tensor, log_g1: Tensor, log_g2: Tensor) -> Tensor:
-        """New log u for this rank's rows, gathered with ids and log g -> [B, 5]; tables written."""
-        old = self.tables.read(index).to(device=log_g1.device, dtype=log_g1.dtype)
+    def _update_u(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, log_g1: Tensor,
+                  log_g2: Tensor) -> Tensor:
+        """New log u for this rank's rows (``old_rows`` [b, C]: their table rows before this step),
+        gathered with ids and log g -> [B, 5]; tables written."""
+        old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
         log_u1 = ema_log(old[:, 0], log_g1, self.gamma)
         log_u2 = ema_log(old[:, 1], log_g2, self.gamma)
         ids = index.detach().to(device=log_g1.device, dtype=torch.float64)
@@ -190,14 +217,14 @@ class FastCLIPLoss(TrainingLoss):
         self.tables.write_gathered(idx_all, rows[:, 1:3], batch.b)
         return rows[:, 1:].to(log_g1.dtype)
 
-    def _global_step(self, batch: GlobalBatch, index: Tensor, logit_scale: Tensor):
+    def _global_step(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, logit_scale: Tensor):
         """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
         bt, acc = batch, batch.x.dtype
         a = logit_scale.detach().to(acc).reshape(())
         row_lse, col_lse = anchor_lses(bt.x, bt.y, bt.xg, bt.yg, a, bt.off, True, self.cfg.backend)
         log_g1 = row_lse.to(acc) - a * bt.sii - bt.log_bm1
         log_g2 = col_lse.to(acc) - a * bt.sii - bt.log_bm1
-        log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, log_g1, log_g2).unbind(1)
+        log_u1, log_u2, log_g1_all, log_g2_all = self._update_u(bt, index, old_rows, log_g1, log_g2).unbind(1)
         den1, den2 = log_plus_eps(log_u1, self.cfg.eps), log_plus_eps(log_u2, self.cfg.eps)
         r1_all, r2_all = (log_g1_all - den1).exp(), (log_g2_all - den2).exp()
         surrogate = (r1_all + r2_all).mean()
