@@ -195,8 +195,8 @@ def table(summary: dict, rates: dict[str, list[float]], meta: dict) -> str:
     lines += ["", f"- bare fast / bare eager: {summary['fast_vs_eager']:.2f}x",
               f"- eval cached / eval cold: {summary['cached_speedup']:.1f}x"]
     for name, t in summary["targets"].items():
-        lines.append(f"- {name}: {t['value']:.2f} (target >= {t['target']:g}): "
-                     f"{'met' if t['met'] else f'missed by {t['target'] - t['value']:.2f}'}")
+        verdict = "met" if t["met"] else f"missed by {t['target'] - t['value']:.2f}"
+        lines.append(f"- {name}: {t['value']:.2f} (target >= {t['target']:g}): {verdict}")
     return "\n".join(lines) + "\n"
 
 

@@ -47,10 +47,11 @@ class FrozenSplit:
     model: Any
     tokenizer: Any  # list[str] -> LongTensor [n, L], right-padded with pad_id
     pad_id: int
+    fast_trunk: Any = None  # a BatchNorm-folded, channels-last copy of the image trunk (cold passes)
 
     @property
     def image_trunk(self) -> Any:
-        return self.model.visual.trunk
+        return self.fast_trunk if self.fast_trunk is not None else self.model.visual.trunk
 
     def image_head(self, feats: Any) -> Any:
         """[n, D_image] trunk features -> [n, embed_dim] (not normalised)."""
@@ -79,6 +80,26 @@ def split_frozen(model: Any, tokenizer: Any) -> FrozenSplit | None:
     if getattr(text, "output_tokens", False) or text.config.pad_token_id is None:
         return None
     return FrozenSplit(model, tokenizer, int(text.config.pad_token_id))
+
+
+def open_frozen(model: Any, tokenizer: Any, preprocess_cfg: dict[str, Any], feature_cache: str,
+                copy_trunk: bool) -> tuple[FrozenEval, str, str | None] | None:
+    """(FrozenEval, tower fingerprint, cache folder or None) for a frozen-tower ``model`` on the CPU, else
+    None. ``feature_cache``: a folder, 'auto' (:func:`default_cache_dir`) or 'off'. ``copy_trunk``: run cold
+    passes on a folded copy of the image trunk and leave ``model`` untouched (a model still training);
+    otherwise the caller folds the model itself (:func:`toolkit.models.inference.optimize_clip`)."""
+    import copy
+
+    from toolkit.models.inference import is_conv_trunk, prepare_image_trunk
+
+    split = split_frozen(model, tokenizer)
+    if split is None:
+        return None
+    fingerprint = tower_fingerprint(split, preprocess_cfg)  # before any folding: it changes the weights
+    if copy_trunk and is_conv_trunk(split.model.visual.trunk):
+        split.fast_trunk = prepare_image_trunk(copy.deepcopy(split.model.visual.trunk))
+    root = None if feature_cache == "off" else default_cache_dir() if feature_cache == "auto" else feature_cache
+    return FrozenEval.open(split, None if root is None else Path(root), fingerprint), fingerprint, root
 
 
 def _hash_module(h: Any, module: Any) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -206,18 +205,36 @@ def _frozen_context(cfg: ZeroShotConfig, loaded: Any, model: Any, device: str, r
     from toolkit.eval import towercache
     from toolkit.models.inference import optimize_clip
 
-    split = None
+    opened = None
     if device == "cpu" and cfg.precision == "fp32" and not cfg.amp:
-        split = towercache.split_frozen(loaded.model, loaded.tokenizer)
-    fingerprint = towercache.tower_fingerprint(split, loaded.preprocess_cfg) if split else ""
+        opened = towercache.open_frozen(loaded.model, loaded.tokenizer, loaded.preprocess_cfg,
+                                        files.local_path(cfg.feature_cache) if cfg.feature_cache not in
+                                        ("auto", "off") else cfg.feature_cache, copy_trunk=False)
     if device == "cpu" and cfg.precision == "fp32":
         rec.details["inference"] = optimize_clip(loaded.model)  # after the fingerprint: folding changes weights
-    if split is None:
+    if opened is None:
         return None
-    root = None if cfg.feature_cache == "off" else (
-        towercache.default_cache_dir() if cfg.feature_cache == "auto" else cfg.feature_cache)
+    frozen, fingerprint, root = opened
     rec.details.update(tower_fingerprint=fingerprint, feature_cache=root, cache_hits=[])
-    return towercache.FrozenEval.open(split, None if root is None else Path(files.local_path(root)), fingerprint)
+    return frozen
+
+
+def evaluate_frozen(frozen: Any, eval_set: EvalSet, transform: Any, *, batch_size: int = 64, num_workers: int = 1,
+                    device: str = "cpu", recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
+                    recorder_factory: Any = None) -> tuple[dict[str, float | None], bool, Any]:
+    """Metrics of a frozen-tower model on one set through its feature cache (``frozen``:
+    :class:`toolkit.eval.towercache.FrozenEval`): (metrics, cache hit?, recorder or None). Used by
+    ``eval.zeroshot`` and by the train stage's evaluation callback (rank 0)."""
+    def make(with_digest: bool = False) -> Any:
+        return make_eval_loader(eval_set, transform, batch_size, num_workers, with_digest)
+
+    model, loader, finish = frozen.inputs(eval_set, make, batch_size)
+    recorder = recorder_factory(model) if recorder_factory else None
+    if recorder is not None:
+        model, loader = recorder, recorder.loader(loader)
+    metrics = evaluate_set(model, frozen.texts.tokenizer, transform, eval_set, batch_size=batch_size,
+                           num_workers=num_workers, device=device, recall_k=recall_k, loader=loader)
+    return metrics, finish(), recorder
 
 
 def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSet, device: str, frozen: Any,
@@ -225,23 +242,20 @@ def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSe
     """Metrics of one set (through the feature cache for a frozen-tower model) and its gallery record."""
     from toolkit.eval import gallery
 
-    tokenizer, loader, finish = loaded.tokenizer, None, None
-
-    def make(with_digest: bool = False) -> Any:
-        return make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers, with_digest)
-
+    factory = gallery.Recorder if eval_set.kind == "retrieval" and cfg.gallery_queries else None
     if frozen is not None:
-        model, loader, finish = frozen.inputs(eval_set, make, cfg.batch_size)
-        tokenizer = frozen.texts.tokenizer
-    recorder = None
-    if eval_set.kind == "retrieval" and cfg.gallery_queries:
-        recorder = gallery.Recorder(model)
-        model, loader = recorder, recorder.loader(loader if loader is not None else make())
-    metrics = evaluate_set(model, tokenizer, loaded.preprocess, eval_set, batch_size=cfg.batch_size,
-                           num_workers=cfg.num_workers, device=device, amp=cfg.amp, recall_k=cfg.recall_k,
-                           loader=loader)
-    if finish is not None and finish():
-        rec.details["cache_hits"].append(eval_set.name)
+        metrics, hit, recorder = evaluate_frozen(frozen, eval_set, loaded.preprocess, batch_size=cfg.batch_size,
+                                                 num_workers=cfg.num_workers, device=device,
+                                                 recall_k=cfg.recall_k, recorder_factory=factory)
+        if hit:
+            rec.details["cache_hits"].append(eval_set.name)
+    else:
+        recorder = factory(model) if factory else None
+        loader = recorder.loader(make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers)) \
+            if recorder else None
+        metrics = evaluate_set(recorder or model, loaded.tokenizer, loaded.preprocess, eval_set,
+                               batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device, amp=cfg.amp,
+                               recall_k=cfg.recall_k, loader=loader)
     if recorder is None:
         return metrics, None
     path = files.join(cfg.out, f"gallery_{eval_set.name}.png")

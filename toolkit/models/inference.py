@@ -83,7 +83,7 @@ def fold_batchnorm(module: Any) -> int:
     folded = 0
     for parent in list(module.modules()):
         names = list(parent._modules)
-        for prev, name in zip(names, names[1:]):
+        for prev, name in zip(names, names[1:], strict=False):
             conv, bn = parent._modules[prev], parent._modules[name]
             if (isinstance(conv, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d)
                     and bn.track_running_stats and bn.running_var is not None
