@@ -92,6 +92,9 @@ class EvalConfig:
                                                      "layout).")
     datasets: list[str] = option(factory=list, affects_output=False, doc="Evaluation set names under root.")
     batch_size: int = option(64, ge=1, affects_output=False, doc="Images per evaluation batch.")
+    feature_cache: str = option("auto", affects_output=False, doc="Frozen-tower (LiT) models: folder caching the "
+                                "trunks' features of the sets, so every evaluation after the first runs only "
+                                "the heads; 'auto': $XDG_CACHE_HOME/cliptk/tower-features; 'off': none.")
 
 
 @dataclass(frozen=True)
