@@ -270,3 +270,33 @@ def inspect_cmd(
     for b in d["caption_words"]:
         typer.echo(f"  {b['words']:>6} {b['count']:>8} {'#' * round(40 * b['count'] / peak)}")
     typer.echo(f"report: {Path(cfg.out) / 'report.json'}" if "://" not in cfg.out else f"report: {cfg.out}")
+
+
+@app.command("verify")
+def verify_cmd(
+    ctx: typer.Context,
+    input: Annotated[str, typer.Argument(help="Training-shard folder (precompute output; local or fsspec).",
+                                         metavar="directory")],
+    max_listed: Annotated[int | None, typer.Option("--max-listed", help="Damaged samples listed per shard; "
+                                                                        "all are counted (default 20).")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Read every sample of a training-shard folder: checksums, layout, token ids; list what is damaged.
+
+    Exit code 0 when every sample is intact; 1 when something is damaged (each problem names the shard
+    and the sample) or DIRECTORY holds no readable dataset.json. Writes nothing.
+    """
+    from toolkit.data.trainset.verify import VerifyConfig, run
+
+    cfg = load_cli_config(ctx, VerifyConfig, config, overrides, input=input, max_listed=max_listed)
+    result = run_stage(run, cfg)
+    checks = "per-sample xxh3-64 checksums" if result.checksums else "no checksums recorded (older precompute)"
+    vocab = f", token ids < {result.vocab_size}" if result.vocab_size else ""
+    typer.echo(f"{input}: {result.num_samples} samples in {result.num_shards} shards ({checks}, layout{vocab})")
+    for line in result.problems:
+        typer.echo(f"damaged: {line}")
+    if not result.ok:
+        fail(f"{result.num_damaged_samples} damaged samples in {len(result.damaged_shards)} of "
+             f"{result.num_shards} shards: {', '.join(result.damaged_shards[:10])}", code=1)
+    typer.echo("ok: every sample is intact")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.core import files
+from toolkit.data.trainset import integrity
 from toolkit.data.raw.layout import SHARD_DIGITS, shard_stem
 
 FORMAT = "cliptk-train-v1"
@@ -78,11 +79,13 @@ class Field:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One training shard: file name relative to the dataset root, sample count, first global id."""
+    """One training shard: file name relative to the dataset root, sample count, first global id, and
+    the hash of its per-sample checksums (empty for datasets precomputed before checksums)."""
 
     name: str
     num_samples: int
     first_id: int
+    sums: str = ""  # xxh3-64 of the shard's checksum sidecar (integrity.py); "" in datasets written before
 
 
 @dataclass
@@ -212,10 +215,12 @@ def field_offsets(ds: TrainDataset) -> list[int]:
     return offsets
 
 
-def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int) -> np.ndarray:
+def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int,
+              sums: np.ndarray | None = None) -> np.ndarray:
     """Samples ``start .. start+count-1`` of shard ``shard_index`` from the open file ``fh``, as raw bytes
     [count, sample_bytes] (one seek, one read). Each sample's first member name is checked against its
-    expected id, so a shard that does not match dataset.json fails loudly, naming the shard."""
+    expected id, so a shard that does not match dataset.json fails loudly, naming the shard; with the
+    shard's ``sums`` (:func:`integrity.load_sums`) every sample's checksum is verified as well."""
     shard = ds.shards[shard_index]
     url, size = ds.url(shard), ds.sample_bytes
     fh.seek(start * size)
@@ -228,7 +233,9 @@ def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: in
         name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode()
         if buf[k * size:k * size + len(name) + 1] != name + b"\0":
             raise _layout_error(url, start + k, name.decode(), buf[k * size:k * size + 100].split(b"\0")[0])
-    return np.frombuffer(buf, np.uint8).reshape(count, size)
+    rows = np.frombuffer(buf, np.uint8).reshape(count, size)
+    integrity.check_sums(ds, shard_index, start, rows, sums)
+    return rows
 
 
 def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -242,10 +249,13 @@ def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Ite
     """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly with
     :func:`read_rows` (``chunk`` samples per read call, fields as numpy views of the read buffer)."""
     shard = ds.shards[seg.shard]
+    sums, vocab = integrity.load_sums(ds, seg.shard), integrity.vocab_size(ds)
     with files.open_file(ds.url(shard), "rb") as fh:
         for c0 in range(0, seg.count, chunk):
             n = min(chunk, seg.count - c0)
-            views = decode_rows(ds, read_rows(fh, ds, seg.shard, seg.start + c0, n))
+            views = decode_rows(ds, read_rows(fh, ds, seg.shard, seg.start + c0, n, sums))
+            if "tokens" in views:
+                integrity.check_tokens(ds, seg.shard, seg.start + c0, views["tokens"], vocab)
             for k in range(n):
                 out = {role: v[k] for role, v in views.items()}
                 out["index"], out["valid"] = shard.first_id + seg.start + c0 + k, seg.valid
@@ -296,14 +306,18 @@ class TrainShardWriter:
             files.join(self.out, meta_file(index)))
         self._files = (tar_out, meta_out)
         self._tar = tarfile.open(fileobj=tar_out.fh, mode="w", format=tarfile.USTAR_FORMAT)
-        self._count, self._first = 0, self.next_id
+        self._count, self._first, self._sums = 0, self.next_id, []
 
     def _close_shard(self) -> None:
         assert self._tar is not None and self._files is not None
         self._tar.close()
-        for f in self._files:
+        index = len(self.shards)
+        data, digest = integrity.encode_sums(self._sums)
+        sums_out = _AtomicOut(files.join(self.out, integrity.sums_file(shard_file(index))))
+        sums_out.fh.write(data)
+        for f in (*self._files, sums_out):  # the tar last-but-one, the sidecar last: both before dataset.json
             f.commit()
-        self.shards.append(ShardInfo(shard_file(len(self.shards)), self._count, self._first))
+        self.shards.append(ShardInfo(shard_file(index), self._count, self._first, digest))
         self._tar, self._files = None, None
 
     def add(self, sample_id: int, payloads: list[bytes], meta: dict[str, Any]) -> None:
@@ -313,10 +327,16 @@ class TrainShardWriter:
         if self._tar is None:
             self._open()
         key = id_key(sample_id)
+        sample = bytearray()  # the sample's bytes exactly as the tar holds them, for its checksum
         for f, data in zip(self.fields, payloads, strict=True):
             if len(data) != f.nbytes:
                 raise ValueError(f"sample {sample_id} field {f.ext}: {len(data)} bytes, expected {f.nbytes}")
-            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), io.BytesIO(data))
+            info = _tarinfo(f"{key}.{f.ext}", len(data))
+            sample += info.tobuf(tarfile.USTAR_FORMAT, self._tar.encoding, self._tar.errors)
+            sample += data
+            sample += bytes(f.padded_bytes - BLOCK - len(data))
+            self._tar.addfile(info, io.BytesIO(data))
+        self._sums.append(integrity.sample_hash(sample))
         self._files[1].fh.write((json.dumps({"id": sample_id, **meta}, ensure_ascii=False) + "\n").encode())
         self.next_id += 1
         self._count += 1
@@ -330,13 +350,14 @@ class TrainShardWriter:
 
 
 def remove_stale_shards(out: str, keep: int) -> int:
-    """Delete ``NNNNN.tar``/``.meta.jsonl`` with index >= keep left by an earlier, larger run."""
+    """Delete ``NNNNN.tar``/``.meta.jsonl``/``.xxh3`` with index >= keep left by an earlier, larger run."""
     if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
         return 0
     removed = 0
     for name in os.listdir(files.local_path(out)):
         stem = name.split(".", 1)[0]
-        if stem.isdigit() and len(stem) == SHARD_DIGITS and int(stem) >= keep and name.endswith((".tar", ".meta.jsonl")):
+        if stem.isdigit() and len(stem) == SHARD_DIGITS and int(stem) >= keep and name.endswith(
+                (".tar", ".meta.jsonl", "." + integrity.SUMS_EXT)):
             os.remove(os.path.join(files.local_path(out), name))
             removed += 1
     return removed
