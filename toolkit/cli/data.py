@@ -68,6 +68,10 @@ def fetch_cmd(
     keep_duplicates: Annotated[bool | None, typer.Option(
         "--keep-duplicates/--skip-duplicates", help="Download every occurrence of a URL, or only the first "
                                                     "(default: skip, counted as duplicate_url).")] = None,
+    retry_failed: Annotated[bool | None, typer.Option(
+        "--retry-failed", help="Then fetch again the URLs that failed transiently (timeouts, HTTP 5xx/408/429, "
+                               "connection errors; not 404s or bad images) into new shards of --out, printing "
+                               "the failure counts before and after; rerun to retry what fails again.")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -83,7 +87,8 @@ def fetch_cmd(
                           samples_per_shard=samples_per_shard, num_processes=num_processes, num_threads=num_threads,
                           timeout_s=timeout_s, retries=retries, distributor=distributor,
                           run_timeout_s=run_timeout_s, overwrite=overwrite, max_bytes=max_bytes,
-                          allow_schemes=_split(allow_schemes), keep_duplicates=keep_duplicates)
+                          allow_schemes=_split(allow_schemes), keep_duplicates=keep_duplicates,
+                          retry_failed=retry_failed)
     result = run_stage(run, cfg)
     for line in summary_lines({**result.counts, **result.details}):
         typer.echo(line)

@@ -46,6 +46,13 @@ def sample_hash(data: Any) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def _row_hashes(rows: np.ndarray) -> list[int]:
+    import xxhash
+
+    digest = xxhash.xxh3_64_intdigest
+    return [digest(row) for row in rows]
+
+
 def sums_file(shard_name: str) -> str:
     """``00003.tar`` -> ``00003.xxh3``, the shard's checksum sidecar."""
     return shard_name.rsplit(".", 1)[0] + "." + SUMS_EXT
@@ -90,9 +97,11 @@ def check_sums(ds: Any, shard_index: int, start: int, rows: np.ndarray, sums: np
     ``start..start+n-1`` of the shard) whose hash differs from precompute's; nothing when ``sums`` is None."""
     if sums is None:
         return
-    for k in range(rows.shape[0]):
-        if sample_hash(rows[k]) != int(sums[start + k]):
-            raise damaged(ds, shard_index, start + k, "its checksum does not match the one precompute wrote")
+    expected = sums[start:start + rows.shape[0]].tolist()
+    got = _row_hashes(rows)
+    if got != expected:
+        k = next(k for k, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b)
+        raise damaged(ds, shard_index, start + k, "its checksum does not match the one precompute wrote")
 
 
 def damaged(ds: Any, shard_index: int, position: int, why: str) -> DataIntegrityError:

@@ -151,6 +151,8 @@ class GlobalBatchStream(IterableDataset):
         self.ds, self.order, self.rank, self.world_size = ds, order, rank, world_size
         self.start_step, self.num_steps = start_step, num_steps
         self.vocab_size = integrity.vocab_size(ds)  # resolved here, once, not in every worker
+        if not all(s.sums for s in ds.shards):
+            integrity.notice_unverified(ds)  # here, so that forked workers do not repeat it
 
     def __len__(self) -> int:
         return self.num_steps
