@@ -216,7 +216,7 @@ def field_offsets(ds: TrainDataset) -> list[int]:
 
 
 def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int,
-              sums: np.ndarray | None = None) -> np.ndarray:
+              sums: list[int] | None = None) -> np.ndarray:
     """Samples ``start .. start+count-1`` of shard ``shard_index`` from the open file ``fh``, as raw bytes
     [count, sample_bytes] (one seek, one read). Each sample's first member name is checked against its
     expected id, so a shard that does not match dataset.json fails loudly, naming the shard; with the

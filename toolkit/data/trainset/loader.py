@@ -45,7 +45,7 @@ class SampleReader:
         self.ds, self.vocab_size = ds, vocab_size
         self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
         self._open: dict[int, Any] = {}
-        self._sums: dict[int, np.ndarray | None] = {}
+        self._sums: dict[int, list[int] | None] = {}
 
     def _file(self, shard: int):
         if shard not in self._open:
@@ -72,10 +72,10 @@ class SampleReader:
             start = int(sorted_ids[lo] - self.first_ids[shard])
             fh = self._file(shard)
             views = decode_rows(self.ds, read_rows(fh, self.ds, shard, start, int(hi - lo), self._sums[shard]))
-            if "tokens" in views:
-                integrity.check_tokens(self.ds, shard, start, views["tokens"], self.vocab_size)
             for role, values in views.items():
                 out[role][order[lo:hi]] = values
+        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
+            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
         return out
 
     def close(self) -> None:
