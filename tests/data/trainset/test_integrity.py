@@ -8,7 +8,6 @@ import logging
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 

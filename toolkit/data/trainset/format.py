@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from toolkit.core import files
-from toolkit.data.trainset import integrity
 from toolkit.data.raw.layout import SHARD_DIGITS, shard_stem
+from toolkit.data.trainset import integrity
 
 FORMAT = "cliptk-train-v1"
 DATASET_JSON = "dataset.json"

@@ -32,9 +32,8 @@ from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
-from toolkit.data.trainset import integrity
+from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
-from toolkit.data.trainset import precompute_worker
 from toolkit.data.trainset.format import (
     DATASET_JSON,
     Field,
