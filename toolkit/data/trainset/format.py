@@ -218,24 +218,49 @@ def field_offsets(ds: TrainDataset) -> list[int]:
 def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int,
               sums: list[int] | None = None) -> np.ndarray:
     """Samples ``start .. start+count-1`` of shard ``shard_index`` from the open file ``fh``, as raw bytes
-    [count, sample_bytes] (one seek, one read). Each sample's first member name is checked against its
-    expected id, so a shard that does not match dataset.json fails loudly, naming the shard; with the
-    shard's ``sums`` (:func:`integrity.load_sums`) every sample's checksum is verified as well."""
+    [count, sample_bytes] in a new array (:func:`read_rows_into`)."""
+    return read_rows_into(fh, ds, shard_index, start, np.empty((count, ds.sample_bytes), np.uint8), sums)
+
+
+def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows: np.ndarray,
+                   sums: list[int] | None = None) -> np.ndarray:
+    """Read samples ``start .. start+len(rows)-1`` of shard ``shard_index`` into ``rows`` (C-contiguous
+    uint8 [n, sample_bytes]; one seek, one read, no intermediate buffer) and return it. Each sample's first
+    member name is checked against its expected id, so a shard that does not match dataset.json fails
+    loudly, naming the shard; with the shard's ``sums`` (:func:`integrity.load_sums`) every sample's
+    checksum is verified as well, while its bytes are still in cache."""
     shard = ds.shards[shard_index]
-    url, size = ds.url(shard), ds.sample_bytes
+    url, size, count = ds.url(shard), ds.sample_bytes, rows.shape[0]
     fh.seek(start * size)
-    buf = fh.read(count * size)
-    if len(buf) != count * size:
-        raise ValueError(f"{url}: ended inside sample {start + len(buf) // size} "
+    view = memoryview(rows).cast("B")
+    got = _read_into(fh, view)
+    if got != count * size:
+        raise ValueError(f"{url}: ended inside sample {start + got // size} "
                          f"(dataset.json says {shard.num_samples} samples)")
     first_ext = ds.fields[0].ext
     for k in range(count):
-        name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode()
-        if buf[k * size:k * size + len(name) + 1] != name + b"\0":
-            raise _layout_error(url, start + k, name.decode(), buf[k * size:k * size + 100].split(b"\0")[0])
-    rows = np.frombuffer(buf, np.uint8).reshape(count, size)
+        name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode() + b"\0"
+        if view[k * size:k * size + len(name)] != name:
+            raise _layout_error(url, start + k, name[:-1].decode(),
+                                bytes(view[k * size:k * size + 100]).split(b"\0")[0])
     integrity.check_sums(ds, shard_index, start, rows, sums)
     return rows
+
+
+def _read_into(fh: Any, view: memoryview) -> int:
+    """Fill ``view`` from ``fh`` (readinto where the file has it); returns the bytes read (short at EOF)."""
+    readinto = getattr(fh, "readinto", None)
+    if readinto is None:
+        data = fh.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+    filled = 0
+    while filled < len(view):
+        n = readinto(view[filled:])
+        if not n:
+            break
+        filled += n
+    return filled
 
 
 def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
