@@ -285,7 +285,8 @@ def _retry(cfg: FetchConfig, rec, out: str, with_captions: bool, num_rows: int, 
     finished = layout.finished_shards(out)
     num_original = math.ceil(num_rows / cfg.samples_per_shard)
     if outcome["timed_out"] or not set(range(num_original)) <= finished:
-        log.warning("fetch: --retry-failed: not retrying: the list's own shards are not all finished; rerun")
+        log.warning("fetch: --retry-failed: nothing retried: %d of the URL list's %d shards are not finished yet; "
+                    "rerun the same command", len(set(range(num_original)) - finished), num_original)
         return outcome
     rnd, retried, kept = retry.plan(out, finished, cfg.samples_per_shard, num_original)
     info = {"failed_before": sum(retried.values()) + sum(kept.values()), "retried_by_reason": _by_count(retried),
@@ -337,6 +338,8 @@ def _retry_lines(info: dict | None) -> list[str]:
     if not info:
         return []
     kept = ", ".join(f"{k} {v}" for k, v in info["not_retried_by_reason"].items()) or "none"
+    if info["round"] is None and not info["failed_before"]:
+        return ["retry: nothing to retry: no URL failed; nothing was changed"]
     if info["round"] is None:
         return [f"retry: nothing to retry: none of the {info['failed_before']} failed URLs failed for a transient "
                 f"reason (permanent: {kept}); nothing was changed"]
