@@ -22,6 +22,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from toolkit.core.log import get_logger
 from toolkit.data.raw.reader import split_member_name
 
 # Image members an evaluation set may hold: the formats clip-benchmark's wds reader decodes (its
@@ -100,9 +101,15 @@ def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
     if kind not in TASKS:
         raise DatasetError(f"{type_path}: unsupported dataset type {kind!r}; expected 'retrieval' or "
                            "'classification'")
-    num_samples = sum(_count_samples(s) for s in shards)
+    counts = [_count_samples(s) for s in shards]
+    num_samples = sum(counts)
     if num_samples == 0:
         raise DatasetError(f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(SET_IMAGE_EXTS)})")
+    empty = [s for s, n in zip(shards, counts, strict=True) if n == 0]
+    if empty:  # a shard cut short or overwritten: the results would silently cover fewer samples
+        get_logger("eval").warning("%s: %d of %d shards hold no sample with an image (%s); evaluating the %d samples "
+                                   "of the others: rebuild the set if a shard was damaged", path, len(empty),
+                                   len(shards), ", ".join(Path(s).name for s in empty), num_samples)
     if kind == "retrieval":
         return EvalSet(name, path, kind, shards, num_samples)
     classnames = _read_lines(path / "classnames.txt", "one class name per line")

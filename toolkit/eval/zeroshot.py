@@ -8,8 +8,10 @@ mean per-class recall; ``zeroshot_retrieval.evaluate``: R@k both ways) on sets i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -103,18 +105,47 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
     wrapped = _LoaderView(batches, loader.dataset)
     if eval_set.kind == "classification":
-        metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
-                                                   list(eval_set.templates), device, amp=amp)
+        with _metric_warnings(eval_set):
+            metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
+                                                       list(eval_set.templates), device, amp=amp)
         return report.clean_metrics(metrics)
     usable = [k for k in recall_k if k <= eval_set.num_samples]
     if len(usable) < len(recall_k):
         get_logger("eval").warning("%s: R@k undefined for k > %d images: %s", eval_set.name,
                                    eval_set.num_samples, [k for k in recall_k if k not in usable])
-    metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
+    with _metric_warnings(eval_set):
+        metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
     for k in recall_k:
         metrics.setdefault(f"image_retrieval_recall@{k}", None)
         metrics.setdefault(f"text_retrieval_recall@{k}", None)
     return report.clean_metrics(metrics)
+
+
+# sklearn's balanced_accuracy_score (clip-benchmark's mean per-class recall) warns when the model predicts a
+# class that has no sample in the set: routine for sets that do not hold every class name they list.
+_ABSENT_CLASS = "y_pred contains classes not in y_true"
+
+
+@contextlib.contextmanager
+def _metric_warnings(eval_set: EvalSet):
+    """Python warnings raised by clip-benchmark and sklearn while ``eval_set`` is scored, as one toolkit log
+    line each (named after the set) instead of raw ``file:line: UserWarning`` text on stderr that even
+    ``--quiet`` printed. The known routine one is logged at info level (hidden by --quiet)."""
+    log = get_logger("eval")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", category=UserWarning)  # other categories keep the user's filters
+        yield
+    seen = set()
+    for w in caught:
+        text = str(w.message)
+        if text in seen:
+            continue
+        seen.add(text)
+        if _ABSENT_CLASS in text:
+            log.info("%s: the model predicted classes that have no sample in the set; mean per-class recall "
+                     "averages over the classes that do (sklearn: %s)", eval_set.name, text)
+        else:
+            log.warning("%s: %s while scoring: %s", eval_set.name, w.category.__name__, text)
 
 
 class InputCast:

@@ -32,8 +32,8 @@ from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
+from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
-from toolkit.data.trainset import precompute_worker
 from toolkit.data.trainset.format import (
     DATASET_JSON,
     Field,
@@ -355,4 +355,5 @@ def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
                                "context_length": t.context_length, "weights": cfg.text_tower_weights}
     else:
         extra["context_length"] = fields[1].shape[0]
+        extra["vocab_size"] = integrity.tokenizer_vocab_size(state["tokenizer"])  # the loader's token-id bound
     return extra
