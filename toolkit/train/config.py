@@ -18,6 +18,7 @@ from toolkit.train.optim import OptimConfig
 Precision = Literal["fp32", "bf16", "fp16"]
 GradDtype = Literal["fp32", "bf16"]
 Backend = Literal["auto", "gloo", "nccl"]
+DEFAULT_MASTER_PORT = 29500  # torchrun's
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,18 @@ class LaunchConfig:
     node_rank: int = option(0, ge=0, affects_output=False, doc="This node's rank, 0..N-1 (fixed N only; "
                                                                "elastic jobs are ranked by the rendezvous).")
     master_addr: str = option("127.0.0.1", affects_output=False, doc="Address of node 0 (the rendezvous host).")
-    master_port: int = option(29500, ge=1, le=65535, affects_output=False, doc="Rendezvous port on master_addr.")
+    master_port: int = option(0, ge=0, le=65535, affects_output=False,
+                              doc="Rendezvous port on master_addr; 0: any free port on a single node, 29500 "
+                                  "across nodes (a port given on a single node is used, and refused if busy).")
     max_restarts: int = option(0, ge=0, affects_output=False, doc="Times torchrun restarts the workers after a "
                                                                   "failure; they resume from the latest checkpoint.")
     rdzv_id: str = option("cliptk", affects_output=False, doc="Job id shared by every node of an elastic job.")
     backend: Backend = option("auto", affects_output=False, doc="Process-group backend: auto (nccl on CUDA, "
                                                                 "else gloo), gloo or nccl.")
     timeout_s: float = option(1800.0, gt=0, affects_output=False, doc="Collective timeout in seconds.")
+    rendezvous_timeout_s: float = option(300.0, gt=0, affects_output=False,
+                                         doc="Seconds the launcher waits for every node to join before it stops "
+                                             "with an error naming what it waited for.")
 
     def node_range(self) -> tuple[int, int]:
         """(min, max) nodes from ``nodes`` ('2' -> (2, 2), '1:4' -> (1, 4))."""
@@ -49,6 +55,11 @@ class LaunchConfig:
         if lo < 1 or hi < lo:
             raise ValueError(f"nodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.nodes!r}")
         return lo, hi
+
+    @property
+    def port(self) -> int:
+        """The rendezvous port in use: master_port, or torchrun's 29500 when it is 0 (standalone: unused)."""
+        return self.master_port or DEFAULT_MASTER_PORT
 
     @property
     def is_multiprocess(self) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 from toolkit.core import files
 from toolkit.core.config import ConfigError, build, read_yaml
 from toolkit.core.log import get_logger
-from toolkit.core.stage import StageResult, stage_run
+from toolkit.core.stage import StageInterrupted, StageResult, stage_run
 from toolkit.train import launch as L
 from toolkit.train.config import TrainConfig
 from toolkit.train.loop import EvalFn
@@ -33,7 +33,7 @@ SUMMARY = ".train-summary.json"
 DEFAULT_ENTRY = "toolkit.train.worker"
 
 
-class Preempted(RuntimeError):
+class Preempted(StageInterrupted):
     """Training stopped on a signal after writing a checkpoint; rerunning the command continues it."""
 
 
