@@ -22,6 +22,7 @@ from toolkit.core import dist as D
 from toolkit.core.log import get_logger
 from toolkit.train import checkpoint as ckpt
 from toolkit.train.config import TrainConfig
+from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.setup import Setup, build_setup
 from toolkit.train.signals import PreemptionFlag
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
@@ -55,6 +56,7 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None) -> dict[str, Any]:
         for batch in s.batches(state.step):
             window.data_wait_s += time.monotonic() - window.mark
             metrics = train_step(s, state, batch)
+            s.checkpoints.check()  # a failed background checkpoint write stops training here, naming it
             window.record(metrics, s)
             if state.step % cfg.log_every == 0 or state.step == s.total_steps:
                 s.log_metrics(state, window.flush(s))
@@ -102,7 +104,7 @@ def train_step(s: Setup, state: TrainState, batch: dict) -> dict[str, float]:
         if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
             raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
                                   f"the last at step {t + 1} (lr {lr:.3g}, tau {s.tau():.4g}); lower the lr or "
-                                  "check the data")
+                                  "check the data" + nonfinite_abort_note(s, t + 2 - state.nonfinite_in_row))
     s.zero_grad()
     if s.audit is not None:
         s.audit.record(t + 1, batch["index"].tolist(), skipped=not finite)
