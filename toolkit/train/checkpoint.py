@@ -225,7 +225,7 @@ def set_aside_after(ckpt_dir: str, step: int) -> list[str]:
     """Rename every checkpoint newer than ``step`` to ``step-N.nonfinite`` (resume and retention no longer
     see them; the files stay for inspection). Returns the new names. Rank 0, after its writer finished."""
     moved = []
-    for n, path in list_checkpoints(ckpt_dir):
+    for n, path in reversed(list_checkpoints(ckpt_dir)):
         if n > step:
             fs, p = _fs(path)
             fs.mv(p, p + NONFINITE_SUFFIX, recursive=True)
