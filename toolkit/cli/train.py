@@ -32,7 +32,8 @@ def train(
     batch_size: Annotated[int | None, Opt("--batch-size", "-b", help="GLOBAL batch over all ranks "
                                           "(default 64).")] = None,
     epochs: Annotated[int | None, Opt("--epochs", help="Epochs (default 1).")] = None,
-    steps: Annotated[int | None, Opt("--steps", help="Total optimiser steps (overrides --epochs).")] = None,
+    steps: Annotated[int | None, Opt("--steps", help="Total optimiser steps (global batches; overrides --epochs). "
+                                     "0 (default): --epochs x steps per epoch (samples // --batch-size).")] = None,
     optim_lr: Annotated[float | None, Opt("--lr", help="Peak learning rate (default 1e-3).")] = None,
     seed: Annotated[int | None, Opt("--seed", help="Seed of init, data order and random streams (default 0).")] = None,
     precision: Annotated[str | None, Opt("--precision", help="fp32 (default), bf16 (autocast) or fp16 "
@@ -51,7 +52,8 @@ def train(
     launch_nodes: Annotated[str | None, Opt("--nodes", help="Nodes N, or MIN:MAX for an elastic job.")] = None,
     launch_node_rank: Annotated[int | None, Opt("--node-rank", help="This node's rank (fixed N).")] = None,
     launch_master_addr: Annotated[str | None, Opt("--master-addr", help="Node 0's address.")] = None,
-    launch_master_port: Annotated[int | None, Opt("--master-port", help="Rendezvous port.")] = None,
+    launch_master_port: Annotated[int | None, Opt("--master-port", help="Rendezvous port (0 default: any free "
+                                                  "port on one node, 29500 across nodes).")] = None,
     launch_max_restarts: Annotated[int | None, Opt("--max-restarts", help="Worker restarts after a failure "
                                                    "(resume from the latest checkpoint).")] = None,
     checkpoint_every_steps: Annotated[int | None, Opt("--checkpoint-every", help="Checkpoint every N steps "

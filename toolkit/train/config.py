@@ -124,7 +124,9 @@ class TrainConfig:
     batch_size: int = option(64, ge=2, doc="Global batch: pairs per step over all ranks; must divide by the "
                                            "number of ranks.")
     epochs: int = option(1, ge=1, doc="Training epochs (ignored when steps is set).")
-    steps: int = option(0, ge=0, doc="Total optimiser steps; 0: epochs x steps per epoch.")
+    steps: int = option(0, ge=0, doc="Total optimiser steps (global batches) when > 0; 0 (default): epochs x "
+                                     "steps per epoch, which is train_num_samples (or the dataset's size) // "
+                                     "batch_size.")
     train_num_samples: int = option(0, ge=0, doc="Samples per (virtual) epoch; 0: the dataset's size. Epochs "
                                                  "drive the γ and τ schedules.")
     seed: int = option(0, doc="Seed of the init, the data order and every rank's random streams.")

@@ -86,6 +86,13 @@ def torchrun_argv(launch: LaunchConfig, entry: str, args: list[str]) -> list[str
     return [*argv, "--module", entry, *args]
 
 
+def warn_unused_port(launch: LaunchConfig) -> None:
+    """A master_port given to a single process has nothing to rendezvous: say so instead of ignoring it."""
+    if launch.master_port and not launch.is_multiprocess:
+        get_logger("train").warning("--master-port %d is unused: one process needs no rendezvous (it is used "
+                                    "with --nproc-per-node > 1 or --nodes)", launch.master_port)
+
+
 def describe_wait(launch: LaunchConfig) -> str:
     """What the launcher waits for until its workers start, in words (timeouts and interruptions say it)."""
     lo, hi = launch.node_range()

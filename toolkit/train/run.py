@@ -71,6 +71,7 @@ def preflight(cfg: TrainConfig) -> None:
     if not (dataset.field("image_features") or dataset.field("text_features")):
         check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
     refuse_other_config(cfg)
+    L.warn_unused_port(cfg.launch)
 
 
 def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:
