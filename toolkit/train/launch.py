@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 
 from toolkit.core.config import dump_yaml
 from toolkit.core.log import QUIET_ENV, get_logger, is_quiet
+from toolkit.core.stage import StageInterrupted
 from toolkit.train.config import LaunchConfig, TrainConfig
 from toolkit.train.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
 
@@ -200,6 +202,9 @@ def _read_outcome(path: str) -> dict:
 
 
 def _report(outcome: dict, code: int, supervisor: Supervisor) -> None:
+    if "failed" in outcome and supervisor.forwarded is not None:  # e.g. a worker signalled while starting up
+        raise StageInterrupted(f"interrupted by {signal.Signals(supervisor.forwarded).name}: the workers stopped "
+                               f"({outcome['failed']}); rerun the same command to resume from the newest checkpoint")
     if "failed" in outcome:
         raise RuntimeError(f"training workers failed: {outcome['failed']}")
     if "error" in outcome and not supervisor.workers_started:

@@ -70,7 +70,10 @@ class LauncherSignals:
 
 
 def child_pids(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``, from /proc (Linux)."""
+    """Processes whose parent is ``pid``: from /proc on Linux, else from ``pgrep -P`` (macOS, BSD)."""
+    if not Path("/proc/self/stat").exists():
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+        return [int(p) for p in out.split()]
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with suppress(OSError, IndexError, ValueError):
