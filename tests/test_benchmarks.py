@@ -66,7 +66,6 @@ def test_tower_speed_summary_table_and_bare_rate(tmp_path):
     """benchmarks/tower_speed.py: its arguments, the ratios and verdicts it prints, and its bare-forward
     timer on a small conv net (the real run takes minutes)."""
     import torch
-
     import tower_speed
 
     a = tower_speed.parse_args(["--num-images", "16", "--repeats", "1", "--out", str(tmp_path / "t")])

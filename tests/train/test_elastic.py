@@ -28,7 +28,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (the torchrun agent's workers), from /proc."""
+    """Processes whose parent is ``pid``, from /proc."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -68,7 +68,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(demo_
     proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out), "--nproc-per-node", "2", "--max-restarts", "1"),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait(lambda: (out / "checkpoints" / "step-00000008" / "checkpoint.json").is_file(), proc)
-    workers = _children(proc.pid)
+    agents = _children(proc.pid)  # the launcher's one child is torchrun's agent; its children are the workers
+    assert len(agents) == 1, agents
+    workers = _children(agents[0])
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)

@@ -30,6 +30,7 @@ from toolkit.train.ddp import wrap_ddp
 from toolkit.train.losses import build_loss
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
+from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.runtime import Runtime
 from toolkit.train.signals import PreemptionFlag
 from toolkit.train.state import StateIO, TrainState, sync_buffers
@@ -97,6 +98,7 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
         for batch in p.data.batches(state.step):
             report.window.data_wait_s += time.monotonic() - report.window.mark
             outcome, lr = train_step(p, state, batch)
+            p.io.check_writes()  # a failed background checkpoint write stops training here, naming it
             report.step_done(state, batch, outcome, lr, p.update)
             if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < p.data.total_steps:
                 report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
@@ -139,7 +141,7 @@ def train_step(p: Parts, state: TrainState, batch: dict):
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
         raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
                               f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
-                              "the lr or check the data")
+                              "the lr or check the data" + nonfinite_abort_note(p.io, t + 2 - state.nonfinite_in_row))
     return outcome, lr
 
 

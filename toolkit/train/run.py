@@ -93,6 +93,7 @@ def preflight(cfg: TrainConfig):
     if not (dataset.field("image_features") or dataset.field("text_features")):
         check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
     refuse_other_config(cfg)
+    L.warn_unused_port(cfg.launch)
     return dataset
 
 
