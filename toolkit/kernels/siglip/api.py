@@ -41,13 +41,14 @@ def _check_features(x: Tensor, y: Tensor) -> None:
 
 def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor | float, bias: Tensor | float | None = None,
                  pos_offset: int | None = 0, *, compute_dx: bool = False, compute_dy: bool = False,
-                 backend: str = "auto", block_size: int | None = None, input_precision: str | None = None
-                 ) -> SigmoidSums:
+                 compute_loss: bool = True, backend: str = "auto", block_size: int | None = None,
+                 input_precision: str | None = None) -> SigmoidSums:
     """−Σ_ij log σ(z_ij (t·s_ij + b)) over x [M, D] × y [N, D] and (when asked) its gradients, no autograd.
 
     z_ij = +1 where j == i + ``pos_offset`` (None: no positives), −1 elsewhere; ``scale`` t (0-d, t itself),
     ``bias`` b (0-d; None = 0). Sums, not means: the caller divides. Returns ``SigmoidSums`` in fp32
-    (fp64 for fp64 inputs); ``d_scale``/``d_bias`` come with either gradient side.
+    (fp64 for fp64 inputs); ``d_scale``/``d_bias`` come with either gradient side. ``compute_loss=False``
+    skips the loss terms (its ``loss`` is then 0) for a sweep that only wants gradients.
     """
     _check_features(x, y)
     x, y = x.detach(), y.detach()
@@ -56,11 +57,13 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor | float, bias: Tensor | flo
     b = _as_scalar(bias, "bias", x).detach().to(acc)
     which = resolve_backend(backend, x.device)
     if which == "naive":
-        return naive.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy)
+        out = naive.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy)
+        return out if compute_loss else out._replace(loss=torch.zeros_like(out.loss))
     if which == "torch":
-        return tiled.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy, block_size)
+        return tiled.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy, block_size, compute_loss)
     from toolkit.kernels.siglip import triton_kernel
-    return triton_kernel.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy, block_size, input_precision)
+    return triton_kernel.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy, block_size, input_precision,
+                                      compute_loss)
 
 
 class SigLIPLossFn(torch.autograd.Function):

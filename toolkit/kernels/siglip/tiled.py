@@ -32,9 +32,10 @@ SOFTPLUS_THRESHOLD = 40.0
 
 
 def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: int | None,
-                 compute_dx: bool, compute_dy: bool, block_size: int | None) -> SigmoidSums:
+                 compute_dx: bool, compute_dy: bool, block_size: int | None, compute_loss: bool = True
+                 ) -> SigmoidSums:
     """Loss sum and gradients of x [M, D] against y [N, D] (module docstring); positives at
-    j == i + pos_offset (None: every pair is a negative)."""
+    j == i + pos_offset (None: every pair is a negative); ``compute_loss=False``: gradients only (loss 0)."""
     m, n = x.shape[0], y.shape[0]
     acc = scale.dtype
     xa, ya = x.to(acc), y.to(acc)
@@ -49,10 +50,11 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: 
         i1 = min(m, i0 + bm)
         u = torch.mm(xa[i0:i1], ya.T, out=buf[: i1 - i0])
         torch.addcmul(bias, u, scale, out=u)  # u = t·s + b (same-position elementwise: safe in place)
-        loss += softplus(u, threshold=SOFTPLUS_THRESHOLD).sum()
         pos = _diag_index(i0, i1, n, pos_offset, x.device)
-        if pos is not None:
-            loss -= u[pos].sum()
+        if compute_loss:
+            loss += softplus(u, threshold=SOFTPLUS_THRESHOLD).sum()
+            if pos is not None:
+                loss -= u[pos].sum()
         if not grads:
             continue
         g = torch.sigmoid(u, out=u)

@@ -110,16 +110,20 @@ def _launch(x: Tensor, y: Tensor, t: Tensor, b: Tensor, pos_offset: int | None, 
 
 
 def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: int | None, compute_dx: bool,
-                 compute_dy: bool, block_size: int | None, input_precision: str | None) -> SigmoidSums:
+                 compute_dy: bool, block_size: int | None, input_precision: str | None, compute_loss: bool = True
+                 ) -> SigmoidSums:
     """Loss sum and gradients (``toolkit.kernels.siglip.sigmoid_sums``); fp32 results."""
     L._check_block(block_size)
     m, n = x.shape[0], y.shape[0]
     if x.dtype == torch.float64 or m == 0 or n == 0:
-        return tiled.sigmoid_sums(x, y, scale, bias, pos_offset, compute_dx, compute_dy, None)
+        return tiled.sigmoid_sums(x, y, scale, bias, pos_offset, compute_dx, compute_dy, None, compute_loss)
     x, y = x.contiguous(), y.contiguous()
     t, b = scale.float().reshape(1).contiguous(), bias.float().reshape(1).contiguous()
     precision = L._precision(x, input_precision)
-    loss, dx, dt, db = _launch(x, y, t, b, pos_offset, True, compute_dx, block_size, precision)
+    loss = torch.zeros(1, dtype=torch.float32, device=x.device)
+    if compute_loss or compute_dx:
+        part, dx, dt, db = _launch(x, y, t, b, pos_offset, compute_loss, compute_dx, block_size, precision)
+        loss = part if compute_loss else loss
     d_scale = d_bias = dy = None
     if compute_dx:
         d_scale, d_bias = dt.sum(), db.sum()
