@@ -68,8 +68,8 @@ class Setup:
             0, self.rank, self.group_size)
         self.steps_per_epoch = steps_per_epoch(cfg, self.dataset.num_samples)
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
-        self.built = model_lib.build(cfg.model, cfg.init, self.dataset, cfg.loss.tau_init,
-                                     cfg.loss.learns_logit_scale, cfg.seed)
+        self.built = model_lib.build(cfg.model, cfg.init, self.dataset, cfg.loss.initial_tau,
+                                     cfg.loss.learns_logit_scale, cfg.seed, logit_bias=cfg.loss.init_logit_bias)
         self.clip = self.built.model.clip
         self.built.model.to(self.device).train()
         cuda = self.device.type == "cuda"
