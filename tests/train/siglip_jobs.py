@@ -57,7 +57,7 @@ def _job(rank: int, world: int, port: int, out_dir: str) -> None:
             res[(b, mode)] = _grads(lambda x, y, t, c, m=mode: sigmoid_loss(x, y, t, c, mode=m), rank, world, b)
             objective = build_loss(LossConfig(kind="siglip", mode=mode))
             res[(b, f"objective_{mode}")] = _grads(
-                lambda x, y, t, c, o=objective: o(x, y, t, torch.arange(b), logit_bias=c), rank, world, b)
+                lambda x, y, t, c, o=objective: o(x, y, t, torch.arange(x.shape[0]), logit_bias=c), rank, world, b)
         for impl in ("bidir", "gather"):
             oc = SigLipLoss(rank=rank, world_size=world, dist_impl=impl)
             res[(b, f"open_clip_{impl}")] = _grads(oc, rank, world, b)

@@ -48,7 +48,7 @@ from toolkit.kernels.common import accumulation_dtype, clip_value
 from toolkit.kernels.naive import clip_loss as naive_clip_loss
 from toolkit.kernels.naive import lse_backward as naive_lse_backward
 from toolkit.kernels.naive import lse_forward as naive_lse_forward
-from toolkit.kernels.siglip import SigLIPLossFn, SigmoidSums, naive_siglip_loss, sigmoid_sums, siglip_loss
+from toolkit.kernels.siglip import SigLIPLossFn, SigmoidSums, naive_siglip_loss, siglip_loss, sigmoid_sums
 
 __all__ = [
     "BACKENDS", "ClipLossFn", "TiledLSE", "accumulation_dtype", "clip_loss", "clip_value", "lse_backward",

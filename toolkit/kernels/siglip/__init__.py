@@ -22,7 +22,7 @@ Backends as ``toolkit.kernels``: ``naive`` (full matrix, the float64 reference),
 
 from __future__ import annotations
 
-from toolkit.kernels.siglip.api import SigLIPLossFn, sigmoid_sums, siglip_loss
+from toolkit.kernels.siglip.api import SigLIPLossFn, siglip_loss, sigmoid_sums
 from toolkit.kernels.siglip.common import SigmoidSums
 from toolkit.kernels.siglip.naive import siglip_loss as naive_siglip_loss
 
