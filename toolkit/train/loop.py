@@ -66,8 +66,8 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
     and ``checked``: the training set this process's preflight opened and checked against the model."""
     rt = Runtime.start(cfg)
     data = TrainData(cfg, rt.rank, rt.world_size, rt.device, dataset)
-    built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.tau_init, cfg.loss.learns_logit_scale,
-                            cfg.seed, check=not checked)
+    built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
+                            cfg.seed, check=not checked, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)

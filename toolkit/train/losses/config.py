@@ -5,7 +5,9 @@
 - ``kind: fastclip``: FastCLIP ``version`` v0–v3 (docs/fastclip.md) with per-sample estimators u, the
   inner learning-rate schedule γ, the temperature rule and the robust loss's ρ. Its distributed step is
   the ``fastclip`` mode (no feature-gradient communication); other modes are refused, not emulated.
-The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``.
+- ``kind: siglip``: SigLIP's sigmoid loss over the global batch with the model's learnable scale t and bias
+  b (initialised to ``siglip_scale_init`` and ``siglip_bias_init``), in the gather, ring or fastclip mode.
+The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss siglip`` sets ``kind: siglip``.
 """
 
 from __future__ import annotations
@@ -29,15 +31,18 @@ class LossConfig:
     """The training objective (see module docstring)."""
 
     kind: str = option("fastclip", doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
-                                       "fastclip (global contrastive loss with per-sample estimators), ...")
+                                       "fastclip (global contrastive loss with per-sample estimators), siglip "
+                                       "(sigmoid loss with a learnable bias), ...")
     version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
                                         "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
-                                        "or fastclip (no feature-gradient communication; FastCLIP's only mode).")
+                                        "or fastclip (no feature-gradient communication; FastCLIP's only mode). "
+                                        "siglip: gather, ring or fastclip.")
     backend: Backend = option("auto", doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
                                           "or naive (full matrix, for tests).")
     tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
-                                             "log(1/τ); v2: every sample's initial τ.")
+                                             "log(1/τ); v2: every sample's initial τ. siglip: see "
+                                             "siglip_scale_init.")
     learn_tau: bool = option(True, doc="openclip only: learn τ (true) or keep it at tau_init (false). FastCLIP "
                                        "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).")
     lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3; "
@@ -60,6 +65,11 @@ class LossConfig:
     tau_eps: float = option(1e-8, gt=0, doc="v2: denominator ε of the per-sample τ rule (added to v̂, not √v̂, "
                                             "as the reference).")
 
+    siglip_scale_init: float = option(10.0, gt=0, doc="siglip: initial scale t = exp(logit_scale) of a model "
+                                                       "trained from scratch (SigLIP: 10; replaces tau_init).")
+    siglip_bias_init: float = option(-10.0, doc="siglip: initial learnable logit bias b (SigLIP: -10), saved in "
+                                                "the model's open_clip config as init_logit_bias.")
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(KINDS)}")
@@ -67,6 +77,9 @@ class LossConfig:
             raise ValueError(f"FastCLIP runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
                              "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                              "gather/disco/ring")
+        if self.kind == "siglip" and self.mode == "disco":
+            raise ValueError("the siglip loss has no disco mode: its gather mode already gathers only the texts "
+                             "and reduce-scatters their gradients once. Use mode gather, ring or fastclip")
         for name in ("tau_beta1", "tau_beta2"):  # bias correction divides by 1 − β^(epoch+1)
             if not getattr(self, name) < 1:
                 raise ValueError(f"{name} must be < 1, got {getattr(self, name)}")
@@ -80,6 +93,16 @@ class LossConfig:
             if fields["kind"] == self.kind and all(getattr(self, k) == v for k, v in fields.items()):
                 return name
         return self.kind
+
+    @property
+    def initial_tau(self) -> float:
+        """τ = 1/t the model's logit scale starts from when trained from scratch (siglip: 1/siglip_scale_init)."""
+        return 1.0 / self.siglip_scale_init if self.kind == "siglip" else self.tau_init
+
+    @property
+    def init_logit_bias(self) -> float | None:
+        """The learnable logit bias the model needs (open_clip's ``init_logit_bias``), None for none."""
+        return self.siglip_bias_init if self.kind == "siglip" else None
 
     @property
     def learns_logit_scale(self) -> bool:
