@@ -24,7 +24,8 @@ CFG = {"embed_dim": 16,
 PATCH_DROPOUT = 0.4
 LOSSES = {"openclip-gather": {"kind": "openclip", "mode": "gather"},
           "fastclip-v1": {"kind": "fastclip", "version": "v1"},
-          "fastclip-v3": {"kind": "fastclip", "version": "v3"}}
+          "fastclip-v3": {"kind": "fastclip", "version": "v3"},
+          "neuclip": {"kind": "neuclip"}}
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
