@@ -1,6 +1,6 @@
 """A float64 oracle of NeuCLIP, written from the paper's formulas with plain autograd on full matrices.
 
-``Oracle`` keeps the prototypes W [2, m, d] and AdaGrad sums itself; ``step`` returns the value and leaves
+``Oracle`` keeps the prototypes W [2, m, d] (the first ``filled`` in use) and AdaGrad sums itself; ``step`` returns the value and leaves
 .grad on x, y, p: the gradient of
 
     τ/(2B) Σ_i [e^{−α1_i}(ε + g1_i) + α1_i − 1 + e^{−α2_i}(ε + g2_i) + α2_i − 1] + ρτ
@@ -50,18 +50,29 @@ class Oracle:
         self.m, self.lr, self.inner, self.restart = num_prototypes, lr, inner_steps, restart_every_steps
         self.rho, self.eps, self.adagrad_eps, self.learn_tau = rho, eps, adagrad_eps, learn_tau
         self.w = self.sumsq = None
+        self.filled, self.init_now = 0, False
 
     def _init(self, x, y, step):
-        rows = draw_rows(self.m, x.shape[0], step)
-        self.w = torch.stack([y.detach()[rows], x.detach()[rows]]).clone()
+        self.w = torch.zeros(2, self.m, x.shape[1], dtype=x.dtype)
         self.sumsq = torch.zeros_like(self.w)
+        self.filled = 0
+        self._grow(x, y, step)
+
+    def _grow(self, x, y, step):
+        """The next min(m − filled, B) prototypes from this batch (a start spread over ⌈m/B⌉ batches)."""
+        num = min(self.m - self.filled, x.shape[0])
+        if num > 0:
+            rows = draw_rows(num, x.shape[0], step)
+            self.w[:, self.filled:self.filled + num] = torch.stack([y.detach()[rows], x.detach()[rows]])
+            self.filled += num
 
     def step(self, x, y, p, step):
         """Value (0-d) of the model step on the global batch x, y [B, d] (leaves, fp64), p (leaf, 0-d)."""
-        if self.w is None:
+        self.init_now = self.w is None
+        if self.init_now:
             self._init(x, y, step)
         a = p.exp()
-        a1, a2 = alphas(self.w, x.detach(), y.detach(), a.detach(), self.eps)
+        a1, a2 = alphas(self.w[:, :self.filled], x.detach(), y.detach(), a.detach(), self.eps)
         lg1, lg2 = log_g(x, y, a)
         eps, tau, big_b = self.eps, 1 / a, x.shape[0]
         terms = (eps + lg1.exp()) * torch.exp(-a1) + a1 - 1 + (eps + lg2.exp()) * torch.exp(-a2) + a2 - 1
@@ -76,13 +87,16 @@ class Oracle:
         x, y, a, lg1, lg2, step = self._last
         if self.restart and step > 0 and step % self.restart == 0:
             self._init(x, y, step)
+        elif not self.init_now:
+            self._grow(x, y, step)
+        used = slice(0, self.filled)
         targets = [torch.log(self.eps + lg.exp()) for lg in (lg1, lg2)]
         for _ in range(self.inner):
-            w = self.w.clone().requires_grad_()
+            w = self.w[:, used].clone().requires_grad_()
             j = sum(((t - al).exp() + al).sum() for t, al in zip(targets, alphas(w, x, y, a, self.eps), strict=True))
             (j / x.shape[0]).backward()
-            self.sumsq += w.grad ** 2
-            self.w = self.w - self.lr * w.grad / (self.sumsq.sqrt() + self.adagrad_eps)
+            self.sumsq[:, used] += w.grad ** 2
+            self.w[:, used] -= self.lr * w.grad / (self.sumsq[:, used].sqrt() + self.adagrad_eps)
 
 
 def unit_pairs(size, dim, gen, noise=0.8):

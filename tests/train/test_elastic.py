@@ -166,7 +166,7 @@ def test_neuclip_resumes_exactly_at_another_world_size(demo_train, tmp_path):
     assert _rel(weights(out), weights(source)) <= 1e-5
     final = Path("checkpoints") / f"step-{STEPS:08d}" / "loss_state.safetensors"
     net_got, net_want = load_file(str(out / final)), load_file(str(source / final))
-    assert set(net_want) == {"network.initialised", "network.weight", "network.sumsq"}
+    assert set(net_want) == {"network.initialised", "network.filled", "network.weight", "network.sumsq"}
     assert _rel(net_got, net_want) <= 1e-5
     losses = {r["step"]: r["loss"] for r in metrics(out)}
     assert [losses[s] for s in range(17, STEPS + 1)] == pytest.approx(

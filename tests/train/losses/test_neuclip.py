@@ -51,9 +51,10 @@ def _run(loss, oracle, batches, taus, learn_tau=True):
         oracle.fit()
         _close(loss.network.weight, oracle.w, f"step {step} network")
         _close(loss.network.sumsq, oracle.sumsq, f"step {step} AdaGrad sums")
+        assert loss.network.filled == oracle.filled
 
 
-@pytest.mark.parametrize("big_b,dim,m", [(5, 3, 7), (2, 4, 1), (9, 6, 4)])
+@pytest.mark.parametrize("big_b,dim,m", [(5, 3, 12), (2, 4, 1), (9, 6, 4)])  # 12 = 5 + 5 + 2 batches' rows
 @pytest.mark.parametrize("backend", ["auto", "naive"])
 def test_steps_equal_the_oracle(big_b, dim, m, backend):
     gen = torch.Generator().manual_seed(big_b * 100 + dim)

@@ -41,8 +41,8 @@ class NeuCLIPLoss(TrainingLoss):
     """NeuCLIP (module docstring); ``cfg.neuclip`` configures the normaliser network.
 
     State (``state_dict``, flat and world-size independent): ``network.initialised`` [1], and once the first
-    forward has initialised it ``network.weight`` (the prototypes [2, m, d]: image side, text side) and
-    ``network.sumsq`` (AdaGrad's sums, same shape)."""
+    forward has initialised it ``network.filled`` [1] (prototypes in use), ``network.weight`` (the prototypes
+    [2, m, d]: image side, text side) and ``network.sumsq`` (AdaGrad's sums, same shape)."""
 
     def __init__(self, cfg: LossConfig, group=None, *, check_sizes: bool = True):
         super().__init__(cfg, group, check_sizes=check_sizes)
@@ -61,21 +61,24 @@ class NeuCLIPLoss(TrainingLoss):
         self.step = step
 
     def end_step(self, applied: bool) -> None:
-        """Applied: restart the network if due, then ``inner_steps`` updates on this step's batch. Skipped:
+        """Applied: restart the network if due (or fill more prototypes from this batch while fewer than m
+        are in use), then ``inner_steps`` updates on this step's batch. Skipped:
         the network stays as it was before the step. Collective."""
         fit, self._fit = self._fit, None
+        initialised_now, self._initialised_now = self._initialised_now, False
         if not applied:
-            if self._initialised_now:
+            if initialised_now:
                 self.network.weight = self.network.sumsq = None
-            self._initialised_now = False
+                self.network.filled = 0
             return
-        self._initialised_now = False
         if fit is None:
             return
         batch, a, targets = fit
         nc = self.cfg.neuclip
         if nc.restart_every_steps and self.step > 0 and self.step % nc.restart_every_steps == 0:
             self.network.restart(batch.xg, batch.yg, self.step)
+        elif not initialised_now:  # the forward's initialisation drew from this very batch
+            self.network.grow(batch.xg, batch.yg, self.step)
         self.network.update(batch.x, batch.y, batch.sii, a, targets, batch.size, nc.inner_steps)
 
     def metrics(self) -> dict[str, float]:
