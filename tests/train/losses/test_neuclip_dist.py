@@ -20,7 +20,7 @@ import torch
 from _launch import free_port, rank_env
 from neuclip_oracle import p_of, unit_pairs
 
-DIM, PROTOTYPES = 5, 6
+DIM, PROTOTYPES = 5, 10  # K=2: the first batches are smaller than m (the start spreads over batches)
 LOCAL_BATCHES = (3, 1, 2, 3)
 TAUS = (0.07, 0.05, 0.1, 0.03)
 
