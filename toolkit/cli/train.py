@@ -23,8 +23,8 @@ def train(
                                      "ViT-B-32, ...), config JSON or checkpoint directory.")] = None,
     init: Annotated[str | None, Opt("--init", help="Initial weights: open_clip checkpoint directory or "
                                     ".safetensors/.pt file (local).")] = None,
-    loss: Annotated[str | None, Opt("--loss", help="openclip, fastclip-v0, fastclip-v1, fastclip-v2 or "
-                                    "fastclip-v3 (default).")] = None,
+    loss: Annotated[str | None, Opt("--loss", help="openclip, fastclip-v0, fastclip-v1, fastclip-v2, "
+                                    "fastclip-v3 (default) or neuclip (docs/neuclip.md).")] = None,
     loss_mode: Annotated[str | None, Opt("--mode", help="Distributed mode: gather, disco, ring or fastclip "
                                          "(default; FastCLIP's only mode).")] = None,
     preset: Annotated[str | None, Opt("--preset", help="Start from a published setting (`toolkit train "
