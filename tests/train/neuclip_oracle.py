@@ -5,7 +5,8 @@
 
     τ/(2B) Σ_i [e^{−α1_i}(ε + g1_i) + α1_i − 1 + e^{−α2_i}(ε + g2_i) + α2_i − 1] + ρτ
 
-with α from the prototypes before the step, detached; ``fit`` then takes the network's AdaGrad steps on
+with α from the prototypes, detached, fitted on the batch first (``fit_order`` before) or after (``end_step``);
+``fit`` takes the network's AdaGrad steps on
 J(W) = 1/B Σ_i [e^{t_i − α_i(W)} + α_i(W)] by autograd on W (features, τ and t fixed). Imported by the
 NeuCLIP tests (single process, distributed, trainer).
 """
@@ -46,8 +47,9 @@ def alphas(w, x, y, a, eps):
 
 class Oracle:
     def __init__(self, num_prototypes, *, lr=0.05, inner_steps=2, restart_every_steps=0, rho=6.5,
-                 eps=1e-6, adagrad_eps=1e-10, learn_tau=True):
+                 eps=1e-6, adagrad_eps=1e-10, learn_tau=True, fit_order="before"):
         self.m, self.lr, self.inner, self.restart = num_prototypes, lr, inner_steps, restart_every_steps
+        self.before = fit_order == "before"
         self.rho, self.eps, self.adagrad_eps, self.learn_tau = rho, eps, adagrad_eps, learn_tau
         self.w = self.sumsq = None
         self.filled, self.init_now = 0, False
@@ -72,18 +74,24 @@ class Oracle:
         if self.init_now:
             self._init(x, y, step)
         a = p.exp()
-        a1, a2 = alphas(self.w[:, :self.filled], x.detach(), y.detach(), a.detach(), self.eps)
         lg1, lg2 = log_g(x, y, a)
+        self._last = (x.detach(), y.detach(), a.detach(), lg1.detach(), lg2.detach(), step)
+        if self.before:  # the paper's order: the network first fits this batch
+            self.fit()
+        a1, a2 = alphas(self.w[:, :self.filled], x.detach(), y.detach(), a.detach(), self.eps)
         eps, tau, big_b = self.eps, 1 / a, x.shape[0]
         terms = (eps + lg1.exp()) * torch.exp(-a1) + a1 - 1 + (eps + lg2.exp()) * torch.exp(-a2) + a2 - 1
         value = tau * terms.sum() / (2 * big_b) + self.rho * tau
         value.backward()
-        self._last = (x.detach(), y.detach(), a.detach(), lg1.detach(), lg2.detach(), step)
         err = ((a1 - torch.log(eps + lg1.exp())).abs() + (a2 - torch.log(eps + lg2.exp())).abs()).mean() / 2
         return value.detach(), err.detach()
 
+    def end_step(self):
+        if not self.before:
+            self.fit()
+
     def fit(self):
-        """The network's update after the step (restart when due, then the AdaGrad steps)."""
+        """The network's update on the last batch (restart when due, else growth, then the AdaGrad steps)."""
         x, y, a, lg1, lg2, step = self._last
         if self.restart and step > 0 and step % self.restart == 0:
             self._init(x, y, step)

@@ -14,13 +14,13 @@ from toolkit.train.losses.config import NeuCLIPConfig
 KW = {"lr": 0.05, "inner_steps": 2, "rho": 6.5, "eps": 1e-6}
 
 
-def make(num_prototypes=7, restart_every_steps=0, backend="auto", learn_tau=True, **kw):
+def make(num_prototypes=7, restart_every_steps=0, backend="auto", learn_tau=True, fit_order="before", **kw):
     o = {**KW, **kw}
     cfg = LossConfig(kind="neuclip", rho=o["rho"], eps=o["eps"], backend=backend, learn_tau=learn_tau,
                      neuclip=NeuCLIPConfig(num_prototypes=num_prototypes, lr=o["lr"], inner_steps=o["inner_steps"],
-                                           restart_every_steps=restart_every_steps))
+                                           restart_every_steps=restart_every_steps, fit_order=fit_order))
     oracle = Oracle(num_prototypes, lr=o["lr"], inner_steps=o["inner_steps"], restart_every_steps=restart_every_steps,
-                    rho=o["rho"], eps=o["eps"], learn_tau=learn_tau)
+                    rho=o["rho"], eps=o["eps"], learn_tau=learn_tau, fit_order=fit_order)
     return build_loss(cfg), oracle
 
 
@@ -48,24 +48,25 @@ def _run(loss, oracle, batches, taus, learn_tau=True):
             assert p.grad is None
         assert loss.metrics()["normaliser_error"] == pytest.approx(float(err), rel=1e-9)
         loss.end_step(True)
-        oracle.fit()
+        oracle.end_step()
         _close(loss.network.weight, oracle.w, f"step {step} network")
         _close(loss.network.sumsq, oracle.sumsq, f"step {step} AdaGrad sums")
         assert loss.network.filled == oracle.filled
 
 
 @pytest.mark.parametrize("big_b,dim,m", [(5, 3, 12), (2, 4, 1), (9, 6, 4)])  # 12 = 5 + 5 + 2 batches' rows
-@pytest.mark.parametrize("backend", ["auto", "naive"])
-def test_steps_equal_the_oracle(big_b, dim, m, backend):
+@pytest.mark.parametrize("backend,fit_order", [("auto", "before"), ("naive", "before"), ("auto", "after")])
+def test_steps_equal_the_oracle(big_b, dim, m, backend, fit_order):
     gen = torch.Generator().manual_seed(big_b * 100 + dim)
-    loss, oracle = make(m, backend=backend)
+    loss, oracle = make(m, backend=backend, fit_order=fit_order)
     batches = [unit_pairs(big_b, dim, gen) for _ in range(3)]
     _run(loss, oracle, batches, [0.07, 0.05, 0.2])
 
 
-def test_restarts_and_fixed_tau_equal_the_oracle():
+@pytest.mark.parametrize("fit_order", ["before", "after"])
+def test_restarts_and_fixed_tau_equal_the_oracle(fit_order):
     gen = torch.Generator().manual_seed(3)
-    loss, oracle = make(6, restart_every_steps=2, learn_tau=False)
+    loss, oracle = make(6, restart_every_steps=2, learn_tau=False, fit_order=fit_order)
     batches = [unit_pairs(4, 5, gen) for _ in range(5)]
     _run(loss, oracle, batches, [0.1] * 5, learn_tau=False)
 
@@ -87,9 +88,10 @@ def test_low_temperature_stays_finite_in_fp32():
         assert torch.isfinite(loss.network.weight).all()
 
 
-def test_skipped_step_leaves_the_network_as_it_was():
+@pytest.mark.parametrize("fit_order", ["before", "after"])
+def test_skipped_step_leaves_the_network_as_it_was(fit_order):
     gen = torch.Generator().manual_seed(11)
-    loss, _ = make(5)
+    loss, _ = make(5, fit_order=fit_order)
     p = torch.tensor(p_of(0.07), dtype=torch.float64)
     loss.begin_step(0, 2)
     loss(*unit_pairs(4, 3, gen), p.exp(), torch.arange(4))

@@ -42,6 +42,9 @@ class NeuCLIPConfig:
     restart_every_steps: int = option(500, ge=0, doc="Re-initialise the prototypes from the current batch's "
                                                      "embeddings every this many steps (the paper's T_r); 0: never.")
     adagrad_eps: float = option(1e-10, gt=0, doc="Denominator ε of the AdaGrad update.")
+    fit_order: Literal["before", "after"] = option(
+        "before", doc="When the network is fitted on a step's batch: before the model step uses its predictions "
+                      "(the paper's order) or after it (predictions out of sample; docs/neuclip.md).")
 
 
 @dataclass(frozen=True)

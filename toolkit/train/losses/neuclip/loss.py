@@ -6,18 +6,18 @@ Per global batch (B pairs, L2-normalised image rows x, text rows y, s_ij = <x_i,
     log(ε + g) = min_α [e^{−α}(ε + g) + α − 1]          (convex conjugate of log, minimiser α = log(ε + g))
     value = τ · 1/(2B) Σ_i [e^{−α1_i}(ε + g1_i) + α1_i − 1 + e^{−α2_i}(ε + g2_i) + α2_i − 1] + ρτ
 
-where α1_i, α2_i are the normaliser network's predictions (``network``) made *before* this step's
-network update: the model step treats them as constants (stop-gradient), so the model gradient is
-τ/(2B) Σ_i e^{−α_i} ∇g_i — FastCLIP-v3's with 1/(u_i+ε) replaced by e^{−α_i} — and, because the value
-is linear in g, a mini-batch estimate of g gives an unbiased gradient of it. τ's gradient is the exact
-derivative of the value (α fixed; not doubled as FastCLIP's reference does). At α = log(ε + g) the value
-is τ/2 · mean(log(ε + g1) + log(ε + g2)) + ρτ, FastCLIP-v3's objective.
+where α1_i, α2_i are the normaliser network's predictions (``network``). The model step treats them as
+constants (stop-gradient), so the model gradient is τ/(2B) Σ_i e^{−α_i} ∇g_i — FastCLIP-v3's with
+1/(u_i+ε) replaced by e^{−α_i} — and, because the value is linear in g, a mini-batch estimate of g gives an
+unbiased gradient of it for α independent of the batch. τ's gradient is the exact derivative of the value
+(α fixed; not doubled as FastCLIP's reference does). At α = log(ε + g) the value is τ/2 · mean(log(ε + g1)
++ log(ε + g2)) + ρτ, FastCLIP-v3's objective.
 
-Alternating updates: ``forward`` gives the model's gradients with the current network; ``end_step`` (after
-the optimiser step) trains the network on the same global batch's features and g (``inner_steps`` AdaGrad
-steps on its own objective) and restarts it every ``restart_every_steps``. The network therefore always
-predicts for a batch it has not been fitted on. A skipped step (``end_step(False)``) leaves the network
-as it was (and undoes the first forward's initialisation).
+Alternating updates (``neuclip.fit_order``): the network is restarted when due (or grows its prototypes),
+then takes ``inner_steps`` AdaGrad steps on its own objective over the step's global batch (features and
+g of the forward), either ``before`` the model step uses its predictions (the paper's order: inside
+``forward``) or ``after`` it (in ``end_step``: each batch is predicted out of sample). A skipped step
+(``end_step(False)``) restores the network as it was before the step.
 
 Distributed (the fastclip mode, no feature-gradient communication): one all_gather of the features
 [b, 2, d], one of the per-sample scalars [b, 4] (log g1, log g2, α1, α2), and per network update one
@@ -53,36 +53,37 @@ class NeuCLIPLoss(TrainingLoss):
         self.step = 0
         self._value: Tensor | None = None
         self._error = float("nan")
-        self._fit: tuple | None = None  # what end_step trains the network on (this step's batch)
-        self._initialised_now = False
+        self._fit: tuple | None = None  # what end_step trains the network on (fit_order after)
+        self._undo: tuple | None = None  # the network before this step changed it (a skipped step restores it)
 
     # ----------------------------------------------------------------- TrainingLoss hooks
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
         self.step = step
 
     def end_step(self, applied: bool) -> None:
-        """Applied: restart the network if due (or fill more prototypes from this batch while fewer than m
-        are in use), then ``inner_steps`` updates on this step's batch. Skipped:
-        the network stays as it was before the step. Collective."""
+        """Applied: with ``fit_order: after``, the network's restart or growth and its ``inner_steps``
+        updates on this step's batch. Skipped: the network as it was before the step. Collective."""
         fit, self._fit = self._fit, None
-        initialised_now, self._initialised_now = self._initialised_now, False
+        undo, self._undo = self._undo, None
         if not applied:
-            if initialised_now:
-                self.network.weight = self.network.sumsq = None
-                self.network.filled = 0
+            if undo is not None:
+                self.network.restore(undo)
             return
-        if fit is None:
-            return
-        batch, a, targets = fit
+        if fit is not None and self.cfg.neuclip.fit_order == "after":
+            self._advance(*fit)
+
+    def _advance(self, batch: GlobalBatch, a: Tensor, targets: tuple[Tensor, Tensor], fresh: bool) -> None:
+        """Restart the network if due (or fill more prototypes from this batch while fewer than m are in use;
+        not when ``fresh``: it was just initialised from this very batch), then ``inner_steps`` updates."""
         nc = self.cfg.neuclip
         if nc.restart_every_steps and self.step > 0 and self.step % nc.restart_every_steps == 0:
             self.network.restart(batch.xg, batch.yg, self.step)
-        elif not initialised_now:  # the forward's initialisation drew from this very batch
+        elif not fresh:
             self.network.grow(batch.xg, batch.yg, self.step)
         self.network.update(batch.x, batch.y, batch.sii, a, targets, batch.size, nc.inner_steps)
 
     def metrics(self) -> dict[str, float]:
-        """``normaliser_error``: mean |α − log(ε + g)| over the last global batch, before the network saw it."""
+        """``normaliser_error``: mean |α − log(ε + g)| over the last global batch (the α the model step used)."""
         return {"normaliser_error": self._error}
 
     def global_value(self) -> Tensor:
@@ -122,28 +123,35 @@ class NeuCLIPLoss(TrainingLoss):
             raise ValueError("NeuCLIP needs logit_scale (exp of the model's logit_scale)")
         batch = gather_batch(image_features, text_features, self.group, self.check_sizes)
         self.network.to(batch.xg.device)
-        if not self.network.initialised:  # the first step: prototypes from this batch
+        before = self.cfg.neuclip.fit_order == "before"
+        fresh = not self.network.initialised
+        self._undo = self.network.snapshot() if before or fresh else None
+        if fresh:  # the first step: prototypes from this batch
             self.network.restart(batch.xg, batch.yg, self.step)
-            self._initialised_now = True
         a = logit_scale.detach().to(batch.x.dtype).reshape(())
-        value, dx, dy, da = self._global_step(batch, a)
+        value, dx, dy, da = self._global_step(batch, a, before, fresh)
         self._value = value.detach()
         pairs = [(image_features, dx), (text_features, dy)]
         if self.cfg.learn_tau:
             pairs.append((logit_scale, da))
         return attach(value, pairs)
 
-    def _global_step(self, bt: GlobalBatch, a: Tensor):
-        """(value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype; keeps what end_step fits."""
+    def _global_step(self, bt: GlobalBatch, a: Tensor, before: bool, fresh: bool):
+        """(value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype. ``before``: the network is
+        fitted on this batch first; else what end_step fits it on is kept."""
         eps, acc = self.cfg.eps, bt.x.dtype
         row_lse, col_lse = anchor_lses(bt.x, bt.y, bt.xg, bt.yg, a, bt.off, True, self.cfg.backend)
         log_g = [lse.to(acc) - a * bt.sii - bt.log_bm1 for lse in (row_lse, col_lse)]
+        fit = (bt, a, tuple(log_eps_plus(lg, eps) for lg in log_g), fresh)
+        if before:
+            self._advance(*fit)
+        else:
+            self._fit = fit
         alpha = self.network.predict(bt.x, bt.y, bt.sii, a)
         rows = gather_rows(torch.stack([*log_g, *alpha], 1), bt, self.group).to(acc)
         log_g1, log_g2, alpha1, alpha2 = rows.unbind(1)
         t1, t2 = log_eps_plus(log_g1, eps), log_eps_plus(log_g2, eps)
         self._error = float(((alpha1 - t1).abs() + (alpha2 - t2).abs()).mean() / 2)
-        self._fit = (bt, a, (t1[bt.off:bt.off + bt.b], t2[bt.off:bt.off + bt.b]))
         # per-anchor conjugate terms e^{t−α} + α − 1 (= log(ε+g) at α = t) and the g-parts r = e^{log g − α}
         terms = (t1 - alpha1).exp() + alpha1 - 1 + (t2 - alpha2).exp() + alpha2 - 1
         tau = 1.0 / a

@@ -92,6 +92,15 @@ class NormaliserNetwork:
         self.sumsq[:, new] = 0
         self.filled += num
 
+    def snapshot(self) -> tuple:
+        """Everything an update changes (device-side copies), for ``restore`` after a skipped step."""
+        if not self.initialised:
+            return (None, None, 0)
+        return (self.weight.clone(), self.sumsq.clone(), self.filled)
+
+    def restore(self, snap: tuple) -> None:
+        self.weight, self.sumsq, self.filled = snap
+
     def to(self, device: torch.device) -> None:
         if self.weight is not None and self.weight.device != device:
             self.weight, self.sumsq = self.weight.to(device), self.sumsq.to(device)
