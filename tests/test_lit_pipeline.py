@@ -80,6 +80,7 @@ def test_saved_lit_model_encodes_raw_input_like_its_heads(lit_run):
     torch.testing.assert_close(image_raw, image_head, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_neuclip_trains_lit_heads_with_the_gradient_cache_as_without(lit_run, tmp_path):
     """--loss neuclip on the frozen-tower features: micro-batches of 3 give the weights (and the normaliser
     network) of whole-batch steps (SGD: its update is linear in the gradient)."""
