@@ -45,10 +45,10 @@ from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
 from toolkit.train import model as model_lib
 from toolkit.train.losses import LossConfig, build_loss
-from toolkit.train.losses.temperature import TemperatureControl
-from toolkit.train.optim import OptimConfig, build_optimizer, logit_scale_group
-from toolkit.train.schedule import set_lr
+from toolkit.train.optim import OptimConfig
+from toolkit.train.runtime import autocast
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
+from toolkit.train.update import Update
 
 # The CC3M FastCLIP-v3 preset decays γ over 18 of its 37 epochs; v3's τ rule and ρ are that preset's too.
 GAMMA_DECAY_FRACTION = 18 / 37
@@ -150,39 +150,23 @@ class Bench:
         self._reset(seed, loss_cfg)
         optim_cfg = OptimConfig(lr=args.lr, weight_decay=0.1, warmup_steps=args.steps // 10)
         loss_fn = build_loss(loss_cfg, data_size=self.num_train)
-        optimizer = build_optimizer(self.clip, optim_cfg, loss_cfg.lr_tau)
-        group = logit_scale_group(optimizer)
-        tau_ctl = None if group is None else TemperatureControl(
-            self.clip.logit_scale, group, lr_tau=loss_cfg.lr_tau or args.lr, schedule=loss_cfg.lr_tau_schedule)
+        update = Update(self.clip, loss_fn, optim_cfg, loss_cfg, args.steps)  # the trainer's own update part
         order = BatchOrder(self.num_train, batch, seed)
         per_epoch = order.batches_per_pass
         curve = {"step": [], "heldout": [], "val": []}
         for t in range(args.steps):
-            loss_fn.set_epoch(t // per_epoch)
-            loss_fn.set_step(t, per_epoch)
-            set_lr(optimizer, t, args.steps, optim_cfg)
-            if tau_ctl is not None and loss_cfg.lr_tau_schedule != "cosine":
-                tau_ctl.before_step(t)
+            update.begin(t, per_epoch)
             ids = torch.from_numpy(order.batch_ids(t))
             inputs = StepInputs(self.train_img[ids], self.train_txt[ids], ids)
             forward_backward(self.built.model, loss_fn, inputs, micro_batch_size=0,
-                             seed_of=lambda i, t=t: stream_seed(seed, t, 0, i), autocast=_no_autocast)
-            optimizer.step()
-            if tau_ctl is not None:
-                tau_ctl.after_step()
-            optimizer.zero_grad(set_to_none=True)
+                             seed_of=lambda i, t=t: stream_seed(seed, t, 0, i), autocast=autocast("fp32", "cpu"))
+            update.finish(loss_fn.global_value())
             if (t + 1) % args.eval_every == 0 or t + 1 == args.steps:
                 curve["step"].append(t + 1)
                 curve["heldout"].append(self.scores(self.held))
                 curve["val"].append(self.scores(self.val))
-        curve["tau"] = float(loss_fn.temperature(self.clip.logit_scale.detach().exp()))
+        curve["tau"] = update.temperature()
         return curve
-
-
-def _no_autocast():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def methods(taus: list[float], gamma_decay_epochs: int) -> dict[str, LossConfig]:
