@@ -156,3 +156,31 @@ def test_report_shows_gallery_and_training_curves(lit_run, tmp_path):
     ranks = [int(line.rsplit("|", 2)[1]) for line in report.splitlines() if line.startswith("| ") and
              line.rstrip().endswith("|") and line.rsplit("|", 2)[1].strip().isdigit() and "caption" not in line]
     assert len(ranks) == 5 and all(1 <= r <= 24 for r in ranks)
+
+
+@pytest.mark.slow
+def test_neuclip_trains_lit_heads_with_the_gradient_cache_as_without(lit_run, tmp_path):
+    """--loss neuclip on the frozen-tower features: micro-batches of 3 give the weights (and the normaliser
+    network) of whole-batch steps (SGD: its update is linear in the gradient)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from toolkit.core.config import build
+    from toolkit.train.config import TrainConfig
+    from toolkit.train.run import run
+
+    def train(out, micro):
+        cfg = {"data": str(lit_run / "precompute"), "out": str(out), "model": "cliptk-small", "batch_size": 8,
+               "steps": 4, "micro_batch_size": micro, "log_every": 1, "tensorboard": False,
+               "loader": {"num_workers": 0}, "optim": {"name": "sgd", "lr": 0.1},
+               "loss": {"kind": "neuclip", "neuclip": {"num_prototypes": 20, "restart_every_steps": 3}}}
+        run(build(TrainConfig, cfg))
+        return (load_file(str(out / "model" / "open_clip_model.safetensors")),
+                load_file(str(out / "checkpoints" / "step-00000004" / "loss_state.safetensors")))
+
+    (w_plain, n_plain), (w_cached, n_cached) = train(tmp_path / "plain", 0), train(tmp_path / "cached", 3)
+    for got, want in ((w_cached, w_plain), (n_cached, n_plain)):
+        assert got.keys() == want.keys()
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert int(n_plain["network.filled"][0]) == 8  # 8 rows at the start, 16, 20, then the restart at step 3: 8

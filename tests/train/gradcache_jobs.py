@@ -25,7 +25,8 @@ PATCH_DROPOUT = 0.4
 LOSSES = {"openclip-gather": {"kind": "openclip", "mode": "gather"},
           "fastclip-v1": {"kind": "fastclip", "version": "v1"},
           "fastclip-v3": {"kind": "fastclip", "version": "v3"},
-          "siglip-ring": {"kind": "siglip", "mode": "ring"}}  # the model has a learnable logit bias
+          "siglip-ring": {"kind": "siglip", "mode": "ring"},  # the model has a learnable logit bias
+          "neuclip": {"kind": "neuclip"}}
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -151,3 +151,29 @@ def test_sigusr1_to_a_launcher_reaches_its_workers(demo_train, tmp_path):
     assert proc.returncode == 0, output[-3000:]
     last = max(r["step"] for r in metrics(out))
     assert last < 400 and (out / "checkpoints" / f"step-{last:08d}" / "checkpoint.json").is_file()
+
+
+NEUCLIP = ["--loss", "neuclip", "--set", "loss.neuclip.num_prototypes=48", "--set", "loss.neuclip.restart_every_steps=6"]
+
+
+@pytest.mark.dist
+def test_neuclip_resumes_exactly_at_another_world_size(demo_train, tmp_path):
+    """Its network (prototypes and AdaGrad sums) travels in the loss state: a 2-process run resumed on one
+    process from step 16 ends like the uninterrupted one (weights, network, losses), restarts included."""
+    from safetensors.torch import load_file
+
+    source, out = tmp_path / "two", tmp_path / "resumed"
+    assert run_cli([*_args(demo_train, source), *NEUCLIP, "--nproc-per-node", "2"]).returncode == 0
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(source / "checkpoints" / "step-00000016", out / "checkpoints" / "step-00000016")
+    result = run_cli([*_args(demo_train, out), *NEUCLIP, "--resume", "latest"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "on 1 rank(s)" in result.stdout
+    assert _rel(weights(out), weights(source)) <= 1e-5
+    final = Path("checkpoints") / f"step-{STEPS:08d}" / "loss_state.safetensors"
+    net_got, net_want = load_file(str(out / final)), load_file(str(source / final))
+    assert set(net_want) == {"network.initialised", "network.filled", "network.weight", "network.sumsq"}
+    assert _rel(net_got, net_want) <= 1e-5
+    losses = {r["step"]: r["loss"] for r in metrics(out)}
+    assert [losses[s] for s in range(17, STEPS + 1)] == pytest.approx(
+        [r["loss"] for r in metrics(source) if r["step"] > 16], rel=1e-5)

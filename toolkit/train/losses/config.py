@@ -7,7 +7,10 @@
   the ``fastclip`` mode (no feature-gradient communication); other modes are refused, not emulated.
 - ``kind: siglip``: SigLIP's sigmoid loss over the global batch with the model's learnable scale t and bias
   b (initialised to ``siglip_scale_init`` and ``siglip_bias_init``), in the gather, ring or fastclip mode.
-The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss siglip`` sets ``kind: siglip``.
+- ``kind: neuclip``: NeuCLIP (docs/neuclip.md): the robust global contrastive loss with each sample's
+  log-normaliser predicted by a small prototype network (``neuclip`` section) instead of FastCLIP's
+  per-sample estimators; learnable τ (``learn_tau``, ``lr_tau``), ρ and ε as v3. Also the fastclip mode only.
+The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss siglip`` sets ``kind: siglip``, ``--loss neuclip`` ``kind: neuclip``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,26 @@ Backend = Literal["auto", "torch", "triton", "naive"]
 GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
 LOSS_NAMES = tuple(NAMES)  # --loss names (losses/registry.py)
+# objectives whose distributed step is the fastclip mode only (no feature-gradient communication)
+FASTCLIP_MODE_ONLY = ("fastclip", "neuclip")
+
+
+@dataclass(frozen=True)
+class NeuCLIPConfig:
+    """NeuCLIP's normaliser network (arXiv 2511.08417; defaults: the paper's, docs/neuclip.md)."""
+
+    num_prototypes: int = option(4096, ge=1, doc="Prototypes m per side: the network predicts a sample's "
+                                                  "log-normaliser as an LSE over them (the paper's hidden width).")
+    lr: float = option(0.01, gt=0, doc="AdaGrad learning rate of the prototypes (the paper trains the network "
+                                       "with AdaGrad).")
+    inner_steps: int = option(10, ge=1, doc="Network updates per optimiser step, all on that step's global batch "
+                                            "(the paper's T_u).")
+    restart_every_steps: int = option(500, ge=0, doc="Re-initialise the prototypes from the current batch's "
+                                                     "embeddings every this many steps (the paper's T_r); 0: never.")
+    adagrad_eps: float = option(1e-10, gt=0, doc="Denominator ε of the AdaGrad update.")
+    fit_order: Literal["before", "after"] = option(
+        "before", doc="When the network is fitted on a step's batch: before the model step uses its predictions "
+                      "(the paper's order) or after it (predictions out of sample; docs/neuclip.md).")
 
 
 @dataclass(frozen=True)
@@ -32,7 +55,8 @@ class LossConfig:
 
     kind: str = option("fastclip", doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
                                        "fastclip (global contrastive loss with per-sample estimators), siglip "
-                                       "(sigmoid loss with a learnable bias), ...")
+                                       "(sigmoid loss with a learnable bias), neuclip (FastCLIP's loss, "
+                                       "log-normalisers predicted by a network).")
     version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
                                         "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
@@ -43,9 +67,9 @@ class LossConfig:
     tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
                                              "log(1/τ); v2: every sample's initial τ. siglip: see "
                                              "siglip_scale_init.")
-    learn_tau: bool = option(True, doc="openclip only: learn τ (true) or keep it at tau_init (false). FastCLIP "
+    learn_tau: bool = option(True, doc="openclip, neuclip: learn τ (true) or keep it at tau_init (false). FastCLIP "
                                        "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).")
-    lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3; "
+    lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3, neuclip; "
                                             "empty: the model lr) or v2's per-sample rule's (empty: 1e-2).")
     lr_tau_schedule: TauLrSchedule = option(
         "cosine", doc="Schedule of the logit-scale group's lr: cosine (as the model's), const, or step_thresh "
@@ -54,8 +78,9 @@ class LossConfig:
     gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
     gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
                                                              "(per step) or constant (gamma_min after epoch 0).")
-    rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3).")
-    eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators.")
+    rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
+    eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators (neuclip: "
+                                         "the ε of log(ε + g)).")
     tau_min: float = option(0.01, gt=0, doc="v2: lower clamp of the per-sample τ.")
     tau_max: float = option(1.0, gt=0, doc="v2: upper clamp of the per-sample τ.")
     tau_grad_clamp: float = option(5.0, gt=0, doc="v2: the per-sample τ gradient is clipped to ±this.")
@@ -64,6 +89,7 @@ class LossConfig:
     tau_beta2: float = option(0.999, ge=0, doc="v2: second-moment decay of the per-sample τ rule.")
     tau_eps: float = option(1e-8, gt=0, doc="v2: denominator ε of the per-sample τ rule (added to v̂, not √v̂, "
                                             "as the reference).")
+    neuclip: NeuCLIPConfig = option(factory=NeuCLIPConfig, doc="NeuCLIP's normaliser network (kind neuclip).")
 
     siglip_scale_init: float = option(10.0, gt=0, doc="siglip: initial scale t = exp(logit_scale) of a model "
                                                        "trained from scratch (SigLIP: 10; replaces tau_init).")
@@ -73,8 +99,8 @@ class LossConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.kind == "fastclip" and self.mode != "fastclip":
-            raise ValueError(f"FastCLIP runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
+        if self.kind in FASTCLIP_MODE_ONLY and self.mode != "fastclip":
+            raise ValueError(f"{self.kind} runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
                              "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                              "gather/disco/ring")
         if self.kind == "siglip" and self.mode == "disco":

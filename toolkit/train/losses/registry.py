@@ -30,3 +30,4 @@ register("openclip", "toolkit.train.losses.openclip:OpenCLIPLoss")
 register("fastclip", "toolkit.train.losses.fastclip.loss:FastCLIPLoss",
          {f"fastclip-{v}": {"version": v} for v in ("v0", "v1", "v2", "v3")})
 register("siglip", "toolkit.train.losses.siglip.loss:SigLIPLoss")
+register("neuclip", "toolkit.train.losses.neuclip.loss:NeuCLIPLoss")

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.losses.anchors import anchor_grads, anchor_lses
+from toolkit.train.losses.anchors import anchor_lses
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
@@ -44,6 +44,7 @@ from toolkit.train.losses.fastclip.estimators import (
     gather_batch,
     gather_rows,
     log_plus_eps,
+    surrogate_grads,
 )
 from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
 from toolkit.train.losses.fastclip.tables import SampleTables
@@ -213,15 +214,9 @@ class FastCLIPLoss(TrainingLoss):
         c = 1.0 / a if self.version == "v3" else torch.ones((), dtype=acc, device=a.device)
         n1 = a * bt.sii_all + bt.log_bm1 + den1
         n2 = a * bt.sii_all + bt.log_bm1 + den2
-        dx, dy, dsum = anchor_grads(bt.x, bt.y, bt.xg, bt.yg, a, n1, n2, c / (2 * bt.size), bt.off, True,
-                                    self.cfg.backend)
+        dx, dy, da = surrogate_grads(bt, a, n1, n2, r1_all, r2_all, c, self.cfg.backend)
         mine = slice(bt.off, bt.off + bt.b)
-        # ∂/∂s_ii of the anchors' own terms (the reference's loss1 differentiates s_ii too)
-        dsii = -(c / (2 * bt.size)) * a * (r1_all[mine] + r2_all[mine])
-        dx = dx + dsii[:, None] * bt.y
-        dy = dy + dsii[:, None] * bt.x
-        # a-gradient of this rank's anchors, doubled as in the reference (see module docstring)
-        da = 2.0 * (dsum - (c / (2 * bt.size)) * (bt.sii * (r1_all[mine] + r2_all[mine])).sum())
+        da = 2.0 * da  # the a-gradient of this rank's anchors, doubled as in the reference (module docstring)
         value = surrogate
         if self.version == "v3":
             tau = 1.0 / a
