@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import train_memory  # noqa: E402
 import train_throughput  # noqa: E402
 import trainer_bench as tb  # noqa: E402
+import convergence  # noqa: E402, F401
 
 MB = 2**20
 
@@ -60,3 +61,51 @@ def test_run_tree_measures_and_enforces_memory():
     assert ok.peak_pss_bytes >= 250 * MB  # polled while it slept
     killed = tb.run_tree(grow, tb.env_with_repo(), timeout_s=60, budget_bytes=100 * MB, poll_s=0.05)
     assert killed.status == "over budget" and killed.peak_pss_bytes > 100 * MB
+
+
+def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
+    """A feature cache as benchmarks/emoji_artists.py writes it: each artist draws a concept's latent through
+    a shared projection plus its own smaller one (so the heads can learn and transfer to the held-out
+    artist); one artist misses some concepts."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    latent = rng.standard_normal((num_concepts, 16))
+    codes = np.asarray([f"c{i}" for i in range(num_concepts)])
+    (cache / "features").mkdir(parents=True)
+    text = latent @ rng.standard_normal((16, 384)) + 0.5 * rng.standard_normal((num_concepts, 384))
+    np.savez(cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32))
+    shared = rng.standard_normal((16, 1280))
+    for artist, keep in (("twemoji", num_concepts), ("noto", num_concepts - 7), ("fluent", num_concepts),
+                         ("openmoji", num_concepts)):
+        own = shared + 0.5 * rng.standard_normal((16, 1280))
+        image = latent[:keep] @ own + 2.0 * rng.standard_normal((keep, 1280))
+        np.savez(cache / "features" / f"{artist}.npz", codepoints=codes[:keep], image=image.astype(np.float32))
+
+
+def test_convergence_quick_end_to_end(tmp_path, capsys):
+    """--quick on a synthetic feature cache: every available method tuned and run, tables, PNG, JSON;
+    a second call reuses every finished run from CACHE/runs.jsonl."""
+    import convergence
+
+    _synthetic_artists(tmp_path / "cache")
+    out = tmp_path / "res" / "convergence.json"
+    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out)]
+    report = convergence.main(argv)
+    (cell,) = report["results"]
+    assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 2)
+    assert report["config"]["num_val_pairs"] + report["config"]["num_train_pairs"] == 3 * 120 - 7
+    assert cell["best_openclip"] in ("openclip (learnable τ)", "openclip (fixed τ)")
+    for name, row in cell["rows"].items():
+        assert len(row["paired_diff_vs_best_openclip"]["per_seed"]) == 2, name
+        grids, chosen = row["tuning"]["grids"], row["tuning"]["chosen"]
+        for knob, value in chosen.items():  # a grid end wins only when the extension limit says so
+            assert value not in (grids[knob][0], grids[knob][-1]) or knob in row["tuning"]["ends_at_best"]
+    assert out.with_suffix(".md").read_text().count("| 32 | 2 (") == len(cell["rows"])
+    assert (out.parent / "convergence_short.png").stat().st_size > 0
+    lines = (tmp_path / "cache" / "runs.jsonl").read_text().splitlines()
+    capsys.readouterr()
+    again = convergence.main(argv)
+    assert "s in all)" not in capsys.readouterr().out  # nothing retrained
+    assert len((tmp_path / "cache" / "runs.jsonl").read_text().splitlines()) == len(lines)
+    assert again["results"][0]["rows"] == cell["rows"]
