@@ -154,7 +154,7 @@ def markdown(report: dict, stem: str) -> str:
              "",
              f"Trained on {', '.join(c['train_artists'])} ({c['num_train_pairs']} pairs); tuned on their held-back "
              f"drawings ({c['num_val_pairs']} pairs: validation R@1); scored on {c['heldout_artist']} "
-             f"({c['num_heldout_pairs']} drawings), never trained or tuned on. Frozen EfficientNet-Lite0 / MiniLM "
+             f"({c['num_held_pairs']} drawings), never trained or tuned on. Frozen EfficientNet-Lite0 / MiniLM "
              f"towers, linear heads to {c['heads']}'s width, AdamW lr {c['lr']:g} (wd {c['weight_decay']:g}, "
              f"{100 * c['warmup_fraction']:.0f}% warmup, cosine). {c['seeds']} paired seeds per tuned setting "
              f"(tuning: {c['tune_seeds']} seed(s) per grid point). R@1 in %, mean ± std over seeds; Δ: paired "

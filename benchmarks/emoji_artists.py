@@ -179,6 +179,26 @@ def load_captions(concepts: list, cache: Path) -> Captions:
     return Captions(codes, caps, text)
 
 
+def load_pixels(artist: str, codepoints: list[str], size: int, cache: Path) -> np.ndarray:
+    """uint8 [n, size, size, 3] drawings of ``artist`` in ``codepoints`` order (its feature rows), decoded
+    as precompute decodes them for a from-scratch model; cached in ``cache/features/<artist>_px<size>.npz``."""
+    path = cache / "features" / f"{artist}_px{size}.npz"
+    if path.is_file():
+        data = np.load(path)
+        if [str(c) for c in data["codepoints"]] == list(codepoints):
+            return data["pixels"]
+    from toolkit.data.acquire.demo import load_concepts
+    from toolkit.data.images import decode_rgb
+
+    concepts, _ = load_concepts()
+    by_code = {c.codepoints: c for c in concepts}
+    codes, pngs = drawings(artist, [by_code[c] for c in codepoints], cache)
+    pixels = np.stack([decode_rgb(p, size)[0] for p in pngs])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, codepoints=np.asarray(codes), pixels=pixels)
+    return pixels
+
+
 def load_all(artists: list[str], cache: Path) -> tuple[dict[str, ArtistFeatures], Captions]:
     """Features of ``artists`` and of every caption (the towers run only for what is not cached)."""
     from toolkit.data.acquire.demo import load_concepts

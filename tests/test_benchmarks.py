@@ -73,13 +73,13 @@ def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
     latent = rng.standard_normal((num_concepts, 16))
     codes = np.asarray([f"c{i}" for i in range(num_concepts)])
     (cache / "features").mkdir(parents=True)
-    text = latent @ rng.standard_normal((16, 384)) + 0.5 * rng.standard_normal((num_concepts, 384))
+    text = latent @ rng.standard_normal((16, 384)) + 3.0 * rng.standard_normal((num_concepts, 384))
     np.savez(cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32))
     shared = rng.standard_normal((16, 1280))
     for artist, keep in (("twemoji", num_concepts), ("noto", num_concepts - 7), ("fluent", num_concepts),
                          ("openmoji", num_concepts)):
         own = shared + 0.5 * rng.standard_normal((16, 1280))
-        image = latent[:keep] @ own + 2.0 * rng.standard_normal((keep, 1280))
+        image = latent[:keep] @ own + 12.0 * rng.standard_normal((keep, 1280))
         np.savez(cache / "features" / f"{artist}.npz", codepoints=codes[:keep], image=image.astype(np.float32))
 
 
