@@ -17,11 +17,10 @@ import multiprocessing
 import time
 from pathlib import Path
 
-import numpy as np
-
 import convergence_methods as cm
 import convergence_report as cr
 import emoji_artists
+import numpy as np
 
 RUN_CACHE_VERSION = 1  # bump when the run procedure changes (invalidates CACHE/runs.jsonl)
 SPLIT_SEED = 20240607  # which concepts each training artist holds back for validation (fixed)
@@ -138,74 +137,34 @@ class Bench:
         import torch
 
         from toolkit.data.trainset.order import BatchOrder
+        from toolkit.train.losses import build_loss
         from toolkit.train.optim import OptimConfig
+        from toolkit.train.runtime import autocast
+        from toolkit.train.step import StepInputs, forward_backward, stream_seed
+        from toolkit.train.update import Update
 
         start = time.monotonic()
         model = self.model(mode, seed, loss_cfg)
         optim = OptimConfig(lr=self.args.lr, weight_decay=0.1, warmup_steps=int(steps * WARMUP_FRACTION))
         image, text = self.tensors[mode]["train"]
-        loop = TrainerSteps(model, loss_cfg, optim, len(image), batch, steps)
+        loss_fn = build_loss(loss_cfg, data_size=len(image), check_sizes=False)
+        update = Update(model.clip, loss_fn, optim, loss_cfg, steps)  # the trainer's own update part
         order = BatchOrder(len(image), batch, seed)
-        evals = set(eval_steps(steps, self.args.eval_points))
+        per_epoch = max(1, len(image) // batch)  # as toolkit.train.batches.steps_per_epoch
+        evals, skipped = set(eval_steps(steps, self.args.eval_points)), 0
         curve = {"step": [], "heldout": [], "val": []}
-        for t in range(steps):
+        for t in range(steps):  # toolkit.train.loop.train_step on one process
+            update.begin(t, per_epoch)
             ids = torch.from_numpy(order.batch_ids(t))
-            loop.step(t, image[ids], text[ids], ids, seed)
+            forward_backward(model, loss_fn, StepInputs(image[ids], text[ids], ids), micro_batch_size=0,
+                             seed_of=lambda i, t=t: stream_seed(seed, t, 0, i), autocast=autocast("fp32", "cpu"),
+                             scale=update.scale)
+            skipped += not update.finish(loss_fn.global_value()).applied
             if t + 1 in evals:
                 curve["step"].append(t + 1)
                 curve["heldout"].append(self.scores(model, mode, "held"))
                 curve["val"].append(self.scores(model, mode, "val"))
-        return {**curve, "tau": loop.tau(), "skipped_steps": loop.skipped, "wall_s": time.monotonic() - start}
-
-
-class TrainerSteps:
-    """The trainer's step sequence on one process (``toolkit.train.loop.train_step`` with ``Setup``'s
-    set_lr / optimizer_step / skip_step): schedules, forward/backward, non-finite check, the update or a
-    skip, τ clamp. A copy only until the trainer's parts can be called directly."""
-
-    def __init__(self, model, loss_cfg, optim_cfg, data_size: int, batch: int, total_steps: int):
-        from toolkit.train.losses import build_loss
-        from toolkit.train.losses.temperature import TemperatureControl
-        from toolkit.train.optim import build_optimizer, logit_scale_group
-
-        self.model, self.loss_cfg, self.optim_cfg, self.total_steps = model, loss_cfg, optim_cfg, total_steps
-        self.loss_fn = build_loss(loss_cfg, data_size=data_size, check_sizes=False)
-        self.optimizer = build_optimizer(model.clip, optim_cfg, loss_cfg.lr_tau)
-        group = logit_scale_group(self.optimizer)
-        self.tau_ctl = None if group is None else TemperatureControl(
-            model.clip.logit_scale, group, lr_tau=loss_cfg.lr_tau or optim_cfg.lr, schedule=loss_cfg.lr_tau_schedule)
-        self.steps_per_epoch = max(1, data_size // batch)  # as the trainer's steps_per_epoch
-        self.skipped = 0
-
-    def step(self, t: int, image, text, ids, seed: int) -> None:
-        import contextlib
-
-        import torch
-
-        from toolkit.train.schedule import set_lr
-        from toolkit.train.step import StepInputs, forward_backward, stream_seed
-
-        self.loss_fn.begin_step(t, self.steps_per_epoch)
-        set_lr(self.optimizer, t, self.total_steps, self.optim_cfg)
-        if self.tau_ctl is not None and self.loss_cfg.lr_tau_schedule != "cosine":
-            self.tau_ctl.before_step(t)
-        forward_backward(self.model, self.loss_fn, StepInputs(image, text, ids), micro_batch_size=0,
-                         seed_of=lambda i: stream_seed(seed, t, 0, i), autocast=contextlib.nullcontext)
-        value = float(self.loss_fn.global_value())
-        params = [p for p in self.model.clip.parameters() if p.grad is not None]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, math.inf)) if params else 0.0
-        if math.isfinite(value) and math.isfinite(grad_norm):
-            self.optimizer.step()
-            self.loss_fn.end_step(applied=True)
-            if self.tau_ctl is not None:
-                self.tau_ctl.after_step()
-        else:
-            self.loss_fn.end_step(applied=False)
-            self.skipped += 1
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def tau(self) -> float:
-        return self.loss_fn.temperature(self.model.clip.logit_scale.detach().exp())
+        return {**curve, "tau": update.temperature(), "skipped_steps": skipped, "wall_s": time.monotonic() - start}
 
 
 def recall_at_1(image_emb, text_emb) -> tuple[float, float]:

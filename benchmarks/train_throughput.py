@@ -61,13 +61,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-steps", type=int, default=2, help="steps left out of the steady-state rate")
     p.add_argument("--timeout-s", type=int, default=3600, help="wall limit of each command")
     p.add_argument("--work", type=Path, default=Path("runs/bench/train_throughput"), help="scratch folder")
+    p.add_argument("--baseline-tree", type=Path, default=None,
+                   help="another cliptk checkout (`git worktree add /tmp/base REV`): instead of the open_clip "
+                        "comparison, its `toolkit train` and this checkout's run alternately on the same training "
+                        "shards, --rounds times per loss, and the table gives this/baseline steady-state ratios")
+    p.add_argument("--rounds", type=int, default=3, help="alternations per loss with --baseline-tree")
+    p.add_argument("--nproc-per-node", type=int, default=1,
+                   help="cliptk processes (gloo on CPU); more than 1 only with --baseline-tree, since "
+                        "open_clip's trainer runs as one process here")
     p.add_argument("--out", type=Path, default=None,
                    help="writes OUT.json and OUT.md (default benchmarks/results/train_throughput[_cuda])")
     a = p.parse_args(argv)
     a.model = a.model or ("ViT-B-32" if a.cuda else "cliptk-tiny")
     a.precision = a.precision or ("bf16" if a.cuda else "fp32")
     a.workers = a.workers if a.workers is not None else (8 if a.cuda else 2)
-    a.out = a.out or Path("benchmarks/results/train_throughput" + ("_cuda" if a.cuda else ""))
+    a.out = a.out or Path("benchmarks/results/train_throughput" + ("_cuda" if a.cuda else "")
+                          + ("_vs_baseline" if a.baseline_tree else ""))
+    if a.nproc_per_node > 1 and a.baseline_tree is None:
+        p.error("--nproc-per-node > 1 needs --baseline-tree (open_clip's trainer runs as one process here)")
     return a
 
 
@@ -81,16 +92,18 @@ def plan_steps(num_samples: int, batch: int, epochs: int, workers: int) -> tuple
     return per_epoch * batch, math.ceil(per_epoch / w) * w * epochs
 
 
-def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path) -> dict:
+def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path, tree: Path | None = None) -> dict:
+    """``toolkit train`` from this checkout (or from ``tree``, another checkout of cliptk)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     kind, _, version = loss.partition("-")
     cmd = tb.toolkit_cmd("train", "--data", str(train_dir), "--out", str(run_dir), "--model", a.model,
                          "--batch-size", str(a.batch_size), "--steps", str(steps), "--loss", loss,
                          "--mode", "gather" if kind == "openclip" else "fastclip", "--workers", str(a.workers),
                          "--precision", a.precision, "--device", "cuda" if a.cuda else "cpu", "--lr", str(a.lr),
-                         "--log-every", "1", "--resume", "none", "--set", f"optim.warmup_steps={a.warmup_steps}")
+                         "--log-every", "1", "--resume", "none", "--set", f"optim.warmup_steps={a.warmup_steps}",
+                         "--nproc-per-node", str(a.nproc_per_node))
     load = tb.loadavg()
-    r = tb.run_tree(cmd, tb.env_with_repo(), a.timeout_s, poll_s=POLL_S)
+    r = tb.run_tree(cmd, tb.env_with_repo(str(tree) if tree else None), a.timeout_s, poll_s=POLL_S)
     if r.status != "ok":
         raise RuntimeError(f"toolkit train ({loss}) {r.status}:\n{r.stderr[-3000:]}")
     steps_log = tb.cliptk_steps(run_dir)
@@ -129,6 +142,10 @@ def finish_row(name: str, row: dict, data_s: float, a) -> dict:
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
+    return markdown_rows(rows, meta) + "\n" + "\n".join(f"- {t}" for t in ratios(rows))
+
+
+def markdown_rows(rows: list[dict], meta: dict) -> str:
     lines = [f"{meta['model']}, global batch {meta['batch_size']}, {meta['epochs']} epochs of {meta['num_samples']} "
              f"Twemoji pairs ({meta['raw_image_size']} px JPEG raw shards), {meta['workers']} loader workers, "
              f"{meta['precision']}, {meta['device']}; load average at start {meta['loadavg_at_start']}", "",
@@ -141,7 +158,6 @@ def markdown(rows: list[dict], meta: dict) -> str:
                      f"{r['train_only_samples_per_s']:.1f} | {r['steady_samples_per_s']:.1f} | "
                      f"{r['loadavg_before']:.1f} |")
     lines.append("")
-    lines += [f"- {t}" for t in ratios(rows)]
     return "\n".join(lines)
 
 
@@ -156,6 +172,28 @@ def ratios(rows: list[dict]) -> list[str]:
         out.append(f"{r['trainer']} / open_clip_train: end-to-end {e2e:.2f}x (target >= {TARGET}x: "
                    f"{'met' if e2e >= TARGET else 'MISSED'}), steady-state {steady:.2f}x")
     return out
+
+
+def compare_trees(a, train_dir: Path, steps: int, data_s: float) -> tuple[list[dict], list[str]]:
+    """--baseline-tree: baseline and this checkout alternately, --rounds times per loss (a load change
+    hits both); returns the rows and, per loss, this/baseline of the median steady-state rate."""
+    import statistics
+
+    rows, lines = [], []
+    for loss in a.losses:
+        rates: dict[str, list[float]] = {"baseline": [], "this checkout": []}
+        for i in range(a.rounds):
+            for name, tree in (("baseline", a.baseline_tree), ("this checkout", None)):
+                run = cliptk_run(a, train_dir, loss, steps, a.work / f"cmp_{loss}", tree)
+                row = finish_row(f"{name}: toolkit train --loss {loss} (round {i + 1})", run, data_s, a)
+                rates[name].append(row["steady_samples_per_s"])
+                print(f"[train_throughput] {row['trainer']}: {row['steady_samples_per_s']:.1f} samples/s steady",
+                      file=sys.stderr)
+                rows.append(row)
+        before, after = (statistics.median(rates[k]) for k in ("baseline", "this checkout"))
+        lines.append(f"{loss}: this checkout / baseline ({a.baseline_tree}), median steady-state over "
+                     f"{a.rounds} alternating rounds: {after:.1f} / {before:.1f} samples/s = {after / before:.3f}x")
+    return rows, lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -180,6 +218,15 @@ def main(argv: list[str] | None = None) -> None:
     meta |= {"precompute_s": pre.wall_s, "precompute_loadavg_before": load, "precompute_command": " ".join(pre_cmd)}
     print(f"[train_throughput] precompute {pre.wall_s:.1f} s", file=sys.stderr)
 
+    if a.baseline_tree is not None:
+        rows, lines = compare_trees(a, train_dir, steps, pre.wall_s)
+        meta["comparison"] = lines
+        text = markdown_rows(rows, meta) + "\n" + "\n".join(f"- {t}" for t in lines)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "ratios": lines}, indent=2))
+        a.out.with_suffix(".md").write_text(text + "\n")
+        print(text)
+        return
     rows = []
     # open_clip runs between the cliptk objectives, so a load change hits both sides.
     order = [("cliptk", a.losses[0])] + [("open_clip", None)] + [("cliptk", loss) for loss in a.losses[1:]]

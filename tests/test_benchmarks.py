@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import convergence  # noqa: E402
 import train_memory  # noqa: E402
 import train_throughput  # noqa: E402
 import trainer_bench as tb  # noqa: E402
-import convergence  # noqa: E402, F401
 
 MB = 2**20
 
@@ -86,7 +86,6 @@ def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
 def test_convergence_quick_end_to_end(tmp_path, capsys):
     """--quick on a synthetic feature cache: every available method tuned and run, tables, PNG, JSON;
     a second call reuses every finished run from CACHE/runs.jsonl."""
-    import convergence
 
     _synthetic_artists(tmp_path / "cache")
     out = tmp_path / "res" / "convergence.json"

@@ -25,14 +25,14 @@ def main(data: str, out: str, batch: int, micro: int) -> None:
     cfg = train_cfg(data, out, batch_size=batch, steps=3, micro_batch_size=micro, loss={"kind": "fastclip",
                     "version": "v3", "mode": "fastclip"}, checkpoint={"resume": "none"})
     before = rss_bytes()
-    s = loop.build_setup(cfg)
+    parts = loop.build_parts(cfg)
     state = loop.TrainState()
-    for batch_dict in s.batches(0):
-        loop.train_step(s, state, batch_dict)
+    for batch_dict in parts.data.batches(0):
+        loop.train_step(parts, state, batch_dict)
         if state.step == 1:
             reset_peak_rss()
     peak = peak_rss_bytes()
-    s.close()
+    parts.io.close()
     print(json.dumps({"measured": peak - before, "before": before, "peak": peak}))
 
 

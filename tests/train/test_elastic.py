@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -114,6 +115,9 @@ def test_sigterm_to_one_node_stops_every_rank_after_one_checkpoint(demo_train, t
     last = max(r["step"] for r in metrics(out))
     assert last < 400 and (out / "checkpoints" / f"step-{last:08d}" / "checkpoint.json").is_file()
     assert not (out / "model").exists()
+    manifest = json.loads((out / "manifest.json").read_text())  # node 0's launcher learned the outcome
+    assert manifest["status"] == "preempted" and manifest["counts"]["step"] == last, manifest
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".train")) == []  # no side file
 
 
 def test_checkpoints_on_an_fsspec_url_resume_exactly(demo_train, tmp_path):

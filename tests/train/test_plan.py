@@ -95,23 +95,23 @@ def test_micro_batch_auto_config_and_cli(tmp_path):
 
 def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
     from toolkit.train.automicro import plan_config
-    from toolkit.train.setup import build_setup
+    from toolkit.train.loop import build_parts
 
     fixed, per_sample, overhead = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")]
     for budget_gb in (0.25, 8.0):
-        s = build_setup(train_cfg(demo_train, tmp_path / f"r{budget_gb}", batch_size=64, micro_batch_size="auto",
+        p = build_parts(train_cfg(demo_train, tmp_path / f"r{budget_gb}", batch_size=64, micro_batch_size="auto",
                                   memory_budget_gb=budget_gb))
-        s.close()
-        pcfg = plan_config(s.cfg, 1, 1, "cpu", s.dataset.num_samples)
+        p.io.close()
+        pcfg = plan_config(p.cfg, 1, 1, "cpu", p.data.num_samples)
         shape = plan.model_shape("cliptk-tiny")
 
         def total(m, pcfg=pcfg, shape=shape):
             return sum(plan.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values())
 
         if budget_gb == 8.0:
-            assert s.micro_batch_size == 0 and total(0) <= 8 * plan.GiB  # the whole batch fits: no cache
+            assert p.micro_batch_size == 0 and total(0) <= 8 * plan.GiB  # the whole batch fits: no cache
         else:  # about (256 MiB - 153 MiB fixed) / 3.08 MiB per sample
-            m = s.micro_batch_size
+            m = p.micro_batch_size
             assert 10 < m < 64 and total(m) <= 0.25 * plan.GiB < total(m + 1), m
 
 

@@ -80,3 +80,71 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
         fail(f"{type(err).__name__}: {err}", code=1)
     except KeyboardInterrupt:
         fail("interrupted (Ctrl-C); finished work is kept, rerun the same command to resume", code=130)
+
+
+def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]:
+    """Typer options for config fields of ``cls``: {dotted field: its flags} -> keyword-only
+    ``inspect.Parameter``s named after the field (``a.b`` -> ``a_b``), typed and documented from the field
+    itself (its ``option(doc=...)`` and default), so a flag cannot drift from the field it sets: a field
+    that is renamed or removed fails here, when the command module is imported. Every option defaults to
+    None (not given: the config's own layers decide). Lists are given comma-separated; Literal and union
+    fields as text, which the config validates."""
+    import inspect
+    import typing
+
+    params = []
+    for key, names in flags.items():
+        field, tp = config_field(cls, key)
+        cli_type = tp if tp in (int, float, str, bool) else str
+        listed = " Comma-separated." if typing.get_origin(tp) is list else ""
+        help_text = f"{field.metadata.get('doc', '').rstrip()}{listed} {_default_text(field)}".strip()
+        option = typer.Option(*names, help=help_text, show_default=False)
+        params.append(inspect.Parameter(key.replace(".", "_"), inspect.Parameter.KEYWORD_ONLY,
+                                        default=None, annotation=Annotated[cli_type | None, option]))
+    return params
+
+
+def config_field(cls: type, key: str) -> tuple[Any, Any]:
+    """(dataclasses.Field, resolved type) of dotted ``key`` in config class ``cls``; TypeError if none."""
+    import dataclasses
+    import typing
+
+    owner, parts = cls, key.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else {}
+        if part not in fields:
+            raise TypeError(f"{cls.__name__} has no config field {key!r} (at {part!r}): a command option names a "
+                            "field that does not exist; rename the option's key to the field it sets")
+        tp = typing.get_type_hints(owner)[part]
+        if i == len(parts) - 1:
+            return fields[part], tp
+        owner = tp
+    raise AssertionError("unreachable")
+
+
+def _default_text(field: Any) -> str:
+    import dataclasses
+
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "(required)"
+    if value in ("", [], ()):
+        return ""
+    return f"(default: {value})"
+
+
+def with_parameters(params: list[Any]) -> Callable[[Callable], Callable]:
+    """Give a command function (``def cmd(ctx, ..., **options)``) the extra keyword-only ``params`` in its
+    signature, which Typer reads to build the command's options (``config_parameters``)."""
+    import inspect
+
+    def decorate(func: Callable) -> Callable:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        func.__signature__ = sig.replace(parameters=[*own, *params])
+        return func
+
+    return decorate

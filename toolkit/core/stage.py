@@ -2,7 +2,7 @@
 
 Every stage writes into its output directory ``out``:
 - ``config.yaml``: the resolved config;
-- ``manifest.json``: kind, status (running/done/failed), config hash, input fingerprints, outputs,
+- ``manifest.json``: kind, status (running/done/failed, or an outcome such as preempted), config hash, input fingerprints, outputs,
   counts, details, start/end time, error;
 - ``log.jsonl``: every toolkit log record emitted while the stage ran;
 - ``.lock``: held while the stage runs (:mod:`toolkit.core.outlock`), so a second run into the folder fails.
@@ -45,6 +45,7 @@ class StageResult:
     counts: dict[str, Any]
     config_hash: str
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    status: str = "done"  # or an outcome the stage reports short of done ("preempted": rerun to continue)
 
 
 def _now() -> str:
@@ -144,6 +145,7 @@ class StageRecorder:
         self.lock_fd: int | None = None  # set by stage_run: the output lock's descriptor (None: not locked)
         self.counts: dict[str, Any] = {}
         self.details: dict[str, Any] = {}
+        self.status = "done"  # what the manifest records when the body returns (a stage may set another)
         self.manifest: dict[str, Any] = {
             "kind": kind, "status": "running", "config_hash": self.hash, "toolkit_version": __version__,
             "config": to_dict(cfg), "started_at": _now(), "finished_at": None, "duration_s": None,
@@ -156,7 +158,7 @@ class StageRecorder:
         files.write_json_atomic(files.join(self.out, MANIFEST), self.manifest)
 
     def result(self) -> StageResult:
-        return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details))
+        return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details), self.status)
 
 
 @contextmanager
@@ -191,7 +193,8 @@ def describe_error(err: BaseException) -> str:
 
 
 def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
-    """Yield ``rec`` to the stage body; record done, or failed with the error (re-raised)."""
+    """Yield ``rec`` to the stage body; record ``rec.status`` (done unless the body set another outcome), or
+    failed with the error (re-raised)."""
     start = time.monotonic()
     try:
         yield rec
@@ -200,7 +203,7 @@ def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
         rec.write(status="failed", finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
                   error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
         raise
-    rec.write(status="done", finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
+    rec.write(status=rec.status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
 
 
 @contextmanager

@@ -269,7 +269,7 @@ def _step(stage: Stage, cfg: Any, forced: bool, dry_run: bool) -> tuple[str, Sta
         result = KINDS[stage.kind].load("run")(cfg)
     except Exception as err:
         raise PipelineError(stage.name, _failure(stage, err)) from err
-    return "ran", result, result.outputs
+    return "ran" if result.status == "done" else result.status, result, result.outputs
 
 
 def _failure(stage: Stage, err: Exception) -> str:
@@ -297,7 +297,8 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
                  dry_run: bool = False) -> list[tuple[str, str, StageResult | None]]:
     """Run (or plan, with ``dry_run``) the selected stages in order; returns (name, action, result).
 
-    Raises :class:`PipelineError` at the first failing stage; finished stages' outputs stay.
+    Raises :class:`PipelineError` at the first failing stage; finished stages' outputs stay. Stops, without
+    an error, after a stage that ended short of done (a preempted train stage: rerun to continue).
     """
     stages, forced = select(pipe, start, only)
     results: dict[str, dict[str, str]] = {}
@@ -319,6 +320,10 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
             if dry_run and not action.startswith("skip"):
                 planned.add(stage.name)
             report.append((stage.name, action, result))
+            if result is not None and result.status != "done":  # e.g. preempted: later stages need it done
+                get_logger("pipeline").warning("stage %s %s; stopping here: rerun the pipeline to continue",
+                                               stage.name, result.status)
+                break
     if dry_run:
         return report
     files.write_text_atomic(files.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(

@@ -28,9 +28,8 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
     from toolkit.core.config import build
     from toolkit.train.plan import PlanConfig
 
-    loss = "openclip" if cfg.loss.kind == "openclip" else f"fastclip-{cfg.loss.version}"
     return build(PlanConfig, {"model": cfg.model, "batch_size": cfg.batch_size, "nodes": group_size // local_world,
-                              "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": loss,
+                              "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": cfg.loss.name,
                               "precision": cfg.precision, "optimizer": cfg.optim.name, "grad_dtype": cfg.grad_dtype,
                               "device": device, "num_samples": num_samples})
 
@@ -66,11 +65,11 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
                   f"({per_sample / 2**20:.2f} MiB of activations per sample)")
 
 
-def _cuda(s: Any, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
+def _cuda(model: Any, dev: torch.device, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
     from toolkit.train import plan
-    from toolkit.train.memprobe import _autocast, tower_pass
+    from toolkit.train.memprobe import tower_pass
+    from toolkit.train.runtime import autocast
 
-    model, dev = s.built.model, s.device
     shape = plan.model_shape(pcfg.model)
     m = local
     while True:
@@ -78,7 +77,7 @@ def _cuda(s: Any, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
         later = sum(v for k, v in rows.items() if k.startswith(("optimizer", "cached", "loss")))
         try:
             torch.cuda.reset_peak_memory_stats(dev)
-            tower_pass(model, m, _autocast(pcfg.precision, "cuda"), dev)
+            tower_pass(model, m, autocast(pcfg.precision, "cuda"), dev)
             peak = torch.cuda.max_memory_allocated(dev)
             ok = peak + later <= budget
         except torch.cuda.OutOfMemoryError:
@@ -90,24 +89,22 @@ def _cuda(s: Any, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
         m = max(1, m // 2)
 
 
-def choose(s: Any) -> int:
-    """The micro-batch for ``s`` (a ``Setup`` with its model built): 0 when the local batch fits whole."""
-    from toolkit.core import dist as D
-
-    cfg, log = s.cfg, get_logger("train")
-    local = cfg.batch_size // s.group_size
-    if s.built.model.image_role != "image" or s.built.model.text_role != "tokens":
+def choose(cfg: Any, model: Any, rt: Any, num_samples: int) -> int:
+    """The micro-batch for training ``model`` (the ``TrainModel``, on ``rt.device``) per ``cfg`` on a
+    dataset of ``num_samples``: 0 when the local batch fits whole. ``rt``: this rank's ``Runtime``."""
+    log = get_logger("train")
+    local = cfg.batch_size // rt.world_size
+    if model.image_role != "image" or model.text_role != "tokens":
         log.info("micro-batch auto: frozen-tower features, the heads keep O(D) floats per sample: whole local "
                  "batch of %d", local)
         return 0
-    local_world = D.get_local_world_size() if D.is_initialized() else 1
-    cuda = s.device.type == "cuda"
-    pcfg = plan_config(cfg, s.group_size, local_world, "cuda" if cuda else "cpu", s.dataset.num_samples)
+    cuda = rt.device.type == "cuda"
+    pcfg = plan_config(cfg, rt.world_size, rt.local_world_size, "cuda" if cuda else "cpu", num_samples)
     if cuda:
-        budget = cfg.memory_budget_gb * GiB or torch.cuda.get_device_properties(s.device).total_memory
-        m, why = _cuda(s, pcfg, local, budget)
+        budget = cfg.memory_budget_gb * GiB or torch.cuda.get_device_properties(rt.device).total_memory
+        m, why = _cuda(model, rt.device, pcfg, local, budget)
     else:
-        budget = cfg.memory_budget_gb * GiB or host_budget_bytes(local_world)
+        budget = cfg.memory_budget_gb * GiB or host_budget_bytes(rt.local_world_size)
         m, why = _cpu(pcfg, local, budget)
     log.info("micro-batch auto: %d of the local batch %d (%s)", m, local, why)
     return 0 if m >= local else m

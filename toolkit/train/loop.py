@@ -1,30 +1,40 @@
 """The training loop, run by every rank: ``train(cfg, eval_fn) -> summary``.
 
-Read it top to bottom in ``train``: set up (process group, data order, model, objective, optimiser),
-resume, then for every global batch t: schedules -> this rank's slice -> forward/loss/backward
-(``step.forward_backward``, gradient cache included) -> non-finite check -> clip, optimiser step, τ
-clamp -> metrics, checkpoint, evaluation, preemption check. ``state`` holds the few counters a
-checkpoint must carry; everything else (lr, γ, the random streams, the data position) follows from the
-step number, so a resume at any world size continues exactly.
+Read ``train`` top to bottom: build the parts (``Runtime``: process group and device; ``TrainData``;
+the model, DDP-wrapped; the objective; ``Update``: optimiser, schedules, AMP, clip; ``StateIO``:
+checkpoints and resume; ``Reporter``: metrics, plots, final model), resume, then for every global batch
+t: ``update.begin`` (lr, τ, γ) -> this rank's slice to the device -> forward/loss/backward
+(``step.forward_backward``, gradient cache included) -> ``update.finish`` (unscale, clip, finite?
+step : skip) -> report, checkpoint, evaluation, preemption check. ``TrainState`` holds the few counters
+a checkpoint must carry; everything else (lr, γ, the random streams, the data position) follows from
+the step number, so a resume at any world size continues exactly.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from toolkit.core import dist as D
 from toolkit.core.log import get_logger
-from toolkit.train import checkpoint as ckpt
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.train import model as model_lib
+from toolkit.train.batches import TrainData
 from toolkit.train.config import TrainConfig
-from toolkit.train.setup import Setup, build_setup
+from toolkit.train.ddp import wrap_ddp
+from toolkit.train.losses import build_loss
+from toolkit.train.losses.base import TrainingLoss
+from toolkit.train.report import Reporter
+from toolkit.train.runtime import Runtime
 from toolkit.train.signals import PreemptionFlag
+from toolkit.train.state import StateIO, TrainState, sync_buffers
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
+from toolkit.train.update import Update
 
 # eval_fn(clip, model_cfg, preprocess_cfg, step) -> {"eval/<dataset>/<metric>": value}: rank 0 only, on the
 # live model in eval mode; passed in by the CLI/pipeline (train never imports eval).
@@ -36,138 +46,131 @@ class TrainingAborted(RuntimeError):
 
 
 @dataclass
-class TrainState:
-    """What a checkpoint carries besides weights, optimiser and loss state."""
+class Parts:
+    """Every rank's parts of one run (``build_parts``); each owns its own state."""
 
-    step: int = 0  # global batches consumed (= the next batch's index t)
-    samples_seen: int = 0
-    skipped_steps: int = 0
-    nonfinite_in_row: int = 0
+    cfg: TrainConfig
+    rt: Runtime
+    data: TrainData
+    built: model_lib.BuiltModel
+    model: nn.Module  # the TrainModel, DDP-wrapped when the group has several ranks
+    loss_fn: TrainingLoss
+    update: Update
+    io: StateIO
+    micro_batch_size: int
 
 
-def train(cfg: TrainConfig, eval_fn: EvalFn | None = None) -> dict[str, Any]:
+def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: bool = False) -> Parts:
+    """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``
+    and ``checked``: the training set this process's preflight opened and checked against the model."""
+    rt = Runtime.start(cfg)
+    data = TrainData(cfg, rt.rank, rt.world_size, rt.device, dataset)
+    built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.tau_init, cfg.loss.learns_logit_scale,
+                            cfg.seed, check=not checked)
+    built.model.to(rt.device).train()
+    cuda = rt.device.type == "cuda"
+    model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
+    loss_fn = build_loss(cfg.loss, data_size=data.num_samples, check_sizes=False)
+    update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, data.total_steps, cfg.precision)
+    micro = cfg.micro_batch_size
+    if micro == "auto":
+        from toolkit.train import automicro
+
+        micro = automicro.choose(cfg, built.model, rt, data.num_samples)
+    data.offloaded = 0 < micro < data.local_batch_size
+    io = StateIO(cfg, rt.rank, rt.world_size, built, update, loss_fn, data.total_steps, data.steps_per_epoch)
+    D.LEDGER.reset()
+    return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro)
+
+
+def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
+          checked: bool = False) -> dict[str, Any]:
     """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model."""
-    s = build_setup(cfg)
-    state = resume(s)
+    p = build_parts(cfg, dataset, checked)
+    state = p.io.resume(config_checked=checked)
+    resumed = state.step if state.step or p.io.last_step is not None else None
+    report = Reporter(cfg, p.rt.rank, p.rt.world_size, p.rt.device, p.data.total_steps, p.data.steps_per_epoch,
+                      resumed)
     flag = PreemptionFlag.install()
     try:
-        window = Window(time.monotonic())
-        for batch in s.batches(state.step):
-            window.data_wait_s += time.monotonic() - window.mark
-            metrics = train_step(s, state, batch)
-            window.record(metrics, s)
-            if state.step % cfg.log_every == 0 or state.step == s.total_steps:
-                s.log_metrics(state, window.flush(s))
-            if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < s.total_steps:
-                s.log_metrics(state, evaluate(s, eval_fn, state.step), quiet=True)
+        report.window.mark = time.monotonic()
+        for batch in p.data.batches(state.step):
+            report.window.data_wait_s += time.monotonic() - report.window.mark
+            outcome, lr = train_step(p, state, batch)
+            report.step_done(state, batch, outcome, lr, p.update)
+            if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < p.data.total_steps:
+                report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
-                save_checkpoint(s, state)
-            if flag.agreed(s.group_size):
-                save_checkpoint(s, state)
-                return s.finish(state, preempted=True)
-            window.mark = time.monotonic()
+                save_checkpoint(p, report, state)
+            if flag.agreed(p.rt.world_size):
+                save_checkpoint(p, report, state)
+                return finish(p, report, state, preempted=True)
+            report.window.mark = time.monotonic()
         if cfg.eval.every_steps:
-            s.log_metrics(state, evaluate(s, eval_fn, state.step), quiet=True)
-        save_checkpoint(s, state)
-        return s.finish(state, preempted=False)
+            report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
+        save_checkpoint(p, report, state)
+        return finish(p, report, state, preempted=False)
     finally:
         flag.uninstall()
-        s.close()
+        p.io.close()  # a checkpoint being written when training stops is completed first
+        report.close()
 
 
-def train_step(s: Setup, state: TrainState, batch: dict) -> dict[str, float]:
-    """One global batch: schedules, forward/backward, then the update or a skip. Returns step metrics."""
-    cfg, t = s.cfg, state.step
+def train_step(p: Parts, state: TrainState, batch: dict):
+    """One global batch: schedules, forward/backward, then the update or a skip. Returns (Outcome, lr)."""
+    cfg, t = p.cfg, state.step
     if int(batch["step"]) != t:
         raise RuntimeError(f"data loader out of order: expected global batch {t}, got {int(batch['step'])}")
-    epoch = t // s.steps_per_epoch
-    s.loss_fn.begin_step(t, s.steps_per_epoch)
-    lr = s.set_lr(t)
-    inputs = StepInputs(*s.to_device(batch))
-    share = forward_backward(s.model, s.loss_fn, inputs, micro_batch_size=s.micro_batch_size,
-                             seed_of=lambda i: stream_seed(cfg.seed, t, s.rank, i), autocast=s.autocast,
-                             scale=s.scale, poison=t in cfg.nonfinite_test_steps, offload_features=s.offloaded)
-    value = float(s.loss_fn.global_value())  # collective: identical on every rank
-    grad_norm = s.unscale_and_clip()
-    finite = math.isfinite(value) and math.isfinite(grad_norm)
-    if finite:
-        s.optimizer_step()
-        state.nonfinite_in_row = 0
-    else:
-        s.skip_step()
-        state.skipped_steps += 1
-        state.nonfinite_in_row += 1
-        get_logger("train").warning("step %d: non-finite %s; step skipped (no optimiser or table update)",
-                                    t + 1, "loss" if not math.isfinite(value) else "gradient")
-        if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
-            raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
-                                  f"the last at step {t + 1} (lr {lr:.3g}, tau {s.tau():.4g}); lower the lr or "
-                                  "check the data")
-    s.zero_grad()
-    if s.audit is not None:
-        s.audit.record(t + 1, batch["index"].tolist(), skipped=not finite)
+    lr = p.update.begin(t, p.data.steps_per_epoch)
+    inputs = StepInputs(*p.data.to_device(batch))
+    forward_backward(p.model, p.loss_fn, inputs, micro_batch_size=p.micro_batch_size,
+                     seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i), autocast=p.rt.autocast(cfg.precision),
+                     scale=p.update.scale, poison=t in cfg.nonfinite_test_steps, offload_features=p.data.offloaded)
+    outcome = p.update.finish(p.loss_fn.global_value())  # global_value: collective, equal on every rank
     state.step += 1
     state.samples_seen += cfg.batch_size
-    del share
-    return {"epoch": epoch, "loss": value, "lr": lr, "tau": s.tau(), **s.loss_fn.metrics(),
-            "grad_norm": grad_norm if finite else None}
+    if outcome.applied:
+        state.nonfinite_in_row = 0
+        return outcome, lr
+    state.skipped_steps += 1
+    state.nonfinite_in_row += 1
+    get_logger("train").warning("step %d: non-finite %s; step skipped (no optimiser or table update)",
+                                t + 1, outcome.what_failed())
+    if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
+        raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
+                              f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
+                              "the lr or check the data")
+    return outcome, lr
 
 
-class Window:
-    """Throughput and timing between two logged steps."""
-
-    def __init__(self, now: float):
-        self.start = self.mark = now
-        self.steps, self.data_wait_s, self.last = 0, 0.0, {}
-
-    def record(self, metrics: dict, s: Setup) -> None:
-        self.steps += 1
-        self.last = metrics
-
-    def flush(self, s: Setup) -> dict[str, Any]:
-        now = time.monotonic()
-        elapsed = max(now - self.start, 1e-9)
-        out = {**self.last, "samples_per_s": self.steps * s.cfg.batch_size / elapsed,
-               "step_time_s": elapsed / max(self.steps, 1), "data_wait_s": self.data_wait_s / max(self.steps, 1),
-               **s.comm_and_memory(self.steps)}
-        self.start, self.steps, self.data_wait_s = now, 0, 0.0
-        return out
-
-
-def evaluate(s: Setup, eval_fn: EvalFn | None, step: int) -> dict[str, float]:
+def evaluate(p: Parts, eval_fn: EvalFn | None, step: int) -> dict[str, float]:
     """Zero-shot evaluation on rank 0 through the callback (other ranks wait); {} without a callback."""
-    s.sync_buffers()
+    sync_buffers(p.built.model.clip, p.rt.world_size)
     out: dict[str, float] = {}
-    if s.rank == 0 and eval_fn is not None:
-        clip = s.clip
+    if p.rt.rank == 0 and eval_fn is not None:
+        clip = p.built.model.clip
         clip.eval()
         try:
             with torch.no_grad():
-                out = eval_fn(clip, s.built.model_cfg, s.built.preprocess_cfg, step)
+                out = eval_fn(clip, p.built.model_cfg, p.built.preprocess_cfg, step)
         finally:
             clip.train()
     D.barrier()
     return out
 
 
-def save_checkpoint(s: Setup, state: TrainState) -> None:
-    """Checkpoint ``state.step`` (all ranks call; rank 0 writes); skipped when it already exists."""
-    s.loss_fn_sync()
-    s.sync_buffers()
-    if s.rank == 0 and s.last_checkpoint != state.step:
-        s.write_checkpoint(asdict(state))
-    s.last_checkpoint = state.step
+def save_checkpoint(p: Parts, report: Reporter, state: TrainState) -> None:
+    """Checkpoint ``state.step`` (all ranks call; rank 0 writes) unless it exists, then rank 0's plots."""
+    if p.io.save(state):
+        report.plots()
+
+
+def finish(p: Parts, report: Reporter, state: TrainState, preempted: bool) -> dict[str, Any]:
+    """Rank 0 writes OUT/model (unless preempted) and the plots; every rank returns the same summary."""
+    p.io.close()
+    model_dir = None if preempted else report.final_model(p.built)
+    report.plots()
     D.barrier()
-
-
-def resume(s: Setup) -> TrainState:
-    """The state to start from: a verified checkpoint (loaded into model, optimiser and loss) or fresh."""
-    path = s.resume_path()
-    if path is None:
-        return TrainState()
-    saved = ckpt.read_trainer_state(path)
-    s.load_checkpoint(path, saved)
-    fields = TrainState.__dataclass_fields__
-    state = TrainState(**{k: v for k, v in saved["state"].items() if k in fields})
-    get_logger("train").info("resumed from %s: step %d, %d samples seen", path, state.step, state.samples_seen)
-    return state
+    return {"step": state.step, "total_steps": p.data.total_steps, "samples_seen": state.samples_seen,
+            "skipped_steps": state.skipped_steps, "preempted": preempted, "world_size": p.rt.world_size,
+            "model": model_dir, "steps_per_epoch": p.data.steps_per_epoch}

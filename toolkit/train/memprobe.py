@@ -104,17 +104,6 @@ def tower_pass(model: Any, micro: int, autocast: Any, device: Any) -> None:
     (x.float().sum() + y.float().sum() + a.float().sum()).backward()
 
 
-def _autocast(precision: str, device_type: str):
-    import contextlib
-
-    import torch
-
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device_type, dtype=dtype)
-
-
 def build_tower_model(model_spec: str) -> Any:
     """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg`` attached."""
     import torch
@@ -141,13 +130,14 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str) -> tupl
     import torch
 
     import toolkit.train.model  # noqa: F401
+    from toolkit.train.runtime import autocast as runtime_autocast
 
     cpu = not device.startswith("cuda")
     start = rss_bytes() if cpu else 0
     model = build_tower_model(model_spec)
     dev = torch.device(device)
     model.to(dev)
-    autocast = _autocast(precision, dev.type)
+    autocast = runtime_autocast(precision, dev.type)
     tower_pass(model, 1, autocast, dev)  # warm-up: gradients and one-time buffers resident, as from step 2 on
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     overhead = rss_bytes() - start - 2 * weights if cpu else 0

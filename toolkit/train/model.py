@@ -79,16 +79,19 @@ def _init_source(model_spec: str, init: str) -> tuple[Any, str | None]:
     return spec, str(check_weights_file(init))
 
 
-def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int) -> BuiltModel:
+def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
+          check: bool = True) -> BuiltModel:
     """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
     features), load ``init`` or seed a random init, check the data fits it, set up the logit scale.
-    Called by every rank with the same arguments (DDP then starts from identical weights)."""
+    Called by every rank with the same arguments (DDP then starts from identical weights). ``check``:
+    False when this process's preflight has checked the data against the model already."""
     spec, weights = _init_source(model_spec, init)
     towers = bool(dataset.field("image_features") or dataset.field("text_features"))
     model_cfg, preprocess_cfg = spec.model_cfg, spec.preprocess_cfg
     if towers:
         model_cfg, preprocess_cfg = frozen.config_for_dataset(model_cfg, preprocess_cfg, dataset.extra)
-    check_dataset(model_cfg, dataset, model_spec)
+    if check:
+        check_dataset(model_cfg, dataset, model_spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         clip = build_model(model_cfg)

@@ -43,9 +43,6 @@ MEASURED: dict[tuple[str, str, str], tuple[float, float, float]] = {
     ("cliptk-small", "fp32", "cpu"): (5_107_712.0, 9_967_616.0, 34_723_832.0),
 }
 
-Objective = Literal["openclip", "fastclip-v0", "fastclip-v1", "fastclip-v2", "fastclip-v3"]
-
-
 @dataclass(frozen=True)
 class PlanConfig:
     """``toolkit plan``'s one config (see the module docstring for the arithmetic)."""
@@ -56,8 +53,8 @@ class PlanConfig:
     nproc_per_node: int = option(1, ge=1, doc="Training processes (devices) per node.")
     mode: Literal["gather", "disco", "ring", "fastclip"] = option(
         "fastclip", doc="Distributed mode whose loss memory is tabled (traffic is shown for every mode).")
-    loss: Objective = option("fastclip-v3", doc="Objective: openclip or fastclip-v0..v3 (FastCLIP runs in the "
-                                                "fastclip mode).")
+    loss: str = option("fastclip-v3", doc="Objective, a --loss name of `toolkit train` (openclip, fastclip-v0..v3, "
+                                          "...; FastCLIP runs in the fastclip mode).")
     micro_batch_size: int = option(0, ge=0, doc="Gradient-cache micro-batch per rank; 0: the whole local batch.")
     precision: Literal["fp32", "bf16", "fp16"] = option("fp32", doc="Autocast precision of the towers.")
     optimizer: Literal["adamw", "lamb", "lion", "sgd"] = option("adamw", doc="Optimiser (its state per weight).")
@@ -68,6 +65,12 @@ class PlanConfig:
     device_memory_gb: float = option(0.0, ge=0, doc="Device memory in GiB to fit (0: skip the fit).")
     measure: bool = option(False, doc="Measure the model's activations now instead of using MEASURED.")
     measure_sizes: list[int] = option(factory=lambda: [16, 64], doc="The two micro-batch sizes measured.")
+
+    def __post_init__(self) -> None:
+        from toolkit.train.losses.config import LOSS_NAMES
+
+        if self.loss not in LOSS_NAMES:
+            raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_NAMES)}")
 
     @property
     def world(self) -> int:

@@ -14,11 +14,10 @@ Stage books (``config.yaml``, ``manifest.json``, ``log.jsonl`` in OUT) are kept 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, build, read_yaml
@@ -29,32 +28,55 @@ from toolkit.train.config import TrainConfig
 from toolkit.train.loop import EvalFn
 
 KIND = "train"
-SUMMARY = ".train-summary.json"
 DEFAULT_ENTRY = "toolkit.train.worker"
-
-
-class Preempted(RuntimeError):
-    """Training stopped on a signal after writing a checkpoint; rerunning the command continues it."""
+PREEMPTED = "preempted"  # the manifest status of a run stopped by a signal after its checkpoint
 
 
 def _record(rec, summary: dict) -> None:
+    """Put the loop's summary into the stage books; a preempted run is recorded as such (not failed)."""
     out = rec.out
     rec.counts.update({k: summary[k] for k in ("step", "total_steps", "samples_seen", "skipped_steps",
-                                               "world_size") if k in summary})
+                                               "world_size") if summary.get(k) is not None})
     rec.details.update(summary)
     rec.outputs.update(run_dir=out, metrics=files.join(out, "metrics.jsonl"),
                        checkpoints=files.join(out, "checkpoints"))
     if summary.get("model"):
         rec.outputs["model"] = summary["model"]
     if summary.get("preempted"):
-        raise Preempted(f"preempted at step {summary['step']} of {summary['total_steps']}; a checkpoint was "
-                           "written: rerun the same command to continue (resume: auto)")
+        rec.status = PREEMPTED
 
 
-def preflight(cfg: TrainConfig) -> None:
+def preempted_message(summary: dict) -> str:
+    return (f"preempted at step {summary['step']} of {summary['total_steps']}; a checkpoint was written: rerun "
+            "the same command to continue (resume: auto)")
+
+
+def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The outcome of a job whose ranks ran in other processes, from what they leave anyway: the newest
+    checkpoint (every run ends, or stops on a signal, by writing one) and OUT/model. torchrun's launch API
+    returns the ranks' return values only for a Python callable started with multiprocessing; cliptk's
+    ranks are ``python -m ENTRY`` programs (so the user's own torchrun or srun runs the very same ranks), for
+    which it returns nothing. None when no checkpoint exists."""
+    from toolkit.train import checkpoint as ckpt
+    from toolkit.train.resume import checkpoints_dir
+
+    found = ckpt.list_checkpoints(checkpoints_dir(cfg))
+    if not found:
+        return None
+    saved = ckpt.read_trainer_state(found[0][1])
+    state, total = saved["state"], saved.get("total_steps")
+    preempted = total is not None and state["step"] < total
+    model = files.join(cfg.out, "model")
+    return {**{k: state.get(k) for k in ("step", "samples_seen", "skipped_steps")}, "total_steps": total,
+            "world_size": saved.get("world_size"), "steps_per_epoch": saved.get("steps_per_epoch"),
+            "preempted": preempted, "model": None if preempted or not files.exists(model) else model}
+
+
+def preflight(cfg: TrainConfig):
     """Refuse what would fail on every rank, before any process starts or any output is written: data that
     does not fit the model, a global batch larger than the data or not divisible by the ranks, a checkpoint
-    to resume that was written with another configuration (``resume.ConfigMismatch``)."""
+    to resume that was written with another configuration (``resume.ConfigMismatch``). Returns the opened
+    training set (a one-process run trains on it without opening or checking it again)."""
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.order import BatchOrder
     from toolkit.models.factory import resolve_spec
@@ -71,44 +93,44 @@ def preflight(cfg: TrainConfig) -> None:
     if not (dataset.field("image_features") or dataset.field("text_features")):
         check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
     refuse_other_config(cfg)
+    return dataset
 
 
 def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:
-    """Train per ``cfg`` (module docstring). Raises on failure; preemption raises after checkpointing."""
+    """Train per ``cfg`` (module docstring). Raises on failure; a preempted run returns with
+    ``status == "preempted"`` after its checkpoint."""
     L.apply_slurm_env(cfg.launch)
     if L.is_worker():
         return _as_rank(cfg, eval_fn)
-    preflight(cfg)
+    dataset = preflight(cfg)
     if cfg.launch.is_multiprocess:
         keeps_books = cfg.launch.node_rank == 0
         with stage_run(KIND, cfg, cfg.out) if keeps_books else _Nothing(cfg.out) as rec:
-            summary_path = Path(cfg.out) / SUMMARY
-            summary_path.unlink(missing_ok=True)
             L.launch(cfg, entry)
-            if summary_path.is_file():
-                _record(rec, json.loads(summary_path.read_text()))
+            summary = launched_summary(cfg)
+            if summary is not None:
+                _record(rec, summary)
         return rec.result()
     from toolkit.train.loop import train
 
     with stage_run(KIND, cfg, cfg.out) as rec:
-        _record(rec, train(cfg, eval_fn))
+        _record(rec, train(cfg, eval_fn, dataset=dataset, checked=True))
     return rec.result()
 
 
 def _as_rank(cfg: TrainConfig, eval_fn: EvalFn | None) -> StageResult:
-    """This process is one rank of a job; rank 0 keeps the books unless a cliptk launcher does."""
+    """This process is one rank of a job; rank 0 keeps the books unless a cliptk launcher does (then the
+    launcher has run the preflight checks too)."""
     from toolkit.train.loop import train
 
     rank = int(os.environ["RANK"])
-    if rank == 0 and not L.launched_by_cliptk():
+    by_cliptk = L.launched_by_cliptk()
+    if rank == 0 and not by_cliptk:
         with stage_run(KIND, cfg, cfg.out) as rec:
             _record(rec, train(cfg, eval_fn))
         return rec.result()
-    summary = train(cfg, eval_fn)
-    if rank == 0:
-        files.write_json_atomic(files.join(cfg.out, SUMMARY), summary)
     rec = _Nothing(cfg.out)
-    rec.details.update(summary)
+    _record(rec, train(cfg, eval_fn, checked=by_cliptk))
     return rec.result()
 
 
@@ -116,7 +138,7 @@ class _Nothing:
     """A stand-in recorder for processes that do not keep the stage books."""
 
     def __init__(self, out: str):
-        self.out, self.outputs, self.counts, self.details = out, {}, {}, {}
+        self.out, self.outputs, self.counts, self.details, self.status = out, {}, {}, {}, "done"
 
     def __enter__(self):
         return self
@@ -125,13 +147,14 @@ class _Nothing:
         return None
 
     def result(self) -> StageResult:
-        return StageResult(self.out, dict(self.outputs), dict(self.counts), "", dict(self.details))
+        return StageResult(self.out, dict(self.outputs), dict(self.counts), "", dict(self.details), self.status)
 
 
 def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = None,
                 argv: list[str] | None = None) -> None:
     """A launched rank: ``python -m ENTRY CONFIG.yaml``; ``make_eval_fn(cfg)`` builds the evaluation
-    callback (the entry module's). Exits 0 when preempted after a checkpoint, 1 with a one-line error."""
+    callback (the entry module's). Exits 0 when done or preempted after a checkpoint, 1 with a one-line
+    error."""
     argv = sys.argv[1:] if argv is None else argv
     from toolkit.core.log import setup_logging
 
@@ -141,8 +164,6 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
     try:
         cfg = build(TrainConfig, read_yaml(path), source=path)
         run(cfg, make_eval_fn(cfg) if make_eval_fn else None)
-    except Preempted:
-        return
     except Exception as err:  # one line per rank; torchrun reports the exit code
         get_logger("train").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
         raise SystemExit(1) from err

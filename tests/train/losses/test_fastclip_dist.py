@@ -59,7 +59,7 @@ def run(num_ranks: int, world: int, rank: int, group=None):
             value = loss(xs, ys, p.exp(), ids[rows])
             value.backward()
             records.append({"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad})
-        loss.sync_tables()
+        loss.sync_state()
         out[version] = {"steps": records, "tables": loss.tables.data.clone()}
     _, x, y, _, p0 = scenario(num_ranks)[0]
     b = x.shape[0] // world

@@ -31,10 +31,9 @@ def test_gamma_per_step_cosine():
     assert gamma_at_step(15, spe, 0.2, 4, "cosine") == gamma_at_epoch(1, 0.2, 4, "cosine")  # per epoch
 
 
-def test_loss_set_step_changes_gamma_only_for_step_schedule():
+def test_loss_begin_step_changes_gamma_within_an_epoch_only_for_step_schedule():
     loss = make_loss("v1", 4, gamma_min=0.2, gamma_decay_epochs=4, gamma_schedule="cosine_step")
-    loss.set_epoch(1)
-    loss.set_step(15, 10)
+    loss.begin_step(15, 10)
     assert loss.gamma == pytest.approx(gamma_at_step(15, 10, 0.2, 4, "cosine_step"))
     assert gamma_at_epoch(1, 0.2, 4, "cosine") > loss.gamma > gamma_at_epoch(2, 0.2, 4, "cosine")
 

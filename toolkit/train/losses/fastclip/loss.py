@@ -81,42 +81,35 @@ class FastCLIPLoss(TrainingLoss):
             columns.update(individual.table_columns(cfg.tau_init))
         self.tables = SampleTables(data_size, columns, table_dtype, group, share_tables)
 
-    # ----------------------------------------------------------------- TrainingLoss hooks
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
-        """γ (and v2's betas) for step ``step``: ``set_epoch`` then ``set_step``."""
+        """γ for step ``step`` (only ``cosine_step`` changes within an epoch) and the epoch's settings."""
         self.set_epoch(step // steps_per_epoch)
-        self.set_step(step, steps_per_epoch)
+        self.gamma = gamma_at_step(step, steps_per_epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs,
+                                   self.cfg.gamma_schedule)
 
     def end_step(self, applied: bool) -> None:
-        """A skipped step undoes this step's table updates (``rollback``); an applied one keeps them."""
-        if applied:
-            self._undo = None
-        else:
-            self.rollback()
+        """An applied step keeps its table updates; a skipped one restores the rows the last forward
+        overwrote, on every node (one all_gather of [b, 1 + C] old rows, only then). Collective."""
+        undo, self._undo = self._undo, None
+        if applied or undo is None:
+            return
+        index, rows, device = undo
+        packed = torch.cat([index[:, None].double(), rows.double()], 1).to(device)  # nccl gathers on the GPU
+        packed = cdist.all_gather_nograd(packed, self.group, cdist.SCALARS, check_sizes=False)
+        self.tables.write_gathered(packed[:, 0].long(), packed[:, 1:], index.shape[0])
 
     def metrics(self) -> dict[str, float]:
         return {"gamma": self.gamma}
 
     def sync_state(self) -> None:
-        self.sync_tables()
+        """Returns once every rank's table writes are done (before reading the tables outside forward:
+        a checkpoint's state_dict, inspection); forward itself is ordered by its collectives."""
+        cdist.barrier(self.group)
 
-    # ----------------------------------------------------------------- schedules
     def set_epoch(self, epoch: int) -> None:
         """Start of epoch ``epoch`` (0-based): γ for the epoch; v2's Adam betas (0 in epoch 0)."""
         self.epoch = epoch
         self.gamma = gamma_at_epoch(epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs, self.cfg.gamma_schedule)
-
-    def set_step(self, step: int, steps_per_epoch: int) -> None:
-        """Per-step γ (only ``cosine_step`` changes within an epoch); call before forward."""
-        self.gamma = gamma_at_step(step, steps_per_epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs,
-                                   self.cfg.gamma_schedule)
-
-    # ----------------------------------------------------------------- tables
-    def sync_tables(self) -> None:
-        """Collective (all ranks): returns once every rank's table writes are done. Call it before
-        reading the tables outside forward (state_dict for a checkpoint, inspection); forward itself
-        is ordered by its collectives."""
-        cdist.barrier(self.group)
 
     def table(self, name: str) -> Tensor:
         """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
@@ -178,17 +171,6 @@ class FastCLIPLoss(TrainingLoss):
             pairs = [(image_features, dx), (text_features, dy), (logit_scale, da)]
         self._value = value.detach()
         return attach(value, pairs)
-
-    def rollback(self) -> None:
-        """Restore the rows the last forward overwrote, on every node (one all_gather of [b, 1 + C] old rows;
-        only when the trainer skips a step). Collective."""
-        if self._undo is None:
-            return
-        index, rows, device = self._undo
-        self._undo = None
-        packed = torch.cat([index[:, None].double(), rows.double()], 1).to(device)  # nccl gathers on the GPU
-        packed = cdist.all_gather_nograd(packed, self.group, cdist.SCALARS, check_sizes=False)
-        self.tables.write_gathered(packed[:, 0].long(), packed[:, 1:], index.shape[0])
 
     def global_value(self) -> Tensor:
         """The last forward's value: already the global one on every rank (no communication)."""

@@ -1,0 +1,61 @@
+"""The training data as the loop sees it: ``TrainData(cfg, rank, world_size, device)``.
+
+Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
+all), this rank's batches from any step on (``batches``), and their move to the device
+(``to_device``; kept on the host when the gradient cache offloads them). Every rank builds one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.loader import make_loader
+from toolkit.data.trainset.order import BatchOrder
+from toolkit.train.config import TrainConfig
+
+
+def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
+    """Global batches per (virtual) epoch: train_num_samples (or the dataset) // batch_size, at least 1."""
+    return max(1, (cfg.train_num_samples or num_samples) // cfg.batch_size)
+
+
+class TrainData:
+    """This rank's view of the training set (module docstring). ``dataset``: the one the launcher's
+    preflight opened already (one process), else it is opened here."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device,
+                 dataset: TrainDataset | None = None):
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        self.dataset = dataset if dataset is not None else TrainDataset.open(cfg.data)
+        # a batch larger than the data or not divisible by the ranks is refused before anything is built
+        # (an elastic job learns its world size only here, at rendezvous)
+        BatchOrder(self.dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
+            0, rank, world_size)
+        self.num_samples = self.dataset.num_samples
+        self.steps_per_epoch = steps_per_epoch(cfg, self.num_samples)
+        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
+        self.local_batch_size = cfg.batch_size // world_size
+        self.offloaded = False  # set by the loop once the micro-batch size is known
+
+    def batches(self, start_step: int) -> Iterator[dict]:
+        """This rank's slices of global batches start_step .. total_steps-1 (each dict has its ``step``)."""
+        if start_step >= self.total_steps:
+            return iter(())
+        lc = self.cfg.loader
+        return iter(make_loader(self.dataset, batch_size=self.cfg.batch_size, rank=self.rank,
+                                world_size=self.world_size, seed=self.cfg.seed, block=lc.shuffle_block,
+                                start_step=start_step, num_steps=self.total_steps - start_step,
+                                num_workers=lc.num_workers, prefetch_factor=lc.prefetch_batches,
+                                pin_memory=self.device.type == "cuda"))
+
+    def to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(image, text, index) of one batch: index on the device; image and text too unless offloaded
+        (the gradient cache then moves each micro-batch itself, non-blocking from pinned memory on CUDA)."""
+        image = batch["image"] if "image" in batch else batch["image_features"]
+        text = batch["tokens"] if "tokens" in batch else batch["text_features"]
+        if not self.offloaded:
+            image, text = image.to(self.device, non_blocking=True), text.to(self.device, non_blocking=True)
+        return image, text, batch["index"].to(self.device, non_blocking=True)
