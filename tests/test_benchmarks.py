@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import convergence  # noqa: E402
 import train_memory  # noqa: E402
 import train_throughput  # noqa: E402
 import trainer_bench as tb  # noqa: E402
@@ -84,3 +85,50 @@ def test_tower_speed_summary_table_and_bare_rate(tmp_path):
     assert "eval_cold_vs_bare: 0.75 (target >= 0.8): missed by 0.05" in text
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
     assert tower_speed.bare_rate(net, torch.randn(5, 3, 16, 16), 2, channels_last=True) > 0
+
+
+def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
+    """A feature cache as benchmarks/emoji_artists.py writes it: each artist draws a concept's latent through
+    a shared projection plus its own smaller one (so the heads can learn and transfer to the held-out
+    artist); one artist misses some concepts."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    latent = rng.standard_normal((num_concepts, 16))
+    codes = np.asarray([f"c{i}" for i in range(num_concepts)])
+    (cache / "features").mkdir(parents=True)
+    text = latent @ rng.standard_normal((16, 384)) + 3.0 * rng.standard_normal((num_concepts, 384))
+    np.savez(cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32))
+    shared = rng.standard_normal((16, 1280))
+    for artist, keep in (("twemoji", num_concepts), ("noto", num_concepts - 7), ("fluent", num_concepts),
+                         ("openmoji", num_concepts)):
+        own = shared + 0.5 * rng.standard_normal((16, 1280))
+        image = latent[:keep] @ own + 12.0 * rng.standard_normal((keep, 1280))
+        np.savez(cache / "features" / f"{artist}.npz", codepoints=codes[:keep], image=image.astype(np.float32))
+
+
+def test_convergence_quick_end_to_end(tmp_path, capsys):
+    """--quick on a synthetic feature cache: every available method tuned and run, tables, PNG, JSON;
+    a second call reuses every finished run from CACHE/runs.jsonl."""
+
+    _synthetic_artists(tmp_path / "cache")
+    out = tmp_path / "res" / "convergence.json"
+    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out)]
+    report = convergence.main(argv)
+    (cell,) = report["results"]
+    assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 2)
+    assert report["config"]["num_val_pairs"] + report["config"]["num_train_pairs"] == 3 * 120 - 7
+    assert cell["best_openclip"] in ("openclip (learnable τ)", "openclip (fixed τ)")
+    for name, row in cell["rows"].items():
+        assert len(row["paired_diff_vs_best_openclip"]["per_seed"]) == 2, name
+        grids, chosen = row["tuning"]["grids"], row["tuning"]["chosen"]
+        for knob, value in chosen.items():  # a grid end wins only when the extension limit says so
+            assert value not in (grids[knob][0], grids[knob][-1]) or knob in row["tuning"]["ends_at_best"]
+    assert out.with_suffix(".md").read_text().count("| 32 | 2 (") == len(cell["rows"])
+    assert (out.parent / "convergence_short.png").stat().st_size > 0
+    lines = (tmp_path / "cache" / "runs.jsonl").read_text().splitlines()
+    capsys.readouterr()
+    again = convergence.main(argv)
+    assert "s in all)" not in capsys.readouterr().out  # nothing retrained
+    assert len((tmp_path / "cache" / "runs.jsonl").read_text().splitlines()) == len(lines)
+    assert again["results"][0]["rows"] == cell["rows"]

@@ -1,0 +1,149 @@
+"""The methods the convergence benchmark compares, and how each is tuned on the validation split.
+
+A method is a name, the ``LossConfig`` fields that make it (nested sections with dotted keys:
+``"neuclip.lr"``) and its tuning grid: {field: candidate values}. Adding an objective to the benchmark
+is one more ``Method(...)`` line; one whose ``kind`` is not registered in this checkout (an objective
+still on its way to main) is skipped with a note, not an error.
+
+Tuning is a coordinate search on the validation score (mean of image→text and text→image R@1 on the
+training artists' held-back drawings, averaged over the tuning seeds, at the last step): knobs in the
+order given, each swept with the others at their best so far. When a knob's best value is at an end
+of its grid, the grid is extended one step past that end (geometric steps: the ratio of the last two
+values), up to ``MAX_EXTENSIONS`` times, so a reported best is never a grid end unless the limit or a
+bound stopped the search — the report says so when that happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkit.core.config import build, set_path
+from toolkit.train.losses import KINDS, LossConfig
+
+MAX_EXTENSIONS = 3  # per knob and end: beyond 3 steps past a grid the objective is not the limiting factor
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the benchmark: ``name``, LossConfig ``fields``, tuning ``grid`` {field: values} (in order)."""
+
+    name: str
+    fields: dict[str, Any]
+    grid: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    is_openclip: bool = False  # a candidate for "the best OpenCLIP" every other method is compared with
+    note: str = ""
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # hard limits of a knob
+
+    @property
+    def kind(self) -> str:
+        return str(self.fields.get("kind", "fastclip"))
+
+
+TAUS = (0.02, 0.03, 0.05, 0.07, 0.1)
+METHODS: tuple[Method, ...] = (
+    Method("openclip (learnable τ)", {"kind": "openclip", "mode": "gather", "learn_tau": True},
+           {"lr_tau": (1e-4, 1e-3, 1e-2)}, is_openclip=True,
+           note="what users run by default: τ starts at 0.07 and is learned with its own lr"),
+    Method("openclip (fixed τ)", {"kind": "openclip", "mode": "gather", "learn_tau": False},
+           {"tau_init": TAUS}, is_openclip=True),
+    Method("fastclip-v1", {"kind": "fastclip", "version": "v1", "gamma_min": 0.2}, {"tau_init": TAUS}),
+    Method("fastclip-v3", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh", "gamma_min": 0.2},
+           {"lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
+           note="the CC3M preset's rule (step_thresh, γ_min 0.2); lr_tau and ρ tuned"),
+    Method("neuclip", {"kind": "neuclip", "mode": "fastclip"},
+           {"neuclip.lr": (1e-3, 1e-2, 1e-1), "rho": (4.0, 6.5, 9.0)},
+           note="normaliser network lr and ρ tuned; the rest at the objective's documented defaults"),
+    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"tau_init": (0.05, 0.1, 0.2)}),
+)
+
+
+def loss_config(fields: dict[str, Any], source: str) -> LossConfig:
+    """LossConfig from flat fields with dotted keys for nested sections (validated as YAML would be)."""
+    data: dict[str, Any] = {}
+    for key, value in fields.items():
+        set_path(data, key.split("."), value)
+    return build(LossConfig, data, source=source)
+
+
+def unavailable(method: Method) -> str:
+    """Why ``method`` cannot run in this checkout ('' when it can)."""
+    if method.kind not in KINDS:
+        return f"loss kind {method.kind!r} is not registered in this checkout"
+    try:
+        loss_config({**method.fields, **{k: v[0] for k, v in method.grid.items()}}, method.name)
+    except (ValueError, TypeError) as err:
+        return f"its fields do not fit this checkout's LossConfig: {err}"
+    return ""
+
+
+def _extend(values: tuple[float, ...], upward: bool, bounds: tuple[float, float] | None) -> float | None:
+    """The next grid value past the upper (or lower) end, geometric; None past a bound."""
+    ratio = values[-1] / values[-2] if upward else values[0] / values[1]
+    nxt = (values[-1] if upward else values[0]) * ratio
+    if bounds is not None and not bounds[0] <= nxt <= bounds[1]:
+        return None
+    return float(f"{nxt:.3g}")
+
+
+@dataclass
+class Search:
+    """Coordinate search of one method in one (regime, batch) cell; scores come from validation runs."""
+
+    method: Method
+    scores: dict[tuple, float] = field(default_factory=dict)  # knob values (in grid order) -> val score
+    knob: int = 0
+    grids: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    extensions: dict[str, int] = field(default_factory=dict)
+    ends_at_best: list[str] = field(default_factory=list)  # knobs whose best stayed at a grid end (limit hit)
+
+    def __post_init__(self) -> None:
+        self.grids = {k: tuple(sorted(v)) for k, v in self.method.grid.items()}
+        self.best = {k: v[len(v) // 2] for k, v in self.grids.items()}  # middle of each grid to start
+
+    def _point(self, **change: float) -> tuple:
+        return tuple({**self.best, **change}[k] for k in self.grids)
+
+    def pending(self) -> list[dict[str, float]]:
+        """Knob settings still to score for the current knob ([] when the search is done)."""
+        if self.knob >= len(self.grids):
+            return []
+        name = list(self.grids)[self.knob]
+        points = [self._point(**{name: v}) for v in self.grids[name]]
+        return [dict(zip(self.grids, p, strict=True)) for p in points if p not in self.scores]
+
+    def record(self, knobs: dict[str, float], score: float) -> None:
+        self.scores[tuple(knobs[k] for k in self.grids)] = score
+
+    def advance(self) -> None:
+        """After the pending points are scored: fix the current knob at its best, extending its grid first
+        when the best is at an end."""
+        while self.knob < len(self.grids) and not self.pending():
+            name = list(self.grids)[self.knob]
+            values = self.grids[name]
+            best = max(values, key=lambda v: self.scores[self._point(**{name: v})])
+            self.best[name] = best
+            at_end = len(values) > 1 and best in (values[0], values[-1])
+            if at_end and self.extensions.get(name, 0) < MAX_EXTENSIONS:
+                nxt = _extend(values, best == values[-1], self.method.bounds.get(name))
+                if nxt is not None:
+                    self.extensions[name] = self.extensions.get(name, 0) + 1
+                    self.grids[name] = tuple(sorted((*values, nxt)))
+                    continue
+            if at_end:
+                self.ends_at_best.append(name)
+            self.knob += 1
+
+    def best_fields(self) -> dict[str, Any]:
+        return {**self.method.fields, **self.best}
+
+    def report(self) -> dict[str, Any]:
+        """The grids as searched, every scored point and the chosen values (for the JSON)."""
+        return {"grids": {k: list(v) for k, v in self.grids.items()}, "chosen": dict(self.best),
+                "ends_at_best": list(self.ends_at_best),
+                "scores": [{**dict(zip(self.grids, p, strict=True)), "val_r1": s} for p, s in self.scores.items()]}
+
+
+def describe(knobs: dict[str, Any]) -> str:
+    """'lr_tau=0.0002, rho=6.5' (for tables and logs)."""
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in knobs.items())

@@ -1,0 +1,259 @@
+"""One training run of the convergence benchmark, and the worker pool with its run cache.
+
+``Data``: the pairs of the training artists (minus the validation drawings), the validation pairs and
+the held-out artist's pairs, as LiT features (float16, as precompute stores them) and, for the
+from-scratch cell, as 32 px pixels and cliptk-tiny tokens. ``Bench.run`` trains one (mode, loss,
+batch, steps, seed) and evaluates R@1 on validation and held-out along the way. ``Runner`` runs many
+on ``--workers`` processes and appends each finished run to ``CACHE/runs.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import multiprocessing
+import time
+from pathlib import Path
+
+import convergence_methods as cm
+import convergence_report as cr
+import emoji_artists
+import numpy as np
+
+RUN_CACHE_VERSION = 1  # bump when the run procedure changes (invalidates CACHE/runs.jsonl)
+SPLIT_SEED = 20240607  # which concepts each training artist holds back for validation (fixed)
+WARMUP_FRACTION = 0.1
+SCRATCH_MODEL = "cliptk-tiny"  # 32 px ViT and a 32-token text tower, trained from random init
+SPLITS = ("train", "val", "held")
+
+
+class Data:
+    """Pairs per split (rows: (artist, row in that artist's features, caption index)) and their tensors per
+    mode: ``sets[mode][split] = (image, text)`` numpy arrays, row i of image going with row i of text."""
+
+    def __init__(self, args: argparse.Namespace, scratch: bool = False):
+        cache = Path(args.cache)
+        self.feats, caps = emoji_artists.load_all([*args.train_artists, args.heldout_artist], cache)
+        where = {c: i for i, c in enumerate(caps.codepoints)}
+        order = np.random.default_rng(SPLIT_SEED).permutation(len(caps.codepoints))
+        num_val = round(len(order) * args.val_fraction)
+        # the k-th validation concept is held back from training artist k mod A (the others keep theirs)
+        held_back = {int(c): args.train_artists[k % len(args.train_artists)] for k, c in enumerate(order[:num_val])}
+        self.pairs: dict[str, list[tuple[str, int, int]]] = {s: [] for s in SPLITS}
+        for artist in args.train_artists:
+            for row, code in enumerate(self.feats[artist].codepoints):
+                split = "val" if held_back.get(where[code]) == artist else "train"
+                self.pairs[split].append((artist, row, where[code]))
+        held = args.heldout_artist
+        self.pairs["held"] = [(held, row, where[c]) for row, c in enumerate(self.feats[held].codepoints)]
+        self.sets = {"lit": self._gather({a: f.image for a, f in self.feats.items()}, caps.text, np.float16)}
+        if scratch:
+            from toolkit.models.registry import tokenizer
+
+            pixels = {a: emoji_artists.load_pixels(a, f.codepoints, 32, cache) for a, f in self.feats.items()}
+            tokens = tokenizer(SCRATCH_MODEL)(caps.captions).numpy().astype(np.int32)
+            self.sets["scratch"] = self._gather(pixels, tokens, None)
+        digest = hashlib.sha1()
+        for image, text in self.sets["lit"].values():
+            digest.update(image.tobytes() + text.tobytes())
+        self.signature = digest.hexdigest()[:16]
+
+    def _gather(self, images: dict[str, np.ndarray], text: np.ndarray, dtype) -> dict[str, tuple]:
+        out = {}
+        for split, pairs in self.pairs.items():
+            image = np.stack([images[a][row] for a, row, _ in pairs])
+            txt = text[[c for _, _, c in pairs]]
+            out[split] = (image, txt) if dtype is None else (image.astype(dtype), txt.astype(dtype))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {f"num_{s}_pairs": len(p) for s, p in self.pairs.items()}
+
+
+class Bench:
+    """One worker's data and per-(mode, seed) models; ``run`` trains one setting."""
+
+    def __init__(self, args: argparse.Namespace, scratch: bool = False):
+        import torch
+
+        torch.set_num_threads(1)  # small models: one thread per worker, workers in parallel
+        self.args, self.data = args, Data(args, scratch)
+        self.tensors = {mode: {s: tuple(torch.from_numpy(a) for a in pair) for s, pair in sets.items()}
+                        for mode, sets in self.data.sets.items()}
+        self.models: dict[tuple[str, int], tuple] = {}
+
+    def dataset(self, mode: str):
+        """The training set as the trainer sees it (dataset.json's content; the arrays are in memory)."""
+        from toolkit.data.trainset.format import Field, TrainDataset
+        from toolkit.models import frozen
+
+        image, text = self.data.sets[mode]["train"]
+        if mode == "scratch":
+            fields = [Field.make("image", image.shape[1:]), Field.make("tokens", text.shape[1:])]
+            return TrainDataset(len(image), fields, [], 1, root=self.args.cache)
+        towers = {"image_tower": {"kind": "efficientnet_lite0", "image_size": 224, "weights": "",
+                                  "mean": list(frozen.LITE_MEAN), "std": list(frozen.LITE_STD)},
+                  "text_tower": {"kind": "minilm", "context_length": frozen.MINILM_CONTEXT_LENGTH, "weights": ""}}
+        fields = [Field.make("image_features", image.shape[1:]), Field.make("text_features", text.shape[1:])]
+        return TrainDataset(len(image), fields, [], 1, extra=towers, root=self.args.cache)
+
+    def model(self, mode: str, seed: int, loss_cfg):
+        """The trainer's model for ``seed`` (as ``toolkit train --seed`` initialises it), τ at tau_init."""
+        import torch
+
+        from toolkit.train import model as model_lib
+
+        if (mode, seed) not in self.models:
+            name = SCRATCH_MODEL if mode == "scratch" else self.args.heads
+            built = model_lib.build(name, "", self.dataset(mode), loss_cfg.tau_init, True, seed)
+            init = {k: v.detach().clone() for k, v in built.model.named_parameters() if v.requires_grad}
+            self.models[(mode, seed)] = (built.model, init)
+        model, init = self.models[(mode, seed)]
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in init.items():
+                params[name].copy_(value)
+            model.clip.logit_scale.fill_(math.log(1.0 / loss_cfg.tau_init))
+        model.clip.logit_scale.requires_grad_(loss_cfg.learns_logit_scale)
+        return model
+
+    def scores(self, model, mode: str, split: str) -> tuple[float, float]:
+        """(image→text, text→image) R@1 of a split (one caption per image)."""
+        import torch
+        from torch.nn.functional import normalize
+
+        image, text = self.tensors[mode][split]
+        model.eval()
+        with torch.no_grad():
+            x = torch.cat([normalize(model.encode_image(c), dim=-1) for c in image.split(512)])
+            y = torch.cat([normalize(model.encode_text(c), dim=-1) for c in text.split(512)])
+        model.train()
+        return recall_at_1(x, y)
+
+    def run(self, mode: str, loss_cfg, batch: int, steps: int, seed: int) -> dict:
+        """Train ``steps`` steps from seed ``seed``'s init; validation and held-out R@1 at ``eval_steps``."""
+        import torch
+
+        from toolkit.data.trainset.order import BatchOrder
+        from toolkit.train.losses import build_loss
+        from toolkit.train.optim import OptimConfig
+        from toolkit.train.runtime import autocast
+        from toolkit.train.step import StepInputs, forward_backward, stream_seed
+        from toolkit.train.update import Update
+
+        start = time.monotonic()
+        model = self.model(mode, seed, loss_cfg)
+        optim = OptimConfig(lr=self.args.lr, weight_decay=0.1, warmup_steps=int(steps * WARMUP_FRACTION))
+        image, text = self.tensors[mode]["train"]
+        loss_fn = build_loss(loss_cfg, data_size=len(image), check_sizes=False)
+        update = Update(model.clip, loss_fn, optim, loss_cfg, steps)  # the trainer's own update part
+        order = BatchOrder(len(image), batch, seed)
+        per_epoch = max(1, len(image) // batch)  # as toolkit.train.batches.steps_per_epoch
+        evals, skipped = set(eval_steps(steps, self.args.eval_points)), 0
+        curve = {"step": [], "heldout": [], "val": []}
+        for t in range(steps):  # toolkit.train.loop.train_step on one process
+            update.begin(t, per_epoch)
+            ids = torch.from_numpy(order.batch_ids(t))
+            forward_backward(model, loss_fn, StepInputs(image[ids], text[ids], ids), micro_batch_size=0,
+                             seed_of=lambda i, t=t: stream_seed(seed, t, 0, i), autocast=autocast("fp32", "cpu"),
+                             scale=update.scale)
+            skipped += not update.finish(loss_fn.global_value()).applied
+            if t + 1 in evals:
+                curve["step"].append(t + 1)
+                curve["heldout"].append(self.scores(model, mode, "held"))
+                curve["val"].append(self.scores(model, mode, "val"))
+        return {**curve, "tau": update.temperature(), "skipped_steps": skipped, "wall_s": time.monotonic() - start}
+
+
+def recall_at_1(image_emb, text_emb) -> tuple[float, float]:
+    """(image→text, text→image) R@1 with row i's caption for row i's image, top-1 by torch.topk as
+    clip-benchmark computes it."""
+    import torch
+
+    scores = text_emb @ image_emb.T  # [T, M]
+    truth = torch.arange(scores.shape[0])
+    t2i = (scores.topk(1, dim=1).indices[:, 0] == truth).float().mean().item()
+    i2t = (scores.T.topk(1, dim=1).indices[:, 0] == truth).float().mean().item()
+    return i2t, t2i
+
+
+def eval_steps(steps: int, points: int) -> list[int]:
+    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+
+
+# ------------------------------------------------------------------------------------------ the pool
+_BENCH: Bench | None = None
+
+
+def _init_worker(args: argparse.Namespace, scratch: bool) -> None:
+    global _BENCH
+    _BENCH = Bench(args, scratch)
+
+
+def _run_task(task: dict) -> tuple[str, dict]:
+    cfg = cm.loss_config(task["fields"], task["method"])
+    return task["key"], _BENCH.run(task["mode"], cfg, task["batch"], task["steps"], task["seed"])
+
+
+class Runner:
+    """Runs training tasks on ``--workers`` processes; finished runs are appended to CACHE/runs.jsonl."""
+
+    def __init__(self, args: argparse.Namespace, data: Data):
+        self.args, self.path = args, Path(args.cache) / "runs.jsonl"
+        self.common = {"version": RUN_CACHE_VERSION, "data": data.signature, "lr": args.lr, "heads": args.heads,
+                       "eval_points": args.eval_points, "warmup_fraction": WARMUP_FRACTION}
+        self.done: dict[str, dict] = {}
+        if self.path.is_file() and not args.fresh:
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+                self.done[rec["key"]] = rec["curve"]
+        self.started = time.monotonic()
+
+    def task(self, cell: dict, method: cm.Method, knobs: dict, seed: int) -> dict:
+        """The run of ``method`` with ``knobs`` in ``cell`` for ``seed``; its key names everything that
+        defines the result."""
+        fields = {**method.fields, "gamma_decay_epochs": cell["gamma_decay_epochs"], **knobs}
+        mode = cell.get("mode", "lit")
+        ident = {**self.common, "mode": mode, "fields": fields, "batch": cell["batch"], "steps": cell["steps"],
+                 "seed": seed}
+        key = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+        return {"key": key, "mode": mode, "method": method.name, "fields": fields, "batch": cell["batch"],
+                "steps": cell["steps"], "seed": seed,
+                "label": f"{cell['regime']} b{cell['batch']} {method.name} {cm.describe(knobs)} s{seed}"}
+
+    def curves(self, tasks: list[dict]) -> list[dict]:
+        return [self.done[t["key"]] for t in tasks]
+
+    def run_all(self, tasks: list[dict]) -> None:
+        todo = list({t["key"]: t for t in tasks if t["key"] not in self.done}.values())
+        # longest first, so the pool stays busy to the end (scratch steps cost ~30 LiT steps)
+        todo.sort(key=lambda t: -t["steps"] * (t["batch"] ** 0.5) * (30 if t["mode"] == "scratch" else 1))
+        if not todo:
+            return
+        labels = {t["key"]: t["label"] for t in todo}
+        scratch = any(t["mode"] == "scratch" for t in todo)
+        if self.args.workers <= 1:
+            if _BENCH is None or (scratch and "scratch" not in _BENCH.tensors):
+                _init_worker(self.args, scratch)
+            self._collect(map(_run_task, todo), labels)
+            return
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(min(self.args.workers, len(todo)), initializer=_init_worker,
+                      initargs=(self.args, scratch)) as pool:
+            self._collect(pool.imap_unordered(_run_task, todo), labels)
+
+    def _collect(self, results, labels: dict[str, str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as fh:
+            for i, (key, curve) in enumerate(results, 1):
+                self.done[key] = curve
+                fh.write(json.dumps({"key": key, "curve": curve}) + "\n")
+                fh.flush()
+                print(f"[{i}/{len(labels)}] {labels[key]}: val {100 * cr.mean_r1(curve['val'][-1]):.2f} held-out "
+                      f"{100 * cr.mean_r1(curve['heldout'][-1]):.2f} ({curve['wall_s']:.0f} s; "
+                      f"{time.monotonic() - self.started:.0f} s in all)", flush=True)
