@@ -12,6 +12,7 @@ the step number, so a resume at any world size continues exactly.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,13 +87,23 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
 
 def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
           checked: bool = False) -> dict[str, Any]:
-    """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model."""
+    """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model. The
+    signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
+    (with a checkpoint) instead of killing the process with the manifest left "running"."""
+    flag = PreemptionFlag.install()
+    try:
+        return _train(cfg, eval_fn, dataset, checked, flag)
+    finally:
+        flag.uninstall()
+
+
+def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, checked: bool,
+           flag: PreemptionFlag) -> dict[str, Any]:
     p = build_parts(cfg, dataset, checked)
     state = p.io.resume(config_checked=checked)
     resumed = state.step if state.step or p.io.last_step is not None else None
     report = Reporter(cfg, p.rt.rank, p.rt.world_size, p.rt.device, p.data.total_steps, p.data.steps_per_epoch,
                       resumed)
-    flag = PreemptionFlag.install()
     try:
         report.window.mark = time.monotonic()
         for batch in p.data.batches(state.step):
@@ -104,7 +115,8 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
                 report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 save_checkpoint(p, report, state)
-            if flag.agreed(p.rt.world_size):
+            # after the last step the run finishes normally (model written) whatever the signal
+            if state.step < p.data.total_steps and flag.agreed(p.rt.world_size):
                 save_checkpoint(p, report, state)
                 return finish(p, report, state, preempted=True)
             report.window.mark = time.monotonic()
@@ -112,9 +124,11 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
             report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
         save_checkpoint(p, report, state)
         return finish(p, report, state, preempted=False)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error in flight stays the one reported
+            p.io.close()  # a checkpoint being written when training stops is completed first
+        raise
     finally:
-        flag.uninstall()
-        p.io.close()  # a checkpoint being written when training stops is completed first
         report.close()
 
 
