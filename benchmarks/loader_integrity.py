@@ -6,7 +6,10 @@ them at each resolution in ``--sizes`` with this tree, and times two loaders, ea
 - ``before``: the toolkit at ``--base`` (the last commit before checksums; ``git archive`` into a temp
   folder) reading the folder as it wrote it (no ``.xxh3`` sidecars, no ``sums`` in dataset.json);
 - ``after``: this tree reading the folder as precompute writes it now: every sample's xxh3-64 and every
-  batch's token ids checked on read.
+  batch's token ids checked on read;
+- ``after_unverified``: this tree reading the old folder (nothing to verify; token ids still bounded),
+  which isolates what hashing costs from the rest of this change (the reader now reads into one reused
+  buffer instead of a fresh one per run).
 
 The two are timed alternately (``--rounds`` pairs, the order flipped every round) so machine load hits
 both alike; the slowdown is the median of the rounds' after/before ratios. With ``--workers 0`` the
@@ -90,16 +93,19 @@ def bench_size(raw: str, work: str, base: str, size: int, args) -> dict:
     run(build(PrecomputeConfig, {"input": raw, "out": after, "model": args.model, "image_size": size,
                                  "num_workers": 2, "samples_per_shard": args.per_shard}))
     strip_checksums(after, before)
-    rates: dict[str, list[float]] = {"before": [], "after": []}
+    # after_unverified: this tree on the old folder (no checksums to verify; token ids still bounded)
+    arms = {"before": (base, before), "after": (REPO, after), "after_unverified": (REPO, before)}
+    rates: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(args.rounds):
-        for name in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
-            rates[name].append(time_arm(base if name == "before" else REPO, before if name == "before" else after,
-                                        args))
+        for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+            rates[name].append(time_arm(*arms[name], args))
     row = {"size": size, "sample_bytes": TrainDataset.open(after).sample_bytes,
            **{f"{k}_samples_per_s": statistics.median(v) for k, v in rates.items()}, "rounds": rates}
     # the median of per-round ratios: each pair ran back to back, under about the same load
     row["slowdown_pct"] = 100 * (1 - statistics.median(a / b for a, b in zip(rates["after"], rates["before"],
                                                                              strict=True)))
+    row["checksum_cost_pct"] = 100 * (1 - statistics.median(
+        a / b for a, b in zip(rates["after"], rates["after_unverified"], strict=True)))
     shutil.rmtree(after), shutil.rmtree(before)
     return row
 
@@ -113,7 +119,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers of the timed loaders")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--passes", type=int, default=2, help="passes over the data per timing")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved (before, after) pairs")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the three loaders")
     parser.add_argument("--base", default="c1f16c8", help="git revision of the loader before checksums")
     parser.add_argument("--json", default="benchmarks/results/loader_integrity.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -135,11 +141,13 @@ def main() -> None:
     print(f"\n{args.num_samples} samples, {args.workers} workers, batch {args.batch_size}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f}: median {unit} of {args.rounds} interleaved rounds; slowdown: median of "
           f"the rounds' after/before ratios; before = {args.base}\n")
-    print("| model res | sample bytes | before (no checks) | after (checksums + token bound) | slowdown |")
-    print("|---|---|---|---|---|")
+    print("| model res | sample bytes | before (no checks) | after (checksums + token bound) | slowdown | "
+          "after, old folder (token bound only) | cost of the checksums |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['size']} | {r['sample_bytes']} | {r['before_samples_per_s']:.0f} | "
-              f"{r['after_samples_per_s']:.0f} | {r['slowdown_pct']:+.1f} % |")
+              f"{r['after_samples_per_s']:.0f} | {r['slowdown_pct']:+.1f} % | "
+              f"{r['after_unverified_samples_per_s']:.0f} | {r['checksum_cost_pct']:+.1f} % |")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump({"args": vars(args), "rows": rows}, fh, indent=2)
