@@ -149,3 +149,30 @@ def test_a_signal_while_waiting_for_a_peer_ends_launcher_and_agent(demo_train, t
     m = _manifest(out)
     assert m["status"] == "interrupted" and sig.name in m["error"]
     assert not _agent_pids(yaml_path)
+
+
+def test_a_second_signal_stops_running_workers_at_once(demo_train, tmp_path):
+    """The first SIGTERM asks the workers for a checkpoint; a second one, sent before they finished
+    (serialising a 92 MiB checkpoint takes seconds), kills the agent and the workers now."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out, "--steps", "400", "--log-every", "1")),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+        time.sleep(0.1)
+    yaml_path = next(line for line in lines if "torchrun --nproc" in line).split()[-1]
+    os.killpg(proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert proc.returncode == 1, output[-3000:]
+    assert "interrupted by a second signal (SIGTERM): the workers were stopped at once" in output, output[-3000:]
+    assert _manifest(out)["status"] == "interrupted"
+    assert not _agent_pids(yaml_path)
