@@ -161,10 +161,10 @@ def test_neuclip_resumes_exactly_at_another_world_size(demo_train, tmp_path):
     from safetensors.torch import load_file
 
     source, out = tmp_path / "two", tmp_path / "resumed"
-    assert run_cli([*_args(demo_train, source), *NEUCLIP, "--nproc-per-node", "2"]).returncode == 0
+    assert run_cli([*_args(demo_train, source), *NEUCLIP, "--nproc-per-node", "2"], timeout_s=600).returncode == 0
     (out / "checkpoints").mkdir(parents=True)
     shutil.copytree(source / "checkpoints" / "step-00000016", out / "checkpoints" / "step-00000016")
-    result = run_cli([*_args(demo_train, out), *NEUCLIP, "--resume", "latest"])
+    result = run_cli([*_args(demo_train, out), *NEUCLIP, "--resume", "latest"], timeout_s=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "on 1 rank(s)" in result.stdout
     assert _rel(weights(out), weights(source)) <= 1e-5

@@ -73,6 +73,10 @@ class LossConfig:
     gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
     gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
                                                              "(per step) or constant (gamma_min after epoch 0).")
+    u_drift: Literal["none", "batch"] = option(
+        "none", doc="FastCLIP v0/v1/v3: none (the reference's moving average) or batch: shift the batch's old "
+                    "estimators by their mean log(g/u_old) before averaging, removing the drift they share since "
+                    "their last visit (docs/fastclip.md).")
     rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
     eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators (neuclip: "
                                          "the ε of log(ε + g)).")
