@@ -38,12 +38,12 @@ from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
 from toolkit.train.losses.fastclip.attach import attach
 from toolkit.train.losses.fastclip.estimators import (
+    LOG_RESET,
     GlobalBatch,
     check_unique,
     ema_log,
     gather_batch,
     gather_rows,
-    LOG_RESET,
     log_plus_eps,
     surrogate_grads,
 )
