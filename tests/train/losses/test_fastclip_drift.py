@@ -36,3 +36,9 @@ def test_old_estimators_shift_by_the_batch_mean_drift_before_averaging():
         assert loss.metrics()[f"u_shift_{('image', 'text')[side]}"] == pytest.approx(float(shift), rel=1e-12)
     untouched = torch.tensor([0, 1, 2, 9])
     torch.testing.assert_close(loss.table("log_u_image")[untouched], old[0][untouched])
+
+
+def test_u_drift_is_refused_where_there_is_no_global_estimator():
+    for fields in ({"kind": "fastclip", "version": "v2"}, {"kind": "neuclip"}, {"kind": "openclip", "mode": "gather"}):
+        with pytest.raises(ValueError, match="u_drift: batch applies to FastCLIP v0, v1 and v3"):
+            LossConfig(u_drift="batch", **fields)

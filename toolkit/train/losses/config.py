@@ -97,6 +97,9 @@ class LossConfig:
             raise ValueError(f"{self.kind} runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
                              "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                              "gather/disco/ring")
+        if self.u_drift != "none" and (self.kind != "fastclip" or self.version == "v2"):
+            raise ValueError(f"u_drift: {self.u_drift} applies to FastCLIP v0, v1 and v3 (their estimators u); "
+                             f"this objective is {self.name}")
         for name in ("tau_beta1", "tau_beta2"):  # bias correction divides by 1 − β^(epoch+1)
             if not getattr(self, name) < 1:
                 raise ValueError(f"{name} must be < 1, got {getattr(self, name)}")
