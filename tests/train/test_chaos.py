@@ -14,8 +14,9 @@ from trainkit import ROOT, env
 @pytest.mark.dist
 @pytest.mark.parametrize("loss", [
     [],  # FastCLIP-v3: its per-sample tables
-    ["--loss", "neuclip", "--set", "loss.neuclip.num_prototypes=48", "--set", "loss.neuclip.restart_every_steps=7"],
-])
+    ["--loss", "neuclip", "--set", "loss.neuclip.num_prototypes=48", "--set", "loss.neuclip.restart_every_steps=7",
+     "--set", "loss.neuclip.adagrad_eps=1e-4"],  # why ε 1e-4: test_elastic.py, NEUCLIP
+], ids=["fastclip-v3", "neuclip"])
 def test_chaos_script_finds_no_duplicates_no_skips_and_equal_weights(demo_train, tmp_path, loss):
     out = tmp_path / "chaos"
     done = subprocess.run([sys.executable, "scripts/chaos_train.py", "--out", str(out), "--data", str(demo_train),

@@ -78,6 +78,10 @@ class LossConfig:
     gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
     gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
                                                              "(per step) or constant (gamma_min after epoch 0).")
+    u_drift: Literal["none", "batch"] = option(
+        "none", doc="FastCLIP v0/v1/v3: none (the reference's moving average) or batch: shift the batch's old "
+                    "estimators by their mean log(g/u_old) before averaging, removing the drift they share since "
+                    "their last visit (docs/fastclip.md).")
     rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
     eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators (neuclip: "
                                          "the ε of log(ε + g)).")
@@ -106,6 +110,9 @@ class LossConfig:
         if self.kind == "siglip" and self.mode == "disco":
             raise ValueError("the siglip loss has no disco mode: its gather mode already gathers only the texts "
                              "and reduce-scatters their gradients once. Use mode gather, ring or fastclip")
+        if self.u_drift != "none" and (self.kind != "fastclip" or self.version == "v2"):
+            raise ValueError(f"u_drift: {self.u_drift} applies to FastCLIP v0, v1 and v3 (their estimators u); "
+                             f"this objective is {self.name}")
         for name in ("tau_beta1", "tau_beta2"):  # bias correction divides by 1 − β^(epoch+1)
             if not getattr(self, name) < 1:
                 raise ValueError(f"{name} must be < 1, got {getattr(self, name)}")
