@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="*", default=None, help="method names (default: every available one)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--val-fraction", type=float, default=0.15)
+    p.add_argument("--num-concepts", type=int, default=None, help="use this many concepts, evenly spaced over "
+                   "the Unicode order (default: all ~1,900; fewer makes every run proportionally cheaper)")
     p.add_argument("--eval-points", type=int, default=20, help="evaluations per run (the curves' resolution)")
     p.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")

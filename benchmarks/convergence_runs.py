@@ -37,17 +37,21 @@ class Data:
         cache = Path(args.cache)
         self.feats, caps = emoji_artists.load_all([*args.train_artists, args.heldout_artist], cache)
         where = {c: i for i, c in enumerate(caps.codepoints)}
-        order = np.random.default_rng(SPLIT_SEED).permutation(len(caps.codepoints))
-        num_val = round(len(order) * args.val_fraction)
+        total = len(caps.codepoints)
+        num = min(args.num_concepts or total, total)
+        kept = np.asarray([i * total // num for i in range(num)])  # evenly over the Unicode order, as the demo
+        order = kept[np.random.default_rng(SPLIT_SEED).permutation(num)]
+        num_val = round(num * args.val_fraction)
         # the k-th validation concept is held back from training artist k mod A (the others keep theirs)
         held_back = {int(c): args.train_artists[k % len(args.train_artists)] for k, c in enumerate(order[:num_val])}
+        keep = set(kept.tolist())
         self.pairs: dict[str, list[tuple[str, int, int]]] = {s: [] for s in SPLITS}
-        for artist in args.train_artists:
+        for artist in [*args.train_artists, args.heldout_artist]:
             for row, code in enumerate(self.feats[artist].codepoints):
-                split = "val" if held_back.get(where[code]) == artist else "train"
-                self.pairs[split].append((artist, row, where[code]))
-        held = args.heldout_artist
-        self.pairs["held"] = [(held, row, where[c]) for row, c in enumerate(self.feats[held].codepoints)]
+                if where[code] in keep:
+                    split = "held" if artist == args.heldout_artist else \
+                        "val" if held_back.get(where[code]) == artist else "train"
+                    self.pairs[split].append((artist, row, where[code]))
         self.sets = {"lit": self._gather({a: f.image for a, f in self.feats.items()}, caps.text, np.float16)}
         if scratch:
             from toolkit.models.registry import tokenizer
