@@ -67,7 +67,7 @@ class LossConfig:
     tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
                                              "log(1/τ); v2: every sample's initial τ. siglip: see "
                                              "siglip_scale_init.")
-    learn_tau: bool = option(True, doc="openclip, neuclip: learn τ (true) or keep it at tau_init (false). FastCLIP "
+    learn_tau: bool = option(True, doc="openclip, siglip, neuclip: learn τ (true) or keep it at tau_init (false). FastCLIP "
                                        "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).")
     lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3, neuclip; "
                                             "empty: the model lr) or v2's per-sample rule's (empty: 1e-2).")
