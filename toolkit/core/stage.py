@@ -210,8 +210,10 @@ def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
         yield rec
     except BaseException as err:
         status = status_of(err)
-        report = get_logger("stage").error if status == "failed" else get_logger("stage").warning
-        report("%s %s: %s", kind, status, describe_error(err))
+        if status == "failed":
+            get_logger("stage").error("%s failed: %s", kind, describe_error(err))
+        else:
+            get_logger("stage").warning("%s stopped: %s", kind, describe_error(err))
         rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
                   error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
         raise
