@@ -115,6 +115,13 @@ def test_pretrained_efficientnet_tower(small_raw, tmp_path):
     assert ds.extra["image_tower"]["image_size"] == 224 and result.counts["num_samples"] == 1
     feats = next(iter(make_loader(str(tmp_path / "out"), batch_size=1)))["image_features"].float()
     assert bool(feats.isfinite().all()) and float(feats.abs().sum()) > 0
+    # image_tower_size: the tower runs at another side, recorded for the saved model's preprocessing
+    precompute(raw, tmp_path / "small", num_workers=1, image_tower="efficientnet_lite0", image_tower_size=96)
+    assert TrainDataset.open(str(tmp_path / "small")).extra["image_tower"]["image_size"] == 96
+    small = next(iter(make_loader(str(tmp_path / "small"), batch_size=1)))["image_features"].float()
+    assert small.shape == feats.shape and not bool((small - feats).abs().max() < 1e-3)
+    with pytest.raises(ValueError, match="image_tower_size"):
+        precompute(raw, tmp_path / "bad", num_workers=1, image_tower_size=96)
 
 
 def test_pipeline_kinds_and_cli(small_raw, tmp_path):

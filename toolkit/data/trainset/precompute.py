@@ -88,6 +88,9 @@ class PrecomputeConfig:
         from toolkit.models.frozen import check_weights_value
 
         check_weights_value("image_tower_weights", self.image_tower_weights)
+        if self.image_tower_size and self.image_tower != "efficientnet_lite0":
+            raise ValueError(f"image_tower_size: applies to image_tower efficientnet_lite0 only (got "
+                             f"{self.image_tower})")
         check_weights_value("text_tower_weights", self.text_tower_weights)
 
 
@@ -101,9 +104,6 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     state["image_tower"] = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model,
                                                     cfg.image_tower_weights) if cfg.image_tower != "none" else None)
     if cfg.image_tower_size:
-        if cfg.image_tower != "efficientnet_lite0":
-            raise ConfigError(type(cfg).__name__, "image_tower_size", "applies to image_tower efficientnet_lite0 "
-                              f"only (got {cfg.image_tower})")
         state["image_tower"].image_size = cfg.image_tower_size
     state["text_tower"] = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
                            if cfg.text_tower != "none" else None)
