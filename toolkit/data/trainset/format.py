@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tarfile
 from collections.abc import Iterator
@@ -64,7 +65,8 @@ class Field:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        # math.prod, not np.prod: readers ask once per read call, and np.prod costs ~5 us a call
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def padded_bytes(self) -> int:
@@ -243,7 +245,7 @@ def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows
         if view[k * size:k * size + len(name)] != name:
             raise _layout_error(url, start + k, name[:-1].decode(),
                                 bytes(view[k * size:k * size + 100]).split(b"\0")[0])
-    integrity.check_sums(ds, shard_index, start, rows, sums)
+    integrity.check_sums(ds, shard_index, start, view, sums)
     return rows
 
 
