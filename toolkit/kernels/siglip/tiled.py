@@ -9,7 +9,7 @@ asked, both feature gradients: per strip
     G = σ(u) − [pos]                      (∂loss/∂u, in place)
     dx[strip] = G Y,   dy += Gᵀ X[strip],  d_bias += Σ G
 
-and after the sweep dx, dy are multiplied by t once, and d_scale = Σ_ij G_ij s_ij = Σ_i ⟨x_i, (G Y)_i⟩
+(the strip is computed as its transpose Y x_stripᵀ, see below) and after the sweep dx, dy are multiplied by t once, and d_scale = Σ_ij G_ij s_ij = Σ_i ⟨x_i, (G Y)_i⟩
 (an O(M·D) dot instead of another pass over the strips). Memory: one strip buffer and one softplus
 temporary of the strip's size, plus the O((M + N)·D) gradients.
 
