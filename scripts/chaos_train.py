@@ -80,6 +80,11 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def workers(pid: int) -> list[int]:
+    """The training workers of launcher ``pid``: the children of its one child, torchrun's agent."""
+    return [w for agent in children(pid) for w in children(agent)]
+
+
 def last_step(run_dir: Path) -> int:
     """The newest step in RUN_DIR/metrics.jsonl (0 when none yet)."""
     path = run_dir / "metrics.jsonl"
@@ -103,11 +108,12 @@ def wait_until(predicate, proc: subprocess.Popen, what: str, timeout_s: float = 
 
 
 def kill_job(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher and its workers, as a lost node would (torchrun starts each worker in its own
-    session, so killing the launcher's process group leaves them running)."""
-    workers = children(proc.pid)
+    """SIGKILL the launcher, torchrun's agent and the workers, as a lost node would (the agent and each worker
+    run in sessions of their own, so killing the launcher's process group leaves them running)."""
+    agents = children(proc.pid)
+    procs = agents + [w for a in agents for w in children(a)]
     os.killpg(proc.pid, signal.SIGKILL)
-    for pid in workers:
+    for pid in procs:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -122,13 +128,13 @@ def chaos_run(data: Path, out: Path, args: argparse.Namespace, rng: random.Rando
     kills = []
     try:
         for i, step in enumerate(kill_steps):
-            wait_until(lambda s=step: last_step(out) >= s and len(children(proc.pid)) == 2, proc, f"step {step}")
+            wait_until(lambda s=step: last_step(out) >= s and len(workers(proc.pid)) == 2, proc, f"step {step}")
             if i < args.kills:
-                victim = rng.choice(children(proc.pid))
+                victim = rng.choice(workers(proc.pid))
                 os.kill(victim, signal.SIGKILL)
                 kills.append({"kind": "worker", "at_step": last_step(out), "pid": victim})
                 print(f"chaos: SIGKILL worker {victim} at step {kills[-1]['at_step']}", flush=True)
-                wait_until(lambda v=victim: v not in children(proc.pid) and len(children(proc.pid)) == 2, proc,
+                wait_until(lambda v=victim: v not in workers(proc.pid) and len(workers(proc.pid)) == 2, proc,
                            "the restart")
             else:
                 kills.append({"kind": "job", "at_step": last_step(out)})
