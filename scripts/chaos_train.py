@@ -80,6 +80,11 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def workers(pid: int) -> list[int]:
+    """The training workers of launcher ``pid``: the children of its one child, torchrun's agent."""
+    return [w for agent in children(pid) for w in children(agent)]
+
+
 def last_step(run_dir: Path) -> int:
     """The newest step in RUN_DIR/metrics.jsonl (0 when none yet)."""
     path = run_dir / "metrics.jsonl"
