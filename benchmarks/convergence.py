@@ -76,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cliptk-tiny cell "
                    "(0: leave it out)")
     p.add_argument("--scratch-epochs", type=int, default=4)
+    p.add_argument("--knobs-from", default=None, help="a result JSON whose cells' tuned knobs are reused (same "
+                   "batch) instead of tuning here: cheaper, and reported as such")
     p.add_argument("--out", default="benchmarks/results/convergence.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -119,6 +121,8 @@ def select_methods(names: list[str] | None) -> tuple[list[cm.Method], dict[str, 
 def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], methods: list[cm.Method]) -> list[dict]:
     """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise."""
     searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in methods}
+    if args.knobs_from:
+        adopt_knobs(args.knobs_from, searches)
     tune_seeds = range(args.tune_seeds)
     while True:
         pending = [(cell, m, s, knobs) for cell, m, s in searches.values() for knobs in s.pending()]
@@ -137,6 +141,17 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], me
         reports = {m.name: searches[(i, m.name)][2].report() for m in methods}
         out.append(cr.summarise(cell, runs, reports, [m.name for m in methods if m.is_openclip]))
     return out
+
+
+def adopt_knobs(path: str, searches: dict) -> None:
+    """Skip tuning: take each method's chosen knobs from the cell of the same batch in an earlier result
+    (``--knobs-from``; a cheaper run when compute is short, reported as such)."""
+    earlier = json.loads(Path(path).read_text())["results"]
+    for cell, method, search in searches.values():
+        source = next((c for c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None)
+        if source is None:
+            raise SystemExit(f"--knobs-from {path}: no batch-{cell['batch']} cell with {method.name}")
+        search.adopt(source["rows"][method.name]["tuning"]["chosen"], f"{source['regime']} regime ({path})")
 
 
 def scratch_cell(args: argparse.Namespace, runner: Runner, lit: list[dict], methods: list[cm.Method],
@@ -170,12 +185,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"skipping {name}: {why}", flush=True)
     if not any(m.is_openclip for m in methods):
         raise SystemExit("at least one OpenCLIP method is needed as the reference")
-    runner = Runner(args, data)
+    runner = Runner(args, data, scratch=args.scratch_seeds > 0)
     num_train = data.counts()["num_train_pairs"]
     results = tune_and_run(args, runner, make_cells(args, num_train), methods)
     if args.scratch_seeds > 0:
         scratch = scratch_cell(args, runner, results, methods, num_train)
         results += [scratch] if scratch is not None else []
+    runner.close()
     meta = {**data.counts(), "train_artists": args.train_artists, "heldout_artist": args.heldout_artist,
             "val_fraction": args.val_fraction, "lr": args.lr, "weight_decay": 0.1, "warmup_fraction": WARMUP_FRACTION,
             "heads": args.heads, "seeds": args.seeds, "tune_seeds": args.tune_seeds, "eval_points": args.eval_points,

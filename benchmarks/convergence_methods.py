@@ -49,8 +49,8 @@ METHODS: tuple[Method, ...] = (
            {"tau_init": TAUS}, is_openclip=True),
     Method("fastclip-v1", {"kind": "fastclip", "version": "v1", "gamma_min": 0.2}, {"tau_init": TAUS}),
     Method("fastclip-v3", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh", "gamma_min": 0.2},
-           {"lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
-           note="the CC3M preset's rule (step_thresh, γ_min 0.2); lr_tau and ρ tuned"),
+           {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
+           note="the CC3M preset's rule (step_thresh, γ_min 0.2); initial τ, lr_tau and ρ tuned"),
     Method("neuclip", {"kind": "neuclip", "mode": "fastclip"},
            {"neuclip.lr": (1e-3, 1e-2, 1e-1), "rho": (4.0, 6.5, 9.0)},
            note="normaliser network lr and ρ tuned; the rest at the objective's documented defaults"),
@@ -96,6 +96,7 @@ class Search:
     grids: dict[str, tuple[float, ...]] = field(default_factory=dict)
     extensions: dict[str, int] = field(default_factory=dict)
     ends_at_best: list[str] = field(default_factory=list)  # knobs whose best stayed at a grid end (limit hit)
+    adopted_from: str = ""  # knobs taken from another cell's tuning instead of searched here
 
     def __post_init__(self) -> None:
         self.grids = {k: tuple(sorted(v)) for k, v in self.method.grid.items()}
@@ -121,7 +122,9 @@ class Search:
         while self.knob < len(self.grids) and not self.pending():
             name = list(self.grids)[self.knob]
             values = self.grids[name]
-            best = max(values, key=lambda v: self.scores[self._point(**{name: v})])
+            scores = [self.scores[self._point(**{name: v})] for v in values]
+            tied = [v for v, sc in zip(values, scores, strict=True) if sc == max(scores)]
+            best = tied[len(tied) // 2]  # a tie is no reason to extend: the middle of the tied values
             self.best[name] = best
             at_end = len(values) > 1 and best in (values[0], values[-1])
             if at_end and self.extensions.get(name, 0) < MAX_EXTENSIONS:
@@ -134,13 +137,17 @@ class Search:
                 self.ends_at_best.append(name)
             self.knob += 1
 
+    def adopt(self, chosen: dict[str, Any], source: str) -> None:
+        """Take ``chosen`` knob values tuned elsewhere (``source``) and end the search."""
+        self.best, self.knob, self.adopted_from = dict(chosen), len(self.grids), source
+
     def best_fields(self) -> dict[str, Any]:
         return {**self.method.fields, **self.best}
 
     def report(self) -> dict[str, Any]:
         """The grids as searched, every scored point and the chosen values (for the JSON)."""
         return {"grids": {k: list(v) for k, v in self.grids.items()}, "chosen": dict(self.best),
-                "ends_at_best": list(self.ends_at_best),
+                "ends_at_best": list(self.ends_at_best), "adopted_from": self.adopted_from,
                 "scores": [{**dict(zip(self.grids, p, strict=True)), "val_r1": s} for p, s in self.scores.items()]}
 
 

@@ -85,6 +85,8 @@ def table(cells: list[dict], regime: str) -> str:
             reach = "not reached" if r["reach_ratio"] is None else \
                 f"{r['steps_to_reach_best_openclip']} ({r['reach_ratio']:.2f}×)"
             tuned = ", ".join(f"{k}={v:g}" for k, v in r["tuning"]["chosen"].items())
+            if r["tuning"].get("adopted_from"):
+                tuned += f" (tuned in the {r['tuning']['adopted_from'].split(' (')[0]})"
             if r["tuning"]["ends_at_best"]:
                 tuned += " (grid end: " + ", ".join(r["tuning"]["ends_at_best"]) + ")"
             lines.append(f"| {cell['batch']} | {cell['epochs']} ({cell['steps']}) | {name}{' **(best OpenCLIP)**' if best else ''} "

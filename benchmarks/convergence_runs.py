@@ -204,8 +204,8 @@ def _run_task(task: dict) -> tuple[str, dict]:
 class Runner:
     """Runs training tasks on ``--workers`` processes; finished runs are appended to CACHE/runs.jsonl."""
 
-    def __init__(self, args: argparse.Namespace, data: Data):
-        self.args, self.path = args, Path(args.cache) / "runs.jsonl"
+    def __init__(self, args: argparse.Namespace, data: Data, scratch: bool = False):
+        self.args, self.path, self.scratch, self.pool = args, Path(args.cache) / "runs.jsonl", scratch, None
         self.common = {"version": RUN_CACHE_VERSION, "data": data.signature, "lr": args.lr, "heads": args.heads,
                        "eval_points": args.eval_points, "warmup_fraction": WARMUP_FRACTION}
         self.done: dict[str, dict] = {}
@@ -240,16 +240,21 @@ class Runner:
         if not todo:
             return
         labels = {t["key"]: t["label"] for t in todo}
-        scratch = any(t["mode"] == "scratch" for t in todo)
         if self.args.workers <= 1:
-            if _BENCH is None or (scratch and "scratch" not in _BENCH.tensors):
-                _init_worker(self.args, scratch)
+            if _BENCH is None or (self.scratch and "scratch" not in _BENCH.tensors):
+                _init_worker(self.args, self.scratch)
             self._collect(map(_run_task, todo), labels)
             return
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(self.args.workers, len(todo)), initializer=_init_worker,
-                      initargs=(self.args, scratch)) as pool:
-            self._collect(pool.imap_unordered(_run_task, todo), labels)
+        if self.pool is None:  # one pool for every round: each worker builds its data and models once
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = ctx.Pool(self.args.workers, initializer=_init_worker, initargs=(self.args, self.scratch))
+        self._collect(self.pool.imap_unordered(_run_task, todo), labels)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+            self.pool = None
 
     def _collect(self, results, labels: dict[str, str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
