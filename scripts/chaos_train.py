@@ -1,15 +1,17 @@
 """Chaos check of elastic training: kill workers at random, kill the whole job, resume elsewhere, compare.
 
     .venv/bin/python scripts/chaos_train.py --out runs/chaos [--kills 3] [--steps 48] [--seed 0]
+    .venv/bin/python scripts/chaos_train.py --loss neuclip --set loss.neuclip.restart_every_steps=8
 
 1. Builds a real training set (the demo's Twemoji pairs -> raw shards -> training shards for cliptk-tiny)
    unless ``--data`` names one.
-2. Reference: an uninterrupted `toolkit train` (FastCLIP-v3, fastclip mode, 2 processes on this machine).
+2. Reference: an uninterrupted `toolkit train` (``--loss``, default FastCLIP-v3; fastclip mode; 2 processes on
+   this machine; ``--set KEY=VALUE`` passed on to every run).
 3. Chaos run, same settings under the elastic agent with ``--max-restarts KILLS``: SIGKILLs a random
    worker at ``--kills`` random steps (waiting for each restart before the next kill), then SIGKILLs the
    whole job (launcher and workers) and resumes it with ``--resume latest`` at ``--resume-nproc``
    processes (default 1: another world size).
-4. Prints the largest weight and FastCLIP-table difference from the reference, the samples seen twice
+4. Prints the largest weight and loss-state difference (FastCLIP's tables, NeuCLIP's network) from the reference, the samples seen twice
    and skipped within each epoch, the kills survived; writes OUT/chaos_report.json. Exit 1 when a
    duplicate, a skip or a difference above ``--max-rel-diff`` is found.
 
@@ -53,10 +55,11 @@ def build_trainset(out: Path, num_concepts: int) -> Path:
 
 def train_argv(data: Path, out: Path, args: argparse.Namespace, nproc: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "toolkit", "train", "--data", str(data), "--out", str(out),
-            "--loss", "fastclip-v3", "--mode", "fastclip", "--batch-size", str(args.batch_size),
+            "--loss", args.loss, "--mode", "fastclip", "--batch-size", str(args.batch_size),
             "--steps", str(args.steps), "--workers", "1", "--log-every", "1",
             "--checkpoint-every", str(args.checkpoint_every), "--nproc-per-node", str(nproc),
-            "--set", "tensorboard=false", "--set", "audit_samples=true", "--set", "optim.warmup_steps=4", *extra]
+            "--set", "tensorboard=false", "--set", "audit_samples=true", "--set", "optim.warmup_steps=4",
+            *[x for kv in args.set for x in ("--set", kv)], *extra]
 
 
 def env() -> dict[str, str]:
@@ -153,7 +156,7 @@ def max_diff(got: dict, want: dict) -> tuple[float, float]:
 
 
 def final_tensors(run_dir: Path) -> tuple[dict, dict]:
-    """(model weights, FastCLIP tables) of a finished run: RUN_DIR/model and its newest checkpoint."""
+    """(model weights, loss state) of a finished run: RUN_DIR/model and its newest checkpoint."""
     from safetensors.torch import load_file
 
     from toolkit.train import checkpoint as ckpt
@@ -191,8 +194,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=4, help="Checkpoint interval in steps (default 4).")
     p.add_argument("--resume-nproc", type=int, default=1, help="Processes of the resumed job (default 1).")
     p.add_argument("--seed", type=int, default=0, help="Seed of the kill schedule (default 0).")
+    p.add_argument("--loss", default="fastclip-v3", help="Objective of every run (default fastclip-v3; any\n"
+                   "objective of the fastclip mode: fastclip-v0..v3, neuclip).")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="Config override passed to every run (repeatable), e.g.\nloss.neuclip.restart_every_steps=8.")
     p.add_argument("--max-rel-diff", type=float, default=1e-5,
-                   help="Largest accepted relative weight difference (default 1e-5).")
+                   help="Largest accepted relative difference of the weights and of the loss state\n(default 1e-5).")
     return p.parse_args(argv)
 
 
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     weights_abs, weights_rel = max_diff(w_got, w_want)
     tables_abs, tables_rel = max_diff(t_got, t_want)
     steps_per_epoch = TrainDataset.open(str(data)).num_samples // args.batch_size
-    report = {"kills": kills, "kills_survived": len(kills), "resume_nproc": args.resume_nproc,
+    report = {"loss": args.loss, "kills": kills, "kills_survived": len(kills), "resume_nproc": args.resume_nproc,
               "weights_max_abs_diff": weights_abs, "weights_rel_diff": weights_rel,
               "tables_max_abs_diff": tables_abs, "tables_rel_diff": tables_rel,
               **accounting(read_audit(str(out)), read_audit(str(ref)), steps_per_epoch)}
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         if key != "kills":
             print(f"{key:>22}: {value:.3g}" if isinstance(value, float) else f"{key:>22}: {value}")
     ok = (report["samples_seen_twice"] == 0 and report["samples_skipped"] == 0
-          and report["batches_differing"] == 0 and weights_rel <= args.max_rel_diff)
+          and report["batches_differing"] == 0 and weights_rel <= args.max_rel_diff
+          and tables_rel <= args.max_rel_diff)
     print("chaos: PASS" if ok else "chaos: FAIL", f"(report: {args.out / 'chaos_report.json'})")
     return 0 if ok else 1
 

@@ -63,6 +63,30 @@ def test_run_tree_measures_and_enforces_memory():
     assert killed.status == "over budget" and killed.peak_pss_bytes > 100 * MB
 
 
+def test_tower_speed_summary_table_and_bare_rate(tmp_path):
+    """benchmarks/tower_speed.py: its arguments, the ratios and verdicts it prints, and its bare-forward
+    timer on a small conv net (the real run takes minutes)."""
+    import torch
+    import tower_speed
+
+    a = tower_speed.parse_args(["--num-images", "16", "--repeats", "1", "--out", str(tmp_path / "t")])
+    assert (a.num_images, a.repeats, a.threads) == (16, 1, 2)
+    rates = {"bare eager": [10.0, 12.0], "bare fast": [20.0, 20.0], "precompute": [17.0, 18.0],
+             "precompute (wall)": [8.0, 9.0], "eval cold": [15.0, 15.0], "eval cached": [400.0, 600.0]}
+    summary = tower_speed.summarise(rates)
+    assert summary["vs_bare_fast"]["precompute"] == pytest.approx(17.5 / 20)
+    assert summary["fast_vs_eager"] == pytest.approx(20 / 11)
+    assert summary["cached_speedup"] == pytest.approx(500 / 15)
+    targets = summary["targets"]
+    assert targets["precompute_vs_bare"]["met"] and not targets["eval_cold_vs_bare"]["met"]
+    text = tower_speed.table(summary, rates, {"num_images": 16, "batch_size": 8, "threads": 2, "repeats": 2,
+                                              "loadavg_at_start": 1.0, "torch": "x", "cpu_count": 2})
+    assert "| eval cached | 500.0 | 400.0, 600.0 | 25.00x |" in text
+    assert "eval_cold_vs_bare: 0.75 (target >= 0.8): missed by 0.05" in text
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    assert tower_speed.bare_rate(net, torch.randn(5, 3, 16, 16), 2, channels_last=True) > 0
+
+
 def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
     """A feature cache as benchmarks/emoji_artists.py writes it: each artist draws a concept's latent through
     a shared projection plus its own smaller one (so the heads can learn and transfer to the held-out

@@ -78,3 +78,109 @@ def test_saved_lit_model_encodes_raw_input_like_its_heads(lit_run):
     assert text_raw.shape == (6, 512) and image_raw.shape == (6, 512)
     torch.testing.assert_close(text_raw, text_head, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(image_raw, image_head, rtol=2e-3, atol=2e-3)
+
+
+def _zeroshot(lit_run: Path, out: Path, cache: Path, **extra):
+    from toolkit.eval.zeroshot import ZeroShotConfig, run
+
+    cfg = ZeroShotConfig(model=str(lit_run / "train" / "model"), datasets=["openmoji_retrieval", "openmoji_groups"],
+                         root=str(lit_run / "evalsets"), out=str(out), device="cpu", feature_cache=str(cache),
+                         **extra)
+    result = run(cfg)
+    manifest = json.loads((out / "manifest.json").read_text())
+    return json.loads((out / "results.json").read_text())["results"], manifest, result
+
+
+def test_cached_reevaluation_gives_the_cold_metrics(lit_run, tmp_path):
+    """A frozen-tower model's second evaluation reads the trunk features from the cache (no image decoded)
+    and gets exactly the metrics of the cold one, which equal an evaluation without the cache."""
+    cache = tmp_path / "cache"
+    cold, cold_manifest, _ = _zeroshot(lit_run, tmp_path / "cold", cache)
+    # the groups set holds the retrieval set's images: it reuses their features within the first run
+    assert cold_manifest["details"]["cache_hits"] == ["openmoji_groups"]
+    assert cold_manifest["details"]["inference"]["channels_last"]
+    stored = sorted(p.name for p in (cache / cold_manifest["details"]["tower_fingerprint"]).iterdir())
+    assert stored == ["images.npz", "texts.npz"], stored
+    warm, warm_manifest, _ = _zeroshot(lit_run, tmp_path / "warm", cache)
+    assert warm_manifest["details"]["cache_hits"] == ["openmoji_retrieval", "openmoji_groups"]
+    for a, b in zip(cold, warm, strict=True):
+        assert a["metrics"] == b["metrics"], (a, b)
+    # the plain path: clip-benchmark on the loaded open_clip model itself (eager, no folding, no cache)
+    from toolkit.eval.datasets import open_eval_set
+    from toolkit.eval.zeroshot import evaluate_set
+    from toolkit.models import load_model
+
+    loaded = load_model(str(lit_run / "train" / "model"), device="cpu")
+    for record in cold:
+        name = record["dataset"].removeprefix("wds/")
+        plain = evaluate_set(loaded.model, loaded.tokenizer, loaded.preprocess, open_eval_set(lit_run / "evalsets", name))
+        for key, value in record["metrics"].items():
+            assert value == pytest.approx(plain[key], abs=1e-9), (name, key)
+
+
+def test_a_changed_image_or_tower_misses_the_cache(lit_run, tmp_path):
+    import shutil
+
+    import torch
+
+    from toolkit.eval.datasets import open_eval_set
+    from toolkit.eval.towercache import read_labels_and_digests, split_frozen, tower_fingerprint
+    from toolkit.models import load_model
+
+    eval_set = open_eval_set(lit_run / "evalsets", "openmoji_retrieval")
+    labels, digests = read_labels_and_digests(eval_set)
+    assert len(labels) == len(digests) == eval_set.num_samples == len(set(digests))
+    other = tmp_path / "sets"
+    shutil.copytree(lit_run / "evalsets" / "openmoji_retrieval", other / "openmoji_retrieval")
+    assert read_labels_and_digests(open_eval_set(other, "openmoji_retrieval"))[1] == digests  # content, not path
+    loaded = load_model(str(lit_run / "train" / "model"), device="cpu")
+    split = split_frozen(loaded.model, loaded.tokenizer)
+    before = tower_fingerprint(split, loaded.preprocess_cfg)
+    assert before != tower_fingerprint(split, {**loaded.preprocess_cfg, "size": 192})
+    with torch.no_grad():
+        next(split.image_trunk.parameters()).view(-1)[0] += 1e-3
+    assert tower_fingerprint(split, loaded.preprocess_cfg) != before
+
+
+def test_report_shows_gallery_and_training_curves(lit_run, tmp_path):
+    from PIL import Image
+
+    _, manifest, _ = _zeroshot(lit_run, tmp_path / "z", tmp_path / "cache", training_run=str(lit_run / "train"))
+    report = (tmp_path / "z" / "report.md").read_text()
+    assert "![openmoji_retrieval retrieval gallery](gallery_openmoji_retrieval.png)" in report
+    assert "![training curves](training_curves.png)" in report
+    with Image.open(tmp_path / "z" / "gallery_openmoji_retrieval.png") as img:
+        assert img.width > 600 and img.height > 5 * 96
+    with Image.open(tmp_path / "z" / "training_curves.png") as img:
+        assert img.width >= 800
+    ranks = [int(line.rsplit("|", 2)[1]) for line in report.splitlines() if line.startswith("| ") and
+             line.rstrip().endswith("|") and line.rsplit("|", 2)[1].strip().isdigit() and "caption" not in line]
+    assert len(ranks) == 5 and all(1 <= r <= 24 for r in ranks)
+
+
+@pytest.mark.slow
+def test_neuclip_trains_lit_heads_with_the_gradient_cache_as_without(lit_run, tmp_path):
+    """--loss neuclip on the frozen-tower features: micro-batches of 3 give the weights (and the normaliser
+    network) of whole-batch steps (SGD: its update is linear in the gradient)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from toolkit.core.config import build
+    from toolkit.train.config import TrainConfig
+    from toolkit.train.run import run
+
+    def train(out, micro):
+        cfg = {"data": str(lit_run / "precompute"), "out": str(out), "model": "cliptk-small", "batch_size": 8,
+               "steps": 4, "micro_batch_size": micro, "log_every": 1, "tensorboard": False,
+               "loader": {"num_workers": 0}, "optim": {"name": "sgd", "lr": 0.1},
+               "loss": {"kind": "neuclip", "neuclip": {"num_prototypes": 20, "restart_every_steps": 3}}}
+        run(build(TrainConfig, cfg))
+        return (load_file(str(out / "model" / "open_clip_model.safetensors")),
+                load_file(str(out / "checkpoints" / "step-00000004" / "loss_state.safetensors")))
+
+    (w_plain, n_plain), (w_cached, n_cached) = train(tmp_path / "plain", 0), train(tmp_path / "cached", 3)
+    for got, want in ((w_cached, w_plain), (n_cached, n_plain)):
+        assert got.keys() == want.keys()
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert int(n_plain["network.filled"][0]) == 8  # 8 rows at the start, 16, 20, then the restart at step 3: 8

@@ -87,19 +87,19 @@ def test_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_pat
     assert stage.read_manifest(str(out))["status"] == "done"
 
 
-@pytest.mark.parametrize(("error", "words"), [
-    (KeyboardInterrupt(), "interrupted (Ctrl-C or SIGINT)"),
-    (RuntimeError(""), "RuntimeError (no message)"),
-    (ValueError("bad row 3"), "bad row 3"),
+@pytest.mark.parametrize(("error", "status", "words"), [
+    (KeyboardInterrupt(), "interrupted", "interrupted (Ctrl-C or SIGINT)"),  # a signal is no failure
+    (RuntimeError(""), "failed", "RuntimeError (no message)"),
+    (ValueError("bad row 3"), "failed", "bad row 3"),
 ])
-def test_failure_message_is_never_empty(tmp_path, caplog, error, words):
+def test_failure_message_is_never_empty(tmp_path, caplog, error, status, words):
     """Issue 15 item 9: Ctrl-C logged 'data.fetch failed: ' and recorded 'KeyboardInterrupt: '."""
     cfg = ShellConfig(cmd="x", out=str(tmp_path / "out"))
     with pytest.raises(type(error)), stage.stage_run("shell", cfg, cfg.out):
         raise error
-    assert f"shell failed: {words}" in caplog.text
+    assert f"shell {status}: {words}" in caplog.text
     manifest = stage.read_manifest(cfg.out)
-    assert manifest["status"] == "failed" and manifest["error"].startswith(f"{type(error).__name__}: {words}")
+    assert manifest["status"] == status and manifest["error"].startswith(f"{type(error).__name__}: {words}")
 
 
 def test_cli_ctrl_c_is_one_line_and_exit_130(capsys):

@@ -42,3 +42,17 @@ def test_fetch_summary_of_a_run_with_nothing_left_to_download():
     assert lines[-1] == "this run: 4 URLs in 3.2 s = 1.25 URLs/s, 1.25 images/s stored"  # no 'None URLs/s'
     lines = summary_lines(_summary(num_urls=4, download_s=0.5, download_urls_per_s=8.0))
     assert lines[-1].endswith("; downloading alone 0.5 s = 8.0 URLs/s")
+
+
+def test_fetch_summary_of_retry_rounds():
+    none = {"failed_before": 0, "retried_by_reason": {}, "not_retried_by_reason": {}, "round": None}
+    assert summary_lines({**_summary(), "retry": none})[-1] == "retry: nothing to retry: no URL failed; nothing was changed"
+    kept = {**none, "failed_before": 10, "not_retried_by_reason": {"http_404": 10}}
+    assert summary_lines({**_summary(), "retry": kept})[-1] == (
+        "retry: nothing to retry: none of the 10 failed URLs failed for a transient reason (permanent: http_404 10); "
+        "nothing was changed")
+    done = {"failed_before": 12, "retried_by_reason": {"timeout": 2}, "not_retried_by_reason": {"http_404": 10},
+            "round": 3, "shards": ["00006", "00006"], "round_success": 1, "failed_after": 11}
+    assert summary_lines({**_summary(num_urls=2), "retry": done})[1] == (
+        "retry round 3: fetched again 2 URLs that failed transiently (timeout 2) into shards 00006..00006: 1 ok "
+        "now; failed URLs 12 -> 11 (not retried, permanent: http_404 10)")

@@ -24,7 +24,9 @@ CFG = {"embed_dim": 16,
 PATCH_DROPOUT = 0.4
 LOSSES = {"openclip-gather": {"kind": "openclip", "mode": "gather"},
           "fastclip-v1": {"kind": "fastclip", "version": "v1"},
-          "fastclip-v3": {"kind": "fastclip", "version": "v3"}}
+          "fastclip-v3": {"kind": "fastclip", "version": "v3"},
+          "siglip-ring": {"kind": "siglip", "mode": "ring"},  # the model has a learnable logit bias
+          "neuclip": {"kind": "neuclip"}}
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -34,7 +36,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return images, tokens, torch.randperm(40, generator=g)[:GLOBAL_BATCH]
 
 
-def _model(dropout: bool):
+def _model(dropout: bool, logit_bias: float | None = None):
     import copy
 
     from toolkit.models.factory import build_model
@@ -42,6 +44,8 @@ def _model(dropout: bool):
 
     cfg = copy.deepcopy(CFG)
     cfg["vision_cfg"]["patch_dropout"] = PATCH_DROPOUT if dropout else 0.0
+    if logit_bias is not None:  # as train.model.build does for sigmoid losses
+        cfg["init_logit_bias"] = logit_bias
     torch.manual_seed(0)
     clip = build_model(cfg)
     return TrainModel(clip, "image", "tokens", (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)).train()
@@ -52,8 +56,8 @@ def _setup(loss_name: str, rank: int, world: int, dropout: bool):
     from toolkit.train.ddp import wrap_ddp
     from toolkit.train.losses import LossConfig, build_loss
 
-    model = _model(dropout)
     cfg = build(LossConfig, LOSSES[loss_name])
+    model = _model(dropout, cfg.init_logit_bias)
     model.clip.logit_scale.requires_grad_(cfg.learns_logit_scale)  # as the trainer does (v1: τ constant)
     loss = build_loss(cfg, data_size=40)
     images, tokens, index = _batch()
@@ -87,8 +91,8 @@ def reference(loss_name: str, micro: int, dropout: bool = True) -> dict[str, tor
     for i, start in enumerate(range(0, GLOBAL_BATCH, micro)):
         torch.manual_seed(seed_of(i))
         feats.append(model(images[start:start + micro], tokens[start:start + micro]))
-    x, y, a = torch.cat([f[0] for f in feats]), torch.cat([f[1] for f in feats]), feats[-1][2]
-    loss(x, y, a, index).backward()
+    x, y, scalars = torch.cat([f[0] for f in feats]), torch.cat([f[1] for f in feats]), feats[-1][2:]
+    loss(x, y, scalars[0], index, logit_bias=scalars[1] if len(scalars) > 1 else None).backward()
     return {n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None}
 
 

@@ -28,7 +28,7 @@ def _args(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (the torchrun agent's workers), from /proc."""
+    """Processes whose parent is ``pid``, from /proc."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -68,7 +68,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(demo_
     proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out), "--nproc-per-node", "2", "--max-restarts", "1"),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait(lambda: (out / "checkpoints" / "step-00000008" / "checkpoint.json").is_file(), proc)
-    workers = _children(proc.pid)
+    agents = _children(proc.pid)  # the launcher's one child is torchrun's agent; its children are the workers
+    assert len(agents) == 1, agents
+    workers = _children(agents[0])
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)
@@ -149,3 +151,34 @@ def test_sigusr1_to_a_launcher_reaches_its_workers(demo_train, tmp_path):
     assert proc.returncode == 0, output[-3000:]
     last = max(r["step"] for r in metrics(out))
     assert last < 400 and (out / "checkpoints" / f"step-{last:08d}" / "checkpoint.json").is_file()
+
+
+# adagrad_eps 1e-4: AdaGrad's first steps after a (re)start are ±lr·sign(g) for every coordinate, so fp32
+# summation-order noise (1e-7) flips the sign of near-zero gradients and moves those coordinates by 2·lr
+# (measured: 5e-4 relative on the network with eps 1e-10, while the weights agree to 1e-5); a larger ε
+# makes those updates proportional to g. float64 exactness at any world size: losses/test_neuclip_dist.py.
+NEUCLIP = ["--loss", "neuclip", "--set", "loss.neuclip.num_prototypes=48", "--set", "loss.neuclip.restart_every_steps=6",
+           "--set", "loss.neuclip.adagrad_eps=1e-4"]
+
+
+@pytest.mark.dist
+def test_neuclip_resumes_exactly_at_another_world_size(demo_train, tmp_path):
+    """Its network (prototypes and AdaGrad sums) travels in the loss state: a 2-process run resumed on one
+    process from step 16 ends like the uninterrupted one (weights, network, losses), restarts included."""
+    from safetensors.torch import load_file
+
+    source, out = tmp_path / "two", tmp_path / "resumed"
+    assert run_cli([*_args(demo_train, source), *NEUCLIP, "--nproc-per-node", "2"], timeout_s=600).returncode == 0
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(source / "checkpoints" / "step-00000016", out / "checkpoints" / "step-00000016")
+    result = run_cli([*_args(demo_train, out), *NEUCLIP, "--resume", "latest"], timeout_s=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "on 1 rank(s)" in result.stdout
+    assert _rel(weights(out), weights(source)) <= 1e-5
+    final = Path("checkpoints") / f"step-{STEPS:08d}" / "loss_state.safetensors"
+    net_got, net_want = load_file(str(out / final)), load_file(str(source / final))
+    assert set(net_want) == {"network.initialised", "network.filled", "network.weight", "network.sumsq"}
+    assert _rel(net_got, net_want) <= 1e-5
+    losses = {r["step"]: r["loss"] for r in metrics(out)}
+    assert [losses[s] for s in range(17, STEPS + 1)] == pytest.approx(
+        [r["loss"] for r in metrics(source) if r["step"] > 16], rel=1e-5)

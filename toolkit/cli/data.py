@@ -68,6 +68,10 @@ def fetch_cmd(
     keep_duplicates: Annotated[bool | None, typer.Option(
         "--keep-duplicates/--skip-duplicates", help="Download every occurrence of a URL, or only the first "
                                                     "(default: skip, counted as duplicate_url).")] = None,
+    retry_failed: Annotated[bool | None, typer.Option(
+        "--retry-failed", help="Then fetch again the URLs that failed transiently (timeouts, HTTP 5xx/408/429, "
+                               "connection errors; not 404s or bad images) into new shards of --out, printing "
+                               "the failure counts before and after; rerun to retry what fails again.")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -83,7 +87,8 @@ def fetch_cmd(
                           samples_per_shard=samples_per_shard, num_processes=num_processes, num_threads=num_threads,
                           timeout_s=timeout_s, retries=retries, distributor=distributor,
                           run_timeout_s=run_timeout_s, overwrite=overwrite, max_bytes=max_bytes,
-                          allow_schemes=_split(allow_schemes), keep_duplicates=keep_duplicates)
+                          allow_schemes=_split(allow_schemes), keep_duplicates=keep_duplicates,
+                          retry_failed=retry_failed)
     result = run_stage(run, cfg)
     for line in summary_lines({**result.counts, **result.details}):
         typer.echo(line)
@@ -270,3 +275,33 @@ def inspect_cmd(
     for b in d["caption_words"]:
         typer.echo(f"  {b['words']:>6} {b['count']:>8} {'#' * round(40 * b['count'] / peak)}")
     typer.echo(f"report: {Path(cfg.out) / 'report.json'}" if "://" not in cfg.out else f"report: {cfg.out}")
+
+
+@app.command("verify")
+def verify_cmd(
+    ctx: typer.Context,
+    input: Annotated[str, typer.Argument(help="Training-shard folder (precompute output; local or fsspec).",
+                                         metavar="directory")],
+    max_listed: Annotated[int | None, typer.Option("--max-listed", help="Damaged samples listed per shard; "
+                                                                        "all are counted (default 20).")] = None,
+    config: ConfigFile = None,
+    overrides: SetOverrides = None,
+) -> None:
+    """Read every sample of a training-shard folder: checksums, layout, token ids; list what is damaged.
+
+    Exit code 0 when every sample is intact; 1 when something is damaged (each problem names the shard
+    and the sample) or DIRECTORY holds no readable dataset.json. Writes nothing.
+    """
+    from toolkit.data.trainset.verify import VerifyConfig, run
+
+    cfg = load_cli_config(ctx, VerifyConfig, config, overrides, input=input, max_listed=max_listed)
+    result = run_stage(run, cfg)
+    checks = "per-sample xxh3-64 checksums" if result.checksums else "no checksums recorded (older precompute)"
+    vocab = f", token ids < {result.vocab_size}" if result.vocab_size else ""
+    typer.echo(f"{input}: {result.num_samples} samples in {result.num_shards} shards ({checks}, layout{vocab})")
+    for line in result.problems:
+        typer.echo(f"damaged: {line}")
+    if not result.ok:
+        fail(f"{result.num_damaged_samples} damaged samples in {len(result.damaged_shards)} of "
+             f"{result.num_shards} shards: {', '.join(result.damaged_shards[:10])}", code=1)
+    typer.echo("ok: every sample is intact")

@@ -26,8 +26,8 @@ def plan(
                                               "(default 1).")] = None,
     mode: Annotated[str | None, Opt("--mode", help="Distributed mode whose loss memory is tabled: gather, "
                                     "disco, ring or fastclip (default; traffic is printed for every mode).")] = None,
-    loss: Annotated[str | None, Opt("--loss", help="openclip or fastclip-v0..v3 (default fastclip-v3, which "
-                                    "runs in the fastclip mode).")] = None,
+    loss: Annotated[str | None, Opt("--loss", help="openclip, fastclip-v0..v3 (default fastclip-v3) or neuclip "
+                                    "(both run in the fastclip mode).")] = None,
     micro_batch_size: Annotated[int | None, Opt("--micro-batch-size", help="Gradient-cache micro-batch per "
                                                 "rank (0 default: off, the whole local batch).")] = None,
     precision: Annotated[str | None, Opt("--precision", help="fp32 (default), bf16 or fp16 autocast.")] = None,

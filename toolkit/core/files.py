@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,12 +100,46 @@ def replacing_dir(path: str | os.PathLike) -> Iterator[Path]:
             old = target.parent / f".{target.name}.old-{tag}"
             os.replace(target, old)
             os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_replaced(old)
         else:
             os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _remove_replaced(old: Path) -> None:
+    """Delete the folder a replacement set aside; if that fails, say so (it is hidden and may be large)."""
+    try:
+        remove_tree(old)
+    except OSError as err:
+        from toolkit.core.log import get_logger
+
+        get_logger("files").warning("could not delete the replaced folder %s (%s): delete it by hand", old, err)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Delete a local folder and everything in it, including parts its owner made unreadable (chmod 000:
+    shutil.rmtree cannot list them, and ``ignore_errors`` used to leave them behind silently). Missing: no-op.
+    Raises OSError when it still cannot (another user's files)."""
+    target = Path(local_path(str(path)))
+    try:
+        shutil.rmtree(target)
+        return
+    except FileNotFoundError:
+        return
+    except PermissionError:
+        pass
+    _make_owner_accessible(target)
+    shutil.rmtree(target)
+
+
+def _make_owner_accessible(folder: Path) -> None:
+    """chmod u+rwx every folder below ``folder`` (itself first, so it can be listed); symlinks untouched."""
+    os.chmod(folder, os.stat(folder).st_mode | stat.S_IRWXU)
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            _make_owner_accessible(Path(entry.path))
 
 
 def read_json(path: str) -> Any:

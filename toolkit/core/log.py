@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -12,6 +13,8 @@ from typing import TypeVar
 
 T = TypeVar("T")
 _STATE = {"quiet": False}
+# "1" in processes a quiet launcher started (torchrun's agent, the workers): quiet as if given --quiet
+QUIET_ENV = "CLIPTK_QUIET"
 LOGGER_NAME = "toolkit"
 # Off a TTY, progress is logged at most this often so CI logs show liveness without flooding.
 PROGRESS_LOG_INTERVAL_S = 10.0
@@ -56,7 +59,7 @@ def setup_logging(level: str = "INFO", quiet: bool = False) -> None:
 
 
 def is_quiet() -> bool:
-    return _STATE["quiet"]
+    return _STATE["quiet"] or os.environ.get(QUIET_ENV) == "1"
 
 
 class JsonLinesHandler(logging.Handler):

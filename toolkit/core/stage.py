@@ -2,7 +2,7 @@
 
 Every stage writes into its output directory ``out``:
 - ``config.yaml``: the resolved config;
-- ``manifest.json``: kind, status (running/done/failed, or an outcome such as preempted), config hash, input fingerprints, outputs,
+- ``manifest.json``: kind, status (running/done/failed/interrupted, or an outcome such as preempted), config hash, input fingerprints, outputs,
   counts, details, start/end time, error;
 - ``log.jsonl``: every toolkit log record emitted while the stage ran;
 - ``.lock``: held while the stage runs (:mod:`toolkit.core.outlock`), so a second run into the folder fails.
@@ -183,6 +183,16 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
             yield from _recorded(rec, kind)
 
 
+class StageInterrupted(RuntimeError):
+    """A stage stopped on a signal (SIGTERM, SIGINT, SLURM's SIGUSR1); its manifest says "interrupted", not
+    "failed", and the message says what was kept and how to continue."""
+
+
+def status_of(err: BaseException) -> str:
+    """The manifest status of a stage that raised ``err``: interrupted (a signal) or failed."""
+    return "interrupted" if isinstance(err, (StageInterrupted, KeyboardInterrupt)) else "failed"
+
+
 def describe_error(err: BaseException) -> str:
     """A one-line description of why a stage stopped; never empty (Ctrl-C's KeyboardInterrupt has no text)."""
     if isinstance(err, KeyboardInterrupt):
@@ -194,13 +204,15 @@ def describe_error(err: BaseException) -> str:
 
 def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
     """Yield ``rec`` to the stage body; record ``rec.status`` (done unless the body set another outcome), or
-    failed with the error (re-raised)."""
+    failed / interrupted with the error (re-raised)."""
     start = time.monotonic()
     try:
         yield rec
     except BaseException as err:
-        get_logger("stage").error("%s failed: %s", kind, describe_error(err))
-        rec.write(status="failed", finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
+        status = status_of(err)
+        report = get_logger("stage").error if status == "failed" else get_logger("stage").warning
+        report("%s %s: %s", kind, status, describe_error(err))
+        rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
                   error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
         raise
     rec.write(status=rec.status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3))

@@ -22,6 +22,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from toolkit.core.log import get_logger
 from toolkit.data.raw.reader import split_member_name
 
 # Image members an evaluation set may hold: the formats clip-benchmark's wds reader decodes (its
@@ -100,9 +101,15 @@ def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
     if kind not in TASKS:
         raise DatasetError(f"{type_path}: unsupported dataset type {kind!r}; expected 'retrieval' or "
                            "'classification'")
-    num_samples = sum(_count_samples(s) for s in shards)
+    counts = [_count_samples(s) for s in shards]
+    num_samples = sum(counts)
     if num_samples == 0:
         raise DatasetError(f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(SET_IMAGE_EXTS)})")
+    empty = [s for s, n in zip(shards, counts, strict=True) if n == 0]
+    if empty:  # a shard cut short or overwritten: the results would silently cover fewer samples
+        get_logger("eval").warning("%s: %d of %d shards hold no sample with an image (%s); evaluating the %d samples "
+                                   "of the others: rebuild the set if a shard was damaged", path, len(empty),
+                                   len(shards), ", ".join(Path(s).name for s in empty), num_samples)
     if kind == "retrieval":
         return EvalSet(name, path, kind, shards, num_samples)
     classnames = _read_lines(path / "classnames.txt", "one class name per line")
@@ -113,43 +120,70 @@ def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
     return EvalSet(name, path, kind, shards, num_samples, tuple(classnames), tuple(templates))
 
 
-def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any) -> tuple[Any, Any]:
-    """One webdataset sample -> (image tensor, label int | list of captions); errors name the sample."""
-    from PIL import Image
-
+def label_of(sample: dict[str, Any], eval_set: EvalSet) -> int | list[str]:
+    """A webdataset sample's label index (classification) or caption list (retrieval); errors name it."""
     where = f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}"
-    image_key = next((k for k in SET_IMAGE_EXTS if k in sample), None)
-    if image_key is None:
-        raise DatasetError(f"{where}: no image ({', '.join('.' + e for e in SET_IMAGE_EXTS)})")
-    try:
-        image = Image.open(io.BytesIO(sample[image_key])).convert("RGB")
-    except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
-        raise DatasetError(f"{where}: unreadable image .{image_key}: {err}") from err
     if eval_set.kind == "retrieval":
         if "txt" not in sample:
             raise DatasetError(f"{where}: no captions (.txt) in a retrieval set")
         captions = [c for c in sample["txt"].decode("utf-8").splitlines() if c.strip()]
         if not captions:
             raise DatasetError(f"{where}: empty .txt (no captions)")
-        return transform(image), captions
+        return captions
     if "cls" not in sample:
         raise DatasetError(f"{where}: no label (.cls) in a classification set")
     raw = sample["cls"].decode().strip()
     if not raw.lstrip("-").isdigit() or not 0 <= int(raw) < len(eval_set.classnames):
         raise DatasetError(f"{where}: label {raw!r} is not an index into the "
                            f"{len(eval_set.classnames)} lines of classnames.txt")
-    return transform(image), int(raw)
+    return int(raw)
 
 
-def _collate_captions(batch: list[tuple[Any, list[str]]]) -> tuple[Any, list[list[str]]]:
+def image_bytes_of(sample: dict[str, Any], eval_set: EvalSet) -> tuple[str, bytes]:
+    """(extension, encoded bytes) of a sample's image member; DatasetError naming the sample if none."""
+    image_key = next((k for k in SET_IMAGE_EXTS if k in sample), None)
+    if image_key is None:
+        raise DatasetError(f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: no image "
+                           f"({', '.join('.' + e for e in SET_IMAGE_EXTS)})")
+    return image_key, sample[image_key]
+
+
+def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any, with_digest: bool = False) -> tuple:
+    """One webdataset sample -> (image tensor, label int | list of captions[, SHA-1 of the image bytes])."""
+    import hashlib
+
+    from PIL import Image
+
+    ext, data = image_bytes_of(sample, eval_set)
+    label = label_of(sample, eval_set)
+    try:
+        image = Image.open(io.BytesIO(data)).convert("RGB")
+    except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
+        raise DatasetError(f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: unreadable "
+                           f"image .{ext}: {err}") from err
+    if with_digest:
+        return transform(image), label, hashlib.sha1(data).hexdigest()
+    return transform(image), label
+
+
+def _collate_captions(batch: list[tuple]) -> tuple:
     import torch
 
-    return torch.stack([b[0] for b in batch]), [b[1] for b in batch]
+    return (torch.stack([b[0] for b in batch]), *([b[i] for b in batch] for i in range(1, len(batch[0]))))
 
 
-def make_eval_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0) -> Any:
+def _collate_labels(batch: list[tuple]) -> tuple:
+    import torch
+
+    images, labels = torch.utils.data.default_collate([b[:2] for b in batch])
+    return (images, labels, *([b[i] for b in batch] for i in range(2, len(batch[0]))))
+
+
+def make_eval_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0,
+                     with_digest: bool = False) -> Any:
     """A DataLoader over the set in shard order: (images [B,3,S,S], labels [B] int64) for classification,
-    (images, list of caption lists) for retrieval. ``loader.dataset.classes`` is what clip-benchmark reads."""
+    (images, list of caption lists) for retrieval; ``with_digest`` appends the SHA-1 hex digests of the
+    batch's encoded images. ``loader.dataset.classes`` is what clip-benchmark reads."""
     import functools
 
     import torch
@@ -158,8 +192,9 @@ def make_eval_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_wor
     workers = min(num_workers, len(eval_set.shards))  # webdataset splits shards across workers
     dataset = wds.WebDataset(list(eval_set.shards), shardshuffle=False, nodesplitter=lambda src: src,
                              empty_check=False).map(functools.partial(_decode, eval_set=eval_set,
-                                                                       transform=transform))
+                                                                       transform=transform,
+                                                                       with_digest=with_digest))
     dataset.classes = list(eval_set.classnames) or None
     dataset.templates = list(eval_set.templates) or None
-    collate = _collate_captions if eval_set.kind == "retrieval" else torch.utils.data.default_collate
+    collate = _collate_captions if eval_set.kind == "retrieval" else _collate_labels
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)

@@ -159,3 +159,67 @@ def bar_chart(data: dict[str, Any], path: str) -> None:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     files.write_bytes_atomic(path, buf.getvalue())
+
+
+def gallery_section(galleries: list[dict[str, Any]]) -> str:
+    """Markdown linking each retrieval gallery PNG (same folder as report.md) with its queries' ranks."""
+    lines = []
+    for g in galleries:
+        name = g["path"].rsplit("/", 1)[-1]
+        lines += ["", f"## Retrieval gallery: {g['set']}", "",
+                  "Captions of the set (spread evenly over it), the 5 images the model ranks first, the right "
+                  "one framed in green (shown at the end of the row when it is not among them):", "",
+                  f"![{g['set']} retrieval gallery]({name})", "", "| caption | rank of the right image |",
+                  "|---|---:|"]
+        lines += [f"| {q['caption']} | {q['rank']} |" for q in g["queries"]]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+# Metrics of a training run's metrics.jsonl drawn by training_curves, in this order, when present.
+CURVES = (("loss", "training loss"), ("tau", "temperature τ"), ("lr", "learning rate"))
+
+
+def _eval_curve_label(key: str) -> str | None:
+    """'eval/SET/text_retrieval_recall@1' -> 'SET I→T R@1' (top-1 and R@1 only; None for other metrics)."""
+    parts = key.split("/")
+    names = {"text_retrieval_recall@1": "I→T R@1", "image_retrieval_recall@1": "T→I R@1", "acc1": "top-1"}
+    return f"{parts[1]} {names[parts[2]]}" if len(parts) == 3 and parts[2] in names else None
+
+
+def training_curves(metrics_jsonl: str, path: str, title: str = "") -> list[str]:
+    """One PNG with a panel per logged curve (loss, τ, learning rate) and one panel with every in-training
+    evaluation's R@1 / top-1 (%), from a training run's ``metrics.jsonl`` (one JSON object per logged step,
+    with ``step``); returns the metrics drawn."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with files.open_file(metrics_jsonl, "rt", encoding="utf-8") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    keys = [(k, label) for k, label in CURVES if any(isinstance(r.get(k), (int, float)) for r in records)]
+    evals = sorted((k, _eval_curve_label(k)) for k in {k for r in records for k in r if k.startswith("eval/")})
+    evals = [(k, label) for k, label in evals if label]
+    if not keys and not evals:
+        raise ValueError(f"{metrics_jsonl}: no loss, tau, lr or eval/ values to plot")
+    panels = [[(k, label)] for k, label in keys] + ([evals] if evals else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), dpi=100, squeeze=False)
+    for ax, lines in zip(axes[0], panels, strict=True):
+        for key, label in lines:
+            scale = 100 if key.startswith("eval/") else 1
+            points = [(r["step"], scale * r[key]) for r in records if isinstance(r.get(key), (int, float))]
+            ax.plot(*zip(*points, strict=True), marker="o" if len(points) < 30 else None, markersize=3, label=label)
+        ax.set(xlabel="step", title="held-out evaluation (%)" if lines is panels[-1] and evals else lines[0][1])
+        if len(lines) > 1 or lines[0][0].startswith("eval/"):
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    files.write_bytes_atomic(path, buf.getvalue())
+    return [k for k, _ in keys] + [k for k, _ in evals]

@@ -8,8 +8,10 @@ mean per-class recall; ``zeroshot_retrieval.evaluate``: R@k both ways) on sets i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,9 +38,20 @@ class ZeroShotConfig:
     out: str = option(doc="Output directory: results.json, report.md, results.png, per_dataset/*.json.")
     weights: str = option("", is_input=True, doc="Local weights file (.safetensors/.pt/.pth/.bin) for a model "
                                                  "name or config JSON; empty: random init (or the checkpoint's).")
-    batch_size: int = option(64, ge=1, affects_output=False, doc="Images per batch.")
-    num_workers: int = option(0, ge=0, affects_output=False, doc="DataLoader worker processes (at most one "
-                                                                 "per shard is used).")
+    batch_size: int = option(64, ge=1, affects_output=False, doc="Images per batch (a frozen convolutional "
+                                                                  "trunk runs them 8 at a time, its fastest "
+                                                                  "size on a CPU).")
+    num_workers: int = option(1, ge=0, affects_output=False, doc="DataLoader worker processes decoding images "
+                                                                 "while the model runs (at most one per shard "
+                                                                 "is used); 0: decode in this process.")
+    feature_cache: str = option("auto", affects_output=False, doc="Folder keeping frozen-tower (LiT) models' "
+                                "trunk features per eval set, so a re-evaluation runs only the heads; 'auto': "
+                                "$XDG_CACHE_HOME/cliptk/tower-features (~/.cache/...); 'off': no cache.")
+    training_run: str = option("", is_input=True, doc="Training run directory (its metrics.jsonl): its loss, "
+                                                    "temperature, learning-rate and eval curves are drawn in "
+                                                    "training_curves.png beside the report; empty: none.")
+    gallery_queries: int = option(5, ge=0, doc="Captions of each retrieval set drawn in gallery_<set>.png with "
+                                               "their top-5 images (linked from report.md); 0: no gallery.")
     device: str = option("auto", affects_output=False, doc="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1'.")
     amp: bool = option(False, doc="Autocast the forward passes (fp16 on CUDA, bf16 on CPU).")
     precision: Literal["fp32", "bf16", "fp16", "pure_bf16", "pure_fp16"] = option(
@@ -81,28 +94,58 @@ def resolve_device(device: str) -> str:
 
 def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, *, batch_size: int = 64,
                  num_workers: int = 0, device: str = "cpu", amp: bool = False,
-                 recall_k: list[int] | tuple[int, ...] = (1, 5, 10)) -> dict[str, float | None]:
+                 recall_k: list[int] | tuple[int, ...] = (1, 5, 10), loader: Any = None) -> dict[str, float | None]:
     """clip-benchmark metrics of ``model`` on one set (single process). Returns the metrics dict with
-    undefined values (top-5 below 5 classes, R@k above the number of images) as None."""
+    undefined values (top-5 below 5 classes, R@k above the number of images) as None. ``loader`` replaces
+    the set's image loader (cached tower features, a recording view); it must yield the set in order."""
     from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
 
-    loader = make_eval_loader(eval_set, transform, batch_size, num_workers)
+    loader = loader if loader is not None else make_eval_loader(eval_set, transform, batch_size, num_workers)
     num_batches = -(-eval_set.num_samples // batch_size)
     batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
     wrapped = _LoaderView(batches, loader.dataset)
     if eval_set.kind == "classification":
-        metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
-                                                   list(eval_set.templates), device, amp=amp)
+        with _metric_warnings(eval_set):
+            metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
+                                                       list(eval_set.templates), device, amp=amp)
         return report.clean_metrics(metrics)
     usable = [k for k in recall_k if k <= eval_set.num_samples]
     if len(usable) < len(recall_k):
         get_logger("eval").warning("%s: R@k undefined for k > %d images: %s", eval_set.name,
                                    eval_set.num_samples, [k for k in recall_k if k not in usable])
-    metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
+    with _metric_warnings(eval_set):
+        metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
     for k in recall_k:
         metrics.setdefault(f"image_retrieval_recall@{k}", None)
         metrics.setdefault(f"text_retrieval_recall@{k}", None)
     return report.clean_metrics(metrics)
+
+
+# sklearn's balanced_accuracy_score (clip-benchmark's mean per-class recall) warns when the model predicts a
+# class that has no sample in the set: routine for sets that do not hold every class name they list.
+_ABSENT_CLASS = "y_pred contains classes not in y_true"
+
+
+@contextlib.contextmanager
+def _metric_warnings(eval_set: EvalSet):
+    """Python warnings raised by clip-benchmark and sklearn while ``eval_set`` is scored, as one toolkit log
+    line each (named after the set) instead of raw ``file:line: UserWarning`` text on stderr that even
+    ``--quiet`` printed. The known routine one is logged at info level (hidden by --quiet)."""
+    log = get_logger("eval")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.filterwarnings("always", category=UserWarning)  # other categories keep the user's filters
+        yield
+    seen = set()
+    for w in caught:
+        text = str(w.message)
+        if text in seen:
+            continue
+        seen.add(text)
+        if _ABSENT_CLASS in text:
+            log.info("%s: the model predicted classes that have no sample in the set; mean per-class recall "
+                     "averages over the classes that do (sklearn: %s)", eval_set.name, text)
+        else:
+            log.warning("%s: %s while scoring: %s", eval_set.name, w.category.__name__, text)
 
 
 class InputCast:
@@ -152,14 +195,14 @@ def run(cfg: ZeroShotConfig) -> StageResult:
             import open_clip
 
             model = InputCast(model, open_clip.get_input_dtype(cfg.precision))
+        frozen = _frozen_context(cfg, loaded, model, device, rec)
         per_dataset = files.join(cfg.out, "per_dataset")
         files.makedirs(per_dataset)
-        records = []
+        records, galleries = [], []
         for eval_set in sets:
             start = time.monotonic()
-            metrics = evaluate_set(model, loaded.tokenizer, loaded.preprocess, eval_set,
-                                   batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device,
-                                   amp=cfg.amp, recall_k=cfg.recall_k)
+            metrics, gallery = _evaluate_one(cfg, loaded, model, eval_set, device, frozen, rec)
+            galleries += [gallery] if gallery else []
             record = report.make_record(eval_set.name, loaded.name, loaded.weights, eval_set.task, metrics,
                                         cfg.language)
             records.append(record)
@@ -174,10 +217,91 @@ def run(cfg: ZeroShotConfig) -> StageResult:
         table = report.markdown_table(data, counts, cfg.recall_k, chance)
         if missing:
             table += f"\nNot evaluated (no set under {cfg.root}): {', '.join(missing)}\n"
+        table += report.gallery_section(galleries)
+        if cfg.training_run:
+            table += _curves(cfg, rec)
         files.write_text_atomic(files.join(cfg.out, "report.md"), table)
         report.bar_chart(data, files.join(cfg.out, "results.png"))
         rec.outputs.update(results=files.join(cfg.out, "results.json"), report=files.join(cfg.out, "report.md"),
-                           chart=files.join(cfg.out, "results.png"), per_dataset=per_dataset)
+                           chart=files.join(cfg.out, "results.png"), per_dataset=per_dataset,
+                           **{f"gallery_{g['set']}": g["path"] for g in galleries})
         rec.counts.update(num_datasets=len(sets), num_samples=counts)
         rec.details.update(not_evaluated=missing, chance=chance, average=data["average"], model=loaded.name, weights=loaded.weights, device=device)
     return rec.result()
+
+
+def _frozen_context(cfg: ZeroShotConfig, loaded: Any, model: Any, device: str, rec: Any) -> Any:
+    """Make the model fast for CPU inference; for a frozen-tower model on fp32 CPU, its feature cache
+    (:class:`toolkit.eval.towercache.FrozenEval`), else None."""
+    from toolkit.eval import towercache
+    from toolkit.models.inference import optimize_clip
+
+    opened = None
+    if device == "cpu" and cfg.precision == "fp32" and not cfg.amp:
+        opened = towercache.open_frozen(loaded.model, loaded.tokenizer, loaded.preprocess_cfg,
+                                        files.local_path(cfg.feature_cache) if cfg.feature_cache not in
+                                        ("auto", "off") else cfg.feature_cache, copy_trunk=False)
+    if device == "cpu" and cfg.precision == "fp32":
+        rec.details["inference"] = optimize_clip(loaded.model)  # after the fingerprint: folding changes weights
+    if opened is None:
+        return None
+    frozen, fingerprint, root = opened
+    rec.details.update(tower_fingerprint=fingerprint, feature_cache=root, cache_hits=[])
+    return frozen
+
+
+def evaluate_frozen(frozen: Any, eval_set: EvalSet, transform: Any, *, batch_size: int = 64, num_workers: int = 1,
+                    device: str = "cpu", recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
+                    recorder_factory: Any = None) -> tuple[dict[str, float | None], bool, Any]:
+    """Metrics of a frozen-tower model on one set through its feature cache (``frozen``:
+    :class:`toolkit.eval.towercache.FrozenEval`): (metrics, cache hit?, recorder or None). Used by
+    ``eval.zeroshot`` and by the train stage's evaluation callback (rank 0)."""
+    def make(with_digest: bool = False) -> Any:
+        return make_eval_loader(eval_set, transform, batch_size, num_workers, with_digest)
+
+    model, loader, finish = frozen.inputs(eval_set, make, batch_size)
+    recorder = recorder_factory(model) if recorder_factory else None
+    if recorder is not None:
+        model, loader = recorder, recorder.loader(loader)
+    metrics = evaluate_set(model, frozen.texts.tokenizer, transform, eval_set, batch_size=batch_size,
+                           num_workers=num_workers, device=device, recall_k=recall_k, loader=loader)
+    return metrics, finish(), recorder
+
+
+def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSet, device: str, frozen: Any,
+                  rec: Any) -> tuple[dict[str, float | None], dict[str, Any] | None]:
+    """Metrics of one set (through the feature cache for a frozen-tower model) and its gallery record."""
+    from toolkit.eval import gallery
+
+    factory = gallery.Recorder if eval_set.kind == "retrieval" and cfg.gallery_queries else None
+    if frozen is not None:
+        metrics, hit, recorder = evaluate_frozen(frozen, eval_set, loaded.preprocess, batch_size=cfg.batch_size,
+                                                 num_workers=cfg.num_workers, device=device,
+                                                 recall_k=cfg.recall_k, recorder_factory=factory)
+        if hit:
+            rec.details["cache_hits"].append(eval_set.name)
+    else:
+        recorder = factory(model) if factory else None
+        loader = recorder.loader(make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers)) \
+            if recorder else None
+        metrics = evaluate_set(recorder or model, loaded.tokenizer, loaded.preprocess, eval_set,
+                               batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device, amp=cfg.amp,
+                               recall_k=cfg.recall_k, loader=loader)
+    if recorder is None:
+        return metrics, None
+    path = files.join(cfg.out, f"gallery_{eval_set.name}.png")
+    drawn = gallery.write_gallery(recorder, eval_set, path, cfg.gallery_queries,
+                                  title=f"{eval_set.name}: {loaded.name}, text -> image top 5 (right image in green)")
+    return metrics, {"set": eval_set.name, "path": path, **drawn}
+
+
+def _curves(cfg: ZeroShotConfig, rec: Any) -> str:
+    """Draw the training run's curves into OUT/training_curves.png; the report's markdown for them."""
+    metrics = files.join(cfg.training_run, "metrics.jsonl")
+    if not files.exists(metrics):
+        raise DatasetError(f"training_run: {metrics} not found (give the run directory of `toolkit train`)")
+    path = files.join(cfg.out, "training_curves.png")
+    drawn = report.training_curves(metrics, path, title=f"training: {cfg.training_run}")
+    rec.outputs["training_curves"] = path
+    return (f"\n## Training curves\n\n{', '.join(drawn)} against the optimizer step, from "
+            f"`{metrics}`:\n\n![training curves](training_curves.png)\n")

@@ -19,6 +19,8 @@ row_scale [M] (or 0-d, broadcast) and col_scale [N] (or 0-d) multiplicative scal
   block's share of the gradient, which is how the ring mode accumulates across ranks.
 - ``tiled_lse``: autograd wrapper of the two (gradients to x, y and both scales).
 - ``clip_loss``: the symmetric CLIP loss, same value and gradients as open_clip's ClipLoss.
+- ``siglip_loss``: the sigmoid (SigLIP) loss, same value and gradients as open_clip's SigLipLoss, tiled
+  (``toolkit/kernels/siglip/``; ``sigmoid_sums`` is its block primitive for the distributed modes).
 - ``accumulation_dtype`` / ``clip_value``: the dtype every loss accumulates in and the CLIP value
   ½ mean(r − a·s_ii) + ½ mean(c − a·s_ii) from LSEs, shared with the training losses.
 
@@ -46,9 +48,10 @@ from toolkit.kernels.common import accumulation_dtype, clip_value
 from toolkit.kernels.naive import clip_loss as naive_clip_loss
 from toolkit.kernels.naive import lse_backward as naive_lse_backward
 from toolkit.kernels.naive import lse_forward as naive_lse_forward
+from toolkit.kernels.siglip import SigLIPLossFn, SigmoidSums, naive_siglip_loss, siglip_loss, sigmoid_sums
 
 __all__ = [
     "BACKENDS", "ClipLossFn", "TiledLSE", "accumulation_dtype", "clip_loss", "clip_value", "lse_backward",
-    "lse_forward", "naive_clip_loss", "naive_lse_backward", "naive_lse_forward", "resolve_backend", "tiled_lse",
-    "triton_available",
+    "lse_forward", "naive_clip_loss", "naive_lse_backward", "naive_lse_forward", "naive_siglip_loss",
+    "resolve_backend", "SigLIPLossFn", "SigmoidSums", "sigmoid_sums", "siglip_loss", "tiled_lse", "triton_available",
 ]

@@ -23,21 +23,40 @@ def make_eval_fn(cfg: TrainConfig) -> EvalFn | None:
     from toolkit.eval.datasets import open_eval_set
 
     sets = [open_eval_set(cfg.eval.root, name) for name in cfg.eval.datasets]
+    frozen: dict[str, Any] = {}  # the frozen trunks' cache, opened at the first evaluation
 
     def evaluate(clip: Any, model_cfg: dict, preprocess_cfg: dict, step: int) -> dict[str, float]:
-        from toolkit.eval.zeroshot import evaluate_set
+        from toolkit.eval.zeroshot import evaluate_frozen, evaluate_set
         from toolkit.models.factory import eval_transform
         from toolkit.models.registry import tokenizer
 
         device = next(clip.parameters()).device.type
         tok, transform = tokenizer(model_cfg), eval_transform(preprocess_cfg)
+        if device == "cpu" and "eval" not in frozen:
+            frozen["eval"] = _open_frozen(clip, tok, preprocess_cfg, cfg.eval.feature_cache)
         out: dict[str, float] = {}
         for eval_set in sets:
-            metrics = evaluate_set(clip, tok, transform, eval_set, batch_size=cfg.eval.batch_size, device=device)
+            if frozen.get("eval") is not None:  # only the heads run once the trunks' features are cached
+                metrics = evaluate_frozen(frozen["eval"], eval_set, transform, batch_size=cfg.eval.batch_size)[0]
+            else:
+                metrics = evaluate_set(clip, tok, transform, eval_set, batch_size=cfg.eval.batch_size, device=device)
             out.update({f"eval/{eval_set.name}/{k}": v for k, v in metrics.items() if v is not None})
         return out
 
     return evaluate
+
+
+def _open_frozen(clip: Any, tok: Any, preprocess_cfg: dict, feature_cache: str) -> Any:
+    """The feature cache of a model whose trunks are frozen (no trainable trunk parameter), else None.
+    The training model is left untouched: cold passes run on a folded copy of its image trunk."""
+    from toolkit.eval.towercache import open_frozen
+
+    trunks = [getattr(getattr(clip, "visual", None), "trunk", None), getattr(getattr(clip, "text", None),
+                                                                            "transformer", None)]
+    if any(t is None or any(p.requires_grad for p in t.parameters()) for t in trunks):
+        return None
+    opened = open_frozen(clip, tok, preprocess_cfg, feature_cache, copy_trunk=True)
+    return opened[0] if opened else None
 
 
 def run(cfg: TrainConfig) -> StageResult:

@@ -18,6 +18,7 @@ from toolkit.train.optim import OptimConfig
 Precision = Literal["fp32", "bf16", "fp16"]
 GradDtype = Literal["fp32", "bf16"]
 Backend = Literal["auto", "gloo", "nccl"]
+DEFAULT_MASTER_PORT = 29500  # torchrun's
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,18 @@ class LaunchConfig:
     node_rank: int = option(0, ge=0, affects_output=False, doc="This node's rank, 0..N-1 (fixed N only; "
                                                                "elastic jobs are ranked by the rendezvous).")
     master_addr: str = option("127.0.0.1", affects_output=False, doc="Address of node 0 (the rendezvous host).")
-    master_port: int = option(29500, ge=1, le=65535, affects_output=False, doc="Rendezvous port on master_addr.")
+    master_port: int = option(0, ge=0, le=65535, affects_output=False,
+                              doc="Rendezvous port on master_addr; 0: any free port on a single node, 29500 "
+                                  "across nodes (a port given on a single node is used, and refused if busy).")
     max_restarts: int = option(0, ge=0, affects_output=False, doc="Times torchrun restarts the workers after a "
                                                                   "failure; they resume from the latest checkpoint.")
     rdzv_id: str = option("cliptk", affects_output=False, doc="Job id shared by every node of an elastic job.")
     backend: Backend = option("auto", affects_output=False, doc="Process-group backend: auto (nccl on CUDA, "
                                                                 "else gloo), gloo or nccl.")
     timeout_s: float = option(1800.0, gt=0, affects_output=False, doc="Collective timeout in seconds.")
+    rendezvous_timeout_s: float = option(300.0, gt=0, affects_output=False,
+                                         doc="Seconds the launcher waits for every node to join before it stops "
+                                             "with an error naming what it waited for.")
 
     def node_range(self) -> tuple[int, int]:
         """(min, max) nodes from ``nodes`` ('2' -> (2, 2), '1:4' -> (1, 4))."""
@@ -49,6 +55,11 @@ class LaunchConfig:
         if lo < 1 or hi < lo:
             raise ValueError(f"nodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.nodes!r}")
         return lo, hi
+
+    @property
+    def port(self) -> int:
+        """The rendezvous port in use: master_port, or torchrun's 29500 when it is 0 (standalone: unused)."""
+        return self.master_port or DEFAULT_MASTER_PORT
 
     @property
     def is_multiprocess(self) -> bool:
@@ -92,6 +103,9 @@ class EvalConfig:
                                                      "layout).")
     datasets: list[str] = option(factory=list, affects_output=False, doc="Evaluation set names under root.")
     batch_size: int = option(64, ge=1, affects_output=False, doc="Images per evaluation batch.")
+    feature_cache: str = option("auto", affects_output=False, doc="Frozen-tower (LiT) models: folder caching the "
+                                "trunks' features of the sets, so every evaluation after the first runs only "
+                                "the heads; 'auto': $XDG_CACHE_HOME/cliptk/tower-features; 'off': none.")
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,9 @@ class TrainConfig:
     batch_size: int = option(64, ge=2, doc="Global batch: pairs per step over all ranks; must divide by the "
                                            "number of ranks.")
     epochs: int = option(1, ge=1, doc="Training epochs (ignored when steps is set).")
-    steps: int = option(0, ge=0, doc="Total optimiser steps; 0: epochs x steps per epoch.")
+    steps: int = option(0, ge=0, doc="Total optimiser steps (global batches) when > 0; 0 (default): epochs x "
+                                     "steps per epoch, which is train_num_samples (or the dataset's size) // "
+                                     "batch_size.")
     train_num_samples: int = option(0, ge=0, doc="Samples per (virtual) epoch; 0: the dataset's size. Epochs "
                                                  "drive the γ and τ schedules.")
     seed: int = option(0, doc="Seed of the init, the data order and every rank's random streams.")

@@ -1,38 +1,53 @@
 """Starting training processes: PyTorch's elastic launcher (torchrun) or the ranks SLURM started.
 
-- ``torchrun_argv``: torchrun's arguments for a ``LaunchConfig``: one node -> ``--standalone`` (a c10d
-  rendezvous on a free local port); N fixed nodes -> static rendezvous at master_addr:master_port with
-  ``--node-rank``; MIN:MAX nodes or restarts across nodes -> c10d rendezvous at master_addr:master_port
-  under ``rdzv_id``. ``--max-restarts`` restarts failed workers, which resume from the latest checkpoint.
-- ``launch``: runs torchrun's own ``main`` in this process (it becomes the elastic agent, forwards
-  signals to the workers and restarts them); each worker runs ``python -m ENTRY CONFIG.yaml``.
+- ``torchrun_argv``: torchrun's arguments for a ``LaunchConfig``: one node without a port -> ``--standalone``
+  (a c10d rendezvous on a free local port); one node with ``master_port`` -> a c10d rendezvous on that port;
+  N fixed nodes -> static rendezvous at master_addr:port with ``--node-rank``; MIN:MAX nodes or restarts
+  across nodes -> c10d rendezvous at master_addr:port under ``rdzv_id``. ``--max-restarts`` restarts failed
+  workers, which resume from the latest checkpoint.
+- ``launch``: checks the rendezvous port (``check_port``), then runs torchrun's agent in a child process
+  (``toolkit.train.agent``) and supervises it (``supervise.Supervisor``: signals, rendezvous deadline);
+  each worker runs ``python -m ENTRY CONFIG.yaml``.
 - ``apply_slurm_env``: under ``srun toolkit train ...`` every task is a rank; SLURM's variables become
   torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT).
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
-from pathlib import Path
-from types import FrameType
+import time
+from collections.abc import Mapping
 
 from toolkit.core.config import dump_yaml
-from toolkit.core.log import get_logger
+from toolkit.core.log import QUIET_ENV, get_logger, is_quiet
+from toolkit.core.stage import StageInterrupted
 from toolkit.train.config import LaunchConfig, TrainConfig
+from toolkit.train.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
 
-# Signals the launcher passes to its workers instead of letting torchrun's agent handle them.
-FORWARDED = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
-AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default minus SIGTERM
-AGENT_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"  # torchrun sets it from --signals-to-handle
-
+AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default minus SIGTERM (the launcher handles signals)
 WORKER_ENV = "CLIPTK_TRAIN_WORKER"  # set for workers a cliptk launcher started (it keeps the stage books)
+# A probe of a busy rendezvous port: a TCPStore client against a server that is not one never returns
+# (measured with torch 2.14: a 3 s store timeout still waiting after 20 s), so it runs in a child process
+# that SIGALRM's default action ends STORE_ANSWER_S after torch's import; the import itself takes 2-10 s on
+# a loaded 2-core machine, hence the longer bound on the whole probe.
+STORE_ANSWER_S = 5
+PROBE_TIMEOUT_S = 60.0
+_PROBE = ("import datetime, signal, sys; from torch.distributed import TCPStore; signal.alarm(int(sys.argv[3])); "
+          "TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False, "
+          "timeout=datetime.timedelta(seconds=int(sys.argv[3]))); print('store')")
+
+
+class RendezvousError(RuntimeError):
+    """The rendezvous cannot happen as configured (its port is taken); the message names the port."""
 
 
 def is_worker(env: Mapping[str, str] | None = None) -> bool:
@@ -45,99 +60,162 @@ def launched_by_cliptk() -> bool:
     return os.environ.get(WORKER_ENV) == "1"
 
 
+def rendezvous_kind(launch: LaunchConfig) -> str:
+    """standalone (one node, any free port), static (fixed nodes, no restarts) or c10d."""
+    lo, hi = launch.node_range()
+    if (lo, hi) == (1, 1) and not launch.master_port:
+        return "standalone"
+    if lo == hi > 1 and launch.max_restarts == 0:
+        return "static"
+    return "c10d"
+
+
 def torchrun_argv(launch: LaunchConfig, entry: str, args: list[str]) -> list[str]:
     """torchrun's command-line arguments (module docstring) running ``python -m entry *args``."""
     lo, hi = launch.node_range()
     argv = [f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}",
-            # SIGTERM is passed to the workers by the launcher (signals_forwarded_to_workers), not torchrun
             f"--signals-to-handle={AGENT_SIGNALS}"]
-    endpoint = f"{launch.master_addr}:{launch.master_port}"
-    if (lo, hi) == (1, 1):
+    kind = rendezvous_kind(launch)
+    if kind == "standalone":
         argv.append("--standalone")
-    elif lo == hi and launch.max_restarts == 0:
+    elif kind == "static":
         argv += [f"--nnodes={lo}", f"--node-rank={launch.node_rank}", f"--master-addr={launch.master_addr}",
-                 f"--master-port={launch.master_port}"]
+                 f"--master-port={launch.port}"]
     else:
-        argv += [f"--nnodes={lo}:{hi}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                 f"--rdzv-id={launch.rdzv_id}"]
+        argv += [f"--nnodes={lo}:{hi}" if lo != hi else f"--nnodes={lo}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={launch.master_addr}:{launch.port}", f"--rdzv-id={launch.rdzv_id}",
+                 f"--rdzv-conf=join_timeout={max(1, round(launch.rendezvous_timeout_s))}"]
     return [*argv, "--module", entry, *args]
 
 
-def launch(cfg: TrainConfig, entry: str) -> None:
-    """Run the job's processes on this node through torchrun (blocking). Raises RuntimeError naming the
-    failed rank when the workers fail beyond ``max_restarts``."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
-
-    fd, path = tempfile.mkstemp(prefix="cliptk-train-", suffix=".yaml")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(dump_yaml(cfg))
-    argv = torchrun_argv(cfg.launch, entry, [path])
-    get_logger("train").info("torchrun %s", " ".join(argv))
-    saved = os.environ.get(WORKER_ENV)
-    os.environ[WORKER_ENV] = "1"
-    try:
-        with signals_forwarded_to_workers():
-            torchrun_main(argv)
-    except ChildFailedError as err:
-        raise RuntimeError(f"training workers failed: {_first_failure(err)}") from None
-    except SignalException as err:  # torchrun passed the signal on: the ranks checkpoint and exit
-        get_logger("train").warning("launcher received %s; the workers stopped after a checkpoint",
-                                    getattr(err, "sigval", "a signal"))
-    finally:
-        os.unlink(path)
-        if saved is None:
-            os.environ.pop(WORKER_ENV, None)
-        else:
-            os.environ[WORKER_ENV] = saved
+def warn_unused_port(launch: LaunchConfig) -> None:
+    """A master_port given to a single process has nothing to rendezvous: say so instead of ignoring it."""
+    if launch.master_port and not launch.is_multiprocess:
+        get_logger("train").warning("--master-port %d is unused: one process needs no rendezvous (it is used "
+                                    "with --nproc-per-node > 1 or --nodes)", launch.master_port)
 
 
-@contextmanager
-def signals_forwarded_to_workers() -> Iterator[None]:
-    """While torchrun runs in this process: SIGTERM and SIGUSR1 go on to the worker processes, which
-    checkpoint and exit 0, and the agent ends normally. Left to torchrun, SIGTERM made the agent kill its
-    workers and die, and the other nodes' agents then waited in the exit barrier for 300 s (measured: a
-    two-node job hung past 180 s after SIGTERM to node 1's launcher); SIGUSR1's default action killed the
-    launcher outright. Main thread only (elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+def describe_wait(launch: LaunchConfig) -> str:
+    """What the launcher waits for until its workers start, in words (timeouts and interruptions say it)."""
+    lo, hi = launch.node_range()
+    where = f"{launch.master_addr}:{launch.port}"
+    kind = rendezvous_kind(launch)
+    if kind == "standalone":
+        return f"torchrun to start {launch.nproc_per_node} worker(s) on this node"
+    if kind == "static" and launch.node_rank == 0:
+        return (f"the other {lo - 1} node(s) of {lo} to join this node's rendezvous at {where} (each started "
+                f"with --nodes {lo} --node-rank 1..{lo - 1} --master-addr {launch.master_addr} "
+                f"--master-port {launch.port})")
+    if kind == "static":
+        return f"node 0's rendezvous at {where} (node {launch.node_rank} of {lo}; is node 0 started?)"
+    count = f"{lo}" if lo == hi else f"{lo} to {hi}"
+    return f"{count} node(s) at the c10d rendezvous {where} (rdzv_id {launch.rdzv_id})"
+
+
+def check_port(launch: LaunchConfig, signals: LauncherSignals) -> None:
+    """Refuse a rendezvous port that another program holds, before torchrun waits on it forever. A node
+    that hosts the rendezvous (static node 0, a single node) must be able to bind it; elsewhere a busy
+    local port must answer as a torch TCPStore (another node's launcher on this host). Remote addresses
+    are not checked (their wait ends at launch.rendezvous_timeout_s)."""
+    kind = rendezvous_kind(launch)
+    if kind == "standalone":
         return
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        get_logger("train").warning("launcher received %s: passing it to the workers", signal.Signals(signum).name)
-        for pid in _child_pids(os.getpid()):
-            with suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    saved = os.environ.get(AGENT_SIGNALS_ENV)
+    addr, port = launch.master_addr, launch.port
     try:
-        yield
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore's server does
+            s.bind((addr, port))
+        return
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            return  # not a local address (or unresolvable): torchrun reports what it finds
+    hosts = (kind == "static" and launch.node_rank == 0) or launch.node_range() == (1, 1)
+    if hosts:
+        raise RendezvousError(f"--master-port {port}: port {port} on {addr} is already in use (another program "
+                              "or another job); this node hosts the rendezvous there: choose a free port")
+    if not _answers_as_store(addr, port, signals):
+        raise RendezvousError(f"--master-port {port}: {addr}:{port} is held by a program that is not a torch "
+                              f"rendezvous (it did not answer as a TCPStore within {STORE_ANSWER_S} s); choose "
+                              "a free port for every node of the job")
+
+
+def _answers_as_store(addr: str, port: int, signals: LauncherSignals) -> bool:
+    """True when a TCPStore client connects to addr:port (probe in a child process, see PROBE_TIMEOUT_S)."""
+    proc = subprocess.Popen([sys.executable, "-c", _PROBE, addr, str(port), str(STORE_ANSWER_S)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            signals.check(f"an answer from {addr}:{port} (is it a rendezvous?)")
+            time.sleep(POLL_S)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if saved is None:
-            os.environ.pop(AGENT_SIGNALS_ENV, None)
-        else:
-            os.environ[AGENT_SIGNALS_ENV] = saved
+        if proc.poll() is None:
+            stop_tree(proc)
+    return proc.returncode == 0 and "store" in (proc.stdout.read() if proc.stdout else "")
 
 
-def _child_pids(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (torchrun's workers), from /proc (Linux)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
+def _agent_env() -> dict[str, str]:
+    """The agent's (and so the workers') environment: marked as launched by cliptk, with this process's
+    log level; --quiet silences torchrun's banner and INFO lines and the workers' INFO lines."""
+    env = dict(os.environ, **{WORKER_ENV: "1"})
+    if is_quiet():
+        env.update({"CLIPTK_LOG_LEVEL": "WARNING", QUIET_ENV: "1"})
+        env.setdefault("LOGLEVEL", "ERROR")  # torch.distributed.elastic's loggers read it at import
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    else:
+        env["CLIPTK_LOG_LEVEL"] = logging.getLevelName(get_logger().getEffectiveLevel())
+    return env
 
 
-def _first_failure(err) -> str:
-    failures = getattr(err, "failures", {}) or {}
-    for rank, failure in sorted(failures.items()):
-        return f"rank {rank} exited with code {failure.exitcode} ({failure.message or 'see its log above'})"
-    return str(err)
+def launch(cfg: TrainConfig, entry: str) -> None:
+    """Run the job's processes on this node through torchrun (blocking). Raises RendezvousError (busy
+    port), supervise.RendezvousTimeout, StageInterrupted (a signal before the workers started, or a
+    second one), or RuntimeError naming the failed rank when the workers fail beyond ``max_restarts``."""
+    log = get_logger("train")
+    with LauncherSignals() as signals:
+        check_port(cfg.launch, signals)
+        fd, path = tempfile.mkstemp(prefix="cliptk-train-", suffix=".yaml")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(dump_yaml(cfg))
+        result = path[:-len(".yaml")] + ".result.json"
+        argv = torchrun_argv(cfg.launch, entry, [path])
+        log.info("torchrun %s", " ".join(argv))
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.agent", result, *argv], env=_agent_env(),
+                                    start_new_session=True)  # a terminal's Ctrl-C reaches the launcher only
+            supervisor = Supervisor(proc, signals, describe_wait(cfg.launch), cfg.launch.rendezvous_timeout_s)
+            code = supervisor.wait()
+            outcome = _read_outcome(result)
+        finally:
+            for leftover in (path, result):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+    _report(outcome, code, supervisor)
+
+
+def _read_outcome(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def _report(outcome: dict, code: int, supervisor: Supervisor) -> None:
+    if "failed" in outcome and supervisor.forwarded is not None:  # e.g. a worker signalled while starting up
+        raise StageInterrupted(f"interrupted by {signal.Signals(supervisor.forwarded).name}: the workers stopped "
+                               f"({outcome['failed']}); rerun the same command to resume from the newest checkpoint")
+    if "failed" in outcome:
+        raise RuntimeError(f"training workers failed: {outcome['failed']}")
+    if "error" in outcome and not supervisor.workers_started:
+        raise RendezvousError(f"the rendezvous failed while waiting for {supervisor.waiting_for}: {outcome['error']}")
+    if "error" in outcome:
+        raise RuntimeError(f"torchrun's agent failed: {outcome['error']}")
+    if "signal" in outcome:  # the agent itself got SIGINT/SIGHUP/SIGQUIT and stopped the workers
+        get_logger("train").warning("torchrun's agent received %s; the workers stopped after a checkpoint",
+                                    outcome["signal"])
+    elif code != 0:
+        raise RuntimeError(f"torchrun's agent exited with code {code} (see its log above)")
 
 
 def _slurm_hosts(nodelist: str) -> list[str]:
@@ -173,5 +251,5 @@ def apply_slurm_env(launch: LaunchConfig, env: dict[str, str] | None = None) -> 
     env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=str(world), LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
                LOCAL_WORLD_SIZE=str(world // max(num_nodes, 1)), GROUP_RANK=env.get("SLURM_NODEID", "0"))
     env.setdefault("MASTER_ADDR", (_slurm_hosts(env.get("SLURM_JOB_NODELIST", "")) or [launch.master_addr])[0])
-    env.setdefault("MASTER_PORT", str(launch.master_port))
+    env.setdefault("MASTER_PORT", str(launch.port))
     return True

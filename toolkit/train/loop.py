@@ -12,6 +12,7 @@ the step number, so a resume at any world size continues exactly.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from toolkit.train.ddp import wrap_ddp
 from toolkit.train.losses import build_loss
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
+from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.runtime import Runtime
 from toolkit.train.signals import PreemptionFlag
 from toolkit.train.state import StateIO, TrainState, sync_buffers
@@ -65,8 +67,8 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
     and ``checked``: the training set this process's preflight opened and checked against the model."""
     rt = Runtime.start(cfg)
     data = TrainData(cfg, rt.rank, rt.world_size, rt.device, dataset)
-    built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.tau_init, cfg.loss.learns_logit_scale,
-                            cfg.seed, check=not checked)
+    built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
+                            cfg.seed, check=not checked, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
@@ -85,24 +87,36 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
 
 def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
           checked: bool = False) -> dict[str, Any]:
-    """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model."""
+    """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model. The
+    signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
+    (with a checkpoint) instead of killing the process with the manifest left "running"."""
+    flag = PreemptionFlag.install()
+    try:
+        return _train(cfg, eval_fn, dataset, checked, flag)
+    finally:
+        flag.uninstall()
+
+
+def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, checked: bool,
+           flag: PreemptionFlag) -> dict[str, Any]:
     p = build_parts(cfg, dataset, checked)
     state = p.io.resume(config_checked=checked)
     resumed = state.step if state.step or p.io.last_step is not None else None
     report = Reporter(cfg, p.rt.rank, p.rt.world_size, p.rt.device, p.data.total_steps, p.data.steps_per_epoch,
                       resumed)
-    flag = PreemptionFlag.install()
     try:
         report.window.mark = time.monotonic()
         for batch in p.data.batches(state.step):
             report.window.data_wait_s += time.monotonic() - report.window.mark
             outcome, lr = train_step(p, state, batch)
+            p.io.check_writes()  # a failed background checkpoint write stops training here, naming it
             report.step_done(state, batch, outcome, lr, p.update)
             if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < p.data.total_steps:
                 report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 save_checkpoint(p, report, state)
-            if flag.agreed(p.rt.world_size):
+            # after the last step the run finishes normally (model written) whatever the signal
+            if state.step < p.data.total_steps and flag.agreed(p.rt.world_size):
                 save_checkpoint(p, report, state)
                 return finish(p, report, state, preempted=True)
             report.window.mark = time.monotonic()
@@ -110,9 +124,11 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
             report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
         save_checkpoint(p, report, state)
         return finish(p, report, state, preempted=False)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error in flight stays the one reported
+            p.io.close()  # a checkpoint being written when training stops is completed first
+        raise
     finally:
-        flag.uninstall()
-        p.io.close()  # a checkpoint being written when training stops is completed first
         report.close()
 
 
@@ -139,7 +155,7 @@ def train_step(p: Parts, state: TrainState, batch: dict):
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
         raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
                               f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
-                              "the lr or check the data")
+                              "the lr or check the data" + nonfinite_abort_note(p.io, t + 2 - state.nonfinite_in_row))
     return outcome, lr
 
 

@@ -1,7 +1,7 @@
 """The model the trainer steps: an open_clip CLIP fed straight from training-shard batches.
 
-``TrainModel.forward(image, text) -> (x [b, E], y [b, E], a)``: L2-normalised image and text features and
-the logit scale a = exp(p). ``image`` is uint8 pixels [b, S, S, 3] (normalised on the device with the
+``TrainModel.forward(image, text) -> (x [b, E], y [b, E], a[, bias])``: L2-normalised image and text
+features, the logit scale a = exp(p) and, for models built with a logit bias (sigmoid losses), the bias. ``image`` is uint8 pixels [b, S, S, 3] (normalised on the device with the
 model's mean/std, so only bytes cross the host-device link) or frozen-tower features [b, D_img]; ``text``
 is token ids [b, L] or frozen-tower features [b, D_txt]. Feature inputs go through the tower's
 projection head only (the frozen trunk never runs in training); the saved model is the whole open_clip
@@ -80,16 +80,21 @@ def _init_source(model_spec: str, init: str) -> tuple[Any, str | None]:
 
 
 def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
-          check: bool = True) -> BuiltModel:
+          check: bool = True, *, logit_bias: float | None = None) -> BuiltModel:
     """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
     features), load ``init`` or seed a random init, check the data fits it, set up the logit scale.
     Called by every rank with the same arguments (DDP then starts from identical weights). ``check``:
-    False when this process's preflight has checked the data against the model already."""
+    False when this process's preflight has checked the data against the model already.
+    ``logit_bias``: give the model open_clip's learnable logit bias starting there (``init_logit_bias``,
+    saved in its config, so the checkpoint loads in plain open_clip; sigmoid losses); weights that carry
+    a bias override it, weights without one start it at 0 (open_clip's loader)."""
     spec, weights = _init_source(model_spec, init)
     towers = bool(dataset.field("image_features") or dataset.field("text_features"))
     model_cfg, preprocess_cfg = spec.model_cfg, spec.preprocess_cfg
     if towers:
         model_cfg, preprocess_cfg = frozen.config_for_dataset(model_cfg, preprocess_cfg, dataset.extra)
+    if logit_bias is not None:
+        model_cfg = {**model_cfg, "init_logit_bias": float(logit_bias)}
     if check:
         check_dataset(model_cfg, dataset, model_spec)
     with torch.random.fork_rng(devices=[]):

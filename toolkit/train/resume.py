@@ -2,7 +2,7 @@
 
 Torch-free, so the launching process checks before any rank starts (``run.preflight``): a rerun after a
 change of ``steps`` fails at once, naming the keys that differ, instead of in every launched rank. The
-ranks check again when they load (``Setup.load_checkpoint``), for jobs started by torchrun or srun.
+ranks check again when they load (``StateIO.resume``), for jobs started by torchrun or srun.
 """
 
 from __future__ import annotations
@@ -74,8 +74,17 @@ def find_checkpoint(how: str, ckpt_dir: str) -> str | None:
         if path is None and how == "latest":
             raise FileNotFoundError(f"--resume latest: no complete checkpoint under {ckpt_dir}")
         return path
+    require_resume_folder(how)
     ckpt.verify(how)
     return how
+
+
+def require_resume_folder(how: str) -> None:
+    """A checkpoint folder given as ``checkpoint.resume`` must exist: FileNotFoundError saying so (it was
+    reported as 'checkpoint.json: missing (the checkpoint was not completed)')."""
+    if not files.exists(how):
+        raise FileNotFoundError(f"--resume {how}: not found (expected auto, latest, none or a checkpoint folder "
+                                "such as RUN_DIR/checkpoints/step-00000100)")
 
 
 def _saved_hash(path: str) -> Any:
@@ -89,10 +98,13 @@ def refuse_other_config(cfg: TrainConfig) -> None:
     """Before any rank starts: raise :class:`ConfigMismatch` if the checkpoint the run would resume from has
     another configuration. Only the small trainer.json files are read unless one of them differs; then the
     checkpoint is chosen as the ranks choose it (verified, damaged ones skipped). Anything else that is
-    wrong (no checkpoint for ``latest``, a damaged directory) is left to the ranks, as before."""
+    wrong (no checkpoint for ``latest``, a damaged directory) is left to the ranks, as before, except a
+    checkpoint folder given that does not exist (refused here: FileNotFoundError)."""
     how = cfg.checkpoint.resume
     if how == "none":
         return
+    if how not in ("auto", "latest"):
+        require_resume_folder(how)
     ckpt_dir, new_hash = checkpoints_dir(cfg), output_hash(cfg)
     candidates = [p for _, p in ckpt.list_checkpoints(ckpt_dir)] if how in ("auto", "latest") else [how]
     if all(_saved_hash(p) in (None, new_hash) for p in candidates):
@@ -100,3 +112,26 @@ def refuse_other_config(cfg: TrainConfig) -> None:
     path = find_checkpoint(how, ckpt_dir)
     if path is not None:
         check_config(path, ckpt.read_trainer_state(path), cfg)
+
+
+def nonfinite_abort_note(io: Any, first_bad_step: int) -> str:
+    """The end of the message of a run aborted for non-finite steps (every rank calls it; ``io``: the run's
+    ``StateIO``, with ``rank``, ``writer`` (the AsyncWriter) and ``dir``). Rank 0 first finishes its
+    pending write, then renames the checkpoints written from ``first_bad_step`` on to ``*.nonfinite`` so
+    that a rerun resumes from the last one written before it, which retention kept (``ckpt.retire``) and
+    which the note names. The other ranks only read the folder names at or before that step."""
+    before = first_bad_step - 1
+    moved: list[str] = []
+    if io.rank == 0:
+        try:
+            io.writer.wait()
+        except ckpt.CheckpointWriteFailed as err:
+            moved.append(f"(and a write failed: {err})")
+        moved[:0] = ckpt.set_aside_after(io.dir, before)
+    good = ckpt.last_at_or_before(io.dir, before)
+    aside = f"; set aside, written after it: {', '.join(moved)}" if moved else ""
+    if good is None:
+        return f"; no checkpoint was written before the first non-finite step ({first_bad_step}){aside}"
+    return (f"; the last checkpoint written before the first non-finite step ({first_bad_step}) is {good}: "
+            f"start from its weights with --init {good} and a lower --lr (a resume with another lr is "
+            f"refused){aside}")

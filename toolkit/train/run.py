@@ -60,13 +60,14 @@ def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.resume import checkpoints_dir
 
-    found = ckpt.list_checkpoints(checkpoints_dir(cfg))
-    if not found:
+    path = ckpt.latest_valid(checkpoints_dir(cfg))
+    if path is None:
         return None
-    saved = ckpt.read_trainer_state(found[0][1])
+    saved = ckpt.read_trainer_state(path)
     state, total = saved["state"], saved.get("total_steps")
-    preempted = total is not None and state["step"] < total
     model = files.join(cfg.out, "model")
+    # a checkpoint from before cliptk recorded total_steps: finished exactly when the ranks wrote the model
+    preempted = state["step"] < total if total is not None else not files.exists(model)
     return {**{k: state.get(k) for k in ("step", "samples_seen", "skipped_steps")}, "total_steps": total,
             "world_size": saved.get("world_size"), "steps_per_epoch": saved.get("steps_per_epoch"),
             "preempted": preempted, "model": None if preempted or not files.exists(model) else model}
@@ -93,6 +94,7 @@ def preflight(cfg: TrainConfig):
     if not (dataset.field("image_features") or dataset.field("text_features")):
         check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
     refuse_other_config(cfg)
+    L.warn_unused_port(cfg.launch)
     return dataset
 
 

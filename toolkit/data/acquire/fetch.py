@@ -17,7 +17,7 @@ from toolkit.core import files
 from toolkit.core.config import config_hash, option, to_dict
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, fingerprint, read_manifest, stage_run
-from toolkit.data.acquire import urllist
+from toolkit.data.acquire import retry, urllist
 from toolkit.data.acquire.fetch_process import download
 from toolkit.data.acquire.urllist import check_url_list, detect_format
 from toolkit.data.acquire.urlrows import ListRows, read_rows, write_rows
@@ -81,6 +81,10 @@ class FetchConfig:
                           "named here (reason disallowed_scheme).")
     keep_duplicates: bool = option(False, doc="Download every occurrence of a URL; by default only the first is "
                                               "kept and the others are counted as duplicate_url.")
+    retry_failed: bool = option(False, affects_output=False,
+                                doc="After fetching (or resuming), fetch again the URLs that failed for a transient "
+                                    "reason (timeouts, HTTP 5xx/408/429, refused or broken connections; not 404s "
+                                    "or bad images) into new shards of `out`; rerun to retry what fails again.")
 
 
 # ---------------------------------------------------------------- resume bookkeeping
@@ -148,12 +152,14 @@ def verified_shards(rec, out: str) -> set[int]:
     return set(present) - set(redo)
 
 
-def worker_spec(cfg: FetchConfig, with_captions: bool, out: str, done: set[int]) -> dict[str, Any]:
-    """The JSON document ``fetch_worker`` reads; the list is the cleaned ``OUT/_tmp/urls.parquet``."""
+def worker_spec(cfg: FetchConfig, with_captions: bool, out: str, done: set[int], rows_file: str = ROWS_FILE,
+                first_shard: int = 0) -> dict[str, Any]:
+    """The JSON document ``fetch_worker`` reads; the list is the cleaned ``OUT/_tmp/urls.parquet`` (or a
+    retry round's ``OUT/_tmp/retry-urls.parquet``, its shards numbered from ``first_shard``)."""
     spec = {k: v for k, v in to_dict(cfg).items() if k not in ("urls", "out", "input_format", "caption_col")}
-    return {**spec, "url_list": f"{out}/_tmp/{ROWS_FILE}", "input_format": "parquet", "url_col": "url",
+    return {**spec, "url_list": f"{out}/_tmp/{rows_file}", "input_format": "parquet", "url_col": "url",
             "caption_col": "caption" if with_captions else None, "output_folder": out, "tmp_path": f"{out}/_tmp",
-            "done_shards": sorted(done)}
+            "done_shards": sorted(done), "start_shard_id": first_shard}
 
 
 def prepare_rows(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str) -> ListRows:
@@ -195,14 +201,20 @@ def run(cfg: FetchConfig) -> StageResult:
         rec.write()  # recorded before downloading, so even a killed run's shards can be checked on resume
         if cfg.overwrite:
             log.info("fetch: --overwrite: removed %d shard files from %s", layout.remove_shards(out), out)
+            retry.remove(out)
         done_before = verified_shards(rec, out)
         if layout.remove_tmp(out):  # a failed run leaves img2dataset's _tmp/ behind: start clean
             log.info("fetch: removed %s/_tmp left by an interrupted run", out)
         start = time.monotonic()
         rows = prepare_rows(cfg, fmt, caption_col, out)
         num_todo = urls_to_download(rows.table.num_rows, cfg.samples_per_shard, done_before)
-        spec = worker_spec(cfg, caption_col is not None, out, done_before)
-        outcome = download(spec, cfg.run_timeout_s, rec.lock_fd, num_todo)
+        outcome = {"num_shards_planned": 0, "timed_out": False}
+        if num_todo or not cfg.retry_failed:  # --retry-failed on a finished fetch starts no idle worker
+            spec = worker_spec(cfg, caption_col is not None, out, done_before)
+            outcome = download(spec, cfg.run_timeout_s, rec.lock_fd, num_todo)
+        if cfg.retry_failed:
+            outcome = _retry(cfg, rec, out, caption_col is not None, rows.table.num_rows, outcome)
+            layout.remove_tmp(out)  # the URL rows file, when no worker ran to clean up after itself
         wall_s = time.monotonic() - start
         summary = _record(rec, out, done_before, outcome, wall_s, rows)
         _report(summary)
@@ -223,7 +235,7 @@ def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float, 
     rec.counts.update(num_rows=rows.num_rows, skipped_rows=dict(sorted(rows.counts.items())))
     rec.details["skipped_row_lines"] = rows.listed
     stats = layout.read_stats(out)
-    total = reasons.summarize(stats)
+    total = _effective(out, stats)
     new = reasons.summarize({i: s for i, s in stats.items() if i not in done_before})
     num_unfinished = max(0, outcome["num_shards_planned"] - len(set(stats) - done_before))
     rec.counts.update({
@@ -241,7 +253,61 @@ def _record(rec, out: str, done_before: set[int], outcome: dict, wall_s: float, 
                      "download_urls_per_s": round(new["num_samples"] / new["span_s"], 2) if new["span_s"] else None},
         "error_messages": total["messages"], "timed_out": outcome["timed_out"],
     })
+    rec.counts["num_retried"] = total["num_retried"]
+    if "retry" in rec.details:
+        rec.details["retry"]["failed_after"] = total["num_failed"]
     return {**rec.counts, **rec.details}
+
+
+def _effective(out: str, stats: dict[int, dict]) -> dict[str, Any]:
+    """Totals over shards with every retried URL counted once, by its latest outcome (retry.py)."""
+    total = reasons.summarize(stats)
+    _, old = retry.superseded(out, set(stats))
+    for reason, n in old.items():
+        left = total["failed_by_reason"].get(reason, 0) - n
+        total["failed_by_reason"][reason] = left
+        if left <= 0:
+            del total["failed_by_reason"][reason]
+    total["failed_by_reason"] = _by_count(total["failed_by_reason"])
+    num_old = sum(old.values())
+    total.update(num_samples=total["num_samples"] - num_old, num_failed=total["num_failed"] - num_old,
+                 num_retried=num_old)
+    return total
+
+
+def _by_count(counts: dict[str, int]) -> dict[str, int]:
+    """Most frequent first, then by name (as reasons.summarize orders them)."""
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _retry(cfg: FetchConfig, rec, out: str, with_captions: bool, num_rows: int, outcome: dict) -> dict:
+    """Plan and fetch one retry round (retry.py); returns ``outcome`` with the round's shards added."""
+    finished = layout.finished_shards(out)
+    num_original = math.ceil(num_rows / cfg.samples_per_shard)
+    if outcome["timed_out"] or not set(range(num_original)) <= finished:
+        log.warning("fetch: --retry-failed: nothing retried: %d of the URL list's %d shards are not finished yet; "
+                    "rerun the same command", len(set(range(num_original)) - finished), num_original)
+        return outcome
+    rnd, retried, kept = retry.plan(out, finished, cfg.samples_per_shard, num_original)
+    info = {"failed_before": sum(retried.values()) + sum(kept.values()), "retried_by_reason": _by_count(retried),
+            "not_retried_by_reason": _by_count(kept), "round": None}
+    rec.details["retry"] = info
+    if rnd is None:
+        return outcome
+    todo = [i for i in rnd.shard_ids if i not in finished]
+    info.update(round=rnd.index, shards=[layout.shard_stem(i) for i in rnd.shard_ids])
+    log.info("fetch: --retry-failed: round %d: fetching %d URLs that failed transiently into shards %s..%s "
+             "(%d of its shards already finished)", rnd.index, rnd.num_rows, layout.shard_stem(rnd.shard_ids[0]),
+             layout.shard_stem(rnd.shard_ids[-1]), len(rnd.shard_ids) - len(todo))
+    retry.write_worker_list(out, rnd, f"{out}/_tmp/{retry.ROWS_FILE}", with_captions)
+    spec = worker_spec(cfg, with_captions, out, finished, retry.ROWS_FILE, rnd.first_shard)
+    num_urls = sum(min(cfg.samples_per_shard, rnd.num_rows - (i - rnd.first_shard) * cfg.samples_per_shard)
+                   for i in todo)
+    more = download(spec, cfg.run_timeout_s, rec.lock_fd, num_urls)
+    round_stats = layout.read_stats(out, set(rnd.shard_ids) & layout.finished_shards(out))
+    info["round_success"] = reasons.summarize(round_stats)["num_success"]
+    return {"num_shards_planned": outcome["num_shards_planned"] + more["num_shards_planned"],
+            "timed_out": more["timed_out"]}
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -255,14 +321,33 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     failures = ", ".join(f"{k} {v}" for k, v in c["failed_by_reason"].items()) or "none"
     lines.append(f"{c['num_urls']} URLs: {c['num_success']} ok, {c['num_failed']} failed ({failures}); "
                  f"{c['num_shards']} shards ({c['num_shards_resumed']} resumed)")
+    lines += _retry_lines(summary.get("retry"))
     if this["num_urls"] == 0:
-        lines.append("this run: nothing to download (every shard was already finished)")
+        if not summary.get("retry"):
+            lines.append("this run: nothing to download (every shard was already finished)")
         return lines
     line = (f"this run: {this['num_urls']} URLs in {this['wall_s']:.1f} s = {this['urls_per_s']} URLs/s, "
             f"{this['success_per_s']} images/s stored")
     if this["download_urls_per_s"]:
         line += f"; downloading alone {this['download_s']:.1f} s = {this['download_urls_per_s']} URLs/s"
     return lines + [line]
+
+
+def _retry_lines(info: dict | None) -> list[str]:
+    """--retry-failed's before/after counts (``details.retry``)."""
+    if not info:
+        return []
+    kept = ", ".join(f"{k} {v}" for k, v in info["not_retried_by_reason"].items()) or "none"
+    if info["round"] is None and not info["failed_before"]:
+        return ["retry: nothing to retry: no URL failed; nothing was changed"]
+    if info["round"] is None:
+        return [f"retry: nothing to retry: none of the {info['failed_before']} failed URLs failed for a transient "
+                f"reason (permanent: {kept}); nothing was changed"]
+    retried = ", ".join(f"{k} {v}" for k, v in info["retried_by_reason"].items())
+    return [f"retry round {info['round']}: fetched again {sum(info['retried_by_reason'].values())} URLs that failed "
+            f"transiently ({retried}) into shards {info['shards'][0]}..{info['shards'][-1]}: "
+            f"{info['round_success']} ok now; failed URLs {info['failed_before']} -> {info['failed_after']} "
+            f"(not retried, permanent: {kept})"]
 
 
 def _report(summary: dict[str, Any]) -> None:

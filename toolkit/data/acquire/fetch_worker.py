@@ -159,7 +159,7 @@ def main(spec_path: str) -> None:
     fs.makedirs(tmp, exist_ok=True)
     reader = Reader(
         spec["url_list"], spec["input_format"], spec["url_col"], spec["caption_col"], None, None, None,
-        spec["samples_per_shard"], set(spec["done_shards"]), spec["tmp_path"], 0,
+        spec["samples_per_shard"], set(spec["done_shards"]), spec["tmp_path"], spec.get("start_shard_id", 0),
     )
     shards = list(reader)  # splits the list into feather files under _tmp/, skipping finished shards
     emit({"plan": {"num_shards": len(shards)}})

@@ -37,6 +37,7 @@ import numpy as np
 
 from toolkit.core import files
 from toolkit.data.raw.layout import SHARD_DIGITS, shard_stem
+from toolkit.data.trainset import integrity
 
 FORMAT = "cliptk-train-v1"
 DATASET_JSON = "dataset.json"
@@ -78,11 +79,13 @@ class Field:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One training shard: file name relative to the dataset root, sample count, first global id."""
+    """One training shard: file name relative to the dataset root, sample count, first global id, and
+    the hash of its per-sample checksums (empty for datasets precomputed before checksums)."""
 
     name: str
     num_samples: int
     first_id: int
+    sums: str = ""  # xxh3-64 of the shard's checksum sidecar (integrity.py); "" in datasets written before
 
 
 @dataclass
@@ -212,23 +215,52 @@ def field_offsets(ds: TrainDataset) -> list[int]:
     return offsets
 
 
-def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int) -> np.ndarray:
+def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int,
+              sums: list[int] | None = None) -> np.ndarray:
     """Samples ``start .. start+count-1`` of shard ``shard_index`` from the open file ``fh``, as raw bytes
-    [count, sample_bytes] (one seek, one read). Each sample's first member name is checked against its
-    expected id, so a shard that does not match dataset.json fails loudly, naming the shard."""
+    [count, sample_bytes] in a new array (:func:`read_rows_into`)."""
+    return read_rows_into(fh, ds, shard_index, start, np.empty((count, ds.sample_bytes), np.uint8), sums)
+
+
+def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows: np.ndarray,
+                   sums: list[int] | None = None) -> np.ndarray:
+    """Read samples ``start .. start+len(rows)-1`` of shard ``shard_index`` into ``rows`` (C-contiguous
+    uint8 [n, sample_bytes]; one seek, one read, no intermediate buffer) and return it. Each sample's first
+    member name is checked against its expected id, so a shard that does not match dataset.json fails
+    loudly, naming the shard; with the shard's ``sums`` (:func:`integrity.load_sums`) every sample's
+    checksum is verified as well, while its bytes are still in cache."""
     shard = ds.shards[shard_index]
-    url, size = ds.url(shard), ds.sample_bytes
+    url, size, count = ds.url(shard), ds.sample_bytes, rows.shape[0]
     fh.seek(start * size)
-    buf = fh.read(count * size)
-    if len(buf) != count * size:
-        raise ValueError(f"{url}: ended inside sample {start + len(buf) // size} "
+    view = memoryview(rows).cast("B")
+    got = _read_into(fh, view)
+    if got != count * size:
+        raise ValueError(f"{url}: ended inside sample {start + got // size} "
                          f"(dataset.json says {shard.num_samples} samples)")
     first_ext = ds.fields[0].ext
     for k in range(count):
-        name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode()
-        if buf[k * size:k * size + len(name) + 1] != name + b"\0":
-            raise _layout_error(url, start + k, name.decode(), buf[k * size:k * size + 100].split(b"\0")[0])
-    return np.frombuffer(buf, np.uint8).reshape(count, size)
+        name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode() + b"\0"
+        if view[k * size:k * size + len(name)] != name:
+            raise _layout_error(url, start + k, name[:-1].decode(),
+                                bytes(view[k * size:k * size + 100]).split(b"\0")[0])
+    integrity.check_sums(ds, shard_index, start, rows, sums)
+    return rows
+
+
+def _read_into(fh: Any, view: memoryview) -> int:
+    """Fill ``view`` from ``fh`` (readinto where the file has it); returns the bytes read (short at EOF)."""
+    readinto = getattr(fh, "readinto", None)
+    if readinto is None:
+        data = fh.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+    filled = 0
+    while filled < len(view):
+        n = readinto(view[filled:])
+        if not n:
+            break
+        filled += n
+    return filled
 
 
 def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -242,10 +274,13 @@ def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Ite
     """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly with
     :func:`read_rows` (``chunk`` samples per read call, fields as numpy views of the read buffer)."""
     shard = ds.shards[seg.shard]
+    sums, vocab = integrity.load_sums(ds, seg.shard), integrity.vocab_size(ds)
     with files.open_file(ds.url(shard), "rb") as fh:
         for c0 in range(0, seg.count, chunk):
             n = min(chunk, seg.count - c0)
-            views = decode_rows(ds, read_rows(fh, ds, seg.shard, seg.start + c0, n))
+            views = decode_rows(ds, read_rows(fh, ds, seg.shard, seg.start + c0, n, sums))
+            if "tokens" in views:
+                integrity.check_tokens(ds, seg.shard, seg.start + c0, views["tokens"], vocab)
             for k in range(n):
                 out = {role: v[k] for role, v in views.items()}
                 out["index"], out["valid"] = shard.first_id + seg.start + c0 + k, seg.valid
@@ -296,14 +331,18 @@ class TrainShardWriter:
             files.join(self.out, meta_file(index)))
         self._files = (tar_out, meta_out)
         self._tar = tarfile.open(fileobj=tar_out.fh, mode="w", format=tarfile.USTAR_FORMAT)
-        self._count, self._first = 0, self.next_id
+        self._count, self._first, self._sums = 0, self.next_id, []
 
     def _close_shard(self) -> None:
         assert self._tar is not None and self._files is not None
         self._tar.close()
-        for f in self._files:
+        index = len(self.shards)
+        data, digest = integrity.encode_sums(self._sums)
+        sums_out = _AtomicOut(files.join(self.out, integrity.sums_file(shard_file(index))))
+        sums_out.fh.write(data)
+        for f in (*self._files, sums_out):  # the tar last-but-one, the sidecar last: both before dataset.json
             f.commit()
-        self.shards.append(ShardInfo(shard_file(len(self.shards)), self._count, self._first))
+        self.shards.append(ShardInfo(shard_file(index), self._count, self._first, digest))
         self._tar, self._files = None, None
 
     def add(self, sample_id: int, payloads: list[bytes], meta: dict[str, Any]) -> None:
@@ -313,10 +352,16 @@ class TrainShardWriter:
         if self._tar is None:
             self._open()
         key = id_key(sample_id)
+        sample = bytearray()  # the sample's bytes exactly as the tar holds them, for its checksum
         for f, data in zip(self.fields, payloads, strict=True):
             if len(data) != f.nbytes:
                 raise ValueError(f"sample {sample_id} field {f.ext}: {len(data)} bytes, expected {f.nbytes}")
-            self._tar.addfile(_tarinfo(f"{key}.{f.ext}", len(data)), io.BytesIO(data))
+            info = _tarinfo(f"{key}.{f.ext}", len(data))
+            sample += info.tobuf(tarfile.USTAR_FORMAT, self._tar.encoding, self._tar.errors)
+            sample += data
+            sample += bytes(f.padded_bytes - BLOCK - len(data))
+            self._tar.addfile(info, io.BytesIO(data))
+        self._sums.append(integrity.sample_hash(sample))
         self._files[1].fh.write((json.dumps({"id": sample_id, **meta}, ensure_ascii=False) + "\n").encode())
         self.next_id += 1
         self._count += 1
@@ -330,13 +375,14 @@ class TrainShardWriter:
 
 
 def remove_stale_shards(out: str, keep: int) -> int:
-    """Delete ``NNNNN.tar``/``.meta.jsonl`` with index >= keep left by an earlier, larger run."""
+    """Delete ``NNNNN.tar``/``.meta.jsonl``/``.xxh3`` with index >= keep left by an earlier, larger run."""
     if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
         return 0
     removed = 0
     for name in os.listdir(files.local_path(out)):
         stem = name.split(".", 1)[0]
-        if stem.isdigit() and len(stem) == SHARD_DIGITS and int(stem) >= keep and name.endswith((".tar", ".meta.jsonl")):
+        if stem.isdigit() and len(stem) == SHARD_DIGITS and int(stem) >= keep and name.endswith(
+                (".tar", ".meta.jsonl", "." + integrity.SUMS_EXT)):
             os.remove(os.path.join(files.local_path(out), name))
             removed += 1
     return removed

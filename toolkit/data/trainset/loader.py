@@ -25,10 +25,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from toolkit.core import files
-from toolkit.data.trainset.format import TrainDataset, decode_rows, read_rows
+from toolkit.data.trainset import integrity
+from toolkit.data.trainset.format import TrainDataset, decode_rows, read_rows_into
 from toolkit.data.trainset.order import BatchOrder
 
 # Open shard files a worker keeps (a global order touches every shard; reopening costs a round trip on
@@ -40,41 +41,86 @@ class SampleReader:
     """Reads arbitrary sample ids of one dataset into stacked arrays; keeps shard files open (one per
     process: each DataLoader worker makes its own)."""
 
-    def __init__(self, ds: TrainDataset):
-        self.ds = ds
+    def __init__(self, ds: TrainDataset, vocab_size: int | None = None):
+        self.ds, self.vocab_size = ds, vocab_size
         self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
         self._open: dict[int, Any] = {}
+        self._sums: dict[int, list[int] | None] = {}
+        self._raw: np.ndarray | None = None
 
     def _file(self, shard: int):
         if shard not in self._open:
             if len(self._open) >= MAX_OPEN_FILES:
                 oldest = next(iter(self._open))
                 self._open.pop(oldest).close()
-            self._open[shard] = files.open_file(self.ds.url(self.ds.shards[shard]), "rb")
+            self._open[shard] = _open_shard(self.ds, shard)
+            if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
+                self._sums[shard] = integrity.load_sums(self.ds, shard)
         return self._open[shard]
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """{role: array [len(ids), *shape]} for ``ids`` (int64, any order, in that order)."""
+        """{role: array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
+
+        The ids are read in sorted order into one reused raw buffer (a run of consecutive ids per read
+        call; readinto, so no fresh 150 kB buffer is allocated and page-faulted per sample), each run
+        verified while in cache, then gathered into batch order: one copy per field."""
         if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
             raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
                              f"{int(ids.min())}..{int(ids.max())}")
-        out = {f.role: np.empty((len(ids), *f.shape), dtype=np.dtype(f.dtype)) for f in self.ds.fields}
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
         shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
         breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
+        raw = self._raw_buffer(len(ids))
         for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
             shard = int(shards[lo])
             start = int(sorted_ids[lo] - self.first_ids[shard])
-            views = decode_rows(self.ds, read_rows(self._file(shard), self.ds, shard, start, int(hi - lo)))
-            for role, values in views.items():
-                out[role][order[lo:hi]] = values
+            read_rows_into(self._file(shard), self.ds, shard, start, raw[lo:hi], self._sums[shard])
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(ids))
+        out = {role: values[inverse] for role, values in decode_rows(self.ds, raw).items()}
+        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
+            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
         return out
+
+    def _raw_buffer(self, n: int) -> np.ndarray:
+        if self._raw is None or self._raw.shape[0] < n:
+            self._raw = np.empty((n, self.ds.sample_bytes), np.uint8)
+        return self._raw[:n]
 
     def close(self) -> None:
         for fh in self._open.values():
             fh.close()
         self._open.clear()
+
+
+def _open_shard(ds: TrainDataset, shard: int):
+    url = ds.url(ds.shards[shard])
+    try:
+        return files.open_file(url, "rb")
+    except FileNotFoundError as err:
+        raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
+                                           "restore it or precompute this dataset again") from err
+
+
+class WorkerFailure:
+    """An exception raised in a DataLoader worker, sent to the main process as an item so that
+    :class:`TrainLoader` raises it there as itself: torch would re-raise it as a 40-line "Caught ValueError in
+    DataLoader worker process 0" message wrapping the one line that says what is wrong."""
+
+    def __init__(self, err: Exception, worker: int):
+        import traceback
+
+        self.exc_type, self.message, self.worker = type(err), str(err), worker
+        self.trace = "".join(traceback.format_exception(err))
+
+    def error(self) -> Exception:
+        try:
+            err = self.exc_type(self.message)
+        except Exception:  # noqa: BLE001 - an exception type whose constructor wants other arguments
+            err = RuntimeError(f"{self.exc_type.__name__}: {self.message}")
+        err.add_note(f"(raised in DataLoader worker {self.worker}:\n{self.trace})")
+        return err
 
 
 class InOrder(BatchOrder):
@@ -114,6 +160,9 @@ class GlobalBatchStream(IterableDataset):
         order.batch_ids(start_step, rank, world_size)  # refuses a batch that does not divide by the ranks
         self.ds, self.order, self.rank, self.world_size = ds, order, rank, world_size
         self.start_step, self.num_steps = start_step, num_steps
+        self.vocab_size = integrity.vocab_size(ds)  # resolved here, once, not in every worker
+        if not all(s.sums for s in ds.shards):
+            integrity.notice_unverified(ds)  # here, so that forked workers do not repeat it
 
     def __len__(self) -> int:
         return self.num_steps
@@ -124,15 +173,30 @@ class GlobalBatchStream(IterableDataset):
 
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        reader = SampleReader(self.ds)
+        reader = SampleReader(self.ds, self.vocab_size)
         try:
             for t in range(self.start_step + worker, self.start_step + self.num_steps, num_workers):
                 ids = self.order.batch_ids(t, self.rank, self.world_size)
                 batch = to_tensors(reader.read(ids))
                 batch["index"], batch["step"] = torch.from_numpy(ids), t
                 yield batch
+        except Exception as err:
+            if info is None:
+                raise
+            yield WorkerFailure(err, worker)  # in batch order: the main process raises it at step t
         finally:
             reader.close()
+
+
+class TrainLoader(DataLoader):
+    """A DataLoader that raises a worker's exception in the main process as itself (see WorkerFailure);
+    otherwise torch's DataLoader unchanged."""
+
+    def __iter__(self):
+        for item in super().__iter__():
+            if isinstance(item, WorkerFailure):
+                raise item.error()
+            yield item
 
 
 def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
@@ -140,11 +204,9 @@ def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, wor
                 num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int = 2):
     """DataLoader of this rank's slices of global batches of ``batch_size`` (module docstring); local or
     fsspec ``path``. ``num_steps`` None: one pass (``N // batch_size`` batches). Called by every rank once."""
-    from torch.utils.data import DataLoader
-
     ds = path if isinstance(path, TrainDataset) else TrainDataset.open(str(path))
     order = (BatchOrder if shuffle else InOrder)(ds.num_samples, batch_size, seed, block)
     steps = order.batches_per_pass if num_steps is None else num_steps
     stream = GlobalBatchStream(ds, order, rank=rank, world_size=world_size, start_step=start_step, num_steps=steps)
     extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if num_workers > 0 else {}
-    return DataLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **extra)
+    return TrainLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **extra)

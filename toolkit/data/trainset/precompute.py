@@ -32,8 +32,8 @@ from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
+from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
-from toolkit.data.trainset import precompute_worker
 from toolkit.data.trainset.format import (
     DATASET_JSON,
     Field,
@@ -68,6 +68,10 @@ class PrecomputeConfig:
     image_tower: ImageTowerKind = option("none", doc="Store this frozen image tower's features instead of "
                                                      "pixels (LiT): none, open_clip or efficientnet_lite0.")
     image_tower_model: str = option("", doc="open_clip model name of an open_clip image tower.")
+    image_tower_size: int = option(0, ge=0, doc="Square side in pixels the efficientnet_lite0 tower runs at "
+                                                "(its features are pooled, so any side works; the saved model "
+                                                "evaluates at it too); 0: its ImageNet 224. Time grows as the "
+                                                "side squared.")
     image_tower_weights: str = option("", is_input=True, doc="Local weights for the image tower (default: the "
                                                              "packaged ones, or a seeded random init).")
     text_tower: TextTowerKind = option("none", doc="Store this frozen text tower's features instead of tokens "
@@ -96,6 +100,11 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     state.clear()
     state["image_tower"] = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model,
                                                     cfg.image_tower_weights) if cfg.image_tower != "none" else None)
+    if cfg.image_tower_size:
+        if cfg.image_tower != "efficientnet_lite0":
+            raise ConfigError(type(cfg).__name__, "image_tower_size", "applies to image_tower efficientnet_lite0 "
+                              f"only (got {cfg.image_tower})")
+        state["image_tower"].image_size = cfg.image_tower_size
     state["text_tower"] = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
                            if cfg.text_tower != "none" else None)
     state["tokenizer"] = tokenizer(cfg.model)
@@ -346,4 +355,5 @@ def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
                                "context_length": t.context_length, "weights": cfg.text_tower_weights}
     else:
         extra["context_length"] = fields[1].shape[0]
+        extra["vocab_size"] = integrity.tokenizer_vocab_size(state["tokenizer"])  # the loader's token-id bound
     return extra

@@ -5,7 +5,12 @@
 - ``kind: fastclip``: FastCLIP ``version`` v0–v3 (docs/fastclip.md) with per-sample estimators u, the
   inner learning-rate schedule γ, the temperature rule and the robust loss's ρ. Its distributed step is
   the ``fastclip`` mode (no feature-gradient communication); other modes are refused, not emulated.
-The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``.
+- ``kind: siglip``: SigLIP's sigmoid loss over the global batch with the model's learnable scale t and bias
+  b (initialised to ``siglip_scale_init`` and ``siglip_bias_init``), in the gather, ring or fastclip mode.
+- ``kind: neuclip``: NeuCLIP (docs/neuclip.md): the robust global contrastive loss with each sample's
+  log-normaliser predicted by a small prototype network (``neuclip`` section) instead of FastCLIP's
+  per-sample estimators; learnable τ (``learn_tau``, ``lr_tau``), ρ and ε as v3. Also the fastclip mode only.
+The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss siglip`` sets ``kind: siglip``, ``--loss neuclip`` ``kind: neuclip``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,26 @@ Backend = Literal["auto", "torch", "triton", "naive"]
 GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
 LOSS_NAMES = tuple(NAMES)  # --loss names (losses/registry.py)
+# objectives whose distributed step is the fastclip mode only (no feature-gradient communication)
+FASTCLIP_MODE_ONLY = ("fastclip", "neuclip")
+
+
+@dataclass(frozen=True)
+class NeuCLIPConfig:
+    """NeuCLIP's normaliser network (arXiv 2511.08417; defaults: the paper's, docs/neuclip.md)."""
+
+    num_prototypes: int = option(4096, ge=1, doc="Prototypes m per side: the network predicts a sample's "
+                                                  "log-normaliser as an LSE over them (the paper's hidden width).")
+    lr: float = option(0.01, gt=0, doc="AdaGrad learning rate of the prototypes (the paper trains the network "
+                                       "with AdaGrad).")
+    inner_steps: int = option(10, ge=1, doc="Network updates per optimiser step, all on that step's global batch "
+                                            "(the paper's T_u).")
+    restart_every_steps: int = option(500, ge=0, doc="Re-initialise the prototypes from the current batch's "
+                                                     "embeddings every this many steps (the paper's T_r); 0: never.")
+    adagrad_eps: float = option(1e-10, gt=0, doc="Denominator ε of the AdaGrad update.")
+    fit_order: Literal["before", "after"] = option(
+        "before", doc="When the network is fitted on a step's batch: before the model step uses its predictions "
+                      "(the paper's order) or after it (predictions out of sample; docs/neuclip.md).")
 
 
 @dataclass(frozen=True)
@@ -29,18 +54,22 @@ class LossConfig:
     """The training objective (see module docstring)."""
 
     kind: str = option("fastclip", doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
-                                       "fastclip (global contrastive loss with per-sample estimators), ...")
+                                       "fastclip (global contrastive loss with per-sample estimators), siglip "
+                                       "(sigmoid loss with a learnable bias), neuclip (FastCLIP's loss, "
+                                       "log-normalisers predicted by a network).")
     version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
                                         "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
-                                        "or fastclip (no feature-gradient communication; FastCLIP's only mode).")
+                                        "or fastclip (no feature-gradient communication; FastCLIP's only mode). "
+                                        "siglip: gather, ring or fastclip.")
     backend: Backend = option("auto", doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
                                           "or naive (full matrix, for tests).")
     tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
-                                             "log(1/τ); v2: every sample's initial τ.")
-    learn_tau: bool = option(True, doc="openclip only: learn τ (true) or keep it at tau_init (false). FastCLIP "
+                                             "log(1/τ); v2: every sample's initial τ. siglip: see "
+                                             "siglip_scale_init.")
+    learn_tau: bool = option(True, doc="openclip, neuclip: learn τ (true) or keep it at tau_init (false). FastCLIP "
                                        "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).")
-    lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3; "
+    lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3, neuclip; "
                                             "empty: the model lr) or v2's per-sample rule's (empty: 1e-2).")
     lr_tau_schedule: TauLrSchedule = option(
         "cosine", doc="Schedule of the logit-scale group's lr: cosine (as the model's), const, or step_thresh "
@@ -49,8 +78,13 @@ class LossConfig:
     gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
     gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
                                                              "(per step) or constant (gamma_min after epoch 0).")
-    rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3).")
-    eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators.")
+    u_drift: Literal["none", "batch"] = option(
+        "none", doc="FastCLIP v0/v1/v3: none (the reference's moving average) or batch: shift the batch's old "
+                    "estimators by their mean log(g/u_old) before averaging, removing the drift they share since "
+                    "their last visit (docs/fastclip.md).")
+    rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
+    eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators (neuclip: "
+                                         "the ε of log(ε + g)).")
     tau_min: float = option(0.01, gt=0, doc="v2: lower clamp of the per-sample τ.")
     tau_max: float = option(1.0, gt=0, doc="v2: upper clamp of the per-sample τ.")
     tau_grad_clamp: float = option(5.0, gt=0, doc="v2: the per-sample τ gradient is clipped to ±this.")
@@ -59,14 +93,26 @@ class LossConfig:
     tau_beta2: float = option(0.999, ge=0, doc="v2: second-moment decay of the per-sample τ rule.")
     tau_eps: float = option(1e-8, gt=0, doc="v2: denominator ε of the per-sample τ rule (added to v̂, not √v̂, "
                                             "as the reference).")
+    neuclip: NeuCLIPConfig = option(factory=NeuCLIPConfig, doc="NeuCLIP's normaliser network (kind neuclip).")
+
+    siglip_scale_init: float = option(10.0, gt=0, doc="siglip: initial scale t = exp(logit_scale) of a model "
+                                                       "trained from scratch (SigLIP: 10; replaces tau_init).")
+    siglip_bias_init: float = option(-10.0, doc="siglip: initial learnable logit bias b (SigLIP: -10), saved in "
+                                                "the model's open_clip config as init_logit_bias.")
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.kind == "fastclip" and self.mode != "fastclip":
-            raise ValueError(f"FastCLIP runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
+        if self.kind in FASTCLIP_MODE_ONLY and self.mode != "fastclip":
+            raise ValueError(f"{self.kind} runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
                              "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                              "gather/disco/ring")
+        if self.kind == "siglip" and self.mode == "disco":
+            raise ValueError("the siglip loss has no disco mode: its gather mode already gathers only the texts "
+                             "and reduce-scatters their gradients once. Use mode gather, ring or fastclip")
+        if self.u_drift != "none" and (self.kind != "fastclip" or self.version == "v2"):
+            raise ValueError(f"u_drift: {self.u_drift} applies to FastCLIP v0, v1 and v3 (their estimators u); "
+                             f"this objective is {self.name}")
         for name in ("tau_beta1", "tau_beta2"):  # bias correction divides by 1 − β^(epoch+1)
             if not getattr(self, name) < 1:
                 raise ValueError(f"{name} must be < 1, got {getattr(self, name)}")
@@ -80,6 +126,16 @@ class LossConfig:
             if fields["kind"] == self.kind and all(getattr(self, k) == v for k, v in fields.items()):
                 return name
         return self.kind
+
+    @property
+    def initial_tau(self) -> float:
+        """τ = 1/t the model's logit scale starts from when trained from scratch (siglip: 1/siglip_scale_init)."""
+        return 1.0 / self.siglip_scale_init if self.kind == "siglip" else self.tau_init
+
+    @property
+    def init_logit_bias(self) -> float | None:
+        """The learnable logit bias the model needs (open_clip's ``init_logit_bias``), None for none."""
+        return self.siglip_bias_init if self.kind == "siglip" else None
 
     @property
     def learns_logit_scale(self) -> bool:

@@ -29,3 +29,5 @@ def register(kind: str, target: str, names: Mapping[str, Mapping[str, str]] | No
 register("openclip", "toolkit.train.losses.openclip:OpenCLIPLoss")
 register("fastclip", "toolkit.train.losses.fastclip.loss:FastCLIPLoss",
          {f"fastclip-{v}": {"version": v} for v in ("v0", "v1", "v2", "v3")})
+register("siglip", "toolkit.train.losses.siglip.loss:SigLIPLoss")
+register("neuclip", "toolkit.train.losses.neuclip.loss:NeuCLIPLoss")

@@ -54,7 +54,7 @@ def circulate(block: Sequence[Tensor], block_cats: Sequence[str], compute: Calla
             acc = combine(recv[len(held) if h < k - 1 else 0:], part)
         if h < k - 1:
             held = recv[:len(held)]
-    if k == 1:
+    if k == 1 or not own:  # no partials: nothing travels behind the blocks
         return own
     recv, wait = D.ring_shift(acc, acc_cats, group, ledger)  # last holder -> owner
     wait()

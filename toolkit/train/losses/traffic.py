@@ -29,7 +29,8 @@ def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feat
     """(op, category) -> (calls, bytes) per rank for one step of ``objective`` in ``mode`` at world size
     ``world`` with local batch ``b``, feature dim ``d``, ``num_params`` gradients all-reduced (elements,
     ``grad_bytes`` each: 4 for fp32, 2 for bf16) and ``feature_bytes`` per feature element. The openclip
-    objective's table is docs/distributed.md's; the fastclip objective runs in the fastclip mode."""
+    objective's table is docs/distributed.md's; the fastclip objective runs in the fastclip mode; the siglip
+    objective's modes are ``siglip_traffic``'s."""
     k, big_b = world, world * b
     table: Traffic = {("all_gather", "checks"): (1, CHECK_BYTES),
                       ("all_reduce", "param_grads"): (None, num_params * grad_bytes)}
@@ -38,6 +39,8 @@ def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feat
             raise ValueError(f"the FastCLIP objectives run in the fastclip mode only, not {mode!r}")
         return table | {("all_gather", "features"): (1, 2 * b * d * feature_bytes),
                         ("all_gather", "scalars"): (1, b * fastclip_scalar_columns(version) * F64)}
+    if objective == "siglip":
+        return table | siglip_traffic(mode, world, b, d, feature_bytes)
     if mode == "gather":
         table |= {("all_gather", "features"): (2, 2 * b * d * feature_bytes),
                   ("reduce_scatter", "feature_grads"): (2, 2 * big_b * d * feature_bytes)}
@@ -55,6 +58,26 @@ def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feat
     else:
         raise ValueError(f"unknown distributed mode {mode!r}; choose gather, disco, ring or fastclip")
     return table
+
+
+def siglip_traffic(mode: str, world: int, b: int, d: int, feature_bytes: int = 4) -> Traffic:
+    """The sigmoid loss's feature traffic per rank (toolkit/train/losses/siglip/modes.py): gather moves the
+    texts only (one all_gather, one reduce_scatter of [B, d]); ring K−1 text hops and K−1 hops of dy
+    partials in the accumulation dtype (fp32; fp64 for fp64 features), all in the forward; fastclip one
+    all_gather of the pairs and no gradient traffic (no normaliser to exchange either)."""
+    k, acc_bytes = world, F64 if feature_bytes == F64 else F32
+    if mode == "gather":
+        return {("all_gather", "features"): (1, b * d * feature_bytes),
+                ("reduce_scatter", "feature_grads"): (1, k * b * d * feature_bytes)}
+    if mode == "ring":
+        out: Traffic = {}
+        for op in ("send", "recv"):
+            out |= {(op, "features"): (k - 1, (k - 1) * b * d * feature_bytes),
+                    (op, "feature_grads"): (k - 1, (k - 1) * b * d * acc_bytes)}
+        return out
+    if mode == "fastclip":
+        return {("all_gather", "features"): (1, 2 * b * d * feature_bytes)}
+    raise ValueError(f"the siglip objective runs in the gather, ring or fastclip mode, not {mode!r}")
 
 
 def sent_bytes(table: Traffic, world: int) -> dict[str, float]:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
+from toolkit.train.losses.anchors import anchor_grads
 from toolkit.train.losses.common import accumulation_dtype, gather_pairs
 
 LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
@@ -117,3 +118,21 @@ def row_max(x: Tensor, y: Tensor, chunk_elems: int = 1 << 24) -> Tensor:
     """max_j <x_i, y_j> for every row of x [M, d] against y [N, d], in row chunks (never M×N at once)."""
     rows = max(1, chunk_elems // max(y.shape[0], 1))
     return torch.cat([(x[i:i + rows] @ y.T).amax(1) for i in range(0, x.shape[0], rows)])
+
+
+def surrogate_grads(batch: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, r1: Tensor, r2: Tensor, c: Tensor,
+                    backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    """This rank's share of ∇ c/2 · (1/B) Σ_i (r1_i + r2_i) with r_i = 1/(B−1) Σ_{j≠i} exp(a·s_ij − a·s_ii − d_i)
+    and the per-anchor offsets d held fixed: (dx [b, d], dy [b, d], d/da of its anchors' terms, c fixed).
+
+    n1, n2 [B]: every anchor's normaliser a·s_ii + log(B−1) + d_i (FastCLIP: d = log(u+ε); NeuCLIP: the
+    predicted α); r1, r2 [B] the terms themselves. No communication (the gathered normalisers carry it)."""
+    w = c / (2 * batch.size)
+    dx, dy, dsum = anchor_grads(batch.x, batch.y, batch.xg, batch.yg, a, n1, n2, w, batch.off, True, backend)
+    mine = slice(batch.off, batch.off + batch.b)
+    mine_r = r1[mine] + r2[mine]
+    # ∂/∂s_ii of the anchors' own terms (s_ii appears in every term of its row and column)
+    dsii = -w * a * mine_r
+    dx = dx + dsii[:, None] * batch.y
+    dy = dy + dsii[:, None] * batch.x
+    return dx, dy, dsum - w * (batch.sii * mine_r).sum()

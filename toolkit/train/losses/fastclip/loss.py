@@ -32,18 +32,20 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.losses.anchors import anchor_grads, anchor_lses
+from toolkit.train.losses.anchors import anchor_lses
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
 from toolkit.train.losses.fastclip.attach import attach
 from toolkit.train.losses.fastclip.estimators import (
+    LOG_RESET,
     GlobalBatch,
     check_unique,
     ema_log,
     gather_batch,
     gather_rows,
     log_plus_eps,
+    surrogate_grads,
 )
 from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
 from toolkit.train.losses.fastclip.tables import SampleTables
@@ -73,6 +75,7 @@ class FastCLIPLoss(TrainingLoss):
             raise ValueError(f"unknown FastCLIP version {cfg.version!r}; choose one of {VERSIONS}")
         self.version, self.data_size = cfg.version, data_size
         self.epoch, self.gamma = 0, 1.0
+        self.u_shift = [0.0, 0.0]  # u_drift: batch: the last step's mean log(g/u_old) per side
         self._value: Tensor | None = None
         self._tau_mean: Tensor | None = None
         self._undo: tuple[Tensor, Tensor, torch.device] | None = None  # ids [b], their old rows, device
@@ -99,6 +102,9 @@ class FastCLIPLoss(TrainingLoss):
         self.tables.write_gathered(packed[:, 0].long(), packed[:, 1:], index.shape[0])
 
     def metrics(self) -> dict[str, float]:
+        """γ; with ``u_drift: batch`` also the last shifts of log u (image, text anchors)."""
+        if self.cfg.u_drift == "batch":
+            return {"gamma": self.gamma, "u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]}
         return {"gamma": self.gamma}
 
     def sync_state(self) -> None:
@@ -189,8 +195,10 @@ class FastCLIPLoss(TrainingLoss):
         """New log u for this rank's rows (``old_rows`` [b, C]: their table rows before this step),
         gathered with ids and log g -> [B, 5]; tables written."""
         old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
-        log_u1 = ema_log(old[:, 0], log_g1, self.gamma)
-        log_u2 = ema_log(old[:, 1], log_g2, self.gamma)
+        drift = self.cfg.u_drift == "batch" and self.gamma < 1
+        shift1, shift2 = self._drift(old, log_g1, log_g2) if drift else (None, None)
+        log_u1 = ema_log(old[:, 0], log_g1, self.gamma, shift1)
+        log_u2 = ema_log(old[:, 1], log_g2, self.gamma, shift2)
         ids = index.detach().to(device=log_g1.device, dtype=torch.float64)
         rows = torch.stack([ids, log_u1.double(), log_u2.double(), log_g1.double(), log_g2.double()], 1)
         rows = gather_rows(rows, batch, self.group)
@@ -198,6 +206,17 @@ class FastCLIPLoss(TrainingLoss):
         check_unique(idx_all)
         self.tables.write_gathered(idx_all, rows[:, 1:3], batch.b)
         return rows[:, 1:].to(log_g1.dtype)
+
+    def _drift(self, old: Tensor, log_g1: Tensor, log_g2: Tensor) -> tuple[Tensor, Tensor]:
+        """``u_drift: batch``: the global batch's mean log(g/u_old) per side over samples seen before (one
+        all_reduce of 4 float64 sums); 0 with none seen. Called by every rank."""
+        sums = []
+        for old_col, log_g in ((old[:, 0], log_g1), (old[:, 1], log_g2)):
+            seen = (old_col >= LOG_RESET) & torch.isfinite(old_col)
+            sums += [torch.where(seen, log_g - old_col, torch.zeros_like(log_g)).sum().double(), seen.sum().double()]
+        sums = cdist.all_reduce_sum(torch.stack(sums), self.group)
+        self.u_shift = [float(sums[i] / sums[i + 1]) if sums[i + 1] > 0 else 0.0 for i in (0, 2)]
+        return tuple(torch.tensor(v, dtype=log_g1.dtype, device=log_g1.device) for v in self.u_shift)
 
     def _global_step(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, logit_scale: Tensor):
         """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
@@ -213,15 +232,9 @@ class FastCLIPLoss(TrainingLoss):
         c = 1.0 / a if self.version == "v3" else torch.ones((), dtype=acc, device=a.device)
         n1 = a * bt.sii_all + bt.log_bm1 + den1
         n2 = a * bt.sii_all + bt.log_bm1 + den2
-        dx, dy, dsum = anchor_grads(bt.x, bt.y, bt.xg, bt.yg, a, n1, n2, c / (2 * bt.size), bt.off, True,
-                                    self.cfg.backend)
+        dx, dy, da = surrogate_grads(bt, a, n1, n2, r1_all, r2_all, c, self.cfg.backend)
         mine = slice(bt.off, bt.off + bt.b)
-        # ∂/∂s_ii of the anchors' own terms (the reference's loss1 differentiates s_ii too)
-        dsii = -(c / (2 * bt.size)) * a * (r1_all[mine] + r2_all[mine])
-        dx = dx + dsii[:, None] * bt.y
-        dy = dy + dsii[:, None] * bt.x
-        # a-gradient of this rank's anchors, doubled as in the reference (see module docstring)
-        da = 2.0 * (dsum - (c / (2 * bt.size)) * (bt.sii * (r1_all[mine] + r2_all[mine])).sum())
+        da = 2.0 * da  # the a-gradient of this rank's anchors, doubled as in the reference (module docstring)
         value = surrogate
         if self.version == "v3":
             tau = 1.0 / a
