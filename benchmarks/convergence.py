@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scratch-epochs", type=int, default=4)
     p.add_argument("--knobs-from", default=None, help="a result JSON whose cells' tuned knobs are reused (same "
                    "batch) instead of tuning here: cheaper, and reported as such")
+    p.add_argument("--long-knobs-from", default=None, help="as --knobs-from, for the long regime only")
+    p.add_argument("--long-batches", type=int, nargs="+", default=None, help="the long regime's batches "
+                   "(default: --batches)")
     p.add_argument("--out", default="benchmarks/results/convergence.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -93,7 +96,7 @@ def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
     cells = []
     for regime in args.regimes:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
-        for batch in args.batches:
+        for batch in (args.long_batches or args.batches) if regime == "long" else args.batches:
             per_epoch = max(1, num_train // batch)  # the trainer's steps_per_epoch
             cells.append({"regime": regime, "batch": batch, "epochs": epochs, "steps_per_epoch": per_epoch,
                           "steps": epochs * per_epoch,
@@ -122,7 +125,9 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], me
     """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise."""
     searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in methods}
     if args.knobs_from:
-        adopt_knobs(args.knobs_from, searches)
+        adopt_knobs(args.knobs_from, searches, {"short", "long"})
+    if args.long_knobs_from:
+        adopt_knobs(args.long_knobs_from, searches, {"long"})
     tune_seeds = range(args.tune_seeds)
     while True:
         pending = [(cell, m, s, knobs) for cell, m, s in searches.values() for knobs in s.pending()]
@@ -143,11 +148,13 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], me
     return out
 
 
-def adopt_knobs(path: str, searches: dict) -> None:
-    """Skip tuning: take each method's chosen knobs from the cell of the same batch in an earlier result
-    (``--knobs-from``; a cheaper run when compute is short, reported as such)."""
+def adopt_knobs(path: str, searches: dict, regimes: set[str]) -> None:
+    """Skip tuning in ``regimes``: take each method's chosen knobs from the cell of the same batch in an
+    earlier result (``--knobs-from``, ``--long-knobs-from``: cheaper when compute is short; reported)."""
     earlier = json.loads(Path(path).read_text())["results"]
     for cell, method, search in searches.values():
+        if cell["regime"] not in regimes:
+            continue
         source = next((c for c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None)
         if source is None:
             raise SystemExit(f"--knobs-from {path}: no batch-{cell['batch']} cell with {method.name}")

@@ -51,10 +51,16 @@ METHODS: tuple[Method, ...] = (
     Method("fastclip-v3", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh", "gamma_min": 0.2},
            {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
            note="the CC3M preset's rule (step_thresh, γ_min 0.2); initial τ, lr_tau and ρ tuned"),
-    Method("neuclip", {"kind": "neuclip", "mode": "fastclip"},
-           {"neuclip.lr": (1e-3, 1e-2, 1e-1), "rho": (4.0, 6.5, 9.0)},
-           note="normaliser network lr and ρ tuned; the rest at the objective's documented defaults"),
-    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"tau_init": (0.05, 0.1, 0.2)}),
+    Method("fastclip-v3 (u_drift)", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh",
+                                     "gamma_min": 0.2, "u_drift": "batch"},
+           {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
+           note="v3 with the batch drift correction of its estimators (docs/fastclip.md), tuned as v3"),
+    Method("neuclip", {"kind": "neuclip", "mode": "fastclip", "lr_tau_schedule": "step_thresh", "lr_tau": 2e-4},
+           {"tau_init": TAUS, "neuclip.lr": (1e-3, 1e-2, 1e-1), "rho": (4.0, 6.5, 9.0)},
+           note="v3's τ rule (lr_tau 2e-4 default here), initial τ, the normaliser network's lr and ρ tuned; "
+                "the network's other settings at their documented defaults"),
+    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"siglip_scale_init": (5.0, 10.0, 20.0)},
+           note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned")
 )
 
 

@@ -86,7 +86,7 @@ class Bench:
         self.args, self.data = args, Data(args, scratch)
         self.tensors = {mode: {s: tuple(torch.from_numpy(a) for a in pair) for s, pair in sets.items()}
                         for mode, sets in self.data.sets.items()}
-        self.models: dict[tuple[str, int], tuple] = {}
+        self.models: dict[tuple[str, int, bool], tuple] = {}
 
     def dataset(self, mode: str):
         """The training set as the trainer sees it (dataset.json's content; the arrays are in memory)."""
@@ -109,17 +109,21 @@ class Bench:
 
         from toolkit.train import model as model_lib
 
-        if (mode, seed) not in self.models:
+        bias = loss_cfg.init_logit_bias  # sigmoid losses: the model carries a learnable logit bias
+        key = (mode, seed, bias is not None)
+        if key not in self.models:
             name = SCRATCH_MODEL if mode == "scratch" else self.args.heads
-            built = model_lib.build(name, "", self.dataset(mode), loss_cfg.tau_init, True, seed)
+            built = model_lib.build(name, "", self.dataset(mode), loss_cfg.initial_tau, True, seed, logit_bias=bias)
             init = {k: v.detach().clone() for k, v in built.model.named_parameters() if v.requires_grad}
-            self.models[(mode, seed)] = (built.model, init)
-        model, init = self.models[(mode, seed)]
+            self.models[key] = (built.model, init)
+        model, init = self.models[key]
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name, value in init.items():
                 params[name].copy_(value)
-            model.clip.logit_scale.fill_(math.log(1.0 / loss_cfg.tau_init))
+            model.clip.logit_scale.fill_(math.log(1.0 / loss_cfg.initial_tau))
+            if bias is not None:
+                model.clip.logit_bias.fill_(bias)
         model.clip.logit_scale.requires_grad_(loss_cfg.learns_logit_scale)
         return model
 
