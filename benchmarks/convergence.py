@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--knobs-from", default=None, help="a result JSON whose cells' tuned knobs are reused (same "
                    "batch) instead of tuning here: cheaper, and reported as such")
     p.add_argument("--long-knobs-from", default=None, help="as --knobs-from, for the long regime only")
+    p.add_argument("--long-methods", nargs="+", default=None, help="the long regime's methods (default: all)")
     p.add_argument("--long-batches", type=int, nargs="+", default=None, help="the long regime's batches "
                    "(default: --batches)")
     p.add_argument("--out", default="benchmarks/results/convergence.json")
@@ -99,6 +100,7 @@ def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
         for batch in (args.long_batches or args.batches) if regime == "long" else args.batches:
             per_epoch = max(1, num_train // batch)  # the trainer's steps_per_epoch
             cells.append({"regime": regime, "batch": batch, "epochs": epochs, "steps_per_epoch": per_epoch,
+                          "methods": args.long_methods if regime == "long" else None,
                           "steps": epochs * per_epoch,
                           "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION))})
     return cells
@@ -123,28 +125,41 @@ def select_methods(names: list[str] | None) -> tuple[list[cm.Method], dict[str, 
 
 def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], methods: list[cm.Method]) -> list[dict]:
     """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise."""
-    searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in methods}
+    in_cell = {i: [m for m in methods if m.name in (cells[i].get("methods") or [m.name])] for i in range(len(cells))}
+    searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in in_cell[i]}
     if args.knobs_from:
         adopt_knobs(args.knobs_from, searches, {"short", "long"})
     if args.long_knobs_from:
         adopt_knobs(args.long_knobs_from, searches, {"long"})
     tune_seeds = range(args.tune_seeds)
+    waiting = {k for k, (_, m, s) in searches.items() if m.inherits and not s.adopted_from}
     while True:
-        pending = [(cell, m, s, knobs) for cell, m, s in searches.values() for knobs in s.pending()]
-        if not pending:
+        for k in sorted(waiting):  # a method that inherits knobs starts once its source's search is done
+            parent = searches.get((k[0], searches[k][1].inherits[0]))
+            if parent is None or not parent[2].pending():
+                source = parent[2].best_fields() if parent is not None else {}
+                searches[k][2].inherit({n: source[n] for n in searches[k][1].inherits[1] if n in source})
+                waiting.discard(k)
+        pending = [(cell, m, s, knobs) for k, (cell, m, s) in searches.items() if k not in waiting
+                   for knobs in s.pending()]
+        if not pending and not waiting:
             break
-        runner.run_all([runner.task(cell, m, knobs, seed) for cell, m, s, knobs in pending for seed in tune_seeds])
+        runner.run_all([runner.task(cell, m, {**s.inherited, **knobs}, seed) for cell, m, s, knobs in pending
+                        for seed in tune_seeds])
         for cell, m, s, knobs in pending:
-            s.record(knobs, cr.val_score([runner.done[runner.task(cell, m, knobs, seed)["key"]] for seed in tune_seeds]))
-        for _, _, s in searches.values():
-            s.advance()
-    final = {k: [runner.task(cell, m, s.best, seed) for seed in range(args.seeds)] for k, (cell, m, s) in searches.items()}
+            runs = [runner.done[runner.task(cell, m, {**s.inherited, **knobs}, seed)["key"]] for seed in tune_seeds]
+            s.record(knobs, cr.val_score(runs))
+        for k, (_, _, s) in searches.items():
+            if k not in waiting:
+                s.advance()
+    final = {k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
+             for k, (cell, m, s) in searches.items()}
     runner.run_all([t for ts in final.values() for t in ts])
     out = []
     for i, cell in enumerate(cells):
-        runs = {m.name: runner.curves(final[(i, m.name)]) for m in methods}
-        reports = {m.name: searches[(i, m.name)][2].report() for m in methods}
-        out.append(cr.summarise(cell, runs, reports, [m.name for m in methods if m.is_openclip]))
+        runs = {m.name: runner.curves(final[(i, m.name)]) for m in in_cell[i]}
+        reports = {m.name: searches[(i, m.name)][2].report() for m in in_cell[i]}
+        out.append(cr.summarise(cell, runs, reports, [m.name for m in in_cell[i] if m.is_openclip]))
     return out
 
 
