@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-points", type=int, default=20, help="evaluations per run (the curves' resolution)")
     p.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
+    p.add_argument("--cached-only", action="store_true", help="train nothing: report the finished runs of "
+                   "CACHE/runs.jsonl, leaving out (and listing) every method whose tuning or seeds are unfinished")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 32, short regime of 2 epochs, "
                    "2 seeds, 4 evaluations")
     p.add_argument("--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cliptk-tiny cell "
@@ -123,44 +125,60 @@ def select_methods(names: list[str] | None) -> tuple[list[cm.Method], dict[str, 
     return chosen, skipped
 
 
-def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], methods: list[cm.Method]) -> list[dict]:
-    """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise."""
+def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
+                 methods: list[cm.Method]) -> tuple[list[dict], list[str]]:
+    """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise.
+    Returns the cells' summaries and the (cell, method)s left unfinished (``--cached-only``)."""
     in_cell = {i: [m for m in methods if m.name in (cells[i].get("methods") or [m.name])] for i in range(len(cells))}
     searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in in_cell[i]}
     if args.knobs_from:
         adopt_knobs(args.knobs_from, searches, {"short", "long"})
     if args.long_knobs_from:
         adopt_knobs(args.long_knobs_from, searches, {"long"})
-    tune_seeds = range(args.tune_seeds)
+    unfinished = tune(args, runner, searches)
+    final = {k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
+             for k, (cell, m, s) in searches.items() if k not in unfinished}
+    runner.run_all([t for ts in final.values() for t in ts])
+    unfinished |= {k for k, ts in final.items() if any(t["key"] not in runner.done for t in ts)}
+    out = []
+    for i, cell in enumerate(cells):
+        names = [m.name for m in in_cell[i] if (i, m.name) not in unfinished]
+        openclip = [m.name for m in in_cell[i] if m.is_openclip and m.name in names]
+        if openclip:
+            out.append(cr.summarise(cell, {n: runner.curves(final[(i, n)]) for n in names},
+                                    {n: searches[(i, n)][2].report() for n in names}, openclip))
+    return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {name}" for i, name in unfinished)
+
+
+def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
+    """The coordinate searches, round by round (every search's pending points run together); a method that
+    inherits knobs starts once its source's search is done. Returns the searches left unfinished."""
+    tune_seeds, unfinished = range(args.tune_seeds), set()
     waiting = {k for k, (_, m, s) in searches.items() if m.inherits and not s.adopted_from}
     while True:
-        for k in sorted(waiting):  # a method that inherits knobs starts once its source's search is done
-            parent = searches.get((k[0], searches[k][1].inherits[0]))
-            if parent is None or not parent[2].pending():
+        for k in sorted(waiting):
+            parent_key = (k[0], searches[k][1].inherits[0])
+            parent = searches.get(parent_key)
+            if parent is None or not parent[2].pending() or parent_key in unfinished:
                 source = parent[2].best_fields() if parent is not None else {}
                 searches[k][2].inherit({n: source[n] for n in searches[k][1].inherits[1] if n in source})
                 waiting.discard(k)
-        pending = [(cell, m, s, knobs) for k, (cell, m, s) in searches.items() if k not in waiting
-                   for knobs in s.pending()]
-        if not pending and not waiting:
-            break
-        runner.run_all([runner.task(cell, m, {**s.inherited, **knobs}, seed) for cell, m, s, knobs in pending
-                        for seed in tune_seeds])
-        for cell, m, s, knobs in pending:
-            runs = [runner.done[runner.task(cell, m, {**s.inherited, **knobs}, seed)["key"]] for seed in tune_seeds]
-            s.record(knobs, cr.val_score(runs))
-        for k, (_, _, s) in searches.items():
-            if k not in waiting:
-                s.advance()
-    final = {k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
-             for k, (cell, m, s) in searches.items()}
-    runner.run_all([t for ts in final.values() for t in ts])
-    out = []
-    for i, cell in enumerate(cells):
-        runs = {m.name: runner.curves(final[(i, m.name)]) for m in in_cell[i]}
-        reports = {m.name: searches[(i, m.name)][2].report() for m in in_cell[i]}
-        out.append(cr.summarise(cell, runs, reports, [m.name for m in in_cell[i] if m.is_openclip]))
-    return out
+                if parent_key in unfinished:
+                    unfinished.add(k)
+        live = [k for k in searches if k not in waiting and k not in unfinished]
+        points = [(k, knobs, [runner.task(searches[k][0], searches[k][1], {**searches[k][2].inherited, **knobs}, seed)
+                              for seed in tune_seeds]) for k in live for knobs in searches[k][2].pending()]
+        if not points and not waiting:
+            return unfinished
+        runner.run_all([t for _, _, ts in points for t in ts])
+        for k, knobs, ts in points:
+            if any(t["key"] not in runner.done for t in ts):
+                unfinished.add(k)
+            else:
+                searches[k][2].record(knobs, cr.val_score(runner.curves(ts)))
+        for k in live:
+            if k not in unfinished:
+                searches[k][2].advance()
 
 
 def adopt_knobs(path: str, searches: dict, regimes: set[str]) -> None:
@@ -209,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("at least one OpenCLIP method is needed as the reference")
     runner = Runner(args, data, scratch=args.scratch_seeds > 0)
     num_train = data.counts()["num_train_pairs"]
-    results = tune_and_run(args, runner, make_cells(args, num_train), methods)
+    results, unfinished = tune_and_run(args, runner, make_cells(args, num_train), methods)
     if args.scratch_seeds > 0:
         scratch = scratch_cell(args, runner, results, methods, num_train)
         results += [scratch] if scratch is not None else []
@@ -220,7 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
             "scratch_seeds": args.scratch_seeds, "scratch_epochs": args.scratch_epochs,
             "gamma_decay_fraction": GAMMA_DECAY_FRACTION, "workers": args.workers, "quick": args.quick,
             "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
-            "skipped_methods": skipped, "wall_s": round(time.monotonic() - start, 1)}
+            "skipped_methods": skipped, "unfinished": unfinished, "cached_only": args.cached_only,
+            "num_concepts": args.num_concepts, "knobs_from": args.knobs_from, "long_knobs_from": args.long_knobs_from,
+            "wall_s": round(time.monotonic() - start, 1)}
     report = {"config": meta, "results": results, "targets": cr.targets(results)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -239,6 +239,8 @@ class Runner:
 
     def run_all(self, tasks: list[dict]) -> None:
         todo = list({t["key"]: t for t in tasks if t["key"] not in self.done}.values())
+        if self.args.cached_only:  # report what is finished; the caller leaves out what is not
+            return
         # longest first, so the pool stays busy to the end (scratch steps cost ~30 LiT steps)
         todo.sort(key=lambda t: -t["steps"] * (t["batch"] ** 0.5) * (30 if t["mode"] == "scratch" else 1))
         if not todo:
