@@ -71,11 +71,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-points", type=int, default=20, help="evaluations per run (the curves' resolution)")
     p.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
+    p.add_argument("--cached-only", action="store_true", help="train nothing: report the finished runs of "
+                   "CACHE/runs.jsonl, leaving out (and listing) every method whose tuning or seeds are unfinished")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 32, short regime of 2 epochs, "
                    "2 seeds, 4 evaluations")
     p.add_argument("--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cliptk-tiny cell "
                    "(0: leave it out)")
     p.add_argument("--scratch-epochs", type=int, default=4)
+    p.add_argument("--knobs-from", default=None, help="a result JSON whose cells' tuned knobs are reused (same "
+                   "batch) instead of tuning here: cheaper, and reported as such")
+    p.add_argument("--long-knobs-from", default=None, help="as --knobs-from, for the long regime only")
+    p.add_argument("--long-methods", nargs="+", default=None, help="the long regime's methods (default: all)")
+    p.add_argument("--long-batches", type=int, nargs="+", default=None, help="the long regime's batches "
+                   "(default: --batches)")
     p.add_argument("--out", default="benchmarks/results/convergence.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -91,9 +99,10 @@ def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
     cells = []
     for regime in args.regimes:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
-        for batch in args.batches:
+        for batch in (args.long_batches or args.batches) if regime == "long" else args.batches:
             per_epoch = max(1, num_train // batch)  # the trainer's steps_per_epoch
             cells.append({"regime": regime, "batch": batch, "epochs": epochs, "steps_per_epoch": per_epoch,
+                          "methods": args.long_methods if regime == "long" else None,
                           "steps": epochs * per_epoch,
                           "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION))})
     return cells
@@ -116,27 +125,73 @@ def select_methods(names: list[str] | None) -> tuple[list[cm.Method], dict[str, 
     return chosen, skipped
 
 
-def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict], methods: list[cm.Method]) -> list[dict]:
-    """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise."""
-    searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in methods}
-    tune_seeds = range(args.tune_seeds)
-    while True:
-        pending = [(cell, m, s, knobs) for cell, m, s in searches.values() for knobs in s.pending()]
-        if not pending:
-            break
-        runner.run_all([runner.task(cell, m, knobs, seed) for cell, m, s, knobs in pending for seed in tune_seeds])
-        for cell, m, s, knobs in pending:
-            s.record(knobs, cr.val_score([runner.done[runner.task(cell, m, knobs, seed)["key"]] for seed in tune_seeds]))
-        for _, _, s in searches.values():
-            s.advance()
-    final = {k: [runner.task(cell, m, s.best, seed) for seed in range(args.seeds)] for k, (cell, m, s) in searches.items()}
+def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
+                 methods: list[cm.Method]) -> tuple[list[dict], list[str]]:
+    """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise.
+    Returns the cells' summaries and the (cell, method)s left unfinished (``--cached-only``)."""
+    in_cell = {i: [m for m in methods if m.name in (cells[i].get("methods") or [m.name])] for i in range(len(cells))}
+    searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in in_cell[i]}
+    if args.knobs_from:
+        adopt_knobs(args.knobs_from, searches, {"short", "long"})
+    if args.long_knobs_from:
+        adopt_knobs(args.long_knobs_from, searches, {"long"})
+    unfinished = tune(args, runner, searches)
+    final = {k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
+             for k, (cell, m, s) in searches.items() if k not in unfinished}
     runner.run_all([t for ts in final.values() for t in ts])
+    unfinished |= {k for k, ts in final.items() if any(t["key"] not in runner.done for t in ts)}
     out = []
     for i, cell in enumerate(cells):
-        runs = {m.name: runner.curves(final[(i, m.name)]) for m in methods}
-        reports = {m.name: searches[(i, m.name)][2].report() for m in methods}
-        out.append(cr.summarise(cell, runs, reports, [m.name for m in methods if m.is_openclip]))
-    return out
+        names = [m.name for m in in_cell[i] if (i, m.name) not in unfinished]
+        openclip = [m.name for m in in_cell[i] if m.is_openclip and m.name in names]
+        if openclip:
+            out.append(cr.summarise(cell, {n: runner.curves(final[(i, n)]) for n in names},
+                                    {n: searches[(i, n)][2].report() for n in names}, openclip))
+    return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {name}" for i, name in unfinished)
+
+
+def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
+    """The coordinate searches, round by round (every search's pending points run together); a method that
+    inherits knobs starts once its source's search is done. Returns the searches left unfinished."""
+    tune_seeds, unfinished = range(args.tune_seeds), set()
+    waiting = {k for k, (_, m, s) in searches.items() if m.inherits and not s.adopted_from}
+    while True:
+        for k in sorted(waiting):
+            parent_key = (k[0], searches[k][1].inherits[0])
+            parent = searches.get(parent_key)
+            if parent is None or not parent[2].pending() or parent_key in unfinished:
+                source = parent[2].best_fields() if parent is not None else {}
+                searches[k][2].inherit({n: source[n] for n in searches[k][1].inherits[1] if n in source})
+                waiting.discard(k)
+                if parent_key in unfinished:
+                    unfinished.add(k)
+        live = [k for k in searches if k not in waiting and k not in unfinished]
+        points = [(k, knobs, [runner.task(searches[k][0], searches[k][1], {**searches[k][2].inherited, **knobs}, seed)
+                              for seed in tune_seeds]) for k in live for knobs in searches[k][2].pending()]
+        if not points and not waiting:
+            return unfinished
+        runner.run_all([t for _, _, ts in points for t in ts])
+        for k, knobs, ts in points:
+            if any(t["key"] not in runner.done for t in ts):
+                unfinished.add(k)
+            else:
+                searches[k][2].record(knobs, cr.val_score(runner.curves(ts)))
+        for k in live:
+            if k not in unfinished:
+                searches[k][2].advance()
+
+
+def adopt_knobs(path: str, searches: dict, regimes: set[str]) -> None:
+    """Skip tuning in ``regimes``: take each method's chosen knobs from the cell of the same batch in an
+    earlier result (``--knobs-from``, ``--long-knobs-from``: cheaper when compute is short; reported)."""
+    earlier = json.loads(Path(path).read_text())["results"]
+    for cell, method, search in searches.values():
+        if cell["regime"] not in regimes:
+            continue
+        source = next((c for c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None)
+        if source is None:
+            raise SystemExit(f"--knobs-from {path}: no batch-{cell['batch']} cell with {method.name}")
+        search.adopt(source["rows"][method.name]["tuning"]["chosen"], f"{source['regime']} regime ({path})")
 
 
 def scratch_cell(args: argparse.Namespace, runner: Runner, lit: list[dict], methods: list[cm.Method],
@@ -170,19 +225,22 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"skipping {name}: {why}", flush=True)
     if not any(m.is_openclip for m in methods):
         raise SystemExit("at least one OpenCLIP method is needed as the reference")
-    runner = Runner(args, data)
+    runner = Runner(args, data, scratch=args.scratch_seeds > 0)
     num_train = data.counts()["num_train_pairs"]
-    results = tune_and_run(args, runner, make_cells(args, num_train), methods)
+    results, unfinished = tune_and_run(args, runner, make_cells(args, num_train), methods)
     if args.scratch_seeds > 0:
         scratch = scratch_cell(args, runner, results, methods, num_train)
         results += [scratch] if scratch is not None else []
+    runner.close()
     meta = {**data.counts(), "train_artists": args.train_artists, "heldout_artist": args.heldout_artist,
             "val_fraction": args.val_fraction, "lr": args.lr, "weight_decay": 0.1, "warmup_fraction": WARMUP_FRACTION,
             "heads": args.heads, "seeds": args.seeds, "tune_seeds": args.tune_seeds, "eval_points": args.eval_points,
             "scratch_seeds": args.scratch_seeds, "scratch_epochs": args.scratch_epochs,
             "gamma_decay_fraction": GAMMA_DECAY_FRACTION, "workers": args.workers, "quick": args.quick,
             "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
-            "skipped_methods": skipped, "wall_s": round(time.monotonic() - start, 1)}
+            "skipped_methods": skipped, "unfinished": unfinished, "cached_only": args.cached_only,
+            "num_concepts": args.num_concepts, "knobs_from": args.knobs_from, "long_knobs_from": args.long_knobs_from,
+            "wall_s": round(time.monotonic() - start, 1)}
     report = {"config": meta, "results": results, "targets": cr.targets(results)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

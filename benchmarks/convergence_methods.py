@@ -34,6 +34,8 @@ class Method:
     is_openclip: bool = False  # a candidate for "the best OpenCLIP" every other method is compared with
     note: str = ""
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # hard limits of a knob
+    # (method, knobs): start from that method's tuned values of these knobs in the same cell (tuned first)
+    inherits: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def kind(self) -> str:
@@ -49,12 +51,23 @@ METHODS: tuple[Method, ...] = (
            {"tau_init": TAUS}, is_openclip=True),
     Method("fastclip-v1", {"kind": "fastclip", "version": "v1", "gamma_min": 0.2}, {"tau_init": TAUS}),
     Method("fastclip-v3", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh", "gamma_min": 0.2},
-           {"lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
-           note="the CC3M preset's rule (step_thresh, γ_min 0.2); lr_tau and ρ tuned"),
-    Method("neuclip", {"kind": "neuclip", "mode": "fastclip"},
-           {"neuclip.lr": (1e-3, 1e-2, 1e-1), "rho": (4.0, 6.5, 9.0)},
-           note="normaliser network lr and ρ tuned; the rest at the objective's documented defaults"),
-    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"tau_init": (0.05, 0.1, 0.2)}),
+           {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
+           note="the CC3M preset's rule (step_thresh, γ_min 0.2); initial τ, lr_tau and ρ tuned"),
+    Method("fastclip-v3 (u_drift)", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh",
+                                     "gamma_min": 0.2, "u_drift": "batch"},
+           {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0)},
+           note="v3 with the batch drift correction of its estimators (docs/fastclip.md), tuned as v3"),
+    # m = 256 prototypes, not the paper's 4,096: the paper's m serves millions of samples, these runs train on
+    # ~1,000–4,800 pairs (and 4,096 made a step ~6x a FastCLIP step on the quick synthetic set here)
+    # the same robust loss as v3: its τ and ρ start from v3's tuned values (a NeuCLIP step costs several v3
+    # steps here, so its own search covers the network's lr)
+    Method("neuclip", {"kind": "neuclip", "mode": "fastclip", "lr_tau_schedule": "step_thresh",
+                       "neuclip.num_prototypes": 256},
+           {"neuclip.lr": (1e-3, 1e-2, 1e-1)}, inherits=("fastclip-v3", ("tau_init", "lr_tau", "rho")),
+           note="v3's loss and τ rule with v3's tuned initial τ, lr_tau and ρ of the cell; 256 prototypes; the "
+                "network's lr tuned; its other settings at their documented defaults"),
+    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"siglip_scale_init": (5.0, 10.0, 20.0)},
+           note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned")
 )
 
 
@@ -96,6 +109,8 @@ class Search:
     grids: dict[str, tuple[float, ...]] = field(default_factory=dict)
     extensions: dict[str, int] = field(default_factory=dict)
     ends_at_best: list[str] = field(default_factory=list)  # knobs whose best stayed at a grid end (limit hit)
+    adopted_from: str = ""  # knobs taken from another cell's tuning instead of searched here
+    inherited: dict[str, Any] = field(default_factory=dict)  # knobs fixed from another method's search
 
     def __post_init__(self) -> None:
         self.grids = {k: tuple(sorted(v)) for k, v in self.method.grid.items()}
@@ -121,7 +136,9 @@ class Search:
         while self.knob < len(self.grids) and not self.pending():
             name = list(self.grids)[self.knob]
             values = self.grids[name]
-            best = max(values, key=lambda v: self.scores[self._point(**{name: v})])
+            scores = [self.scores[self._point(**{name: v})] for v in values]
+            tied = [v for v, sc in zip(values, scores, strict=True) if sc == max(scores)]
+            best = tied[len(tied) // 2]  # a tie is no reason to extend: the middle of the tied values
             self.best[name] = best
             at_end = len(values) > 1 and best in (values[0], values[-1])
             if at_end and self.extensions.get(name, 0) < MAX_EXTENSIONS:
@@ -134,13 +151,22 @@ class Search:
                 self.ends_at_best.append(name)
             self.knob += 1
 
+    def adopt(self, chosen: dict[str, Any], source: str) -> None:
+        """Take ``chosen`` knob values tuned elsewhere (``source``) and end the search."""
+        self.best, self.knob, self.adopted_from = dict(chosen), len(self.grids), source
+
+    def inherit(self, knobs: dict[str, Any]) -> None:
+        """Fix knobs tuned by another method of the cell (``Method.inherits``) before searching."""
+        self.inherited = dict(knobs)
+
     def best_fields(self) -> dict[str, Any]:
-        return {**self.method.fields, **self.best}
+        return {**self.method.fields, **self.inherited, **self.best}
 
     def report(self) -> dict[str, Any]:
         """The grids as searched, every scored point and the chosen values (for the JSON)."""
-        return {"grids": {k: list(v) for k, v in self.grids.items()}, "chosen": dict(self.best),
-                "ends_at_best": list(self.ends_at_best),
+        return {"grids": {k: list(v) for k, v in self.grids.items()}, "chosen": {**self.inherited, **self.best},
+                "inherited": dict(self.inherited),
+                "ends_at_best": list(self.ends_at_best), "adopted_from": self.adopted_from,
                 "scores": [{**dict(zip(self.grids, p, strict=True)), "val_r1": s} for p, s in self.scores.items()]}
 
 

@@ -74,7 +74,7 @@ def _pm(s: dict[str, float]) -> str:
 def table(cells: list[dict], regime: str) -> str:
     """Markdown table of one regime's cells."""
     lines = ["| batch | epochs (steps) | method | tuned on validation | val R@1 | image→text R@1 | text→image R@1 | "
-             "mean R@1 | Δ vs best OpenCLIP | Δ > 2 std | steps to reach (× best OpenCLIP's) |",
+             "mean R@1 | Δ vs best OpenCLIP | ahead by > 2 std | steps to reach (× best OpenCLIP's) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell in (c for c in cells if c["regime"] == regime):
         for name, r in cell["rows"].items():
@@ -85,6 +85,8 @@ def table(cells: list[dict], regime: str) -> str:
             reach = "not reached" if r["reach_ratio"] is None else \
                 f"{r['steps_to_reach_best_openclip']} ({r['reach_ratio']:.2f}×)"
             tuned = ", ".join(f"{k}={v:g}" for k, v in r["tuning"]["chosen"].items())
+            if r["tuning"].get("adopted_from"):
+                tuned += f" (tuned in the {r['tuning']['adopted_from'].split(' (')[0]})"
             if r["tuning"]["ends_at_best"]:
                 tuned += " (grid end: " + ", ".join(r["tuning"]["ends_at_best"]) + ")"
             lines.append(f"| {cell['batch']} | {cell['epochs']} ({cell['steps']}) | {name}{' **(best OpenCLIP)**' if best else ''} "
@@ -161,8 +163,16 @@ def markdown(report: dict, stem: str) -> str:
              "difference of the mean R@1 vs the best OpenCLIP (± std of the per-seed differences); steps to reach: "
              "first evaluation at which the seed-mean held-out R@1 reaches the best OpenCLIP's final value. "
              f"Wall time {c['wall_s'] / 60:.0f} min with {c['workers']} worker(s).", ""]
+    if c.get("num_concepts"):
+        parts += [f"**Reduced setting:** {c['num_concepts']} of the ~1,900 concepts (`--num-concepts`), so every run "
+                  "is ~5× cheaper than the full benchmark; the held-out set is those concepts' drawings.", ""]
+    if c.get("long_knobs_from") or c.get("knobs_from"):
+        parts += [f"**Knobs reused, not tuned here:** {c.get('knobs_from') or ''} {c.get('long_knobs_from') or ''} "
+                  "(the table's 'tuned on validation' column says which cell they come from).", ""]
     if c["skipped_methods"]:
         parts += ["Not run: " + "; ".join(f"{k} ({v})" for k, v in c["skipped_methods"].items()), ""]
+    if c.get("unfinished"):
+        parts += ["Unfinished when this page was made (`--cached-only`; left out): " + "; ".join(c["unfinished"]), ""]
     for regime in regimes:
         parts += [f"## {regime} regime", "", table(report["results"], regime), f"![{regime}]({stem}_{regime}.png)", ""]
     if report["targets"]:

@@ -86,7 +86,7 @@ class Bench:
         self.args, self.data = args, Data(args, scratch)
         self.tensors = {mode: {s: tuple(torch.from_numpy(a) for a in pair) for s, pair in sets.items()}
                         for mode, sets in self.data.sets.items()}
-        self.models: dict[tuple[str, int], tuple] = {}
+        self.models: dict[tuple[str, int, bool], tuple] = {}
 
     def dataset(self, mode: str):
         """The training set as the trainer sees it (dataset.json's content; the arrays are in memory)."""
@@ -109,17 +109,21 @@ class Bench:
 
         from toolkit.train import model as model_lib
 
-        if (mode, seed) not in self.models:
+        bias = loss_cfg.init_logit_bias  # sigmoid losses: the model carries a learnable logit bias
+        key = (mode, seed, bias is not None)
+        if key not in self.models:
             name = SCRATCH_MODEL if mode == "scratch" else self.args.heads
-            built = model_lib.build(name, "", self.dataset(mode), loss_cfg.tau_init, True, seed)
+            built = model_lib.build(name, "", self.dataset(mode), loss_cfg.initial_tau, True, seed, logit_bias=bias)
             init = {k: v.detach().clone() for k, v in built.model.named_parameters() if v.requires_grad}
-            self.models[(mode, seed)] = (built.model, init)
-        model, init = self.models[(mode, seed)]
+            self.models[key] = (built.model, init)
+        model, init = self.models[key]
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name, value in init.items():
                 params[name].copy_(value)
-            model.clip.logit_scale.fill_(math.log(1.0 / loss_cfg.tau_init))
+            model.clip.logit_scale.fill_(math.log(1.0 / loss_cfg.initial_tau))
+            if bias is not None:
+                model.clip.logit_bias.fill_(bias)
         model.clip.logit_scale.requires_grad_(loss_cfg.learns_logit_scale)
         return model
 
@@ -204,8 +208,8 @@ def _run_task(task: dict) -> tuple[str, dict]:
 class Runner:
     """Runs training tasks on ``--workers`` processes; finished runs are appended to CACHE/runs.jsonl."""
 
-    def __init__(self, args: argparse.Namespace, data: Data):
-        self.args, self.path = args, Path(args.cache) / "runs.jsonl"
+    def __init__(self, args: argparse.Namespace, data: Data, scratch: bool = False):
+        self.args, self.path, self.scratch, self.pool = args, Path(args.cache) / "runs.jsonl", scratch, None
         self.common = {"version": RUN_CACHE_VERSION, "data": data.signature, "lr": args.lr, "heads": args.heads,
                        "eval_points": args.eval_points, "warmup_fraction": WARMUP_FRACTION}
         self.done: dict[str, dict] = {}
@@ -235,21 +239,28 @@ class Runner:
 
     def run_all(self, tasks: list[dict]) -> None:
         todo = list({t["key"]: t for t in tasks if t["key"] not in self.done}.values())
+        if self.args.cached_only:  # report what is finished; the caller leaves out what is not
+            return
         # longest first, so the pool stays busy to the end (scratch steps cost ~30 LiT steps)
         todo.sort(key=lambda t: -t["steps"] * (t["batch"] ** 0.5) * (30 if t["mode"] == "scratch" else 1))
         if not todo:
             return
         labels = {t["key"]: t["label"] for t in todo}
-        scratch = any(t["mode"] == "scratch" for t in todo)
         if self.args.workers <= 1:
-            if _BENCH is None or (scratch and "scratch" not in _BENCH.tensors):
-                _init_worker(self.args, scratch)
+            if _BENCH is None or (self.scratch and "scratch" not in _BENCH.tensors):
+                _init_worker(self.args, self.scratch)
             self._collect(map(_run_task, todo), labels)
             return
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(self.args.workers, len(todo)), initializer=_init_worker,
-                      initargs=(self.args, scratch)) as pool:
-            self._collect(pool.imap_unordered(_run_task, todo), labels)
+        if self.pool is None:  # one pool for every round: each worker builds its data and models once
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = ctx.Pool(self.args.workers, initializer=_init_worker, initargs=(self.args, self.scratch))
+        self._collect(self.pool.imap_unordered(_run_task, todo), labels)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+            self.pool = None
 
     def _collect(self, results, labels: dict[str, str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

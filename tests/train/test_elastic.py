@@ -19,7 +19,7 @@ from toolkit.train.metrics import read_audit
 from toolkit.train.run import run
 
 STEPS = 24
-ARGS = ["--batch-size", "16", "--workers", "0", "--log-every", "1", "--checkpoint-every", "4",
+ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--checkpoint-every", "4",
         "--set", "tensorboard=false", "--set", "audit_samples=true", "--set", "optim.warmup_steps=4"]
 
 

@@ -18,7 +18,7 @@ from toolkit.train.checkpoint import CheckpointInvalid, latest_valid, verify
 from toolkit.train.run import run
 
 STEPS = 40
-ARGS = ["--batch-size", "16", "--workers", "0", "--log-every", "1", "--set", "tensorboard=false",
+ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--set", "tensorboard=false",
         "--set", "optim.warmup_steps=5", "--set", "loss.gamma_decay_epochs=2"]
 
 

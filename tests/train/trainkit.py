@@ -38,8 +38,9 @@ def train_cfg(data: Path, out: Path, **over):
     from toolkit.core.config import build, deep_merge
     from toolkit.train.config import TrainConfig
 
+    # FastCLIP-v3 named: these tests exercise its per-sample tables (the default at batch 16 is another)
     base = {"data": str(data), "out": str(out), "model": MODEL, "batch_size": 16, "steps": 6, "log_every": 1,
-            "tensorboard": False, "loader": {"num_workers": 0}}
+            "tensorboard": False, "loader": {"num_workers": 0}, "loss": {"kind": "fastclip", "version": "v3"}}
     return build(TrainConfig, deep_merge(base, over))
 
 

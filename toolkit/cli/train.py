@@ -38,10 +38,11 @@ FLAGS: dict[str, tuple[str, ...]] = {
 
 
 def _loss_help() -> str:
-    from toolkit.train.losses.config import LOSS_NAMES, LossConfig
+    from toolkit.train.losses.choice import describe
+    from toolkit.train.losses.config import LOSS_NAMES
 
-    return (f"The objective: {', '.join(LOSS_NAMES)} (sets loss.kind and its variant; docs/training.md says "
-            f"which to pick). (default: {LossConfig().name})")
+    return (f"The objective: {', '.join(LOSS_NAMES)} (sets loss.kind and its variant; docs/objectives.md says "
+            f"which to pick). (default: by global batch, from the convergence evidence: {describe()})")
 
 
 @app.callback(invoke_without_command=True)

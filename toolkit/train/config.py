@@ -167,15 +167,27 @@ class TrainConfig:
 
     @staticmethod
     def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-        """The named ``preset``'s settings, which the rest of the config overrides (core.config.build)."""
-        name = data.get("preset") or ""
-        if not name:
-            return {}
-        from toolkit.train.presets import PRESETS
+        """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
+        without a loss kind from the data or the preset, the objective the convergence evidence picks at
+        the global batch size (``losses/choice.py``)."""
+        from toolkit.train.losses.choice import default_loss
 
-        if name not in PRESETS:
-            raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-        return PRESETS[name].train_overrides()
+        layers: dict[str, Any] = {}
+        name = data.get("preset") or ""
+        if name:
+            from toolkit.train.presets import PRESETS
+
+            if name not in PRESETS:
+                raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+            layers = PRESETS[name].train_overrides()
+        loss = {**layers.get("loss", {}), **(data.get("loss") or {})}
+        if "kind" not in loss:
+            batch = data.get("batch_size", layers.get("batch_size", TrainConfig.__dataclass_fields__["batch_size"].default))
+            try:
+                layers["loss"] = {**layers.get("loss", {}), **default_loss(int(batch))}
+            except (TypeError, ValueError):
+                pass  # a malformed batch_size: build() reports it against its key
+        return layers
 
     def __post_init__(self) -> None:
         self.launch.node_range()  # refuses a malformed nodes value
