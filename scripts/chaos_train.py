@@ -107,12 +107,6 @@ def wait_until(predicate, proc: subprocess.Popen, what: str, timeout_s: float = 
         time.sleep(0.05)
 
 
-def workers(launcher: int) -> list[int]:
-    """The training processes of a `toolkit train` launcher: the children of its one child, torchrun's
-    elastic agent."""
-    return [pid for agent in children(launcher) for pid in children(agent)]
-
-
 def kill_job(proc: subprocess.Popen) -> None:
     """SIGKILL the launcher, its agent and its workers, as a lost node would (the agent and each worker run
     in sessions of their own, so killing the launcher's process group leaves them running)."""
