@@ -136,3 +136,15 @@ def surrogate_grads(batch: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, r1: T
     dx = dx + dsii[:, None] * batch.y
     dy = dy + dsii[:, None] * batch.x
     return dx, dy, dsum - w * (batch.sii * mine_r).sum()
+
+
+def batch_drift(old: Tensor, log_g1: Tensor, log_g2: Tensor, group=None) -> list[float]:
+    """``u_drift: batch``: the global batch's mean log(g/u_old) per side (image, text anchors) over the samples
+    seen before (``old`` [b, C]: this rank's table rows before the step, log u in columns 0 and 1; log g [b]);
+    0 for a side with none seen. One all_reduce of 4 float64 sums; called by every rank of ``group``."""
+    sums = []
+    for old_col, log_g in ((old[:, 0], log_g1), (old[:, 1], log_g2)):
+        seen = (old_col >= LOG_RESET) & torch.isfinite(old_col)
+        sums += [torch.where(seen, log_g - old_col, torch.zeros_like(log_g)).sum().double(), seen.sum().double()]
+    sums = cdist.all_reduce_sum(torch.stack(sums), group)
+    return [float(sums[i] / sums[i + 1]) if sums[i + 1] > 0 else 0.0 for i in (0, 2)]

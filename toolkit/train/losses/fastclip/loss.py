@@ -38,8 +38,8 @@ from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
 from toolkit.train.losses.fastclip.attach import attach
 from toolkit.train.losses.fastclip.estimators import (
-    LOG_RESET,
     GlobalBatch,
+    batch_drift,
     check_unique,
     ema_log,
     gather_batch,
@@ -74,8 +74,7 @@ class FastCLIPLoss(TrainingLoss):
         if cfg.version not in VERSIONS:  # build() checks the Literal; a LossConfig made in code may not be
             raise ValueError(f"unknown FastCLIP version {cfg.version!r}; choose one of {VERSIONS}")
         self.version, self.data_size = cfg.version, data_size
-        self.epoch, self.gamma = 0, 1.0
-        self.u_shift = [0.0, 0.0]  # u_drift: batch: the last step's mean log(g/u_old) per side
+        self.epoch, self.gamma, self.u_shift = 0, 1.0, [0.0, 0.0]  # u_shift: u_drift's last mean log(g/u_old)
         self._value: Tensor | None = None
         self._tau_mean: Tensor | None = None
         self._undo: tuple[Tensor, Tensor, torch.device] | None = None  # ids [b], their old rows, device
@@ -103,9 +102,8 @@ class FastCLIPLoss(TrainingLoss):
 
     def metrics(self) -> dict[str, float]:
         """γ; with ``u_drift: batch`` also the last shifts of log u (image, text anchors)."""
-        if self.cfg.u_drift == "batch":
-            return {"gamma": self.gamma, "u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]}
-        return {"gamma": self.gamma}
+        drift = self.cfg.u_drift == "batch"
+        return {"gamma": self.gamma, **({"u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]} if drift else {})}
 
     def sync_state(self) -> None:
         """Returns once every rank's table writes are done (before reading the tables outside forward:
@@ -186,9 +184,9 @@ class FastCLIPLoss(TrainingLoss):
 
     def temperature(self, logit_scale: Tensor) -> float:
         """1/a; v2: the mean per-sample τ over the last global batch (both sides, after its update)."""
-        if self.version == "v2":
-            return float("nan") if self._tau_mean is None else float(self._tau_mean)
-        return super().temperature(logit_scale)
+        if self.version != "v2":
+            return super().temperature(logit_scale)
+        return float("nan") if self._tau_mean is None else float(self._tau_mean)
 
     def _update_u(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, log_g1: Tensor,
                   log_g2: Tensor) -> Tensor:
@@ -196,7 +194,10 @@ class FastCLIPLoss(TrainingLoss):
         gathered with ids and log g -> [B, 5]; tables written."""
         old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
         drift = self.cfg.u_drift == "batch" and self.gamma < 1
-        shift1, shift2 = self._drift(old, log_g1, log_g2) if drift else (None, None)
+        shift1, shift2 = (None, None)
+        if drift:
+            self.u_shift = batch_drift(old, log_g1, log_g2, self.group)
+            shift1, shift2 = (torch.tensor(v, dtype=log_g1.dtype, device=log_g1.device) for v in self.u_shift)
         log_u1 = ema_log(old[:, 0], log_g1, self.gamma, shift1)
         log_u2 = ema_log(old[:, 1], log_g2, self.gamma, shift2)
         ids = index.detach().to(device=log_g1.device, dtype=torch.float64)
@@ -206,17 +207,6 @@ class FastCLIPLoss(TrainingLoss):
         check_unique(idx_all)
         self.tables.write_gathered(idx_all, rows[:, 1:3], batch.b)
         return rows[:, 1:].to(log_g1.dtype)
-
-    def _drift(self, old: Tensor, log_g1: Tensor, log_g2: Tensor) -> tuple[Tensor, Tensor]:
-        """``u_drift: batch``: the global batch's mean log(g/u_old) per side over samples seen before (one
-        all_reduce of 4 float64 sums); 0 with none seen. Called by every rank."""
-        sums = []
-        for old_col, log_g in ((old[:, 0], log_g1), (old[:, 1], log_g2)):
-            seen = (old_col >= LOG_RESET) & torch.isfinite(old_col)
-            sums += [torch.where(seen, log_g - old_col, torch.zeros_like(log_g)).sum().double(), seen.sum().double()]
-        sums = cdist.all_reduce_sum(torch.stack(sums), self.group)
-        self.u_shift = [float(sums[i] / sums[i + 1]) if sums[i + 1] > 0 else 0.0 for i in (0, 2)]
-        return tuple(torch.tensor(v, dtype=log_g1.dtype, device=log_g1.device) for v in self.u_shift)
 
     def _global_step(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, logit_scale: Tensor):
         """v0, v1, v3: (value, d/dx, d/dy, d/da) for this rank, in the accumulation dtype."""
