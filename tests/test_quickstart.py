@@ -42,7 +42,7 @@ def test_quickstart_end_to_end_small(tmp_path):
             f"vars.num_concepts={num}", "--set", f"vars.port={free_port()}", "--set", "vars.steps=30", "--set",
             "vars.batch_size=32", "--set", "stages.train.optim.warmup_steps=5",
             # no npm download in tests: the demo leaves the Noto artist out (missing_ok), Twemoji alone trains
-            "--set", "stages.npm_artist.cmd=true"]
+            "--set", "stages.npm_artist.cmd=echo no npm download in tests"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     folders = {"npm_artist": "npm_artist", "demo": "demo", "fetch": "raw", "precompute": "precompute", "retrieval_set": "evalsets/openmoji_retrieval",
