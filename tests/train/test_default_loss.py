@@ -20,8 +20,9 @@ def test_default_objective_follows_the_table(batch):
     expected = default_loss(batch)
     loss = _cfg(batch_size=batch).loss
     assert {k: getattr(loss, k) for k in expected} == expected
-    small = BY_BATCH[0][0]
-    assert loss.kind == ("openclip" if batch <= small else "fastclip")
+    small, large = BY_BATCH[0][1], BY_BATCH[-1][1]
+    assert {k: getattr(loss, k) for k in large} == large if batch > BY_BATCH[0][0] else \
+        {k: getattr(loss, k) for k in small} == small
 
 
 def test_the_default_batch_gets_the_small_batch_objective():
@@ -34,8 +35,9 @@ def test_named_objective_preset_and_other_loss_keys():
     preset = _cfg(batch_size=32, preset="cc3m").loss  # a preset names its loss: it wins over the table
     assert (preset.name, preset.rho) == ("fastclip-v3", 6.5)
     assert _cfg(batch_size=32, preset="cc3m-openclip").loss.kind == "openclip"
-    tuned = _cfg(batch_size=32, loss={"rho": 3.0}).loss  # other loss keys keep the table's kind
-    assert (tuned.kind, tuned.rho) == (default_loss(32)["kind"], 3.0)
+    tuned = _cfg(batch_size=32, loss={"rho": 3.0}).loss  # other loss keys keep the table's objective
+    assert {k: getattr(tuned, k) for k in default_loss(32)} == default_loss(32) and tuned.rho == 3.0
+    assert _cfg(batch_size=32, loss={"kind": "openclip"}).loss.u_drift == "none"  # a named kind drops the rest
 
 
 def test_malformed_batch_is_reported_against_its_key():
