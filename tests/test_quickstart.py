@@ -27,6 +27,7 @@ def _mean_r10(zeroshot_dir: Path) -> float:
     return (metrics["image_retrieval_recall@10"] + metrics["text_retrieval_recall@10"]) / 2
 
 
+@pytest.mark.timeout(1800)  # ~3 minutes on 2 idle cores; 10+ minutes when the cores are shared (load ~20)
 def test_quickstart_end_to_end_small(tmp_path):
     """The whole chain at a small size: HTTP serve + fetch, precompute through both frozen towers, FastCLIP-v3
     training of the heads by 2 processes with an evaluation at the end, the final zero-shot stage reading the

@@ -1,8 +1,8 @@
 """Frozen towers at their own CPU speed: the same features, computed with less work.
 
-Every function here keeps a tower's outputs (float32, up to rounding: max abs difference ~1e-5 on
-EfficientNet-Lite0 features of magnitude ~5, checked by tests/models/test_inference.py) and only changes how
-they are computed:
+Every function here keeps a tower's outputs (float32, up to rounding: tests/models/test_inference.py checks
+the folded channels-last trunk against a float64 forward, no further from it than 4x the eager float32
+forward's error) and only changes how they are computed:
 
 - :func:`fold_batchnorm`: a BatchNorm that follows a convolution is folded into the convolution's weight
   and bias (eval mode only: running statistics are constants then); timm's ``BatchNormAct2d`` keeps its
@@ -22,10 +22,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-# Images per forward pass of a frozen convolutional trunk. EfficientNet-Lite0 at 224 px, 2 threads,
-# BN folded + channels-last, interleaved (benchmarks/tower_speed.py --batch-sizes 4 8 16 32, load ~3):
-# batch 8 ran 1.3-1.9x faster per image than batch 32 (its activations, ~20 MB per layer, stay in the
-# L2/L3 caches; batch 32's do not) and no slower than batch 4.
+# Images per forward pass of a frozen convolutional trunk. EfficientNet-Lite0 at 224 px, 2 threads, one
+# interleaved run of eager / channels-last / folded+channels-last / TorchScript-frozen variants (2026-11-25,
+# load ~1 rising to ~10, so noisy): batch 8 ran 4.6-39 images/s (median 22), batch 32 4.5-14 (median 7.9);
+# batch 8 was ahead in 7 of 8 pairs. Likely cache effects (not profiled). Re-measure on other CPUs.
 IMAGE_BATCH = 8
 
 
