@@ -113,7 +113,8 @@ def test_convergence_quick_end_to_end(tmp_path, capsys):
 
     _synthetic_artists(tmp_path / "cache")
     out = tmp_path / "res" / "convergence.json"
-    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out)]
+    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out),
+            "--methods", "openclip (learnable τ)", "openclip (fixed τ)", "fastclip-v3", "neuclip", "siglip"]
     report = convergence.main(argv)
     (cell,) = report["results"]
     assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 2)
@@ -122,10 +123,11 @@ def test_convergence_quick_end_to_end(tmp_path, capsys):
     for name, row in cell["rows"].items():
         assert len(row["paired_diff_vs_best_openclip"]["per_seed"]) == 2, name
         grids, chosen = row["tuning"]["grids"], row["tuning"]["chosen"]
-        for knob, value in chosen.items():  # a grid end wins only when the extension limit says so
-            if knob in row["tuning"]["inherited"] and knob not in grids:
-                continue  # adopted from another method's tuning: its grid is checked on that row
+        for knob in grids:  # a grid end wins only when the extension limit says so (inherited knobs: not searched)
+            value = chosen[knob]
             assert value not in (grids[knob][0], grids[knob][-1]) or knob in row["tuning"]["ends_at_best"]
+        for knob, value in row["tuning"]["inherited"].items():  # NeuCLIP starts from v3's tuned knobs
+            assert cell["rows"]["fastclip-v3"]["tuning"]["chosen"][knob] == value
     assert out.with_suffix(".md").read_text().count("| 32 | 2 (") == len(cell["rows"])
     assert (out.parent / "convergence_short.png").stat().st_size > 0
     lines = (tmp_path / "cache" / "runs.jsonl").read_text().splitlines()
