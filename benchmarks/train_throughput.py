@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = tb.machine_meta() | {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
     meta["device"] = "cuda" if a.cuda else "cpu"
     raw, n = tb.raw_shards(a.work, a.raw_image_size, a.samples_per_shard)
-    pythonpath = tb.open_clip_pythonpath(a.work)
+    # open_clip's own dependencies are installed only when its trainer runs (not for --baseline-tree)
+    pythonpath = None if a.baseline_tree else tb.open_clip_pythonpath(a.work)
     train_num_samples, steps = plan_steps(n, a.batch_size, a.epochs, a.workers)
     meta |= {"num_samples": n, "steps": steps, "open_clip_train_num_samples": train_num_samples,
              "open_clip_pythonpath": pythonpath}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from toolkit import kernels as K
 from toolkit.core import dist as D
 from toolkit.kernels import accumulation_dtype, clip_value
 
@@ -35,3 +36,15 @@ def gather_pairs(x: Tensor, y: Tensor, group=None, check_sizes: bool = False, le
     pairs = D.all_gather_nograd(torch.stack([x.detach(), y.detach()], 1), group, D.FEATURES,
                                 check_sizes=check_sizes, ledger=ledger)
     return pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+
+
+def check_local_pair(image_local: Tensor, text_local: Tensor, mode: str, modes: tuple[str, ...], what: str,
+                     backend: str) -> None:
+    """Refuse, before any collective, an unknown ``mode`` (of ``modes``; ``what`` names the loss: "loss",
+    "sigmoid-loss"), features that are not both [b, d] of one shape, and an unknown kernels ``backend``."""
+    if mode not in modes:
+        raise ValueError(f"unknown distributed {what} mode {mode!r}; choose one of {modes}")
+    if image_local.dim() != 2 or image_local.shape != text_local.shape:
+        raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
+                         "must both be [b, d] with the same shape")
+    K.resolve_backend(backend, image_local.device)

@@ -28,7 +28,13 @@ from torch import Tensor
 from toolkit import kernels as K
 from toolkit.core import dist as D
 from toolkit.train.losses.anchors import fastclip_loss
-from toolkit.train.losses.common import add_positive_grads, clip_value, gather_pairs, positive_logits
+from toolkit.train.losses.common import (
+    add_positive_grads,
+    check_local_pair,
+    clip_value,
+    gather_pairs,
+    positive_logits,
+)
 from toolkit.train.losses.ring import ring_loss
 
 MODES = ("gather", "disco", "ring", "fastclip")
@@ -121,12 +127,7 @@ def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tenso
     ``group`` (default: world); without a process group every mode is the K=1 loss. Collectives are
     recorded in ``ledger`` (default ``toolkit.core.dist.LEDGER``).
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown distributed loss mode {mode!r}; choose one of {MODES}")
-    if image_local.dim() != 2 or image_local.shape != text_local.shape:
-        raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
-                         "must both be [b, d] with the same shape")
-    K.resolve_backend(backend, image_local.device)  # refuses an unknown backend before any collective
+    check_local_pair(image_local, text_local, mode, MODES, "loss", backend)  # before any collective
     if not isinstance(logit_scale, Tensor):
         logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
     if logit_scale.dim() != 0:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.losses.common import gather_pairs
+from toolkit.train.losses.common import check_local_pair, gather_pairs
 from toolkit.train.losses.ring import circulate
 
 MODES = ("gather", "ring", "fastclip")
@@ -140,12 +140,7 @@ def sigmoid_loss(image_local: Tensor, text_local: Tensor, scale: Tensor | float,
     rank of ``group`` (default: world); without a process group (or K = 1) every mode is the one-process
     loss, ``toolkit.kernels.siglip_loss``.
     """
-    if mode not in MODES:
-        raise ValueError(f"unknown distributed mode {mode!r} for the sigmoid loss; choose one of {MODES}")
-    if image_local.dim() != 2 or image_local.shape != text_local.shape:
-        raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
-                         "must both be [b, d] with the same shape")
-    K.resolve_backend(backend, image_local.device)  # refuses an unknown backend before any collective
+    check_local_pair(image_local, text_local, mode, MODES, "sigmoid-loss", backend)  # before any collective
     t = scale if isinstance(scale, Tensor) else torch.tensor(float(scale), device=image_local.device)
     b0 = torch.zeros((), device=image_local.device) if bias is None else (
         bias if isinstance(bias, Tensor) else torch.tensor(float(bias), device=image_local.device))
