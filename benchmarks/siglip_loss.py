@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loss_memory import _get, _mem_available_bytes  # noqa: E402  (the CLIP loss benchmark's harness helpers)
+
 SIZES = (1024, 4096, 8192, 16384, 32768, 65536)
 CPU_METHODS = ("open_clip", "torch")
 GPU_METHODS = ("triton",)
@@ -37,14 +40,6 @@ SCALE, BIAS = 10.0, -10.0  # SigLIP's initialisation
 def _statm(field: int) -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _mem_available_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("MemAvailable missing from /proc/meminfo")
 
 
 def _loss_fn(method: str):
@@ -150,10 +145,6 @@ def sweep(methods, sizes, d: int, rounds: int, budget: int, timeout_s: int) -> l
             rows.append(row)
             print(f"[siglip_loss] {json.dumps(row)}", file=sys.stderr, flush=True)
     return rows
-
-
-def _get(rows, method, b):
-    return next((r for r in rows if r["method"] == method and r["B"] == b and r["status"] == "ok"), None)
 
 
 def targets(rows) -> list[str]:
