@@ -35,11 +35,25 @@ because its loader gives every rank exactly B/K samples.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from toolkit.train.losses.config import LossConfig
+
+
+@dataclass(frozen=True)
+class StatePart:
+    """State an objective keeps outside nn.Module parameters (FastCLIP's tables, NeuCLIP's network), saved in
+    its state dict as ``NAME.KEY`` flat tensors. ``obj`` has ``state() -> {KEY: Tensor}`` and
+    ``load({KEY: Tensor}, source=)``; ``required``: keys whose absence is a missing key; ``owned``: the keys
+    it claims on load (None: every ``NAME.`` key)."""
+
+    name: str
+    obj: Any
+    required: tuple[str, ...]
+    owned: tuple[str, ...] | None = None
 
 
 class TrainingLoss(nn.Module):
@@ -69,6 +83,36 @@ class TrainingLoss(nn.Module):
 
     def sync_state(self) -> None:
         """Collective: every rank's state writes are done (before ``state_dict`` for a checkpoint)."""
+
+    def state_parts(self) -> list[StatePart]:
+        """The objective's state outside its parameters and buffers (saved and loaded by the hooks below)."""
+        return []
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for part in self.state_parts():
+            for key, t in part.obj.state().items():
+                destination[f"{prefix}{part.name}.{key}"] = t
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        for part in self.state_parts():
+            pre = f"{prefix}{part.name}."
+
+            def claimed(key: str, part: StatePart = part, pre: str = pre) -> bool:
+                return key.startswith(pre) and (part.owned is None or key[len(pre):] in part.owned)
+
+            unexpected_keys[:] = [k for k in unexpected_keys if not claimed(k)]
+            missing = [pre + k for k in part.required if pre + k not in state_dict]
+            if missing:
+                missing_keys.extend(missing)
+                continue
+            try:
+                part.obj.load({k[len(pre):]: v for k, v in state_dict.items() if claimed(k)}, source="state_dict")
+            except (KeyError, ValueError) as err:
+                error_msgs.append(str(err))
 
     def temperature(self, logit_scale: Tensor) -> float:
         """τ for logging: 1/a of the global scale a (0-d)."""

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from toolkit.core import dist as cdist
 from toolkit.train.losses.anchors import anchor_lses
-from toolkit.train.losses.base import TrainingLoss
+from toolkit.train.losses.base import StatePart, TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
 from toolkit.train.losses.fastclip.attach import attach
@@ -121,25 +121,9 @@ class FastCLIPLoss(TrainingLoss):
             return self.tables.data[:, self.tables.col("log_" + name)].exp()
         return self.tables.data[:, self.tables.col(name)]
 
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        for name, t in self.tables.state().items():
-            destination[prefix + "tables." + name] = t
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        keys = {n: prefix + "tables." + n for n in self.tables.names}
-        unexpected_keys[:] = [k for k in unexpected_keys if k not in keys.values()]
-        missing = [k for k in keys.values() if k not in state_dict]
-        if missing:
-            missing_keys.extend(missing)
-            return
-        try:
-            self.tables.load({n: state_dict[k] for n, k in keys.items()}, source="state_dict")
-        except (KeyError, ValueError) as err:
-            error_msgs.append(str(err))
+    def state_parts(self) -> list[StatePart]:
+        names = tuple(self.tables.names)
+        return [StatePart("tables", self.tables, required=names, owned=names)]
 
     # ----------------------------------------------------------------- forward
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | None,

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from toolkit.train.losses.anchors import anchor_lses
-from toolkit.train.losses.base import TrainingLoss
+from toolkit.train.losses.base import StatePart, TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip.attach import attach
 from toolkit.train.losses.fastclip.estimators import GlobalBatch, gather_batch, gather_rows, surrogate_grads
@@ -93,24 +93,8 @@ class NeuCLIPLoss(TrainingLoss):
         return self._value
 
     # ----------------------------------------------------------------- state
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        for name, t in self.network.state().items():
-            destination[prefix + "network." + name] = t
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        mine = {k[len(prefix + "network."):]: v for k, v in state_dict.items() if k.startswith(prefix + "network.")}
-        unexpected_keys[:] = [k for k in unexpected_keys if not k.startswith(prefix + "network.")]
-        if prefix + "network.initialised" not in state_dict:
-            missing_keys.append(prefix + "network.initialised")
-            return
-        try:
-            self.network.load(mine, source="state_dict")
-        except (KeyError, ValueError) as err:
-            error_msgs.append(str(err))
+    def state_parts(self) -> list[StatePart]:
+        return [StatePart("network", self.network, required=("initialised",))]
 
     # ----------------------------------------------------------------- forward
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
