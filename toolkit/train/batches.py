@@ -7,7 +7,7 @@ all), this rank's batches from any step on (``batches``), and their move to the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -51,11 +51,14 @@ class TrainData:
                                 num_workers=lc.num_workers, prefetch_factor=lc.prefetch_batches,
                                 pin_memory=self.device.type == "cuda"))
 
-    def to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def to_device(self, batch: dict, trim_tokens: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(image, text, index) of one batch: index on the device; image and text too unless offloaded
-        (the gradient cache then moves each micro-batch itself, non-blocking from pinned memory on CUDA)."""
+        (the gradient cache then moves each micro-batch itself, non-blocking from pinned memory on CUDA).
+        ``trim_tokens``: cuts host token ids [b, L] to the columns the model reads (``TrainModel.trim_tokens``),
+        before they move."""
         image = batch["image"] if "image" in batch else batch["image_features"]
-        text = batch["tokens"] if "tokens" in batch else batch["text_features"]
+        text = trim_tokens(batch["tokens"]) if "tokens" in batch else batch["text_features"]
         if not self.offloaded:
             image, text = image.to(self.device, non_blocking=True), text.to(self.device, non_blocking=True)
         return image, text, batch["index"].to(self.device, non_blocking=True)

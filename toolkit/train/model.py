@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.nn.functional import normalize
 
 from toolkit.core.log import get_logger
-from toolkit.models import frozen
+from toolkit.models import frozen, text_trim
 from toolkit.models.factory import build_model, resolve_spec
 from toolkit.models.registry import config_context_length, config_image_size
 from toolkit.models.weights import check_weights_file, load_weights
@@ -33,6 +33,8 @@ class TrainModel(nn.Module):
                  std: tuple[float, ...]):
         super().__init__()
         self.clip, self.image_role, self.text_role = clip, image_role, text_role
+        # token batches are cut after their last pooled position (models/text_trim: same features and grads)
+        self.trims_text = text_role == "tokens" and text_trim.trimmable(clip)
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
 
@@ -45,7 +47,16 @@ class TrainModel(nn.Module):
     def encode_text(self, text: Tensor) -> Tensor:
         if self.text_role == "text_features":
             return frozen.head_forward(self.clip, "text", text.float())
+        if self.trims_text:
+            return text_trim.encode_text(self.clip, text)
         return self.clip.encode_text(text)
+
+    def trim_tokens(self, text: Tensor) -> Tensor:
+        """A host batch of token ids [b, L] cut to the columns the text tower needs (``models.text_trim``;
+        unchanged when the tower is not causal with one pooled position, or the text is features)."""
+        if not self.trims_text:
+            return text
+        return text_trim.trim_tokens(text, self.clip.text_pool_type, self.clip.text_eos_id)
 
     def forward(self, image: Tensor, text: Tensor) -> tuple[Tensor, ...]:
         """(x [b, E], y [b, E], a (0-d)), and the logit bias (0-d) when the open_clip model has one
