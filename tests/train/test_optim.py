@@ -110,3 +110,23 @@ def test_rejects_model_without_trainable_parameters():
     m = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable"):
         build_optimizer(m, OptimConfig())
+
+
+def test_adamw_is_fused_and_equals_the_per_parameter_update():
+    """The fused kernel (chosen on the CPU for speed) takes the same steps as torch's reference loop."""
+    torch.manual_seed(0)
+    fused_model, loop_model = _Tiny(), _Tiny()
+    loop_model.load_state_dict(fused_model.state_dict())
+    cfg = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.1)
+    fused = build_optimizer(fused_model, cfg, lr_tau=1e-3)
+    assert all(g["fused"] for g in fused.param_groups)
+    loop = torch.optim.AdamW(param_groups(loop_model.named_parameters(), 0.1, 1e-3), lr=1e-2, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps, foreach=False)
+    for step in range(5):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+        for m, opt in ((fused_model, fused), (loop_model, loop)):
+            opt.zero_grad()
+            (m.ln_final(m.proj(m.bn1(x))) @ m.text_projection).pow(2).mean().mul(m.logit_scale.exp()).backward()
+            opt.step()
+    for (name, a), (_, b) in zip(fused_model.named_parameters(), loop_model.named_parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)

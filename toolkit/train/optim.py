@@ -87,7 +87,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr_tau: float | None = N
         raise ValueError("the model has no trainable parameters (all requires_grad=False)")
     betas = (cfg.beta1, cfg.beta2)
     if cfg.name == "adamw":
-        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=_fused_adamw(groups))
     elif cfg.name == "lamb":
         from timm.optim import Lamb
 
@@ -103,6 +103,15 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr_tau: float | None = N
     for g in opt.param_groups:
         g.setdefault("initial_lr", g["lr"])
     return opt
+
+
+def _fused_adamw(groups: list[dict]) -> bool:
+    """torch's fused AdamW kernel where it runs (floating parameters on the CPU or CUDA): the same update
+    in one kernel per step instead of ~8 tensor ops per parameter. On the CPU torch's default is the
+    per-parameter loop (foreach is CUDA-only by default): cliptk-tiny's 8.0 M parameters, one thread,
+    59 ms per step vs 8 ms fused (4 % of a batch-256 step)."""
+    params = [p for g in groups for p in g["params"]]
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def logit_scale_group(optimizer: torch.optim.Optimizer) -> dict | None:
