@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trainer_bench as tb  # noqa: E402
+import trainer_profile as tp  # noqa: E402
 
 TARGET = 1.2  # issue 11: cliptk end-to-end >= 1.2x open_clip's trainer
 # Memory is only reported here, so the tree is polled rarely: at 0.05 s, reading smaps_rollup of the tree
@@ -69,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nproc-per-node", type=int, default=1,
                    help="cliptk processes (gloo on CPU); more than 1 only with --baseline-tree, since "
                         "open_clip's trainer runs as one process here")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed runs, run cliptk (first --losses entry) and open_clip_train once more "
+                        "under cProfile and add where each one's time goes (trainer_profile.py) to the results")
     p.add_argument("--out", type=Path, default=None,
                    help="writes OUT.json and OUT.md (default benchmarks/results/train_throughput[_cuda])")
     a = p.parse_args(argv)
@@ -92,8 +96,10 @@ def plan_steps(num_samples: int, batch: int, epochs: int, workers: int) -> tuple
     return per_epoch * batch, math.ceil(per_epoch / w) * w * epochs
 
 
-def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path, tree: Path | None = None) -> dict:
-    """``toolkit train`` from this checkout (or from ``tree``, another checkout of cliptk)."""
+def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path, tree: Path | None = None,
+               profile: Path | None = None) -> dict:
+    """``toolkit train`` from this checkout (or from ``tree``, another checkout of cliptk); under cProfile
+    into ``profile`` if given."""
     shutil.rmtree(run_dir, ignore_errors=True)
     kind, _, version = loss.partition("-")
     cmd = tb.toolkit_cmd("train", "--data", str(train_dir), "--out", str(run_dir), "--model", a.model,
@@ -102,6 +108,7 @@ def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path, tree: P
                          "--precision", a.precision, "--device", "cuda" if a.cuda else "cpu", "--lr", str(a.lr),
                          "--log-every", "1", "--resume", "none", "--set", f"optim.warmup_steps={a.warmup_steps}",
                          "--nproc-per-node", str(a.nproc_per_node))
+    cmd = tp.profiled(cmd, profile) if profile else cmd
     load = tb.loadavg()
     r = tb.run_tree(cmd, tb.env_with_repo(str(tree) if tree else None), a.timeout_s, poll_s=POLL_S)
     if r.status != "ok":
@@ -112,7 +119,8 @@ def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path, tree: P
             "loadavg_before": load, "command": " ".join(cmd)}
 
 
-def open_clip_run(a, raw: Path, train_num_samples: int, run_dir: Path, pythonpath: str | None) -> dict:
+def open_clip_run(a, raw: Path, train_num_samples: int, run_dir: Path, pythonpath: str | None,
+                  profile: Path | None = None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     precision = {"fp32": "fp32", "bf16": "amp_bf16"}[a.precision]
     cmd = tb.open_clip_cmd(a.model, [
@@ -122,6 +130,7 @@ def open_clip_run(a, raw: Path, train_num_samples: int, run_dir: Path, pythonpat
         "--device", "cuda" if a.cuda else "cpu", "--lr", str(a.lr), "--warmup", str(a.warmup_steps),
         "--log-every-n-steps", "1", "--save-frequency", "0", "--logs", str(run_dir.parent),
         "--name", run_dir.name, "--seed", "0"])
+    cmd = tp.profiled(cmd, profile) if profile else cmd
     load = tb.loadavg()
     r = tb.run_tree(cmd, tb.env_with_repo(pythonpath), a.timeout_s, poll_s=POLL_S)
     if r.status != "ok":
@@ -196,6 +205,26 @@ def compare_trees(a, train_dir: Path, steps: int, data_s: float) -> tuple[list[d
     return rows, lines
 
 
+def profile_runs(a, raw: Path, train_dir: Path, steps: int, train_num_samples: int,
+                 pythonpath: str | None) -> dict[str, dict[str, float]]:
+    """{trainer: {phase: seconds}}: cliptk (data stage and first --losses entry) and open_clip_train,
+    each run once more under cProfile."""
+    prof = a.work / "profiles"
+    prof.mkdir(parents=True, exist_ok=True)
+    pre_dir = a.work / "profile_precompute"
+    shutil.rmtree(pre_dir, ignore_errors=True)
+    pre = tb.run_tree(tp.profiled(tb.toolkit_cmd("data", "precompute", "--in", str(raw), "--out", str(pre_dir),
+                                                 "--model", a.model), prof / "precompute.prof"),
+                      tb.env_with_repo(), a.timeout_s, poll_s=POLL_S)
+    if pre.status != "ok":
+        raise RuntimeError(f"profiled precompute {pre.status}:\n{pre.stderr[-3000:]}")
+    cliptk_run(a, train_dir, a.losses[0], steps, a.work / "profile_cliptk", profile=prof / "cliptk.prof")
+    open_clip_run(a, raw, train_num_samples, a.work / "profile_open_clip", pythonpath, profile=prof / "open_clip.prof")
+    return {"toolkit data precompute": tp.phases(prof / "precompute.prof"),
+            f"toolkit train --loss {a.losses[0]}": tp.phases(prof / "cliptk.prof"),
+            "open_clip_train": tp.phases(prof / "open_clip.prof")}
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -243,8 +272,13 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
 
     table = markdown(rows, meta)
+    profile = profile_runs(a, raw, train_dir, steps, train_num_samples, pythonpath) if a.profile else None
+    if profile:
+        table += ("\n\nWhere the time goes (main process under cProfile, a separate untimed run of each; "
+                  "`benchmarks/trainer_profile.py`):\n\n" + tp.markdown(profile))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "ratios": ratios(rows)}, indent=2))
+    a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "ratios": ratios(rows),
+                                                      "profile_s": profile}, indent=2))
     a.out.with_suffix(".md").write_text(table + "\n")
     print(table)
 
