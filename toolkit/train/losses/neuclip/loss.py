@@ -84,7 +84,7 @@ class NeuCLIPLoss(TrainingLoss):
 
     def metrics(self) -> dict[str, float]:
         """``normaliser_error``: mean |α − log(ε + g)| over the last global batch (the α the model step used)."""
-        return {"normaliser_error": self._error}
+        return {"normaliser_error": float(self._error)}
 
     def global_value(self) -> Tensor:
         """The last forward's value: already the global one on every rank (no communication)."""
@@ -135,7 +135,8 @@ class NeuCLIPLoss(TrainingLoss):
         rows = gather_rows(torch.stack([*log_g, *alpha], 1), bt, self.group).to(acc)
         log_g1, log_g2, alpha1, alpha2 = rows.unbind(1)
         t1, t2 = log_eps_plus(log_g1, eps), log_eps_plus(log_g2, eps)
-        self._error = float(((alpha1 - t1).abs() + (alpha2 - t2).abs()).mean() / 2)
+        # kept as a tensor: a float here would sync the device every step; metrics() reads it at logged steps
+        self._error = (((alpha1 - t1).abs() + (alpha2 - t2).abs()).mean() / 2).detach()
         # per-anchor conjugate terms e^{t−α} + α − 1 (= log(ε+g) at α = t) and the g-parts r = e^{log g − α}
         terms = (t1 - alpha1).exp() + alpha1 - 1 + (t2 - alpha2).exp() + alpha2 - 1
         tau = 1.0 / a
