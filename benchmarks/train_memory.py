@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     unit = batch_step(a)
     a.cap = max(unit, a.cap // unit * unit)
     meta = tb.machine_meta() | {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
-    ctx = {"pythonpath": tb.open_clip_pythonpath(a.work)}
+    # open_clip's pinned webdataset is installed only when its trainer runs
+    ctx = {"pythonpath": tb.open_clip_pythonpath(a.work) if "open_clip" in a.trainers else None}
     ctx["raw"], n = tb.raw_shards(a.work, a.raw_image_size, a.samples_per_shard, num_samples=a.cap)
     if "cliptk" in a.trainers:
         ctx["train_dir"] = a.work / f"train_{a.model}_{n}"

@@ -5,10 +5,10 @@ only) and pools one position per caption: the end-of-text token (``text_pool_typ
 id, or "eos": the first ``text_eos_id``). So the pooled feature of a caption, and every gradient that
 flows back from it, depends on positions up to the pooled one and on nothing after it: a batch can drop
 every column after the largest pooled position of its rows and the features and gradients are the same
-(positional embeddings and the mask are sliced to the kept length). Captions are short next to the
-context: the demo's emoji names are 5 tokens on average and 13 at most of cliptk-tiny's 32, CC3M's
-about 12 of 77; attention and the feed-forward layers cost time per position, attention per position
-pair. tests/models/test_text_trim.py checks values and gradients against open_clip's ``encode_text`` in
+(positional embeddings and the mask are sliced to the kept length). Captions are often short next to
+the context (the demo's emoji names: 5 tokens on average, 13 at most, of cliptk-tiny's 32); attention
+and the feed-forward layers cost time per position, attention per position pair. What is saved depends
+on the longest caption of each batch, never on the average. tests/models/test_text_trim.py checks values and gradients against open_clip's ``encode_text`` in
 float64.
 
 - :func:`trimmable`: whether a model is such a causal, single-position-pooling CLIP (else nothing is cut).
