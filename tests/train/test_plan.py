@@ -11,6 +11,7 @@ import pytest
 from trainkit import ROOT, env, run_cli, train_cfg
 
 from toolkit.core.config import ConfigError, build
+from toolkit.data.trainset.loader import make_loader
 from toolkit.train import plan
 from toolkit.train.losses.traffic import sent_bytes, step_traffic
 
@@ -123,8 +124,12 @@ def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micr
     for key, value in MALLOC.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # the trainer cuts each batch after its longest caption: the plan is told the data's longest one
+    tokens = next(iter(make_loader(demo_train, batch_size=160, shuffle=False)))["tokens"]
+    longest = int(tokens.argmax(dim=-1).max()) + 1
+    assert longest < tokens.shape[1]  # the cut matters here
     predicted = plan.run(_cfg(batch_size=batch, micro_batch_size=micro, device="cpu", num_samples=160,
-                              measure=True)).total
+                              measure=True, text_tokens=longest)).total
     job = ROOT / "tests" / "train" / "plan_jobs.py"
     proc = subprocess.run([sys.executable, str(job), str(demo_train), str(tmp_path / "run"), str(batch), str(micro)],
                           env={**env(), **MALLOC, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'train'}"},
@@ -132,3 +137,8 @@ def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micr
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])["measured"]
     assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)
+
+
+def test_caption_length_needs_a_measurement():
+    with pytest.raises(ValueError, match="--measure"):
+        plan.run(_cfg(device="cpu", text_tokens=12))

@@ -45,6 +45,10 @@ def plan(
     measure: Annotated[bool | None, Opt("--measure/--no-measure", help="Measure the model's activation "
                                         "memory now (CPU: two fresh subprocesses) instead of using the "
                                         "shipped table.")] = None,
+    text_tokens: Annotated[int | None, Opt("--text-tokens", help="Tokens per caption the text tower runs on: "
+                                           "your data's longest caption (the trainer cuts each batch after "
+                                           "its longest); needs --measure. Default 0: the full context, the "
+                                           "worst case.")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -61,7 +65,8 @@ def plan(
     cfg = load_cli_config(ctx, PlanConfig, config, overrides, model=model, batch_size=batch_size, nodes=nodes,
                           nproc_per_node=nproc_per_node, mode=mode, loss=loss, micro_batch_size=micro_batch_size,
                           precision=precision, optimizer=optimizer, grad_dtype=grad_dtype, device=device,
-                          num_samples=num_samples, device_memory_gb=device_memory_gb, measure=measure)
+                          num_samples=num_samples, device_memory_gb=device_memory_gb, measure=measure,
+                          text_tokens=text_tokens)
     try:
         typer.echo(format_plan(run(cfg)))
     except (OSError, RuntimeError, ValueError) as err:

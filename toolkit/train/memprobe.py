@@ -73,9 +73,10 @@ class ActivationFit:
         return self.fixed_bytes + self.per_sample_bytes * micro
 
 
-def tower_inputs(model: Any, micro: int, device: Any) -> tuple[Any, Any]:
+def tower_inputs(model: Any, micro: int, device: Any, text_tokens: int = 0) -> tuple[Any, Any]:
     """Random uint8 pixels [m, S, S, 3] and token ids [m, L] for a ``TrainModel`` of raw towers, or
-    float16 features [m, D] where it takes frozen-tower features."""
+    float16 features [m, D] where it takes frozen-tower features. ``text_tokens`` > 0: L = that many, the
+    length the trainer cuts a batch to when its longest caption has that many tokens (0: the context)."""
     import torch
 
     from toolkit.models.registry import config_context_length, config_image_size
@@ -91,14 +92,15 @@ def tower_inputs(model: Any, micro: int, device: Any) -> tuple[Any, Any]:
         text = torch.randn(micro, model.feature_dims[1], generator=gen).half()
     else:
         vocab = int(cfg.get("text_cfg", {}).get("vocab_size", 49408))
-        text = torch.randint(0, vocab, (micro, config_context_length(cfg)), generator=gen)
+        length = min(text_tokens, config_context_length(cfg)) if text_tokens else config_context_length(cfg)
+        text = torch.randint(0, vocab, (micro, length), generator=gen)
     return image.to(device), text.to(device)
 
 
-def tower_pass(model: Any, micro: int, autocast: Any, device: Any) -> None:
+def tower_pass(model: Any, micro: int, autocast: Any, device: Any, text_tokens: int = 0) -> None:
     """One training-mode forward of both towers and the backward of their features (gradients accumulate
     into ``.grad`` as the trainer's do)."""
-    image, text = tower_inputs(model, micro, device)
+    image, text = tower_inputs(model, micro, device, text_tokens)
     with autocast():
         x, y, a = model(image, text)
     (x.float().sum() + y.float().sum() + a.float().sum()).backward()
@@ -121,7 +123,7 @@ def build_tower_model(model_spec: str) -> Any:
     return model
 
 
-def probe_here(model_spec: str, micro: int, precision: str, device: str) -> tuple[int, int]:
+def probe_here(model_spec: str, micro: int, precision: str, device: str, text_tokens: int = 0) -> tuple[int, int]:
     """(peak bytes of one tower pass of ``micro`` samples above the memory before it, overhead): on the
     CPU the overhead is what building the model and its first pass left resident beyond the weights and
     gradients (Python objects, the allocator's and oneDNN's buffers, autograd's threads: ~36 MiB for
@@ -145,20 +147,20 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str) -> tupl
         torch.cuda.synchronize(dev)
         before = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        tower_pass(model, micro, autocast, dev)
+        tower_pass(model, micro, autocast, dev, text_tokens)
         torch.cuda.synchronize(dev)
         return int(torch.cuda.max_memory_allocated(dev) - before), 0
     before = rss_bytes()
     reset_peak_rss()
-    tower_pass(model, micro, autocast, dev)
+    tower_pass(model, micro, autocast, dev, text_tokens)
     return peak_rss_bytes() - before, overhead
 
 
-def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int,
+def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, text_tokens: int = 0,
                      timeout_s: float = 600) -> tuple[int, int]:
     """``probe_here`` on the CPU in a fresh Python process (module docstring)."""
     cmd = [sys.executable, "-m", "toolkit.train.memprobe", "--model", model_spec, "--micro", str(micro),
-           "--precision", precision, "--threads", str(threads)]
+           "--precision", precision, "--threads", str(threads), "--text-tokens", str(text_tokens)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
@@ -169,17 +171,18 @@ def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int,
 
 
 def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), precision: str = "fp32",
-                        device: str = "cpu", threads: int | None = None) -> ActivationFit:
-    """Fit activations(m) from tower passes at two micro-batch sizes (module docstring for how)."""
+                        device: str = "cpu", threads: int | None = None, text_tokens: int = 0) -> ActivationFit:
+    """Fit activations(m) from tower passes at two micro-batch sizes (module docstring for how), with token
+    batches of ``text_tokens`` positions (0: the model's context)."""
     import torch
 
     if len(sizes) != 2 or not 0 < sizes[0] < sizes[1]:
         raise ValueError(f"need two micro-batch sizes 0 < m1 < m2, got {sizes}")
     threads = threads or torch.get_num_threads()
     if device.startswith("cuda"):
-        runs = [probe_here(model_spec, m, precision, device) for m in sizes]
+        runs = [probe_here(model_spec, m, precision, device, text_tokens) for m in sizes]
     else:
-        runs = [probe_subprocess(model_spec, m, precision, threads) for m in sizes]
+        runs = [probe_subprocess(model_spec, m, precision, threads, text_tokens) for m in sizes]
     (m1, m2), ((b1, o1), (b2, o2)) = sizes, runs
     per_sample = max((b2 - b1) / (m2 - m1), 0.0)
     return ActivationFit(model_spec, precision, "cuda" if device.startswith("cuda") else "cpu",
@@ -195,11 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--text-tokens", type=int, default=0)
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device)
+    nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device, args.text_tokens)
     print(json.dumps({"bytes": nbytes, "overhead": overhead, **vars(args)}))
 
 

@@ -65,6 +65,9 @@ class PlanConfig:
     device_memory_gb: float = option(0.0, ge=0, doc="Device memory in GiB to fit (0: skip the fit).")
     measure: bool = option(False, doc="Measure the model's activations now instead of using MEASURED.")
     measure_sizes: list[int] = option(factory=lambda: [16, 64], doc="The two micro-batch sizes measured.")
+    text_tokens: int = option(0, ge=0, doc="Tokens per caption the text tower runs on: the trainer cuts each "
+                              "batch after its longest caption, so give your data's longest caption (with "
+                              "--measure); 0: the model's full context, the worst case.")
 
     def __post_init__(self) -> None:
         from toolkit.train.losses.config import LOSS_NAMES
@@ -194,6 +197,9 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
 def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
     key = (cfg.model, cfg.precision, cfg.device)
+    if cfg.text_tokens and not cfg.measure:
+        raise ValueError(f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
+                         "--measure to measure them at that caption length")
     if not cfg.measure and key in MEASURED:
         return (*MEASURED[key], "table")
     if not cfg.measure:
@@ -201,7 +207,8 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
                          f"(known: {sorted(MEASURED)}); pass --measure to measure them now")
     from toolkit.train.memprobe import measure_activations
 
-    fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1)
+    fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
+                              text_tokens=cfg.text_tokens)
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
 
 
