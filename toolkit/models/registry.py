@@ -71,11 +71,9 @@ def _light_tokenizer(name: str) -> Any | None:
     """open_clip's ``get_tokenizer(name)`` for a bundled config with the BPE tokenizer, without importing
     open_clip; None when the name needs open_clip's own lookup (HF or SigLIP tokenizers, other names)."""
     cfg = _bundled_config(name)
-    text_cfg = (cfg or {}).get("text_cfg", {})
-    if cfg is None or text_cfg.get("hf_tokenizer_name") or "siglip" in name.lower():
+    if cfg is None or cfg.get("text_cfg", {}).get("hf_tokenizer_name") or "siglip" in name.lower():
         return None
-    return _bpe_tokenizer_module().SimpleTokenizer(context_length=config_context_length(cfg),
-                                                   **text_cfg.get("tokenizer_kwargs", {}))
+    return _config_tokenizer(cfg)
 
 
 def model_config(name: str) -> dict[str, Any]:
@@ -124,15 +122,16 @@ def hf_model_path(name: str) -> str:
 
 def _config_tokenizer(model_cfg: dict[str, Any]):
     """The tokenizer an open_clip model config implies: its HF tokenizer (a packaged one read from its
-    package's tokenizer.json, offline), else open_clip's bundled BPE."""
-    import open_clip
-
+    package's tokenizer.json, offline), else open_clip's bundled BPE (without importing open_clip)."""
     text_cfg = model_cfg.get("text_cfg", {})
     if text_cfg.get("hf_tokenizer_name"):
+        import open_clip
+
         return open_clip.tokenizer.HFTokenizer(hf_model_path(text_cfg["hf_tokenizer_name"]),
                                                context_length=config_context_length(model_cfg),
                                                **text_cfg.get("tokenizer_kwargs", {}))
-    return open_clip.SimpleTokenizer(context_length=config_context_length(model_cfg))
+    return _bpe_tokenizer_module().SimpleTokenizer(context_length=config_context_length(model_cfg),
+                                                   **text_cfg.get("tokenizer_kwargs", {}))
 
 
 def image_size(name: str) -> int:
