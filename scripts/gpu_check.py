@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -35,6 +36,14 @@ BUDGETS_S = (("environment", "env", 5), ("kernels", "kernels", 100), ("trainer",
              ("open_clip_train", "openclip_train", 70), ("jpeg decoding", "decode", 30),
              ("collectives", "collectives", 20))
 DRY_BUDGET_S = 240  # per section on a 2-core CPU: the dry run checks the code paths, not speed
+
+
+class SectionOverran(Exception):
+    """Raised by SIGALRM in the section that ran far past its budget."""
+
+
+def _overran(signum, frame):
+    raise SectionOverran()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -74,10 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         if a.only and module not in a.only:
             continue
         sec = Section(name, (DRY_BUDGET_S if a.dry_run else budget) * a.budget_scale)
+        # A hard stop at 1.25x the budget + 10 s: the cases check the budget between themselves, but one case can hang
+        # or compile for minutes (the first H100 run lost the whole check in its kernels section that way).
+        signal.signal(signal.SIGALRM, _overran)
+        signal.alarm(int(sec.budget_s * 1.25 + 10))
         try:
             importlib.import_module(f"gpucheck.{module}").run(ctx, sec)
+        except SectionOverran:
+            sec.error = f"stopped at 1.25x its budget + 10 s ({sec.budget_s * 1.25 + 10:.0f} s); its rows so far are kept"
         except Exception as err:  # one section's failure must not cost the others' minutes
             sec.error = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"
+        finally:
+            signal.alarm(0)
         sec.wall_s = time.perf_counter() - sec.started
         done.append(sec)
         print_section(sec)

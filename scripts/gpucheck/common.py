@@ -108,6 +108,11 @@ def fmt(value) -> str:
     return str(value)
 
 
+def progress(section: str, row: dict) -> None:
+    """One finished case on one line, as it finishes (a run stopped from outside still shows it)."""
+    print(f"[{section}] " + "  ".join(f"{k}={fmt(v)}" for k, v in row.items()), flush=True)
+
+
 def print_section(sec: Section) -> None:
     """The section's rows as an aligned text table, then its skipped cases and notes."""
     print(f"\n== {sec.name} ({sec.wall_s:.0f} s of {sec.budget_s:.0f} s budget) ==")

@@ -12,18 +12,21 @@ import json
 import subprocess
 
 from gpucheck import data
-from gpucheck.common import GiB, PY, Context, Section, env_with_repo, run_cmd, tail, toolkit_cmd
+from gpucheck.common import GiB, PY, Context, Section, env_with_repo, progress, run_cmd, tail, toolkit_cmd
 
-# (loss, global batch, micro-batch (0: no gradient cache), grad checkpointing), most telling first
-GPU_RUNS = [("fastclip-v3", 512, 0, False), ("openclip", 512, 0, False), ("fastclip-v3", 4096, 512, False),
-            ("openclip", 4096, 512, False), ("fastclip-v3", 512, 0, True), ("fastclip-v3", 4096, 512, True),
-            ("fastclip-v3", 4096, 0, True), ("fastclip-v3", 4096, 0, False), ("openclip", 512, 0, True),
-            ("openclip", 4096, 512, True), ("openclip", 4096, 0, True), ("openclip", 4096, 0, False),
-            ("fastclip-v3", 512, 256, False), ("openclip", 512, 256, False), ("fastclip-v3", 512, 256, True),
-            ("openclip", 512, 256, True)]
-DRY_RUNS = [("fastclip-v3", 16, 0, False), ("openclip", 32, 8, True)]
+# (loss, global batch, micro-batch (0: no gradient cache), grad checkpointing, loss kernels), most telling
+# first. The chunked torch kernels in most runs: a fresh process pays Triton's autotuning of every flag
+# combination it meets (see the kernels section for the Triton kernels themselves); one run takes the
+# default (Triton) to show the CUDA path through the trainer.
+GPU_RUNS = [("fastclip-v3", 512, 0, False, "torch"), ("openclip", 512, 0, False, "torch"),
+            ("fastclip-v3", 4096, 512, False, "torch"), ("fastclip-v3", 4096, 512, True, "torch"),
+            ("fastclip-v3", 512, 0, False, "auto"), ("openclip", 4096, 512, False, "torch"),
+            ("fastclip-v3", 4096, 0, True, "torch"), ("fastclip-v3", 512, 0, True, "torch"),
+            ("fastclip-v3", 4096, 0, False, "torch"), ("openclip", 4096, 512, True, "torch")]
+DRY_RUNS = [("fastclip-v3", 16, 0, False, "auto"), ("openclip", 32, 8, True, "torch")]
 GPU_DATA = (4096, 256, "ViT-B-32", "bf16")  # samples, raw image px, model, precision
 DRY_DATA = (64, 40, "cliptk-tiny", "fp32")  # fp32: the plan has measured CPU constants for it
+MAX_PLANNED = 8  # plan --measure builds the model per configuration (~3 s on CUDA): only the likely-run ones
 RUN_START_S = 25.0  # a run's start-up before its first step (imports, model build, first batch): H100 estimate
 
 
@@ -55,12 +58,13 @@ def plan_predictions(ctx: Context, runs: list[tuple], model: str, precision: str
     """``toolkit plan``'s total bytes per device for each run (one subprocess for all); Nones on failure."""
     spec = {"model": model, "precision": precision, "device": ctx.device, "num_samples": ctx.shared["num_samples"],
             "captions": [data.caption(i) for i in range(ctx.shared["num_samples"])][-64:],
-            "configs": [{"loss": r[0], "B": r[1], "micro": r[2], "gc": r[3]} for r in runs]}
+            "configs": [{"loss": r[0], "B": r[1], "micro": r[2], "gc": r[3]} for r in runs[:MAX_PLANNED]]}
     try:
         proc = subprocess.run([PY, "-c", _PLAN_CODE, json.dumps(spec)], capture_output=True, text=True,
                               env=env_with_repo(), timeout=timeout_s)
         if proc.returncode == 0:
-            return json.loads(proc.stdout.strip().splitlines()[-1])
+            found = json.loads(proc.stdout.strip().splitlines()[-1])
+            return found + [None] * (len(runs) - len(found))
         ctx.shared["plan_error"] = proc.stderr.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired:
         ctx.shared["plan_error"] = f"toolkit plan ran past {timeout_s:.0f} s"
@@ -74,13 +78,14 @@ def has_grad_checkpointing() -> bool:
 
 def train_row(ctx: Context, run: tuple, precision: str, timeout_s: float) -> dict:
     """One ``toolkit train`` run; its steady samples/s and peak memory from RUN/metrics.jsonl."""
-    loss, batch, micro, gc = run
-    name = f"{loss}_b{batch}_m{micro}_gc{int(gc)}"
+    loss, batch, micro, gc, backend = run
+    name = f"{loss}_b{batch}_m{micro}_gc{int(gc)}_{backend}"
     out = ctx.work / "runs" / name
     cmd = toolkit_cmd("train", "--data", str(ctx.shared["train"]), "--out", str(out), "--model", ctx.shared["model"],
                       "--precision", precision, "--device", ctx.device, "--batch-size", str(batch), "--steps",
                       str(steps_for(batch)), "--loss", loss, "--micro-batch-size", str(micro), "--log-every", "1",
-                      "--workers", "2" if ctx.dry_run else "8", "--resume", "none", "--lr", "1e-4")
+                      "--workers", "2" if ctx.dry_run else "8", "--resume", "none", "--lr", "1e-4",
+                      "--set", f"loss.backend={backend}")
     if gc:
         cmd.append("--grad-checkpointing")
     log = ctx.work / f"train_{name}.log"
@@ -104,14 +109,14 @@ def run(ctx: Context, sec: Section) -> None:
     runs = DRY_RUNS if ctx.dry_run else GPU_RUNS
     if not has_grad_checkpointing():
         sec.notes.append("toolkit train has no --grad-checkpointing here: its runs go without it")
-        runs = list(dict.fromkeys((loss, b, m, False) for loss, b, m, _ in runs))
+        runs = list(dict.fromkeys((loss, b, m, False, k) for loss, b, m, _, k in runs))
     predicted = plan_predictions(ctx, runs, model, precision, min(120.0, sec.left_s() / 3))
     if ctx.shared.get("plan_error"):
         sec.notes.append(f"toolkit plan failed: {ctx.shared['plan_error']}")
     device_bytes = _device_bytes(ctx)
     for r, plan_bytes in zip(runs, predicted):
-        case = f"{r[0]} B={r[1]} micro={r[2]} gc={r[3]}"
-        row = {"loss": r[0], "B": r[1], "micro": r[2], "grad_ckpt": r[3], "model": model, "precision": precision,
+        case = f"{r[0]} B={r[1]} micro={r[2]} gc={r[3]} kernels={r[4]}"
+        row = {"loss": r[0], "B": r[1], "micro": r[2], "grad_ckpt": r[3], "kernels": r[4], "precision": precision,
                "plan_gib": None if plan_bytes is None else plan_bytes / GiB}
         if plan_bytes and device_bytes and plan_bytes > 1.1 * device_bytes:
             sec.rows.append(row | {"status": f"not run: plan predicts {plan_bytes / GiB:.1f} GiB > device"})
@@ -120,6 +125,7 @@ def run(ctx: Context, sec: Section) -> None:
             sec.skip(case, f"{sec.left_s():.0f} s left of the section's budget")
             continue
         sec.rows.append(row | train_row(ctx, r, precision, sec.left_s()))
+        progress(sec.name, sec.rows[-1])
 
 
 def _device_bytes(ctx: Context) -> int | None:

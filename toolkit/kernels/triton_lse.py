@@ -129,10 +129,17 @@ def _lse_bwd(X, Y, RS, CS, ROW_LSE, COL_LSE, GROW, GCOL, DX, DRS, M, N, D, strid
 
 
 def _gpu_configs(block_m: int | None) -> list:
-    """Autotune space on GPU: tile sizes × warps × stages (block_m fixed when the caller fixes it)."""
-    sizes_m = [block_m] if block_m else [16, 32, 64, 128]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-            for bm in sizes_m for bn in (16, 32, 64, 128) for w in (4, 8) for st in (1, 2, 3)]
+    """Autotune space on GPU: tile sizes, two pipeline stages, 4 warps up to 64×64 tiles and 8 above
+    (block_m fixed when the caller fixes it).
+
+    Kept small on purpose: every config that survives ``_prune`` is compiled, once per dtype and flag
+    combination, before the first call returns. The first H100 run of the wider space (4 × 4 tiles × 2 warps
+    × 3 stages, re-tuned for every new M and N) was still compiling the CLIP and sigmoid kernels after
+    6 minutes; compiling one D = 512 config for sm_90 takes 5–30 s on the 2-core CI machine. At D = 512 this
+    space leaves 1 config per kernel in fp32 and 2–5 in bf16."""
+    sizes_m = [block_m] if block_m else [32, 64, 128]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4 if bm * bn <= 64 * 64 else 8, num_stages=2)
+            for bm in sizes_m for bn in (32, 64, 128)]
 
 
 def _smem_limit(device) -> int:
@@ -163,7 +170,10 @@ def _prune(configs, named_args, **kwargs):
 
 
 def _autotune(block_m: int | None):
-    return triton.autotune(_gpu_configs(block_m), key=["M", "N", "D"], prune_configs_by={"early_config_prune": _prune})
+    # Keyed on D (and, implicitly, the tensors' dtypes) only: the best tile depends on the feature width and
+    # dtype, not on the batch, and the gradient cache and distributed modes call with many M and N, each of
+    # which would otherwise re-benchmark every config.
+    return triton.autotune(_gpu_configs(block_m), key=["D"], prune_configs_by={"early_config_prune": _prune})
 
 
 # Forward: BLOCK_M is chosen in Python (it sizes the column-partial buffer), BLOCK_N is tuned.
