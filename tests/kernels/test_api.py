@@ -77,3 +77,26 @@ def test_backward_skips_a_side_on_request(backend, gen, poisoned):
     for got, want in ((x_side[0], full[0]), (x_side[2], full[2]), (y_side[1], full[1]), (y_side[3], full[3])):
         assert torch.equal(got, want)
     assert K.lse_backward(*args, backend=backend, compute_dx=False, compute_dy=False) == (None, None, None, None)
+
+
+def test_auto_backend_keeps_ieee_fp32_off_triton_on_cuda():
+    """auto: Triton for half-precision CUDA features and for fp32 with TF32 allowed; the chunked torch
+    backend for IEEE fp32 (Triton's fp32 dot was ~23x slower on an H100) and on the CPU."""
+    from toolkit.kernels import resolve_backend, triton_available
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_backend("auto", cpu, torch.bfloat16) == "torch"
+    if not triton_available():
+        pytest.skip("triton does not import here")
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert resolve_backend("auto", cuda, torch.bfloat16) == "triton"
+        assert resolve_backend("auto", cuda, torch.float16) == "triton"
+        assert resolve_backend("auto", cuda, torch.float32) == "torch"
+        assert resolve_backend("auto", cuda) == "triton"  # dtype unknown: as before
+        torch.set_float32_matmul_precision("high")  # TF32 dots
+        assert resolve_backend("auto", cuda, torch.float32) == "triton"
+        assert resolve_backend("triton", cuda, torch.float32) == "triton"  # asked for explicitly
+    finally:
+        torch.set_float32_matmul_precision(before)

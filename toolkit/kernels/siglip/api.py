@@ -55,7 +55,7 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor | float, bias: Tensor | flo
     acc = accumulation_dtype(x)
     t = _as_scalar(scale, "scale", x).detach().to(acc)
     b = _as_scalar(bias, "bias", x).detach().to(acc)
-    which = resolve_backend(backend, x.device)
+    which = resolve_backend(backend, x.device, x.dtype)
     if which == "naive":
         out = naive.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy)
         return out if compute_loss else out._replace(loss=torch.zeros_like(out.loss))
@@ -106,7 +106,7 @@ def siglip_loss(image_features: Tensor, text_features: Tensor, scale: Tensor | f
                          f"{tuple(text_features.shape)} must have the same shape [B, D]")
     _check_features(image_features, text_features)
     t = _as_scalar(scale, "scale", image_features)
-    if resolve_backend(backend, image_features.device) == "naive":
+    if resolve_backend(backend, image_features.device, image_features.dtype) == "naive":
         return naive.siglip_loss(image_features, text_features, t, None if bias is None else
                                  _as_scalar(bias, "bias", image_features))
     b = _as_scalar(bias, "bias", image_features)
