@@ -17,10 +17,11 @@ import multiprocessing
 import time
 from pathlib import Path
 
-import convergence_methods as cm
-import convergence_report as cr
-import emoji_artists
 import numpy as np
+
+from benchmarks.objectives.convergence import emoji_artists
+from benchmarks.objectives.convergence import methods as cm
+from benchmarks.objectives.convergence import report as cr
 
 RUN_CACHE_VERSION = 1  # bump when the run procedure changes (invalidates CACHE/runs.jsonl)
 SPLIT_SEED = 20240607  # which concepts each training artist holds back for validation (fixed)

@@ -1,0 +1,1 @@
+"""Data-stage benchmarks: loader throughput, loader integrity across workers, frozen-tower precompute/eval speed."""
