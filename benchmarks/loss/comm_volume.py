@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-MODES = ("gather", "disco", "ring", "fastclip")
+from toolkit.train.losses.config import MODES
+
 GRAD_DTYPES = ("fp32", "bf16")
 
 
