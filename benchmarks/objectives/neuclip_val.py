@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.nn.functional import normalize
 
+from benchmarks.objectives.convergence.runs import SPLIT_SEED  # the same validation split
 from toolkit.core.config import build
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
@@ -40,8 +41,6 @@ from toolkit.train.losses.temperature import TemperatureControl
 from toolkit.train.optim import OptimConfig, build_optimizer, logit_scale_group
 from toolkit.train.schedule import set_lr
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
-
-SPLIT_SEED = 20240607  # benchmarks/objectives/convergence/'s validation split
 
 
 def load_split(run_dir: Path, val_fraction: float):
