@@ -87,9 +87,9 @@ def test_tower_speed_summary_table_and_bare_rate(tmp_path):
 
 
 def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
-    """A feature cache as benchmarks/objectives/convergence/emoji_artists.py writes it: each artist draws a concept's latent through
-    a shared projection plus its own smaller one (so the heads can learn and transfer to the held-out
-    artist); one artist misses some concepts."""
+    """A feature cache as benchmarks/objectives/convergence/emoji_artists.py writes it: each artist draws a
+    concept's latent through a shared projection plus its own smaller one (so the heads can learn and
+    transfer to the held-out artist); one artist misses some concepts."""
     import numpy as np
 
     rng = np.random.default_rng(0)

@@ -145,7 +145,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--grad-dtypes", nargs="+", default=list(GRAD_DTYPES), choices=GRAD_DTYPES)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/comm_volume.json"), help="JSON output")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/comm_volume.json"),
+                   help="JSON output")
     args = p.parse_args()
     if "gather" not in args.modes or "fp32" not in args.grad_dtypes:
         p.error("gather with fp32 is the baseline of the ratios: keep it in --modes/--grad-dtypes")

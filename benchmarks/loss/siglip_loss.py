@@ -88,8 +88,9 @@ def worker(method: str, b: int, d: int, budget_bytes: int) -> dict:
 
 
 def run_case(method: str, b: int, d: int, budget_bytes: int, timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.loss.siglip_loss", "--worker", method, str(b), "--dim", str(d), "--budget-bytes", str(budget_bytes)]
-    root = str(Path(__file__).resolve().parents[2])  # the worker imports toolkit and benchmarks from this checkout
+    cmd = [sys.executable, "-m", "benchmarks.loss.siglip_loss", "--worker", method, str(b), "--dim", str(d),
+           "--budget-bytes", str(budget_bytes)]
+    root = str(Path(__file__).resolve().parents[2])  # the worker imports toolkit, benchmarks from here
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)

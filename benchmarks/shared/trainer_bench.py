@@ -296,4 +296,5 @@ if __name__ == "__main__":
     elif len(sys.argv) > 2 and sys.argv[1] == "rusage":
         _rusage_main(sys.argv[2:])
     else:
-        sys.exit("usage: python -m benchmarks.shared.trainer_bench open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... | rusage CMD...")
+        sys.exit("usage: python -m benchmarks.shared.trainer_bench open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... "
+                 "| rusage CMD...")

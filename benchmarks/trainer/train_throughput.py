@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after the timed runs, run cliptk (first --losses entry) and open_clip_train once more "
                         "under cProfile and add where each one's time goes (trainer_profile.py) to the results")
     p.add_argument("--out", type=Path, default=None,
-                   help="writes OUT.json and OUT.md (default benchmarks/trainer/results/train_throughput[_cuda])")
+                   help="writes OUT.json and OUT.md (default "
+                        "benchmarks/trainer/results/train_throughput[_cuda])")
     a = p.parse_args(argv)
     a.model = a.model or ("ViT-B-32" if a.cuda else "cliptk-tiny")
     a.precision = a.precision or ("bf16" if a.cuda else "fp32")

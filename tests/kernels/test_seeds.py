@@ -29,8 +29,8 @@ def _run(tmp_path: Path, seed: str | None) -> tuple[int, int]:
         env["CLIPTK_KERNEL_SEED"] = seed
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_draws.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300).stdout
-    reported = re.search(r"seed (\d+); replay: CLIPTK_KERNEL_SEED=(\d+) python -m pytest 'test_draws.py::test_draws'",
-                         out)
+    replay = r"seed (\d+); replay: CLIPTK_KERNEL_SEED=(\d+) python -m pytest 'test_draws.py::test_draws'"
+    reported = re.search(replay, out)
     drew = re.search(r"drew (\d+)", out)
     assert reported and drew and reported[1] == reported[2], out[-3000:]
     return int(reported[1]), int(drew[1])

@@ -109,9 +109,11 @@ def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]
         field, tp = config_field(cls, key)
         cli_type = _cli_type(tp)
         listed = " Comma-separated." if typing.get_origin(tp) is list else ""
-        help_text = f"{field.metadata.get('doc', '').rstrip()}{listed}{_choices_text(tp)} {_default_text(field)}".strip()
+        doc = field.metadata.get("doc", "").rstrip()
+        help_text = f"{doc}{listed}{_choices_text(tp)} {_default_text(field)}".strip()
         # a flag takes no value: no type column in the help (Typer would show `<bool>`)
-        option = typer.Option(*names, help=help_text, show_default=False, metavar="" if cli_type is bool else None)
+        option = typer.Option(*names, help=help_text, show_default=False,
+                              metavar="" if cli_type is bool else None)
         params.append(inspect.Parameter(key.replace(".", "_"), inspect.Parameter.KEYWORD_ONLY,
                                         default=None, annotation=Annotated[cli_type | None, option]))
     return params
@@ -217,7 +219,8 @@ class ConfigOptions:
         cls = self.cls()
         unknown = set(self.flags) - {f.name for f in dataclasses.fields(cls)}
         if unknown:  # a renamed or removed field would otherwise leave its flag silently unused
-            raise TypeError(f"{cls.__name__} has no config field(s) {sorted(unknown)}: rename the flags' keys")
+            raise TypeError(f"{cls.__name__} has no config field(s) {sorted(unknown)}: rename the flags' "
+                            "keys")
         types = {f.name: config_field(cls, f.name)[1] for f in dataclasses.fields(cls)}
         out = {}
         for name, tp in types.items():
@@ -249,7 +252,8 @@ class ConfigOptions:
         comma-separated lists split (and their items made ints where the field holds ints)."""
         given = ctx.meta.get((_GIVEN, self.config), {})
         cls = self.cls()
-        return {key: _list_value(cls, key, flags[0], given.get(key)) for key, flags in self.all_flags().items()}
+        return {key: _list_value(cls, key, flags[0], given.get(key))
+                for key, flags in self.all_flags().items()}
 
 
 def _list_value(cls: type, key: str, flag: str, value: Any) -> Any:
@@ -294,7 +298,8 @@ class _ConfigParams:
 
     def invoke(self, ctx: Any) -> Any:
         names = [p.name for p in self._generated or ()]
-        ctx.meta[(_GIVEN, self.config_options.config)] = {n: ctx.params.pop(n) for n in names if n in ctx.params}
+        given = {n: ctx.params.pop(n) for n in names if n in ctx.params}
+        ctx.meta[(_GIVEN, self.config_options.config)] = given
         return super().invoke(ctx)  # type: ignore[misc]
 
 

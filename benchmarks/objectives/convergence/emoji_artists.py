@@ -212,9 +212,10 @@ if __name__ == "__main__":  # precompute the cache alone
 
     from toolkit.core.log import setup_logging
 
-    parser = argparse.ArgumentParser(description="Compute (or check) the convergence benchmark's feature cache "
-                                     "of every artist's drawings and the captions.")
-    parser.add_argument("cache", nargs="?", default="runs/convergence", help="cache folder (default %(default)s)")
+    parser = argparse.ArgumentParser(description="Compute (or check) the convergence benchmark's feature "
+                                     "cache of every artist's drawings and the captions.")
+    parser.add_argument("cache", nargs="?", default="runs/convergence",
+                        help="cache folder (default %(default)s)")
     setup_logging()
     feats, caps = load_all(list(ARTISTS), Path(parser.parse_args().cache))
     for name, f in feats.items():

@@ -105,8 +105,8 @@ class Bench:
         return TrainDataset(len(image), fields, [], 1, extra=towers, root=self.args.cache)
 
     def model(self, mode: str, seed: int, loss_cfg):
-        """The trainer's built model (``BuiltModel``) for ``seed`` (as ``toolkit train --seed`` initialises it),
-        τ at tau_init; built once per (mode, seed, logit bias) and reset to its initial weights on every call."""
+        """The trainer's built model (``BuiltModel``) for ``seed`` (as ``toolkit train --seed`` initialises
+        it), τ at tau_init; built once per (mode, seed, logit bias), reset to its initial weights per call."""
         import torch
 
         from toolkit.train import model as model_lib
@@ -114,8 +114,8 @@ class Bench:
         bias = loss_cfg.init_logit_bias  # sigmoid losses: the model carries a learnable logit bias
         key = (mode, seed, bias is not None)
         if key not in self.models:
-            built = model_lib.build(self.model_name(mode), "", self.dataset(mode), loss_cfg.initial_tau, True, seed,
-                                    logit_bias=bias)
+            built = model_lib.build(self.model_name(mode), "", self.dataset(mode), loss_cfg.initial_tau, True,
+                                    seed, logit_bias=bias)
             init = {k: v.detach().clone() for k, v in built.model.named_parameters() if v.requires_grad}
             self.models[key] = (built, init)
         built, init = self.models[key]
@@ -195,7 +195,8 @@ class Bench:
         built = self.model(mode, seed, loss_cfg)
         loss_fn = build_loss(loss_cfg, data_size=data.num_samples, check_sizes=False)
         update = Update(built.model.clip, loss_fn, optim, loss_cfg, data.total_steps, cfg.precision)
-        io = StateIO(cfg, rt.rank, rt.world_size, built, update, loss_fn, data.total_steps, data.steps_per_epoch)
+        io = StateIO(cfg, rt.rank, rt.world_size, built, update, loss_fn, data.total_steps,
+                     data.steps_per_epoch)
         return Parts(cfg, rt, data, built, built.model, loss_fn, update, io, micro_batch_size=0)
 
 
