@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import convergence  # noqa: E402
-import train_memory  # noqa: E402
-import train_throughput  # noqa: E402
-import trainer_bench as tb  # noqa: E402
+from benchmarks.objectives.convergence import main as convergence
+from benchmarks.shared import trainer_bench as tb
+from benchmarks.trainer import train_memory, train_throughput
 
 MB = 2**20
 
@@ -64,10 +62,11 @@ def test_run_tree_measures_and_enforces_memory():
 
 
 def test_tower_speed_summary_table_and_bare_rate(tmp_path):
-    """benchmarks/tower_speed.py: its arguments, the ratios and verdicts it prints, and its bare-forward
+    """benchmarks/data/tower_speed.py: its arguments, the ratios and verdicts it prints, and its bare-forward
     timer on a small conv net (the real run takes minutes)."""
     import torch
-    import tower_speed
+
+    from benchmarks.data import tower_speed
 
     a = tower_speed.parse_args(["--num-images", "16", "--repeats", "1", "--out", str(tmp_path / "t")])
     assert (a.num_images, a.repeats, a.threads) == (16, 1, 2)
@@ -88,9 +87,9 @@ def test_tower_speed_summary_table_and_bare_rate(tmp_path):
 
 
 def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
-    """A feature cache as benchmarks/emoji_artists.py writes it: each artist draws a concept's latent through
-    a shared projection plus its own smaller one (so the heads can learn and transfer to the held-out
-    artist); one artist misses some concepts."""
+    """A feature cache as benchmarks/objectives/convergence/emoji_artists.py writes it: each artist draws a
+    concept's latent through a shared projection plus its own smaller one (so the heads can learn and
+    transfer to the held-out artist); one artist misses some concepts."""
     import numpy as np
 
     rng = np.random.default_rng(0)

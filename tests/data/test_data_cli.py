@@ -18,11 +18,13 @@ def _help(*command: str) -> str:
 
 def test_precompute_help_shows_defaults_and_what_is_required():
     text = " ".join(_help("data", "precompute").split())
-    for flag, words in [("--model", "Required (here or in --config)"), ("--in", "Required (here or in --config)"),
-                        ("--out", "Required (here or in --config)"), ("--samples-per-shard", "(default 1000)"),
-                        ("--workers", "(default 0: one per core)"), ("--resize-mode", "(default center_crop)"),
-                        ("--image-size", "(default 0: the model's)"), ("--image-tower", "(default none)"),
-                        ("--text-tower", "(default none)")]:
+    # generated from PrecomputeConfig's fields (cli/common.ConfigOptions): each default as the config holds
+    # it, what 0 means in the field's own doc
+    for flag, words in [("--model", "(required)"), ("--in", "(required)"), ("--out", "(required)"),
+                        ("--samples-per-shard", "(default: 1000)"), ("--workers", "0: one per CPU core"),
+                        ("--workers", "(default: 0)"), ("--resize-mode", "(default: center_crop)"),
+                        ("--image-size", "0: the model's image size. (default: 0)"),
+                        ("--image-tower", "(default: none)"), ("--text-tower", "(default: none)")]:
         assert re.search(rf"{re.escape(flag)} <\w+> [^<]*{re.escape(words)}", text), (flag, words)
 
 

@@ -25,7 +25,7 @@ def test_default_objective_follows_the_table(batch):
 
 
 def test_measured_winner_is_the_default():
-    """benchmarks/results/convergence.md: drift-corrected v3 at 32, 64 and 256 after 6 epochs."""
+    """benchmarks/objectives/results/convergence.md: drift-corrected v3 at 32, 64 and 256 after 6 epochs."""
     for batch in (32, 64, 256):
         assert default_loss(batch) == {"kind": "fastclip", "version": "v3", "u_drift": "batch"}
 

@@ -1,10 +1,22 @@
-"""Option aliases shared by every command, and the one way commands turn errors into exit codes."""
+"""Option aliases shared by every command, the options generated from stage configs, and the one way
+commands turn errors into exit codes.
+
+Every option that sets a config field is generated from that field (``config_parameters``): its type, its
+help (the field's ``doc``) and the default it shows come from the config, so a flag cannot drift from the
+field it sets. ``ConfigOptions`` does this for every field of a stage config (``data``, ``eval`` and
+``plan``: a field added to the config becomes an option), ``train`` for the fields its ``FLAGS`` table
+names. Typer builds options from a function's signature: ``with_parameters`` sets the signature of
+``train``'s function; ``config_command`` builds a stage's options only when the command is used, so
+`toolkit --help` does not import the stage modules.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
@@ -95,13 +107,41 @@ def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]
     params = []
     for key, names in flags.items():
         field, tp = config_field(cls, key)
-        cli_type = tp if tp in (int, float, str, bool) else str
+        cli_type = _cli_type(tp)
         listed = " Comma-separated." if typing.get_origin(tp) is list else ""
-        help_text = f"{field.metadata.get('doc', '').rstrip()}{listed} {_default_text(field)}".strip()
-        option = typer.Option(*names, help=help_text, show_default=False)
+        doc = field.metadata.get("doc", "").rstrip()
+        help_text = f"{doc}{listed}{_choices_text(tp)} {_default_text(field)}".strip()
+        # a flag takes no value: no type column in the help (Typer would show `<bool>`)
+        option = typer.Option(*names, help=help_text, show_default=False,
+                              metavar="" if cli_type is bool else None)
         params.append(inspect.Parameter(key.replace(".", "_"), inspect.Parameter.KEYWORD_ONLY,
                                         default=None, annotation=Annotated[cli_type | None, option]))
     return params
+
+
+def _cli_type(tp: Any) -> type:
+    """The type Typer parses an option as: the field's own scalar type (also of ``X | None``), else text
+    (lists comma-separated, Literals and other unions validated by the config)."""
+    import types
+    import typing
+
+    basic = (int, float, str, bool)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and args[0] in basic:
+            return args[0]
+    return tp if tp in basic else str
+
+
+def _choices_text(tp: Any) -> str:
+    """' One of: a, b, c.' for a Literal field (or a list of one), from the type itself."""
+    import typing
+
+    if typing.get_origin(tp) is list:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) is not Literal:
+        return ""
+    return " One of: " + ", ".join(str(a) for a in typing.get_args(tp)) + "."
 
 
 def config_field(cls: type, key: str) -> tuple[Any, Any]:
@@ -139,12 +179,128 @@ def _default_text(field: Any) -> str:
 def with_parameters(params: list[Any]) -> Callable[[Callable], Callable]:
     """Give a command function (``def cmd(ctx, ..., **options)``) the extra keyword-only ``params`` in its
     signature, which Typer reads to build the command's options (``config_parameters``)."""
-    import inspect
-
     def decorate(func: Callable) -> Callable:
-        sig = inspect.signature(func, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        func.__signature__ = sig.replace(parameters=[*own, *params])
+        func.__signature__ = _extended_signature(func, params)
         return func
 
     return decorate
+
+
+def _extended_signature(func: Callable, params: list[Any]) -> Any:
+    """``func``'s signature with its ``**options`` replaced by the keyword-only ``params``."""
+    import inspect
+
+    sig = inspect.signature(func, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return sig.replace(parameters=[*own, *params])
+
+
+@dataclass(frozen=True)
+class ConfigOptions:
+    """The options of a command that runs one stage: one per field of the stage's config class
+    ``config`` ("module:Class", imported only when Typer builds the command, so `toolkit` starts without
+    the stage's imports), except nested configs and the fields in ``exclude`` (those the command takes
+    another way, e.g. as an argument). A field's flag is ``--field-name`` unless ``flags`` gives its
+    flags (short aliases, historical names, ``--on/--off`` pairs). A field added to the config becomes an
+    option with no change here; tests/cli/test_config_flags.py checks every command against its config."""
+
+    config: str
+    flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    exclude: tuple[str, ...] = ()
+
+    def cls(self) -> type:
+        module, _, name = self.config.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def all_flags(self) -> dict[str, tuple[str, ...]]:
+        """{field: its flags} for every generated option, in the config's field order."""
+        import dataclasses
+
+        cls = self.cls()
+        unknown = set(self.flags) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:  # a renamed or removed field would otherwise leave its flag silently unused
+            raise TypeError(f"{cls.__name__} has no config field(s) {sorted(unknown)}: rename the flags' "
+                            "keys")
+        types = {f.name: config_field(cls, f.name)[1] for f in dataclasses.fields(cls)}
+        out = {}
+        for name, tp in types.items():
+            if name in self.exclude or dataclasses.is_dataclass(tp):
+                continue
+            flag = "--" + name.replace("_", "-")
+            # a switch can be turned off too (a field whose default is true, or set so by --config)
+            out[name] = tuple(self.flags.get(name, (f"{flag}/--no-{flag[2:]}",) if tp is bool else (flag,)))
+        return out
+
+    def parameters(self) -> list[Any]:
+        return config_parameters(self.cls(), self.all_flags())
+
+    def click_params(self) -> list[Any]:
+        """The options as Typer builds them (types, help, ``--on/--off`` pairs), through Typer's public
+        ``typer.main.get_command`` on a one-command app whose signature holds only them."""
+        import inspect
+
+        def options_only(**_: Any) -> None:
+            """Never called: it carries the signature."""
+
+        options_only.__signature__ = inspect.Signature(self.parameters())  # type: ignore[attr-defined]
+        app = typer.Typer(add_completion=False)
+        app.command()(options_only)
+        return list(typer.main.get_command(app).params)
+
+    def values(self, ctx: typer.Context) -> dict[str, Any]:
+        """The generated options' values as config values for ``load_cli_config`` (None: not given);
+        comma-separated lists split (and their items made ints where the field holds ints)."""
+        given = ctx.meta.get((_GIVEN, self.config), {})
+        cls = self.cls()
+        return {key: _list_value(cls, key, flags[0], given.get(key))
+                for key, flags in self.all_flags().items()}
+
+
+def _list_value(cls: type, key: str, flag: str, value: Any) -> Any:
+    import typing
+
+    _, tp = config_field(cls, key)
+    if value is None or typing.get_origin(tp) is not list:
+        return value
+    items = [part.strip() for part in str(value).split(",") if part.strip()]
+    if typing.get_args(tp) == (int,):
+        try:
+            return [int(item) for item in items]
+        except ValueError:
+            fail(f"option {flag}: expected comma-separated integers, got {value!r}")
+    return items
+
+
+def config_command(options: ConfigOptions, group: bool = False) -> type:
+    """The Click command class (Typer's ``cls=``) of a command whose config options are ``options``:
+    ``@app.command("fetch", cls=config_command(FETCH))`` (a group's callback: ``typer.Typer(cls=...)``)."""
+    from typer.core import TyperCommand, TyperGroup
+
+    name = options.config.rpartition(":")[2] + ("Group" if group else "Command")
+    return type(name, (_ConfigParams, TyperGroup if group else TyperCommand), {"config_options": options})
+
+
+class _ConfigParams:
+    """Adds the generated options to a Typer command when Click first asks for its parameters (parsing,
+    help, completion), so listing commands (`toolkit --help`) does not import every stage's config module
+    (and numpy, PIL, pyarrow with them). Their values are taken out of ``ctx.params`` before Typer calls the
+    function (which declares only its own parameters) and handed over through ``ConfigOptions.values``."""
+
+    config_options: ConfigOptions
+    _generated: list[Any] | None = None
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        if self._generated is None:
+            self._generated = self.config_options.click_params()
+            arguments = [p for p in self.params if p.param_type_name == "argument"]
+            self.params = [*arguments, *self._generated, *(p for p in self.params if p not in arguments)]
+        return super().get_params(ctx)  # type: ignore[misc]
+
+    def invoke(self, ctx: Any) -> Any:
+        names = [p.name for p in self._generated or ()]
+        given = {n: ctx.params.pop(n) for n in names if n in ctx.params}
+        ctx.meta[(_GIVEN, self.config_options.config)] = given
+        return super().invoke(ctx)  # type: ignore[misc]
+
+
+_GIVEN = "cliptk.config_options"

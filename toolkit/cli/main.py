@@ -32,11 +32,13 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+    # metavar "": flags take no value, so the help shows no type (Typer would print `<bool>`)
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
                                           help="Print the version and exit.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.",
                                            case_sensitive=False)] = "INFO",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; warnings and errors only.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="",
+                                        help="No progress bars; warnings and errors only.")] = False,
 ) -> None:
     """Options here apply to every command: `toolkit --quiet data fetch ...`."""
     from toolkit.core.log import setup_logging

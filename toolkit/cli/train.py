@@ -16,8 +16,10 @@ from toolkit.cli.common import (
 )
 from toolkit.train.config import TrainConfig
 
-app = typer.Typer(help="Train CLIP models (FastCLIP or the OpenCLIP baseline); `toolkit train presets` lists the "
-                       "published settings.", no_args_is_help=True)
+# every objective of losses/registry.py by its paper's name (tests/cli/test_config_flags.py checks the list)
+OBJECTIVES = "FastCLIP, the OpenCLIP baseline, SigLIP or NeuCLIP"
+app = typer.Typer(help=f"Train CLIP models ({OBJECTIVES}); `toolkit train presets` lists the published "
+                       "settings.", no_args_is_help=True)
 
 # Every option that sets one config field: {field (dotted for nested ones): its flags}. Type, default and help
 # come from the field itself (``config_parameters``), so they live in one place: train/config.py and the

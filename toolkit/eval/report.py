@@ -135,29 +135,30 @@ def markdown_table(data: dict[str, Any], counts: dict[str, int], recall_k: list[
 
 
 def bar_chart(data: dict[str, Any], path: str) -> None:
-    """Horizontal bars of each set's primary metric and the average, as a PNG (PIL only)."""
-    from PIL import Image, ImageDraw, ImageFont
+    """Horizontal bars of each set's primary metric and the average (%), as a PNG drawn by matplotlib
+    (as the training curves are); a set whose metric is undefined gets no bar and a dash."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     bars = [(r["dataset"].removeprefix("wds/") + (" (ret)" if r["task"] == "zeroshot_retrieval" else ""),
              primary_metric(r)) for r in data["results"]]
     bars.append(("average", data["average"]["primary"]))
-    font = ImageFont.load_default()
-    label_w, bar_w, row_h, pad = 220, 420, 26, 12
-    width, height = label_w + bar_w + 90, pad * 3 + 20 + row_h * len(bars)
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    draw.text((pad, pad), f"zero-shot primary metric (%): {data['model']}"[:90], fill="black", font=font)
-    top = pad * 2 + 20
-    for i, (label, value) in enumerate(bars):
-        y = top + i * row_h
-        draw.text((pad, y + 6), label[:34], fill="black", font=font)
-        length = 0 if value is None else round(bar_w * max(0.0, min(1.0, value)))
-        colour = (214, 96, 77) if label == "average" else (67, 147, 195)
-        draw.rectangle([label_w, y + 3, label_w + max(length, 1), y + row_h - 3], fill=colour)
-        draw.text((label_w + length + 6, y + 6), _pct(value), fill="black", font=font)
-    draw.line([label_w, top - 2, label_w, top + row_h * len(bars)], fill="black")
+    labels = [label[:34] for label, _ in bars]
+    values = [0.0 if value is None else 100 * max(0.0, min(1.0, value)) for _, value in bars]
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(bars)), dpi=100)
+    rows = list(range(len(bars)))[::-1]  # the first set on top, the average last
+    ax.barh(rows, values, color=["#d6604d" if label == "average" else "#4393c3" for label, _ in bars])
+    for row, value, (_, raw) in zip(rows, values, bars, strict=True):
+        ax.text(value + 1, row, _pct(raw), va="center", fontsize=8)
+    ax.set(yticks=rows, yticklabels=labels, xlim=(0, 112), xlabel="%")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_title(f"zero-shot primary metric (%): {data['model']}"[:90], fontsize=9)
+    fig.tight_layout()
     buf = io.BytesIO()
-    img.save(buf, format="PNG")
+    fig.savefig(buf, format="png")
+    plt.close(fig)
     files.write_bytes_atomic(path, buf.getvalue())
 
 

@@ -31,6 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from toolkit.core.config import option
+from toolkit.train.config import GradDtype, Precision
+from toolkit.train.losses.config import MODES, Mode
+from toolkit.train.optim import OptimizerName
 
 OPTIMIZER_SLOTS = {"adamw": 2, "lamb": 2, "lion": 1, "sgd": 1}
 GiB = 1024**3
@@ -51,14 +54,14 @@ class PlanConfig:
     batch_size: int = option(4096, ge=2, doc="GLOBAL batch over all ranks.")
     nodes: int = option(1, ge=1, doc="Nodes.")
     nproc_per_node: int = option(1, ge=1, doc="Training processes (devices) per node.")
-    mode: Literal["gather", "disco", "ring", "fastclip"] = option(
+    mode: Mode = option(
         "fastclip", doc="Distributed mode whose loss memory is tabled (traffic is shown for every mode).")
     loss: str = option("fastclip-v3", doc="Objective, a --loss name of `toolkit train` (openclip, fastclip-v0..v3, "
                                           "...; FastCLIP runs in the fastclip mode).")
     micro_batch_size: int = option(0, ge=0, doc="Gradient-cache micro-batch per rank; 0: the whole local batch.")
-    precision: Literal["fp32", "bf16", "fp16"] = option("fp32", doc="Autocast precision of the towers.")
-    optimizer: Literal["adamw", "lamb", "lion", "sgd"] = option("adamw", doc="Optimiser (its state per weight).")
-    grad_dtype: Literal["fp32", "bf16"] = option("fp32", doc="dtype of DDP's gradient all_reduce.")
+    precision: Precision = option("fp32", doc="Autocast precision of the towers.")
+    optimizer: OptimizerName = option("adamw", doc="Optimiser (its state per weight).")
+    grad_dtype: GradDtype = option("fp32", doc="dtype of DDP's gradient all_reduce.")
     device: Literal["cpu", "cuda"] = option("cuda", doc="Where training runs (cuda: batch offload counts 2 "
                                                         "micro-batches on the device; cpu: FastCLIP tables count).")
     num_samples: int = option(3_000_000, ge=1, doc="Dataset size N (FastCLIP's per-sample tables).")
@@ -186,7 +189,7 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
         return {}
     out = {f"openclip/{mode}": sent_bytes(step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable,
                                                        feature_bytes=feat, grad_bytes=grad), cfg.world)
-           for mode in ("gather", "disco", "ring", "fastclip")}
+           for mode in MODES}
     if cfg.loss.startswith("fastclip"):
         table = step_traffic("fastclip", cfg.world, b, shape.embed_dim, shape.num_trainable, feature_bytes=feat,
                              grad_bytes=grad, objective="fastclip", version=cfg.loss.split("-")[1])

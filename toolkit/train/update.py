@@ -59,7 +59,7 @@ class Update:
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
         self.max_norm = optim.grad_clip_norm or math.inf
         # listed once: walking a LiT model's frozen trunks (hundreds of modules) every step was 15% of a
-        # heads-only step's CPU time (cProfile, benchmarks/convergence.py, batch 32)
+        # heads-only step's CPU time (cProfile, benchmarks/objectives/convergence/, batch 32)
         self.params = [p for p in clip.parameters() if p.requires_grad]
 
     def begin(self, step: int, steps_per_epoch: int) -> float:

@@ -7,7 +7,7 @@ so a damaged sidecar is caught too. Every reader (the training loader, ``inspect
 verify``) hashes each sample it reads and compares: a flipped byte anywhere in a sample fails naming the
 shard, the sample's position in it and its id. xxh3 hashes at ~34 GB/s on one core of the 2-core CI
 machine (zlib's crc32: 3.2 GB/s, blake2b: 0.7 GB/s), so verifying costs about 1 % of the loader's time
-(benchmarks/loader_integrity.py).
+(benchmarks/data/loader_integrity.py).
 
 Token ids are checked against the tokenizer's vocabulary (``dataset.json`` extra ``vocab_size``) once per
 read, vectorised: an id outside ``[0, vocab_size)`` would otherwise surface deep inside the text tower as

@@ -73,7 +73,7 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: 
         return SigmoidSums(loss, None, None, None, None)
     # Σ_ij G_ij s_ij from the un-scaled gradients: Σ_i ⟨x_i, (G Y)_i⟩ (or Σ_j ⟨y_j, (Gᵀ X)_j⟩), as ONE flat
     # dot: linalg.vecdot materialised the [M, D] product (32 MiB at B = 16,384, d = 512: a third of the
-    # loss's own memory in benchmarks/siglip_loss.py).
+    # loss's own memory in benchmarks/loss/siglip_loss.py).
     feats, grad = (xa, dx) if compute_dx else (ya, dy)
     d_scale = torch.dot(feats.reshape(-1), grad.reshape(-1))
     return SigmoidSums(loss, None if dx is None else dx.mul_(scale), None if dy is None else dy.mul_(scale),

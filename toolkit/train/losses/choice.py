@@ -2,15 +2,15 @@
 run's global batch size (torch-free: config building calls it).
 
 ``BY_BATCH`` holds (largest global batch, the ``LossConfig`` fields of the objective to use up to it);
-the last row applies to every larger batch. The evidence is ``benchmarks/results/convergence.md``
-(``benchmarks/convergence.py``: held-out retrieval of LiT heads on emoji drawings, every method's
+the last row applies to every larger batch. The evidence is ``benchmarks/objectives/results/convergence.md``
+(``benchmarks/objectives/convergence/``: held-out retrieval of LiT heads on emoji drawings, every method's
 knobs tuned on a validation split, 5 paired seeds); docs/objectives.md explains the choice. An explicit
 ``--loss`` / ``loss.kind`` or a ``--preset`` always wins.
 """
 
 from __future__ import annotations
 
-# benchmarks/results/convergence.md (LiT heads on 3 training artists' 4,882 pairs, all ~1,900 concepts, scored on
+# benchmarks/objectives/results/convergence.md (LiT heads on 3 training artists' 4,882 pairs, all ~1,900 concepts, scored on
 # a 4th artist, knobs tuned on validation, 5 paired seeds): after 6 epochs FastCLIP-v3 with drift-corrected
 # estimators (u_drift: batch) is the best cliptk objective by validation at batch 32 and 256 and ahead of the
 # best-tuned OpenCLIP at 32, 64 and 256 (+0.94, +0.67, +0.64 R@1), while plain v3 trails OpenCLIP at every

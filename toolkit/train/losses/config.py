@@ -16,13 +16,14 @@ The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from toolkit.core.config import option
 from toolkit.train.losses.registry import KINDS, NAMES
 
 Version = Literal["v0", "v1", "v2", "v3"]
-Mode = Literal["gather", "disco", "ring", "fastclip"]
+Mode = Literal["gather", "disco", "ring", "fastclip"]  # the one list of distributed modes
+MODES: tuple[str, ...] = get_args(Mode)
 Backend = Literal["auto", "torch", "triton", "naive"]
 GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]

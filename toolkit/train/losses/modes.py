@@ -35,9 +35,8 @@ from toolkit.train.losses.common import (
     gather_pairs,
     positive_logits,
 )
+from toolkit.train.losses.config import MODES
 from toolkit.train.losses.ring import ring_loss
-
-MODES = ("gather", "disco", "ring", "fastclip")
 
 
 class _SideLSE(torch.autograd.Function):

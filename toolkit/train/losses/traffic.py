@@ -56,7 +56,9 @@ def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feat
                       (op, "scalars"): (3 * (k - 1), (k - 1) * (b * F32 + 2 * b * F32 + F32)),
                       (op, "feature_grads"): (k - 1, (k - 1) * b * d * F32)}
     else:
-        raise ValueError(f"unknown distributed mode {mode!r}; choose gather, disco, ring or fastclip")
+        from toolkit.train.losses.config import MODES
+
+        raise ValueError(f"unknown distributed mode {mode!r}; choose {', '.join(MODES)}")
     return table
 
 

@@ -2,13 +2,13 @@
 its settings is best, judged on a validation split of the training artist only (never the held-out artist).
 
 The features come from ``pipelines/lit.yaml``'s precompute stage (Twemoji drawings). ``--val-fraction`` of
-the pairs (a fixed split, the same as benchmarks/convergence.py's) are never trained on; the heads train on
+the pairs (a fixed split, the same as benchmarks/objectives/convergence/'s) are never trained on; the heads train on
 the rest through the trainer's own pieces (``model.build``, ``build_loss``, ``build_optimizer``,
 ``TemperatureControl``, ``set_lr``, ``forward_backward``, ``BatchOrder``) and the objective's hooks in the
 trainer's order (``begin_step``, forward/backward, optimiser step, ``end_step``). Each method is given as
 NAME=JSON (LossConfig fields), e.g.
 
-    PYTHONPATH=$PWD python benchmarks/neuclip_val.py --batch 32 --steps 200 --seeds 3 \\
+    python -m benchmarks.objectives.neuclip_val --batch 32 --steps 200 --seeds 3 \\
         v3='{"kind": "fastclip", "version": "v3", "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}' \\
         neuclip='{"kind": "neuclip", "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}'
 
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.nn.functional import normalize
 
+from benchmarks.objectives.convergence.runs import SPLIT_SEED  # the same validation split
 from toolkit.core.config import build
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
@@ -40,8 +41,6 @@ from toolkit.train.losses.temperature import TemperatureControl
 from toolkit.train.optim import OptimConfig, build_optimizer, logit_scale_group
 from toolkit.train.schedule import set_lr
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
-
-SPLIT_SEED = 20240607  # benchmarks/convergence.py's validation split
 
 
 def load_split(run_dir: Path, val_fraction: float):
@@ -110,7 +109,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--val-fraction", type=float, default=0.15)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results/neuclip_val.json")
+    parser.add_argument("--out", default="benchmarks/objectives/results/neuclip_val.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ds, train, val = load_split(Path(args.run_dir), args.val_fraction)

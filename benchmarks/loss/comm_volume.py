@@ -8,7 +8,7 @@ and the communication ledger
 (``toolkit.core.dist.LEDGER``) records every collective. Bytes are per rank per step from the ledger
 (sent_bytes: ring-algorithm wire bytes, see toolkit/core/dist.py); time is the slowest rank's mean.
 
-    PYTHONPATH=$PWD python benchmarks/comm_volume.py [--world 4 --batch 64 --steps 2]
+    python -m benchmarks.loss.comm_volume [--world 4 --batch 64 --steps 2]
 
 Writes ``--out`` (JSON) and the same path with ``.md`` (markdown table), and prints the table.
 """
@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-MODES = ("gather", "disco", "ring", "fastclip")
+from toolkit.train.losses.config import MODES
+
 GRAD_DTYPES = ("fp32", "bf16")
 
 
@@ -144,7 +145,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--grad-dtypes", nargs="+", default=list(GRAD_DTYPES), choices=GRAD_DTYPES)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/comm_volume.json"), help="JSON output")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/comm_volume.json"),
+                   help="JSON output")
     args = p.parse_args()
     if "gather" not in args.modes or "fp32" not in args.grad_dtypes:
         p.error("gather with fp32 is the baseline of the ratios: keep it in --modes/--grad-dtypes")

@@ -1,6 +1,6 @@
 """What verifying training shards on read costs: loader samples/s before and after checksums.
 
-Generates ``--num-samples`` 256 px JPEG pairs (benchmarks/data_throughput.py's generator), precomputes
+Generates ``--num-samples`` 256 px JPEG pairs (benchmarks/data/data_throughput.py's generator), precomputes
 them at each resolution in ``--sizes`` with this tree, and times two loaders, each in its own process:
 
 - ``before``: the toolkit at ``--base`` (the last commit before checksums; ``git archive`` into a temp
@@ -15,7 +15,7 @@ The two are timed alternately (``--rounds`` pairs, the order flipped every round
 both alike; the slowdown is the median of the rounds' after/before ratios. With ``--workers 0`` the
 reading happens in the timed process, whose CPU time is then the measure (other processes' load inflates
 wall time much more than CPU time); with workers, wall time after the first batch. Run:
-``PYTHONPATH=. python benchmarks/loader_integrity.py`` (JSON to benchmarks/results/loader_integrity.json).
+``python -m benchmarks.data.loader_integrity`` (JSON to benchmarks/data/results/loader_integrity.json).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from data_throughput import make_raw  # noqa: E402
+from benchmarks.data.data_throughput import make_raw
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def strip_checksums(src: str, dst: str) -> None:
@@ -67,7 +67,9 @@ def time_child(path: str, workers: int, batch_size: int, num_steps: int) -> floa
 def time_arm(root: str, path: str, args) -> float:
     """Run :func:`time_child` in a fresh process importing the toolkit from ``root``."""
     steps = args.passes * (args.num_samples // args.batch_size)
-    env = {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1"}
+    # run by path, not -m: -m would put the working directory (this checkout's toolkit) before ``root``;
+    # REPO after ``root`` only supplies the benchmarks package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, REPO]), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", path, "--workers", str(args.workers),
                            "--batch-size", str(args.batch_size), "--steps", str(steps)],
                           env=env, capture_output=True, text=True, check=True)
@@ -121,7 +123,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2, help="passes over the data per timing")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the three loaders")
     parser.add_argument("--base", default="c1f16c8", help="git revision of the loader before checksums")
-    parser.add_argument("--json", default="benchmarks/results/loader_integrity.json")
+    parser.add_argument("--json", default="benchmarks/data/results/loader_integrity.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -17,10 +17,11 @@ import multiprocessing
 import time
 from pathlib import Path
 
-import convergence_methods as cm
-import convergence_report as cr
-import emoji_artists
 import numpy as np
+
+from benchmarks.objectives.convergence import emoji_artists
+from benchmarks.objectives.convergence import methods as cm
+from benchmarks.objectives.convergence import report as cr
 
 RUN_CACHE_VERSION = 1  # bump when the run procedure changes (invalidates CACHE/runs.jsonl)
 SPLIT_SEED = 20240607  # which concepts each training artist holds back for validation (fixed)
@@ -104,7 +105,8 @@ class Bench:
         return TrainDataset(len(image), fields, [], 1, extra=towers, root=self.args.cache)
 
     def model(self, mode: str, seed: int, loss_cfg):
-        """The trainer's model for ``seed`` (as ``toolkit train --seed`` initialises it), τ at tau_init."""
+        """The trainer's built model (``BuiltModel``) for ``seed`` (as ``toolkit train --seed`` initialises
+        it), τ at tau_init; built once per (mode, seed, logit bias), reset to its initial weights per call."""
         import torch
 
         from toolkit.train import model as model_lib
@@ -112,11 +114,12 @@ class Bench:
         bias = loss_cfg.init_logit_bias  # sigmoid losses: the model carries a learnable logit bias
         key = (mode, seed, bias is not None)
         if key not in self.models:
-            name = SCRATCH_MODEL if mode == "scratch" else self.args.heads
-            built = model_lib.build(name, "", self.dataset(mode), loss_cfg.initial_tau, True, seed, logit_bias=bias)
+            built = model_lib.build(self.model_name(mode), "", self.dataset(mode), loss_cfg.initial_tau, True,
+                                    seed, logit_bias=bias)
             init = {k: v.detach().clone() for k, v in built.model.named_parameters() if v.requires_grad}
-            self.models[key] = (built.model, init)
-        model, init = self.models[key]
+            self.models[key] = (built, init)
+        built, init = self.models[key]
+        model = built.model
         params = dict(model.named_parameters())
         with torch.no_grad():
             for name, value in init.items():
@@ -125,7 +128,10 @@ class Bench:
             if bias is not None:
                 model.clip.logit_bias.fill_(bias)
         model.clip.logit_scale.requires_grad_(loss_cfg.learns_logit_scale)
-        return model
+        return built
+
+    def model_name(self, mode: str) -> str:
+        return SCRATCH_MODEL if mode == "scratch" else self.args.heads
 
     def scores(self, model, mode: str, split: str) -> tuple[float, float]:
         """(image→text, text→image) R@1 of a split (one caption per image)."""
@@ -145,34 +151,53 @@ class Bench:
         import torch
 
         from toolkit.data.trainset.order import BatchOrder
-        from toolkit.train.losses import build_loss
-        from toolkit.train.optim import OptimConfig
-        from toolkit.train.runtime import autocast
-        from toolkit.train.step import StepInputs, forward_backward, stream_seed
-        from toolkit.train.update import Update
+        from toolkit.train.loop import train_step
+        from toolkit.train.state import TrainState
 
         start = time.monotonic()
-        model = self.model(mode, seed, loss_cfg)
-        optim = OptimConfig(lr=self.args.lr, weight_decay=0.1, warmup_steps=int(steps * WARMUP_FRACTION))
+        parts = self.parts(mode, loss_cfg, batch, steps, seed)
         image, text = self.tensors[mode]["train"]
-        loss_fn = build_loss(loss_cfg, data_size=len(image), check_sizes=False)
-        update = Update(model.clip, loss_fn, optim, loss_cfg, steps)  # the trainer's own update part
-        order = BatchOrder(len(image), batch, seed)
-        per_epoch = max(1, len(image) // batch)  # as toolkit.train.batches.steps_per_epoch
-        evals, skipped = set(eval_steps(steps, self.args.eval_points)), 0
+        order = BatchOrder(len(image), batch, seed, parts.cfg.loader.shuffle_block)  # as the trainer's loader
+        keys = ("image", "tokens") if mode == "scratch" else ("image_features", "text_features")
+        evals, state = set(eval_steps(steps, self.args.eval_points)), TrainState()
         curve = {"step": [], "heldout": [], "val": []}
-        for t in range(steps):  # toolkit.train.loop.train_step on one process
-            update.begin(t, per_epoch)
+        for t in range(steps):  # one process: this rank's slice of global batch t is all of it
             ids = torch.from_numpy(order.batch_ids(t))
-            forward_backward(model, loss_fn, StepInputs(image[ids], text[ids], ids), micro_batch_size=0,
-                             seed_of=lambda i, t=t: stream_seed(seed, t, 0, i), autocast=autocast("fp32", "cpu"),
-                             scale=update.scale)
-            skipped += not update.finish(loss_fn.global_value()).applied
+            train_step(parts, state, {"step": t, keys[0]: image[ids], keys[1]: text[ids], "index": ids})
             if t + 1 in evals:
                 curve["step"].append(t + 1)
-                curve["heldout"].append(self.scores(model, mode, "held"))
-                curve["val"].append(self.scores(model, mode, "val"))
-        return {**curve, "tau": update.temperature(), "skipped_steps": skipped, "wall_s": time.monotonic() - start}
+                curve["heldout"].append(self.scores(parts.built.model, mode, "held"))
+                curve["val"].append(self.scores(parts.built.model, mode, "val"))
+        return {**curve, "tau": parts.update.temperature(), "skipped_steps": state.skipped_steps,
+                "wall_s": time.monotonic() - start}
+
+    def parts(self, mode: str, loss_cfg, batch: int, steps: int, seed: int):
+        """The trainer's ``loop.Parts`` of one process for this run, as ``build_parts`` makes them but around
+        the in-memory training set (no process group, no loader, no checkpoints: nothing is saved)."""
+        import torch
+
+        from toolkit.train.batches import TrainData
+        from toolkit.train.config import TrainConfig
+        from toolkit.train.loop import Parts
+        from toolkit.train.losses import build_loss
+        from toolkit.train.optim import OptimConfig
+        from toolkit.train.runtime import Runtime
+        from toolkit.train.state import StateIO
+        from toolkit.train.update import Update
+
+        optim = OptimConfig(lr=self.args.lr, weight_decay=0.1, warmup_steps=int(steps * WARMUP_FRACTION))
+        # a tuning grid's extreme may diverge: its skipped steps are counted and reported, never an abort
+        cfg = TrainConfig(data=str(self.args.cache), out=str(Path(self.args.cache) / "unsaved"),
+                          model=self.model_name(mode), batch_size=batch, steps=steps, seed=seed, device="cpu",
+                          max_nonfinite_steps=steps + 1, tensorboard=False, loss=loss_cfg, optim=optim)
+        rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+        data = TrainData(cfg, rt.rank, rt.world_size, rt.device, self.dataset(mode))
+        built = self.model(mode, seed, loss_cfg)
+        loss_fn = build_loss(loss_cfg, data_size=data.num_samples, check_sizes=False)
+        update = Update(built.model.clip, loss_fn, optim, loss_cfg, data.total_steps, cfg.precision)
+        io = StateIO(cfg, rt.rank, rt.world_size, built, update, loss_fn, data.total_steps,
+                     data.steps_per_epoch)
+        return Parts(cfg, rt, data, built, built.model, loss_fn, update, io, micro_batch_size=0)
 
 
 def recall_at_1(image_emb, text_emb) -> tuple[float, float]:

@@ -1,11 +1,13 @@
-"""Shared helpers of train_throughput.py and train_memory.py: `toolkit train` against open_clip's trainer.
+"""Shared helpers of the trainer family (train_throughput, train_memory) and data.tower_speed: `toolkit train`
+against open_clip's trainer.
 
 - Data, built with the project's own commands, as a user would: ``toolkit data demo`` (the real Twemoji
   set, ~1,900 image-caption pairs from PyPI packages) and ``toolkit data shard`` into raw img2dataset-layout
   JPEG shards (what open_clip_train reads), then ``toolkit data precompute`` into training shards (what
   ``toolkit train`` reads). ``raw_shards(..., num_samples=N)`` repeats the demo rows (a hard link per copy) when
   more samples than the demo holds are needed.
-- open_clip's trainer runs as ``python benchmarks/trainer_bench.py open-clip CONFIG.json ARGS...``:
+- open_clip's trainer runs as ``python -m benchmarks.shared.trainer_bench open-clip CONFIG.json
+  ARGS...``:
   ``open_clip.add_model_config(CONFIG.json)`` (open_clip's public way to use a model config it does not
   ship) and then ``open_clip_train.main.main(ARGS)``, i.e. ``python -m open_clip_train.main ARGS``.
   open_clip_torch 3.3.0 pins ``webdataset<=0.2.86`` for training (its ``[training]`` extra); 0.2.87+
@@ -31,8 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
+# this module's own commands (open-clip, rusage), run in children whose PYTHONPATH has REPO (env_with_repo)
+SELF = [PY, "-m", "benchmarks.shared.trainer_bench"]
 OPEN_CLIP_WEBDATASET = "0.2.86"  # the newest version open_clip_torch 3.3.0's [training] extra allows
 
 
@@ -126,7 +130,7 @@ def open_clip_cmd(model: str, args: list[str]) -> list[str]:
     config = model_config_path(model)
     if config is None:
         return [PY, "-m", "open_clip_train.main", "--model", model, *args]
-    return [PY, str(Path(__file__).resolve()), "open-clip", config, "--model", model, *args]
+    return [*SELF, "open-clip", config, "--model", model, *args]
 
 
 # --- the process tree's memory ------------------------------------------------------------------------
@@ -193,7 +197,7 @@ def run_tree(cmd: list[str], env: dict, timeout_s: float, budget_bytes: int | No
     out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     start = time.perf_counter()
     # Through the "rusage" wrapper: it prints the tree's exact ru_maxrss (largest single process) at the end.
-    proc = subprocess.Popen([PY, str(Path(__file__).resolve()), "rusage", *cmd], env=env, cwd=cwd,
+    proc = subprocess.Popen([*SELF, "rusage", *cmd], env=env, cwd=cwd,
                             stdout=out_f, stderr=err_f, start_new_session=True)
     peak_pss = peak_rss = 0
     status = None
@@ -292,4 +296,5 @@ if __name__ == "__main__":
     elif len(sys.argv) > 2 and sys.argv[1] == "rusage":
         _rusage_main(sys.argv[2:])
     else:
-        sys.exit("usage: trainer_bench.py open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... | rusage CMD...")
+        sys.exit("usage: python -m benchmarks.shared.trainer_bench open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... "
+                 "| rusage CMD...")

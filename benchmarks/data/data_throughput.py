@@ -11,7 +11,7 @@ each model resolution in ``--sizes``:
   resample, the fastest PIL path we know) + tokenizer, and the open_clip_train way (PIL decode,
   torchvision Resize(bicubic) + CenterCrop + ToTensor) + tokenizer.
 
-Prints a markdown table and writes JSON. Run: ``PYTHONPATH=. python benchmarks/data_throughput.py``.
+Prints a markdown table and writes JSON. Run: ``python -m benchmarks.data.data_throughput``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2, help="best of this many passes per loader")
-    parser.add_argument("--json", default="benchmarks/results/data_throughput.json")
+    parser.add_argument("--json", default="benchmarks/data/results/data_throughput.json")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="data-bench-")
     try:

@@ -21,8 +21,8 @@ side of the LiT recipe (pipelines/quickstart.yaml); text tower MiniLM. Per repea
 Targets (issue 24): precompute and eval cold >= 0.8x the bare forward of the same tower at the same
 batch; eval cached >= 20x faster than eval cold.
 
-    PYTHONPATH=. python benchmarks/tower_speed.py                      # 256 images, 2 repeats
-    PYTHONPATH=. python benchmarks/tower_speed.py --num-images 512 --repeats 3
+    python -m benchmarks.data.tower_speed                      # 256 images, 2 repeats
+    python -m benchmarks.data.tower_speed --num-images 512 --repeats 3
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import trainer_bench as tb  # noqa: E402
+from benchmarks.shared import trainer_bench as tb
 
 TARGET_VS_BARE = 0.8
 TARGET_CACHED = 20.0
@@ -50,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch threads of the bare forwards")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every measurement")
     p.add_argument("--work", type=Path, default=Path("runs/bench/tower_speed"), help="scratch folder")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/tower_speed"),
+    p.add_argument("--out", type=Path, default=Path("benchmarks/data/results/tower_speed"),
                    help="writes OUT.json and OUT.md")
     return p.parse_args(argv)
 

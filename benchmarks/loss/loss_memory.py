@@ -13,8 +13,8 @@ budget), so a wrong prediction ends in a MemoryError, reported as such, instead 
 On a CUDA machine the script also times backend="triton" and, when importable, inf-cl's cal_inf_loss
 (peak = torch.cuda.max_memory_allocated).
 
-    PYTHONPATH=. python benchmarks/loss_memory.py                      # the issue's sweep (slow: ~15 min)
-    PYTHONPATH=. python benchmarks/loss_memory.py --sizes 1024 8192 --repeats 3
+    python -m benchmarks.loss.loss_memory                      # the issue's sweep (slow: ~15 min)
+    python -m benchmarks.loss.loss_memory --sizes 1024 8192 --repeats 3
 """
 
 from __future__ import annotations
@@ -106,9 +106,10 @@ def worker(method: str, b: int, d: int, repeats: int, budget_bytes: int) -> dict
 
 
 def run_case(method: str, b: int, d: int, repeats: int, budget_bytes: int, timeout_s: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", method, str(b), "--dim", str(d), "--repeats", str(repeats),
+    cmd = [sys.executable, "-m", "benchmarks.loss.loss_memory", "--worker", method, str(b), "--dim", str(d),
+           "--repeats", str(repeats),
            "--budget-bytes", str(budget_bytes)]
-    root = str(Path(__file__).resolve().parents[1])  # the worker imports toolkit from this checkout
+    root = str(Path(__file__).resolve().parents[2])  # the worker imports toolkit, benchmarks from here
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--budget-bytes", type=int, default=None,
                         help="memory a case may use; default 70%% of MemAvailable at start")
     parser.add_argument("--timeout-s", type=int, default=1800, help="wall limit per case")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/loss_memory"),
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/loss_memory"),
                         help="writes OUT.json and OUT.md")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "B"), help=argparse.SUPPRESS)
     args = parser.parse_args()

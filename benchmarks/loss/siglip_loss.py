@@ -12,8 +12,8 @@ the budget is reported as "does not fit" with that prediction (open_clip materia
 matrices); each worker also runs under RLIMIT_AS (its start + the budget), so a wrong prediction ends in
 a MemoryError, reported as such. On CUDA the triton backend is timed too (peak = max_memory_allocated).
 
-    PYTHONPATH=. python benchmarks/siglip_loss.py                        # the issue's sweep (~30 min on 2 cores)
-    PYTHONPATH=. python benchmarks/siglip_loss.py --sizes 1024 4096 --rounds 2
+    python -m benchmarks.loss.siglip_loss                        # the issue's sweep (~30 min on 2 cores)
+    python -m benchmarks.loss.siglip_loss --sizes 1024 4096 --rounds 2
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loss_memory import _get, _mem_available_bytes  # noqa: E402  (the CLIP loss benchmark's harness helpers)
+from benchmarks.loss.loss_memory import (  # the CLIP loss benchmark's harness helpers
+    _get,
+    _mem_available_bytes,
+)
 
 SIZES = (1024, 4096, 8192, 16384, 32768, 65536)
 CPU_METHODS = ("open_clip", "torch")
@@ -86,8 +88,9 @@ def worker(method: str, b: int, d: int, budget_bytes: int) -> dict:
 
 
 def run_case(method: str, b: int, d: int, budget_bytes: int, timeout_s: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", method, str(b), "--dim", str(d), "--budget-bytes", str(budget_bytes)]
-    root = str(Path(__file__).resolve().parents[1])  # the worker imports toolkit from this checkout
+    cmd = [sys.executable, "-m", "benchmarks.loss.siglip_loss", "--worker", method, str(b), "--dim", str(d),
+           "--budget-bytes", str(budget_bytes)]
+    root = str(Path(__file__).resolve().parents[2])  # the worker imports toolkit, benchmarks from here
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -191,7 +194,7 @@ def main() -> None:
     parser.add_argument("--budget-bytes", type=int, default=None,
                         help="memory a case may use; default 70%% of MemAvailable at start")
     parser.add_argument("--timeout-s", type=int, default=3600, help="wall limit per case")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/siglip_loss"),
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/siglip_loss"),
                         help="writes OUT.json and OUT.md")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "B"), help=argparse.SUPPRESS)
     args = parser.parse_args()

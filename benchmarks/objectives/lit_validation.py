@@ -13,7 +13,7 @@ The heads are trained here by a fast proxy of ``toolkit train`` on features (lin
 linear text head with bias, symmetric InfoNCE with a learned logit scale clamped at 100, AdamW betas
 (0.9, 0.98), linear warm-up then cosine): it ranks settings, the real trainer (FastCLIP-v3) makes the model.
 
-    PYTHONPATH=. python benchmarks/lit_validation.py --artist twemoji=runs/exp/train \\
+    python -m benchmarks.objectives.lit_validation --artist twemoji=runs/exp/train \\
         --artist google=runs/exp2/feat_google --artist apple=runs/exp2/feat_apple \\
         --grid '[{"train": ["twemoji"], "val": "apple"}, {"train": ["twemoji", "google"], "val": "apple"}]'
 """

@@ -9,24 +9,25 @@ disjoint share of the concepts (``--val-fraction``; the other artists' drawings 
 training, so validation asks what the test asks — a new drawing of a known concept).
 
 Main regime, LiT: frozen EfficientNet-Lite0 and MiniLM towers (features computed once and cached), two
-linear heads and τ trained — seconds per run — with the trainer's own pieces: ``toolkit.train.model``
-(heads initialised as ``toolkit train --seed`` does), ``build_loss``, ``build_optimizer``, the lr and τ
-rules, ``step.forward_backward`` and the global batch order ``BatchOrder``. Every method of a cell runs
+linear heads and τ trained — seconds per run — by the trainer's own step: ``toolkit.train.model`` (heads
+initialised as ``toolkit train --seed`` does), ``build_loss``, ``Update``, ``TrainData``'s steps per epoch
+and ``loop.train_step`` (schedules, ``step.forward_backward``, the update or a skip) over the global batch
+order ``BatchOrder``. Every method of a cell runs
 the same batches from the same initial heads per seed, so differences are paired.
 
 Cells: two regimes — short (``--short-epochs``, default 6) and long (``--long-epochs``, default 30) —
-times global batches 32, 64, 256. In each cell every method (``convergence_methods.METHODS``: a name,
+times global batches 32, 64, 256. In each cell every method (``methods.METHODS``: a name,
 its LossConfig fields and its tuning grid) is tuned on validation with ``--tune-seeds`` seeds (a
 coordinate search whose grids are extended past any end that wins), then its chosen setting runs on
 ``--seeds`` paired seeds (the tuning seeds' runs are reused). Reported per cell
-(``convergence_report``): held-out R@1 mean ± std, paired Δ against the best OpenCLIP (the OpenCLIP
+(``report``): held-out R@1 mean ± std, paired Δ against the best OpenCLIP (the OpenCLIP
 variant with the better validation score), whether Δ > 2 std, and the steps needed to reach the best
 OpenCLIP's final score. Each finished run is kept in ``CACHE/runs.jsonl`` (keyed by everything that
 defines it), so an interrupted benchmark resumes and a new method costs only its own runs; ``--fresh``
 ignores the cache (do that after changing an objective's code).
 
-    PYTHONPATH=$PWD python benchmarks/convergence.py                # full: ~1 h with 2 workers here
-    PYTHONPATH=$PWD python benchmarks/convergence.py --quick        # smoke run: 1 cell, 2 seeds
+    python -m benchmarks.objectives.convergence                # full: ~1 h with 2 workers here
+    python -m benchmarks.objectives.convergence --quick        # smoke run: 1 cell, 2 seeds
 
 One from-scratch cell (``--scratch-seeds``, default 3; 0 leaves it out): cliptk-tiny (32 px ViT and text
 tower from random init) at batch 64 for ``--scratch-epochs``, comparing the best OpenCLIP and the best
@@ -39,14 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import convergence_methods as cm  # noqa: E402
-import convergence_report as cr  # noqa: E402
-from convergence_runs import WARMUP_FRACTION, Data, Runner  # noqa: E402
+from benchmarks.objectives.convergence import methods as cm
+from benchmarks.objectives.convergence import report as cr
+from benchmarks.objectives.convergence.runs import WARMUP_FRACTION, Data, Runner
 
 GAMMA_DECAY_FRACTION = 18 / 37  # the CC3M FastCLIP preset decays γ over 18 of its 37 epochs
 
@@ -84,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-methods", nargs="+", default=None, help="the long regime's methods (default: all)")
     p.add_argument("--long-batches", type=int, nargs="+", default=None, help="the long regime's batches "
                    "(default: --batches)")
-    p.add_argument("--out", default="benchmarks/results/convergence.json")
+    p.add_argument("--out", default="benchmarks/objectives/results/convergence.json")
     args = p.parse_args(argv)
     if args.quick:
         args.batches, args.regimes, args.short_epochs = [32], ["short"], 2
@@ -251,7 +250,3 @@ def main(argv: list[str] | None = None) -> dict:
     out.with_suffix(".md").write_text(text)
     print(text)
     return report
-
-
-if __name__ == "__main__":
-    main()

@@ -207,13 +207,17 @@ def load_all(artists: list[str], cache: Path) -> tuple[dict[str, ArtistFeatures]
     return {a: load_artist(a, concepts, cache) for a in artists}, load_captions(concepts, cache)
 
 
-if __name__ == "__main__":  # precompute the cache alone: python benchmarks/emoji_artists.py [CACHE]
-    import sys
+if __name__ == "__main__":  # precompute the cache alone
+    import argparse
 
     from toolkit.core.log import setup_logging
 
+    parser = argparse.ArgumentParser(description="Compute (or check) the convergence benchmark's feature "
+                                     "cache of every artist's drawings and the captions.")
+    parser.add_argument("cache", nargs="?", default="runs/convergence",
+                        help="cache folder (default %(default)s)")
     setup_logging()
-    feats, caps = load_all(list(ARTISTS), Path(sys.argv[1] if len(sys.argv) > 1 else "runs/convergence"))
+    feats, caps = load_all(list(ARTISTS), Path(parser.parse_args().cache))
     for name, f in feats.items():
         print(f"{name}: {len(f.codepoints)} drawings, features {f.image.shape}")
     print(f"captions: {len(caps.captions)}")

@@ -17,8 +17,8 @@ End-to-end samples/s = samples trained / (data stage + training wall time, proce
 Steady-state samples/s = samples / summed step times over the steps after the first ``--skip-steps``
 (each trainer's own per-step wall time, data wait included: ``--log-every 1`` / ``--log-every-n-steps 1``).
 
-    PYTHONPATH=. python benchmarks/train_throughput.py                 # CPU, cliptk-tiny: ~5-10 min
-    PYTHONPATH=. python benchmarks/train_throughput.py --cuda          # CUDA: ViT-B-32, bf16, 8 workers
+    python -m benchmarks.trainer.train_throughput                 # CPU, cliptk-tiny: ~5-10 min
+    python -m benchmarks.trainer.train_throughput --cuda          # CUDA: ViT-B-32, bf16, 8 workers
 
 The machine is shared: the load average before each run is recorded; compare rows of one run only.
 """
@@ -32,9 +32,8 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import trainer_bench as tb  # noqa: E402
-import trainer_profile as tp  # noqa: E402
+from benchmarks.shared import trainer_bench as tb
+from benchmarks.trainer import trainer_profile as tp
 
 TARGET = 1.2  # issue 11: cliptk end-to-end >= 1.2x open_clip's trainer
 # Memory is only reported here, so the tree is polled rarely: at 0.05 s, reading smaps_rollup of the tree
@@ -74,12 +73,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after the timed runs, run cliptk (first --losses entry) and open_clip_train once more "
                         "under cProfile and add where each one's time goes (trainer_profile.py) to the results")
     p.add_argument("--out", type=Path, default=None,
-                   help="writes OUT.json and OUT.md (default benchmarks/results/train_throughput[_cuda])")
+                   help="writes OUT.json and OUT.md (default "
+                        "benchmarks/trainer/results/train_throughput[_cuda])")
     a = p.parse_args(argv)
     a.model = a.model or ("ViT-B-32" if a.cuda else "cliptk-tiny")
     a.precision = a.precision or ("bf16" if a.cuda else "fp32")
     a.workers = a.workers if a.workers is not None else (8 if a.cuda else 2)
-    a.out = a.out or Path("benchmarks/results/train_throughput" + ("_cuda" if a.cuda else "")
+    a.out = a.out or Path("benchmarks/trainer/results/train_throughput" + ("_cuda" if a.cuda else "")
                           + ("_vs_baseline" if a.baseline_tree else ""))
     if a.nproc_per_node > 1 and a.baseline_tree is None:
         p.error("--nproc-per-node > 1 needs --baseline-tree (open_clip's trainer runs as one process here)")
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = profile_runs(a, raw, train_dir, steps, train_num_samples, pythonpath) if a.profile else None
     if profile:
         table += ("\n\nWhere the time goes (main process under cProfile, a separate untimed run of each; "
-                  "`benchmarks/trainer_profile.py`):\n\n" + tp.markdown(profile))
+                  "`benchmarks/trainer/trainer_profile.py`):\n\n" + tp.markdown(profile))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "ratios": ratios(rows),
                                                       "profile_s": profile}, indent=2))

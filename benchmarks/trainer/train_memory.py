@@ -28,8 +28,8 @@ sqrt(budget), cliptk's like the budget). The JSON also holds, from the measured 
 memory against B (cliptk linear, open_clip quadratic) and the batch each fit predicts at the budget
 and at ``--predict-gb``: predictions, labelled as such.
 
-    PYTHONPATH=. python benchmarks/train_memory.py                        # scaled: 2 GB budget, ~30 min
-    PYTHONPATH=. python benchmarks/train_memory.py --budget-gb 8 --cap 1048576 --trial-timeout-s 14400 \
+    python -m benchmarks.trainer.train_memory                        # scaled: 2 GB budget, ~30 min
+    python -m benchmarks.trainer.train_memory --budget-gb 8 --cap 1048576 --trial-timeout-s 14400 \
         --deadline-s 86400                                                # the issue's setting: many hours
 """
 
@@ -42,8 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import trainer_bench as tb  # noqa: E402
+from benchmarks.shared import trainer_bench as tb
 
 TARGET = 16  # issue 12: cliptk's largest global batch >= 16x open_clip's
 GB = 10**9
@@ -71,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--raw-image-size", type=int, default=64, help="side of the raw JPEGs")
     p.add_argument("--samples-per-shard", type=int, default=2000)
     p.add_argument("--work", type=Path, default=Path("runs/bench/train_memory"), help="scratch folder")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/train_memory"),
+    p.add_argument("--out", type=Path, default=Path("benchmarks/trainer/results/train_memory"),
                    help="writes OUT.json, OUT.md and OUT.png")
     return p.parse_args(argv)
 

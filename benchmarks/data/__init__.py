@@ -1,0 +1,2 @@
+"""Data-stage benchmarks: loader throughput, loader integrity across workers, frozen-tower precompute and
+evaluation speed."""
