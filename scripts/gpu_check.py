@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from gpucheck.common import Context, Section, print_section, write_json
+    try:
+        from benchmarks.gpu.common import Context, Section, print_section, write_json
+    except ModuleNotFoundError as err:
+        print(f"gpu_check: {err}; run it from the repository root with PYTHONPATH=.", file=sys.stderr)
+        return 2
 
     if not a.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run with --dry-run for the CPU check of the code paths",
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGALRM, _overran)
         signal.alarm(int(sec.budget_s * 1.25 + 10))
         try:
-            importlib.import_module(f"gpucheck.{module}").run(ctx, sec)
+            importlib.import_module(f"benchmarks.gpu.{module}").run(ctx, sec)
         except SectionOverran:
             sec.error = f"stopped at 1.25x its budget + 10 s ({sec.budget_s * 1.25 + 10:.0f} s); its rows so far are kept"
         except Exception as err:  # one section's failure must not cost the others' minutes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from gpucheck.common import GiB, Context, Section, progress, timed_ms
+from benchmarks.gpu.common import Context, GiB, Section, progress, timed_ms
 
 # Smallest first (compiles, parity), then the largest (the memory story: naive runs out, the tiles do not),
 # then the middle, so a budget cut keeps the telling ends.
@@ -71,8 +71,8 @@ def _measure(fn, x, y, scalars, device: str, repeats: int) -> dict:
     fwd, bwd = [], []
     for _ in range(repeats):
         holder = {}
-        fwd.append(timed_ms(lambda: holder.update(r=_forward_backward(fn, x, y, scalars)), device))
-        bwd.append(timed_ms(lambda: holder["r"][1].backward(), device))
+        fwd.append(timed_ms(lambda h=holder: h.update(r=_forward_backward(fn, x, y, scalars)), device))
+        bwd.append(timed_ms(lambda h=holder: h["r"][1].backward(), device))
     grads = [xs.grad, ys.grad] + [s.grad for s in ss]
     return {"fwd_ms": statistics.median(fwd), "bwd_ms": statistics.median(bwd), "peak_gib": peak,
             "loss": float(loss.detach()), "grads": grads}
@@ -95,8 +95,8 @@ def _oracle(kind: str, x, y, scalars) -> dict:
 
 
 def _parity(got: dict, ref: dict) -> dict:
-    feats = [_rel(g, r) for g, r in zip(got["grads"][:2], ref["grads"][:2])]
-    scal = [_rel(g, r) for g, r in zip(got["grads"][2:], ref["grads"][2:]) if g is not None]
+    feats = [_rel(g, r) for g, r in zip(got["grads"][:2], ref["grads"][:2], strict=True)]
+    scal = [_rel(g, r) for g, r in zip(got["grads"][2:], ref["grads"][2:], strict=True) if g is not None]
     return {"loss_abs_err": abs(got["loss"] - ref["loss"]), "grad_rel_err": max(feats),
             "scale_grad_rel_err": max(scal) if scal else None}
 

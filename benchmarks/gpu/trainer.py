@@ -11,8 +11,19 @@ from __future__ import annotations
 import json
 import subprocess
 
-from gpucheck import data
-from gpucheck.common import GiB, PY, Context, Section, env_with_repo, progress, run_cmd, tail, toolkit_cmd
+from benchmarks.gpu import data
+from benchmarks.gpu.common import (
+    PY,
+    Context,
+    GiB,
+    Section,
+    env_with_repo,
+    progress,
+    run_cmd,
+    tail,
+    toolkit_cmd,
+)
+from benchmarks.shared import trainer_bench as tb
 
 # (loss, global batch, micro-batch (0: no gradient cache), grad checkpointing, loss kernels), most telling
 # first. The chunked torch kernels in most runs: a fresh process pays Triton's autotuning of every flag
@@ -93,10 +104,8 @@ def train_row(ctx: Context, run: tuple, precision: str, timeout_s: float) -> dic
     row = {"wall_s": wall}
     if code != 0:
         return row | {"status": "ran past its time" if code is None else f"failed ({code}): {tail(log, 2)}"}
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in records if "step_time_s" in r]
-    steady = steps[1:] or steps
-    per_s = batch * len(steady) / sum(r["step_time_s"] for r in steady)
+    steps = tb.cliptk_steps(out)
+    per_s = tb.steady_samples_per_s([r["step_time_s"] for r in steps], batch, skip=1 if len(steps) > 1 else 0)
     peak = max((r.get("peak_mem_bytes") or 0) for r in steps)
     return row | {"samples_per_s": per_s, "per_device": per_s, "peak_gib": peak / GiB if ctx.device == "cuda" else None,
                   "status": "ok"}
@@ -114,7 +123,7 @@ def run(ctx: Context, sec: Section) -> None:
     if ctx.shared.get("plan_error"):
         sec.notes.append(f"toolkit plan failed: {ctx.shared['plan_error']}")
     device_bytes = _device_bytes(ctx)
-    for r, plan_bytes in zip(runs, predicted):
+    for r, plan_bytes in zip(runs, predicted, strict=True):
         case = f"{r[0]} B={r[1]} micro={r[2]} gc={r[3]} kernels={r[4]}"
         row = {"loss": r[0], "B": r[1], "micro": r[2], "grad_ckpt": r[3], "kernels": r[4], "precision": precision,
                "plan_gib": None if plan_bytes is None else plan_bytes / GiB}

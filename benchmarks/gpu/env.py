@@ -6,7 +6,7 @@ import os
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
-from gpucheck.common import GiB, Context, Section
+from benchmarks.gpu.common import Context, GiB, Section
 
 PACKAGES = ("torch", "torchvision", "triton", "open_clip_torch", "webdataset", "inf-cl", "numpy")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import time
 
-from gpucheck.common import Context, Section, synchronize
+from benchmarks.gpu.common import Context, Section, synchronize
 
 GPU_BATCH, GPU_IMAGES, CPU_IMAGES = 256, 2048, 256
 DRY_IMAGES = 16
@@ -26,7 +26,7 @@ def _rate(fn, count: int, device: str) -> float:
 def _encoded(ctx: Context, count: int) -> list[bytes]:
     paths = ctx.shared.get("images") or []
     if not paths:
-        from gpucheck.data import _write_image
+        from benchmarks.gpu.data import _write_image
 
         folder = ctx.work / "decode_images"
         folder.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 
-from gpucheck.common import Context, Section
+from benchmarks.gpu.common import Context, Section
 
 VIT_B32_PARAMS = 151_277_313
 
@@ -38,8 +38,8 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], ou
     for numel in sizes:
         t = torch.ones(numel, device=device)
         gathered = torch.empty(world * numel, device=device)
-        for op, fn in (("all_gather", lambda: dist.all_gather_into_tensor(gathered, t)),
-                       ("all_reduce", lambda: dist.all_reduce(t))):
+        for op, fn in (("all_gather", lambda g=gathered, t=t: dist.all_gather_into_tensor(g, t)),
+                       ("all_reduce", lambda t=t: dist.all_reduce(t))):
             fn()  # warm-up
             dist.barrier()
             start = time.perf_counter()

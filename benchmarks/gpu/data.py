@@ -13,7 +13,7 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpucheck.common import Context, Section, run_cmd, tail, toolkit_cmd
+from benchmarks.gpu.common import Context, Section, run_cmd, tail, toolkit_cmd
 
 WORDS = ("red", "green", "blue", "small", "large", "striped", "round", "square", "dog", "cat", "car", "tree",
          "house", "boat", "bird", "flower", "at night", "in snow", "on grass", "near water")

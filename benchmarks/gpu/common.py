@@ -11,8 +11,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-PY = sys.executable
+from benchmarks.shared import trainer_bench as tb
+from benchmarks.shared.trainer_bench import PY, REPO, toolkit_cmd  # noqa: F401 (the sections' shared names)
+
 GiB = 1024**3
 
 
@@ -54,9 +55,7 @@ class Section:
 
 def env_with_repo(extra: str | None = None) -> dict[str, str]:
     """A child's environment: this checkout first on PYTHONPATH (``extra`` before it), no hub access."""
-    parts = [p for p in (extra, str(REPO), os.environ.get("PYTHONPATH")) if p]
-    return os.environ | {"PYTHONPATH": os.pathsep.join(parts), "HF_HUB_OFFLINE": "1",
-                         "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
+    return tb.env_with_repo(extra) | {"HF_HUB_OFFLINE": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
 
 
 def run_cmd(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -> tuple[int | None, float]:
@@ -78,10 +77,6 @@ def tail(path: Path, num_lines: int = 3) -> str:
     """The last lines of a log, on one line (for a row's status)."""
     lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     return " | ".join(lines[-num_lines:])[-400:]
-
-
-def toolkit_cmd(*args: str) -> list[str]:
-    return [PY, "-m", "toolkit", *args]
 
 
 def synchronize(device: str) -> None:
@@ -122,9 +117,9 @@ def print_section(sec: Section) -> None:
         cols = list(dict.fromkeys(k for r in sec.rows for k in r))
         cells = [[fmt(r.get(c)) for c in cols] for r in sec.rows]
         widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-        print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
         for row in cells:
-            print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
     for s in sec.skipped:
         print(f"skipped: {s}")
     for n in sec.notes:
