@@ -203,6 +203,12 @@ def precompute_cmd(
                                                                                       "shard (default 1000).")] = None,
     num_workers: Annotated[int | None, typer.Option("--workers", help="Worker processes (default 0: one per "
                                                                       "core).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="pixels (default; decoded, fastest to train "
+                                                "from), jpeg (re-encoded at the model size, ~1/10 of pixels' "
+                                                "disk) or index (no copy: byte ranges into the raw shards, which "
+                                                "must stay readable).")] = None,
+    jpeg_quality: Annotated[int | None, typer.Option("--jpeg-quality", help="JPEG quality of --storage jpeg "
+                                                                            "(default 90).")] = None,
     image_tower: Annotated[str | None, typer.Option("--image-tower", help="Store frozen image features instead "
                                                     "of pixels: none, open_clip or efficientnet_lite0 (default "
                                                     "none).")] = None,
@@ -230,7 +236,8 @@ def precompute_cmd(
 
     cfg = load_cli_config(ctx, PrecomputeConfig, config, overrides, input=input, out=out, model=model,
                           image_size=image_size, resize_mode=resize_mode, samples_per_shard=samples_per_shard,
-                          num_workers=num_workers, image_tower=image_tower, image_tower_model=image_tower_model,
+                          num_workers=num_workers, storage=storage, jpeg_quality=jpeg_quality,
+                          image_tower=image_tower, image_tower_model=image_tower_model,
                           image_tower_weights=image_tower_weights, text_tower=text_tower,
                           text_tower_model=text_tower_model, text_tower_weights=text_tower_weights)
     result = run_stage(run, cfg)
@@ -265,6 +272,8 @@ def inspect_cmd(
                           thumb_size=thumb_size, max_samples=max_samples)
     d = run_stage(run, cfg).details
     typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
+    if "storage" in d:
+        typer.echo(f"storage: {d['storage']}, {d['bytes_per_sample']:,} bytes per sample on disk")
     for source, counts in (d.get("skipped") or {}).items():
         _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
     _echo_converted(d.get("converted") or {})

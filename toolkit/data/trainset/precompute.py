@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
-from toolkit.data.trainset import integrity, precompute_worker
+from toolkit.data.trainset import integrity, precompute_worker, refs
 from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset.format import (
     DATASET_JSON,
@@ -44,6 +45,7 @@ from toolkit.data.trainset.format import (
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
+Storage = Literal["pixels", "jpeg", "index"]
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
 # The parent reads the workers' shared sample counter this often (seconds) to move the progress display.
@@ -59,6 +61,12 @@ class PrecomputeConfig:
     image_size: int = option(0, ge=0, doc="Square image side in pixels; 0: the model's image size.")
     resize_mode: ResizeMode = option("center_crop", doc="center_crop: scale the short side, crop the centre; "
                                                         "pad: fit the whole image, pad with white.")
+    storage: Storage = option("pixels", doc="How images are stored. pixels: decoded and resized (fastest to "
+                                            "train from, ~W*H*3 bytes a sample). jpeg: re-encoded at the model "
+                                            "size (decoded by the loader, ~1/10 of pixels' disk). index: no copy, "
+                                            "a table of byte ranges into the raw shards (<2 % extra disk; keep "
+                                            "the raw shards where they are). See docs/data-format.md.")
+    jpeg_quality: int = option(90, ge=1, le=100, doc="JPEG quality of storage jpeg (PIL's scale, 4:2:0 chroma).")
     samples_per_shard: int = option(1000, ge=1, doc="Samples per training shard (the last one may hold fewer).")
     num_workers: int = option(0, ge=0, affects_output=False,
                               doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
@@ -92,6 +100,9 @@ class PrecomputeConfig:
             raise ValueError(f"image_tower_size: applies to image_tower efficientnet_lite0 only (got "
                              f"{self.image_tower})")
         check_weights_value("text_tower_weights", self.text_tower_weights)
+        if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
+            raise ValueError(f"storage {self.storage}: stores images and tokens; frozen-tower features need "
+                             "storage pixels (the default)")
 
 
 def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
@@ -204,7 +215,7 @@ def _rows(path: str, field: Field, count: int) -> np.ndarray:
 
 
 def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
-                  order: list[tuple[int, int]]) -> list:
+                  order: list[tuple[int, int]], urls: list[str]) -> tuple[list, str, list[str]]:
     writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
     image_f, text_f = fields
     rows = {}
@@ -217,7 +228,51 @@ def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[prec
         res = results[i]
         writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
                    {"caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]})
-    return writer.close()
+    return writer.close(), "", []
+
+
+def scratch_fields(cfg: PrecomputeConfig, fields: list[Field]) -> list[Field]:
+    """The fixed-size rows of the workers' scratch files: the sample fields, or for jpeg/index a
+    (offset, length, hash) row per image (precompute_worker.REF_ROW) instead of its pixels."""
+    if cfg.storage == "pixels":
+        return fields
+    return [Field("image", "ref", "uint8", (precompute_worker.REF_ROW.itemsize,)), fields[1]]
+
+
+def _write_refs(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
+                order: list[tuple[int, int]], urls: list[str]) -> tuple[list, str, list[str]]:
+    """jpeg/index parts (refs.RefShardWriter); returns (parts, data_root, data_files) for dataset.json.
+    index: data files are the raw shards, named relative to their common folder, itself stored relative to
+    OUT when both are local (refs.relative_data_root)."""
+    ref_f, text_f = scratch_fields(cfg, fields)
+    writer = refs.RefShardWriter(cfg.out, cfg.storage, text_f.shape[0], cfg.samples_per_shard)
+    rows: dict = {}
+    for sample_id, (i, row) in enumerate(progress(order, desc="write tables", unit="samples")):
+        res = results[i]
+        if i not in rows:
+            for _, _, jpg in rows.values():
+                if jpg is not None:
+                    jpg.close()
+            rows.clear()  # results arrive in order: keep one shard's scratch open at a time
+            jpg = open(resume.stem_of(res) + ".jpg", "rb") if cfg.storage == "jpeg" else None
+            rows[i] = (_rows(res.image_path, ref_f, len(res.keys)).view(precompute_worker.REF_ROW)[:, 0],
+                       _rows(res.text_path, text_f, len(res.keys)).view("<i4"), jpg)
+        refs_i, texts, jpg = rows[i]
+        offset, length, digest = (int(refs_i[row][k]) for k in ("offset", "length", "hash"))
+        data = None
+        if jpg is not None:
+            jpg.seek(offset)
+            data = jpg.read(length)
+        writer.add(sample_id, res.index, offset, length, digest, texts[row], {
+            "caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]}, data)
+    for _, _, jpg in rows.values():
+        if jpg is not None:
+            jpg.close()
+    shards = writer.close()
+    if cfg.storage == "jpeg":
+        return shards, ".", writer.data_files
+    root = refs.common_dir(urls)
+    return shards, refs.relative_data_root(cfg.out, root), [u[len(root):].lstrip("/") for u in urls]
 
 
 def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, timing: dict) -> None:
@@ -273,7 +328,8 @@ def run(cfg: PrecomputeConfig) -> StageResult:
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
                                      f"({reasons or 'empty'})")
                 start = time.monotonic()
-                shards = _write_shards(cfg, fields, results, order)
+                write = _write_shards if cfg.storage == "pixels" else _write_refs
+                shards, data_root, data_files = write(cfg, fields, results, order, urls)
                 timing.update(write_s=round(time.monotonic() - start, 3), num_shards=len(shards))
             except BaseException:
                 log.warning("precompute: processed raw shards are kept in %s; a rerun into %s resumes from them",
@@ -282,9 +338,10 @@ def run(cfg: PrecomputeConfig) -> StageResult:
             shutil.rmtree(work, ignore_errors=True)
         if not cfg.tmp_dir and files.is_local(cfg.out):
             _remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
-        remove_stale_shards(cfg.out, len(shards))
+        remove_stale_shards(cfg.out, len(shards), cfg.storage)
         dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
-                               _extra(cfg, fields), root=cfg.out)
+                               _extra(cfg, fields), storage=cfg.storage, data_root=data_root,
+                               data_files=data_files, root=cfg.out)
         files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
         files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
                                 "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
@@ -299,12 +356,12 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
              log) -> tuple[list[precompute_worker.ShardResult], dict]:
     """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed."""
     key = resume.process_key(cfg)
-    done = resume.load(work, urls, key, fields)
+    done = resume.load(work, urls, key, scratch_fields(cfg, fields))
     if done:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0
     tasks = [precompute_worker.ShardTask(i, u, resume.stem(work, u), side, cfg.resize_mode,
-                                         cfg.max_image_pixels, cfg.caption_ext)
+                                         cfg.max_image_pixels, cfg.caption_ext, cfg.storage, cfg.jpeg_quality)
              for i, u in enumerate(urls) if i not in done]
     workers = max(1, min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks)))
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
@@ -342,6 +399,8 @@ def _remove_empty_dir(path: str) -> None:
 def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
     """Provenance the loader does not need but users and the trainer may: towers, resize mode."""
     extra: dict = {"resize_mode": cfg.resize_mode}
+    if cfg.storage == "jpeg":
+        extra["jpeg_quality"] = cfg.jpeg_quality
     state = precompute_worker.STATE
     if state.get("image_tower") is not None:
         t = state["image_tower"]

@@ -57,6 +57,11 @@ def stem(work: str, url: str) -> str:
     return os.path.join(work, hashlib.sha256(url.encode()).hexdigest()[:16])
 
 
+def stem_of(res: ShardResult) -> str:
+    """The path prefix of a result's scratch files (its row files are ``<stem>.image``/``.text``)."""
+    return res.image_path[:-len(".image")]
+
+
 def source_fingerprint(url: str) -> list[str]:
     """What identifies a raw shard's content: the tar and the sidecars that name its missing samples."""
     return [fingerprint(url), fingerprint(sidecar(url, ".parquet")), fingerprint(sidecar(url, "_stats.json"))]
@@ -85,7 +90,7 @@ def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int,
             found[index] = res
     kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
-        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image, <stem>.text, <stem>.json
+        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg)
             path = os.path.join(work, name)
             if os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)

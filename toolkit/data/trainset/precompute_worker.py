@@ -11,6 +11,7 @@ forks, so workers share them copy-on-write instead of loading them once each.
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,13 @@ class ShardTask:
     resize_mode: str = "center_crop"
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     caption_ext: str = "txt"
+    storage: str = "pixels"  # pixels: rows of pixels; jpeg/index: rows of REF_ROW (offset, length, hash)
+    jpeg_quality: int = 90
+
+
+# jpeg/index scratch rows: (offset, length, xxh3-64) of the image bytes, little-endian uint64 each; for
+# index the offset is into the raw tar, for jpeg into the shard's '<stem>.jpg' scratch file.
+REF_ROW = np.dtype([("offset", "<u8"), ("length", "<u8"), ("hash", "<u8")])
 
 
 @dataclass
@@ -98,6 +106,25 @@ def _encode_images(rows: list[np.ndarray]) -> np.ndarray:
     return STATE["image_tower"].encode(np.stack(rows))
 
 
+def _image_row(task: ShardTask, sample: RawSample, ext: str, data: bytes, pixels: np.ndarray, jpg) -> bytes:
+    """The scratch row of one kept image: its pixels, or (offset, length, hash) of the bytes an index
+    (raw member) or jpeg set (re-encoded at the model size) will point at."""
+    import xxhash
+
+    if task.storage == "pixels":
+        return pixels.tobytes()
+    if task.storage == "index":
+        offset, length = sample.offsets[ext]
+    else:
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=task.jpeg_quality)
+        data, offset, length = buf.getvalue(), jpg.tell(), len(buf.getvalue())
+        jpg.write(data)
+    return np.array([(offset, length, xxhash.xxh3_64_intdigest(data))], REF_ROW).tobytes()
+
+
 def _write_text(path: str, captions: list[str]) -> None:
     """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order."""
     with open(path, "wb") as fh:
@@ -139,6 +166,7 @@ def _process(task: ShardTask) -> ShardResult:
     sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
     size = tower.image_size if tower is not None else task.image_size
     reader, seen = RawShardReader(task.url), set()
+    jpg = open(task.stem + ".jpg", "wb") if task.storage == "jpeg" else None
     for sample in reader.samples():
         res.num_read += 1
         on_read(1)
@@ -160,10 +188,12 @@ def _process(task: ShardTask) -> ShardResult:
             continue
         if converted:
             res.converted[converted] += 1
-        sink.add(pixels if tower is not None else pixels.tobytes())
+        sink.add(pixels if tower is not None else _image_row(task, sample, image[0], image[1], pixels, jpg))
         res.keys.append(sample.key)
         res.captions.append(caption)
     sink.close()
+    if jpg is not None:
+        jpg.close()
     if reader.cut_key is not None:
         res.num_read += 1
         seen.add(reader.cut_key)
