@@ -183,3 +183,28 @@ def test_switching_modes_in_one_folder_leaves_no_stale_files(small_raw, tmp_path
     precompute(small_raw, out, num_workers=1, samples_per_shard=50, storage="pixels")
     precompute(small_raw, out, num_workers=1, samples_per_shard=50, storage="index", )
     assert sorted(p.suffix for p in out.glob("0000*")) == [".idx"] * 3 + [".jsonl"] * 3
+
+
+@pytest.mark.parametrize("mode", ["jpeg", "index"])
+def test_each_mode_trains_through_toolkit_train(small_sets, mode, tmp_path):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["--quiet", "train", "--data", str(small_sets[mode]), "--model", "cliptk-tiny",
+                                   "--out", str(out), "--steps", "2", "--batch-size", "8", "--workers", "2",
+                                   "--set", "tensorboard=false"])
+    assert res.exit_code == 0, res.output
+    trained = json.loads((out / "manifest.json").read_text())
+    assert trained["status"] == "done" and (out / "model" / "open_clip_model.safetensors").is_file()
+
+
+def test_the_index_pipeline_runs_scaled_down(tmp_path):
+    pipeline = Path(__file__).resolve().parents[3] / "pipelines" / "index.yaml"
+    sets = {"run_dir": str(tmp_path / "run"), "vars.num_concepts": 24, "vars.port": 0, "vars.steps": 2,
+            "vars.batch_size": 8, "stages.train.loader.num_workers": 0, "stages.fetch.samples_per_shard": 10}
+    args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
+    res = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(pipeline), *args])
+    assert res.exit_code == 0, res.output
+    ds = TrainDataset.open(str(tmp_path / "run" / "precompute"))
+    assert ds.storage == "index" and ds.data_root == "../raw" and ds.num_samples == 24
+    assert not list((tmp_path / "run" / "precompute").glob("*.tar"))  # no copy of the images
+    trained = json.loads((tmp_path / "run" / "train" / "manifest.json").read_text())
+    assert trained["status"] == "done"
