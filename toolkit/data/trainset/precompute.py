@@ -5,7 +5,8 @@
    tokenizes (or runs a frozen text tower), writing rows to local scratch files.
 2. The parent orders the kept samples by (raw shard in sorted order, key in sorted order), drops
    keys already kept from an earlier shard, and assigns ids 0..N-1 in that order: the same input and
-   config give the same ids on every rerun, whatever the number of workers.
+   config give the same ids on every rerun, whatever the number of workers (:mod:`.precompute_write`,
+   streaming, 8 bytes per sample held).
 3. It writes ``samples_per_shard``-sized training shards (:mod:`toolkit.data.trainset.format`),
    ``dataset.json``, ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
    stage manifest (counts by skip reason and conversion, throughput, examples of skipped keys).
@@ -24,22 +25,20 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 from toolkit.core import files
 from toolkit.core.config import ConfigError, option
-from toolkit.core.log import ProgressCounter, counter, get_logger, progress
+from toolkit.core.log import ProgressCounter, counter, get_logger
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
-from toolkit.data.trainset import integrity, precompute_worker, refs
+from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
+from toolkit.data.trainset import precompute_write as writing
 from toolkit.data.trainset.format import (
     DATASET_JSON,
     Field,
     TrainDataset,
-    TrainShardWriter,
     remove_stale_shards,
 )
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
@@ -181,107 +180,13 @@ def _add_shared(value, n: int) -> None:
         value.value += n
 
 
-def assign_ids(results: list[precompute_worker.ShardResult]) -> tuple[list[tuple[int, int]], list[dict]]:
-    """Global order of kept samples as (result index, row) and every skip record.
-
-    Order: raw shards in sorted-URL order, then keys in sorted order; a key already kept from an
-    earlier shard is skipped as ``duplicate_key``. Position in the returned list is the global id.
-    """
-    order: list[tuple[int, int]] = []
-    skips: list[dict] = []
-    owner: dict[str, str] = {}
-    for i, res in enumerate(results):
-        name = shard_basename(res.url)
-        skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
-        for row in sorted(range(len(res.keys)), key=res.keys.__getitem__):
-            key = res.keys[row]
-            if key in owner:
-                skips.append({"reason": "duplicate_key", "shard": name, "key": key,
-                              "message": f"key already kept from {owner[key]}"})
-                continue
-            owner[key] = name
-            order.append((i, row))
-    return order, skips
-
-
-def _rows(path: str, field: Field, count: int) -> np.ndarray:
-    """Scratch file of ``count`` fixed-size rows -> uint8 memmap [count, field.nbytes]."""
-    if count == 0:
-        return np.zeros((0, field.nbytes), np.uint8)
-    size = os.path.getsize(path)
-    if size != count * field.nbytes:
-        raise RuntimeError(f"{path}: {size} bytes, expected {count} rows of {field.nbytes}")
-    return np.memmap(path, dtype=np.uint8, mode="r", shape=(count, field.nbytes))
-
-
-def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
-                  order: list[tuple[int, int]], urls: list[str]) -> tuple[list, str, list[str]]:
-    writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
-    image_f, text_f = fields
-    rows = {}
-    for sample_id, (i, row) in enumerate(progress(order, desc="write shards", unit="samples")):
-        if i not in rows:
-            rows.clear()  # results arrive in order: keep one shard's memmaps open at a time
-            res = results[i]
-            rows[i] = (_rows(res.image_path, image_f, len(res.keys)), _rows(res.text_path, text_f, len(res.keys)))
-        images, texts = rows[i]
-        res = results[i]
-        writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
-                   {"caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]})
-    return writer.close(), "", []
-
-
-def scratch_fields(cfg: PrecomputeConfig, fields: list[Field]) -> list[Field]:
-    """The fixed-size rows of the workers' scratch files: the sample fields, or for jpeg/index a
-    (offset, length, hash) row per image (precompute_worker.REF_ROW) instead of its pixels."""
-    if cfg.storage == "pixels":
-        return fields
-    return [Field("image", "ref", "uint8", (precompute_worker.REF_ROW.itemsize,)), fields[1]]
-
-
-def _write_refs(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
-                order: list[tuple[int, int]], urls: list[str]) -> tuple[list, str, list[str]]:
-    """jpeg/index parts (refs.RefShardWriter); returns (parts, data_root, data_files) for dataset.json.
-    index: data files are the raw shards, named relative to their common folder, itself stored relative to
-    OUT when both are local (refs.relative_data_root)."""
-    ref_f, text_f = scratch_fields(cfg, fields)
-    writer = refs.RefShardWriter(cfg.out, cfg.storage, text_f.shape[0], cfg.samples_per_shard)
-    rows: dict = {}
-    for sample_id, (i, row) in enumerate(progress(order, desc="write tables", unit="samples")):
-        res = results[i]
-        if i not in rows:
-            for _, _, jpg in rows.values():
-                if jpg is not None:
-                    jpg.close()
-            rows.clear()  # results arrive in order: keep one shard's scratch open at a time
-            jpg = open(resume.stem_of(res) + ".jpg", "rb") if cfg.storage == "jpeg" else None
-            rows[i] = (_rows(res.image_path, ref_f, len(res.keys)).view(precompute_worker.REF_ROW)[:, 0],
-                       _rows(res.text_path, text_f, len(res.keys)).view("<i4"), jpg)
-        refs_i, texts, jpg = rows[i]
-        offset, length, digest = (int(refs_i[row][k]) for k in ("offset", "length", "hash"))
-        data = None
-        if jpg is not None:
-            jpg.seek(offset)
-            data = jpg.read(length)
-        writer.add(sample_id, res.index, offset, length, digest, texts[row], {
-            "caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]}, data)
-    for _, _, jpg in rows.values():
-        if jpg is not None:
-            jpg.close()
-    shards = writer.close()
-    if cfg.storage == "jpeg":
-        return shards, ".", writer.data_files
-    root = refs.common_dir(urls)
-    return shards, refs.relative_data_root(cfg.out, root), [u[len(root):].lstrip("/") for u in urls]
-
-
-def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, timing: dict) -> None:
+def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: int, skips, timing: dict) -> None:
     by_reason = Counter(s["reason"] for s in skips)
     converted = sum((r.converted for r in results), Counter())
     num_read = sum(r.num_read for r in results)
     read_now = num_read - timing["num_resumed_samples"]  # rates are of this run's work, not a resumed run's
-    if num_read != len(order) + len(skips):
-        raise RuntimeError(f"internal count mismatch: read {num_read}, kept {len(order)}, skipped {len(skips)}")
+    if num_read != num_samples + len(skips):
+        raise RuntimeError(f"internal count mismatch: read {num_read}, kept {num_samples}, skipped {len(skips)}")
     examples: dict[str, list[str]] = {}
     for s in skips:
         lst = examples.setdefault(s["reason"], [])
@@ -289,7 +194,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
             lst.append(f"{s['shard']}:{s['key']}")
     total_s = timing["process_s"] + timing["write_s"]
     rec.counts.update({
-        "num_samples": len(order), "num_read": num_read, "num_skipped": len(skips),
+        "num_samples": num_samples, "num_read": num_read, "num_skipped": len(skips),
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
         "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
@@ -297,7 +202,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     })
     rec.details.update({
         "throughput": {**timing, "process_samples_per_s": round(read_now / max(timing["process_s"], 1e-9), 1),
-                       "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
+                       "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
         "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
@@ -322,14 +227,14 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         with output_lock(work):
             try:
                 results, timing = _process(cfg, urls, fields, work, log)
-                order, skips = assign_ids(results)
-                if not order:
-                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
+                if not any(r.num_kept for r in results):
+                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
                                      f"({reasons or 'empty'})")
-                start = time.monotonic()
-                write = _write_shards if cfg.storage == "pixels" else _write_refs
-                shards, data_root, data_files = write(cfg, fields, results, order, urls)
+                start, skips = time.monotonic(), []
+                write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
+                shards, data_root, data_files = write(cfg, fields, results, urls, skips)
+                num_samples = sum(s.num_samples for s in shards)
                 timing.update(write_s=round(time.monotonic() - start, 3), num_shards=len(shards))
             except BaseException:
                 log.warning("precompute: processed raw shards are kept in %s; a rerun into %s resumes from them",
@@ -339,16 +244,16 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         if not cfg.tmp_dir and files.is_local(cfg.out):
             _remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
         remove_stale_shards(cfg.out, len(shards), cfg.storage)
-        dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
+        dataset = TrainDataset(num_samples, fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
                                _extra(cfg, fields), storage=cfg.storage, data_root=data_root,
                                data_files=data_files, root=cfg.out)
         files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
         files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
                                 "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
-        _record(rec, cfg, urls, results, order, skips, timing)
+        _record(rec, cfg, urls, results, num_samples, skips, timing)
         rec.outputs["train"] = cfg.out
         log.info("precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
-                 len(order), rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
+                 num_samples, rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
     return rec.result()
 
 
@@ -356,7 +261,7 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
              log) -> tuple[list[precompute_worker.ShardResult], dict]:
     """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed."""
     key = resume.process_key(cfg)
-    done = resume.load(work, urls, key, scratch_fields(cfg, fields))
+    done = resume.load(work, urls, key, writing.scratch_fields(cfg.storage, fields))
     if done:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0

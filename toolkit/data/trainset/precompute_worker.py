@@ -48,12 +48,12 @@ REF_ROW = np.dtype([("offset", "<u8"), ("length", "<u8"), ("hash", "<u8")])
 
 @dataclass
 class ShardResult:
-    """Outcome of one raw shard. ``keys``/``captions`` are in row order of the temp files."""
+    """Outcome of one raw shard; its kept samples' rows are in scratch files (:func:`scratch_paths`), so the
+    parent holds no per-sample data (keys, captions) for the shards it waits on."""
 
     index: int
     url: str
-    keys: list[str] = field(default_factory=list)
-    captions: list[str] = field(default_factory=list)
+    num_kept: int = 0  # rows of the scratch files; their keys and captions are in '<stem>.keys.jsonl'
     image_path: str = ""
     text_path: str = ""
     num_read: int = 0
@@ -158,8 +158,32 @@ def process_shard(task: ShardTask) -> ShardResult:
         raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
 
 
+def scratch_paths(stem: str) -> dict[str, str]:
+    """A processed raw shard's scratch files besides the row files: ``keys`` (a JSON line [key, caption] per
+    row), ``order`` (uint32 rows in sorted-key order) and ``khash`` (uint64 xxh3-64 of each key, in that
+    order: all the parent holds per sample to find keys repeated across shards)."""
+    return {"keys": stem + ".keys.jsonl", "order": stem + ".order", "khash": stem + ".khash"}
+
+
+def key_hash(key: str) -> int:
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogatepass"))
+
+
+def write_keys(stem: str, keys: list[str], captions: list[str]) -> None:
+    import json
+
+    paths = scratch_paths(stem)
+    with open(paths["keys"], "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps([k, c], ensure_ascii=False) + "\n" for k, c in zip(keys, captions, strict=True))
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    np.asarray(order, "<u4").tofile(paths["order"])
+    np.asarray([key_hash(keys[r]) for r in order], "<u8").tofile(paths["khash"])
+
+
 def _process(task: ShardTask) -> ShardResult:
-    res = ShardResult(task.index, task.url)
+    res, keys, captions = ShardResult(task.index, task.url), [], []
     res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
     on_read = STATE.get("on_read") or (lambda _n: None)
     tower = STATE.get("image_tower")
@@ -189,8 +213,8 @@ def _process(task: ShardTask) -> ShardResult:
         if converted:
             res.converted[converted] += 1
         sink.add(pixels if tower is not None else _image_row(task, sample, image[0], image[1], pixels, jpg))
-        res.keys.append(sample.key)
-        res.captions.append(caption)
+        keys.append(sample.key)
+        captions.append(caption)
     sink.close()
     if jpg is not None:
         jpg.close()
@@ -204,5 +228,7 @@ def _process(task: ShardTask) -> ShardResult:
     if reader.error_kind == "unreadable_tar" and len(res.skips) == before:
         res.skips.append(("unreadable_tar", "*", f"{reader.error} (sample count unknown)"))
     res.num_read += len(res.skips) - before
-    _write_text(res.text_path, res.captions)
+    _write_text(res.text_path, captions)
+    write_keys(task.stem, keys, captions)  # after the row files: resume checks the rows against its count
+    res.num_kept = len(keys)
     return res
