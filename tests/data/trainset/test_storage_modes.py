@@ -208,3 +208,24 @@ def test_the_index_pipeline_runs_scaled_down(tmp_path):
     assert not list((tmp_path / "run" / "precompute").glob("*.tar"))  # no copy of the images
     trained = json.loads((tmp_path / "run" / "train" / "manifest.json").read_text())
     assert trained["status"] == "done"
+
+
+def test_index_mode_refuses_a_compressed_tar_naming_it(small_raw, tmp_path):
+    import gzip
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "00000.tar").write_bytes(gzip.compress((small_raw / "00000.tar").read_bytes()))
+    with pytest.raises(RuntimeError, match=r"00000\.tar: ValueError: .*storage index needs uncompressed tars"):
+        precompute(raw, tmp_path / "index", num_workers=1, storage="index")
+    ok = precompute(raw, tmp_path / "pixels", num_workers=1)  # the other modes read it through tarfile
+    assert ok.counts["num_samples"] == 30
+
+
+def test_index_of_a_single_shard_given_by_a_relative_path(small_raw, tmp_path, monkeypatch):
+    shutil.copy(small_raw / "00001.tar", tmp_path / "one.tar")
+    monkeypatch.chdir(tmp_path)
+    precompute("one.tar", "sets/index", num_workers=1, storage="index")
+    ds = TrainDataset.open("sets/index")
+    assert (ds.data_root, ds.data_files) == ("../..", ["one.tar"])
+    assert len(_all("sets/index")["index"]) == 17

@@ -125,6 +125,22 @@ def _image_row(task: ShardTask, sample: RawSample, ext: str, data: bytes, pixels
     return np.array([(offset, length, xxhash.xxh3_64_intdigest(data))], REF_ROW).tobytes()
 
 
+def check_index_offsets(url: str, image_path: str) -> None:
+    """Index mode: read the first kept image back at its recorded offset in the raw tar; a compressed tar
+    (offsets of the decompressed stream) fails here, naming the shard, instead of on every training read."""
+    import xxhash
+
+    from toolkit.core import files
+
+    with open(image_path, "rb") as fh:
+        offset, length, digest = (int(v) for v in np.frombuffer(fh.read(REF_ROW.itemsize), REF_ROW)[0])
+    with files.open_file(url, "rb") as fh:
+        fh.seek(offset)
+        if xxhash.xxh3_64_intdigest(fh.read(length)) != digest:
+            raise ValueError(f"{url}: storage index needs uncompressed tars (the image bytes are not at their tar "
+                             "offsets in the file); decompress the shards or use storage pixels or jpeg")
+
+
 def _write_text(path: str, captions: list[str]) -> None:
     """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order."""
     with open(path, "wb") as fh:
@@ -231,4 +247,6 @@ def _process(task: ShardTask) -> ShardResult:
     _write_text(res.text_path, captions)
     write_keys(task.stem, keys, captions)  # after the row files: resume checks the rows against its count
     res.num_kept = len(keys)
+    if task.storage == "index" and keys:
+        check_index_offsets(task.url, res.image_path)
     return res

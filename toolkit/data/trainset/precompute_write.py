@@ -140,5 +140,5 @@ def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[
     shards = writer.close()
     if cfg.storage == "jpeg":
         return shards, ".", writer.data_files
-    root = refs.common_dir(urls)
-    return shards, refs.relative_data_root(cfg.out, root), [u[len(root):].lstrip("/") for u in urls]
+    root, names = refs.split_common_dir(urls)
+    return shards, refs.relative_data_root(cfg.out, root), names

@@ -63,21 +63,23 @@ def resolve_data_root(root: str, data_root: str) -> str:
 
 
 def relative_data_root(out: str, data_dir: str) -> str:
-    """``data_dir`` as stored in dataset.json: relative to ``out`` when both are local paths, else as given."""
+    """``data_dir`` as stored in dataset.json: relative to ``out`` when both are local paths; an absolute
+    path for local shards indexed into a remote ``out``; else the URL as given."""
     import os
 
-    if files.is_local(out) and files.is_local(data_dir):
-        return os.path.relpath(os.path.abspath(files.local_path(data_dir)), os.path.abspath(files.local_path(out)))
+    if files.is_local(data_dir):
+        local = os.path.abspath(files.local_path(data_dir))
+        return os.path.relpath(local, os.path.abspath(files.local_path(out))) if files.is_local(out) else local
     return data_dir.rstrip("/")
 
 
-def common_dir(urls: list[str]) -> str:
-    """The folder (local path or URL) that holds every one of ``urls``."""
+def split_common_dir(urls: list[str]) -> tuple[str, list[str]]:
+    """(the folder, local path or URL, that holds every one of ``urls``; each url's name relative to it)."""
     scheme, sep, _ = urls[0].rpartition("://")
     paths = [u.rpartition("://")[2] if sep else u for u in urls]
-    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths]) if len(paths) > 1 else (
-        posixpath.dirname(paths[0]) or ".")
-    return f"{scheme}{sep}{common}" if sep else common
+    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths]) or "."
+    names = [posixpath.relpath(p, common) if sep or common != "." else posixpath.normpath(p) for p in paths]
+    return (f"{scheme}{sep}{common}" if sep else common), names
 
 
 def load_table(ds: Any, part: int) -> np.ndarray:
