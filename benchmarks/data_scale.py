@@ -87,9 +87,11 @@ def make_synthetic(raw: Path, n: int) -> None:
 
 def _child(code: str, timeout_s: int = 7200) -> dict:
     """Run ``code`` in a fresh python; it prints one JSON line last. Adds the peak RSS of the child itself
-    and of its largest own child (pool workers), in bytes."""
+    (VmHWM: ru_maxrss would carry over this benchmark's own peak through fork + exec) and of its largest own
+    child (pool workers, ru_maxrss: forked after the exec, from the child's RSS), in bytes."""
     wrap = (code + "\nimport resource as _r, json as _j\n"
-            "print(_j.dumps(dict(RESULT, peak_self_bytes=_r.getrusage(_r.RUSAGE_SELF).ru_maxrss * 1024, "
+            "_hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')][0].split()[1]\n"
+            "print(_j.dumps(dict(RESULT, peak_self_bytes=int(_hwm) * 1024, "
             "peak_children_bytes=_r.getrusage(_r.RUSAGE_CHILDREN).ru_maxrss * 1024)))")
     done = subprocess.run([sys.executable, "-c", wrap], env=_env(), cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s)
