@@ -242,7 +242,12 @@ def markdown(rows: list[dict], fits: dict, disk: dict | None, cmd: str) -> str:
                      f"{r['precompute_parent_peak_mb']} | {r['precompute_worker_peak_mb']} | "
                      f"{100 * r['index_bytes'] / r['raw_bytes']:.1f} % | {r['first_batch_s']} | "
                      f"{r['train_startup_s']} |")
-    lines += ["", "Fitted growth (y ~ N^k): " + ", ".join(f"{k} = {v}" for k, v in fits.items()), ""]
+    lines += ["", "Fitted growth (y ~ N^k): " + ", ".join(f"{k} = {v}" for k, v in fits.items()), "",
+              "Synthetic samples are 16 px JPEGs (~2.5 kB of tar a sample, headers included), so the index's "
+              "share of them is large here; the disk table below gives it for real photos. Parent peak: the "
+              "precompute process's VmHWM (torch and the tokenizer are ~570 MB of it); worker peak: the "
+              "largest pool worker's ru_maxrss. Train start-up: `toolkit train --steps 1` wall time, process "
+              "start to exit.", ""]
     if disk:
         lines += [f"Disk, {disk['num_samples']} real-photo samples (256 px JPEG q95 raw shards, "
                   f"{disk['raw_bytes_per_sample']:,} B a sample), model input {disk['model_input_px']} px:", "",
@@ -283,6 +288,14 @@ def plot(rows: list[dict], disk: dict | None, path: Path) -> None:
         axes.flat[5].set(title="jpeg: PSNR vs pixels", xlabel="bytes/sample", ylabel="dB")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+def rewrite_report(out: Path) -> None:
+    """Regenerate data_scale.md and .png from data_scale.json (after a change to the report's text)."""
+    result = json.loads((out / "data_scale.json").read_text())
+    (out / "data_scale.md").write_text(markdown(result["scale"], result["fits"], result["disk"],
+                                                result["command"]))
+    plot(result["scale"], result["disk"], out / "data_scale.png")
 
 
 def main(argv=None) -> None:
