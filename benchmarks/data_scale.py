@@ -273,6 +273,7 @@ def plot(rows: list[dict], disk: dict | None, path: Path) -> None:
         for key in keys:
             ax.plot(ns, [r[key] for r in rows], "o-", label=key)
         ax.set(xscale="log", title=title, xlabel="samples N")
+        ax.set_ylim(bottom=0)  # flat is the target: a zoomed axis would make noise look like growth
         ax.legend(fontsize=7)
     if disk:
         names = list(disk["modes"])
