@@ -146,6 +146,8 @@ def inspect_cmd(
                           out=out or input.rstrip("/") + "-inspect", **INSPECT.values(ctx))
     d = run_stage(run, cfg).details
     typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
+    if "storage" in d:
+        typer.echo(f"storage: {d['storage']}, {d['bytes_per_sample']:,} bytes per sample on disk")
     for source, counts in (d.get("skipped") or {}).items():
         _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
     _echo_converted(d.get("converted") or {})

@@ -69,11 +69,36 @@ def contact_sheet(tiles: list[tuple[np.ndarray, str]], thumb: int) -> Image.Imag
     return sheet
 
 
+def _read_refs(ds: TrainDataset, seg: Segment):
+    from toolkit.data.trainset.refs import iter_segment
+
+    return iter_segment(ds, seg.shard, seg.start, seg.count, seg.valid)
+
+
+def storage_report(ds: TrainDataset) -> dict[str, Any]:
+    """The storage mode and what it costs on disk: ``stored_bytes`` of the folder's per-sample files
+    (shards or tables, their .jpgs, checksums and meta sidecars) and ``bytes_per_sample`` = that / N. An
+    index's images stay in the raw shards, not counted here."""
+    import fsspec
+
+    from toolkit.data.trainset.integrity import sums_file
+
+    names = [s.name for s in ds.shards] + [meta_file(i) for i in range(len(ds.shards))]
+    if ds.storage == "pixels":
+        names += [sums_file(s.name) for s in ds.shards if s.sums]
+    elif ds.storage == "jpeg":
+        names += list(ds.data_files)
+    fs, base = fsspec.core.url_to_fs(ds.root)
+    stored = sum(fs.size(f"{base.rstrip('/')}/{name}") for name in names)
+    return {"storage": ds.storage, "stored_bytes": int(stored),
+            "bytes_per_sample": round(stored / max(ds.num_samples, 1), 1)}
+
+
 def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     ds = TrainDataset.open(cfg.input)
     report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
                               "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
-                              "model": ds.model, "source": ds.source}
+                              "model": ds.model, "source": ds.source, **storage_report(ds)}
     manifest = read_manifest(cfg.input) or {}
     counts = manifest.get("counts", {})
     report["skipped"] = {"precompute": counts.get("skipped", {})} if counts else {}
@@ -94,7 +119,8 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
                     captions.append(caption)
     tiles = []
     if ds.field("image") is not None and cfg.num_contact:
-        for sample in read_segment(ds, Segment(0, 0, min(cfg.num_contact, ds.shards[0].num_samples))):
+        read = read_segment if ds.storage == "pixels" else _read_refs
+        for sample in read(ds, Segment(0, 0, min(cfg.num_contact, ds.shards[0].num_samples))):
             tiles.append((sample["image"], captions[len(tiles)] if len(tiles) < len(captions) else ""))
     elif cfg.num_contact:
         report["contact_sheet_note"] = "no pixels stored (frozen-tower features): no contact sheet"

@@ -45,6 +45,8 @@ class RawSample:
 
     key: str
     files: dict[str, bytes] = field(default_factory=dict)
+    # (byte offset of the member's data in the tar, its length) by extension: what an index points at
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def image(self) -> tuple[str, bytes] | None:
         """(extension, bytes) of the first image member, or None."""
@@ -210,6 +212,7 @@ class RawShardReader:
                         current = RawSample(key)
                     extracted = stream.extractfile(info)
                     current.files[ext] = extracted.read() if extracted is not None else b""
+                    current.offsets[ext] = (info.offset_data, info.size)
                     self.num_members += 1
                     stream.members = []  # stream mode keeps every TarInfo otherwise
                 problem = end_problem(stream)

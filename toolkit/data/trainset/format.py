@@ -79,6 +79,13 @@ class Field:
         return np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<")).reshape(self.shape)
 
 
+def ref_dtype(context_length: int) -> np.dtype:
+    """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.refs`), for captions of
+    ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids."""
+    return np.dtype([("file", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("hash", "<u8"),
+                     ("tokens", "<i4", (context_length,))])
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """One training shard: file name relative to the dataset root, sample count, first global id, and
@@ -102,10 +109,16 @@ class TrainDataset:
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
+    storage: str = "pixels"  # pixels (this module), jpeg or index (refs.py): how images are stored
+    data_root: str = ""  # jpeg/index: where data_files live (refs.resolve_data_root)
+    data_files: list[str] = field(default_factory=list)  # jpeg/index: the files the tables point into
     root: str = ""
 
     @property
     def sample_bytes(self) -> int:
+        """Bytes per sample of the shards (pixels) or of the tables (jpeg/index: one record)."""
+        if self.storage != "pixels":
+            return ref_dtype(self.field("tokens").shape[0]).itemsize
         return sum(f.padded_bytes for f in self.fields)
 
     def field(self, role: str) -> Field | None:
@@ -117,6 +130,9 @@ class TrainDataset:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("root")
+        if self.storage == "pixels":  # pixels sets keep the dataset.json they always had
+            for key in ("storage", "data_root", "data_files"):
+                data.pop(key)
         data["sample_bytes"] = self.sample_bytes
         return data
 
@@ -132,7 +148,10 @@ class TrainDataset:
         fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
         shards = [ShardInfo(**s) for s in data["shards"]]
         ds = cls(data["num_samples"], fields, shards, data["samples_per_shard"], data.get("source", ""),
-                 data.get("model", ""), data.get("extra", {}), data["format"], root=root)
+                 data.get("model", ""), data.get("extra", {}), data["format"], data.get("storage", "pixels"),
+                 data.get("data_root", ""), list(data.get("data_files", [])), root=root)
+        if ds.storage not in ("pixels", "jpeg", "index"):
+            raise ValueError(f"{path}: storage {ds.storage!r}, this toolkit reads pixels, jpeg and index")
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
         return ds
@@ -274,7 +293,8 @@ def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
 
 def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:
     """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly with
-    :func:`read_rows` (``chunk`` samples per read call, fields as numpy views of the read buffer)."""
+    :func:`read_rows` (``chunk`` samples per read call, fields as numpy views of the read buffer). Pixels
+    sets only: jpeg and index sets are read through their tables (:func:`toolkit.data.trainset.refs.iter_segment`)."""
     shard = ds.shards[seg.shard]
     sums, vocab = integrity.load_sums(ds, seg.shard), integrity.vocab_size(ds)
     with files.open_file(ds.url(shard), "rb") as fh:
@@ -376,15 +396,18 @@ class TrainShardWriter:
         return self.shards
 
 
-def remove_stale_shards(out: str, keep: int) -> int:
-    """Delete ``NNNNN.tar``/``.meta.jsonl``/``.xxh3`` with index >= keep left by an earlier, larger run."""
+def remove_stale_shards(out: str, keep: int, storage: str = "pixels") -> int:
+    """Delete ``NNNNN.tar``/``.meta.jsonl``/``.xxh3`` (pixels), ``.idx``/``.jpgs`` (jpeg, index) with index
+    >= keep left by an earlier, larger run, and every such file of another storage mode's earlier run."""
+    used = {"pixels": (".tar", ".xxh3"), "jpeg": (".idx", ".jpgs"), "index": (".idx",)}[storage] + (".meta.jsonl",)
     if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
         return 0
     removed = 0
     for name in os.listdir(files.local_path(out)):
         stem = name.split(".", 1)[0]
-        if stem.isdigit() and len(stem) == SHARD_DIGITS and int(stem) >= keep and name.endswith(
-                (".tar", ".meta.jsonl", "." + integrity.SUMS_EXT)):
+        if stem.isdigit() and len(stem) == SHARD_DIGITS and name.endswith(
+                (".tar", ".meta.jsonl", "." + integrity.SUMS_EXT, ".idx", ".jpgs")) and (
+                int(stem) >= keep or not name.endswith(used)):
             os.remove(os.path.join(files.local_path(out), name))
             removed += 1
     return removed

@@ -13,7 +13,8 @@
 K ranks together read exactly the global batches one process would, so training with K ranks equals
 training with one on the same global batch, and a resume at any world size or worker count continues at
 the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
-them round-robin, so batches arrive in t order. Samples are read by seeking (fixed-size samples): the ids
+them round-robin, so batches arrive in t order. jpeg and index sets (``refs``) read each image's bytes through
+their table and decode them in the worker; pixels sets are read by seeking (fixed-size samples): the ids
 of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call;
 ``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
 once, in order, on one process (``InOrder``), for inspection and tests.
@@ -92,6 +93,16 @@ class SampleReader:
         for fh in self._open.values():
             fh.close()
         self._open.clear()
+
+
+def make_reader(ds: TrainDataset, vocab_size: int | None = None):
+    """The sample reader of ``ds``'s storage mode: :class:`SampleReader` (pixels) or
+    :class:`toolkit.data.trainset.refs.RefReader` (jpeg, index: decodes in the loader's workers)."""
+    if ds.storage == "pixels":
+        return SampleReader(ds, vocab_size)
+    from toolkit.data.trainset.refs import RefReader
+
+    return RefReader(ds, vocab_size, MAX_OPEN_FILES)
 
 
 def _open_shard(ds: TrainDataset, shard: int):
@@ -173,7 +184,7 @@ class GlobalBatchStream(IterableDataset):
 
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        reader = SampleReader(self.ds, self.vocab_size)
+        reader = make_reader(self.ds, self.vocab_size)
         try:
             for t in range(self.start_step + worker, self.start_step + self.num_steps, num_workers):
                 ids = self.order.batch_ids(t, self.rank, self.world_size)

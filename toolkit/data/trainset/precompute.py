@@ -5,7 +5,8 @@
    tokenizes (or runs a frozen text tower), writing rows to local scratch files.
 2. The parent orders the kept samples by (raw shard in sorted order, key in sorted order), drops
    keys already kept from an earlier shard, and assigns ids 0..N-1 in that order: the same input and
-   config give the same ids on every rerun, whatever the number of workers.
+   config give the same ids on every rerun, whatever the number of workers (:mod:`.precompute_write`,
+   streaming, 8 bytes per sample held).
 3. It writes ``samples_per_shard``-sized training shards (:mod:`toolkit.data.trainset.format`),
    ``dataset.json``, ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
    stage manifest (counts by skip reason and conversion, throughput, examples of skipped keys).
@@ -22,28 +23,28 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Literal
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, option
-from toolkit.core.log import ProgressCounter, counter, get_logger, progress
+from toolkit.core.log import ProgressCounter, counter, get_logger
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
 from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
+from toolkit.data.trainset import precompute_write as writing
 from toolkit.data.trainset.format import (
     DATASET_JSON,
     Field,
     TrainDataset,
-    TrainShardWriter,
     remove_stale_shards,
 )
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
+Storage = Literal["pixels", "jpeg", "index"]
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
 # The parent reads the workers' shared sample counter this often (seconds) to move the progress display.
@@ -59,6 +60,12 @@ class PrecomputeConfig:
     image_size: int = option(0, ge=0, doc="Square image side in pixels; 0: the model's image size.")
     resize_mode: ResizeMode = option("center_crop", doc="center_crop: scale the short side, crop the centre; "
                                                         "pad: fit the whole image, pad with white.")
+    storage: Storage = option("pixels", doc="How images are stored. pixels: decoded and resized (fastest to "
+                                            "train from, ~W*H*3 bytes a sample). jpeg: re-encoded at the model "
+                                            "size (decoded by the loader, ~1/10 of pixels' disk). index: no copy, "
+                                            "a table of byte ranges into the raw shards (<2 % extra disk; keep "
+                                            "the raw shards where they are). See docs/data-format.md.")
+    jpeg_quality: int = option(90, ge=1, le=100, doc="JPEG quality of storage jpeg (PIL's scale, 4:2:0 chroma).")
     samples_per_shard: int = option(1000, ge=1, doc="Samples per training shard (the last one may hold fewer).")
     num_workers: int = option(0, ge=0, affects_output=False,
                               doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
@@ -92,6 +99,9 @@ class PrecomputeConfig:
             raise ValueError(f"image_tower_size: applies to image_tower efficientnet_lite0 only (got "
                              f"{self.image_tower})")
         check_weights_value("text_tower_weights", self.text_tower_weights)
+        if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
+            raise ValueError(f"storage {self.storage}: stores images and tokens; frozen-tower features need "
+                             "storage pixels (the default)")
 
 
 def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
@@ -170,63 +180,13 @@ def _add_shared(value, n: int) -> None:
         value.value += n
 
 
-def assign_ids(results: list[precompute_worker.ShardResult]) -> tuple[list[tuple[int, int]], list[dict]]:
-    """Global order of kept samples as (result index, row) and every skip record.
-
-    Order: raw shards in sorted-URL order, then keys in sorted order; a key already kept from an
-    earlier shard is skipped as ``duplicate_key``. Position in the returned list is the global id.
-    """
-    order: list[tuple[int, int]] = []
-    skips: list[dict] = []
-    owner: dict[str, str] = {}
-    for i, res in enumerate(results):
-        name = shard_basename(res.url)
-        skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
-        for row in sorted(range(len(res.keys)), key=res.keys.__getitem__):
-            key = res.keys[row]
-            if key in owner:
-                skips.append({"reason": "duplicate_key", "shard": name, "key": key,
-                              "message": f"key already kept from {owner[key]}"})
-                continue
-            owner[key] = name
-            order.append((i, row))
-    return order, skips
-
-
-def _rows(path: str, field: Field, count: int) -> np.ndarray:
-    """Scratch file of ``count`` fixed-size rows -> uint8 memmap [count, field.nbytes]."""
-    if count == 0:
-        return np.zeros((0, field.nbytes), np.uint8)
-    size = os.path.getsize(path)
-    if size != count * field.nbytes:
-        raise RuntimeError(f"{path}: {size} bytes, expected {count} rows of {field.nbytes}")
-    return np.memmap(path, dtype=np.uint8, mode="r", shape=(count, field.nbytes))
-
-
-def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
-                  order: list[tuple[int, int]]) -> list:
-    writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
-    image_f, text_f = fields
-    rows = {}
-    for sample_id, (i, row) in enumerate(progress(order, desc="write shards", unit="samples")):
-        if i not in rows:
-            rows.clear()  # results arrive in order: keep one shard's memmaps open at a time
-            res = results[i]
-            rows[i] = (_rows(res.image_path, image_f, len(res.keys)), _rows(res.text_path, text_f, len(res.keys)))
-        images, texts = rows[i]
-        res = results[i]
-        writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
-                   {"caption": res.captions[row], "source": shard_basename(res.url), "key": res.keys[row]})
-    return writer.close()
-
-
-def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, timing: dict) -> None:
+def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: int, skips, timing: dict) -> None:
     by_reason = Counter(s["reason"] for s in skips)
     converted = sum((r.converted for r in results), Counter())
     num_read = sum(r.num_read for r in results)
     read_now = num_read - timing["num_resumed_samples"]  # rates are of this run's work, not a resumed run's
-    if num_read != len(order) + len(skips):
-        raise RuntimeError(f"internal count mismatch: read {num_read}, kept {len(order)}, skipped {len(skips)}")
+    if num_read != num_samples + len(skips):
+        raise RuntimeError(f"internal count mismatch: read {num_read}, kept {num_samples}, skipped {len(skips)}")
     examples: dict[str, list[str]] = {}
     for s in skips:
         lst = examples.setdefault(s["reason"], [])
@@ -234,7 +194,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
             lst.append(f"{s['shard']}:{s['key']}")
     total_s = timing["process_s"] + timing["write_s"]
     rec.counts.update({
-        "num_samples": len(order), "num_read": num_read, "num_skipped": len(skips),
+        "num_samples": num_samples, "num_read": num_read, "num_skipped": len(skips),
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
         "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
@@ -242,7 +202,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, order, skips, 
     })
     rec.details.update({
         "throughput": {**timing, "process_samples_per_s": round(read_now / max(timing["process_s"], 1e-9), 1),
-                       "write_samples_per_s": round(len(order) / max(timing["write_s"], 1e-9), 1)},
+                       "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
         "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
@@ -267,13 +227,14 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         with output_lock(work):
             try:
                 results, timing = _process(cfg, urls, fields, work, log)
-                order, skips = assign_ids(results)
-                if not order:
-                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
+                if not any(r.num_kept for r in results):
+                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
                                      f"({reasons or 'empty'})")
-                start = time.monotonic()
-                shards = _write_shards(cfg, fields, results, order)
+                start, skips = time.monotonic(), []
+                write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
+                shards, data_root, data_files = write(cfg, fields, results, urls, skips)
+                num_samples = sum(s.num_samples for s in shards)
                 timing.update(write_s=round(time.monotonic() - start, 3), num_shards=len(shards))
             except BaseException:
                 log.warning("precompute: processed raw shards are kept in %s; a rerun into %s resumes from them",
@@ -282,16 +243,17 @@ def run(cfg: PrecomputeConfig) -> StageResult:
             shutil.rmtree(work, ignore_errors=True)
         if not cfg.tmp_dir and files.is_local(cfg.out):
             _remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
-        remove_stale_shards(cfg.out, len(shards))
-        dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
-                               _extra(cfg, fields), root=cfg.out)
+        remove_stale_shards(cfg.out, len(shards), cfg.storage)
+        dataset = TrainDataset(num_samples, fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
+                               _extra(cfg, fields), storage=cfg.storage, data_root=data_root,
+                               data_files=data_files, root=cfg.out)
         files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
         files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
                                 "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
-        _record(rec, cfg, urls, results, order, skips, timing)
+        _record(rec, cfg, urls, results, num_samples, skips, timing)
         rec.outputs["train"] = cfg.out
         log.info("precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
-                 len(order), rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
+                 num_samples, rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
     return rec.result()
 
 
@@ -299,12 +261,12 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
              log) -> tuple[list[precompute_worker.ShardResult], dict]:
     """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed."""
     key = resume.process_key(cfg)
-    done = resume.load(work, urls, key, fields)
+    done = resume.load(work, urls, key, writing.scratch_fields(cfg.storage, fields))
     if done:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0
     tasks = [precompute_worker.ShardTask(i, u, resume.stem(work, u), side, cfg.resize_mode,
-                                         cfg.max_image_pixels, cfg.caption_ext)
+                                         cfg.max_image_pixels, cfg.caption_ext, cfg.storage, cfg.jpeg_quality)
              for i, u in enumerate(urls) if i not in done]
     workers = max(1, min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks)))
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
@@ -342,6 +304,8 @@ def _remove_empty_dir(path: str) -> None:
 def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
     """Provenance the loader does not need but users and the trainer may: towers, resize mode."""
     extra: dict = {"resize_mode": cfg.resize_mode}
+    if cfg.storage == "jpeg":
+        extra["jpeg_quality"] = cfg.jpeg_quality
     state = precompute_worker.STATE
     if state.get("image_tower") is not None:
         t = state["image_tower"]

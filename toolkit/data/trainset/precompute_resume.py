@@ -3,7 +3,8 @@
 Processing a raw shard (decode, resize and tokenize, or a frozen tower's forward pass) is where
 precompute spends its time; writing the training shards afterwards is a copy. So every raw shard's rows
 go into a work folder that outlives a run killed, interrupted or failed, and each finished raw shard gets
-a record ``<stem>.json`` (its keys, captions, skips and counts) written after its row files. A rerun into
+a record ``<stem>.json`` (its skips and counts; keys and captions are in ``<stem>.keys.jsonl``) written after
+its row files. A rerun into
 the same output reuses each record whose raw shard (the tar and its parquet and stats, by size and
 modification time) and processing options (model, image size, resize mode, towers and their weights
 files, toolkit version) are unchanged, and processes the others again. Global ids are assigned after all
@@ -32,9 +33,9 @@ from toolkit.core.config import config_hash, input_paths
 from toolkit.core.stage import fingerprint
 from toolkit.data.raw.reader import sidecar
 from toolkit.data.trainset.format import Field
-from toolkit.data.trainset.precompute_worker import ShardResult
+from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: keys and captions moved from the record into '<stem>.keys.jsonl'
 
 
 def work_dir(cfg) -> str:
@@ -57,6 +58,11 @@ def stem(work: str, url: str) -> str:
     return os.path.join(work, hashlib.sha256(url.encode()).hexdigest()[:16])
 
 
+def stem_of(res: ShardResult) -> str:
+    """The path prefix of a result's scratch files (its row files are ``<stem>.image``/``.text``)."""
+    return res.image_path[:-len(".image")]
+
+
 def source_fingerprint(url: str) -> list[str]:
     """What identifies a raw shard's content: the tar and the sidecars that name its missing samples."""
     return [fingerprint(url), fingerprint(sidecar(url, ".parquet")), fingerprint(sidecar(url, "_stats.json"))]
@@ -65,7 +71,7 @@ def source_fingerprint(url: str) -> list[str]:
 def save(work: str, res: ShardResult, key: str) -> None:
     """Record ``res`` as finished (after its row files are complete): ``<stem>.json``, written atomically."""
     record = {"version": RECORD_VERSION, "process_key": key, "url": res.url,
-              "source": source_fingerprint(res.url), "keys": res.keys, "captions": res.captions,
+              "source": source_fingerprint(res.url), "num_kept": res.num_kept,
               "num_read": res.num_read, "skips": [list(s) for s in res.skips],
               "converted": dict(res.converted), "tar_error": res.tar_error}
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
@@ -74,9 +80,9 @@ def save(work: str, res: ShardResult, key: str) -> None:
 def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int, ShardResult]:
     """Finished results of this run's raw shards (task index -> result); deletes every other file.
 
-    A record counts when its process key, URL and source fingerprint match and both row files have
-    exactly ``len(keys)`` rows; anything else (a record of other options or of a changed shard, row
-    files a killed worker left half written, shards no longer in the input) is removed.
+    A record counts when its process key, URL and source fingerprint match and its row and key files have
+    exactly ``num_kept`` rows; anything else (a record of other options or of a changed shard, row files a
+    killed worker left half written, shards no longer in the input) is removed.
     """
     found: dict[int, ShardResult] = {}
     for index, url in enumerate(urls):
@@ -85,7 +91,7 @@ def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int,
             found[index] = res
     kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
-        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image, <stem>.text, <stem>.json
+        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg)
             path = os.path.join(work, name)
             if os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)
@@ -102,13 +108,19 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> Sha
             or record.get("process_key") != key or record.get("url") != url
             or record.get("source") != source_fingerprint(url)):
         return None
-    res = ShardResult(index, url, list(record["keys"]), list(record["captions"]), base + ".image", base + ".text",
+    res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
                       int(record["num_read"]), [tuple(s) for s in record["skips"]],
                       Counter(record["converted"]), record["tar_error"])
     for path, field in zip((res.image_path, res.text_path), fields, strict=True):
         try:
-            if os.path.getsize(path) != len(res.keys) * field.nbytes:
+            if os.path.getsize(path) != res.num_kept * field.nbytes:
                 return None
         except OSError:
             return None
+    paths = scratch_paths(base)
+    for name, width in (("order", 4), ("khash", 8)):
+        if not os.path.isfile(paths[name]) or os.path.getsize(paths[name]) != res.num_kept * width:
+            return None
+    if not os.path.isfile(paths["keys"]):
+        return None
     return res

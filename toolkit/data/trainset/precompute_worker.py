@@ -11,6 +11,7 @@ forks, so workers share them copy-on-write instead of loading them once each.
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,16 +37,23 @@ class ShardTask:
     resize_mode: str = "center_crop"
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     caption_ext: str = "txt"
+    storage: str = "pixels"  # pixels: rows of pixels; jpeg/index: rows of REF_ROW (offset, length, hash)
+    jpeg_quality: int = 90
+
+
+# jpeg/index scratch rows: (offset, length, xxh3-64) of the image bytes, little-endian uint64 each; for
+# index the offset is into the raw tar, for jpeg into the shard's '<stem>.jpg' scratch file.
+REF_ROW = np.dtype([("offset", "<u8"), ("length", "<u8"), ("hash", "<u8")])
 
 
 @dataclass
 class ShardResult:
-    """Outcome of one raw shard. ``keys``/``captions`` are in row order of the temp files."""
+    """Outcome of one raw shard; its kept samples' rows are in scratch files (:func:`scratch_paths`), so the
+    parent holds no per-sample data (keys, captions) for the shards it waits on."""
 
     index: int
     url: str
-    keys: list[str] = field(default_factory=list)
-    captions: list[str] = field(default_factory=list)
+    num_kept: int = 0  # rows of the scratch files; their keys and captions are in '<stem>.keys.jsonl'
     image_path: str = ""
     text_path: str = ""
     num_read: int = 0
@@ -98,6 +106,41 @@ def _encode_images(rows: list[np.ndarray]) -> np.ndarray:
     return STATE["image_tower"].encode(np.stack(rows))
 
 
+def _image_row(task: ShardTask, sample: RawSample, ext: str, data: bytes, pixels: np.ndarray, jpg) -> bytes:
+    """The scratch row of one kept image: its pixels, or (offset, length, hash) of the bytes an index
+    (raw member) or jpeg set (re-encoded at the model size) will point at."""
+    import xxhash
+
+    if task.storage == "pixels":
+        return pixels.tobytes()
+    if task.storage == "index":
+        offset, length = sample.offsets[ext]
+    else:
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=task.jpeg_quality)
+        data, offset, length = buf.getvalue(), jpg.tell(), len(buf.getvalue())
+        jpg.write(data)
+    return np.array([(offset, length, xxhash.xxh3_64_intdigest(data))], REF_ROW).tobytes()
+
+
+def check_index_offsets(url: str, image_path: str) -> None:
+    """Index mode: read the first kept image back at its recorded offset in the raw tar; a compressed tar
+    (offsets of the decompressed stream) fails here, naming the shard, instead of on every training read."""
+    import xxhash
+
+    from toolkit.core import files
+
+    with open(image_path, "rb") as fh:
+        offset, length, digest = (int(v) for v in np.frombuffer(fh.read(REF_ROW.itemsize), REF_ROW)[0])
+    with files.open_file(url, "rb") as fh:
+        fh.seek(offset)
+        if xxhash.xxh3_64_intdigest(fh.read(length)) != digest:
+            raise ValueError(f"{url}: storage index needs uncompressed tars (the image bytes are not at their tar "
+                             "offsets in the file); decompress the shards or use storage pixels or jpeg")
+
+
 def _write_text(path: str, captions: list[str]) -> None:
     """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order."""
     with open(path, "wb") as fh:
@@ -131,14 +174,39 @@ def process_shard(task: ShardTask) -> ShardResult:
         raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
 
 
+def scratch_paths(stem: str) -> dict[str, str]:
+    """A processed raw shard's scratch files besides the row files: ``keys`` (a JSON line [key, caption] per
+    row), ``order`` (uint32 rows in sorted-key order) and ``khash`` (uint64 xxh3-64 of each key, in that
+    order: all the parent holds per sample to find keys repeated across shards)."""
+    return {"keys": stem + ".keys.jsonl", "order": stem + ".order", "khash": stem + ".khash"}
+
+
+def key_hash(key: str) -> int:
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogatepass"))
+
+
+def write_keys(stem: str, keys: list[str], captions: list[str]) -> None:
+    import json
+
+    paths = scratch_paths(stem)
+    with open(paths["keys"], "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps([k, c], ensure_ascii=False) + "\n" for k, c in zip(keys, captions, strict=True))
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    np.asarray(order, "<u4").tofile(paths["order"])
+    np.asarray([key_hash(keys[r]) for r in order], "<u8").tofile(paths["khash"])
+
+
 def _process(task: ShardTask) -> ShardResult:
-    res = ShardResult(task.index, task.url)
+    res, keys, captions = ShardResult(task.index, task.url), [], []
     res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
     on_read = STATE.get("on_read") or (lambda _n: None)
     tower = STATE.get("image_tower")
     sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
     size = tower.image_size if tower is not None else task.image_size
     reader, seen = RawShardReader(task.url), set()
+    jpg = open(task.stem + ".jpg", "wb") if task.storage == "jpeg" else None
     for sample in reader.samples():
         res.num_read += 1
         on_read(1)
@@ -160,10 +228,12 @@ def _process(task: ShardTask) -> ShardResult:
             continue
         if converted:
             res.converted[converted] += 1
-        sink.add(pixels if tower is not None else pixels.tobytes())
-        res.keys.append(sample.key)
-        res.captions.append(caption)
+        sink.add(pixels if tower is not None else _image_row(task, sample, image[0], image[1], pixels, jpg))
+        keys.append(sample.key)
+        captions.append(caption)
     sink.close()
+    if jpg is not None:
+        jpg.close()
     if reader.cut_key is not None:
         res.num_read += 1
         seen.add(reader.cut_key)
@@ -174,5 +244,9 @@ def _process(task: ShardTask) -> ShardResult:
     if reader.error_kind == "unreadable_tar" and len(res.skips) == before:
         res.skips.append(("unreadable_tar", "*", f"{reader.error} (sample count unknown)"))
     res.num_read += len(res.skips) - before
-    _write_text(res.text_path, res.captions)
+    _write_text(res.text_path, captions)
+    write_keys(task.stem, keys, captions)  # after the row files: resume checks the rows against its count
+    res.num_kept = len(keys)
+    if task.storage == "index" and keys:
+        check_index_offsets(task.url, res.image_path)
     return res

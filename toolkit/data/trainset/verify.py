@@ -1,6 +1,8 @@
 """``toolkit data verify DIR``: read every sample of a training-shard folder and list what is damaged.
 
-Checks, per shard of ``dataset.json``: the tar exists and is long enough; its checksum sidecar matches
+jpeg and index sets (:mod:`.refs`): each part's table matches dataset.json, and every record's image bytes
+exist, match their xxh3-64 and decode, and its token ids lie inside the vocabulary. Pixels sets: checks,
+per shard of ``dataset.json``: the tar exists and is long enough; its checksum sidecar matches
 dataset.json (:mod:`.integrity`); every sample's first member is named after its id, its xxh3-64 matches
 the sidecar, and its token ids lie inside the vocabulary; the tar ends with its end-of-archive marker.
 Unlike the loader, which stops at the first damaged sample, verify reads on and lists every one (up to
@@ -56,8 +58,9 @@ def run(cfg: VerifyConfig) -> VerifyResult:
         get_logger("data").warning("%s: no checksums recorded (precomputed before the toolkit wrote them): "
                                    "checking the layout and token ids only", cfg.input)
     with counter(ds.num_samples, desc="verify", unit="samples") as count:
+        check = _verify_shard if ds.storage == "pixels" else _verify_part
         for index, shard in enumerate(ds.shards):
-            found = _verify_shard(ds, index, result.vocab_size, count)
+            found = check(ds, index, result.vocab_size, count)
             if found:
                 result.damaged_shards.append(shard.name)
                 result.num_damaged_samples += sum(1 for _, sample in found if sample)
@@ -98,6 +101,35 @@ def _verify_shard(ds: TrainDataset, index: int, vocab: int | None, count) -> lis
             if fh.read(2 * BLOCK) != bytes(2 * BLOCK):
                 found.append((f"{url}: no end-of-archive marker after sample {shard.num_samples - 1}: data was "
                               "appended or the tail is damaged", False))
+    return found
+
+
+def _verify_part(ds: TrainDataset, index: int, vocab: int | None, count) -> list[tuple[str, bool]]:
+    """(message, is a sample problem) for every problem of one jpeg/index part: its table against
+    dataset.json, then every record's image bytes (length, xxh3-64, decodable) and token ids."""
+    from toolkit.data.trainset import refs
+
+    reader = refs.RefReader(ds, vocab)
+    shard, found = ds.shards[index], []
+    try:
+        table = reader.table(index)
+    except (OSError, ValueError) as err:
+        count.advance(shard.num_samples)
+        return [(str(err), False)]
+    try:
+        for position, rec in enumerate(table):
+            try:
+                data = reader.image_bytes(index, position, rec)
+                refs.decode_image(data, reader.side, reader.resize_mode)
+                integrity.check_tokens(ds, index, position, rec["tokens"][None], vocab)
+            except integrity.DataIntegrityError as err:
+                found.append((str(err).split("; run `toolkit data verify")[0], True))
+            except ValueError as err:  # ImageError: the bytes match the index but no longer decode
+                found.append((f"{reader.data_url(int(rec['file']))}: sample {position} of {shard.name} (id "
+                              f"{shard.first_id + position}) does not decode: {err}", True))
+            count.advance(1)
+    finally:
+        reader.close()
     return found
 
 

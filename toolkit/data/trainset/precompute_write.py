@@ -1,0 +1,144 @@
+"""Second half of ``precompute``: dense ids over every processed raw shard, then the training shards/tables.
+
+Ids follow (raw shard in sorted order, key in sorted order); a key already kept from an earlier raw shard is
+skipped as ``duplicate_key``. The parent streams: it holds one raw shard's keys and captions at a time, and
+for the whole set only a 64-bit hash per kept key (``<stem>.khash``, written by the workers), sorted in place
+to find the few hashes that occur more than once; only keys with such a hash are compared as strings (a
+dict of those keys). That is 8 bytes per sample, where the ids used to
+need ~220 bytes per sample of Python lists, tuples and a key -> shard dict.
+All functions run in the parent process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from toolkit.core.log import progress
+from toolkit.data.raw.reader import shard_basename
+from toolkit.data.trainset import precompute_worker, refs
+from toolkit.data.trainset.format import Field, TrainShardWriter
+from toolkit.data.trainset.precompute_resume import stem_of
+from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
+
+# Hashes compared per numpy call when looking for repeats: bounds the comparison's scratch memory.
+CHUNK = 1 << 20
+
+
+def repeated_key_hashes(results: list[ShardResult]) -> np.ndarray:
+    """The sorted distinct 64-bit key hashes that occur more than once over all ``results``."""
+    hashes = np.empty(sum(r.num_kept for r in results), "<u8")
+    pos = 0
+    for res in results:
+        if res.num_kept:
+            hashes[pos:pos + res.num_kept] = np.fromfile(scratch_paths(stem_of(res))["khash"], "<u8")
+            pos += res.num_kept
+    hashes.sort()  # in place: no second copy of the N hashes
+    found = []
+    for lo in range(1, len(hashes), CHUNK):  # chunked: a whole-array comparison would add 1 byte a sample
+        cur = hashes[lo:lo + CHUNK]
+        found.append(cur[cur == hashes[lo - 1:lo - 1 + len(cur)]])
+    return np.unique(np.concatenate(found)) if found else np.zeros(0, "<u8")
+
+
+def kept_samples(results: list[ShardResult], skips: list[dict]) -> Iterator[tuple[ShardResult, int, str, str]]:
+    """(result, row, key, caption) of every kept sample in id order; appends every skip record to
+    ``skips`` as it goes (a shard's worker skips, then its duplicate keys), in the order of skipped.jsonl."""
+    repeated = repeated_key_hashes(results)
+    owners: dict[int, dict[str, str]] = {}  # a repeated hash -> {key: raw shard that kept it}
+    for res in results:
+        name = shard_basename(res.url)
+        skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
+        if not res.num_kept:
+            continue
+        paths = scratch_paths(stem_of(res))
+        with open(paths["keys"], encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh]
+        khash = np.fromfile(paths["khash"], "<u8")
+        maybe = np.isin(khash, repeated)
+        for row, digest, check in zip(np.fromfile(paths["order"], "<u4").tolist(), khash.tolist(), maybe.tolist(),
+                                      strict=True):
+            key, caption = rows[row]
+            if check:
+                seen = owners.setdefault(digest, {})
+                if key in seen:
+                    skips.append({"reason": "duplicate_key", "shard": name, "key": key,
+                                  "message": f"key already kept from {seen[key]}"})
+                    continue
+                seen[key] = name
+            yield res, row, key, caption
+
+
+def _rows(path: str, field: Field, count: int) -> np.ndarray:
+    """Scratch file of ``count`` fixed-size rows -> uint8 memmap [count, field.nbytes]."""
+    if count == 0:
+        return np.zeros((0, field.nbytes), np.uint8)
+    size = os.path.getsize(path)
+    if size != count * field.nbytes:
+        raise RuntimeError(f"{path}: {size} bytes, expected {count} rows of {field.nbytes}")
+    return np.memmap(path, dtype=np.uint8, mode="r", shape=(count, field.nbytes))
+
+
+def scratch_fields(storage: str, fields: list[Field]) -> list[Field]:
+    """The fixed-size rows of the workers' scratch files: the sample fields, or for jpeg/index a
+    (offset, length, hash) row per image (precompute_worker.REF_ROW) instead of its pixels."""
+    if storage == "pixels":
+        return fields
+    return [Field("image", "ref", "uint8", (precompute_worker.REF_ROW.itemsize,)), fields[1]]
+
+
+def _samples(results: list[ShardResult], skips: list[dict], desc: str):
+    return progress(kept_samples(results, skips), total=sum(r.num_kept for r in results), desc=desc,
+                    unit="samples")
+
+
+def write_pixels(cfg, fields: list[Field], results: list[ShardResult], urls: list[str],
+                 skips: list[dict]) -> tuple[list, str, list[str]]:
+    """Pixels (or frozen-feature) training shards; returns (shards, data_root "", data_files [])."""
+    writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
+    image_f, text_f = fields
+    current, images, texts = None, None, None
+    for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write shards")):
+        if res is not current:  # results arrive in order: one shard's memmaps open at a time
+            current = res
+            images, texts = _rows(res.image_path, image_f, res.num_kept), _rows(res.text_path, text_f, res.num_kept)
+        writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
+                   {"caption": caption, "source": shard_basename(res.url), "key": key})
+    return writer.close(), "", []
+
+
+def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[str],
+               skips: list[dict]) -> tuple[list, str, list[str]]:
+    """jpeg/index parts (refs.RefShardWriter); returns (parts, data_root, data_files) for dataset.json.
+    index: data files are the raw shards, named relative to their common folder, itself stored relative to
+    OUT when both are local (refs.relative_data_root)."""
+    ref_f, text_f = scratch_fields(cfg.storage, fields)
+    writer = refs.RefShardWriter(cfg.out, cfg.storage, text_f.shape[0], cfg.samples_per_shard)
+    current, jpg = None, None
+    try:
+        for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write tables")):
+            if res is not current:  # results arrive in order: one shard's scratch open at a time
+                current = res
+                if jpg is not None:
+                    jpg.close()
+                jpg = open(stem_of(res) + ".jpg", "rb") if cfg.storage == "jpeg" else None
+                ref_rows = _rows(res.image_path, ref_f, res.num_kept).view(precompute_worker.REF_ROW)[:, 0]
+                texts = _rows(res.text_path, text_f, res.num_kept).view("<i4")
+            offset, length, digest = (int(ref_rows[row][k]) for k in ("offset", "length", "hash"))
+            data = None
+            if jpg is not None:
+                jpg.seek(offset)
+                data = jpg.read(length)
+            writer.add(sample_id, res.index, offset, length, digest, texts[row],
+                       {"caption": caption, "source": shard_basename(res.url), "key": key}, data)
+    finally:
+        if jpg is not None:
+            jpg.close()
+    shards = writer.close()
+    if cfg.storage == "jpeg":
+        return shards, ".", writer.data_files
+    root, names = refs.split_common_dir(urls)
+    return shards, refs.relative_data_root(cfg.out, root), names
