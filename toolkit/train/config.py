@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolkit.core.config import ConfigError, option
+from toolkit.data.augment import AugmentConfig
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.optim import OptimConfig
 
@@ -161,6 +162,8 @@ class TrainConfig:
     loss: LossConfig = option(factory=LossConfig, doc="The objective.")
     optim: OptimConfig = option(factory=OptimConfig, doc="Optimiser, lr schedule, gradient clipping.")
     loader: LoaderConfig = option(factory=LoaderConfig, doc="Reading the training shards.")
+    augment: AugmentConfig = option(factory=AugmentConfig, doc="Random crops of pixel inputs (open_clip's "
+                                                               "train transform); none for frozen-tower features.")
     launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes.")
     checkpoint: CheckpointConfig = option(factory=CheckpointConfig, doc="Checkpoints and resume.")
     eval: EvalConfig = option(factory=EvalConfig, doc="Zero-shot evaluation during training.")

@@ -30,6 +30,7 @@ from toolkit.core.config import ConfigError, option
 from toolkit.core.log import ProgressCounter, counter, get_logger, progress
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
+from toolkit.data.augment import stored_side
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
 from toolkit.data.trainset import integrity, precompute_worker
@@ -59,6 +60,11 @@ class PrecomputeConfig:
     image_size: int = option(0, ge=0, doc="Square image side in pixels; 0: the model's image size.")
     resize_mode: ResizeMode = option("center_crop", doc="center_crop: scale the short side, crop the centre; "
                                                         "pad: fit the whole image, pad with white.")
+    crop_scale_min: float = option(0.9, gt=0, le=1,
+                                   doc="Crop margin of stored pixels: they are ceil(image_size / this) px wide, "
+                                       "so the trainer's random crops of at least this area fraction (open_clip's "
+                                       "0.9; --set augment.scale_min) never upsample (224 -> 249 px, 1.24x the "
+                                       "bytes). 1: exactly image_size, no margin.")
     samples_per_shard: int = option(1000, ge=1, doc="Samples per training shard (the last one may hold fewer).")
     num_workers: int = option(0, ge=0, affects_output=False,
                               doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
@@ -111,7 +117,7 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     if state["image_tower"] is not None:
         image = Field.make("image_features", (state["image_tower"].dim,))
     else:
-        side = cfg.image_size or image_size(cfg.model)
+        side = stored_side(cfg.image_size or image_size(cfg.model), cfg.crop_scale_min)
         image = Field.make("image", (side, side, 3))
     if state["text_tower"] is not None:
         text = Field.make("text_features", (state["text_tower"].dim,))
@@ -347,8 +353,11 @@ def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
         t = state["image_tower"]
         extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,
                                 "mean": list(t.mean), "std": list(t.std), "weights": cfg.image_tower_weights}
-    else:
-        extra["image_size"] = fields[0].shape[0]
+    else:  # image_size: the model's side; the stored side (the field's shape) adds the crop margin
+        from toolkit.models.registry import image_size
+
+        extra["image_size"] = cfg.image_size or image_size(cfg.model)
+        extra["crop_scale_min"] = cfg.crop_scale_min
     if state.get("text_tower") is not None:
         t = state["text_tower"]
         extra["text_tower"] = {"kind": cfg.text_tower, "name": t.name, "dim": t.dim,
