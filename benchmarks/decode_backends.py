@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> None:
         data = photo_like(rng, side, args.num_images)
         row = {"source_side": side, "mean_kib": round(sum(map(len, data)) / len(data) / 1024, 1)}
         for name in ("torchvision", "pil", "auto"):
-            row[name] = round(len(data) / time_it(lambda n=name: decode_batch(data, args.size, backend=n),
+            row[name] = round(len(data) / time_it(lambda n=name, d=data: decode_batch(d, args.size, backend=n),
                                                     args.repeats), 1)
-        row["pil_plain"] = round(len(data) / time_it(lambda: pil_plain(data, args.size), args.repeats), 1)
+        row["pil_plain"] = round(len(data) / time_it(lambda d=data: pil_plain(d, args.size), args.repeats), 1)
         rows.append(row)
     head = "| source px | KiB | torchvision img/s | pil (draft) img/s | auto img/s | pil plain img/s |"
     lines = [head, "|---|---|---|---|---|---|"] + [

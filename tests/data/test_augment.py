@@ -71,7 +71,7 @@ def test_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
     one = _batches(margin_train, num_steps=8)
     assert all(img.shape == (8, SIZE, SIZE, 3) and img.dtype == torch.uint8 for _, _, img in one)
     ranks = [_batches(margin_train, num_steps=8, rank=r, world_size=2, num_workers=2) for r in (0, 1)]
-    for t, (step, ids, img) in enumerate(one):
+    for t, (_, ids, img) in enumerate(one):
         assert torch.equal(torch.cat([ranks[0][t][1], ranks[1][t][1]]), ids)
         assert torch.equal(torch.cat([ranks[0][t][2], ranks[1][t][2]]), img)
     resumed = _batches(margin_train, start_step=5, num_steps=3, num_workers=2)
