@@ -219,12 +219,23 @@ def precompute_cmd(
     text_tower_weights: Annotated[str | None, typer.Option("--text-tower-weights", help="Local weights file of "
                                                            "the text tower (default: packaged or seeded "
                                                            "random).")] = None,
+    launch_nproc_per_node: Annotated[int | None, typer.Option("--nproc-per-node", help="Processes on this node, "
+                                                       "launched by torchrun as `toolkit train` (one per GPU for "
+                                                       "frozen towers) (default 1).")] = None,
+    launch_nodes: Annotated[str | None, typer.Option("--nodes", help="Number of nodes (default 1).")] = None,
+    launch_node_rank: Annotated[int | None, typer.Option("--node-rank", help="This node's rank (default 0).")] = None,
+    launch_master_addr: Annotated[str | None, typer.Option("--master-addr", help="Address of node 0 (default "
+                                                                          "127.0.0.1).")] = None,
+    launch_master_port: Annotated[int | None, typer.Option("--master-port", help="Rendezvous port (default 0: any free "
+                                                                          "port on one node, 29500 across "
+                                                                          "nodes).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
     """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids.
 
     A run that is killed or fails keeps the raw shards it finished; rerunning the same command resumes.
+    With --nproc-per-node / --nodes, rank r of K processes raw shards r, r+K, ...; the output is the same.
     """
     from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
@@ -232,9 +243,15 @@ def precompute_cmd(
                           image_size=image_size, resize_mode=resize_mode, samples_per_shard=samples_per_shard,
                           num_workers=num_workers, image_tower=image_tower, image_tower_model=image_tower_model,
                           image_tower_weights=image_tower_weights, text_tower=text_tower,
-                          text_tower_model=text_tower_model, text_tower_weights=text_tower_weights)
+                          text_tower_model=text_tower_model, text_tower_weights=text_tower_weights,
+                          **{"launch.nproc_per_node": launch_nproc_per_node, "launch.nodes": launch_nodes,
+                             "launch.node_rank": launch_node_rank, "launch.master_addr": launch_master_addr,
+                             "launch.master_port": launch_master_port})
     result = run_stage(run, cfg)
     c = result.counts
+    if not c:  # a node other than node 0 of a multi-node job: node 0 reports
+        typer.echo(f"{result.out}: this node's ranks are done; node 0 wrote the output and its manifest")
+        return
     typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
     _echo_counts("skipped", c["skipped"])

@@ -27,6 +27,7 @@ import numpy as np
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, option
+from toolkit.core.launch import LaunchConfig
 from toolkit.core.log import ProgressCounter, counter, get_logger, progress
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
@@ -42,6 +43,7 @@ from toolkit.data.trainset.format import (
     TrainShardWriter,
     remove_stale_shards,
 )
+from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, wants_launch
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
@@ -85,6 +87,9 @@ class PrecomputeConfig:
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
     text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
                                                             "packaged ones, or a seeded random init).")
+    launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes (torchrun, as `toolkit train`): "
+                                                            "rank r of K processes raw shards r, r+K, ...; the "
+                                                            "output is the same as one process's.")
     tmp_dir: str = option("", affects_output=False, doc="Local scratch folder for processed raw shards (default: "
                                                         "OUT/_tmp for a local OUT, else the system temp folder). "
                                                         "Kept when a run fails or is killed, so that a rerun with "
@@ -264,6 +269,30 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
         raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
                                                      "would overwrite the raw shards")
+    if wants_launch(cfg):
+        return launch(cfg)  # torchrun starts the ranks, which come back here (precompute_dist)
+    ranks = Ranks.join(cfg.launch)
+    try:
+        if ranks.rank != 0:
+            _follow(cfg, ranks, log)
+            return StageResult(cfg.out, {"train": cfg.out}, {}, "", {}, "done")
+        return _lead(cfg, ranks, log)
+    finally:
+        ranks.close()
+
+
+def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
+    """Ranks 1..K-1: process this rank's raw shards into rank 0's scratch folder (precompute_dist)."""
+    urls = list_shards(cfg.input)
+    fields = _prepare_state(cfg)
+    work = resume.work_dir(cfg)
+    os.makedirs(work, exist_ok=True)
+    _process(cfg, urls, fields, work, log, ranks)
+    ranks.barrier()  # rank 0 has written the output
+
+
+def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
+    """One process, or rank 0 of a job: the stage books, ids and the training shards (module docstring)."""
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
@@ -272,7 +301,7 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         os.makedirs(work, exist_ok=True)
         with output_lock(work):
             try:
-                results, timing = _process(cfg, urls, fields, work, log)
+                results, timing = _process(cfg, urls, fields, work, log, ranks)
                 order, skips = assign_ids(results)
                 if not order:
                     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
@@ -298,28 +327,43 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         rec.outputs["train"] = cfg.out
         log.info("precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
                  len(order), rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
+    ranks.barrier()  # the other ranks end with rank 0 (a failure here ends the job through torchrun)
     return rec.result()
 
 
-def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: str,
-             log) -> tuple[list[precompute_worker.ShardResult], dict]:
-    """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed."""
+def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: str, log,
+             ranks: Ranks) -> tuple[list[precompute_worker.ShardResult], dict]:
+    """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed
+    (this rank's share of them, then every rank's results read back from ``work``)."""
     key = resume.process_key(cfg)
-    done = resume.load(work, urls, key, fields)
-    if done:
+    if ranks.rank == 0:  # rank 0 prunes the scratch folder before any other rank writes into it
+        done = resume.load(work, urls, key, fields)
+        ranks.barrier()
+    else:
+        ranks.barrier()
+        done = resume.load(work, urls, key, fields, prune=False)
+    if done and ranks.rank == 0:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0
     tasks = [precompute_worker.ShardTask(i, u, resume.stem(work, u), side, cfg.resize_mode,
                                          cfg.max_image_pixels, cfg.caption_ext)
-             for i, u in enumerate(urls) if i not in done]
-    workers = max(1, min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks)))
+             for i, u in enumerate(urls) if i not in done and ranks.owns(i)]
+    cores = max(1, len(os.sched_getaffinity(0)) // ranks.local_world)  # this node's cores among its ranks
+    workers = max(1, min(cfg.num_workers or cores, len(tasks)))
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
              cfg.out)
     start = time.monotonic()
-    resumed = sum(r.num_read for r in done.values())
-    with counter(promised_samples(urls), desc="precompute", unit="samples") as count:
+    resumed = sum(r.num_read for i, r in done.items() if ranks.owns(i))
+    mine = [u for i, u in enumerate(urls) if ranks.owns(i)]
+    with counter(promised_samples(mine), desc="precompute", unit="samples") as count:
         count.advance(resumed)
         fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key), count)
+    if ranks.world > 1:  # every rank's counts, then rank 0 reads the others' records from the scratch folder
+        gathered = ranks.gather_counts({r.index: r.num_read for r in fresh})
+        if ranks.rank == 0:
+            theirs = resume.load(work, urls, key, fields)
+            check_counts(gathered, {i: r.num_read for i, r in theirs.items()}, urls, work)
+            fresh = [r for i, r in theirs.items() if i not in done]
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
               "num_resumed_raw_shards": len(done), "num_resumed_samples": resumed}
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing

@@ -71,18 +71,21 @@ def save(work: str, res: ShardResult, key: str) -> None:
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
-def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int, ShardResult]:
+def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool = True) -> dict[int, ShardResult]:
     """Finished results of this run's raw shards (task index -> result); deletes every other file.
 
     A record counts when its process key, URL and source fingerprint match and both row files have
     exactly ``len(keys)`` rows; anything else (a record of other options or of a changed shard, row
-    files a killed worker left half written, shards no longer in the input) is removed.
+    files a killed worker left half written, shards no longer in the input) is removed. ``prune`` False
+    deletes nothing: the other ranks of a distributed run, which must not remove a shard in progress.
     """
     found: dict[int, ShardResult] = {}
     for index, url in enumerate(urls):
         res = _read(stem(work, url), index, url, key, fields)
         if res is not None:
             found[index] = res
+    if not prune:
+        return found
     kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
         if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image, <stem>.text, <stem>.json
