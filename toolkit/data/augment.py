@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from toolkit.core.config import option
-from toolkit.data.decode import crop_box
-from toolkit.data.trainset.order import _mix
+
+if TYPE_CHECKING:
+    import numpy as np
+# numpy, torch and the decoders are imported where used: TrainConfig (and so `toolkit --help`) imports
+# AugmentConfig from here.
 
 # Mixing constants of the per-(seed, step, id) streams: odd 64-bit numbers unrelated to order.py's keys.
 _STEP_MULT, _ID_MULT, _DRAW_MULT = 0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE7037ED1A0B428DB
@@ -48,6 +50,10 @@ class AugmentConfig:
 
 def _uniforms(seed: int, step: int, ids: np.ndarray, count: int) -> np.ndarray:
     """[len(ids), count] float64 in [0, 1): splitmix64 streams keyed by (seed, step, id)."""
+    import numpy as np
+
+    from toolkit.data.trainset.order import _mix
+
     with np.errstate(over="ignore"):
         base = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))
         base = _mix(base ^ (np.uint64(step & 0xFFFFFFFFFFFFFFFF) * np.uint64(_STEP_MULT)))
@@ -60,6 +66,8 @@ def crop_draws(cfg: AugmentConfig, seed: int, step: int, ids: np.ndarray) -> np.
     """Crop draws [n, 4] (area fraction, aspect ratio, x, y; toolkit.data.decode.crop_box) for sample ids
     ``ids`` [n] of global batch ``step``: area uniform in [scale_min, scale_max], ratio log-uniform in
     [ratio_min, ratio_max], as torchvision draws them."""
+    import numpy as np
+
     u = _uniforms(seed, step, ids, 4)
     area = cfg.scale_min + u[:, 0] * (cfg.scale_max - cfg.scale_min)
     lo, hi = math.log(cfg.ratio_min), math.log(cfg.ratio_max)
@@ -79,8 +87,11 @@ def crop_pixels(images: np.ndarray, size: int, draws: np.ndarray | None):
 
     The crops stay channels-last views of ``images`` (no copy) and torch's resize writes channels-last,
     which measured ~25 % faster than a channels-first copy; the resize is most of the cost."""
+    import numpy as np
     import torch
     from torch.nn.functional import interpolate
+
+    from toolkit.data.decode import crop_box
 
     n, height, width = images.shape[:3]
     hwc = torch.from_numpy(np.ascontiguousarray(images))

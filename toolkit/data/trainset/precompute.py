@@ -18,7 +18,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from toolkit.data.trainset.format import (
     TrainShardWriter,
     remove_stale_shards,
 )
-from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, wants_launch
+from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
@@ -119,6 +118,10 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     state["text_tower"] = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
                            if cfg.text_tower != "none" else None)
     state["tokenizer"] = tokenizer(cfg.model)
+    towers = [t for t in (state["image_tower"], state["text_tower"]) if t is not None]
+    device = tower_device() if towers else "cpu"
+    for tower in towers if device != "cpu" else ():
+        frozen.place_tower(tower, device)
     if state["image_tower"] is not None:
         image = Field.make("image_features", (state["image_tower"].dim,))
     else:
@@ -296,7 +299,7 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
-        _remove_stale_scratch(cfg, log)
+        resume.remove_stale_scratch(cfg, log)
         work = resume.work_dir(cfg)
         os.makedirs(work, exist_ok=True)
         with output_lock(work):
@@ -316,7 +319,7 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
                 raise
             shutil.rmtree(work, ignore_errors=True)
         if not cfg.tmp_dir and files.is_local(cfg.out):
-            _remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
+            resume.remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
         remove_stale_shards(cfg.out, len(shards))
         dataset = TrainDataset(len(order), fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
                                _extra(cfg, fields), root=cfg.out)
@@ -350,6 +353,8 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
              for i, u in enumerate(urls) if i not in done and ranks.owns(i)]
     cores = max(1, len(os.sched_getaffinity(0)) // ranks.local_world)  # this node's cores among its ranks
     workers = max(1, min(cfg.num_workers or cores, len(tasks)))
+    if any(getattr(precompute_worker.STATE.get(k), "device", "cpu") != "cpu" for k in ("image_tower", "text_tower")):
+        workers = 1  # a CUDA tower cannot be used in forked workers: this rank's GPU encodes inline
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
              cfg.out)
     start = time.monotonic()
@@ -367,26 +372,6 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
               "num_resumed_raw_shards": len(done), "num_resumed_samples": resumed}
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
-
-
-def _remove_stale_scratch(cfg: PrecomputeConfig, log) -> None:
-    """Delete the ``precompute-*`` scratch folders of killed runs (OUT/_tmp's all: we hold OUT's lock)."""
-    if cfg.tmp_dir:
-        parent: str | None = cfg.tmp_dir
-    elif files.is_local(cfg.out):
-        parent = os.path.join(files.local_path(cfg.out), "_tmp")
-    else:
-        parent = tempfile.gettempdir()
-    whole = not cfg.tmp_dir and files.is_local(cfg.out)
-    for name in files.remove_stale_temp_dirs(parent, "precompute-", whole):
-        log.info("precompute: removed %s left by a run that was killed", name)
-
-
-def _remove_empty_dir(path: str) -> None:
-    try:
-        os.rmdir(path)  # only succeeds when empty: a concurrent run's scratch stays
-    except OSError:
-        pass
 
 
 def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:

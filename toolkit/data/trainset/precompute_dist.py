@@ -1,7 +1,7 @@
 """``toolkit data precompute --nproc-per-node N [--nodes M --node-rank R --master-addr A]``: precompute's ranks.
 
 The job starts exactly like ``toolkit train``'s (:mod:`toolkit.core.launch`: torchrun on each node, or the
-ranks ``srun`` started, or the user's own torchrun running ``python -m toolkit.data.trainset.precompute_dist
+ranks ``srun`` started, or the user's own torchrun running ``python -m toolkit.data.trainset.precompute_rank
 CONFIG.yaml``). Of K ranks, rank r processes the raw shards with index i = r (mod K) in sorted-URL order,
 with its own process pool (``num_workers`` 0: this node's cores divided among its ranks) and frozen
 towers, into the shared scratch folder (``tmp_dir``, or OUT/_tmp: it must be on a filesystem every node
@@ -17,14 +17,12 @@ The collectives (gloo, whatever the device) carry only barriers and a few counts
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 
 from toolkit.core.launch import apply_slurm_env, is_worker, launch_job
-from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, read_manifest
 
-ENTRY = "toolkit.data.trainset.precompute_dist"
+ENTRY = "toolkit.data.trainset.precompute_rank"  # what torchrun runs in each rank
 
 
 @dataclass
@@ -77,6 +75,15 @@ class Ranks:
             dist.destroy()
 
 
+def tower_device() -> str:
+    """Where this process runs frozen towers: its local rank's GPU when CUDA is there, else the CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
+
+
 def check_counts(gathered: dict[int, int], loaded: dict[int, int], urls: list[str], work: str) -> None:
     """Rank 0: the records it reads from the scratch folder must be the ones every rank reported."""
     missing = [urls[i] for i in sorted(gathered) if loaded.get(i) != gathered[i]]
@@ -102,22 +109,3 @@ def wants_launch(cfg) -> bool:
     that torchrun or ``srun`` started: SLURM's variables are applied first, as the trainer does)."""
     apply_slurm_env(cfg.launch)
     return cfg.launch.is_multiprocess and not is_worker()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """A rank: ``python -m toolkit.data.trainset.precompute_dist CONFIG.yaml``; exits 1 with a one-line error."""
-    from toolkit.core.config import build, read_yaml
-    from toolkit.core.log import setup_logging
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
-
-    argv = sys.argv[1:] if argv is None else argv
-    setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if os.environ.get("RANK", "0") == "0" else "WARNING")
-    try:
-        run(build(PrecomputeConfig, read_yaml(argv[0]), source=argv[0]))
-    except Exception as err:  # one line per rank; torchrun reports the exit code
-        get_logger("data.precompute").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
-        raise SystemExit(1) from err
-
-
-if __name__ == "__main__":
-    main()

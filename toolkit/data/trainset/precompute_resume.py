@@ -115,3 +115,23 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> Sha
         except OSError:
             return None
     return res
+
+
+def remove_stale_scratch(cfg, log) -> None:
+    """Delete the ``precompute-*`` scratch folders of killed runs (OUT/_tmp's all: we hold OUT's lock)."""
+    if cfg.tmp_dir:
+        parent: str | None = cfg.tmp_dir
+    elif files.is_local(cfg.out):
+        parent = os.path.join(files.local_path(cfg.out), "_tmp")
+    else:
+        parent = tempfile.gettempdir()
+    whole = not cfg.tmp_dir and files.is_local(cfg.out)
+    for name in files.remove_stale_temp_dirs(parent, "precompute-", whole):
+        log.info("precompute: removed %s left by a run that was killed", name)
+
+
+def remove_empty_dir(path: str) -> None:
+    try:
+        os.rmdir(path)  # only succeeds when empty: a concurrent run's scratch stays
+    except OSError:
+        pass
