@@ -77,3 +77,16 @@ def test_two_launchers_as_two_nodes_write_the_same_bytes(bad_raw, one_process, t
     assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
     assert _digest(out) == _digest(one_process)
     assert "node 0 wrote the output" in logs[1]
+
+
+def test_tasks_started_by_slurm_write_the_same_bytes(bad_raw, one_process, tmp_path):
+    """Two tasks with SLURM's variables (what `srun --ntasks 2 toolkit data precompute ...` sets) are one job."""
+    out, port, procs = tmp_path / "slurm", str(_free_port()), []
+    for rank in (0, 1):
+        slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NNODES": "1",
+                 "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": port}
+        procs.append(subprocess.Popen(_cmd(bad_raw[0], out), cwd=ROOT, env={**_env(), **slurm},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [log[-3000:] for log in logs]
+    assert _digest(out) == _digest(one_process)
