@@ -93,6 +93,11 @@ def test_undecodable_image_names_its_position():
     assert err.value.reason == "corrupt_image"
     with pytest.raises(ImageError, match="image 0 of the batch"):
         decode.decode_batch([b"not an image"], 16)
+    for backend in ("torchvision", "pil"):  # 20 x 20 = 400 pixels over a limit of 399
+        with pytest.raises(ImageError, match="399") as bomb:
+            decode.decode_batch([good], 16, backend=backend, max_pixels=399)
+        assert bomb.value.reason == "decompression_bomb"
+    assert decode._jpeg_size(good) == (20, 20)
     with pytest.raises(ValueError, match="crops: 1 rows for 2 images"):
         decode.decode_batch([good, good], 16, np.zeros((1, 4)))
 

@@ -165,6 +165,11 @@ def _decode_cuda(encoded: Sequence[bytes], size: int, draws, device, max_pixels:
 
     out = torch.empty((len(encoded), 3, size, size), dtype=torch.uint8, device=device)
     jpegs = [i for i, data in enumerate(encoded) if is_jpeg(data)]
+    for i in jpegs:  # refuse a decompression bomb from its header, before nvJPEG allocates for it
+        dims = _jpeg_size(encoded[i])
+        if dims is not None and dims[0] * dims[1] > max_pixels:
+            raise ImageError("decompression_bomb", f"image {i} of the batch: {dims[0]}x{dims[1]} pixels exceeds "
+                                                   f"the limit of {max_pixels}")
     try:
         images = decode_jpeg([torch.frombuffer(bytearray(encoded[i]), dtype=torch.uint8) for i in jpegs],
                              mode=ImageReadMode.RGB, device=device) if jpegs else []
@@ -176,7 +181,8 @@ def _decode_cuda(encoded: Sequence[bytes], size: int, draws, device, max_pixels:
         crop = chw[:, top:top + crop_h, left:left + crop_w].unsqueeze(0).float()
         resized = F.resize(crop, [size, size], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
         out[i] = resized[0].round_().clamp_(0, 255).to(torch.uint8)
-    rest = [i for i in range(len(encoded)) if i not in set(jpegs)]
+    done = set(jpegs)
+    rest = [i for i in range(len(encoded)) if i not in done]
     if rest:
         sub = None if draws is None else draws[rest]
         out[rest] = _decode_cpu([encoded[i] for i in rest], size, sub, "pil", max_pixels).to(device)
