@@ -14,6 +14,7 @@ import argparse
 import io
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
     with open(args.out + ".md", "w") as fh:
         fh.write(f"# CPU JPEG decode to {args.size} px, one thread (images/s, best of {args.repeats})\n\n"
-                 f"Command: `PYTHONPATH=. python benchmarks/decode_backends.py`; load average "
+                 f"Command: `PYTHONPATH=. python benchmarks/decode_backends.py {' '.join(sys.argv[1:])}`; load average "
                  f"{meta['load_avg']:.1f} on a 2-core machine.\n\n{table}\n")
 
 

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 import time
@@ -70,7 +71,6 @@ DEPS = os.path.expanduser("~/.cache/cliptk-bench/open_clip_deps")
 def open_clip_rate(urls: list[str], args: argparse.Namespace) -> float:
     """open_clip's loader samples/s, measured in a child process with webdataset 0.2.86 importable."""
     import subprocess
-    import sys
     from importlib.metadata import version
 
     env = dict(os.environ)
@@ -233,7 +233,8 @@ def report(args: argparse.Namespace, rates: dict[str, float]) -> None:
     with open(args.out + ".md", "w") as fh:
         fh.write(f"# Loader samples/s per CPU core, {args.source_side} px JPEG sources -> {args.size} px, batch "
                  f"{args.batch_size}, {args.num_samples} samples (best of {args.repeats} passes)\n\n"
-                 f"Command: `PYTHONPATH=. python benchmarks/loader_decode.py`; one process, one torch thread, "
+                 f"Command: `PYTHONPATH=. python benchmarks/loader_decode.py {' '.join(sys.argv[1:])}`; one process, "
+                 f"one torch thread, "
                  f"load average {meta['load_avg']:.1f} on a 2-core machine.\n\n{table}\n")
 
 
