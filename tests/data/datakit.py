@@ -148,11 +148,14 @@ def build_bad_inputs(root: Path) -> dict:
 
 
 def precompute(raw, out, **overrides):
-    """Run the precompute stage with cliptk-tiny; returns the StageResult."""
+    """Run the precompute stage with cliptk-tiny; returns the StageResult. Pixels are stored at the model's
+    side (crop_scale_min 1: no crop margin) unless overridden, so that stored pixels equal decode_rgb's;
+    tests/data/test_augment.py covers the default margin."""
     from toolkit.core.config import build
     from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
-    cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, **overrides})
+    cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, "crop_scale_min": 1.0,
+                                   **overrides})
     return run(cfg)
 
 

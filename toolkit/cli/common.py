@@ -201,7 +201,8 @@ class ConfigOptions:
     ``config`` ("module:Class", imported only when Typer builds the command, so `toolkit` starts without
     the stage's imports), except nested configs and the fields in ``exclude`` (those the command takes
     another way, e.g. as an argument). A field's flag is ``--field-name`` unless ``flags`` gives its
-    flags (short aliases, historical names, ``--on/--off`` pairs). A field added to the config becomes an
+    flags (short aliases, historical names, ``--on/--off`` pairs); a nested config's field is an option
+    only when ``flags`` names it by its dotted key (``"launch.nodes": ("--nodes",)``). A field added to the config becomes an
     option with no change here; tests/cli/test_config_flags.py checks every command against its config."""
 
     config: str
@@ -217,10 +218,13 @@ class ConfigOptions:
         import dataclasses
 
         cls = self.cls()
-        unknown = set(self.flags) - {f.name for f in dataclasses.fields(cls)}
+        nested = {key: flags for key, flags in self.flags.items() if "." in key}  # a nested config's field
+        unknown = set(self.flags) - set(nested) - {f.name for f in dataclasses.fields(cls)}
         if unknown:  # a renamed or removed field would otherwise leave its flag silently unused
             raise TypeError(f"{cls.__name__} has no config field(s) {sorted(unknown)}: rename the flags' "
                             "keys")
+        for key in nested:
+            config_field(cls, key)  # TypeError naming the key when the nested field does not exist
         types = {f.name: config_field(cls, f.name)[1] for f in dataclasses.fields(cls)}
         out = {}
         for name, tp in types.items():
@@ -229,7 +233,7 @@ class ConfigOptions:
             flag = "--" + name.replace("_", "-")
             # a switch can be turned off too (a field whose default is true, or set so by --config)
             out[name] = tuple(self.flags.get(name, (f"{flag}/--no-{flag[2:]}",) if tp is bool else (flag,)))
-        return out
+        return out | {key: tuple(flags) for key, flags in nested.items()}
 
     def parameters(self) -> list[Any]:
         return config_parameters(self.cls(), self.all_flags())
@@ -252,7 +256,7 @@ class ConfigOptions:
         comma-separated lists split (and their items made ints where the field holds ints)."""
         given = ctx.meta.get((_GIVEN, self.config), {})
         cls = self.cls()
-        return {key: _list_value(cls, key, flags[0], given.get(key))
+        return {key: _list_value(cls, key, flags[0], given.get(key.replace(".", "_")))
                 for key, flags in self.all_flags().items()}
 
 

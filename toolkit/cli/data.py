@@ -27,8 +27,12 @@ FETCH = ConfigOptions("toolkit.data.acquire.fetch:FetchConfig", flags={
     "keep_duplicates": ("--keep-duplicates/--skip-duplicates",)})
 SHARD = ConfigOptions("toolkit.data.acquire.shard:ShardConfig", flags={"num_threads": ("--threads",)})
 DEMO = ConfigOptions("toolkit.data.acquire.demo:DemoConfig")
-PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute:PrecomputeConfig",
-                           flags={"input": ("--in",), "num_workers": ("--workers",)})
+PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute:PrecomputeConfig", flags={
+    "input": ("--in",), "num_workers": ("--workers",),
+    # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed precompute)
+    "launch.nproc_per_node": ("--nproc-per-node",), "launch.nodes": ("--nodes",),
+    "launch.node_rank": ("--node-rank",), "launch.master_addr": ("--master-addr",),
+    "launch.master_port": ("--master-port",)})
 # the folder is an argument; inspect's report folder defaults to one beside it (the command decides that)
 INSPECT = ConfigOptions("toolkit.data.inspect:InspectConfig", exclude=("input", "out"))
 VERIFY = ConfigOptions("toolkit.data.trainset.verify:VerifyConfig", exclude=("input",))
@@ -115,12 +119,16 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
     """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids.
 
     A run that is killed or fails keeps the raw shards it finished; rerunning the same command resumes.
+    With --nproc-per-node / --nodes, rank r of K processes raw shards r, r+K, ...; the output is the same.
     """
     from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
     cfg = load_cli_config(ctx, PrecomputeConfig, config, overrides, **PRECOMPUTE.values(ctx))
     result = run_stage(run, cfg)
     c = result.counts
+    if not c:  # a node other than node 0 of a multi-node job: node 0 reports
+        typer.echo(f"{result.out}: this node's ranks are done; node 0 wrote the output and its manifest")
+        return
     typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
     _echo_counts("skipped", c["skipped"])

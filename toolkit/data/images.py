@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 from typing import Literal
 
@@ -107,7 +108,9 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as err:
         raise ImageError("decompression_bomb", str(err)) from err
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise ImageError("corrupt_image", f"cannot identify image: {err}") from err
+        # Pillow's message names the BytesIO's memory address; without it skipped.jsonl is the same on every run
+        message = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err))
+        raise ImageError("corrupt_image", f"cannot identify image: {message}") from err
     width, height = img.size
     if width * height > max_pixels:
         raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the limit "

@@ -61,6 +61,7 @@ class FrozenImageTower:
     std: tuple[float, ...]
     forward: Callable[[Any], Any]
     batch_size: int = 0  # images per forward pass; 0: toolkit.models.inference.IMAGE_BATCH
+    device: str = "cpu"  # where forward runs (place_tower); inputs go there, features come back to the host
 
     def encode(self, images: np.ndarray) -> np.ndarray:
         import torch
@@ -70,15 +71,15 @@ class FrozenImageTower:
                              f"got {images.shape}")
         from toolkit.models.inference import IMAGE_BATCH
 
-        mean = torch.tensor(self.mean).view(1, 3, 1, 1)
-        std = torch.tensor(self.std).view(1, 3, 1, 1)
+        mean = torch.tensor(self.mean, device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, device=self.device).view(1, 3, 1, 1)
         out = np.empty((images.shape[0], self.dim), np.float16)
         with torch.inference_mode():
             for start in range(0, images.shape[0], self.batch_size or IMAGE_BATCH):
                 chunk = images[start:start + (self.batch_size or IMAGE_BATCH)]
                 # NHWC uint8 -> channels-last float: the permute is a view, so no copy to NCHW is made
-                x = torch.from_numpy(np.ascontiguousarray(chunk)).permute(0, 3, 1, 2).float().div_(255)
-                out[start:start + len(chunk)] = self.forward((x - mean) / std).float().numpy()
+                x = torch.from_numpy(np.ascontiguousarray(chunk)).to(self.device).permute(0, 3, 1, 2).float().div_(255)
+                out[start:start + len(chunk)] = self.forward((x - mean) / std).float().cpu().numpy()
         return out
 
 
@@ -92,6 +93,7 @@ class FrozenTextTower:
     tokenize: Callable[[list[str]], Any]
     forward: Callable[[Any], Any]
     pad_id: int | None = None  # padding token of a masked encoder: batches are cut to their longest caption
+    device: str = "cpu"  # where forward runs (place_tower)
 
     def encode(self, captions: list[str]) -> np.ndarray:
         import torch
@@ -102,8 +104,8 @@ class FrozenTextTower:
                 from toolkit.models.inference import trimmed_tokens
 
                 tokens = trimmed_tokens(tokens, self.pad_id)
-            feats = self.forward(tokens)
-        return feats.float().numpy().astype(np.float16)
+            feats = self.forward(tokens.to(self.device))
+        return feats.float().cpu().numpy().astype(np.float16)
 
 
 def check_weights_value(key: str, weights: str) -> None:
@@ -253,6 +255,14 @@ TEXT_TOWERS: dict[str, Callable[[str, str], FrozenTextTower]] = {
     "open_clip": _open_clip_text,
     "minilm": _minilm,
 }
+
+
+def place_tower(tower: FrozenImageTower | FrozenTextTower, device: str) -> None:
+    """Move a loaded tower's module to ``device`` (e.g. ``cuda:1``, a precompute rank's GPU); encode then
+    takes host inputs and returns host features as before."""
+    module = getattr(tower.forward, "__self__", tower.forward)  # a bound encode_* method, or the module
+    module.to(device)
+    tower.device = device
 
 
 def load_image_tower(kind: str, model: str = "", weights: str = "") -> FrozenImageTower:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from toolkit.data.augment import pixel_transform
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
@@ -39,6 +40,10 @@ class TrainData:
         self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
         self.local_batch_size = cfg.batch_size // world_size
         self.offloaded = False  # set by the loop once the micro-batch size is known
+        image = self.dataset.field("image")  # random crops (or the crop margin's resize) in the loader workers
+        self.image_transform = pixel_transform(cfg.augment, image and image.shape,
+                                               self.dataset.extra.get("image_size") or (image and image.shape[0]),
+                                               cfg.seed)
 
     def batches(self, start_step: int) -> Iterator[dict]:
         """This rank's slices of global batches start_step .. total_steps-1 (each dict has its ``step``)."""
@@ -49,7 +54,7 @@ class TrainData:
                                 world_size=self.world_size, seed=self.cfg.seed, block=lc.shuffle_block,
                                 start_step=start_step, num_steps=self.total_steps - start_step,
                                 num_workers=lc.num_workers, prefetch_factor=lc.prefetch_batches,
-                                pin_memory=self.device.type == "cuda"))
+                                pin_memory=self.device.type == "cuda", image_transform=self.image_transform))
 
     def to_device(self, batch: dict, trim_tokens: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -12,58 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolkit.core.config import ConfigError, option
+from toolkit.core.launch import LaunchConfig
+from toolkit.data.augment import AugmentConfig
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.optim import OptimConfig
 
 Precision = Literal["fp32", "bf16", "fp16"]
 GradDtype = Literal["fp32", "bf16"]
-Backend = Literal["auto", "gloo", "nccl"]
-DEFAULT_MASTER_PORT = 29500  # torchrun's
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How many processes and where (torchrun under the hood; SLURM's variables are read when set)."""
-
-    nproc_per_node: int = option(1, ge=1, affects_output=False, doc="Training processes on this node (one per "
-                                                                    "GPU on CUDA).")
-    nodes: str = option("1", affects_output=False, doc="Number of nodes N, or MIN:MAX for an elastic job "
-                                                       "(torchrun's c10d rendezvous).")
-    node_rank: int = option(0, ge=0, affects_output=False, doc="This node's rank, 0..N-1 (fixed N only; "
-                                                               "elastic jobs are ranked by the rendezvous).")
-    master_addr: str = option("127.0.0.1", affects_output=False, doc="Address of node 0 (the rendezvous host).")
-    master_port: int = option(0, ge=0, le=65535, affects_output=False,
-                              doc="Rendezvous port on master_addr; 0: any free port on a single node, 29500 "
-                                  "across nodes (a port given on a single node is used, and refused if busy).")
-    max_restarts: int = option(0, ge=0, affects_output=False, doc="Times torchrun restarts the workers after a "
-                                                                  "failure; they resume from the latest checkpoint.")
-    rdzv_id: str = option("cliptk", affects_output=False, doc="Job id shared by every node of an elastic job.")
-    backend: Backend = option("auto", affects_output=False, doc="Process-group backend: auto (nccl on CUDA, "
-                                                                "else gloo), gloo or nccl.")
-    timeout_s: float = option(1800.0, gt=0, affects_output=False, doc="Collective timeout in seconds.")
-    rendezvous_timeout_s: float = option(300.0, gt=0, affects_output=False,
-                                         doc="Seconds the launcher waits for every node to join before it stops "
-                                             "with an error naming what it waited for.")
-
-    def node_range(self) -> tuple[int, int]:
-        """(min, max) nodes from ``nodes`` ('2' -> (2, 2), '1:4' -> (1, 4))."""
-        parts = self.nodes.split(":")
-        try:
-            lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
-        except ValueError:
-            lo = hi = 0
-        if lo < 1 or hi < lo:
-            raise ValueError(f"nodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.nodes!r}")
-        return lo, hi
-
-    @property
-    def port(self) -> int:
-        """The rendezvous port in use: master_port, or torchrun's 29500 when it is 0 (standalone: unused)."""
-        return self.master_port or DEFAULT_MASTER_PORT
-
-    @property
-    def is_multiprocess(self) -> bool:
-        return self.nproc_per_node > 1 or self.node_range() != (1, 1) or self.max_restarts > 0
 
 
 @dataclass(frozen=True)
@@ -161,6 +116,8 @@ class TrainConfig:
     loss: LossConfig = option(factory=LossConfig, doc="The objective.")
     optim: OptimConfig = option(factory=OptimConfig, doc="Optimiser, lr schedule, gradient clipping.")
     loader: LoaderConfig = option(factory=LoaderConfig, doc="Reading the training shards.")
+    augment: AugmentConfig = option(factory=AugmentConfig, doc="Random crops of pixel inputs (open_clip's "
+                                                               "train transform); none for frozen-tower features.")
     launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes.")
     checkpoint: CheckpointConfig = option(factory=CheckpointConfig, doc="Checkpoints and resume.")
     eval: EvalConfig = option(factory=EvalConfig, doc="Zero-shot evaluation during training.")

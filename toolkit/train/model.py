@@ -137,8 +137,9 @@ def check_dataset(model_cfg: dict[str, Any], dataset: Any, model_spec: str) -> N
     step 1), naming both sides."""
     where = f"training data {dataset.root}"
     image = dataset.field("image")
-    if image is not None and image.shape[0] != config_image_size(model_cfg):
-        raise ValueError(f"{where} holds {image.shape[0]} px images but model {model_spec} expects "
+    side = image and (dataset.extra.get("image_size") or image.shape[0])  # the model's side, without crop margin
+    if image is not None and (side != config_image_size(model_cfg) or image.shape[0] < side):
+        raise ValueError(f"{where} holds {side} px images but model {model_spec} expects "
                          f"{config_image_size(model_cfg)} px: re-run `toolkit data precompute --model {model_spec}`")
     tokens = dataset.field("tokens")
     if tokens is not None and tokens.shape[0] != config_context_length(model_cfg):

@@ -57,7 +57,8 @@ def test_rerun_gives_identical_ids_and_bytes(small_raw, small_train, tmp_path):
     from toolkit.core.config import build, config_hash
     from toolkit.data.trainset.precompute import PrecomputeConfig
 
-    base = {"input": str(small_raw), "out": str(out), "model": MODEL, "samples_per_shard": 10}
+    base = {"input": str(small_raw), "out": str(out), "model": MODEL, "samples_per_shard": 10,
+            "crop_scale_min": 1.0}  # as datakit.precompute builds it
     hashes = {config_hash(build(PrecomputeConfig, {**base, "num_workers": n}), "data.precompute") for n in (1, 2)}
     assert hashes == {first.config_hash}  # the worker count does not change the config hash
     assert {k: v for k, v in again.counts.items() if k != "samples_per_s"} == {

@@ -42,7 +42,8 @@ def _digest(out: Path) -> dict[str, str]:
 
 
 def _killed_run(raw: Path, out: Path, **overrides) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILL_AT_THIRD_SHARD, str(raw), str(out), MODEL, json.dumps(overrides)],
+    options = {"crop_scale_min": 1.0, **overrides}  # datakit.precompute's layout, so the reruns resume
+    proc = subprocess.run([sys.executable, "-c", KILL_AT_THIRD_SHARD, str(raw), str(out), MODEL, json.dumps(options)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # killed: no chance to record

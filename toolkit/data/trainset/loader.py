@@ -164,13 +164,15 @@ class GlobalBatchStream(IterableDataset):
     """This rank's slices of global batches [start_step, start_step + num_steps) (module docstring)."""
 
     def __init__(self, ds: TrainDataset, order: BatchOrder, *, rank: int, world_size: int, start_step: int,
-                 num_steps: int):
+                 num_steps: int, image_transform=None):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         order.batch_ids(start_step, rank, world_size)  # refuses a batch that does not divide by the ranks
         self.ds, self.order, self.rank, self.world_size = ds, order, rank, world_size
         self.start_step, self.num_steps = start_step, num_steps
+        # (images uint8 [b, H, W, 3], ids [b], step) -> tensor [b, S, S, 3]: crops (toolkit.data.augment)
+        self.image_transform = image_transform
         self.vocab_size = integrity.vocab_size(ds)  # resolved here, once, not in every worker
         if not all(s.sums for s in ds.shards):
             integrity.notice_unverified(ds)  # here, so that forked workers do not repeat it
@@ -188,7 +190,11 @@ class GlobalBatchStream(IterableDataset):
         try:
             for t in range(self.start_step + worker, self.start_step + self.num_steps, num_workers):
                 ids = self.order.batch_ids(t, self.rank, self.world_size)
-                batch = to_tensors(reader.read(ids))
+                arrays = reader.read(ids)
+                image = arrays.pop("image") if self.image_transform is not None and "image" in arrays else None
+                batch = to_tensors(arrays)
+                if image is not None:
+                    batch["image"] = self.image_transform(image, ids, t)
                 batch["index"], batch["step"] = torch.from_numpy(ids), t
                 yield batch
         except Exception as err:
@@ -212,12 +218,15 @@ class TrainLoader(DataLoader):
 
 def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
                 block: int = 1, shuffle: bool = True, start_step: int = 0, num_steps: int | None = None,
-                num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int = 2):
+                num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int = 2, image_transform=None):
     """DataLoader of this rank's slices of global batches of ``batch_size`` (module docstring); local or
-    fsspec ``path``. ``num_steps`` None: one pass (``N // batch_size`` batches). Called by every rank once."""
+    fsspec ``path``. ``num_steps`` None: one pass (``N // batch_size`` batches). ``image_transform``: applied
+    to each batch's pixels in the workers (:class:`toolkit.data.augment.PixelTransform`). Called by every
+    rank once."""
     ds = path if isinstance(path, TrainDataset) else TrainDataset.open(str(path))
     order = (BatchOrder if shuffle else InOrder)(ds.num_samples, batch_size, seed, block)
     steps = order.batches_per_pass if num_steps is None else num_steps
-    stream = GlobalBatchStream(ds, order, rank=rank, world_size=world_size, start_step=start_step, num_steps=steps)
+    stream = GlobalBatchStream(ds, order, rank=rank, world_size=world_size, start_step=start_step, num_steps=steps,
+                               image_transform=image_transform)
     extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if num_workers > 0 else {}
     return TrainLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **extra)

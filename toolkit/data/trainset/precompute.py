@@ -19,7 +19,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -27,9 +26,11 @@ from typing import Literal
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, option
+from toolkit.core.launch import LaunchConfig
 from toolkit.core.log import ProgressCounter, counter, get_logger
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
+from toolkit.data.augment import stored_side
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
 from toolkit.data.trainset import integrity, precompute_worker
@@ -41,6 +42,7 @@ from toolkit.data.trainset.format import (
     TrainDataset,
     remove_stale_shards,
 )
+from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
@@ -66,6 +68,11 @@ class PrecomputeConfig:
                                             "a table of byte ranges into the raw shards (<2 % extra disk; keep "
                                             "the raw shards where they are). See docs/data-format.md.")
     jpeg_quality: int = option(90, ge=1, le=100, doc="JPEG quality of storage jpeg (PIL's scale, 4:2:0 chroma).")
+    crop_scale_min: float = option(0.9, gt=0, le=1,
+                                   doc="Crop margin of stored pixels: they are ceil(image_size / this) px wide, "
+                                       "so the trainer's random crops of at least this area fraction (open_clip's "
+                                       "0.9; --set augment.scale_min) never upsample (224 -> 249 px, 1.24x the "
+                                       "bytes). 1: exactly image_size, no margin.")
     samples_per_shard: int = option(1000, ge=1, doc="Samples per training shard (the last one may hold fewer).")
     num_workers: int = option(0, ge=0, affects_output=False,
                               doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
@@ -86,6 +93,9 @@ class PrecomputeConfig:
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
     text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
                                                             "packaged ones, or a seeded random init).")
+    launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes (torchrun, as `toolkit train`): "
+                                                            "rank r of K processes raw shards r, r+K, ...; the "
+                                                            "output is the same as one process's.")
     tmp_dir: str = option("", affects_output=False, doc="Local scratch folder for processed raw shards (default: "
                                                         "OUT/_tmp for a local OUT, else the system temp folder). "
                                                         "Kept when a run fails or is killed, so that a rerun with "
@@ -118,10 +128,14 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     state["text_tower"] = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
                            if cfg.text_tower != "none" else None)
     state["tokenizer"] = tokenizer(cfg.model)
+    towers = [t for t in (state["image_tower"], state["text_tower"]) if t is not None]
+    device = tower_device() if towers else "cpu"
+    for tower in towers if device != "cpu" else ():
+        frozen.place_tower(tower, device)
     if state["image_tower"] is not None:
         image = Field.make("image_features", (state["image_tower"].dim,))
     else:
-        side = cfg.image_size or image_size(cfg.model)
+        side = stored_side(cfg.image_size or image_size(cfg.model), cfg.crop_scale_min)
         image = Field.make("image", (side, side, 3))
     if state["text_tower"] is not None:
         text = Field.make("text_features", (state["text_tower"].dim,))
@@ -218,15 +232,39 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
         raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
                                                      "would overwrite the raw shards")
+    if wants_launch(cfg):
+        return launch(cfg)  # torchrun starts the ranks, which come back here (precompute_dist)
+    ranks = Ranks.join(cfg.launch)
+    try:
+        if ranks.rank != 0:
+            _follow(cfg, ranks, log)
+            return StageResult(cfg.out, {"train": cfg.out}, {}, "", {}, "done")
+        return _lead(cfg, ranks, log)
+    finally:
+        ranks.close()
+
+
+def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
+    """Ranks 1..K-1: process this rank's raw shards into rank 0's scratch folder (precompute_dist)."""
+    urls = list_shards(cfg.input)
+    fields = _prepare_state(cfg)
+    work = resume.work_dir(cfg)
+    os.makedirs(work, exist_ok=True)
+    _process(cfg, urls, fields, work, log, ranks)
+    ranks.barrier()  # rank 0 has written the output
+
+
+def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
+    """One process, or rank 0 of a job: the stage books, ids and the training shards (module docstring)."""
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
-        _remove_stale_scratch(cfg, log)
+        resume.remove_stale_scratch(cfg, log)
         work = resume.work_dir(cfg)
         os.makedirs(work, exist_ok=True)
         with output_lock(work):
             try:
-                results, timing = _process(cfg, urls, fields, work, log)
+                results, timing = _process(cfg, urls, fields, work, log, ranks)
                 if not any(r.num_kept for r in results):
                     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
@@ -242,7 +280,7 @@ def run(cfg: PrecomputeConfig) -> StageResult:
                 raise
             shutil.rmtree(work, ignore_errors=True)
         if not cfg.tmp_dir and files.is_local(cfg.out):
-            _remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
+            resume.remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
         remove_stale_shards(cfg.out, len(shards), cfg.storage)
         dataset = TrainDataset(num_samples, fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
                                _extra(cfg, fields), storage=cfg.storage, data_root=data_root,
@@ -254,51 +292,49 @@ def run(cfg: PrecomputeConfig) -> StageResult:
         rec.outputs["train"] = cfg.out
         log.info("precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
                  num_samples, rec.counts["num_read"], len(skips), len(shards), rec.counts["samples_per_s"])
+    ranks.barrier()  # the other ranks end with rank 0 (a failure here ends the job through torchrun)
     return rec.result()
 
 
-def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: str,
-             log) -> tuple[list[precompute_worker.ShardResult], dict]:
-    """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed."""
+def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: str, log,
+             ranks: Ranks) -> tuple[list[precompute_worker.ShardResult], dict]:
+    """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed
+    (this rank's share of them, then every rank's results read back from ``work``)."""
     key = resume.process_key(cfg)
-    done = resume.load(work, urls, key, writing.scratch_fields(cfg.storage, fields))
-    if done:
+    scratch = writing.scratch_fields(cfg.storage, fields)
+    if ranks.rank == 0:  # rank 0 prunes the scratch folder before any other rank writes into it
+        done = resume.load(work, urls, key, scratch)
+        ranks.barrier()
+    else:
+        ranks.barrier()
+        done = resume.load(work, urls, key, scratch, prune=False)
+    if done and ranks.rank == 0:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0
     tasks = [precompute_worker.ShardTask(i, u, resume.stem(work, u), side, cfg.resize_mode,
                                          cfg.max_image_pixels, cfg.caption_ext, cfg.storage, cfg.jpeg_quality)
-             for i, u in enumerate(urls) if i not in done]
-    workers = max(1, min(cfg.num_workers or len(os.sched_getaffinity(0)), len(tasks)))
+             for i, u in enumerate(urls) if i not in done and ranks.owns(i)]
+    cores = max(1, len(os.sched_getaffinity(0)) // ranks.local_world)  # this node's cores among its ranks
+    workers = max(1, min(cfg.num_workers or cores, len(tasks)))
+    if any(getattr(precompute_worker.STATE.get(k), "device", "cpu") != "cpu" for k in ("image_tower", "text_tower")):
+        workers = 1  # a CUDA tower cannot be used in forked workers: this rank's GPU encodes inline
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
              cfg.out)
     start = time.monotonic()
-    resumed = sum(r.num_read for r in done.values())
-    with counter(promised_samples(urls), desc="precompute", unit="samples") as count:
+    resumed = sum(r.num_read for i, r in done.items() if ranks.owns(i))
+    mine = [u for i, u in enumerate(urls) if ranks.owns(i)]
+    with counter(promised_samples(mine), desc="precompute", unit="samples") as count:
         count.advance(resumed)
         fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key), count)
+    if ranks.world > 1:  # every rank's counts, then rank 0 reads the others' records from the scratch folder
+        gathered = ranks.gather_counts({r.index: r.num_read for r in fresh})
+        if ranks.rank == 0:
+            theirs = resume.load(work, urls, key, fields)
+            check_counts(gathered, {i: r.num_read for i, r in theirs.items()}, urls, work)
+            fresh = [r for i, r in theirs.items() if i not in done]
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
               "num_resumed_raw_shards": len(done), "num_resumed_samples": resumed}
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
-
-
-def _remove_stale_scratch(cfg: PrecomputeConfig, log) -> None:
-    """Delete the ``precompute-*`` scratch folders of killed runs (OUT/_tmp's all: we hold OUT's lock)."""
-    if cfg.tmp_dir:
-        parent: str | None = cfg.tmp_dir
-    elif files.is_local(cfg.out):
-        parent = os.path.join(files.local_path(cfg.out), "_tmp")
-    else:
-        parent = tempfile.gettempdir()
-    whole = not cfg.tmp_dir and files.is_local(cfg.out)
-    for name in files.remove_stale_temp_dirs(parent, "precompute-", whole):
-        log.info("precompute: removed %s left by a run that was killed", name)
-
-
-def _remove_empty_dir(path: str) -> None:
-    try:
-        os.rmdir(path)  # only succeeds when empty: a concurrent run's scratch stays
-    except OSError:
-        pass
 
 
 def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
@@ -311,8 +347,11 @@ def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
         t = state["image_tower"]
         extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,
                                 "mean": list(t.mean), "std": list(t.std), "weights": cfg.image_tower_weights}
-    else:
-        extra["image_size"] = fields[0].shape[0]
+    else:  # image_size: the model's side; the stored side (the field's shape) adds the crop margin
+        from toolkit.models.registry import image_size
+
+        extra["image_size"] = cfg.image_size or image_size(cfg.model)
+        extra["crop_scale_min"] = cfg.crop_scale_min
     if state.get("text_tower") is not None:
         t = state["text_tower"]
         extra["text_tower"] = {"kind": cfg.text_tower, "name": t.name, "dim": t.dim,

@@ -77,18 +77,21 @@ def save(work: str, res: ShardResult, key: str) -> None:
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
-def load(work: str, urls: list[str], key: str, fields: list[Field]) -> dict[int, ShardResult]:
+def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool = True) -> dict[int, ShardResult]:
     """Finished results of this run's raw shards (task index -> result); deletes every other file.
 
     A record counts when its process key, URL and source fingerprint match and its row and key files have
     exactly ``num_kept`` rows; anything else (a record of other options or of a changed shard, row files a
-    killed worker left half written, shards no longer in the input) is removed.
+    killed worker left half written, shards no longer in the input) is removed. ``prune`` False
+    deletes nothing: the other ranks of a distributed run, which must not remove a shard in progress.
     """
     found: dict[int, ShardResult] = {}
     for index, url in enumerate(urls):
         res = _read(stem(work, url), index, url, key, fields)
         if res is not None:
             found[index] = res
+    if not prune:
+        return found
     kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
         if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg)
@@ -124,3 +127,23 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> Sha
     if not os.path.isfile(paths["keys"]):
         return None
     return res
+
+
+def remove_stale_scratch(cfg, log) -> None:
+    """Delete the ``precompute-*`` scratch folders of killed runs (OUT/_tmp's all: we hold OUT's lock)."""
+    if cfg.tmp_dir:
+        parent: str | None = cfg.tmp_dir
+    elif files.is_local(cfg.out):
+        parent = os.path.join(files.local_path(cfg.out), "_tmp")
+    else:
+        parent = tempfile.gettempdir()
+    whole = not cfg.tmp_dir and files.is_local(cfg.out)
+    for name in files.remove_stale_temp_dirs(parent, "precompute-", whole):
+        log.info("precompute: removed %s left by a run that was killed", name)
+
+
+def remove_empty_dir(path: str) -> None:
+    try:
+        os.rmdir(path)  # only succeeds when empty: a concurrent run's scratch stays
+    except OSError:
+        pass

@@ -1,6 +1,6 @@
-"""torchrun's elastic agent in a process of its own: ``python -m toolkit.train.agent RESULT.json ARGS...``.
+"""torchrun's elastic agent in a process of its own: ``python -m toolkit.core.agent RESULT.json ARGS...``.
 
-Started by the launcher (``launch.launch``), which supervises it (``supervise.Supervisor``). Runs
+Started by the launcher (``toolkit.core.launch.launch_job``), which supervises it (``supervise.Supervisor``). Runs
 torchrun's ``main`` with ``ARGS`` and writes the outcome to ``RESULT.json`` for the launcher to report:
 ``{"ok": true}``, ``{"failed": "rank R exited with code C (...)"}`` (a worker failed beyond the restarts),
 ``{"signal": "SIGHUP"}`` (the agent itself got a signal it handles) or ``{"error": "Type: message"}``.

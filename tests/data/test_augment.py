@@ -1,0 +1,129 @@
+"""Random crops of training pixels: drawn from (seed, step, id), so ranks, workers and resumes replay them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from datakit import MODEL, good_samples, precompute, write_raw_shard
+from PIL import Image
+
+from toolkit.data import augment
+from toolkit.data.augment import AugmentConfig, PixelTransform, crop_draws, stored_side
+from toolkit.data.decode import crop_box
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.loader import make_loader
+
+SIZE = 32  # cliptk-tiny's image side
+
+
+@pytest.fixture(scope="module")
+def margin_train(tmp_path_factory):
+    """40 real JPEG pairs precomputed with the default crop margin (stored 36 px for the model's 32)."""
+    raw = tmp_path_factory.mktemp("aug_raw")
+    rng = np.random.default_rng(11)
+    write_raw_shard(raw / "00000.tar", good_samples(rng, "a", 23, size=(61, 47)))
+    write_raw_shard(raw / "00001.tar", good_samples(rng, "b", 17, size=(40, 52)))
+    out = tmp_path_factory.mktemp("aug_train")
+    from toolkit.core.config import build
+    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+
+    run(build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, "samples_per_shard": 9}))
+    return out
+
+
+def test_precompute_stores_the_crop_margin(margin_train):
+    ds = TrainDataset.open(str(margin_train))
+    assert ds.field("image").shape == (36, 36, 3) == (stored_side(SIZE, 0.9),) * 2 + (3,)
+    assert ds.extra["image_size"] == SIZE and ds.extra["crop_scale_min"] == 0.9
+    assert stored_side(224, 0.9) == 249 and stored_side(224, 1.0) == 224
+
+
+def test_margin_is_enough_that_no_crop_upsamples():
+    cfg = AugmentConfig()
+    draws = crop_draws(cfg, seed=3, step=0, ids=np.arange(20000))
+    side = stored_side(224, cfg.scale_min)
+    boxes = np.array([crop_box(side, side, d) for d in draws])
+    assert boxes[:, 2].min() >= 224 and boxes[:, 3].min() >= 224
+    ratios = boxes[:, 2] / boxes[:, 3]
+    assert ratios.min() < 0.95 and ratios.max() > 1.05  # aspect ratios do vary (clamped to what fits)
+
+
+def test_draws_depend_on_seed_step_and_id_only():
+    cfg = AugmentConfig()
+    ids = np.array([5, 900, 3, 77])
+    a = crop_draws(cfg, 1, 10, ids)
+    assert np.array_equal(a[1:3], crop_draws(cfg, 1, 10, ids[1:3]))  # another slice: the same per-id draws
+    assert not np.array_equal(a, crop_draws(cfg, 1, 11, ids)) and not np.array_equal(a, crop_draws(cfg, 2, 10, ids))
+    assert (a[:, 0] >= 0.9).all() and (a[:, 0] <= 1.0).all()
+    assert (a[:, 1] >= 0.75).all() and (a[:, 1] <= 4 / 3).all()
+    big = crop_draws(cfg, 0, 0, np.arange(100000))
+    assert abs(big[:, 2].mean() - 0.5) < 0.01 and abs(np.log(big[:, 1]).mean()) < 0.01  # uniform, log-uniform
+
+
+def _batches(data, **kw):
+    transform = PixelTransform(SIZE, seed=4, augment=AugmentConfig())
+    loader = make_loader(str(data), batch_size=8, seed=4, image_transform=transform, **kw)
+    return [(b["step"], b["index"].clone(), b["image"].clone()) for b in loader]
+
+
+def test_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
+    one = _batches(margin_train, num_steps=8)
+    assert all(img.shape == (8, SIZE, SIZE, 3) and img.dtype == torch.uint8 for _, _, img in one)
+    ranks = [_batches(margin_train, num_steps=8, rank=r, world_size=2, num_workers=2) for r in (0, 1)]
+    for t, (_, ids, img) in enumerate(one):
+        assert torch.equal(torch.cat([ranks[0][t][1], ranks[1][t][1]]), ids)
+        assert torch.equal(torch.cat([ranks[0][t][2], ranks[1][t][2]]), img)
+    resumed = _batches(margin_train, start_step=5, num_steps=3, num_workers=2)
+    for (s1, i1, img1), (s2, i2, img2) in zip(one[5:], resumed, strict=True):
+        assert s1 == s2 and torch.equal(i1, i2) and torch.equal(img1, img2)
+    # an id seen again in a later pass is cropped differently: augmentation, not a fixed crop per sample
+    later = _batches(margin_train, start_step=5, num_steps=8)
+    first = {int(i): img for _, ids, imgs in one for i, img in zip(ids, imgs, strict=True)}
+    again = [(first[int(i)], img) for _, ids, imgs in later for i, img in zip(ids, imgs, strict=True)
+             if int(i) in first]
+    assert again and sum(not torch.equal(a, b) for a, b in again) >= len(again) // 2
+
+
+def test_crop_matches_pillow_on_the_stored_pixels(margin_train):
+    ds = TrainDataset.open(str(margin_train))
+    loader = make_loader(ds, batch_size=8, seed=4, num_steps=1, image_transform=PixelTransform(SIZE, 4, AugmentConfig()))
+    batch = next(iter(loader))
+    stored = make_loader(ds, batch_size=8, seed=4, num_steps=1)
+    raw = next(iter(stored))["image"].numpy()
+    draws = crop_draws(AugmentConfig(), 4, 0, batch["index"].numpy())
+    for k in range(8):
+        left, top, w, h = crop_box(36, 36, draws[k])
+        ref = Image.fromarray(raw[k]).resize((SIZE, SIZE), Image.Resampling.BICUBIC, box=(left, top, left + w, top + h))
+        diff = np.abs(batch["image"][k].numpy().astype(int) - np.asarray(ref, int))
+        assert diff.mean() < 0.5 and diff.max() <= 4  # torch's antialiased bicubic is Pillow's filter
+
+
+def test_off_resizes_the_stored_square_and_old_sets_still_crop(margin_train, tmp_path):
+    ds = TrainDataset.open(str(margin_train))
+    off = augment.pixel_transform(AugmentConfig(random_crop=False), (36, 36, 3), SIZE, 0)
+    assert off is not None and off.augment is None  # the margin still has to go
+    assert augment.pixel_transform(AugmentConfig(random_crop=False), (32, 32, 3), SIZE, 0) is None
+    assert augment.pixel_transform(AugmentConfig(), None, SIZE, 0) is None  # frozen-tower features
+    batch = next(iter(make_loader(ds, batch_size=8, seed=4, num_steps=1, image_transform=off)))
+    assert batch["image"].shape == (8, SIZE, SIZE, 3)
+    # a set precomputed before the margin (stored at the model's side) crops within what is there
+    old = tmp_path / "old"
+    precompute(ds.source, old, crop_scale_min=1.0)
+    assert TrainDataset.open(str(old)).field("image").shape == (SIZE, SIZE, 3)
+    on = augment.pixel_transform(AugmentConfig(), (SIZE, SIZE, 3), SIZE, 0)
+    old_batch = next(iter(make_loader(str(old), batch_size=8, seed=4, num_steps=1, image_transform=on)))
+    assert old_batch["image"].shape == (8, SIZE, SIZE, 3)
+
+
+def test_trainer_crops_by_default_and_not_for_features(margin_train):
+    from toolkit.core.config import build
+    from toolkit.train.batches import TrainData
+    from toolkit.train.config import TrainConfig
+
+    cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
+                              "steps": 2})
+    data = TrainData(cfg, 0, 1, torch.device("cpu"))
+    assert data.image_transform == PixelTransform(SIZE, cfg.seed, AugmentConfig())
+    batch = next(data.batches(0))
+    assert batch["image"].shape == (8, SIZE, SIZE, 3)
