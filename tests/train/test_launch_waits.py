@@ -83,8 +83,8 @@ def test_a_node_that_hosts_the_rendezvous_refuses_a_busy_port(silent_server, ove
     the rendezvous themselves: a port in use is refused at once, without a probe."""
     from toolkit.core.config import build
     from toolkit.train.config import LaunchConfig
-    from toolkit.train.launch import RendezvousError, check_port, torchrun_argv
-    from toolkit.train.supervise import LauncherSignals
+    from toolkit.train.launch.launcher import RendezvousError, check_port, torchrun_argv
+    from toolkit.train.launch.supervise import LauncherSignals
 
     launch = build(LaunchConfig, {**over, "master_port": silent_server.port})
     argv = " ".join(torchrun_argv(launch, "m", []))

@@ -60,7 +60,7 @@ def plan(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from toolkit.train.plan import PlanConfig, format_plan, run
+    from toolkit.train.plan.planner import PlanConfig, format_plan, run
 
     cfg = load_cli_config(ctx, PlanConfig, config, overrides, model=model, batch_size=batch_size, nodes=nodes,
                           nproc_per_node=nproc_per_node, mode=mode, loss=loss, micro_batch_size=micro_batch_size,

@@ -26,15 +26,15 @@ from toolkit.core.log import get_logger
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import model as model_lib
 from toolkit.train.batches import TrainData
+from toolkit.train.checkpoint.resume import nonfinite_abort_note
+from toolkit.train.checkpoint.state import StateIO, TrainState, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
+from toolkit.train.launch.signals import PreemptionFlag
 from toolkit.train.losses import build_loss
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
-from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.runtime import Runtime
-from toolkit.train.signals import PreemptionFlag
-from toolkit.train.state import StateIO, TrainState, sync_buffers
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
 from toolkit.train.update import Update
 
@@ -76,7 +76,7 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
     update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, data.total_steps, cfg.precision)
     micro = cfg.micro_batch_size
     if micro == "auto":
-        from toolkit.train import automicro
+        from toolkit.train.plan import automicro
 
         micro = automicro.choose(cfg, built.model, rt, data.num_samples)
     data.offloaded = 0 < micro < data.local_batch_size

@@ -18,10 +18,10 @@ import torch
 
 from toolkit.core import dist as D
 from toolkit.models import weights
+from toolkit.train.checkpoint.state import TrainState
 from toolkit.train.config import TrainConfig
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit, write_plots
 from toolkit.train.model import BuiltModel
-from toolkit.train.state import TrainState
 from toolkit.train.update import Outcome, Update
 
 

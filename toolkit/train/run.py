@@ -23,8 +23,8 @@ from toolkit.core import files
 from toolkit.core.config import ConfigError, build, read_yaml
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.train import launch as L
 from toolkit.train.config import TrainConfig
+from toolkit.train.launch import launcher as L
 from toolkit.train.loop import EvalFn
 
 KIND = "train"
@@ -57,8 +57,8 @@ def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     returns the ranks' return values only for a Python callable started with multiprocessing; cliptk's
     ranks are ``python -m ENTRY`` programs (so the user's own torchrun or srun runs the very same ranks), for
     which it returns nothing. None when no checkpoint exists."""
-    from toolkit.train import checkpoint as ckpt
-    from toolkit.train.resume import checkpoints_dir
+    from toolkit.train.checkpoint import format as ckpt
+    from toolkit.train.checkpoint.resume import checkpoints_dir
 
     path = ckpt.latest_valid(checkpoints_dir(cfg))
     if path is None:
@@ -81,8 +81,8 @@ def preflight(cfg: TrainConfig):
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.order import BatchOrder
     from toolkit.models.factory import resolve_spec
+    from toolkit.train.checkpoint.resume import refuse_other_config
     from toolkit.train.model import check_dataset
-    from toolkit.train.resume import refuse_other_config
 
     if not files.is_local(cfg.out):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")

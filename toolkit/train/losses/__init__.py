@@ -4,8 +4,8 @@
 - ``registry``: the objectives by kind and the ``--loss`` names (``register`` plugs a new one in).
 - ``base``: ``TrainingLoss``, the interface and its gradient convention (docs/architecture.md).
 - ``openclip``: the CLIP loss over the global batch in any distributed mode; ``fastclip/``: FastCLIP v0–v3.
-- ``modes`` (gather, disco; ``contrastive_loss``), ``ring`` (Inf-CL), ``anchors`` (the fastclip mode),
-  ``common`` (what they share), ``temperature`` (the learnable τ's lr rule and clamp).
+- ``modes/``: the CLIP loss's distributed modes (``contrastive_loss``: gather, disco, ring, fastclip);
+  ``temperature`` (the learnable τ's lr rule and clamp).
 
 Importing the package loads only the torch-free config (so the CLI can validate without torch); the
 objectives come from their modules, or from ``build_loss``.

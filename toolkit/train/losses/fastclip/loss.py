@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.losses.anchors import anchor_lses
 from toolkit.train.losses.base import StatePart, TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
@@ -49,6 +48,7 @@ from toolkit.train.losses.fastclip.estimators import (
 )
 from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
 from toolkit.train.losses.fastclip.tables import SampleTables
+from toolkit.train.losses.modes.anchors import anchor_lses
 
 VERSIONS = ("v0", "v1", "v2", "v3")
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from toolkit.train.losses.anchors import anchor_lses
 from toolkit.train.losses.base import StatePart, TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip.attach import attach
 from toolkit.train.losses.fastclip.estimators import GlobalBatch, gather_batch, gather_rows, surrogate_grads
+from toolkit.train.losses.modes.anchors import anchor_lses
 from toolkit.train.losses.neuclip.network import NormaliserNetwork, log_eps_plus
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from toolkit.core import files
 from toolkit.core.config import changed_keys, config_hash, describe_changes, output_dict
-from toolkit.train import checkpoint as ckpt
+from toolkit.train.checkpoint import format as ckpt
 from toolkit.train.config import TrainConfig
 
 CLI_REMEDY = "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"

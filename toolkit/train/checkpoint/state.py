@@ -20,11 +20,17 @@ from torch import nn
 from toolkit.core import dist as D
 from toolkit.core.log import get_logger
 from toolkit.models import weights
-from toolkit.train import checkpoint as ckpt
+from toolkit.train.checkpoint import format as ckpt
+from toolkit.train.checkpoint.resume import (
+    check_config,
+    checkpoints_dir,
+    find_checkpoint,
+    output_config,
+    output_hash,
+)
 from toolkit.train.config import TrainConfig
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.model import BuiltModel
-from toolkit.train.resume import check_config, checkpoints_dir, find_checkpoint, output_config, output_hash
 from toolkit.train.update import Update
 
 

@@ -1,4 +1,4 @@
-"""torchrun's elastic agent in a process of its own: ``python -m toolkit.train.agent RESULT.json ARGS...``.
+"""torchrun's elastic agent in a process of its own: ``python -m toolkit.train.launch.agent RESULT.json ARGS...``.
 
 Started by the launcher (``launch.launch``), which supervises it (``supervise.Supervisor``). Runs
 torchrun's ``main`` with ``ARGS`` and writes the outcome to ``RESULT.json`` for the launcher to report:

@@ -6,7 +6,7 @@
   across nodes -> c10d rendezvous at master_addr:port under ``rdzv_id``. ``--max-restarts`` restarts failed
   workers, which resume from the latest checkpoint.
 - ``launch``: checks the rendezvous port (``check_port``), then runs torchrun's agent in a child process
-  (``toolkit.train.agent``) and supervises it (``supervise.Supervisor``: signals, rendezvous deadline);
+  (``toolkit.train.launch.agent``) and supervises it (``supervise.Supervisor``: signals, rendezvous deadline);
   each worker runs ``python -m ENTRY CONFIG.yaml``.
 - ``apply_slurm_env``: under ``srun toolkit train ...`` every task is a rank; SLURM's variables become
   torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT).
@@ -31,7 +31,7 @@ from toolkit.core.config import dump_yaml
 from toolkit.core.log import QUIET_ENV, get_logger, is_quiet
 from toolkit.core.stage import StageInterrupted
 from toolkit.train.config import LaunchConfig, TrainConfig
-from toolkit.train.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
+from toolkit.train.launch.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
 
 AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default minus SIGTERM (the launcher handles signals)
 WORKER_ENV = "CLIPTK_TRAIN_WORKER"  # set for workers a cliptk launcher started (it keeps the stage books)
@@ -181,7 +181,7 @@ def launch(cfg: TrainConfig, entry: str) -> None:
         argv = torchrun_argv(cfg.launch, entry, [path])
         log.info("torchrun %s", " ".join(argv))
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.agent", result, *argv], env=_agent_env(),
+            proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.launch.agent", result, *argv], env=_agent_env(),
                                     start_new_session=True)  # a terminal's Ctrl-C reaches the launcher only
             supervisor = Supervisor(proc, signals, describe_wait(cfg.launch), cfg.launch.rendezvous_timeout_s)
             code = supervisor.wait()

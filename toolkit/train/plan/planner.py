@@ -2,7 +2,7 @@
 largest global batch and micro-batch that fit a device: ``run(PlanConfig) -> Plan``.
 
 Every term is arithmetic on the model's shapes except the towers' activations, which are measured
-(``toolkit.train.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
+(``toolkit.train.plan.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
 ``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model). Bytes per
 device, for a global batch B over K = nodes × processes ranks (local batch b = B/K), micro-batch m (b
 without the gradient cache), embedding dim E, P parameters (T trainable):
@@ -20,7 +20,7 @@ without the gradient cache), embedding dim E, P parameters (T trainable):
 | loss tiles | tiled.py's backward: 4 strips of rows × n columns fp32, rows = min(b, 2^21 / n), n = B (b for ring); plus LSE vectors 4·4·n |
 | FastCLIP tables | per node, N samples × columns × 4 (2 columns; v2: 10), in host memory shared by the node's ranks |
 
-Traffic per rank per step comes from ``toolkit.train.losses.traffic`` (the ledger's own formula). The
+Traffic per rank per step comes from ``toolkit.train.plan.traffic`` (the ledger's own formula). The
 predictions leave out the framework's own resident memory (the CUDA context, torch's libraries), which
 the device must hold too.
 """
@@ -178,7 +178,7 @@ def table_bytes(cfg: PlanConfig) -> float:
 
 def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
     """Wire bytes per rank per step for every mode (openclip objective), and FastCLIP's objective."""
-    from toolkit.train.losses.traffic import sent_bytes, step_traffic
+    from toolkit.train.plan.traffic import sent_bytes, step_traffic
 
     b, feat = local_batch(cfg), 2 if cfg.precision != "fp32" else 4
     grad = 2 if cfg.grad_dtype == "bf16" else 4
@@ -203,9 +203,9 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     if not cfg.measure and key in MEASURED:
         return (*MEASURED[key], "table")
     if not cfg.measure:
-        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.MEASURED "
+        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.planner.MEASURED "
                          f"(known: {sorted(MEASURED)}); pass --measure to measure them now")
-    from toolkit.train.memprobe import measure_activations
+    from toolkit.train.plan.memprobe import measure_activations
 
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
                               text_tokens=cfg.text_tokens)

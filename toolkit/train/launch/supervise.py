@@ -1,6 +1,6 @@
 """The launcher's watch over torchrun's elastic agent: signals, the rendezvous deadline, a hard stop.
 
-The agent runs in a child process (``toolkit.train.agent``) in its own session, and the launcher waits for
+The agent runs in a child process (``toolkit.train.launch.agent``) in its own session, and the launcher waits for
 it in Python, polling every ``POLL_S``. In the earlier design torchrun ran inside the launcher, which then
 spent its rendezvous inside a C++ TCPStore call: Python signal handlers never ran there, so SIGTERM and
 SIGINT were ignored and only SIGKILL ended a launcher whose port was held by another server (issue 25).
