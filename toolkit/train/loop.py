@@ -62,13 +62,13 @@ class Parts:
     micro_batch_size: int
 
 
-def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: bool = False) -> Parts:
-    """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``
-    and ``checked``: the training set this process's preflight opened and checked against the model."""
+def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
+    """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``:
+    the training set this process's preflight opened (the model checks it fits, as on every rank)."""
     rt = Runtime.start(cfg)
     data = TrainData(cfg, rt.rank, rt.world_size, rt.device, dataset)
     built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
-                            cfg.seed, check=not checked, logit_bias=cfg.loss.init_logit_bias)
+                            cfg.seed, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
@@ -86,21 +86,21 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
 
 
 def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
-          checked: bool = False) -> dict[str, Any]:
+          skip_config_check: str = "") -> dict[str, Any]:
     """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model. The
     signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
     (with a checkpoint) instead of killing the process with the manifest left "running"."""
     flag = PreemptionFlag.install()
     try:
-        return _train(cfg, eval_fn, dataset, checked, flag)
+        return _train(cfg, eval_fn, dataset, skip_config_check, flag)
     finally:
         flag.uninstall()
 
 
-def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, checked: bool,
+def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, skip_config_check: str,
            flag: PreemptionFlag) -> dict[str, Any]:
-    p = build_parts(cfg, dataset, checked)
-    state = p.io.resume(config_checked=checked)
+    p = build_parts(cfg, dataset)
+    state = p.io.resume(skip_config_check=skip_config_check)
     resumed = state.step if state.step or p.io.last_step is not None else None
     report = Reporter(cfg, p.rt.rank, p.rt.world_size, p.rt.device, p.data.total_steps, p.data.steps_per_epoch,
                       resumed)

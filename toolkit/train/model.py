@@ -90,24 +90,38 @@ def _init_source(model_spec: str, init: str) -> tuple[Any, str | None]:
     return spec, str(check_weights_file(init))
 
 
-def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
-          check: bool = True, *, logit_bias: float | None = None) -> BuiltModel:
-    """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
-    features), load ``init`` or seed a random init, check the data fits it, set up the logit scale.
-    Called by every rank with the same arguments (DDP then starts from identical weights). ``check``:
-    False when this process's preflight has checked the data against the model already.
-    ``logit_bias``: give the model open_clip's learnable logit bias starting there (``init_logit_bias``,
-    saved in its config, so the checkpoint loads in plain open_clip; sigmoid losses); weights that carry
-    a bias override it, weights without one start it at 0 (open_clip's loader)."""
-    spec, weights = _init_source(model_spec, init)
+def fitted_config(spec: Any, dataset: Any) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(model_cfg, preprocess_cfg, towers) of resolved model ``spec`` for ``dataset``: each side whose
+    features the data holds gets its frozen tower + a head (``towers``: any side does). Reads dataset.json
+    only (cheap)."""
     towers = bool(dataset.field("image_features") or dataset.field("text_features"))
     model_cfg, preprocess_cfg = spec.model_cfg, spec.preprocess_cfg
     if towers:
         model_cfg, preprocess_cfg = frozen.config_for_dataset(model_cfg, preprocess_cfg, dataset.extra)
+    return model_cfg, preprocess_cfg, towers
+
+
+def check_fit(model_spec: str, dataset: Any) -> None:
+    """Refuse ``dataset`` when it does not fit model ``model_spec`` (pixels, tokens, or frozen-tower
+    features: the model it would be trained as). Cheap (dataset.json only); preflight calls it before
+    launching, and ``build`` on every rank."""
+    check_dataset(fitted_config(resolve_spec(model_spec), dataset)[0], dataset, model_spec)
+
+
+def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
+          *, logit_bias: float | None = None) -> BuiltModel:
+    """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
+    features), load ``init`` or seed a random init, check the data fits it (always: the check is cheap,
+    and LiT data must be checked against the frozen-tower model), set up the logit scale.
+    Called by every rank with the same arguments (DDP then starts from identical weights).
+    ``logit_bias``: give the model open_clip's learnable logit bias starting there (``init_logit_bias``,
+    saved in its config, so the checkpoint loads in plain open_clip; sigmoid losses); weights that carry
+    a bias override it, weights without one start it at 0 (open_clip's loader)."""
+    spec, weights = _init_source(model_spec, init)
+    model_cfg, preprocess_cfg, towers = fitted_config(spec, dataset)
     if logit_bias is not None:
         model_cfg = {**model_cfg, "init_logit_bias": float(logit_bias)}
-    if check:
-        check_dataset(model_cfg, dataset, model_spec)
+    check_dataset(model_cfg, dataset, model_spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         clip = build_model(model_cfg)

@@ -67,15 +67,17 @@ class StateIO:
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
 
-    def resume(self, config_checked: bool = False) -> TrainState:
+    def resume(self, skip_config_check: str = "") -> TrainState:
         """The state to start from: the checkpoint ``checkpoint.resume`` names, loaded into the model, the
-        update and the objective, or a fresh state. ``config_checked``: this process's preflight has
-        refused a checkpoint of another configuration already."""
+        update and the objective, or a fresh state. ``skip_config_check``: why the refusal of a checkpoint
+        of another configuration need not run here (it ran once already, run.py names who ran it)."""
         path = self._resume_path()
         if path is None:
             return TrainState()
         saved = ckpt.read_trainer_state(path)
-        if not config_checked:
+        if skip_config_check:
+            get_logger("train").debug("checkpoint configuration check skipped: %s", skip_config_check)
+        else:
             check_config(path, saved, self.cfg)
         self._load(path)
         self.last_step = saved["state"]["step"]
