@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,19 @@ from toolkit.models import frozen, text_trim
 from toolkit.models.factory import build_model, resolve_spec
 from toolkit.models.registry import config_context_length, config_image_size
 from toolkit.models.weights import check_weights_file, load_weights
+
+
+class Towers(NamedTuple):
+    """What ``TrainModel`` returns for one batch of b pairs."""
+
+    image_features: Tensor  # x [b, E], L2-normalised
+    text_features: Tensor  # y [b, E], L2-normalised
+    logit_scale: Tensor  # a = exp(p), 0-d
+    logit_bias: Tensor | None  # the learnable bias (0-d) of sigmoid models, else None
+
+    def scalars(self) -> list[Tensor]:
+        """[a] or [a, bias]: the learnable scalars the objective receives beside the features."""
+        return [self.logit_scale] if self.logit_bias is None else [self.logit_scale, self.logit_bias]
 
 
 class TrainModel(nn.Module):
@@ -58,15 +71,13 @@ class TrainModel(nn.Module):
             return text
         return text_trim.trim_tokens(text, self.clip.text_pool_type, self.clip.text_eos_id)
 
-    def forward(self, image: Tensor, text: Tensor) -> tuple[Tensor, ...]:
-        """(x [b, E], y [b, E], a (0-d)), and the logit bias (0-d) when the open_clip model has one
-        (``init_logit_bias``: sigmoid losses)."""
+    def forward(self, image: Tensor, text: Tensor) -> Towers:
+        """``Towers``: x [b, E], y [b, E], a (0-d), and the logit bias (0-d) when the open_clip model has
+        one (``init_logit_bias``: sigmoid losses), else None."""
         x = normalize(self.encode_image(image), dim=-1)
         y = normalize(self.encode_text(text), dim=-1)
         bias = getattr(self.clip, "logit_bias", None)
-        if bias is None:
-            return x, y, self.clip.logit_scale.exp()
-        return x, y, self.clip.logit_scale.exp(), bias.reshape(())
+        return Towers(x, y, self.clip.logit_scale.exp(), None if bias is None else bias.reshape(()))
 
 
 @dataclass
