@@ -164,7 +164,7 @@ def final_tensors(run_dir: Path) -> tuple[dict, dict]:
     """(model weights, loss state) of a finished run: RUN_DIR/model and its newest checkpoint."""
     from safetensors.torch import load_file
 
-    from toolkit.train import checkpoint as ckpt
+    from toolkit.train.checkpoint import format as ckpt
 
     newest = ckpt.latest_valid(str(run_dir / ckpt.CHECKPOINTS))
     if newest is None:

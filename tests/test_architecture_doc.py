@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,17 +20,41 @@ def _rows() -> list[tuple[str, str]]:
     return rows
 
 
+TOKEN = re.compile(r"`([^`]*)`|([()])")
+
+
+def _paths(package: str, cell: str) -> set[str]:
+    """The whole paths (under toolkit/) a modules cell names: `name.py` in the row's package; `sub/name.py`,
+    after which bare `other.py` names lie in sub/ too; `sub/` (`a.py`, `b.py`) for a sub-folder's files,
+    and `sub/` itself. Other backticked words (`--loss`, class names) name no file."""
+    paths: set[str] = set()
+    folder, in_parens = "", False
+    for match in TOKEN.finditer(cell):
+        word, paren = match.groups()
+        if paren:
+            in_parens = paren == "("
+            if not in_parens:
+                folder = ""
+            continue
+        if word.endswith("/") and not in_parens:
+            folder = word
+            paths.add(f"{package}/{word.rstrip('/')}")
+        elif word.endswith(".py"):
+            if "/" in word:
+                folder = word.rpartition("/")[0] + "/"
+                paths.add(f"{package}/{word}")
+            else:
+                paths.add(f"{package}/{folder}{word}")
+    return paths
+
+
+def _documented(rows: list[tuple[str, str]]) -> set[str]:
+    return set().union(*(_paths(package, cell) for package, cell in rows))
+
+
 def _placed(parent: str, name: str, rows: list[tuple[str, str]]) -> bool:
-    """A row of package P places module parent/name when parent is P (the cell names `name`) or lies under
-    it (the cell names the sub-folder, `sub/`, and the file)."""
-    for package, cell in rows:
-        if parent == package and f"`{name}`" in cell:
-            return True
-        if parent.startswith(package + "/"):
-            sub = parent[len(package) + 1:]
-            if f"{sub}/" in cell and name in cell:
-                return True
-    return False
+    """The doc places module parent/name (relative to toolkit/) by its whole path."""
+    return f"{parent}/{name}" in _documented(rows)
 
 
 def test_every_module_is_placed_in_the_architecture_doc():
@@ -49,3 +74,11 @@ def test_the_check_itself_catches_a_module_missing_from_the_table():
     assert _placed("train/losses/fastclip", "tables.py", rows)
     assert not _placed("train/losses/fastclip", "nonexistent.py", rows)
     assert not _placed("train", "tables.py", rows)  # a name is placed only under its own package
+    assert not _placed("kernels/siglip", "ed.py", rows)  # whole names: not a substring of `tiled.py`
+    assert _paths("data", "`acquire/urllist.py`, `urlrows.py`") == {"data/acquire/urllist.py",
+                                                                   "data/acquire/urlrows.py"}
+
+
+def test_every_file_the_doc_names_exists():
+    missing = sorted(p for p in _documented(_rows()) if not (ROOT / "toolkit" / p).exists())
+    assert not missing, f"docs/architecture.md names files that do not exist: {', '.join(missing)}"

@@ -49,7 +49,7 @@ def steps_for(batch: int) -> int:
 _PLAN_CODE = """
 import json, sys
 import open_clip
-from toolkit.train.plan import PlanConfig, run
+from toolkit.train.plan.planner import PlanConfig, run
 spec = json.loads(sys.argv[1])
 tok = open_clip.get_tokenizer(spec["model"])
 tokens = int((tok(spec["captions"]) != 0).sum(1).max())

@@ -65,7 +65,7 @@ def test_eval_workers_shows_the_configs_default():
 
 
 def test_a_flag_for_a_missing_field_fails():
-    drifted = ConfigOptions("toolkit.train.plan:PlanConfig", flags={"batchsize": ("-b",)})
+    drifted = ConfigOptions("toolkit.train.plan.planner:PlanConfig", flags={"batchsize": ("-b",)})
     with pytest.raises(TypeError, match="batchsize"):
         drifted.all_flags()
 

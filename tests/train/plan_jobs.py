@@ -17,7 +17,7 @@ import torch
 from trainkit import train_cfg
 
 import toolkit.train.loop as loop
-from toolkit.train.memprobe import peak_rss_bytes, reset_peak_rss, rss_bytes
+from toolkit.train.plan.memprobe import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 
 def main(data: str, out: str, batch: int, micro: int) -> None:

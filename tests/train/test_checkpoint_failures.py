@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from trainkit import ROOT, env, metrics, train_cfg
 
-from toolkit.train import checkpoint as ckpt
+from toolkit.train.checkpoint import format as ckpt
 
 CKPT_BYTES_FREE = 150 * 2**20  # one cliptk-tiny checkpoint (92 MiB: weights + AdamW state) fits, two do not
 
@@ -69,7 +69,7 @@ def test_a_real_full_tmpfs_stops_training_at_the_next_step(demo_train, tmp_path)
     ckpt_dir.mkdir()
     args = " ".join(_train_args(demo_train, out, ckpt_dir))
     script = (f"mount -t tmpfs -o size={CKPT_BYTES_FREE} tmpfs {ckpt_dir} && {sys.executable} -m toolkit {args}; "
-              f"echo rc=$?; ls -a {ckpt_dir}; {sys.executable} -c 'from toolkit.train.checkpoint import verify; "
+              f"echo rc=$?; ls -a {ckpt_dir}; {sys.executable} -c 'from toolkit.train.checkpoint.format import verify; "
               f"verify(\"{ckpt_dir}/step-00000002\"); print(\"verified\")'")
     result = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=env(), capture_output=True,
                             text=True, timeout=600)
@@ -83,7 +83,7 @@ def test_a_real_full_tmpfs_stops_training_at_the_next_step(demo_train, tmp_path)
 UNREADABLE = """
 import json, os, sys
 from pathlib import Path
-from toolkit.train import checkpoint as ckpt
+from toolkit.train.checkpoint import format as ckpt
 
 root = Path(sys.argv[1])
 def blobs(step):

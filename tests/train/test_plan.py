@@ -12,8 +12,8 @@ from trainkit import ROOT, env, run_cli, train_cfg
 
 from toolkit.core.config import ConfigError, build
 from toolkit.data.trainset.loader import make_loader
-from toolkit.train import plan
-from toolkit.train.losses.traffic import sent_bytes, step_traffic
+from toolkit.train.plan import planner as plan
+from toolkit.train.plan.traffic import sent_bytes, step_traffic
 
 TINY = plan.ModelShape("t", num_params=1000, num_trainable=1000, embed_dim=8, sample_bytes=100)
 
@@ -95,8 +95,8 @@ def test_micro_batch_auto_config_and_cli(tmp_path):
 
 
 def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
-    from toolkit.train.automicro import plan_config
     from toolkit.train.loop import build_parts
+    from toolkit.train.plan.automicro import plan_config
 
     fixed, per_sample, overhead = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")]
     for budget_gb in (0.25, 8.0):

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, weights
 
-from toolkit.train.checkpoint import CheckpointInvalid, latest_valid, verify
+from toolkit.train.checkpoint.format import CheckpointInvalid, latest_valid, verify
 from toolkit.train.run import run
 
 STEPS = 40
@@ -123,7 +123,7 @@ def test_resume_refuses_a_different_configuration(demo_train, tmp_path):
 
 
 def test_refusal_names_the_output_keys_that_differ_with_old_and_new_values():
-    from toolkit.train.resume import ConfigMismatch, check_config, output_config, output_hash
+    from toolkit.train.checkpoint.resume import ConfigMismatch, check_config, output_config, output_hash
 
     old = train_cfg("data", "out", steps=2, log_every=1)
     saved = {"config_hash": output_hash(old), "config": output_config(old)}

@@ -7,7 +7,7 @@ import typer
 from toolkit.cli.common import ConfigFile, ConfigOptions, SetOverrides, config_command, fail, load_cli_config
 
 # every PlanConfig field is an option (cli/common.ConfigOptions); these keep their short aliases
-PLAN = ConfigOptions("toolkit.train.plan:PlanConfig", flags={
+PLAN = ConfigOptions("toolkit.train.plan.planner:PlanConfig", flags={
     "model": ("--model", "-m"), "batch_size": ("--batch-size", "-b"), "measure": ("--measure/--no-measure",)})
 app = typer.Typer(help="Predict per-device memory and per-rank traffic of a training setup, and the largest "
                        "batches that fit a device (docs/training.md).", cls=config_command(PLAN, group=True))
@@ -24,7 +24,7 @@ def plan(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides 
     """
     if ctx.invoked_subcommand is not None:
         return
-    from toolkit.train.plan import PlanConfig, format_plan, run
+    from toolkit.train.plan.planner import PlanConfig, format_plan, run
 
     cfg = load_cli_config(ctx, PlanConfig, config, overrides, **PLAN.values(ctx))
     try:

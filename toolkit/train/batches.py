@@ -1,4 +1,4 @@
-"""The training data as the loop sees it: ``TrainData(cfg, rank, world_size, device)``.
+"""The training data as the loop sees it: ``TrainData(cfg, rt, open_data(cfg, rt), micro_batch_size)``.
 
 Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
 all), this rank's batches from any step on (``batches``), and their move to the device
@@ -8,6 +8,7 @@ all), this rank's batches from any step on (``batches``), and their move to the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -16,6 +17,7 @@ from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
 from toolkit.train.config import TrainConfig
+from toolkit.train.runtime import Runtime
 
 
 def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
@@ -23,23 +25,41 @@ def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
     return max(1, (cfg.train_num_samples or num_samples) // cfg.batch_size)
 
 
-class TrainData:
-    """This rank's view of the training set (module docstring). ``dataset``: the one the launcher's
-    preflight opened already (one process), else it is opened here."""
+class StepCounts(NamedTuple):
+    """The run's length in global batches."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device,
-                 dataset: TrainDataset | None = None):
-        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
-        self.dataset = dataset if dataset is not None else TrainDataset.open(cfg.data)
-        # a batch larger than the data or not divisible by the ranks is refused before anything is built
-        # (an elastic job learns its world size only here, at rendezvous)
-        BatchOrder(self.dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
-            0, rank, world_size)
+    per_epoch: int  # steps_per_epoch
+    total: int  # cfg.steps, or epochs × per_epoch
+
+
+def open_data(cfg: TrainConfig, rt: Runtime, dataset: TrainDataset | None = None) -> TrainDataset:
+    """The training set (``dataset``: the one this process's preflight opened), refusing a global batch
+    larger than the data or not divisible by the ranks before anything else is built (an elastic job
+    learns its world size only here, at rendezvous)."""
+    dataset = dataset if dataset is not None else TrainDataset.open(cfg.data)
+    BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
+        0, rt.rank, rt.world_size)
+    return dataset
+
+
+def step_counts(cfg: TrainConfig, num_samples: int) -> StepCounts:
+    per_epoch = steps_per_epoch(cfg, num_samples)
+    return StepCounts(per_epoch, cfg.steps or cfg.epochs * per_epoch)
+
+
+class TrainData:
+    """This rank's view of the training set (module docstring), from ``open_data``. ``micro_batch_size``:
+    the gradient cache's (0: the whole local batch); smaller than the local batch, the batch stays on the
+    host and the cache moves each micro-batch itself (``offloaded``)."""
+
+    def __init__(self, cfg: TrainConfig, rt: Runtime, dataset: TrainDataset, micro_batch_size: int = 0):
+        self.cfg, self.rank, self.world_size, self.device = cfg, rt.rank, rt.world_size, rt.device
+        self.dataset = dataset
         self.num_samples = self.dataset.num_samples
-        self.steps_per_epoch = steps_per_epoch(cfg, self.num_samples)
-        self.total_steps = cfg.steps or cfg.epochs * self.steps_per_epoch
-        self.local_batch_size = cfg.batch_size // world_size
-        self.offloaded = False  # set by the loop once the micro-batch size is known
+        self.steps = step_counts(cfg, self.num_samples)
+        self.steps_per_epoch, self.total_steps = self.steps
+        self.local_batch_size = cfg.batch_size // rt.world_size
+        self.offloaded = 0 < micro_batch_size < self.local_batch_size
         image = self.dataset.field("image")  # random crops (or the crop margin's resize) in the loader workers
         self.image_transform = pixel_transform(cfg.augment, image and image.shape,
                                                self.dataset.extra.get("image_size") or (image and image.shape[0]),

@@ -13,7 +13,6 @@ the step number, so a resume at any world size continues exactly.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,16 +24,15 @@ from toolkit.core import dist as D
 from toolkit.core.log import get_logger
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import model as model_lib
-from toolkit.train.batches import TrainData
+from toolkit.train.batches import TrainData, open_data, step_counts
+from toolkit.train.checkpoint.state import StateIO, TrainState, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
+from toolkit.train.launch.signals import PreemptionFlag
 from toolkit.train.losses import build_loss
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
-from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.runtime import Runtime
-from toolkit.train.signals import PreemptionFlag
-from toolkit.train.state import StateIO, TrainState, sync_buffers
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
 from toolkit.train.update import Update
 
@@ -62,52 +60,50 @@ class Parts:
     micro_batch_size: int
 
 
-def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: bool = False) -> Parts:
-    """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``
-    and ``checked``: the training set this process's preflight opened and checked against the model."""
+def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
+    """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``:
+    the training set this process's preflight opened (the model checks it fits, as on every rank)."""
     rt = Runtime.start(cfg)
-    data = TrainData(cfg, rt.rank, rt.world_size, rt.device, dataset)
-    built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
-                            cfg.seed, check=not checked, logit_bias=cfg.loss.init_logit_bias)
+    dataset = open_data(cfg, rt, dataset)
+    steps = step_counts(cfg, dataset.num_samples)
+    built = model_lib.build(cfg.model, cfg.init, dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
+                            cfg.seed, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
-    loss_fn = build_loss(cfg.loss, data_size=data.num_samples, check_sizes=False)
-    update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, data.total_steps, cfg.precision)
+    loss_fn = build_loss(cfg.loss, data_size=dataset.num_samples, check_sizes=False)
+    update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, steps.total, cfg.precision)
     micro = cfg.micro_batch_size
     if micro == "auto":
-        from toolkit.train import automicro
+        from toolkit.train.plan import automicro
 
-        micro = automicro.choose(cfg, built.model, rt, data.num_samples)
-    data.offloaded = 0 < micro < data.local_batch_size
-    io = StateIO(cfg, rt.rank, rt.world_size, built, update, loss_fn, data.total_steps, data.steps_per_epoch)
+        micro = automicro.choose(cfg, built.model, rt, dataset.num_samples)
+    data = TrainData(cfg, rt, dataset, micro)
+    io = StateIO(cfg, rt, steps, built, update, loss_fn)
     D.LEDGER.reset()
     return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro)
 
 
 def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
-          checked: bool = False) -> dict[str, Any]:
+          skip_config_check: str = "") -> dict[str, Any]:
     """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model. The
     signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
     (with a checkpoint) instead of killing the process with the manifest left "running"."""
     flag = PreemptionFlag.install()
     try:
-        return _train(cfg, eval_fn, dataset, checked, flag)
+        return _train(cfg, eval_fn, dataset, skip_config_check, flag)
     finally:
         flag.uninstall()
 
 
-def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, checked: bool,
+def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, skip_config_check: str,
            flag: PreemptionFlag) -> dict[str, Any]:
-    p = build_parts(cfg, dataset, checked)
-    state = p.io.resume(config_checked=checked)
+    p = build_parts(cfg, dataset)
+    state = p.io.resume(skip_config_check=skip_config_check)
     resumed = state.step if state.step or p.io.last_step is not None else None
-    report = Reporter(cfg, p.rt.rank, p.rt.world_size, p.rt.device, p.data.total_steps, p.data.steps_per_epoch,
-                      resumed)
+    report = Reporter(cfg, p.rt, p.data.steps, resumed)
     try:
-        report.window.mark = time.monotonic()
-        for batch in p.data.batches(state.step):
-            report.window.data_wait_s += time.monotonic() - report.window.mark
+        for batch in report.timed(p.data.batches(state.step)):
             outcome, lr = train_step(p, state, batch)
             p.io.check_writes()  # a failed background checkpoint write stops training here, naming it
             report.step_done(state, batch, outcome, lr, p.update)
@@ -119,7 +115,6 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
             if state.step < p.data.total_steps and flag.agreed(p.rt.world_size):
                 p.io.save(state)  # finish writes the plots, once
                 return finish(p, report, state, preempted=True)
-            report.window.mark = time.monotonic()
         if cfg.eval.every_steps:
             report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
         p.io.save(state)
@@ -155,7 +150,7 @@ def train_step(p: Parts, state: TrainState, batch: dict):
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
         raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
                               f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
-                              "the lr or check the data" + nonfinite_abort_note(p.io, t + 2 - state.nonfinite_in_row))
+                              "the lr or check the data" + p.io.nonfinite_note(t + 2 - state.nonfinite_in_row))
     return outcome, lr
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,19 @@ from toolkit.models import frozen, text_trim
 from toolkit.models.factory import build_model, resolve_spec
 from toolkit.models.registry import config_context_length, config_image_size
 from toolkit.models.weights import check_weights_file, load_weights
+
+
+class Towers(NamedTuple):
+    """What ``TrainModel`` returns for one batch of b pairs."""
+
+    image_features: Tensor  # x [b, E], L2-normalised
+    text_features: Tensor  # y [b, E], L2-normalised
+    logit_scale: Tensor  # a = exp(p), 0-d
+    logit_bias: Tensor | None  # the learnable bias (0-d) of sigmoid models, else None
+
+    def scalars(self) -> list[Tensor]:
+        """[a] or [a, bias]: the learnable scalars the objective receives beside the features."""
+        return [self.logit_scale] if self.logit_bias is None else [self.logit_scale, self.logit_bias]
 
 
 class TrainModel(nn.Module):
@@ -58,15 +71,13 @@ class TrainModel(nn.Module):
             return text
         return text_trim.trim_tokens(text, self.clip.text_pool_type, self.clip.text_eos_id)
 
-    def forward(self, image: Tensor, text: Tensor) -> tuple[Tensor, ...]:
-        """(x [b, E], y [b, E], a (0-d)), and the logit bias (0-d) when the open_clip model has one
-        (``init_logit_bias``: sigmoid losses)."""
+    def forward(self, image: Tensor, text: Tensor) -> Towers:
+        """``Towers``: x [b, E], y [b, E], a (0-d), and the logit bias (0-d) when the open_clip model has
+        one (``init_logit_bias``: sigmoid losses), else None."""
         x = normalize(self.encode_image(image), dim=-1)
         y = normalize(self.encode_text(text), dim=-1)
         bias = getattr(self.clip, "logit_bias", None)
-        if bias is None:
-            return x, y, self.clip.logit_scale.exp()
-        return x, y, self.clip.logit_scale.exp(), bias.reshape(())
+        return Towers(x, y, self.clip.logit_scale.exp(), None if bias is None else bias.reshape(()))
 
 
 @dataclass
@@ -90,24 +101,38 @@ def _init_source(model_spec: str, init: str) -> tuple[Any, str | None]:
     return spec, str(check_weights_file(init))
 
 
-def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
-          check: bool = True, *, logit_bias: float | None = None) -> BuiltModel:
-    """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
-    features), load ``init`` or seed a random init, check the data fits it, set up the logit scale.
-    Called by every rank with the same arguments (DDP then starts from identical weights). ``check``:
-    False when this process's preflight has checked the data against the model already.
-    ``logit_bias``: give the model open_clip's learnable logit bias starting there (``init_logit_bias``,
-    saved in its config, so the checkpoint loads in plain open_clip; sigmoid losses); weights that carry
-    a bias override it, weights without one start it at 0 (open_clip's loader)."""
-    spec, weights = _init_source(model_spec, init)
+def fitted_config(spec: Any, dataset: Any) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(model_cfg, preprocess_cfg, towers) of resolved model ``spec`` for ``dataset``: each side whose
+    features the data holds gets its frozen tower + a head (``towers``: any side does). Reads dataset.json
+    only (cheap)."""
     towers = bool(dataset.field("image_features") or dataset.field("text_features"))
     model_cfg, preprocess_cfg = spec.model_cfg, spec.preprocess_cfg
     if towers:
         model_cfg, preprocess_cfg = frozen.config_for_dataset(model_cfg, preprocess_cfg, dataset.extra)
+    return model_cfg, preprocess_cfg, towers
+
+
+def check_fit(model_spec: str, dataset: Any) -> None:
+    """Refuse ``dataset`` when it does not fit model ``model_spec`` (pixels, tokens, or frozen-tower
+    features: the model it would be trained as). Cheap (dataset.json only); preflight calls it before
+    launching, and ``build`` on every rank."""
+    check_dataset(fitted_config(resolve_spec(model_spec), dataset)[0], dataset, model_spec)
+
+
+def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
+          *, logit_bias: float | None = None) -> BuiltModel:
+    """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
+    features), load ``init`` or seed a random init, check the data fits it (always: the check is cheap,
+    and LiT data must be checked against the frozen-tower model), set up the logit scale.
+    Called by every rank with the same arguments (DDP then starts from identical weights).
+    ``logit_bias``: give the model open_clip's learnable logit bias starting there (``init_logit_bias``,
+    saved in its config, so the checkpoint loads in plain open_clip; sigmoid losses); weights that carry
+    a bias override it, weights without one start it at 0 (open_clip's loader)."""
+    spec, weights = _init_source(model_spec, init)
+    model_cfg, preprocess_cfg, towers = fitted_config(spec, dataset)
     if logit_bias is not None:
         model_cfg = {**model_cfg, "init_logit_bias": float(logit_bias)}
-    if check:
-        check_dataset(model_cfg, dataset, model_spec)
+    check_dataset(model_cfg, dataset, model_spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         clip = build_model(model_cfg)

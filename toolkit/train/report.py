@@ -11,6 +11,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ import torch
 
 from toolkit.core import dist as D
 from toolkit.models import weights
+from toolkit.train.batches import StepCounts
+from toolkit.train.checkpoint.state import TrainState
 from toolkit.train.config import TrainConfig
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit, write_plots
 from toolkit.train.model import BuiltModel
-from toolkit.train.state import TrainState
+from toolkit.train.runtime import Runtime
 from toolkit.train.update import Outcome, Update
 
 
@@ -33,10 +36,10 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class Window:
-    """Throughput and timing between two logged steps (``mark``: when the last step ended)."""
+    """Throughput and timing between two logged steps (``Reporter.timed`` adds the data waits)."""
 
     def __init__(self, now: float):
-        self.start = self.mark = now
+        self.start = now
         self.steps, self.data_wait_s = 0, 0.0
 
     def flush(self, batch_size: int, device: torch.device) -> dict[str, Any]:
@@ -55,19 +58,30 @@ class Reporter:
     """One run's reporting (module docstring). ``resume_step``: the step the run continues from (metrics
     and audit lines after it are cut), None for a fresh run (they are removed). Collective to build."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device, total_steps: int,
-                 steps_per_epoch: int, resume_step: int | None):
-        self.cfg, self.rank, self.device = cfg, rank, device
-        self.steps_per_epoch = steps_per_epoch
+    def __init__(self, cfg: TrainConfig, rt: Runtime, steps: StepCounts, resume_step: int | None):
+        self.cfg, self.rank, self.device = cfg, rt.rank, rt.device
+        self.steps_per_epoch = steps.per_epoch
         self.writer = self.progress = self.audit = None
-        if rank == 0:
+        if rt.rank == 0:
             self.writer = MetricsWriter(cfg.out, cfg.tensorboard, resume_step)
-            self.progress = Progress(total_steps, resume_step or 0)
+            self.progress = Progress(steps.total, resume_step or 0)
             SampleAudit.reset(cfg.out, resume_step)
         D.barrier()  # no rank records before rank 0 has cut the logs back to the resume point
         if cfg.audit_samples:
-            self.audit = SampleAudit(cfg.out, rank, world_size)
+            self.audit = SampleAudit(cfg.out, rt.rank, rt.world_size)
         self.window = Window(time.monotonic())
+
+    def timed(self, batches: Iterable[dict]) -> Iterator[dict]:
+        """``batches``, counting the time spent waiting for each one as the window's data wait."""
+        it = iter(batches)
+        while True:
+            start = time.monotonic()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            self.window.data_wait_s += time.monotonic() - start
+            yield batch
 
     def step_done(self, state: TrainState, batch: dict, outcome: Outcome, lr: float, update: Update) -> None:
         """After each step (every rank): the audit line, then at logged steps rank 0's metrics record."""

@@ -23,12 +23,16 @@ from toolkit.core import files
 from toolkit.core.config import ConfigError, build, read_yaml
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.train import launch as L
 from toolkit.train.config import TrainConfig
+from toolkit.train.launch import launcher as L
 from toolkit.train.loop import EvalFn
 
 KIND = "train"
 DEFAULT_ENTRY = "toolkit.train.worker"
+# Why a rank may skip the refusal of a checkpoint of another configuration (it reads the newest
+# checkpoint's trainer.json on every rank): the check ran once already. The fit checks always run.
+PREFLIGHT_CHECKED = "this process's preflight refused a checkpoint of another configuration"
+LAUNCHER_CHECKED = "cliptk's launcher refused a checkpoint of another configuration before starting the ranks"
 PREEMPTED = "preempted"  # the manifest status of a run stopped by a signal after its checkpoint
 
 
@@ -57,8 +61,8 @@ def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     returns the ranks' return values only for a Python callable started with multiprocessing; cliptk's
     ranks are ``python -m ENTRY`` programs (so the user's own torchrun or srun runs the very same ranks), for
     which it returns nothing. None when no checkpoint exists."""
-    from toolkit.train import checkpoint as ckpt
-    from toolkit.train.resume import checkpoints_dir
+    from toolkit.train.checkpoint import format as ckpt
+    from toolkit.train.checkpoint.resume import checkpoints_dir
 
     path = ckpt.latest_valid(checkpoints_dir(cfg))
     if path is None:
@@ -80,9 +84,8 @@ def preflight(cfg: TrainConfig):
     training set (a one-process run trains on it without opening or checking it again)."""
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.order import BatchOrder
-    from toolkit.models.factory import resolve_spec
-    from toolkit.train.model import check_dataset
-    from toolkit.train.resume import refuse_other_config
+    from toolkit.train.checkpoint.resume import refuse_other_config
+    from toolkit.train.model import check_fit
 
     if not files.is_local(cfg.out):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")
@@ -91,8 +94,7 @@ def preflight(cfg: TrainConfig):
     lo, hi = cfg.launch.node_range()
     if lo == hi:  # an elastic job's world size is known only at rendezvous (each rank checks it then)
         order.batch_ids(0, 0, lo * cfg.launch.nproc_per_node)
-    if not (dataset.field("image_features") or dataset.field("text_features")):
-        check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
+    check_fit(cfg.model, dataset)  # frozen-tower features too: against the model with their towers
     refuse_other_config(cfg)
     L.warn_unused_port(cfg.launch)
     return dataset
@@ -116,7 +118,7 @@ def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_EN
     from toolkit.train.loop import train
 
     with stage_run(KIND, cfg, cfg.out) as rec:
-        _record(rec, train(cfg, eval_fn, dataset=dataset, checked=True))
+        _record(rec, train(cfg, eval_fn, dataset=dataset, skip_config_check=PREFLIGHT_CHECKED))
     return rec.result()
 
 
@@ -132,7 +134,7 @@ def _as_rank(cfg: TrainConfig, eval_fn: EvalFn | None) -> StageResult:
             _record(rec, train(cfg, eval_fn))
         return rec.result()
     rec = _Nothing(cfg.out)
-    _record(rec, train(cfg, eval_fn, checked=by_cliptk))
+    _record(rec, train(cfg, eval_fn, skip_config_check=LAUNCHER_CHECKED if by_cliptk else ""))
     return rec.result()
 
 

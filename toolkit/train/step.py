@@ -111,7 +111,8 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
     with torch.no_grad(), _frozen_norm_buffers(model), autocast():
         for i, (start, stop) in enumerate(ranges):
             torch.manual_seed(seed_of(i))
-            x, y, *scalars = model(*mover.get(i))
+            out = model(*mover.get(i))
+            x, y, scalars = out.image_features, out.text_features, out.scalars()
             if x_all is None:
                 host = offload and device.type == "cuda"
                 x_all, y_all = (torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="cpu" if host else t.device,
@@ -124,7 +125,8 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
 
 
 def _loss(loss_fn: nn.Module, x: Tensor, y: Tensor, scalars: list[Tensor], index: Tensor, poison: bool) -> Tensor:
-    """The objective on (x, y, a[, bias]); ``poison`` multiplies x by NaN first (module docstring)."""
+    """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]); ``poison`` multiplies
+    x by NaN first (module docstring)."""
     bias = scalars[1] if len(scalars) > 1 else None
     return loss_fn(x * float("nan") if poison else x, y, scalars[0], index, logit_bias=bias)
 
@@ -145,7 +147,8 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
     if len(ranges) == 1:
         torch.manual_seed(seed_of(0))
         with autocast():
-            x, y, *scalars = model(*mover.get(0))
+            out = model(*mover.get(0))
+        x, y, scalars = out.image_features, out.text_features, out.scalars()
         share = _loss(loss_fn, x, y, scalars, inputs.index, poison)
         scale(share).backward()
         return share.detach()
@@ -164,7 +167,8 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
         with grad_sync(model, enabled=last):
             torch.manual_seed(seed_of(i))
             with autocast():
-                x, y, *scalars = model(*mover.get(i))
+                out = model(*mover.get(i))
+            x, y, scalars = out.image_features, out.text_features, out.scalars()
             outputs, grads = [x, y], [dx[start:stop], dy[start:stop]]
             for t, g in zip(scalars, d_scalars, strict=True):
                 if last and t.requires_grad:  # d a (and d bias) once, on the synced pass

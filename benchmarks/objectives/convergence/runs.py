@@ -151,8 +151,8 @@ class Bench:
         import torch
 
         from toolkit.data.trainset.order import BatchOrder
+        from toolkit.train.checkpoint.state import TrainState
         from toolkit.train.loop import train_step
-        from toolkit.train.state import TrainState
 
         start = time.monotonic()
         parts = self.parts(mode, loss_cfg, batch, steps, seed)
@@ -176,13 +176,13 @@ class Bench:
         the in-memory training set (no process group, no loader, no checkpoints: nothing is saved)."""
         import torch
 
-        from toolkit.train.batches import TrainData
+        from toolkit.train.batches import TrainData, step_counts
+        from toolkit.train.checkpoint.state import StateIO
         from toolkit.train.config import TrainConfig
         from toolkit.train.loop import Parts
         from toolkit.train.losses import build_loss
         from toolkit.train.optim import OptimConfig
         from toolkit.train.runtime import Runtime
-        from toolkit.train.state import StateIO
         from toolkit.train.update import Update
 
         optim = OptimConfig(lr=self.args.lr, weight_decay=0.1, warmup_steps=int(steps * WARMUP_FRACTION))
@@ -191,12 +191,13 @@ class Bench:
                           model=self.model_name(mode), batch_size=batch, steps=steps, seed=seed, device="cpu",
                           max_nonfinite_steps=steps + 1, tensorboard=False, loss=loss_cfg, optim=optim)
         rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
-        data = TrainData(cfg, rt.rank, rt.world_size, rt.device, self.dataset(mode))
+        dataset = self.dataset(mode)
+        data = TrainData(cfg, rt, dataset)
+        steps = step_counts(cfg, dataset.num_samples)
         built = self.model(mode, seed, loss_cfg)
         loss_fn = build_loss(loss_cfg, data_size=data.num_samples, check_sizes=False)
-        update = Update(built.model.clip, loss_fn, optim, loss_cfg, data.total_steps, cfg.precision)
-        io = StateIO(cfg, rt.rank, rt.world_size, built, update, loss_fn, data.total_steps,
-                     data.steps_per_epoch)
+        update = Update(built.model.clip, loss_fn, optim, loss_cfg, steps.total, cfg.precision)
+        io = StateIO(cfg, rt, steps, built, update, loss_fn)
         return Parts(cfg, rt, data, built, built.model, loss_fn, update, io, micro_batch_size=0)
 
 

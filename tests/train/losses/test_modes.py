@@ -23,7 +23,7 @@ from _dist_jobs import (
 
 from toolkit.core.dist import wire_bytes
 from toolkit.kernels.naive import clip_loss
-from toolkit.train.losses.traffic import step_traffic
+from toolkit.train.plan.traffic import step_traffic
 
 pytestmark = pytest.mark.dist
 TOL = 1e-5

@@ -10,7 +10,7 @@ import pytest
 from toolkit.train.losses import registry
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.losses.config import LossConfig, loss_fields
-from toolkit.train.losses.modes import contrastive_loss, mean_over_ranks
+from toolkit.train.losses.modes import contrastive_loss
 
 
 class PlainCLIPLoss(TrainingLoss):
@@ -18,23 +18,13 @@ class PlainCLIPLoss(TrainingLoss):
 
     def forward(self, x, y, logit_scale, index, logit_bias=None):
         share = contrastive_loss(x, y, logit_scale, mode="gather", group=self.group, check_sizes=self.check_sizes)
-        self._share = share.detach()
+        self._last = share.detach()  # global_value(): the mean over ranks (TrainingLoss)
         return share
-
-    def global_value(self):
-        return mean_over_ranks(self._share, self.group)
 
 
 @pytest.fixture
 def plain_registered(monkeypatch):
-    monkeypatch.setattr(registry, "KINDS", {**registry.KINDS})
-    monkeypatch.setattr(registry, "NAMES", {**registry.NAMES})
-    import toolkit.train.losses as losses
-    import toolkit.train.losses.config as config
-
-    monkeypatch.setattr(losses, "KINDS", registry.KINDS)
-    monkeypatch.setattr(config, "KINDS", registry.KINDS)
-    monkeypatch.setattr(config, "NAMES", registry.NAMES)
+    monkeypatch.setattr(registry, "_SPECS", registry.specs())  # the built-ins; restored after the test
     registry.register("plain", f"{__name__}:PlainCLIPLoss")
 
 

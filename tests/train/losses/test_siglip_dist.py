@@ -14,7 +14,7 @@ from open_clip.loss import SigLipLoss
 from siglip_jobs import LOCAL_BATCHES, global_inputs, spawn_siglip_job
 
 from toolkit.train.losses.siglip.modes import MODES
-from toolkit.train.losses.traffic import step_traffic
+from toolkit.train.plan.traffic import step_traffic
 
 pytestmark = pytest.mark.dist
 TOL = 1e-9  # float64 parity target

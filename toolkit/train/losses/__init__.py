@@ -1,11 +1,12 @@
 """Every training objective behind one interface: ``build_loss(cfg, data_size=, group=)``.
 
 - ``config``: ``LossConfig`` (kind, version, mode, backend, γ schedule, τ rule, ρ, ε, v2 settings).
-- ``registry``: the objectives by kind and the ``--loss`` names (``register`` plugs a new one in).
+- ``registry``: the objectives' folders (``openclip/``, ``fastclip/``, ``siglip/``, ``neuclip/``, each with
+  its ``spec.py``) and the ``--loss`` names; ``register`` plugs a new one in.
 - ``base``: ``TrainingLoss``, the interface and its gradient convention (docs/architecture.md).
-- ``openclip``: the CLIP loss over the global batch in any distributed mode; ``fastclip/``: FastCLIP v0–v3.
-- ``modes`` (gather, disco; ``contrastive_loss``), ``ring`` (Inf-CL), ``anchors`` (the fastclip mode),
-  ``common`` (what they share), ``temperature`` (the learnable τ's lr rule and clamp).
+- ``openclip/``: the CLIP loss over the global batch in any distributed mode; ``fastclip/``: FastCLIP v0–v3.
+- ``modes/``: the CLIP loss's distributed modes (``contrastive_loss``: gather, disco, ring, fastclip);
+  ``temperature`` (the learnable τ's lr rule and clamp).
 
 Importing the package loads only the torch-free config (so the CLI can validate without torch); the
 objectives come from their modules, or from ``build_loss``.
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolkit.train.losses.config import LOSS_NAMES, LossConfig, loss_fields
-from toolkit.train.losses.registry import KINDS, register
+from toolkit.train.losses import registry
+from toolkit.train.losses.config import LossConfig, loss_fields
+from toolkit.train.losses.registry import register
 
 if TYPE_CHECKING:
     from toolkit.train.losses.base import TrainingLoss
@@ -25,7 +27,7 @@ __all__ = ["KINDS", "LOSS_NAMES", "LossConfig", "build_loss", "loss_fields", "re
 
 
 def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **options) -> TrainingLoss:
-    """The objective ``cfg`` describes (``cfg.kind`` looked up in ``registry.KINDS``), for a dataset of
+    """The objective ``cfg`` describes (``cfg.kind`` looked up in the registry when called), for a dataset of
     ``data_size`` dense sample ids (objectives with per-sample state need it; the others ignore it).
     Called by every rank of ``group`` (FastCLIP's shared tables are created collectively). ``options``
     go to the objective's constructor (FastCLIP: ``table_dtype``, ``share_tables``; every objective:
@@ -33,7 +35,7 @@ def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **opti
     import importlib
     import inspect
 
-    module, _, name = KINDS[cfg.kind].partition(":")
+    module, _, name = registry.spec(cfg.kind).target.partition(":")
     cls = getattr(importlib.import_module(module), name)
     accepted = inspect.signature(cls.__init__).parameters
     options = {k: v for k, v in options.items() if k in accepted}
@@ -43,3 +45,12 @@ def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **opti
         raise ValueError(f"{cfg.name} keeps per-sample state: build_loss needs data_size (the number of "
                          "sample ids of the training set)")
     return cls(cfg, data_size, group, **options)
+
+
+def __getattr__(attr: str):
+    """``KINDS`` and ``LOSS_NAMES`` as registered when read (a later ``register`` counts)."""
+    if attr == "KINDS":
+        return registry.KINDS
+    if attr == "LOSS_NAMES":
+        return tuple(registry.loss_names())
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

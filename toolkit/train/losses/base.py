@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from toolkit.train.losses.config import LossConfig
+from toolkit.train.losses.modes.contrastive import mean_over_ranks
 
 
 @dataclass(frozen=True)
@@ -57,21 +58,28 @@ class StatePart:
 
 
 class TrainingLoss(nn.Module):
-    """Base of every objective ``build_loss`` returns (module docstring); subclasses implement forward
-    and ``global_value`` and override the hooks they need (the defaults do nothing)."""
+    """Base of every objective ``build_loss`` returns (module docstring); subclasses implement forward,
+    keep its detached value in ``self._last``, and override the hooks they need (the defaults do nothing)."""
 
     needs_data_size: ClassVar[bool] = False
+    # True when forward already returns the global value on every rank (the fastclip-mode objectives)
+    value_is_global: ClassVar[bool] = False
 
     def __init__(self, cfg: LossConfig, group=None, *, check_sizes: bool = True):
         super().__init__()
         self.cfg, self.group, self.check_sizes = cfg, group, check_sizes
+        self.ledger = None  # a CommLedger counting the collectives, where the objective takes one
+        self._last: Tensor | None = None  # the last forward's value (detached, 0-d): this rank's share
 
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
         """Before the forward of optimiser step ``step`` (0-based; epoch = step // steps_per_epoch)."""
 
     def global_value(self) -> Tensor:
-        """The last forward's global objective value (0-d, detached). Collective (every rank calls it)."""
-        raise NotImplementedError
+        """The last forward's global objective value (0-d, detached): the mean of the ranks' shares, or the
+        value itself when ``value_is_global``. Collective (every rank calls it)."""
+        if self._last is None:
+            raise RuntimeError("global_value() before the first forward")
+        return self._last if self.value_is_global else mean_over_ranks(self._last, self.group, self.ledger)
 
     def end_step(self, applied: bool) -> None:
         """After the optimiser step (``applied``) or a skipped step (undo the last forward's per-sample

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from toolkit.core.config import option
-from toolkit.train.losses.registry import KINDS, NAMES
+from toolkit.train.losses import registry
+from toolkit.train.losses.neuclip.config import NeuCLIPConfig
 
 Version = Literal["v0", "v1", "v2", "v3"]
 Mode = Literal["gather", "disco", "ring", "fastclip"]  # the one list of distributed modes
@@ -27,27 +28,6 @@ MODES: tuple[str, ...] = get_args(Mode)
 Backend = Literal["auto", "torch", "triton", "naive"]
 GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
-LOSS_NAMES = tuple(NAMES)  # --loss names (losses/registry.py)
-# objectives whose distributed step is the fastclip mode only (no feature-gradient communication)
-FASTCLIP_MODE_ONLY = ("fastclip", "neuclip")
-
-
-@dataclass(frozen=True)
-class NeuCLIPConfig:
-    """NeuCLIP's normaliser network (arXiv 2511.08417; defaults: the paper's, docs/neuclip.md)."""
-
-    num_prototypes: int = option(4096, ge=1, doc="Prototypes m per side: the network predicts a sample's "
-                                                  "log-normaliser as an LSE over them (the paper's hidden width).")
-    lr: float = option(0.01, gt=0, doc="AdaGrad learning rate of the prototypes (the paper trains the network "
-                                       "with AdaGrad).")
-    inner_steps: int = option(10, ge=1, doc="Network updates per optimiser step, all on that step's global batch "
-                                            "(the paper's T_u).")
-    restart_every_steps: int = option(500, ge=0, doc="Re-initialise the prototypes from the current batch's "
-                                                     "embeddings every this many steps (the paper's T_r); 0: never.")
-    adagrad_eps: float = option(1e-10, gt=0, doc="Denominator ε of the AdaGrad update.")
-    fit_order: Literal["before", "after"] = option(
-        "before", doc="When the network is fitted on a step's batch: before the model step uses its predictions "
-                      "(the paper's order) or after it (predictions out of sample; docs/neuclip.md).")
 
 
 @dataclass(frozen=True)
@@ -102,15 +82,7 @@ class LossConfig:
                                                 "the model's open_clip config as init_logit_bias.")
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.kind in FASTCLIP_MODE_ONLY and self.mode != "fastclip":
-            raise ValueError(f"{self.kind} runs in the fastclip mode only (got mode {self.mode!r}); its step needs "
-                             "no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
-                             "gather/disco/ring")
-        if self.kind == "siglip" and self.mode == "disco":
-            raise ValueError("the siglip loss has no disco mode: its gather mode already gathers only the texts "
-                             "and reduce-scatters their gradients once. Use mode gather, ring or fastclip")
+        registry.spec(self.kind).check_mode(self.mode)  # unknown kinds and modes it lacks, named
         if self.u_drift != "none" and (self.kind != "fastclip" or self.version == "v2"):
             raise ValueError(f"u_drift: {self.u_drift} applies to FastCLIP v0, v1 and v3 (their estimators u); "
                              f"this objective is {self.name}")
@@ -123,7 +95,7 @@ class LossConfig:
     @property
     def name(self) -> str:
         """The CLI's ``--loss`` name of the objective (openclip, fastclip-vN, ...)."""
-        for name, fields in NAMES.items():
+        for name, fields in registry.loss_names().items():
             if fields["kind"] == self.kind and all(getattr(self, k) == v for k, v in fields.items()):
                 return name
         return self.kind
@@ -131,23 +103,26 @@ class LossConfig:
     @property
     def initial_tau(self) -> float:
         """τ = 1/t the model's logit scale starts from when trained from scratch (siglip: 1/siglip_scale_init)."""
-        return 1.0 / self.siglip_scale_init if self.kind == "siglip" else self.tau_init
+        return registry.spec(self.kind).initial_tau(self)
 
     @property
     def init_logit_bias(self) -> float | None:
         """The learnable logit bias the model needs (open_clip's ``init_logit_bias``), None for none."""
-        return self.siglip_bias_init if self.kind == "siglip" else None
+        return registry.spec(self.kind).init_logit_bias(self)
 
     @property
     def learns_logit_scale(self) -> bool:
         """Whether the model's global logit scale p is trained (v2's per-sample τ lives in the loss)."""
-        if self.kind == "fastclip":
-            return self.version in ("v0", "v3")
-        return self.learn_tau
+        return registry.spec(self.kind).learns_logit_scale(self)
 
 
 def loss_fields(name: str) -> dict[str, str]:
     """``--loss NAME`` (openclip, fastclip-v0 ... fastclip-v3, ...) -> LossConfig fields {kind[, version]}."""
-    if name not in NAMES:
-        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(NAMES)}")
-    return dict(NAMES[name])
+    return dict(registry.spec_of_name(name)[1])
+
+
+def __getattr__(attr: str):
+    """``LOSS_NAMES``: the --loss names registered when it is read (not captured at import)."""
+    if attr == "LOSS_NAMES":
+        return tuple(registry.loss_names())
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

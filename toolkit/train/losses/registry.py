@@ -1,33 +1,91 @@
 """The objectives ``build_loss`` knows, by ``kind``, and the ``--loss`` names that select them (torch-free,
 so the CLI validates ``--loss`` without importing torch).
 
-A new objective plugs in with one ``register`` call here, naming its ``TrainingLoss`` subclass as
-``"module:Class"`` (imported only when built) and the ``--loss`` names that select it with the
-``LossConfig`` fields each sets (docs/architecture.md has a worked example).
+Each objective is a folder of ``losses/`` holding its ``TrainingLoss`` and a ``spec.py`` whose ``SPEC``
+(an ``ObjectiveSpec``) says everything else about it: its ``--loss`` names and variants, the distributed
+modes it runs in, its per-sample tables and traffic for ``toolkit plan``, how it starts the model's
+logit scale and bias. ``OBJECTIVES`` lists the folders; an objective outside them plugs in with one
+``register`` call. Every lookup reads the registry when it is made, so a later ``register`` counts
+everywhere (``toolkit plan``, ``--loss``, config checks). docs/architecture.md has a worked example.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
 
-# kind -> "module:Class" of its TrainingLoss
-KINDS: dict[str, str] = {}
-# --loss NAME -> the LossConfig fields it sets ({"kind": ..., "version": ...})
-NAMES: dict[str, dict[str, str]] = {}
+from toolkit.train.losses.spec import ObjectiveSpec
 
-
-def register(kind: str, target: str, names: Mapping[str, Mapping[str, str]] | None = None) -> None:
-    """Make ``kind`` buildable from ``target`` ("module:Class"); ``names``: --loss NAME -> extra LossConfig
-    fields (default: the single name ``kind``)."""
-    if ":" not in target:
-        raise ValueError(f"register({kind!r}): target must be 'module:Class', got {target!r}")
-    KINDS[kind] = target
-    for name, fields in (names or {kind: {}}).items():
-        NAMES[name] = {"kind": kind, **fields}
+# the objectives' folders, in the order --loss lists their names; each has spec.py with SPEC
+OBJECTIVES = ("toolkit.train.losses.openclip", "toolkit.train.losses.fastclip", "toolkit.train.losses.siglip",
+              "toolkit.train.losses.neuclip")
+_SPECS: dict[str, ObjectiveSpec] = {}
+_loaded = False
 
 
-register("openclip", "toolkit.train.losses.openclip:OpenCLIPLoss")
-register("fastclip", "toolkit.train.losses.fastclip.loss:FastCLIPLoss",
-         {f"fastclip-{v}": {"version": v} for v in ("v0", "v1", "v2", "v3")})
-register("siglip", "toolkit.train.losses.siglip.loss:SigLIPLoss")
-register("neuclip", "toolkit.train.losses.neuclip.loss:NeuCLIPLoss")
+def _load_folders() -> None:
+    """Import the folders' specs once; built-ins come first, then what was registered before (a
+    re-registered built-in keeps its place and the new spec)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    registered = dict(_SPECS)
+    _SPECS.clear()
+    for folder in OBJECTIVES:
+        found = importlib.import_module(f"{folder}.spec").SPEC
+        _SPECS[found.kind] = found
+    _SPECS.update(registered)
+
+
+def register(kind: str | ObjectiveSpec, target: str | None = None,
+             names: Mapping[str, Mapping[str, Any]] | None = None, **facts: Callable | tuple | str) -> ObjectiveSpec:
+    """Make an objective buildable: ``register(SPEC)``, or ``register(kind, "module:Class", names, **facts)``
+    with ``ObjectiveSpec``'s fields (``names``: --loss NAME -> extra LossConfig fields; default: the
+    single name ``kind``). Replaces an objective of the same kind."""
+    if isinstance(kind, ObjectiveSpec):
+        spec = kind
+    else:
+        if target is None or ":" not in target:
+            raise ValueError(f"register({kind!r}): target must be 'module:Class', got {target!r}")
+        spec = ObjectiveSpec(kind=kind, target=target, names=dict(names or {}), **facts)
+    _SPECS[spec.kind] = spec
+    return spec
+
+
+def specs() -> dict[str, ObjectiveSpec]:
+    """kind -> its spec, every objective registered now (the folders' first)."""
+    _load_folders()
+    return dict(_SPECS)
+
+
+def spec(kind: str) -> ObjectiveSpec:
+    """The spec of objective ``kind``; a ValueError naming the known kinds otherwise."""
+    known = specs()
+    if kind not in known:
+        raise ValueError(f"unknown loss kind {kind!r}; choose one of {', '.join(known)}")
+    return known[kind]
+
+
+def loss_names() -> dict[str, dict[str, Any]]:
+    """--loss NAME -> the LossConfig fields it sets (kind and its variant), of every registered objective."""
+    return {name: fields for s in specs().values() for name, fields in s.loss_names().items()}
+
+
+def spec_of_name(name: str) -> tuple[ObjectiveSpec, dict[str, Any]]:
+    """(spec, LossConfig fields) of ``--loss NAME``; a ValueError naming the known names otherwise."""
+    names = loss_names()
+    if name not in names:
+        raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(names)}")
+    return spec(names[name]["kind"]), names[name]
+
+
+def __getattr__(attr: str) -> Any:
+    """``KINDS`` (kind -> "module:Class") and ``NAMES`` (``loss_names()``), computed when read, for callers
+    of the earlier module-level dicts."""
+    if attr == "KINDS":
+        return {kind: s.target for kind, s in specs().items()}
+    if attr == "NAMES":
+        return loss_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

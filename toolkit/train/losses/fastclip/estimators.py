@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.losses.anchors import anchor_grads
-from toolkit.train.losses.common import accumulation_dtype, gather_pairs
+from toolkit.train.losses.modes.anchors import anchor_grads
+from toolkit.train.losses.modes.common import accumulation_dtype, gather_pairs
 
 LOG_RESET = math.log(1e-35)  # the reference re-initialises u < 1e-35 (and inf / nan) when γ < 1
 

@@ -32,7 +32,6 @@ import torch
 from torch import Tensor
 
 from toolkit.core import dist as cdist
-from toolkit.train.losses.anchors import anchor_lses
 from toolkit.train.losses.base import StatePart, TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip import individual
@@ -49,6 +48,7 @@ from toolkit.train.losses.fastclip.estimators import (
 )
 from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
 from toolkit.train.losses.fastclip.tables import SampleTables
+from toolkit.train.losses.modes.anchors import anchor_lses
 
 VERSIONS = ("v0", "v1", "v2", "v3")
 
@@ -65,6 +65,7 @@ class FastCLIPLoss(TrainingLoss):
     """
 
     needs_data_size = True
+    value_is_global = True  # every rank computes the global value from the gathered batch
 
     def __init__(self, cfg: LossConfig, data_size: int, group=None, *, table_dtype: torch.dtype = torch.float32,
                  share_tables: bool = True, check_sizes: bool = True):
@@ -75,7 +76,6 @@ class FastCLIPLoss(TrainingLoss):
             raise ValueError(f"unknown FastCLIP version {cfg.version!r}; choose one of {VERSIONS}")
         self.version, self.data_size = cfg.version, data_size
         self.epoch, self.gamma, self.u_shift = 0, 1.0, [0.0, 0.0]  # u_shift: u_drift's last mean log(g/u_old)
-        self._value: Tensor | None = None
         self._tau_mean: Tensor | None = None
         self._undo: tuple[Tensor, Tensor, torch.device] | None = None  # ids [b], their old rows, device
         columns = {"log_u_image": -math.inf, "log_u_text": -math.inf}
@@ -157,14 +157,8 @@ class FastCLIPLoss(TrainingLoss):
         else:
             value, dx, dy, da = self._global_step(batch, index, old_rows, logit_scale)
             pairs = [(image_features, dx), (text_features, dy), (logit_scale, da)]
-        self._value = value.detach()
+        self._last = value.detach()
         return attach(value, pairs)
-
-    def global_value(self) -> Tensor:
-        """The last forward's value: already the global one on every rank (no communication)."""
-        if self._value is None:
-            raise RuntimeError("global_value() before the first forward")
-        return self._value
 
     def temperature(self, logit_scale: Tensor) -> float:
         """1/a; v2: the mean per-sample τ over the last global batch (both sides, after its update)."""

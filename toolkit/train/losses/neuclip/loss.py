@@ -29,11 +29,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from toolkit.train.losses.anchors import anchor_lses
 from toolkit.train.losses.base import StatePart, TrainingLoss
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip.attach import attach
 from toolkit.train.losses.fastclip.estimators import GlobalBatch, gather_batch, gather_rows, surrogate_grads
+from toolkit.train.losses.modes.anchors import anchor_lses
 from toolkit.train.losses.neuclip.network import NormaliserNetwork, log_eps_plus
 
 
@@ -44,6 +44,8 @@ class NeuCLIPLoss(TrainingLoss):
     forward has initialised it ``network.filled`` [1] (prototypes in use), ``network.weight`` (the prototypes
     [2, m, d]: image side, text side) and ``network.sumsq`` (AdaGrad's sums, same shape)."""
 
+    value_is_global = True  # every rank computes the global value from the gathered batch
+
     def __init__(self, cfg: LossConfig, group=None, *, check_sizes: bool = True):
         super().__init__(cfg, group, check_sizes=check_sizes)
         if cfg.kind != "neuclip":
@@ -51,7 +53,6 @@ class NeuCLIPLoss(TrainingLoss):
         nc = cfg.neuclip
         self.network = NormaliserNetwork(nc.num_prototypes, nc.lr, nc.adagrad_eps, cfg.eps, cfg.backend, group)
         self.step = 0
-        self._value: Tensor | None = None
         self._error = float("nan")
         self._fit: tuple | None = None  # what end_step trains the network on (fit_order after)
         self._undo: tuple | None = None  # the network before this step changed it (a skipped step restores it)
@@ -86,12 +87,6 @@ class NeuCLIPLoss(TrainingLoss):
         """``normaliser_error``: mean |α − log(ε + g)| over the last global batch (the α the model step used)."""
         return {"normaliser_error": float(self._error)}
 
-    def global_value(self) -> Tensor:
-        """The last forward's value: already the global one on every rank (no communication)."""
-        if self._value is None:
-            raise RuntimeError("global_value() before the first forward")
-        return self._value
-
     # ----------------------------------------------------------------- state
     def state_parts(self) -> list[StatePart]:
         return [StatePart("network", self.network, required=("initialised",))]
@@ -114,7 +109,7 @@ class NeuCLIPLoss(TrainingLoss):
             self.network.restart(batch.xg, batch.yg, self.step)
         a = logit_scale.detach().to(batch.x.dtype).reshape(())
         value, dx, dy, da = self._global_step(batch, a, before, fresh)
-        self._value = value.detach()
+        self._last = value.detach()
         pairs = [(image_features, dx), (text_features, dy)]
         if self.cfg.learn_tau:
             pairs.append((logit_scale, da))

@@ -14,7 +14,6 @@ from torch import Tensor
 from toolkit.core import dist as cdist
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.losses.config import LossConfig
-from toolkit.train.losses.modes import mean_over_ranks
 from toolkit.train.losses.siglip.modes import sigmoid_loss
 
 
@@ -26,7 +25,6 @@ class SigLIPLoss(TrainingLoss):
                  check_sizes: bool = True):
         super().__init__(cfg or LossConfig(kind="siglip", mode="gather"), group, check_sizes=check_sizes)
         self.ledger = ledger
-        self._last: Tensor | None = None
         self._bias: Tensor | None = None
 
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
@@ -37,11 +35,6 @@ class SigLIPLoss(TrainingLoss):
         self._last = share.detach()
         self._bias = None if logit_bias is None else logit_bias.detach()
         return share
-
-    def global_value(self) -> Tensor:
-        if self._last is None:
-            raise RuntimeError("global_value() before the first forward")
-        return mean_over_ranks(self._last, self.group, self.ledger)
 
     def metrics(self) -> dict[str, float]:
         return {} if self._bias is None else {"logit_bias": float(self._bias)}

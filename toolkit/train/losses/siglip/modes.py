@@ -37,8 +37,8 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.losses.common import check_local_pair, gather_pairs
-from toolkit.train.losses.ring import circulate
+from toolkit.train.losses.modes.common import check_local_pair, gather_pairs
+from toolkit.train.losses.modes.ring import circulate
 
 MODES = ("gather", "ring", "fastclip")
 

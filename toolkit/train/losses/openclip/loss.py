@@ -14,7 +14,7 @@ from toolkit.core import dist as cdist
 from toolkit.kernels import clip_loss
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.losses.config import LossConfig
-from toolkit.train.losses.modes import contrastive_loss, mean_over_ranks
+from toolkit.train.losses.modes import contrastive_loss
 
 
 class OpenCLIPLoss(TrainingLoss):
@@ -24,7 +24,6 @@ class OpenCLIPLoss(TrainingLoss):
                  check_sizes: bool = True):
         super().__init__(cfg or LossConfig(kind="openclip", mode="gather"), group, check_sizes=check_sizes)
         self.ledger = ledger
-        self._last: Tensor | None = None
 
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
                 index: Tensor | None = None, logit_bias: Tensor | None = None) -> Tensor:
@@ -36,9 +35,4 @@ class OpenCLIPLoss(TrainingLoss):
                                      check_sizes=self.check_sizes)
         self._last = share.detach()
         return share
-
-    def global_value(self) -> Tensor:
-        if self._last is None:
-            raise RuntimeError("global_value() before the first forward")
-        return mean_over_ranks(self._last, self.group, self.ledger)
 

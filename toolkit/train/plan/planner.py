@@ -2,7 +2,7 @@
 largest global batch and micro-batch that fit a device: ``run(PlanConfig) -> Plan``.
 
 Every term is arithmetic on the model's shapes except the towers' activations, which are measured
-(``toolkit.train.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
+(``toolkit.train.plan.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
 ``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model). Bytes per
 device, for a global batch B over K = nodes × processes ranks (local batch b = B/K), micro-batch m (b
 without the gradient cache), embedding dim E, P parameters (T trainable):
@@ -20,7 +20,7 @@ without the gradient cache), embedding dim E, P parameters (T trainable):
 | loss tiles | tiled.py's backward: 4 strips of rows × n columns fp32, rows = min(b, 2^21 / n), n = B (b for ring); plus LSE vectors 4·4·n |
 | FastCLIP tables | per node, N samples × columns × 4 (2 columns; v2: 10), in host memory shared by the node's ranks |
 
-Traffic per rank per step comes from ``toolkit.train.losses.traffic`` (the ledger's own formula). The
+Traffic per rank per step comes from ``toolkit.train.plan.traffic`` (the ledger's own formula). The
 predictions leave out the framework's own resident memory (the CUDA context, torch's libraries), which
 the device must hold too.
 """
@@ -73,10 +73,9 @@ class PlanConfig:
                               "--measure); 0: the model's full context, the worst case.")
 
     def __post_init__(self) -> None:
-        from toolkit.train.losses.config import LOSS_NAMES
+        from toolkit.train.losses import registry
 
-        if self.loss not in LOSS_NAMES:
-            raise ValueError(f"unknown loss {self.loss!r}; choose one of {', '.join(LOSS_NAMES)}")
+        registry.spec_of_name(self.loss)  # an unknown name is refused, naming the registered ones
 
     @property
     def world(self) -> int:
@@ -173,15 +172,23 @@ def memory_rows(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: fl
     }
 
 
+def objective(cfg: PlanConfig):
+    """(ObjectiveSpec, LossConfig fields) of ``cfg.loss``, looked up in the registry now."""
+    from toolkit.train.losses import registry
+
+    return registry.spec_of_name(cfg.loss)
+
+
 def table_bytes(cfg: PlanConfig) -> float:
-    if not cfg.loss.startswith("fastclip"):
-        return 0.0
-    return 4.0 * cfg.num_samples * (10 if cfg.loss.endswith("v2") else 2)
+    """Host bytes of the objective's per-sample float32 tables (its spec's ``table_columns``)."""
+    spec, fields = objective(cfg)
+    return 4.0 * cfg.num_samples * spec.table_columns(fields)
 
 
 def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
-    """Wire bytes per rank per step for every mode (openclip objective), and FastCLIP's objective."""
-    from toolkit.train.losses.traffic import sent_bytes, step_traffic
+    """Wire bytes per rank per step for every mode of the openclip objective, and for ``cfg.loss`` in its mode
+    when it is another objective (``NAME/MODE``)."""
+    from toolkit.train.plan.traffic import sent_bytes, step_traffic
 
     b, feat = local_batch(cfg), 2 if cfg.precision != "fp32" else 4
     grad = 2 if cfg.grad_dtype == "bf16" else 4
@@ -190,10 +197,13 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
     out = {f"openclip/{mode}": sent_bytes(step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable,
                                                        feature_bytes=feat, grad_bytes=grad), cfg.world)
            for mode in MODES}
-    if cfg.loss.startswith("fastclip"):
-        table = step_traffic("fastclip", cfg.world, b, shape.embed_dim, shape.num_trainable, feature_bytes=feat,
-                             grad_bytes=grad, objective="fastclip", version=cfg.loss.split("-")[1])
-        out[f"{cfg.loss}/fastclip"] = sent_bytes(table, cfg.world)
+    spec, fields = objective(cfg)
+    if spec.kind != "openclip":
+        variant = {k: v for k, v in fields.items() if k != "kind"}
+        mode = cfg.mode if cfg.mode in spec.modes else spec.modes[0]
+        table = step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable, feature_bytes=feat,
+                             grad_bytes=grad, objective=spec.kind, **variant)
+        out[f"{cfg.loss}/{mode}"] = sent_bytes(table, cfg.world)
     return out
 
 
@@ -206,9 +216,9 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     if not cfg.measure and key in MEASURED:
         return (*MEASURED[key], "table")
     if not cfg.measure:
-        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.MEASURED "
+        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.planner.MEASURED "
                          f"(known: {sorted(MEASURED)}); pass --measure to measure them now")
-    from toolkit.train.memprobe import measure_activations
+    from toolkit.train.plan.memprobe import measure_activations
 
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
                               text_tokens=cfg.text_tokens)
@@ -254,8 +264,9 @@ def _largest_batch(world: int, fits) -> int | None:
 
 def run(cfg: PlanConfig) -> Plan:
     """The plan for ``cfg`` (module docstring); builds the model on the meta device, measures if asked."""
-    if cfg.loss.startswith("fastclip") and cfg.mode != "fastclip":
-        cfg = replace(cfg, mode="fastclip")
+    spec, _ = objective(cfg)
+    if cfg.mode not in spec.modes:  # e.g. FastCLIP runs in the fastclip mode only: plan the mode it runs in
+        cfg = replace(cfg, mode=spec.modes[0])
     shape = model_shape(cfg.model)
     fixed, per_sample, overhead, source = activation_constants(cfg)
     rows = memory_rows(cfg, shape, fixed, per_sample, overhead)

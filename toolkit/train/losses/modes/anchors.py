@@ -20,7 +20,7 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.losses.common import add_positive_grads, clip_value, gather_pairs, positive_logits
+from toolkit.train.losses.modes.common import add_positive_grads, clip_value, gather_pairs, positive_logits
 
 
 def _offsets(off: int, masked: bool) -> tuple[int | None, int | None]:

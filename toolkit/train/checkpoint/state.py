@@ -20,11 +20,20 @@ from torch import nn
 from toolkit.core import dist as D
 from toolkit.core.log import get_logger
 from toolkit.models import weights
-from toolkit.train import checkpoint as ckpt
+from toolkit.train.batches import StepCounts
+from toolkit.train.checkpoint import format as ckpt
+from toolkit.train.checkpoint.resume import (
+    check_config,
+    checkpoints_dir,
+    find_checkpoint,
+    nonfinite_abort_note,
+    output_config,
+    output_hash,
+)
 from toolkit.train.config import TrainConfig
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.model import BuiltModel
-from toolkit.train.resume import check_config, checkpoints_dir, find_checkpoint, output_config, output_hash
+from toolkit.train.runtime import Runtime
 from toolkit.train.update import Update
 
 
@@ -52,24 +61,26 @@ class StateIO:
     """Checkpoints of one run (module docstring); ``last_step``: the step of the newest checkpoint
     written or loaded (None: none yet)."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, built: BuiltModel, update: Update,
-                 loss_fn: TrainingLoss, total_steps: int, steps_per_epoch: int):
-        self.cfg, self.rank, self.world_size, self.built = cfg, rank, world_size, built
+    def __init__(self, cfg: TrainConfig, rt: Runtime, steps: StepCounts, built: BuiltModel, update: Update,
+                 loss_fn: TrainingLoss):
+        self.cfg, self.rank, self.world_size, self.built = cfg, rt.rank, rt.world_size, built
         self.update, self.loss_fn = update, loss_fn
-        self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.steps_per_epoch, self.total_steps = steps
         self.dir = checkpoints_dir(cfg)
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
 
-    def resume(self, config_checked: bool = False) -> TrainState:
+    def resume(self, skip_config_check: str = "") -> TrainState:
         """The state to start from: the checkpoint ``checkpoint.resume`` names, loaded into the model, the
-        update and the objective, or a fresh state. ``config_checked``: this process's preflight has
-        refused a checkpoint of another configuration already."""
+        update and the objective, or a fresh state. ``skip_config_check``: why the refusal of a checkpoint
+        of another configuration need not run here (it ran once already, run.py names who ran it)."""
         path = self._resume_path()
         if path is None:
             return TrainState()
         saved = ckpt.read_trainer_state(path)
-        if not config_checked:
+        if skip_config_check:
+            get_logger("train").debug("checkpoint configuration check skipped: %s", skip_config_check)
+        else:
             check_config(path, saved, self.cfg)
         self._load(path)
         self.last_step = saved["state"]["step"]
@@ -139,3 +150,19 @@ class StateIO:
     def close(self) -> None:
         """Wait for a checkpoint being written (it is completed before the run ends)."""
         self.writer.wait()
+
+    def nonfinite_note(self, first_bad_step: int) -> str:
+        """The end of the message of a run aborted for non-finite steps (every rank calls it). Rank 0 first
+        finishes its pending write, then renames the checkpoints written from ``first_bad_step`` on to
+        ``*.nonfinite`` so that a rerun resumes from the last one written before it, which retention kept
+        (``ckpt.retire``) and which the note names. The other ranks only read the folder names at or before
+        that step."""
+        before = first_bad_step - 1
+        moved: list[str] = []
+        if self.rank == 0:
+            try:
+                self.writer.wait()
+            except ckpt.CheckpointWriteFailed as err:
+                moved.append(f"(and a write failed: {err})")
+            moved[:0] = ckpt.set_aside_after(self.dir, before)
+        return nonfinite_abort_note(ckpt.last_at_or_before(self.dir, before), first_bad_step, moved)

@@ -12,7 +12,7 @@ from typing import Any
 
 from toolkit.core import files
 from toolkit.core.config import changed_keys, config_hash, describe_changes, output_dict
-from toolkit.train import checkpoint as ckpt
+from toolkit.train.checkpoint import format as ckpt
 from toolkit.train.config import TrainConfig
 
 CLI_REMEDY = "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"
@@ -114,21 +114,9 @@ def refuse_other_config(cfg: TrainConfig) -> None:
         check_config(path, ckpt.read_trainer_state(path), cfg)
 
 
-def nonfinite_abort_note(io: Any, first_bad_step: int) -> str:
-    """The end of the message of a run aborted for non-finite steps (every rank calls it; ``io``: the run's
-    ``StateIO``, with ``rank``, ``writer`` (the AsyncWriter) and ``dir``). Rank 0 first finishes its
-    pending write, then renames the checkpoints written from ``first_bad_step`` on to ``*.nonfinite`` so
-    that a rerun resumes from the last one written before it, which retention kept (``ckpt.retire``) and
-    which the note names. The other ranks only read the folder names at or before that step."""
-    before = first_bad_step - 1
-    moved: list[str] = []
-    if io.rank == 0:
-        try:
-            io.writer.wait()
-        except ckpt.CheckpointWriteFailed as err:
-            moved.append(f"(and a write failed: {err})")
-        moved[:0] = ckpt.set_aside_after(io.dir, before)
-    good = ckpt.last_at_or_before(io.dir, before)
+def nonfinite_abort_note(good: str | None, first_bad_step: int, moved: list[str]) -> str:
+    """The end of the message of a run aborted for non-finite steps: ``good``, the last checkpoint written
+    before ``first_bad_step`` (None: none), and ``moved``, what was set aside (``StateIO.nonfinite_note``)."""
     aside = f"; set aside, written after it: {', '.join(moved)}" if moved else ""
     if good is None:
         return f"; no checkpoint was written before the first non-finite step ({first_bad_step}){aside}"

@@ -27,16 +27,16 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.losses.anchors import fastclip_loss
-from toolkit.train.losses.common import (
+from toolkit.train.losses.config import MODES
+from toolkit.train.losses.modes.anchors import fastclip_loss
+from toolkit.train.losses.modes.common import (
     add_positive_grads,
     check_local_pair,
     clip_value,
     gather_pairs,
     positive_logits,
 )
-from toolkit.train.losses.config import MODES
-from toolkit.train.losses.ring import ring_loss
+from toolkit.train.losses.modes.ring import ring_loss
 
 
 class _SideLSE(torch.autograd.Function):

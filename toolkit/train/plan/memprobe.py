@@ -8,7 +8,7 @@ backward of a sum of the features) at two micro-batch sizes:
 - CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was allocated
   before (the caching allocator counts every tensor, so this is exact and can run in-process).
 - CPU: torch has no public CPU allocator statistics and tracemalloc does not see its allocations, so
-  each size runs in a **fresh subprocess** (``python -m toolkit.train.memprobe``) that reads the
+  each size runs in a **fresh subprocess** (``python -m toolkit.train.plan.memprobe``) that reads the
   kernel's peak resident set (``VmHWM`` in /proc/self/status, reset by writing 5 to
   /proc/self/clear_refs just before the pass) minus the resident set before it. A fresh process per size
   keeps the C allocator's retained free memory of one size out of the other's measurement. Before the
@@ -159,7 +159,7 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str, text_to
 def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, text_tokens: int = 0,
                      timeout_s: float = 600) -> tuple[int, int]:
     """``probe_here`` on the CPU in a fresh Python process (module docstring)."""
-    cmd = [sys.executable, "-m", "toolkit.train.memprobe", "--model", model_spec, "--micro", str(micro),
+    cmd = [sys.executable, "-m", "toolkit.train.plan.memprobe", "--model", model_spec, "--micro", str(micro),
            "--precision", precision, "--threads", str(threads), "--text-tokens", str(text_tokens)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)

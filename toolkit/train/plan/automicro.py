@@ -1,6 +1,6 @@
 """``--micro-batch-size auto``: the largest gradient-cache micro-batch that fits, chosen once at start-up.
 
-- CPU: ``toolkit plan``'s prediction (``toolkit.train.plan.memory_rows``) with the model's measured
+- CPU: ``toolkit plan``'s prediction (``toolkit.train.plan.planner.memory_rows``) with the model's measured
   activation constants (``plan.MEASURED``, else measured now in subprocesses, ``memprobe``) against a
   stated budget: ``memory_budget_gb``, or by default 90% of (the host's MemAvailable + this process's
   resident set) divided among the node's ranks.
@@ -26,7 +26,7 @@ GiB = 1024**3
 def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_samples: int):
     """The ``PlanConfig`` describing this training run."""
     from toolkit.core.config import build
-    from toolkit.train.plan import PlanConfig
+    from toolkit.train.plan.planner import PlanConfig
 
     return build(PlanConfig, {"model": cfg.model, "batch_size": cfg.batch_size, "nodes": group_size // local_world,
                               "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": cfg.loss.name,
@@ -36,7 +36,7 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
 
 def host_budget_bytes(local_world: int) -> float:
     """90% of (MemAvailable + this process's RSS) / local ranks (the default CPU budget)."""
-    from toolkit.train.memprobe import rss_bytes
+    from toolkit.train.plan.memprobe import rss_bytes
 
     with open("/proc/meminfo") as fh:
         avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
@@ -44,13 +44,13 @@ def host_budget_bytes(local_world: int) -> float:
 
 
 def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
-    from toolkit.train import plan
+    from toolkit.train.plan import planner as plan
 
     key = (pcfg.model, pcfg.precision, "cpu")
     if key in plan.MEASURED:
         fixed, per_sample, overhead = plan.MEASURED[key]
     else:
-        from toolkit.train.memprobe import measure_activations
+        from toolkit.train.plan.memprobe import measure_activations
 
         fit = measure_activations(pcfg.model, (16, 64), pcfg.precision, "cpu", threads=torch.get_num_threads())
         fixed, per_sample, overhead = fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes
@@ -66,8 +66,8 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
 
 
 def _cuda(model: Any, dev: torch.device, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
-    from toolkit.train import plan
-    from toolkit.train.memprobe import tower_pass
+    from toolkit.train.plan import planner as plan
+    from toolkit.train.plan.memprobe import tower_pass
     from toolkit.train.runtime import autocast
 
     shape = plan.model_shape(pcfg.model)

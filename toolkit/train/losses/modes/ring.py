@@ -21,7 +21,7 @@ from torch import Tensor
 
 from toolkit import kernels as K
 from toolkit.core import dist as D
-from toolkit.train.losses.common import add_positive_grads, clip_value, positive_logits
+from toolkit.train.losses.modes.common import add_positive_grads, clip_value, positive_logits
 
 Combine = Callable[[Sequence[Tensor], Sequence[Tensor]], list[Tensor]]
 

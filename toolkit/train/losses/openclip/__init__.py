@@ -1,0 +1,1 @@
+"""The OpenCLIP baseline (``--loss openclip``): ``loss.OpenCLIPLoss`` and its registry ``spec``."""

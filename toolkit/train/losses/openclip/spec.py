@@ -1,0 +1,6 @@
+"""The OpenCLIP baseline's registry entry: every distributed mode, no per-sample state, the CLIP loss's
+traffic (docs/distributed.md)."""
+
+from toolkit.train.losses.spec import ObjectiveSpec
+
+SPEC = ObjectiveSpec(kind="openclip", target="toolkit.train.losses.openclip.loss:OpenCLIPLoss")

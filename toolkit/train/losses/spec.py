@@ -1,0 +1,58 @@
+"""``ObjectiveSpec``: what the trainer, the CLI and ``toolkit plan`` need to know about one objective, held in
+the objective's own folder (``losses/NAME/spec.py``) and listed by ``losses/registry.py``. Torch-free: the
+CLI validates ``--loss`` and ``toolkit plan`` runs its arithmetic without importing torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The CLIP loss's distributed modes (losses/modes/); an objective names the ones it runs in.
+CLIP_MODES = ("gather", "disco", "ring", "fastclip")
+# {(op, category): (calls or None, bytes)} per rank per step, the ledger's conventions (plan/traffic.py)
+Traffic = dict[tuple[str, str], tuple[int | None, int]]
+F32, F64 = 4, 8
+
+
+def _no_tables(fields: Mapping[str, Any]) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective's facts. ``fields``: the ``LossConfig`` fields a ``--loss`` name sets (``{"kind":
+    "fastclip", "version": "v2"}``: what ``toolkit plan`` knows); ``cfg``: the trainer's ``LossConfig``."""
+
+    kind: str
+    target: str  # "module:Class" of its TrainingLoss, imported only when built
+    # --loss NAME -> the LossConfig fields it sets besides kind; empty: the one name ``kind``
+    names: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    modes: tuple[str, ...] = CLIP_MODES  # distributed modes it runs in; the first is its default
+    modes_note: str = ""  # why it refuses the other modes (part of the refusal's message)
+    # per-sample float32 columns it keeps in host tables (FastCLIP's u1, u2: 2); sizes toolkit plan's tables
+    table_columns: Callable[[Mapping[str, Any]], int] = _no_tables
+    # its feature and scalar traffic per rank per step: (mode, world, b, d, feature_bytes, fields) -> Traffic;
+    # None: the CLIP loss's modes (plan/traffic.py's table, docs/distributed.md)
+    traffic: Callable[..., Traffic] | None = None
+    # the model's learnable logit bias it needs (open_clip's init_logit_bias), from its LossConfig; None: none
+    init_logit_bias: Callable[[Any], float | None] = lambda cfg: None
+    # τ = 1/a the model's logit scale starts from when trained from scratch
+    initial_tau: Callable[[Any], float] = lambda cfg: cfg.tau_init
+    # whether the model's global logit scale p is trained
+    learns_logit_scale: Callable[[Any], bool] = lambda cfg: cfg.learn_tau
+
+    def loss_names(self) -> dict[str, dict[str, Any]]:
+        """--loss NAME -> every LossConfig field it sets, kind included."""
+        return {name: {"kind": self.kind, **fields} for name, fields in (self.names or {self.kind: {}}).items()}
+
+    def check_mode(self, mode: str) -> None:
+        """Refuse a distributed mode this objective does not run in, naming the ones it does."""
+        if mode in self.modes:
+            return
+        if len(self.modes) == 1:
+            raise ValueError(f"{self.kind} runs in the {self.modes[0]} mode only (got mode {mode!r}); "
+                             + (self.modes_note or f"set loss.mode to {self.modes[0]}"))
+        raise ValueError(f"the {self.kind} loss has no {mode} mode: "
+                         + (self.modes_note or f"use mode {', '.join(self.modes)}"))
