@@ -49,7 +49,7 @@ def test_every_config_field_is_an_option_with_its_doc_and_default(group, name):
     assert fields and fields <= set(options), sorted(fields - set(options))
     for key, flags in spec.all_flags().items():
         field, _ = config_field(cls, key)
-        opt = options[key]
+        opt = options[key.replace(".", "_")]  # a nested field's option is named by its dotted key
         assert flags[0].split("/")[0] in opt.opts, (key, opt.opts)
         assert opt.help.startswith(field.metadata["doc"].rstrip()), key
         if field.default is not dataclasses.MISSING and field.default not in ("", None):
