@@ -28,6 +28,7 @@ from toolkit.core import files
 from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.outlock import output_lock
+from toolkit.core.pathguard import check_output_apart
 
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
@@ -169,7 +170,10 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     A local ``out`` is locked for the whole stage (:mod:`toolkit.core.outlock`): a second run into the
     same folder raises :class:`~toolkit.core.outlock.OutputLocked` before anything is written, naming the
     run that holds it. ``rec.lock_fd`` is the lock's descriptor, for worker processes that must hold it too.
+    An ``out`` that is one of the config's inputs, holds one or lies inside one is refused first
+    (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled.
     """
+    check_output_apart(kind, out, input_paths(cfg))
     files.makedirs(out)
     with output_lock(out) as lock_fd:
         files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolkit.core import files
-from toolkit.core.config import ConfigError, option
+from toolkit.core.config import option
 from toolkit.core.log import ProgressCounter, counter, get_logger, progress
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
@@ -255,9 +255,6 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     (:mod:`.precompute_resume`); the output is the same as an uninterrupted run's.
     """
     log = get_logger("data.precompute")
-    if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
-        raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
-                                                     "would overwrite the raw shards")
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
