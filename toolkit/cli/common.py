@@ -78,8 +78,11 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
         fail(str(err))
     except (OSError, RuntimeError, ValueError) as err:
         fail(f"{type(err).__name__}: {err}", code=1)
-    except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C); finished work is kept, rerun the same command to resume", code=130)
+    except KeyboardInterrupt as err:
+        from toolkit.core.procs import exit_code
+
+        fail(str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
+             code=exit_code(err))
 
 
 def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]:

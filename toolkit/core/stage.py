@@ -199,8 +199,8 @@ def status_of(err: BaseException) -> str:
 
 def describe_error(err: BaseException) -> str:
     """A one-line description of why a stage stopped; never empty (Ctrl-C's KeyboardInterrupt has no text)."""
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted (Ctrl-C or SIGINT); finished work is kept, rerun to resume"
+    if isinstance(err, KeyboardInterrupt):  # SIGTERM/SIGHUP raise one that says which (toolkit.core.procs)
+        return str(err) or "interrupted (Ctrl-C or SIGINT); finished work is kept, rerun to resume"
     if isinstance(err, SystemExit):
         return f"exited with code {err.code}"
     return str(err) if str(err).strip() else f"{type(err).__name__} (no message)"

@@ -16,6 +16,8 @@ import sys
 
 from toolkit.core.log import QUIET_ENV  # "1": the user asked for --quiet; torch's loggers show errors only
 
+AGENT_PID_ENV = "CLIPTK_AGENT_PID"  # set for the ranks: the agent they must not outlive
+
 
 def first_failure(err) -> str:
     """The lowest failed rank of a ChildFailedError, with its exit code and message."""
@@ -27,6 +29,7 @@ def first_failure(err) -> str:
 
 def main(argv: list[str]) -> int:
     result_path, args = argv[0], argv[1:]
+    os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks die with this process (train.run.worker_main)
     if os.environ.get(QUIET_ENV) == "1":
         logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     from torch.distributed.elastic.multiprocessing.api import SignalException

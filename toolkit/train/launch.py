@@ -29,6 +29,7 @@ from collections.abc import Mapping
 
 from toolkit.core.config import dump_yaml
 from toolkit.core.log import QUIET_ENV, get_logger, is_quiet
+from toolkit.core.procs import child_preexec
 from toolkit.core.stage import StageInterrupted
 from toolkit.train.config import LaunchConfig, TrainConfig
 from toolkit.train.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
@@ -181,8 +182,10 @@ def launch(cfg: TrainConfig, entry: str) -> None:
         argv = torchrun_argv(cfg.launch, entry, [path])
         log.info("torchrun %s", " ".join(argv))
         try:
+            # a terminal's Ctrl-C reaches the launcher only; a SIGKILLed launcher takes the agent with it (and
+            # the agent its ranks, toolkit.train.agent), so no orphan trains on into this run folder
             proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.agent", result, *argv], env=_agent_env(),
-                                    start_new_session=True)  # a terminal's Ctrl-C reaches the launcher only
+                                    start_new_session=True, preexec_fn=child_preexec())
             supervisor = Supervisor(proc, signals, describe_wait(cfg.launch), cfg.launch.rendezvous_timeout_s)
             code = supervisor.wait()
             outcome = _read_outcome(result)

@@ -159,6 +159,10 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
     error."""
     argv = sys.argv[1:] if argv is None else argv
     from toolkit.core.log import setup_logging
+    from toolkit.core.procs import die_with_parent
+
+    if os.environ.get("CLIPTK_AGENT_PID"):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
+        die_with_parent(parent_pid=int(os.environ["CLIPTK_AGENT_PID"]))
 
     rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks report warnings and errors only
     setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if rank0 else "WARNING")

@@ -120,7 +120,10 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     return [image, text]
 
 
-def _worker_init() -> None:
+def _worker_init(parent_pid: int) -> None:
+    from toolkit.core.procs import die_with_parent
+
+    die_with_parent(parent_pid=parent_pid)  # a SIGKILLed precompute leaves no worker running
     # One intra-op thread per worker: the pool already uses every core.
     state = precompute_worker.STATE
     if state.get("image_tower") is not None or state.get("text_tower") is not None:
@@ -150,7 +153,7 @@ def _process_all(tasks: list[precompute_worker.ShardTask], num_workers: int, on_
     read, base = fork.Value("q", 0), count.done  # base: samples of resumed shards
     state["on_read"] = functools.partial(_add_shared, read)
     try:
-        with fork.Pool(num_workers, initializer=_worker_init) as pool:
+        with fork.Pool(num_workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
             pending = pool.imap_unordered(precompute_worker.process_shard, tasks)
             while len(results) < len(tasks):
                 try:
