@@ -1,0 +1,40 @@
+"""A SIGKILLed `toolkit train` launcher takes torchrun's agent and every rank with it (issue 34, class 4):
+they used to train on, and an immediate rerun trained into the same run folder concurrently. Real torchrun,
+--nproc-per-node 2, gloo."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from trainkit import ROOT, env, metrics, toolkit_cmd
+
+sys.path.insert(0, str(ROOT / "tests" / "core"))
+from proctools import alive, descendants, wait_for  # noqa: E402
+
+ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--checkpoint-every", "4",
+        "--set", "tensorboard=false"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_sigkilled_launcher_leaves_no_rank_running(demo_train, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(demo_train), "--out", str(out), "--steps", "400",
+                                        *ARGS, "--nproc-per-node", "2"),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: proc.poll() is not None or ((out / "metrics.jsonl").is_file() and len(metrics(out)) >= 2),
+             300, "two logged steps")
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    tree = descendants(proc.pid)
+    assert len(tree) >= 3  # the agent and two ranks (and what they started)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    wait_for(lambda: not any(alive(p) for p in tree), 30, f"the agent and ranks {sorted(tree)} to exit")
+    steps = len(metrics(out))
+    time.sleep(2.0)
+    assert len(metrics(out)) == steps  # nobody trains on into the folder
