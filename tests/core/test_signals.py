@@ -134,3 +134,21 @@ def test_precompute_pool_stops_quietly_and_rerun_resumes(tmp_path):
     _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr
     assert json.loads((out / "dataset.json").read_text())["num_samples"] == 480
+
+
+@pytest.mark.timeout(300)
+def test_a_trickling_server_meets_the_total_download_deadline(tmp_path, drip_server):
+    """Issue 34 class 5: `--timeout 3` against 100 bytes every 0.5 s ran on past 150 s (the timeout bounds
+    each read only); the default total deadline is 10 x --timeout."""
+    port = drip_server.server_address[1]
+    urls = tmp_path / "urls.csv"
+    urls.write_text("url,caption\n" + "".join(f"http://127.0.0.1:{port}/{i}.png,pic {i}\n" for i in range(2)))
+    out = tmp_path / "out"
+    proc = start(["data", "fetch", "--urls", str(urls), "--out", str(out), "--processes", "1", "--threads", "2",
+                  "--image-size", "16", "--timeout", "3"], tmp_path)
+    _, stderr = proc.communicate(timeout=200)  # the drip alone would last 1,000 s
+    assert proc.returncode == 1 and "timeout: 2" in stderr, stderr
+    import pyarrow.parquet as pq
+
+    errors = pq.read_table(next(out.glob("*.parquet"))).column("error_message").to_pylist()
+    assert all("total deadline of 30 s" in e for e in errors), errors
