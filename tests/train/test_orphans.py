@@ -38,3 +38,29 @@ def test_sigkilled_launcher_leaves_no_rank_running(demo_train, tmp_path):
     steps = len(metrics(out))
     time.sleep(2.0)
     assert len(metrics(out)) == steps  # nobody trains on into the folder
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_a_stopped_rank_is_named_by_the_watchdog(demo_train, tmp_path):
+    """Issue 34 class 5: a SIGSTOPped rank went unreported for the 1,800 s collective timeout."""
+    import json
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(demo_train), "--out", str(out), "--steps", "400",
+                                        *ARGS, "--nproc-per-node", "2", "--set", "watchdog_s=8"),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    beat = out / ".heartbeat" / "rank-1.json"
+    wait_for(lambda: proc.poll() is not None or (beat.is_file() and (out / "metrics.jsonl").is_file()
+                                                 and len(metrics(out)) >= 2), 300, "two logged steps")
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    tree = descendants(proc.pid)
+    rank1 = json.loads(beat.read_text())["pid"]
+    assert rank1 in tree
+    Path(f"/proc/{rank1}").exists() and __import__("os").kill(rank1, signal.SIGSTOP)
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 1, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    assert f"rank 1 (pid {rank1} " in errors[0] and "watchdog_s=8" in errors[0] and "stopped" in errors[0], errors
+    wait_for(lambda: not any(alive(p) for p in tree), 30, "the job's processes to exit")

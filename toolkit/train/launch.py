@@ -33,6 +33,7 @@ from toolkit.core.procs import child_preexec
 from toolkit.core.stage import StageInterrupted
 from toolkit.train.config import LaunchConfig, TrainConfig
 from toolkit.train.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
+from toolkit.train.watchdog import Watch
 
 AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"  # torchrun's default minus SIGTERM (the launcher handles signals)
 WORKER_ENV = "CLIPTK_TRAIN_WORKER"  # set for workers a cliptk launcher started (it keeps the stage books)
@@ -181,12 +182,14 @@ def launch(cfg: TrainConfig, entry: str) -> None:
         result = path[:-len(".yaml")] + ".result.json"
         argv = torchrun_argv(cfg.launch, entry, [path])
         log.info("torchrun %s", " ".join(argv))
+        watch = Watch(cfg.out, cfg.watchdog_s)  # before any rank beats: clears an earlier run's heartbeats
         try:
             # a terminal's Ctrl-C reaches the launcher only; a SIGKILLed launcher takes the agent with it (and
             # the agent its ranks, toolkit.train.agent), so no orphan trains on into this run folder
             proc = subprocess.Popen([sys.executable, "-m", "toolkit.train.agent", result, *argv], env=_agent_env(),
                                     start_new_session=True, preexec_fn=child_preexec())
             supervisor = Supervisor(proc, signals, describe_wait(cfg.launch), cfg.launch.rendezvous_timeout_s)
+            supervisor.watch = watch
             code = supervisor.wait()
             outcome = _read_outcome(result)
         finally:

@@ -13,6 +13,7 @@ the step number, so a resume at any world size continues exactly.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from toolkit.train.report import Reporter
 from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.runtime import Runtime
 from toolkit.train.signals import PreemptionFlag
+from toolkit.train.watchdog import Heartbeat
 from toolkit.train.state import StateIO, TrainState, sync_buffers
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
 from toolkit.train.update import Update
@@ -91,14 +93,17 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
     signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
     (with a checkpoint) instead of killing the process with the manifest left "running"."""
     flag = PreemptionFlag.install()
+    beat = Heartbeat.start(cfg.out, int(os.environ.get("RANK", "0")))  # the launcher's watchdog reads it
     try:
-        return _train(cfg, eval_fn, dataset, checked, flag)
+        return _train(cfg, eval_fn, dataset, checked, flag, beat)
     finally:
         flag.uninstall()
+        if beat is not None:
+            beat.stop()
 
 
 def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, checked: bool,
-           flag: PreemptionFlag) -> dict[str, Any]:
+           flag: PreemptionFlag, beat: Heartbeat | None = None) -> dict[str, Any]:
     p = build_parts(cfg, dataset, checked)
     state = p.io.resume(config_checked=checked)
     resumed = state.step if state.step or p.io.last_step is not None else None
@@ -109,6 +114,8 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
         for batch in p.data.batches(state.step):
             report.window.data_wait_s += time.monotonic() - report.window.mark
             outcome, lr = train_step(p, state, batch)
+            if beat is not None:
+                beat.reached(state.step)
             p.io.check_writes()  # a failed background checkpoint write stops training here, naming it
             report.step_done(state, batch, outcome, lr, p.update)
             if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < p.data.total_steps:
