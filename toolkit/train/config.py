@@ -91,6 +91,10 @@ class CheckpointConfig:
                          doc="auto: continue from the newest valid checkpoint in OUT if there is one; latest: "
                              "the same but fail if there is none; none: start afresh (old checkpoints are "
                              "removed); or a checkpoint directory.")
+    allow_other_data: bool = option(False, affects_output=False,
+                                    doc="Resume a checkpoint even though it was trained on other data (its "
+                                        "dataset.json differs: re-precomputed, or another folder); by default "
+                                        "such a resume is refused, naming both.")
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ def preflight(cfg: TrainConfig):
     from toolkit.data.trainset.order import BatchOrder
     from toolkit.models.factory import resolve_spec
     from toolkit.train.model import check_dataset
+    from toolkit.train.datacheck import refuse_other_data
     from toolkit.train.resume import refuse_other_config
 
     if not files.is_local(cfg.out):
@@ -94,6 +95,7 @@ def preflight(cfg: TrainConfig):
     if not (dataset.field("image_features") or dataset.field("text_features")):
         check_dataset(resolve_spec(cfg.model).model_cfg, dataset, cfg.model)
     refuse_other_config(cfg)
+    refuse_other_data(cfg)
     L.warn_unused_port(cfg.launch)
     return dataset
 
