@@ -64,3 +64,48 @@ def test_a_stopped_rank_is_named_by_the_watchdog(demo_train, tmp_path):
     assert len(errors) == 1, stderr[-3000:]
     assert f"rank 1 (pid {rank1} " in errors[0] and "watchdog_s=8" in errors[0] and "stopped" in errors[0], errors
     wait_for(lambda: not any(alive(p) for p in tree), 30, "the job's processes to exit")
+
+
+def test_first_failure_is_the_signalled_rank_then_the_earliest_with_its_own_message(tmp_path, monkeypatch):
+    """Issue 34 class 7: the lowest failed rank was blamed, with torch's "To enable traceback see" line."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from toolkit.train.agent import first_failure, write_error_file
+
+    def failure(rank: int, exitcode: int, message: str | None) -> ProcessFailure:
+        path = tmp_path / f"error-{rank}.json"
+        if message is not None:
+            monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+            write_error_file(message)
+        return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(path))
+
+    later = failure(0, 1, "RuntimeError: Connection closed by peer")
+    killed = failure(1, -9, None)
+    text = first_failure(ChildFailedError("train", {0: later, 1: killed}))
+    assert text.startswith("rank 1 exited with code -9 (Signal 9 (SIGKILL)"), text
+    first = failure(1, 1, "ValueError: the root cause")
+    time.sleep(0.01)
+    second = failure(0, 1, "RuntimeError: a consequence")
+    text = first_failure(ChildFailedError("train", {0: second, 1: first}))
+    assert text == "rank 1 exited with code 1 (ValueError: the root cause)", text
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_a_killed_rank_is_blamed_not_rank_0(demo_train, tmp_path):
+    import json
+    import os
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(demo_train), "--out", str(out), "--steps", "400",
+                                        *ARGS, "--nproc-per-node", "2"),
+                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    beat = out / ".heartbeat" / "rank-1.json"
+    wait_for(lambda: proc.poll() is not None or (beat.is_file() and (out / "metrics.jsonl").is_file()
+                                                 and len(metrics(out)) >= 2), 300, "two logged steps")
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 1, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "training workers failed: rank 1 exited with code -9" in errors[0], errors

@@ -173,5 +173,8 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
         cfg = build(TrainConfig, read_yaml(path), source=path)
         run(cfg, make_eval_fn(cfg) if make_eval_fn else None)
     except Exception as err:  # one line per rank; torchrun reports the exit code
+        from toolkit.train.agent import write_error_file
+
         get_logger("train").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
+        write_error_file(" ".join(f"{type(err).__name__}: {err}".split()))  # the launcher names it
         raise SystemExit(1) from err
