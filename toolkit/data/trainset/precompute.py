@@ -41,6 +41,7 @@ from toolkit.data.trainset.format import (
     TrainShardWriter,
     remove_stale_shards,
 )
+from toolkit.data.trainset.truncation import check_truncation
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
@@ -79,6 +80,10 @@ class PrecomputeConfig:
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
     text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
                                                             "packaged ones, or a seeded random init).")
+    max_truncated_share: float = option(0.05, ge=0, le=1, affects_output=False,
+                                        doc="Fail, naming the shards, when more than this share of the samples read "
+                                            "is lost to truncated or unreadable raw shards (a fetch cut short); "
+                                            "1: keep whatever is left.")
     tmp_dir: str = option("", affects_output=False, doc="Local scratch folder for processed raw shards (default: "
                                                         "OUT/_tmp for a local OUT, else the system temp folder). "
                                                         "Kept when a run fails or is killed, so that a rerun with "
@@ -268,6 +273,7 @@ def run(cfg: PrecomputeConfig) -> StageResult:
             try:
                 results, timing = _process(cfg, urls, fields, work, log)
                 order, skips = assign_ids(results)
+                check_truncation(skips, sum(r.num_read for r in results), cfg.max_truncated_share, cfg.input)
                 if not order:
                     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s["reason"] for s in skips).items())
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
