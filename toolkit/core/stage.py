@@ -26,6 +26,7 @@ from typing import Any
 from toolkit import __version__
 from toolkit.core import files
 from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
+from toolkit.core.leftovers import remove_dead_temps
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.outlock import output_lock
 from toolkit.core.pathguard import check_output_apart
@@ -176,6 +177,11 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     check_output_apart(kind, out, input_paths(cfg))
     files.makedirs(out)
     with output_lock(out) as lock_fd:
+        if lock_fd is not None:  # the lock is ours: temps of writers that are gone are a killed run's
+            removed = remove_dead_temps(files.local_path(out))
+            if removed:
+                get_logger("stage").info("%s: removed %d temp file(s) a killed run left in %s: %s", kind,
+                                         len(removed), out, ", ".join(removed[:10]) + (" ..." if len(removed) > 10 else ""))
         files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))
         rec = StageRecorder(kind, cfg, out)
         rec.lock_fd = lock_fd
