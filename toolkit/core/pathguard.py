@@ -101,6 +101,27 @@ def relation(out: str, inp: str) -> str | None:
     return "lies inside" if _within(out_path, in_path) else None
 
 
+def check_url_schemes(kind: str, paths: dict[str, str]) -> None:
+    """ConfigError naming the key and URL of a path whose scheme fsspec does not know, or whose backend
+    package is not installed (naming the package), before any stage opens it.
+
+    ``paths``: config key -> local path or fsspec URL (a stage's inputs and its ``out``)."""
+    import fsspec
+
+    for key, path in paths.items():
+        if files.is_local(path) or not isinstance(path, str):
+            continue
+        protocol = path.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ImportError as err:
+            raise ConfigError(kind, key, f"{path}: the {protocol}:// file system needs a package that is not "
+                                         f"installed ({err}); pip install it") from None
+        except ValueError:
+            known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:12])
+            raise ConfigError(kind, key, f"{path}: unknown URL scheme {protocol!r} (known: {known}, ...)") from None
+
+
 def check_output_apart(kind: str, out: str, inputs: dict[str, str]) -> None:
     """Raise :class:`OutputIsInput` (one line naming the key and both paths) if ``out`` overlaps an input.
 

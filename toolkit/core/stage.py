@@ -29,7 +29,7 @@ from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
 from toolkit.core.leftovers import remove_dead_temps
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.outlock import output_lock
-from toolkit.core.pathguard import check_output_apart
+from toolkit.core.pathguard import check_output_apart, check_url_schemes
 
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
@@ -174,6 +174,7 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     An ``out`` that is one of the config's inputs, holds one or lies inside one is refused first
     (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled.
     """
+    check_url_schemes(kind, {**input_paths(cfg), "out": out})
     check_output_apart(kind, out, input_paths(cfg))
     files.makedirs(out)
     with output_lock(out) as lock_fd:

@@ -126,13 +126,25 @@ class TrainDataset:
         path = files.join(root, DATASET_JSON)
         if not files.exists(path):
             raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
-        data = files.read_json(path)
+        try:
+            data = files.read_json(path)
+        except (ValueError, UnicodeDecodeError) as err:  # empty, cut short, not JSON: name the file
+            raise ValueError(f"{path}: not a valid dataset.json ({err}); precompute the folder again") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}; precompute the folder "
+                             "again")
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads {FORMAT!r}")
-        fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
-        shards = [ShardInfo(**s) for s in data["shards"]]
-        ds = cls(data["num_samples"], fields, shards, data["samples_per_shard"], data.get("source", ""),
-                 data.get("model", ""), data.get("extra", {}), data["format"], root=root)
+        try:
+            fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
+            shards = [ShardInfo(**s) for s in data["shards"]]
+            ds = cls(int(data["num_samples"]), fields, shards, int(data["samples_per_shard"]), data.get("source", ""),
+                     data.get("model", ""), data.get("extra", {}), data["format"], root=root)
+        except KeyError as err:
+            raise ValueError(f"{path}: required key {err} is missing; precompute the folder again") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{path}: a value has the wrong shape or type ({type(err).__name__}: {err}); "
+                             "precompute the folder again") from None
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
         return ds
