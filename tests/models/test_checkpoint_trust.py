@@ -40,3 +40,19 @@ def test_non_finite_weights_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"non-finite weights \(NaN or infinity\) in .*logit_scale") as err:
         load_model(path)
     assert "visual." in str(err.value)
+
+
+def test_weights_of_another_architecture_say_what_differs_in_one_line(tmp_path):
+    """Issue 34 class 12: mismatches printed PyTorch's key dump twice, cut mid-word."""
+    from safetensors.torch import save_file
+
+    small_cfg = model_config("cliptk-small")
+    small = build_model(small_cfg)
+    path = tmp_path / "small.safetensors"
+    save_file({k: v.contiguous() for k, v in small.state_dict().items()}, str(path))
+    with pytest.raises(ValueError) as err:
+        load_model("cliptk-tiny", weights=str(path))
+    text = str(err.value)
+    assert text.startswith(f"{path}: weights do not match the model config: ") and "\n" not in text, text
+    assert "differ in shape: " in text and "(file [" in text and ", model [" in text, text
+    assert len(text) < 1200 and "Error(s) in loading state_dict" not in text, text
