@@ -225,8 +225,12 @@ def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
             get_logger("stage").error("%s failed: %s", kind, describe_error(err))
         else:
             get_logger("stage").warning("%s stopped: %s", kind, describe_error(err))
-        rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
-                  error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
+        try:
+            rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
+                      error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
+        except OSError as write_err:  # a full disk: the stage's own error stays the one reported
+            get_logger("stage").warning("%s: could not record %s in %s (%s)", kind, status,
+                                        files.join(rec.out, MANIFEST), write_err)
         raise
     rec.write(status=rec.status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
 

@@ -25,6 +25,7 @@ use, and :class:`TrainShardWriter`, which precompute writes with.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -386,6 +387,20 @@ class TrainShardWriter:
         if self._tar is not None:
             self._close_shard()
         return self.shards
+
+    def discard(self) -> str | None:
+        """After a failed write (a full disk): delete the shard being written, so that its space is free for
+        the manifest that records the failure; returns its path (None if no shard was open)."""
+        if self._files is None:
+            return None
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                f.fh.close()
+            if f.tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(f.tmp)
+        path, self._tar, self._files = self._files[0].path, None, None
+        return path
 
 
 def remove_stale_shards(out: str, keep: int) -> int:

@@ -214,6 +214,17 @@ def _rows(path: str, field: Field, count: int) -> np.ndarray:
 def _write_shards(cfg: PrecomputeConfig, fields: list[Field], results: list[precompute_worker.ShardResult],
                   order: list[tuple[int, int]]) -> list:
     writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
+    try:
+        return _write_rows(writer, fields, results, order)
+    except OSError as err:  # a full disk: name the shard and free its space for the failed manifest
+        shard = writer.discard()
+        raise OSError(err.errno, f"{err.strerror or err} while writing the training shard {shard or cfg.out} "
+                                 f"(into --out {cfg.out}); free space there and rerun (processed raw shards are "
+                                 "kept)") from err
+
+
+def _write_rows(writer: TrainShardWriter, fields: list[Field], results: list[precompute_worker.ShardResult],
+                order: list[tuple[int, int]]) -> list:
     image_f, text_f = fields
     rows = {}
     for sample_id, (i, row) in enumerate(progress(order, desc="write shards", unit="samples")):
