@@ -66,3 +66,13 @@ def test_a_config_file_of_the_wrong_shape_is_named(tmp_path, text, words):
     path.write_bytes(text)
     line = _one_error(["train", "--config", str(path)], tmp_path)
     assert f"{path}: " in line and words in line, line
+
+
+@pytest.mark.parametrize(("setting", "words"), [
+    ("seed=99999999999999999999", "seed: must fit in 64 bits"),  # was: Overflow when unpacking long long
+    ("loss.tau_init=1e999", "loss.tau_init: must be a finite number, got inf"),  # was: math domain error
+])
+def test_out_of_range_set_values_name_the_key(tmp_path, setting, words):
+    line = _one_error(["train", "--data", str(tmp_path / "D"), "--out", str(tmp_path / "run"), "--set", setting],
+                      tmp_path)
+    assert f"--set {setting}: {words}" in line, line

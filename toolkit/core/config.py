@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import operator
 import types
 import typing
@@ -151,12 +152,20 @@ def _coerce_scalar(tp: Any, value: Any, source: str, key: str) -> Any:
     raise ConfigError(source, key, f"expected {_type_name(tp)}, got {short(value)}")
 
 
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 _BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
 
 
 def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
+    # what every consumer can hold: torch/numpy seeds and counts are int64 ("Overflow when unpacking long
+    # long"), and an infinite or NaN float breaks the formulas it enters ("math domain error")
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        raise ConfigError(source, key, f"must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {short(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(source, key, f"must be a finite number, got {value} (a value past the float range "
+                                       "reads as infinity)")
     for name, (op, word) in _BOUNDS.items():
         bound = f.metadata.get(name)
         if bound is not None and not op(value, bound):
