@@ -42,3 +42,23 @@ def test_full_disk_names_the_shard_and_the_manifest_says_failed(tmp_path):
     assert f"{out}/00000.tar" in errors[0], errors
     manifest = json.loads(result.stdout.split("rc=1", 1)[1])
     assert manifest["status"] == "failed" and "No space left" in manifest["error"]
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no unprivileged user+mount namespaces (unshare -rm) here")
+def test_a_full_scratch_folder_is_blamed_not_the_raw_shard(tmp_path):
+    from datakit import good_samples, write_raw_shard
+
+    raw, out, scratch = tmp_path / "raw", tmp_path / "out", tmp_path / "scratch"
+    raw.mkdir()
+    scratch.mkdir()
+    write_raw_shard(raw / "00000.tar", good_samples(np.random.default_rng(0), "k", 60, size=(64, 64)))
+    cmd = (f"{sys.executable} -m toolkit data precompute --in {raw} --out {out} --model cliptk-tiny --workers 1 "
+           f"--set tmp_dir={scratch}")
+    script = f"mount -t tmpfs -o size=128k tmpfs {scratch} && {cmd}; echo rc=$?"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    result = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert "rc=1" in result.stdout, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert f"the scratch folder {scratch}" in errors[0] and "is full" in errors[0] and "tmp_dir" in errors[0], errors
