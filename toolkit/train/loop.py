@@ -35,10 +35,10 @@ from toolkit.train.report import Reporter
 from toolkit.train.resume import nonfinite_abort_note
 from toolkit.train.runtime import Runtime
 from toolkit.train.signals import PreemptionFlag
-from toolkit.train.watchdog import Heartbeat
 from toolkit.train.state import StateIO, TrainState, sync_buffers
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
 from toolkit.train.update import Update
+from toolkit.train.watchdog import Heartbeat
 
 # eval_fn(clip, model_cfg, preprocess_cfg, step) -> {"eval/<dataset>/<metric>": value}: rank 0 only, on the
 # live model in eval mode; passed in by the CLI/pipeline (train never imports eval).

@@ -81,8 +81,8 @@ def preflight(cfg: TrainConfig):
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.order import BatchOrder
     from toolkit.models.factory import resolve_spec
-    from toolkit.train.model import check_dataset
     from toolkit.train.datacheck import refuse_other_data
+    from toolkit.train.model import check_dataset
     from toolkit.train.resume import refuse_other_config
 
     if not files.is_local(cfg.out):
