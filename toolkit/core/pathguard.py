@@ -112,6 +112,8 @@ def check_url_schemes(kind: str, paths: dict[str, str]) -> None:
         if files.is_local(path) or not isinstance(path, str):
             continue
         protocol = path.split("://", 1)[0]
+        if protocol.lower() in ("http", "https"):  # URL lists and demo sites: fetched by cliptk's own client
+            continue
         try:
             fsspec.get_filesystem_class(protocol)
         except ImportError as err:
