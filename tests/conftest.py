@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-HELPER_DIRS = ("data", "eval", "kernels", "train")
+HELPER_DIRS = ("core", "data", "eval", "kernels", "train")
 for _name in HELPER_DIRS:
     _path = str(Path(__file__).resolve().parent / _name)
     if _path not in sys.path:

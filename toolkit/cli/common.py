@@ -82,16 +82,27 @@ def parameter_labels(ctx: typer.Context, keys: list[str]) -> dict[str, str]:
 
 def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
     """Call a stage's run(cfg); config errors exit 2, other failures exit 1 with the message."""
-    from toolkit.core.config import ConfigError
+    import dataclasses
+
+    from toolkit.core.config import ConfigError, input_paths
+    from toolkit.core.pathguard import check_url_schemes
 
     try:
+        if dataclasses.is_dataclass(cfg):  # unknown schemes and missing fsspec backends, named before any work
+            out = getattr(cfg, "out", "")
+            check_url_schemes(type(cfg).__name__, {**input_paths(cfg), **({"out": out} if out else {})})
         return run(cfg)
     except ConfigError as err:
         fail(str(err))
+    except ImportError as err:  # an optional package a path or option needs (fsspec names it: "Install s3fs")
+        fail(f"{type(err).__name__}: {err}", code=2)
     except (OSError, RuntimeError, ValueError) as err:
         fail(f"{type(err).__name__}: {err}", code=1)
-    except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C); finished work is kept, rerun the same command to resume", code=130)
+    except KeyboardInterrupt as err:
+        from toolkit.core.procs import exit_code
+
+        fail(str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
+             code=exit_code(err))
 
 
 def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]:

@@ -73,6 +73,9 @@ def hoist_root_options(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    from toolkit.core.procs import stop_on_signals
+
+    stop_on_signals()  # SIGTERM/SIGHUP stop cleanly like Ctrl-C: no orphaned children, manifest "interrupted"
     app(args=hoist_root_options(sys.argv[1:]))
 
 

@@ -43,8 +43,11 @@ def run_cmd(
         fail(str(err))
     except PipelineError as err:
         fail(str(err), code=1)
-    except KeyboardInterrupt:
-        fail("interrupted (Ctrl-C); finished stages are kept, rerun to resume", code=130)
+    except KeyboardInterrupt as err:
+        from toolkit.core.procs import exit_code
+
+        why = str(err).split(";")[0] if str(err) else "interrupted (Ctrl-C)"
+        fail(f"{why}; finished stages are kept, rerun to resume", code=exit_code(err))
     for name, action, _ in report:
         typer.echo(f"{name}: {action}")
     _print_last_report(report)

@@ -13,20 +13,49 @@ import json
 import logging
 import os
 import sys
+import time
 
 from toolkit.core.log import QUIET_ENV  # "1": the user asked for --quiet; torch's loggers show errors only
 
+AGENT_PID_ENV = "CLIPTK_AGENT_PID"  # set for the ranks: the agent they must not outlive
+
+
+def write_error_file(message: str) -> None:
+    """Called by a failing rank (``run.worker_main``): its one-line error, and when it failed to the
+    microsecond, in the file torchrun reads back (``TORCHELASTIC_ERROR_FILE``), so that the launcher names
+    this rank's own message, not "To enable traceback see", and can tell which rank failed first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    try:
+        with open(path, "w") as fh:
+            json.dump({"message": message, "timestamp": int(now), "cliptk_time": now}, fh)
+    except OSError:
+        pass  # the exit code still reaches torchrun
+
 
 def first_failure(err) -> str:
-    """The lowest failed rank of a ChildFailedError, with its exit code and message."""
+    """The first failure of a ChildFailedError, with its exit code and the rank's own message.
+
+    A rank killed by a signal comes first (the others then fail in their collectives, a moment later),
+    then the earliest failure recorded by a rank (``write_error_file``), then the lowest rank."""
     failures = getattr(err, "failures", {}) or {}
-    for rank, failure in sorted(failures.items()):
+
+    def order(item):
+        rank, failure = item
+        data = getattr(failure, "error_file_data", None) or {}
+        when = data.get("cliptk_time", failure.timestamp) if isinstance(data, dict) else failure.timestamp
+        return (0 if failure.exitcode < 0 else 1, when, rank)
+
+    for rank, failure in sorted(failures.items(), key=order):
         return f"rank {rank} exited with code {failure.exitcode} ({failure.message or 'see its log above'})"
     return str(err)
 
 
 def main(argv: list[str]) -> int:
     result_path, args = argv[0], argv[1:]
+    os.environ[AGENT_PID_ENV] = str(os.getpid())  # the ranks die with this process (train.run.worker_main)
     if os.environ.get(QUIET_ENV) == "1":
         logging.getLogger("torch.distributed").setLevel(logging.ERROR)
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import operator
 import types
 import typing
@@ -151,12 +152,20 @@ def _coerce_scalar(tp: Any, value: Any, source: str, key: str) -> Any:
     raise ConfigError(source, key, f"expected {_type_name(tp)}, got {short(value)}")
 
 
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 _BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
 
 
 def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
+    # what every consumer can hold: torch/numpy seeds and counts are int64 ("Overflow when unpacking long
+    # long"), and an infinite or NaN float breaks the formulas it enters ("math domain error")
+    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        raise ConfigError(source, key, f"must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {short(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(source, key, f"must be a finite number, got {value} (a value past the float range "
+                                       "reads as infinity)")
     for name, (op, word) in _BOUNDS.items():
         bound = f.metadata.get(name)
         if bound is not None and not op(value, bound):
@@ -246,6 +255,21 @@ def set_path(data: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def check_sections(cls: type, data: Mapping[str, Any], prefix: str = "") -> None:
+    """ConfigError naming the key where ``data`` gives a scalar or list for a nested section of ``cls``
+    (``loss: openclip`` instead of ``loss: {kind: openclip}``), before anything reads the section."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in data or not dataclasses.is_dataclass(hints.get(f.name)):
+            continue
+        value, key = data[f.name], f"{prefix}{f.name}"
+        if not isinstance(value, Mapping):
+            keys = ", ".join(g.name for g in dataclasses.fields(hints[f.name])[:4])
+            raise ConfigError("config", key, f"is a section: expected a mapping of its keys ({keys}, ...), got "
+                                             f"{type(value).__name__} {str(value)[:80]!r}")
+        check_sections(hints[f.name], value, key + ".")
+
+
 def read_yaml(path: str | Path) -> dict:
     """Read a YAML mapping; errors name the file."""
     from toolkit.core.files import open_file
@@ -257,6 +281,9 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(str(path), "", "file not found") from err
     except yaml.YAMLError as err:
         raise ConfigError(str(path), "", f"invalid YAML: {' '.join(str(err).split())}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), "", f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at position "
+                                         f"{err.start}); save the file as UTF-8") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -290,6 +317,7 @@ def load_config(
             sources[key] = (explicit_sources or {}).get(key, "explicit value")
     default_source = str(yaml_path) if yaml_path else "command line"
     try:
+        check_sections(cls, data)
         return build(cls, data, source=default_source)
     except ConfigError as err:
         matches = [k for k in sources if err.key == k or err.key.startswith((k + ".", k + "["))]

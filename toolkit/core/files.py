@@ -26,10 +26,31 @@ def local_path(path: str) -> str:
 
 
 def open_file(path: str, mode: str = "rb", **kwargs: Any):
-    """Open a local path or fsspec URL (caller closes, or use ``with``)."""
+    """Open a local path or fsspec URL (caller closes, or use ``with``).
+
+    A local path opened for reading must be a regular file: a FIFO (or socket, or device) in its place
+    would block the reader forever, which used to hang training and ``data verify`` on a damaged folder."""
     if is_local(path):
+        if "r" in mode:
+            check_regular(local_path(path))
         return open(local_path(path), mode, **kwargs)
     return fsspec.open(path, mode, **kwargs).open()
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"))
+
+
+def check_regular(path: str) -> None:
+    """Raise OSError naming ``path`` when it exists but is a FIFO, socket or device (reading could block)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: open() says so itself
+    for test, what in _NOT_REGULAR:
+        if test(mode):
+            raise OSError(f"{path} is {what}, not a regular file: reading it could wait forever; replace it "
+                          "with the real file")
 
 
 def exists(path: str) -> bool:

@@ -34,8 +34,10 @@ from typing import Any, Literal
 
 from toolkit.core.config import dump_yaml, option
 from toolkit.core.log import QUIET_ENV, get_logger, is_quiet
+from toolkit.core.procs import child_preexec
 from toolkit.core.stage import StageInterrupted
 from toolkit.core.supervise import POLL_S, LauncherSignals, Supervisor, stop_tree
+from toolkit.core.watchdog import Watch
 
 Backend = Literal["auto", "gloo", "nccl"]
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -234,10 +236,15 @@ def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training
         result = path[:-len(".yaml")] + ".result.json"
         argv = torchrun_argv(launch, entry, [path])
         log.info("torchrun %s", " ".join(argv))
+        # before any rank beats: clears an earlier run's heartbeats; a stage without a watchdog_s is not watched
+        watch = Watch(cfg.out, getattr(cfg, "watchdog_s", 0.0))
         try:
+            # a terminal's Ctrl-C reaches the launcher only; a SIGKILLed launcher takes the agent with it (and
+            # the agent its ranks, toolkit.core.agent), so no orphan trains on into this run folder
             proc = subprocess.Popen([sys.executable, "-m", "toolkit.core.agent", result, *argv], env=_agent_env(),
-                                    start_new_session=True)  # a terminal's Ctrl-C reaches the launcher only
+                                    start_new_session=True, preexec_fn=child_preexec())
             supervisor = Supervisor(proc, signals, describe_wait(launch), launch.rendezvous_timeout_s)
+            supervisor.watch = watch
             code = supervisor.wait()
             outcome = _read_outcome(result)
         finally:

@@ -26,8 +26,10 @@ from typing import Any
 from toolkit import __version__
 from toolkit.core import files
 from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
+from toolkit.core.leftovers import remove_dead_temps
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.outlock import output_lock
+from toolkit.core.pathguard import check_output_apart, check_url_schemes
 
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
@@ -169,9 +171,18 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     A local ``out`` is locked for the whole stage (:mod:`toolkit.core.outlock`): a second run into the
     same folder raises :class:`~toolkit.core.outlock.OutputLocked` before anything is written, naming the
     run that holds it. ``rec.lock_fd`` is the lock's descriptor, for worker processes that must hold it too.
+    An ``out`` that is one of the config's inputs, holds one or lies inside one is refused first
+    (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled.
     """
+    check_url_schemes(kind, {**input_paths(cfg), "out": out})
+    check_output_apart(kind, out, input_paths(cfg))
     files.makedirs(out)
     with output_lock(out) as lock_fd:
+        if lock_fd is not None:  # the lock is ours: temps of writers that are gone are a killed run's
+            removed = remove_dead_temps(files.local_path(out))
+            if removed:
+                get_logger("stage").info("%s: removed %d temp file(s) a killed run left in %s: %s", kind,
+                                         len(removed), out, ", ".join(removed[:10]) + (" ..." if len(removed) > 10 else ""))
         files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))
         rec = StageRecorder(kind, cfg, out)
         rec.lock_fd = lock_fd
@@ -195,8 +206,8 @@ def status_of(err: BaseException) -> str:
 
 def describe_error(err: BaseException) -> str:
     """A one-line description of why a stage stopped; never empty (Ctrl-C's KeyboardInterrupt has no text)."""
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted (Ctrl-C or SIGINT); finished work is kept, rerun to resume"
+    if isinstance(err, KeyboardInterrupt):  # SIGTERM/SIGHUP raise one that says which (toolkit.core.procs)
+        return str(err) or "interrupted (Ctrl-C or SIGINT); finished work is kept, rerun to resume"
     if isinstance(err, SystemExit):
         return f"exited with code {err.code}"
     return str(err) if str(err).strip() else f"{type(err).__name__} (no message)"
@@ -214,8 +225,12 @@ def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
             get_logger("stage").error("%s failed: %s", kind, describe_error(err))
         else:
             get_logger("stage").warning("%s stopped: %s", kind, describe_error(err))
-        rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
-                  error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
+        try:
+            rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
+                      error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
+        except OSError as write_err:  # a full disk: the stage's own error stays the one reported
+            get_logger("stage").warning("%s: could not record %s in %s (%s)", kind, status,
+                                        files.join(rec.out, MANIFEST), write_err)
         raise
     rec.write(status=rec.status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
 

@@ -116,6 +116,7 @@ class Supervisor:
         self.rendezvous_timeout_s = rendezvous_timeout_s
         self.workers_started = False
         self.forwarded: int | None = None  # the signal passed on to the workers, if any
+        self.watch = None  # a toolkit.core.watchdog.Watch: stops a job whose ranks stalled, naming the rank
 
     def wait(self) -> int:
         """Block until the agent exits; returns its exit code. Raises StageInterrupted or RendezvousTimeout
@@ -131,6 +132,8 @@ class Supervisor:
                         raise RendezvousTimeout(
                             f"no rendezvous within {self.rendezvous_timeout_s:g} s (launch.rendezvous_timeout_s): "
                             f"waited for {self.waiting_for}")
+                elif self.watch is not None:
+                    self.watch.check()
                 time.sleep(POLL_S)
         except BaseException:
             stop_tree(self.proc)

@@ -157,7 +157,11 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
             torch.manual_seed(seed)
         model = build_model(resolved.model_cfg, precision)
     if resolved.weights is not None:
+        from toolkit.models.trust import check_finite, verify_recorded
+
+        verify_recorded(resolved.weights.parent)  # a training checkpoint: the sizes and sha256 it recorded
         load_weights(model, resolved.weights)
+        check_finite(model, str(resolved.weights))
     else:
         get_logger("models").warning("model %s: no weights given, using a random initialisation", resolved.name)
     is_timm = "timm_model_name" in resolved.model_cfg.get("vision_cfg", {})

@@ -162,6 +162,19 @@ def load_weights(model: Any, path: str | os.PathLike) -> None:
     p = check_weights_file(path)
     try:
         open_clip.load_checkpoint(model, str(p), strict=True, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - first: do the names and shapes differ? (a few lines, not a dump)
+        from toolkit.models.weightdiff import describe_mismatch
+
+        diff = describe_mismatch(model, p)
+        if diff is not None:
+            raise ValueError(f"{p}: weights do not match the model config: {diff}") from None
+        _raise_load_error(p, err)
+
+
+def _raise_load_error(p: Path, err: Exception) -> None:
+    """The error of a load whose names and shapes matched: a mismatch open_clip found, or an unreadable file."""
+    try:
+        raise err
     except (RuntimeError, AssertionError) as err:  # missing/unexpected keys, shape mismatches (open_clip asserts)
         raise ValueError(f"{p}: weights do not match the model config: {str(err)[:1500]}") from err
     except Exception as err:  # noqa: BLE001 - corrupt files raise many kinds; report them with the file name

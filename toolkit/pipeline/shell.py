@@ -19,6 +19,7 @@ from typing import Any
 
 from toolkit.core.config import option
 from toolkit.core.log import get_logger
+from toolkit.core.procs import child_preexec
 from toolkit.core.stage import StageResult, stage_run
 
 KIND = "shell"
@@ -107,7 +108,8 @@ def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     """Run ``cfg.cmd`` in its own process group: (exit code, stdout, stderr); a timeout or Ctrl-C kills
     the group, not only bash."""
     proc = subprocess.Popen(["bash", "-c", cfg.cmd], cwd=cfg.cwd or None, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            preexec_fn=child_preexec())  # bash dies with the pipeline, even on SIGKILL
     try:
         stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
     except subprocess.TimeoutExpired as err:

@@ -46,6 +46,10 @@ class CheckpointConfig:
                          doc="auto: continue from the newest valid checkpoint in OUT if there is one; latest: "
                              "the same but fail if there is none; none: start afresh (old checkpoints are "
                              "removed); or a checkpoint directory.")
+    allow_other_data: bool = option(False, affects_output=False,
+                                    doc="Resume a checkpoint even though it was trained on other data (its "
+                                        "dataset.json differs: re-precomputed, or another folder); by default "
+                                        "such a resume is refused, naming both.")
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,11 @@ class TrainConfig:
     grad_dtype: GradDtype = option("fp32", doc="dtype of DDP's gradient all_reduce (bf16 halves the bytes).")
     max_nonfinite_steps: int = option(5, ge=1, affects_output=False, doc="Abort after this many steps in a row "
                                                                          "with a non-finite loss or gradient.")
+    watchdog_s: float = option(600.0, ge=0, affects_output=False,
+                               doc="Multi-process runs: stop the job, naming the rank, when no rank has finished "
+                                   "a step for this many seconds (a stopped or hung rank would otherwise leave "
+                                   "the others waiting for the 30-minute collective timeout); keep it above the "
+                                   "longest evaluation or checkpoint write; 0: off.")
     log_every: int = option(10, ge=1, affects_output=False, doc="Write metrics every this many steps.")
     tensorboard: bool = option(True, affects_output=False, doc="Write TensorBoard event files to OUT/tensorboard.")
     audit_samples: bool = option(False, affects_output=False, doc="Record every step's sample ids per rank in "

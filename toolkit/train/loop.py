@@ -13,6 +13,7 @@ the step number, so a resume at any world size continues exactly.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from torch import nn
 
 from toolkit.core import dist as D
 from toolkit.core.log import get_logger
+from toolkit.core.watchdog import Heartbeat
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import model as model_lib
 from toolkit.train.batches import TrainData, open_data, step_counts
@@ -90,14 +92,17 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
     signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
     (with a checkpoint) instead of killing the process with the manifest left "running"."""
     flag = PreemptionFlag.install()
+    beat = Heartbeat.start(cfg.out, int(os.environ.get("RANK", "0")))  # the launcher's watchdog reads it
     try:
-        return _train(cfg, eval_fn, dataset, skip_config_check, flag)
+        return _train(cfg, eval_fn, dataset, skip_config_check, flag, beat)
     finally:
         flag.uninstall()
+        if beat is not None:
+            beat.stop()
 
 
 def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, skip_config_check: str,
-           flag: PreemptionFlag) -> dict[str, Any]:
+           flag: PreemptionFlag, beat: Heartbeat | None = None) -> dict[str, Any]:
     p = build_parts(cfg, dataset)
     state = p.io.resume(skip_config_check=skip_config_check)
     resumed = state.step if state.step or p.io.last_step is not None else None
@@ -105,6 +110,8 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
     try:
         for batch in report.timed(p.data.batches(state.step)):
             outcome, lr = train_step(p, state, batch)
+            if beat is not None:
+                beat.reached(state.step)
             p.io.check_writes()  # a failed background checkpoint write stops training here, naming it
             report.step_done(state, batch, outcome, lr, p.update)
             if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < p.data.total_steps:

@@ -85,6 +85,7 @@ def preflight(cfg: TrainConfig):
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.order import BatchOrder
     from toolkit.train.checkpoint.resume import refuse_other_config
+    from toolkit.train.datacheck import refuse_other_data
     from toolkit.train.model import check_fit
 
     if not files.is_local(cfg.out):
@@ -96,6 +97,7 @@ def preflight(cfg: TrainConfig):
         order.batch_ids(0, 0, lo * cfg.launch.nproc_per_node)
     check_fit(cfg.model, dataset)  # frozen-tower features too: against the model with their towers
     refuse_other_config(cfg)
+    refuse_other_data(cfg)
     L.warn_unused_port(cfg.launch)
     return dataset
 
@@ -161,6 +163,10 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
     error."""
     argv = sys.argv[1:] if argv is None else argv
     from toolkit.core.log import setup_logging
+    from toolkit.core.procs import die_with_parent
+
+    if os.environ.get("CLIPTK_AGENT_PID"):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
+        die_with_parent(parent_pid=int(os.environ["CLIPTK_AGENT_PID"]))
 
     rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks report warnings and errors only
     setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if rank0 else "WARNING")
@@ -169,5 +175,8 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
         cfg = build(TrainConfig, read_yaml(path), source=path)
         run(cfg, make_eval_fn(cfg) if make_eval_fn else None)
     except Exception as err:  # one line per rank; torchrun reports the exit code
+        from toolkit.core.agent import write_error_file
+
         get_logger("train").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
+        write_error_file(" ".join(f"{type(err).__name__}: {err}".split()))  # the launcher names it
         raise SystemExit(1) from err

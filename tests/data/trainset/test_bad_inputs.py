@@ -8,7 +8,7 @@ import tarfile
 
 import numpy as np
 import pytest
-from datakit import MODEL, SIZE, encode, precompute, random_image, read_meta, write_raw_shard
+from datakit import MODEL, SIZE, encode, good_samples, precompute, random_image, read_meta, write_raw_shard
 from PIL import Image
 
 from toolkit.data.images import ImageError, decode_rgb
@@ -90,7 +90,7 @@ def test_truncation_without_parquet_uses_stats_count(tmp_path):
     with tarfile.open(path) as tar:  # cut exactly at a member boundary: tarfile itself sees no error
         boundary = [m for m in tar.getmembers() if m.name == "k3.jpg"][0].offset
     path.write_bytes(path.read_bytes()[:boundary])
-    result = precompute(raw, tmp_path / "out", num_workers=1)
+    result = precompute(raw, tmp_path / "out", num_workers=1, max_truncated_share=1)
     assert result.counts["num_samples"] == 3
     # no end-of-archive marker: the tar was cut, so the two samples it lost are truncated_tar
     assert result.counts["skipped"] == {"truncated_tar": 2}
@@ -104,7 +104,7 @@ def test_clean_tar_with_fewer_samples_than_promised_is_missing_from_tar(tmp_path
     samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(3)]
     write_raw_shard(raw / "00000.tar", samples, successes=5)  # a whole tar, but the stats promise 5
     (raw / "00000.parquet").unlink()
-    result = precompute(raw, tmp_path / "out", num_workers=1)
+    result = precompute(raw, tmp_path / "out", num_workers=1, max_truncated_share=1)
     assert result.counts["skipped"] == {"missing_from_tar": 2} and result.counts["num_damaged_tars"] == 0
 
 
@@ -204,7 +204,7 @@ def test_precompute_reports_a_tar_cut_mid_header_on_the_terminal_log_and_counts(
         header = [m for m in tar.getmembers() if m.name == "k2.txt"][0].offset
     path.write_bytes(path.read_bytes()[:header + 200])
     out = tmp_path / "out"
-    result = precompute(raw, out, num_workers=1)
+    result = precompute(raw, out, num_workers=1, max_truncated_share=1)
     assert result.counts["skipped"] == {"truncated_tar": 2}  # k2 (cut) and k3 (lost); not missing_caption
     assert result.counts["num_damaged_tars"] == 1
     logged = [_json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -215,6 +215,24 @@ def test_precompute_reports_a_tar_cut_mid_header_on_the_terminal_log_and_counts(
     from toolkit.cli.main import app
 
     res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "cli"),
-                                   "--model", MODEL, "--workers", "1"])
+                                   "--model", MODEL, "--workers", "1", "--set", "max_truncated_share=1"])
     assert res.exit_code == 0, res.output
     assert "damaged: 00000.tar: tar file ends early or is damaged: cut inside the member header" in res.output
+
+
+def test_precompute_over_mostly_truncated_shards_fails_naming_them(tmp_path):
+    """Issue 34 class 9: 3 of 4 raw shards cut by a full disk; precompute kept 117 of 400 samples and exited 0."""
+    rng = np.random.default_rng(9)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(4):
+        path = write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"s{i}_", 10, size=(20, 20)))
+        if i:
+            path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 3])  # as a full disk leaves it
+    with pytest.raises(ValueError, match=r"of 40 samples .* lost to truncated or unreadable raw shards, more than "
+                                         r"max_truncated_share=0.05: 00001.tar \(\d+ lost\), 00002.tar") as err:
+        precompute(raw, tmp_path / "out", num_workers=1)
+    assert "00000.tar" not in str(err.value)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == "failed"
+    kept = precompute(raw, tmp_path / "kept", num_workers=1, max_truncated_share=1)  # explicitly allowed
+    assert 10 <= kept.counts["num_samples"] < 40

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -24,6 +25,8 @@ DEFAULT_SCHEMES = ("http", "https")
 # must be asked for explicitly (--allow-schemes).
 KNOWN_SCHEMES = ("http", "https", "file", "ftp", "data")
 CHUNK_BYTES = 1 << 16
+# A download's total deadline when none is set: this many socket timeouts (10 s -> 100 s for one image).
+DEADLINE_PER_TIMEOUT = 10
 # img2dataset's own User-Agent (its download_image), so servers see the same client as before.
 USER_AGENT = "Mozilla/5.0 (X11; Ubuntu; Linux x86_64; rv:72.0) Gecko/20100101 Firefox/72.0"
 
@@ -57,15 +60,22 @@ def check_scheme(url: object, allowed: frozenset[str]) -> None:
                       "--allow-schemes adds more)")
 
 
-def read_limited(response, max_bytes: int) -> bytes:
-    """The body of an open ``response``, aborted as soon as it is known to exceed ``max_bytes``."""
+def read_limited(response, max_bytes: int, deadline: float | None = None, total_s: float | None = None) -> bytes:
+    """The body of an open ``response``, aborted as soon as it is known to exceed ``max_bytes``, or past
+    ``deadline`` (``time.monotonic()``; ``total_s`` is what it allowed, for the message).
+
+    The socket timeout bounds each read only: a server that sends a few bytes every half second never
+    trips it, so the body is read with ``read1`` (whatever has arrived) and the deadline checked in between."""
     length = response.headers.get("Content-Length") if response.headers else None
     expected = int(length) if length and length.strip().isdigit() else None
     if expected is not None and expected > max_bytes:
         raise Refused(f"too large: Content-Length {expected} bytes exceeds max_bytes={max_bytes}")
-    body = bytearray()
-    while chunk := response.read(CHUNK_BYTES):
+    body, read = bytearray(), getattr(response, "read1", response.read)
+    while chunk := read(CHUNK_BYTES):
         body += chunk
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"timed out: the download took longer than its total deadline of {total_s:g} s "
+                               f"({len(body)} bytes received; download_timeout_s)")
         if len(body) > max_bytes:
             raise Refused(f"too large: more than max_bytes={max_bytes} bytes received")
     if expected is not None and len(body) < expected and urllib.parse.urlsplit(response.url).scheme in DEFAULT_SCHEMES:
@@ -74,10 +84,12 @@ def read_limited(response, max_bytes: int) -> bytes:
     return bytes(body)
 
 
-def make_download(allowed_schemes: Iterable[str], max_bytes: int, on_done: Callable[[], None] | None = None):
+def make_download(allowed_schemes: Iterable[str], max_bytes: int, on_done: Callable[[], None] | None = None,
+                  total_s: float = 0.0):
     """img2dataset's ``download_image_with_retry(row, timeout, retries, user_agent_token,
-    disallowed_header_directives)`` with the allow-list (``allowed_schemes``) and the size limit; refused
-    URLs are not retried, and ``on_done`` is called once per URL (progress)."""
+    disallowed_header_directives)`` with the allow-list (``allowed_schemes``), the size limit and a total
+    deadline per attempt (``total_s``; 0: ``DEADLINE_PER_TIMEOUT`` x the socket timeout); refused URLs are
+    not retried, and ``on_done`` is called once per URL (progress)."""
     from img2dataset.downloader import is_disallowed
 
     allowed = frozenset(s.lower() for s in allowed_schemes)
@@ -86,10 +98,12 @@ def make_download(allowed_schemes: Iterable[str], max_bytes: int, on_done: Calla
     def attempt(url: str, timeout: float, agent: str, user_agent_token, directives) -> bytes | str:
         """The body, or the error message (img2dataset's contract: every failure is a message)."""
         request = urllib.request.Request(url.strip(), data=None, headers={"User-Agent": agent})
+        allowed_s = total_s or DEADLINE_PER_TIMEOUT * timeout
+        deadline = time.monotonic() + allowed_s
         with opener.open(request, timeout=timeout) as response:
             if directives and is_disallowed(response.headers, user_agent_token, directives):
                 return "Use of image disallowed by X-Robots-Tag directive"
-            return read_limited(response, max_bytes)
+            return read_limited(response, max_bytes, deadline, allowed_s)
 
     def download_image_with_retry(row, timeout, retries, user_agent_token, disallowed_header_directives):
         key, url = row

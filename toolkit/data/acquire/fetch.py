@@ -63,6 +63,10 @@ class FetchConfig:
     num_threads: int = option(32, ge=1, affects_output=False, doc="Download threads per process.")
     timeout_s: float = option(10.0, gt=0, affects_output=False,
                               doc="Per-request socket timeout: a dead or stalled host fails the URL as 'timeout'.")
+    download_timeout_s: float = option(0.0, ge=0, affects_output=False,
+                                       doc="Total seconds one download attempt may take, connection to last byte: "
+                                           "a server that trickles bytes fails the URL as 'timeout'; 0: 10 x "
+                                           "timeout_s.")
     retries: int = option(0, ge=0, affects_output=False, doc="Extra attempts per failed URL.")
     max_shard_retry: int = option(1, ge=0, affects_output=False, doc="Extra attempts per shard that crashed.")
     distributor: Distributor = option("multiprocessing", affects_output=False,

@@ -15,6 +15,7 @@ from typing import Any
 
 import toolkit
 from toolkit.core.log import get_logger, progress
+from toolkit.core.procs import child_preexec
 
 log = get_logger("data.fetch")
 # Lines of worker output kept for the error message when the worker fails.
@@ -37,7 +38,7 @@ class WorkerRun:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolkit.data.acquire.fetch_worker", self.spec_path], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace", env=env,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=child_preexec(),  # and it dies with this process, even on SIGKILL
             # the worker holds the output lock too: if this process dies first, the folder stays locked
             # until the worker writing into it is gone as well
             pass_fds=(lock_fd,) if lock_fd is not None else ())

@@ -65,16 +65,17 @@ def _take_pending() -> int:
     return pending
 
 
-def install_download(allowed_schemes: list[str], max_bytes: int) -> None:
+def install_download(allowed_schemes: list[str], max_bytes: int, total_s: float = 0.0) -> None:
     """Put :func:`toolkit.data.acquire.download.make_download` in place of img2dataset's downloader, in
     this process (img2dataset's pool processes are spawned: each installs it on its first shard)."""
     import img2dataset.downloader
 
     from toolkit.data.acquire.download import make_download
 
-    settings = (tuple(allowed_schemes), max_bytes)
+    settings = (tuple(allowed_schemes), max_bytes, total_s)
     if _INSTALLED.get("settings") != settings:
-        img2dataset.downloader.download_image_with_retry = make_download(allowed_schemes, max_bytes, _url_done)
+        img2dataset.downloader.download_image_with_retry = make_download(allowed_schemes, max_bytes, _url_done,
+                                                                         total_s)
         _INSTALLED["settings"] = settings
 
 
@@ -82,12 +83,12 @@ class ReportingDownloader:
     """Wraps img2dataset's ``Downloader``: checked downloads (scheme allow-list, size limit) and one
     event per finished shard (picklable: img2dataset's pool sends it to each download process)."""
 
-    def __init__(self, downloader, allowed_schemes: list[str], max_bytes: int):
+    def __init__(self, downloader, allowed_schemes: list[str], max_bytes: int, total_s: float = 0.0):
         self.downloader = downloader
-        self.allowed_schemes, self.max_bytes = list(allowed_schemes), max_bytes
+        self.allowed_schemes, self.max_bytes, self.total_s = list(allowed_schemes), max_bytes, total_s
 
     def __call__(self, row):
-        install_download(self.allowed_schemes, self.max_bytes)
+        install_download(self.allowed_schemes, self.max_bytes, self.total_s)
         ok, row = self.downloader(row)
         emit({"shard": int(row[0]), "ok": bool(ok), "urls": _take_pending()})
         return ok, row
@@ -165,7 +166,7 @@ def main(spec_path: str) -> None:
     emit({"plan": {"num_shards": len(shards)}})
     downloader = build_downloader(spec, reader.column_list)
     allowed = [*DEFAULT_SCHEMES, *spec["allow_schemes"]]
-    distribute(spec, ReportingDownloader(downloader, allowed, spec["max_bytes"]), shards)
+    distribute(spec, ReportingDownloader(downloader, allowed, spec["max_bytes"], spec.get("download_timeout_s", 0.0)), shards)
     if fs.exists(tmp):
         fs.rm(tmp, recursive=True)
     emit({"done": True})

@@ -25,6 +25,7 @@ use, and :class:`TrainShardWriter`, which precompute writes with.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -142,14 +143,26 @@ class TrainDataset:
         path = files.join(root, DATASET_JSON)
         if not files.exists(path):
             raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
-        data = files.read_json(path)
+        try:
+            data = files.read_json(path)
+        except (ValueError, UnicodeDecodeError) as err:  # empty, cut short, not JSON: name the file
+            raise ValueError(f"{path}: not a valid dataset.json ({err}); precompute the folder again") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}; precompute the folder "
+                             "again")
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads {FORMAT!r}")
-        fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
-        shards = [ShardInfo(**s) for s in data["shards"]]
-        ds = cls(data["num_samples"], fields, shards, data["samples_per_shard"], data.get("source", ""),
-                 data.get("model", ""), data.get("extra", {}), data["format"], data.get("storage", "pixels"),
-                 data.get("data_root", ""), list(data.get("data_files", [])), root=root)
+        try:
+            fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
+            shards = [ShardInfo(**s) for s in data["shards"]]
+            ds = cls(int(data["num_samples"]), fields, shards, int(data["samples_per_shard"]), data.get("source", ""),
+                     data.get("model", ""), data.get("extra", {}), data["format"], data.get("storage", "pixels"),
+                     data.get("data_root", ""), list(data.get("data_files", [])), root=root)
+        except KeyError as err:
+            raise ValueError(f"{path}: required key {err} is missing; precompute the folder again") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{path}: a value has the wrong shape or type ({type(err).__name__}: {err}); "
+                             "precompute the folder again") from None
         if ds.storage not in ("pixels", "jpeg", "index"):
             raise ValueError(f"{path}: storage {ds.storage!r}, this toolkit reads pixels, jpeg and index")
         if sum(s.num_samples for s in shards) != ds.num_samples:
@@ -394,6 +407,20 @@ class TrainShardWriter:
         if self._tar is not None:
             self._close_shard()
         return self.shards
+
+    def discard(self) -> str | None:
+        """After a failed write (a full disk): delete the shard being written, so that its space is free for
+        the manifest that records the failure; returns its path (None if no shard was open)."""
+        if self._files is None:
+            return None
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                f.fh.close()
+            if f.tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(f.tmp)
+        path, self._tar, self._files = self._files[0].path, None, None
+        return path
 
 
 def remove_stale_shards(out: str, keep: int, storage: str = "pixels") -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from toolkit.core import files
-from toolkit.core.config import ConfigError, option
+from toolkit.core.config import option
 from toolkit.core.launch import LaunchConfig
 from toolkit.core.log import ProgressCounter, counter, get_logger
 from toolkit.core.outlock import output_lock
@@ -43,6 +43,7 @@ from toolkit.data.trainset.format import (
     remove_stale_shards,
 )
 from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
+from toolkit.data.trainset.truncation import check_truncation
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
@@ -93,6 +94,10 @@ class PrecomputeConfig:
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
     text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
                                                             "packaged ones, or a seeded random init).")
+    max_truncated_share: float = option(0.05, ge=0, le=1, affects_output=False,
+                                        doc="Fail, naming the shards, when more than this share of the samples read "
+                                            "is lost to truncated or unreadable raw shards (a fetch cut short); "
+                                            "1: keep whatever is left.")
     launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes (torchrun, as `toolkit train`): "
                                                             "rank r of K processes raw shards r, r+K, ...; the "
                                                             "output is the same as one process's.")
@@ -144,7 +149,10 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     return [image, text]
 
 
-def _worker_init() -> None:
+def _worker_init(parent_pid: int) -> None:
+    from toolkit.core.procs import die_with_parent
+
+    die_with_parent(parent_pid=parent_pid)  # a SIGKILLed precompute leaves no worker running
     # One intra-op thread per worker: the pool already uses every core.
     state = precompute_worker.STATE
     if state.get("image_tower") is not None or state.get("text_tower") is not None:
@@ -174,7 +182,7 @@ def _process_all(tasks: list[precompute_worker.ShardTask], num_workers: int, on_
     read, base = fork.Value("q", 0), count.done  # base: samples of resumed shards
     state["on_read"] = functools.partial(_add_shared, read)
     try:
-        with fork.Pool(num_workers, initializer=_worker_init) as pool:
+        with fork.Pool(num_workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
             pending = pool.imap_unordered(precompute_worker.process_shard, tasks)
             while len(results) < len(tasks):
                 try:
@@ -229,9 +237,6 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     (:mod:`.precompute_resume`); the output is the same as an uninterrupted run's.
     """
     log = get_logger("data.precompute")
-    if cfg.input.rstrip("/") == cfg.out.rstrip("/"):
-        raise ConfigError(type(cfg).__name__, "out", f"must differ from input ({cfg.input}): training shards "
-                                                     "would overwrite the raw shards")
     if wants_launch(cfg):
         return launch(cfg)  # torchrun starts the ranks, which come back here (precompute_dist)
     ranks = Ranks.join(cfg.launch)
@@ -265,6 +270,9 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
         with output_lock(work):
             try:
                 results, timing = _process(cfg, urls, fields, work, log, ranks)
+                check_truncation([{"reason": r, "shard": shard_basename(res.url)} for res in results
+                                  for r, _, _ in res.skips], sum(r.num_read for r in results),
+                                 cfg.max_truncated_share, cfg.input)
                 if not any(r.num_kept for r in results):
                     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "

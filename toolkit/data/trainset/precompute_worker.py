@@ -11,7 +11,9 @@ forks, so workers share them copy-on-write instead of loading them once each.
 
 from __future__ import annotations
 
+import errno
 import io
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +172,12 @@ def process_shard(task: ShardTask) -> ShardResult:
     """Process one raw shard into temp files under ``task.tmp_dir``; see the module docstring."""
     try:
         return _process(task)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the scratch folder is full, not the raw shard damaged
+            folder = os.path.dirname(task.stem)
+            raise RuntimeError(f"the scratch folder {folder} is full ({err.strerror}) while processing "
+                               f"{task.url}: free space there or choose another with tmp_dir") from err
+        raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
     except Exception as err:  # anything unexpected: fail the stage, naming the shard
         raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
 

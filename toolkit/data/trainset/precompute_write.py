@@ -101,13 +101,20 @@ def write_pixels(cfg, fields: list[Field], results: list[ShardResult], urls: lis
     writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
     image_f, text_f = fields
     current, images, texts = None, None, None
-    for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write shards")):
-        if res is not current:  # results arrive in order: one shard's memmaps open at a time
-            current = res
-            images, texts = _rows(res.image_path, image_f, res.num_kept), _rows(res.text_path, text_f, res.num_kept)
-        writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
-                   {"caption": caption, "source": shard_basename(res.url), "key": key})
-    return writer.close(), "", []
+    try:
+        for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write shards")):
+            if res is not current:  # results arrive in order: one shard's memmaps open at a time
+                current = res
+                images = _rows(res.image_path, image_f, res.num_kept)
+                texts = _rows(res.text_path, text_f, res.num_kept)
+            writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
+                       {"caption": caption, "source": shard_basename(res.url), "key": key})
+        return writer.close(), "", []
+    except OSError as err:  # a full disk: name the shard and free its space for the failed manifest
+        shard = writer.discard()
+        raise OSError(err.errno, f"{err.strerror or err} while writing the training shard {shard or cfg.out} "
+                                 f"(into --out {cfg.out}); free space there and rerun (processed raw shards are "
+                                 "kept)") from err
 
 
 def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[str],

@@ -31,6 +31,7 @@ from toolkit.train.checkpoint.resume import (
     output_hash,
 )
 from toolkit.train.config import TrainConfig
+from toolkit.train.datacheck import check_data, fingerprint
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.model import BuiltModel
 from toolkit.train.runtime import Runtime
@@ -67,6 +68,7 @@ class StateIO:
         self.update, self.loss_fn = update, loss_fn
         self.steps_per_epoch, self.total_steps = steps
         self.dir = checkpoints_dir(cfg)
+        self.data = fingerprint(cfg.data)  # recorded in every checkpoint; a resume onto other data is refused
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
 
@@ -82,7 +84,10 @@ class StateIO:
             get_logger("train").debug("checkpoint configuration check skipped: %s", skip_config_check)
         else:
             check_config(path, saved, self.cfg)
-        self._load(path)
+        check_data(path, saved, self.cfg, self.data)
+        same_data = (saved.get("data") or {}).get("dataset_sha256", self.data["dataset_sha256"]) == \
+            self.data["dataset_sha256"]
+        self._load(path, same_data)
         self.last_step = saved["state"]["step"]
         fields = TrainState.__dataclass_fields__
         state = TrainState(**{k: v for k, v in saved["state"].items() if k in fields})
@@ -98,7 +103,7 @@ class StateIO:
             return None
         return find_checkpoint(how, self.dir)
 
-    def _load(self, path: str) -> None:
+    def _load(self, path: str, same_data: bool = True) -> None:
         from safetensors.torch import load
 
         local, temporary = ckpt.local_file(path, weights.WEIGHTS_NAME)
@@ -110,9 +115,14 @@ class StateIO:
         raw = ckpt.read_bytes(path, ckpt.OPTIMIZER)
         self.update.load_state_dict(torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True))
         try:
-            self.loss_fn.load_state_dict(load(ckpt.read_bytes(path, ckpt.LOSS_STATE)))
+            state = load(ckpt.read_bytes(path, ckpt.LOSS_STATE))
         except FileNotFoundError:
-            pass  # an objective without state of its own
+            state = None  # an objective without state of its own
+        if state is not None and not same_data:  # checkpoint.allow_other_data: its tables index the old samples
+            get_logger("train").warning("resume onto other data (checkpoint.allow_other_data): the objective's "
+                                        "per-sample state of %s is not loaded; it starts afresh", path)
+        elif state is not None:
+            self.loss_fn.load_state_dict(state)
         D.barrier()  # shared tables: every local rank sees local rank 0's loaded copy before step 1
 
     def save(self, state: TrainState) -> bool:
@@ -132,7 +142,7 @@ class StateIO:
 
         meta = {"state": asdict(state), "config_hash": output_hash(self.cfg), "config": output_config(self.cfg),
                 "world_size": self.world_size, "total_steps": self.total_steps,
-                "steps_per_epoch": self.steps_per_epoch, "model": self.built.name}
+                "steps_per_epoch": self.steps_per_epoch, "model": self.built.name, "data": self.data}
         blobs = weights.model_files(self.built.model.clip, self.built.model_cfg, self.built.preprocess_cfg)
         blobs[ckpt.TRAINER] = json.dumps(meta, indent=2).encode()
         buf = io.BytesIO()

@@ -1,0 +1,33 @@
+"""Refuse to precompute over a failed fetch: too many samples lost to truncated or unreadable raw shards.
+
+A fetch cut short by a full disk leaves raw shards that end mid-tar; precompute keeps every intact sample
+and counts the rest (``truncated_tar``, ``unreadable_tar``, ``missing_from_tar``). Keeping 117 of 400
+samples and exiting 0 trains on a quarter of the data without anyone noticing, so losing more than
+``max_truncated_share`` of the samples read to such damage is an error naming the shards (the damage of
+one shard in a large set stays a counted warning). Called by ``precompute.run`` before shards are written.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+# Skip reasons that mean the raw shard itself is damaged, not the sample.
+TRUNCATION_REASONS = frozenset({"truncated_tar", "unreadable_tar", "missing_from_tar"})
+MAX_NAMED = 10  # shards named in the error; the count says how many more
+
+
+def check_truncation(skips: list[dict], num_read: int, max_share: float, source: str) -> None:
+    """ValueError when the samples lost to damaged raw shards are more than ``max_share`` of ``num_read``.
+
+    ``skips``: precompute's skip records ({reason, shard, key, message}); ``source``: the input, for the message.
+    """
+    lost = Counter(s["shard"] for s in skips if s["reason"] in TRUNCATION_REASONS)
+    num_lost = sum(lost.values())
+    if num_read <= 0 or num_lost / num_read <= max_share:
+        return
+    named = ", ".join(f"{shard} ({n} lost)" for shard, n in sorted(lost.items())[:MAX_NAMED])
+    more = f" and {len(lost) - MAX_NAMED} more shards" if len(lost) > MAX_NAMED else ""
+    raise ValueError(f"{source}: {num_lost} of {num_read} samples ({100 * num_lost / num_read:.1f} %) are lost to "
+                     f"truncated or unreadable raw shards, more than max_truncated_share={max_share:g}: {named}"
+                     f"{more}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 to "
+                     "keep what is left")
