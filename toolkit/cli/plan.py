@@ -49,6 +49,9 @@ def plan(
                                            "your data's longest caption (the trainer cuts each batch after "
                                            "its longest); needs --measure. Default 0: the full context, the "
                                            "worst case.")] = None,
+    grad_checkpointing: Annotated[bool | None, Opt("--grad-checkpointing/--no-grad-checkpointing",
+                                                   help="Activations with `toolkit train --grad-checkpointing` "
+                                                   "(default off).")] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -66,7 +69,7 @@ def plan(
                           nproc_per_node=nproc_per_node, mode=mode, loss=loss, micro_batch_size=micro_batch_size,
                           precision=precision, optimizer=optimizer, grad_dtype=grad_dtype, device=device,
                           num_samples=num_samples, device_memory_gb=device_memory_gb, measure=measure,
-                          text_tokens=text_tokens)
+                          text_tokens=text_tokens, grad_checkpointing=grad_checkpointing)
     try:
         typer.echo(format_plan(run(cfg)))
     except (OSError, RuntimeError, ValueError) as err:

@@ -25,6 +25,7 @@ from toolkit.core import dist as D
 from toolkit.core.log import get_logger
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import model as model_lib
+from toolkit.train import towers
 from toolkit.train.batches import TrainData
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
@@ -70,6 +71,7 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None, checked: 
     built = model_lib.build(cfg.model, cfg.init, data.dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
                             cfg.seed, check=not checked, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
+    towers.prepare(built.model, cfg)  # locks, checkpointing, compile: before the optimiser and DDP see it
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
     loss_fn = build_loss(cfg.loss, data_size=data.num_samples, check_sizes=False)
