@@ -46,3 +46,34 @@ def test_plan_predicts_the_checkpointed_activations():
     fixed, per_sample, _ = MEASURED[(MODEL, "fp32", "cpu")]
     assert activations(False) == fixed + 64 * per_sample
     assert activations(False) >= 2 * activations(True)  # benchmarks/grad_checkpointing.py's measured saving
+
+
+# torch.compile (inductor) takes minutes per process on 2 shared CPU cores (forward and backward graphs, the
+# cache's graph-free pass, recompiles for new caption lengths): these two are `slow` for that reason alone,
+# and get a longer timeout than pytest's 600 s.
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_compiled_towers_train_resume_and_cache_like_eager(demo_train, tmp_path):
+    over = {"steps": 4, "micro_batch_size": 8, "checkpoint": {"every_steps": 2}, **SGD}
+    run(train_cfg(demo_train, tmp_path / "eager", **over))
+    run(train_cfg(demo_train, tmp_path / "compiled", compile=True, **over))
+    eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    assert [m["loss"] for m in compiled] == pytest.approx([m["loss"] for m in eager], rel=1e-5)
+    assert _rel(weights(tmp_path / "compiled"), weights(tmp_path / "eager")) <= 1e-5
+    step2 = tmp_path / "compiled" / "checkpoints" / "step-00000002"
+    run(train_cfg(demo_train, tmp_path / "resumed", compile=True, **{**over, "checkpoint": {"resume": str(step2)}}))
+    assert _rel(weights(tmp_path / "resumed"), weights(tmp_path / "compiled")) <= 1e-6
+    assert [m["loss"] for m in metrics(tmp_path / "resumed")] == pytest.approx([m["loss"] for m in compiled[2:]],
+                                                                               rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(1800)
+def test_compiled_towers_under_ddp_match_one_process(demo_train, tmp_path):
+    over = {"steps": 2, **SGD}
+    run(train_cfg(demo_train, tmp_path / "one", **over))
+    run(train_cfg(demo_train, tmp_path / "two", compile=True, launch={"nproc_per_node": 2}, **over))
+    assert [m["loss"] for m in metrics(tmp_path / "two")] == pytest.approx(
+        [m["loss"] for m in metrics(tmp_path / "one")], rel=1e-5)
+    assert _rel(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5

@@ -9,6 +9,7 @@ logged steps (``log_every``), so a step that is not logged costs no host sync he
 from __future__ import annotations
 
 import resource
+from dataclasses import asdict
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from toolkit.models import weights
 from toolkit.train.config import TrainConfig
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit, write_plots
 from toolkit.train.model import BuiltModel
+from toolkit.train.reporters import open_sinks
 from toolkit.train.state import TrainState
 from toolkit.train.update import Outcome, Update
 
@@ -39,12 +41,14 @@ class Window:
         self.start = self.mark = now
         self.steps, self.data_wait_s = 0, 0.0
 
-    def flush(self, batch_size: int, device: torch.device) -> dict[str, Any]:
-        """samples/s, step and data-wait times, bytes sent per step, peak memory; restarts the window."""
+    def flush(self, batch_size: int, device: torch.device, world_size: int = 1) -> dict[str, Any]:
+        """samples/s (in all and per device, as open_clip logs them), step and data-wait times, bytes sent
+        per step, peak memory; restarts the window."""
         now = time.monotonic()
         elapsed, steps = max(now - self.start, 1e-9), max(self.steps, 1)
         comm = D.LEDGER.step()
-        out = {"samples_per_s": self.steps * batch_size / elapsed, "step_time_s": elapsed / steps,
+        rate = self.steps * batch_size / elapsed
+        out = {"samples_per_s": rate, "samples_per_s_per_device": rate / world_size, "step_time_s": elapsed / steps,
                "data_wait_s": self.data_wait_s / steps, "comm_bytes": comm["comm/total/sent_bytes"] / steps,
                "peak_mem_bytes": peak_memory_bytes(device)}
         self.start, self.steps, self.data_wait_s = now, 0, 0.0
@@ -57,11 +61,13 @@ class Reporter:
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, device: torch.device, total_steps: int,
                  steps_per_epoch: int, resume_step: int | None):
-        self.cfg, self.rank, self.device = cfg, rank, device
+        self.cfg, self.rank, self.device, self.world_size = cfg, rank, device, world_size
         self.steps_per_epoch = steps_per_epoch
         self.writer = self.progress = self.audit = None
         if rank == 0:
-            self.writer = MetricsWriter(cfg.out, cfg.tensorboard, resume_step)
+            sinks = open_sinks(cfg.report_to, cfg.out, asdict(cfg), resume_step)
+            self.writer = MetricsWriter(cfg.out, cfg.tensorboard and "tensorboard" in cfg.report_to, resume_step,
+                                        jsonl="jsonl" in cfg.report_to, sinks=sinks)
             self.progress = Progress(total_steps, resume_step or 0)
             SampleAudit.reset(cfg.out, resume_step)
         D.barrier()  # no rank records before rank 0 has cut the logs back to the resume point
@@ -79,7 +85,7 @@ class Reporter:
                 grad_norm = float(outcome.grad_norm) if outcome.applied else None
                 self.log(state, {"epoch": (state.step - 1) // self.steps_per_epoch, "loss": float(outcome.value),
                                  "lr": lr, "tau": update.temperature(), **update.loss_fn.metrics(),
-                                 "grad_norm": grad_norm, **self.window.flush(self.cfg.batch_size, self.device)})
+                                 "grad_norm": grad_norm, **self.window.flush(self.cfg.batch_size, self.device, self.world_size)})
             else:
                 self.window.flush(self.cfg.batch_size, self.device)  # every rank's ledger window restarts
 
