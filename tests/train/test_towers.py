@@ -77,3 +77,41 @@ def test_compiled_towers_under_ddp_match_one_process(demo_train, tmp_path):
     assert [m["loss"] for m in metrics(tmp_path / "two")] == pytest.approx(
         [m["loss"] for m in metrics(tmp_path / "one")], rel=1e-5)
     assert _rel(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
+
+
+def test_locked_towers_train_only_their_unlocked_groups_and_layers(demo_train, tmp_path):
+    out = tmp_path / "locked"
+    run(train_cfg(demo_train, out, steps=2, checkpoint={"every_steps": 1}, lock_image=True,
+                  lock_image_unlocked_groups=2, lock_text=True, lock_text_unlocked_layers=1))
+    before, after = weights(out, "checkpoints/step-00000001"), weights(out)
+    moved = {k for k in after if not torch.equal(after[k], before[k])}
+    last = max(int(k.split(".")[3]) for k in after if k.startswith("visual.transformer.resblocks."))
+    # open_clip's groups, counted from the output: image 2 = [proj] and [last block + ln_post]; text 1 = [projection]
+    trainable = {k for k in after if k.startswith((f"visual.transformer.resblocks.{last}.", "visual.ln_post.",
+                                                   "visual.proj", "text_projection", "logit_scale"))}
+    assert moved == trainable
+    assert any(k.startswith("visual.transformer.resblocks.0.") for k in after)  # a frozen block exists
+
+
+def test_ema_is_checkpointed_resumed_exactly_evaluated_and_saved(demo_train, tmp_path):
+    from open_clip.factory import create_model_and_transforms
+
+    def eval_fn(clip, model_cfg, preprocess_cfg, step):  # a real metric of the model under evaluation
+        with torch.no_grad():
+            feats = clip.encode_text(torch.arange(1, 9).view(2, 4).repeat(1, 8)[:, :32], normalize=True)
+        return {"eval/probe/cosine": float(feats[0] @ feats[1])}
+
+    over = {"steps": 4, "ema_decay": 0.5, "checkpoint": {"every_steps": 2}, "eval": {
+        "every_steps": 2, "root": str(tmp_path), "datasets": ["probe"]}}
+    run(train_cfg(demo_train, tmp_path / "whole", **over), eval_fn=eval_fn)
+    step2 = tmp_path / "whole" / "checkpoints" / "step-00000002"
+    assert (step2 / "ema.safetensors").is_file()
+    run(train_cfg(demo_train, tmp_path / "resumed", **{**over, "checkpoint": {"resume": str(step2)}}), eval_fn=eval_fn)
+    ema, raw = weights(tmp_path / "whole", "model-ema"), weights(tmp_path / "whole")
+    assert _rel(weights(tmp_path / "resumed", "model-ema"), ema) <= 1e-6
+    assert _rel(ema, raw) > 1e-4  # an average, not a copy of the last weights
+    last = [m for m in metrics(tmp_path / "whole") if "eval_ema/probe/cosine" in m][-1]
+    assert last["eval/probe/cosine"] != last["eval_ema/probe/cosine"]
+    model, _, _ = create_model_and_transforms(f"local-dir:{tmp_path / 'whole' / 'model-ema'}")
+    assert eval_fn(model.eval(), None, None, 4)["eval/probe/cosine"] == pytest.approx(
+        last["eval_ema/probe/cosine"], abs=1e-6)
