@@ -23,13 +23,16 @@ def test_grad_checkpointing_trains_the_same_weights(demo_train, tmp_path, micro)
     assert _rel(weights(tmp_path / "ckpt"), weights(tmp_path / "plain")) <= 1e-6
 
 
-def test_grad_checkpointing_is_on_in_both_towers():
-    from toolkit.models.factory import build_model, resolve_spec
-    from toolkit.train.towers import set_grad_checkpointing
+def test_the_trainers_config_turns_checkpointing_on_in_both_towers(demo_train, tmp_path):
+    from toolkit.train.memprobe import build_tower_model
+    from toolkit.train.towers import prepare
 
-    clip = build_model(resolve_spec(MODEL).model_cfg)
-    set_grad_checkpointing(clip)
-    assert clip.visual.transformer.grad_checkpointing and clip.transformer.grad_checkpointing
+    model = build_tower_model(MODEL)
+    prepare(model, train_cfg(demo_train, tmp_path, grad_checkpointing=True))
+    assert model.clip.visual.transformer.grad_checkpointing and model.clip.transformer.grad_checkpointing
+    plain = build_tower_model(MODEL)
+    prepare(plain, train_cfg(demo_train, tmp_path))
+    assert not plain.clip.visual.transformer.grad_checkpointing and not plain.clip.transformer.grad_checkpointing
 
 
 def test_plan_predicts_the_checkpointed_activations():
