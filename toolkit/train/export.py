@@ -96,7 +96,7 @@ def model_card(facts: dict[str, Any], config_yaml: str) -> str:
              f"- steps: {s.get('step')}, samples seen: {s.get('samples_seen')}, ranks: {s.get('world_size')}",
              f"- tokenizer: {facts['tokenizer']}", "", "## Evaluation", ""]
     evals = facts["evaluation"]
-    lines += [f"| metric | value | step |", "|---|---|---|"] if evals else ["No evaluation was logged."]
+    lines += ["| metric | value | step |", "|---|---|---|"] if evals else ["No evaluation was logged."]
     lines += [f"| {k} | {v['value']:.4f} | {v['step']} |" for k, v in evals.items() if v["value"] is not None]
     lines += ["", "## Training config", "", "```yaml", config_yaml.rstrip(), "```", ""]
     return "\n".join(lines)

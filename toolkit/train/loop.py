@@ -24,8 +24,8 @@ from torch import nn
 from toolkit.core import dist as D
 from toolkit.core.log import get_logger
 from toolkit.data.trainset.format import TrainDataset
-from toolkit.train import model as model_lib
 from toolkit.train import ema as ema_lib
+from toolkit.train import model as model_lib
 from toolkit.train import towers
 from toolkit.train.batches import TrainData
 from toolkit.train.config import TrainConfig

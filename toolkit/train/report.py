@@ -9,9 +9,9 @@ logged steps (``log_every``), so a step that is not logged costs no host sync he
 from __future__ import annotations
 
 import resource
-from dataclasses import asdict
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
