@@ -7,6 +7,7 @@ run compiles there: inductor's forward and backward graphs) and the median step 
 the steps (steady state). Compile time = first compiled step − first eager step; speed-up = eager median /
 compiled median. A second caption length or micro-batch shape recompiles once more (dynamic shapes), which
 the steps after the first also pay: the row's ``compiled_extra_s`` sums every step over the steady median.
+Inductor's kernel cache starts empty (``TORCHINDUCTOR_CACHE_DIR`` in the scratch folder): a cold compile.
 
     PYTHONPATH=. python benchmarks/compile_speed.py                     # cliptk-tiny, batch 64, 16 steps
 """
@@ -47,8 +48,10 @@ def train_run(data: Path, out: Path, args: argparse.Namespace, compiled: bool) -
            args.model, "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--loss", args.loss,
            "--log-every", "1", "--workers", "0", "--set", "tensorboard=false", *(["--compile"] if compiled else [])]
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads)))
+    # a fresh inductor cache: the compile time is a cold start's, not a reuse of an earlier run's kernels
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads),
+               TORCHINDUCTOR_CACHE_DIR=str(out.parent / "inductor-cache"))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     steps = [json.loads(line)["step_time_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
