@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nproc-per-node", type=int, default=1,
                    help="cliptk processes (gloo on CPU); more than 1 only with --baseline-tree, since "
                         "open_clip's trainer runs as one process here")
+    p.add_argument("--compile", action="store_true", help="cliptk trains with --compile (torch.compile of the "
+                   "towers; its compile time is inside the end-to-end time and the first --skip-steps)")
     p.add_argument("--profile", action="store_true",
                    help="after the timed runs, run cliptk (first --losses entry) and open_clip_train once more "
                         "under cProfile and add where each one's time goes (trainer_profile.py) to the results")
@@ -107,7 +109,7 @@ def cliptk_run(a, train_dir: Path, loss: str, steps: int, run_dir: Path, tree: P
                          "--mode", "gather" if kind == "openclip" else "fastclip", "--workers", str(a.workers),
                          "--precision", a.precision, "--device", "cuda" if a.cuda else "cpu", "--lr", str(a.lr),
                          "--log-every", "1", "--resume", "none", "--set", f"optim.warmup_steps={a.warmup_steps}",
-                         "--nproc-per-node", str(a.nproc_per_node))
+                         "--nproc-per-node", str(a.nproc_per_node), *(["--compile"] if a.compile else []))
     cmd = tp.profiled(cmd, profile) if profile else cmd
     load = tb.loadavg()
     r = tb.run_tree(cmd, tb.env_with_repo(str(tree) if tree else None), a.timeout_s, poll_s=POLL_S)

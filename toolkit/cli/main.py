@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from toolkit import __version__
-from toolkit.cli import data, eval, pipeline, plan, train
+from toolkit.cli import data, eval, export, pipeline, plan, train
 
 app = typer.Typer(
     name="toolkit",
@@ -22,6 +22,7 @@ app.add_typer(train.app, name="train")
 app.add_typer(eval.app, name="eval")
 app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(plan.app, name="plan")
+app.command("export")(export.export)
 
 
 def _version(value: bool) -> None:

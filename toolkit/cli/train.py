@@ -36,6 +36,10 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "checkpoint.every_steps": ("--checkpoint-every",), "checkpoint.keep": ("--keep-checkpoints",),
     "log_every": ("--log-every",), "eval.every_steps": ("--eval-every",), "eval.root": ("--eval-root",),
     "eval.datasets": ("--eval-datasets",), "loader.num_workers": ("--workers",),
+    "grad_checkpointing": ("--grad-checkpointing",), "compile": ("--compile",), "report_to": ("--report-to",),
+    "lock_image": ("--lock-image",), "lock_image_unlocked_groups": ("--lock-image-unlocked-groups",),
+    "lock_text": ("--lock-text",), "lock_text_unlocked_layers": ("--lock-text-unlocked-layers",),
+    "ema_decay": ("--ema-decay",),
 }
 
 
@@ -73,8 +77,9 @@ def train(
             fail(f"option --loss: {err}")
     explicit = {key: options[key.replace(".", "_")] for key in FLAGS}
     explicit["micro_batch_size"] = _micro(explicit["micro_batch_size"])
-    if explicit["eval.datasets"] is not None:
-        explicit["eval.datasets"] = [n.strip() for n in explicit["eval.datasets"].split(",") if n.strip()]
+    for key in ("eval.datasets", "report_to"):
+        if explicit[key] is not None:
+            explicit[key] = [n.strip() for n in explicit[key].split(",") if n.strip()]
     cfg = load_cli_config(ctx, TrainConfig, config, overrides, labels={k: "option --loss" for k in split},
                           **split, **explicit)
     result = _run(cfg)

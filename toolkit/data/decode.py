@@ -7,7 +7,7 @@ check times on CUDA:
   Pillow with DCT-domain downscaling (``draft``, backend ``pil``). ``auto`` picks per image by
   :data:`DRAFT_FACTOR`: Pillow when the image is at least that many times the target side (its draft
   decode then skips most of the IDCT work), else torchvision. benchmarks/decode_backends.py measured
-  both (benchmarks/results/decode_backends.md).
+  both (benchmarks/data/results/decode_backends.md).
 - CUDA: one batched nvJPEG call (``decode_jpeg(list_of_tensors, device="cuda")``), then crop and
   bicubic resize on the device; a batch nvJPEG refuses goes through the CPU path.
 - PNG, WebP and the rest: Pillow (alpha on white, 16-bit grey scaled, as :mod:`toolkit.data.images`).

@@ -19,6 +19,7 @@ from toolkit.train.optim import OptimConfig
 
 Precision = Literal["fp32", "bf16", "fp16"]
 GradDtype = Literal["fp32", "bf16"]
+REPORT_SINKS = ("jsonl", "tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,26 @@ class TrainConfig:
                                    "longest evaluation or checkpoint write; 0: off.")
     log_every: int = option(10, ge=1, affects_output=False, doc="Write metrics every this many steps.")
     tensorboard: bool = option(True, affects_output=False, doc="Write TensorBoard event files to OUT/tensorboard.")
+    report_to: list[str] = option(factory=lambda: ["jsonl", "tensorboard"], affects_output=False,
+                                  doc="Metric sinks, any of jsonl (OUT/metrics.jsonl), tensorboard (OUT/tensorboard;"
+                                      " off when tensorboard is false) and wandb (optional extra; offline into "
+                                      "OUT/wandb when no credentials are set).")
+    grad_checkpointing: bool = option(False, affects_output=False,
+                                      doc="Recompute the towers' transformer blocks in the backward (open_clip's "
+                                          "set_grad_checkpointing): less activation memory, one more forward.")
+    compile: bool = option(False, affects_output=False, doc="torch.compile the towers (inductor; the first "
+                                                            "steps pay the compile time).")
+    lock_image: bool = option(False, doc="Freeze the image tower (LiT) except its last lock_image_unlocked_groups "
+                                         "layer groups (open_clip's lock_image_tower).")
+    lock_image_unlocked_groups: int = option(0, ge=0, doc="Layer groups of a locked image tower left trainable, "
+                                                          "counted from the output.")
+    lock_text: bool = option(False, doc="Freeze the text tower except its last lock_text_unlocked_layers layers "
+                                        "(open_clip's lock_text_tower).")
+    lock_text_unlocked_layers: int = option(0, ge=0, doc="Layers of a locked text tower left trainable, counted "
+                                                         "from the output.")
+    ema_decay: float = option(0.0, ge=0, le=1, doc="Keep an exponential moving average of the weights with this "
+                                                   "decay (0: none): checkpointed, evaluated beside the raw weights "
+                                                   "and saved as OUT/model-ema.")
     audit_samples: bool = option(False, affects_output=False, doc="Record every step's sample ids per rank in "
                                                                  "OUT/samples/ (to check that no sample is seen "
                                                                  "twice or skipped across interruptions).")
@@ -159,5 +180,10 @@ class TrainConfig:
         self.launch.node_range()  # refuses a malformed nodes value
         if self.eval.every_steps and not (self.eval.root and self.eval.datasets):
             raise ValueError("eval.every_steps is set: give eval.root and eval.datasets too")
+        if self.ema_decay >= 1:
+            raise ValueError(f"ema_decay must be below 1 (0: no EMA), got {self.ema_decay}")
+        unknown = sorted(set(self.report_to) - set(REPORT_SINKS))
+        if unknown:
+            raise ValueError(f"report_to: unknown sink(s) {', '.join(unknown)}; choose from {', '.join(REPORT_SINKS)}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")

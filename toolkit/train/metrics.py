@@ -39,10 +39,12 @@ def truncate_after(path: Path, step: int) -> int:
 
 
 class MetricsWriter:
-    """Appends metric records (rank 0 only); mirrors scalars to TensorBoard when enabled."""
+    """Appends metric records (rank 0 only) to metrics.jsonl unless ``jsonl`` is off; mirrors scalars to
+    TensorBoard when enabled and hands each record to the ``sinks`` (``train.reporters``: wandb)."""
 
-    def __init__(self, run_dir: str, tensorboard: bool, resume_step: int | None):
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: str, tensorboard: bool, resume_step: int | None, jsonl: bool = True,
+                 sinks: list[Any] | None = None):
+        self.run_dir, self.jsonl, self.sinks = Path(run_dir), jsonl, list(sinks or [])
         self.path = self.run_dir / METRICS
         if resume_step is None:
             self.path.unlink(missing_ok=True)
@@ -56,8 +58,11 @@ class MetricsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if self.jsonl:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink.write(record)
         if self.tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
@@ -66,6 +71,8 @@ class MetricsWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 class SampleAudit:

@@ -12,6 +12,7 @@ import resource
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from toolkit.train.checkpoint.state import TrainState
 from toolkit.train.config import TrainConfig
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit, write_plots
 from toolkit.train.model import BuiltModel
+from toolkit.train.reporters import open_sinks
 from toolkit.train.runtime import Runtime
 from toolkit.train.update import Outcome, Update
 
@@ -42,12 +44,14 @@ class Window:
         self.start = now
         self.steps, self.data_wait_s = 0, 0.0
 
-    def flush(self, batch_size: int, device: torch.device) -> dict[str, Any]:
-        """samples/s, step and data-wait times, bytes sent per step, peak memory; restarts the window."""
+    def flush(self, batch_size: int, device: torch.device, world_size: int = 1) -> dict[str, Any]:
+        """samples/s (in all and per device, as open_clip logs them), step and data-wait times, bytes sent
+        per step, peak memory; restarts the window."""
         now = time.monotonic()
         elapsed, steps = max(now - self.start, 1e-9), max(self.steps, 1)
         comm = D.LEDGER.step()
-        out = {"samples_per_s": self.steps * batch_size / elapsed, "step_time_s": elapsed / steps,
+        rate = self.steps * batch_size / elapsed
+        out = {"samples_per_s": rate, "samples_per_s_per_device": rate / world_size, "step_time_s": elapsed / steps,
                "data_wait_s": self.data_wait_s / steps, "comm_bytes": comm["comm/total/sent_bytes"] / steps,
                "peak_mem_bytes": peak_memory_bytes(device)}
         self.start, self.steps, self.data_wait_s = now, 0, 0.0
@@ -59,11 +63,13 @@ class Reporter:
     and audit lines after it are cut), None for a fresh run (they are removed). Collective to build."""
 
     def __init__(self, cfg: TrainConfig, rt: Runtime, steps: StepCounts, resume_step: int | None):
-        self.cfg, self.rank, self.device = cfg, rt.rank, rt.device
+        self.cfg, self.rank, self.device, self.world_size = cfg, rt.rank, rt.device, rt.world_size
         self.steps_per_epoch = steps.per_epoch
         self.writer = self.progress = self.audit = None
         if rt.rank == 0:
-            self.writer = MetricsWriter(cfg.out, cfg.tensorboard, resume_step)
+            sinks = open_sinks(cfg.report_to, cfg.out, asdict(cfg), resume_step)
+            self.writer = MetricsWriter(cfg.out, cfg.tensorboard and "tensorboard" in cfg.report_to, resume_step,
+                                        jsonl="jsonl" in cfg.report_to, sinks=sinks)
             self.progress = Progress(steps.total, resume_step or 0)
             SampleAudit.reset(cfg.out, resume_step)
         D.barrier()  # no rank records before rank 0 has cut the logs back to the resume point
@@ -93,7 +99,7 @@ class Reporter:
                 grad_norm = float(outcome.grad_norm) if outcome.applied else None
                 self.log(state, {"epoch": (state.step - 1) // self.steps_per_epoch, "loss": float(outcome.value),
                                  "lr": lr, "tau": update.temperature(), **update.loss_fn.metrics(),
-                                 "grad_norm": grad_norm, **self.window.flush(self.cfg.batch_size, self.device)})
+                                 "grad_norm": grad_norm, **self.window.flush(self.cfg.batch_size, self.device, self.world_size)})
             else:
                 self.window.flush(self.cfg.batch_size, self.device)  # every rank's ledger window restarts
 

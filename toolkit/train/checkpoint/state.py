@@ -71,6 +71,7 @@ class StateIO:
         self.data = fingerprint(cfg.data)  # recorded in every checkpoint; a resume onto other data is refused
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
+        self.ema = None  # train/ema.EMA when --ema-decay is set: saved and loaded with the rest
 
     def resume(self, skip_config_check: str = "") -> TrainState:
         """The state to start from: the checkpoint ``checkpoint.resume`` names, loaded into the model, the
@@ -123,6 +124,8 @@ class StateIO:
                                         "per-sample state of %s is not loaded; it starts afresh", path)
         elif state is not None:
             self.loss_fn.load_state_dict(state)
+        if self.ema is not None:
+            self._load_ema(path)
         D.barrier()  # shared tables: every local rank sees local rank 0's loaded copy before step 1
 
     def save(self, state: TrainState) -> bool:
@@ -151,7 +154,23 @@ class StateIO:
         loss_state = {k: v.contiguous() for k, v in self.loss_fn.state_dict().items()}
         if loss_state:
             blobs[ckpt.LOSS_STATE] = save(loss_state)
+        if self.ema is not None:
+            from toolkit.train.ema import FILE
+
+            blobs[FILE] = save(self.ema.state_dict())
         return blobs
+
+    def _load_ema(self, path: str) -> None:
+        """The checkpoint's EMA weights, or (a checkpoint written without --ema-decay) the loaded weights."""
+        from safetensors.torch import load
+
+        from toolkit.train.ema import FILE
+
+        try:
+            self.ema.load_state_dict(load(ckpt.read_bytes(path, FILE)))
+        except FileNotFoundError:
+            get_logger("train").warning("%s holds no EMA weights: the average restarts from its weights", path)
+            self.ema.restart_from(self.built.model.clip)
 
     def check_writes(self) -> None:
         """Raise the failure of a background checkpoint write (rank 0), naming its folder and step."""

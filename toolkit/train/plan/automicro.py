@@ -31,7 +31,8 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
     return build(PlanConfig, {"model": cfg.model, "batch_size": cfg.batch_size, "nodes": group_size // local_world,
                               "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": cfg.loss.name,
                               "precision": cfg.precision, "optimizer": cfg.optim.name, "grad_dtype": cfg.grad_dtype,
-                              "device": device, "num_samples": num_samples})
+                              "device": device, "num_samples": num_samples,
+                              "grad_checkpointing": cfg.grad_checkpointing})
 
 
 def host_budget_bytes(local_world: int) -> float:
@@ -47,12 +48,14 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
     from toolkit.train.plan import planner as plan
 
     key = (pcfg.model, pcfg.precision, "cpu")
-    if key in plan.MEASURED:
-        fixed, per_sample, overhead = plan.MEASURED[key]
+    table = plan.MEASURED_CHECKPOINTED if pcfg.grad_checkpointing else plan.MEASURED
+    if key in table:
+        fixed, per_sample, overhead = table[key]
     else:
         from toolkit.train.plan.memprobe import measure_activations
 
-        fit = measure_activations(pcfg.model, (16, 64), pcfg.precision, "cpu", threads=torch.get_num_threads())
+        fit = measure_activations(pcfg.model, (16, 64), pcfg.precision, "cpu", threads=torch.get_num_threads(),
+                                  grad_checkpointing=pcfg.grad_checkpointing)
         fixed, per_sample, overhead = fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes
     shape = plan.model_shape(pcfg.model)
     tables = plan.table_bytes(pcfg)

@@ -106,8 +106,9 @@ def tower_pass(model: Any, micro: int, autocast: Any, device: Any, text_tokens: 
     (x.float().sum() + y.float().sum() + a.float().sum()).backward()
 
 
-def build_tower_model(model_spec: str) -> Any:
-    """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg`` attached."""
+def build_tower_model(model_spec: str, grad_checkpointing: bool = False) -> Any:
+    """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg`` attached;
+    ``grad_checkpointing``: open_clip's activation checkpointing on, as ``--grad-checkpointing`` trains."""
     import torch
 
     from toolkit.models.factory import build_model, resolve_spec
@@ -120,10 +121,13 @@ def build_tower_model(model_spec: str) -> Any:
     pp = spec.preprocess_cfg
     model = TrainModel(clip, "image", "tokens", tuple(pp["mean"]), tuple(pp["std"])).train()
     model.model_cfg = spec.model_cfg
+    if grad_checkpointing:
+        clip.set_grad_checkpointing(True)
     return model
 
 
-def probe_here(model_spec: str, micro: int, precision: str, device: str, text_tokens: int = 0) -> tuple[int, int]:
+def probe_here(model_spec: str, micro: int, precision: str, device: str, text_tokens: int = 0,
+               grad_checkpointing: bool = False) -> tuple[int, int]:
     """(peak bytes of one tower pass of ``micro`` samples above the memory before it, overhead): on the
     CPU the overhead is what building the model and its first pass left resident beyond the weights and
     gradients (Python objects, the allocator's and oneDNN's buffers, autograd's threads: ~36 MiB for
@@ -136,7 +140,7 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str, text_to
 
     cpu = not device.startswith("cuda")
     start = rss_bytes() if cpu else 0
-    model = build_tower_model(model_spec)
+    model = build_tower_model(model_spec, grad_checkpointing)
     dev = torch.device(device)
     model.to(dev)
     autocast = runtime_autocast(precision, dev.type)
@@ -157,10 +161,11 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str, text_to
 
 
 def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, text_tokens: int = 0,
-                     timeout_s: float = 600) -> tuple[int, int]:
+                     timeout_s: float = 600, grad_checkpointing: bool = False) -> tuple[int, int]:
     """``probe_here`` on the CPU in a fresh Python process (module docstring)."""
     cmd = [sys.executable, "-m", "toolkit.train.plan.memprobe", "--model", model_spec, "--micro", str(micro),
-           "--precision", precision, "--threads", str(threads), "--text-tokens", str(text_tokens)]
+           "--precision", precision, "--threads", str(threads), "--text-tokens", str(text_tokens),
+           *(["--grad-checkpointing"] if grad_checkpointing else [])]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
@@ -171,18 +176,20 @@ def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, 
 
 
 def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), precision: str = "fp32",
-                        device: str = "cpu", threads: int | None = None, text_tokens: int = 0) -> ActivationFit:
+                        device: str = "cpu", threads: int | None = None, text_tokens: int = 0,
+                        grad_checkpointing: bool = False) -> ActivationFit:
     """Fit activations(m) from tower passes at two micro-batch sizes (module docstring for how), with token
-    batches of ``text_tokens`` positions (0: the model's context)."""
+    batches of ``text_tokens`` positions (0: the model's context), with or without ``grad_checkpointing``."""
     import torch
 
     if len(sizes) != 2 or not 0 < sizes[0] < sizes[1]:
         raise ValueError(f"need two micro-batch sizes 0 < m1 < m2, got {sizes}")
     threads = threads or torch.get_num_threads()
     if device.startswith("cuda"):
-        runs = [probe_here(model_spec, m, precision, device, text_tokens) for m in sizes]
+        runs = [probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing) for m in sizes]
     else:
-        runs = [probe_subprocess(model_spec, m, precision, threads, text_tokens) for m in sizes]
+        runs = [probe_subprocess(model_spec, m, precision, threads, text_tokens, grad_checkpointing=grad_checkpointing)
+                for m in sizes]
     (m1, m2), ((b1, o1), (b2, o2)) = sizes, runs
     per_sample = max((b2 - b1) / (m2 - m1), 0.0)
     return ActivationFit(model_spec, precision, "cuda" if device.startswith("cuda") else "cpu",
@@ -199,11 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--text-tokens", type=int, default=0)
+    parser.add_argument("--grad-checkpointing", action="store_true")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device, args.text_tokens)
+    nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device, args.text_tokens,
+                                  args.grad_checkpointing)
     print(json.dumps({"bytes": nbytes, "overhead": overhead, **vars(args)}))
 
 

@@ -45,6 +45,12 @@ MEASURED: dict[tuple[str, str, str], tuple[float, float, float]] = {
     ("cliptk-tiny", "fp32", "cpu"): (10_716_501.0, 3_230_634.7, 32_580_000.0),
     ("cliptk-small", "fp32", "cpu"): (5_107_712.0, 9_967_616.0, 34_723_832.0),
 }
+# The same with --grad-checkpointing (open_clip's activation checkpointing of both towers' blocks), measured
+# the same way with `--grad-checkpointing --measure` (benchmarks/grad_checkpointing.py prints both side by side).
+MEASURED_CHECKPOINTED: dict[tuple[str, str, str], tuple[float, float, float]] = {
+    ("cliptk-tiny", "fp32", "cpu"): (22_020_096.0, 517_888.0, 33_644_536.0),
+    ("cliptk-small", "fp32", "cpu"): (43_814_912.0, 1_223_424.0, 36_401_144.0),
+}
 
 @dataclass(frozen=True)
 class PlanConfig:
@@ -68,6 +74,8 @@ class PlanConfig:
     device_memory_gb: float = option(0.0, ge=0, doc="Device memory in GiB to fit (0: skip the fit).")
     measure: bool = option(False, doc="Measure the model's activations now instead of using MEASURED.")
     measure_sizes: list[int] = option(factory=lambda: [16, 64], doc="The two micro-batch sizes measured.")
+    grad_checkpointing: bool = option(False, doc="Activations with `toolkit train --grad-checkpointing` (each "
+                                                 "transformer block recomputed in the backward).")
     text_tokens: int = option(0, ge=0, doc="Tokens per caption the text tower runs on: the trainer cuts each "
                               "batch after its longest caption, so give your data's longest caption (with "
                               "--measure); 0: the model's full context, the worst case.")
@@ -213,15 +221,17 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     if cfg.text_tokens and not cfg.measure:
         raise ValueError(f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
                          "--measure to measure them at that caption length")
-    if not cfg.measure and key in MEASURED:
-        return (*MEASURED[key], "table")
+    table, table_name = ((MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing
+                         else (MEASURED, "MEASURED"))
+    if not cfg.measure and key in table:
+        return (*table[key], "table")
     if not cfg.measure:
-        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.planner.MEASURED "
-                         f"(known: {sorted(MEASURED)}); pass --measure to measure them now")
+        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.planner.{table_name} "
+                         f"(known: {sorted(table)}); pass --measure to measure them now")
     from toolkit.train.plan.memprobe import measure_activations
 
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
-                              text_tokens=cfg.text_tokens)
+                              text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing)
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
 
 
@@ -289,7 +299,8 @@ def format_plan(plan: Plan) -> str:
     b = local_batch(c)
     lines = [f"{s.name}: {s.num_params / 1e6:.2f}M parameters, embed dim {s.embed_dim}; global batch {c.batch_size} "
              f"= {c.nodes} node(s) x {c.nproc_per_node} process(es) x {b}; {c.loss}, mode {c.mode}, {c.precision}, "
-             f"{c.optimizer}, micro-batch {c.micro_batch_size or 'off'}, {c.device}",
+             f"{c.optimizer}, micro-batch {c.micro_batch_size or 'off'}, {c.device}"
+             + (", grad checkpointing" if c.grad_checkpointing else ""),
              f"activations: {_size(plan.fixed_bytes)} + {_size(plan.per_sample_bytes)} per sample"
              + (f" ({plan.source})" if plan.source else ""), "", f"{'memory per device':<36}{'bytes':>14}"]
     lines += [f"{name:<36}{_size(v):>14}" for name, v in plan.rows.items()]
