@@ -1,6 +1,6 @@
 """Tower activation memory with and without `--grad-checkpointing`, on the CPU, at one micro-batch size.
 
-For each model, ``toolkit.train.memprobe.measure_activations`` (the measurement behind `toolkit plan`)
+For each model, ``toolkit.train.plan.memprobe.measure_activations`` (the measurement behind `toolkit plan`)
 fits activations(m) = fixed + per_sample·m from two fresh subprocesses per setting (micro-batches
 ``--sizes``), each reading the kernel's peak resident set over one training-mode forward + backward of
 both towers (uint8 pixels and token ids in, features out). The table gives the activation memory at
@@ -26,7 +26,7 @@ MiB = 2**20
 
 def measure(model: str, sizes: tuple[int, int], threads: int) -> dict:
     """Both fits of one model and the memory at the larger size (a measured point, not a prediction)."""
-    from toolkit.train.memprobe import measure_activations
+    from toolkit.train.plan.memprobe import measure_activations
 
     row: dict = {"model": model}
     for label, ckpt in (("plain", False), ("checkpointed", True)):

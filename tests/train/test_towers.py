@@ -24,7 +24,7 @@ def test_grad_checkpointing_trains_the_same_weights(demo_train, tmp_path, micro)
 
 
 def test_the_trainers_config_turns_checkpointing_on_in_both_towers(demo_train, tmp_path):
-    from toolkit.train.memprobe import build_tower_model
+    from toolkit.train.plan.memprobe import build_tower_model
 
     from toolkit.train.towers import prepare
 
@@ -38,7 +38,7 @@ def test_the_trainers_config_turns_checkpointing_on_in_both_towers(demo_train, t
 
 def test_plan_predicts_the_checkpointed_activations():
     from toolkit.core.config import build
-    from toolkit.train.plan import MEASURED, MEASURED_CHECKPOINTED, PlanConfig, run
+    from toolkit.train.plan.planner import MEASURED, MEASURED_CHECKPOINTED, PlanConfig, run
 
     def activations(ckpt: bool) -> float:
         plan = run(build(PlanConfig, {"model": MODEL, "batch_size": 256, "micro_batch_size": 64, "device": "cpu",
