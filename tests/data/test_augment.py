@@ -118,12 +118,15 @@ def test_off_resizes_the_stored_square_and_old_sets_still_crop(margin_train, tmp
 
 def test_trainer_crops_by_default_and_not_for_features(margin_train):
     from toolkit.core.config import build
+    from toolkit.data.trainset.format import TrainDataset
     from toolkit.train.batches import TrainData
     from toolkit.train.config import TrainConfig
+    from toolkit.train.runtime import Runtime
 
     cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
                               "steps": 2})
-    data = TrainData(cfg, 0, 1, torch.device("cpu"))
+    rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+    data = TrainData(cfg, rt, TrainDataset.open(str(margin_train)))
     assert data.image_transform == PixelTransform(SIZE, cfg.seed, AugmentConfig())
     batch = next(data.batches(0))
     assert batch["image"].shape == (8, SIZE, SIZE, 3)

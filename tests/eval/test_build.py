@@ -91,13 +91,15 @@ def test_openmoji_retrieval_and_group_classification(tmp_path):
 
 
 def test_openmoji_missing_csv_says_how_to_make_it(tmp_path):
+    (tmp_path / "in").mkdir()  # the output beside the input: one inside it is refused (core/pathguard.py)
     with pytest.raises(DatasetError, match=r"openmoji.csv: missing; create it with `toolkit data demo --out"):
-        build_set("openmoji", tmp_path, tmp_path / "o")
+        build_set("openmoji", tmp_path / "in", tmp_path / "o")
 
 
 def test_fashion_mnist_missing_files_error(tmp_path):
+    (tmp_path / "in").mkdir()  # the output beside the input: one inside it is refused (core/pathguard.py)
     with pytest.raises(DatasetError, match=r"Fashion-MNIST file not found: .*t10k-images-idx3-ubyte.gz"):
-        build_set("fashion-mnist", tmp_path, tmp_path / "o")
+        build_set("fashion-mnist", tmp_path / "in", tmp_path / "o")
 
 
 @pytest.mark.skipif(not all((Path(FASHION_MNIST_DIR) / f).is_file() for f in FASHION_MNIST_FILES["test"]),

@@ -24,9 +24,11 @@ def _digest(out: Path) -> dict[str, str]:
 
 
 def _cmd(raw: Path, out: Path, *extra: str) -> list[str]:
-    # crop_scale_min 1: the layout datakit.precompute writes, so both sides run the same config
+    # crop_scale_min 1: the layout datakit.precompute writes, so both sides run the same config; the bad_raw
+    # fixture's shards are truncated on purpose (max_truncated_share 1 keeps what is left, as datakit does)
     return [sys.executable, "-m", "toolkit", "data", "precompute", "--in", str(raw), "--out", str(out), "--model",
-            MODEL, "--samples-per-shard", "7", "--workers", "1", "--set", "crop_scale_min=1.0", *extra]
+            MODEL, "--samples-per-shard", "7", "--workers", "1", "--set", "crop_scale_min=1.0",
+            "--set", "max_truncated_share=1", *extra]
 
 
 def _env() -> dict[str, str]:
@@ -43,7 +45,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def one_process(bad_raw, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    precompute(bad_raw[0], out, num_workers=1, samples_per_shard=7)
+    precompute(bad_raw[0], out, num_workers=1, samples_per_shard=7, max_truncated_share=1)
     return out
 
 
@@ -59,7 +61,7 @@ def test_two_ranks_write_the_same_bytes_as_one_process(bad_raw, one_process, tmp
     from toolkit.data.trainset.precompute import KIND, PrecomputeConfig
 
     single = build(PrecomputeConfig, {"input": str(bad_raw[0]), "out": str(out), "model": MODEL, "samples_per_shard": 7,
-                                      "crop_scale_min": 1.0})
+                                      "crop_scale_min": 1.0, "max_truncated_share": 1.0})
     assert manifest["status"] == "done" and manifest["config_hash"] == config_hash(single, KIND)  # launch: no part
     assert {k: v for k, v in manifest["counts"].items() if k != "samples_per_s"} == {
         k: v for k, v in want["counts"].items() if k != "samples_per_s"}

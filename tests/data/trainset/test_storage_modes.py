@@ -59,7 +59,8 @@ def test_modes_hold_the_same_samples_as_pixels(small_sets, mode):
 @pytest.mark.parametrize("mode", ["jpeg", "index"])
 def test_dense_ids_and_skip_accounting_match_pixels(bad_raw, bad_train, mode, tmp_path):
     out = tmp_path / mode
-    result = precompute(bad_raw[0], out, num_workers=2, samples_per_shard=7, storage=mode)
+    result = precompute(bad_raw[0], out, num_workers=2, samples_per_shard=7, storage=mode,
+                        max_truncated_share=1)  # bad_raw is truncated on purpose, as bad_train keeps it
     assert result.counts["skipped"] == bad_train[1].counts["skipped"]
     assert result.counts["num_samples"] == bad_train[1].counts["num_samples"]
     assert [m["key"] for m in read_meta(out)] == [m["key"] for m in read_meta(bad_train[0])]
