@@ -68,10 +68,18 @@ class StateIO:
         self.update, self.loss_fn = update, loss_fn
         self.steps_per_epoch, self.total_steps = steps
         self.dir = checkpoints_dir(cfg)
-        self.data = fingerprint(cfg.data)  # recorded in every checkpoint; a resume onto other data is refused
+        self._data: dict | None = None  # the training set's fingerprint (``data``), read when first needed
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
         self.ema = None  # train/ema.EMA when --ema-decay is set: saved and loaded with the rest
+
+    @property
+    def data(self) -> dict:
+        """The training set's fingerprint, recorded in every checkpoint (a resume onto other data is refused);
+        read on first use, so parts built around in-memory data (the convergence benchmark) never need it."""
+        if self._data is None:
+            self._data = fingerprint(self.cfg.data)
+        return self._data
 
     def resume(self, skip_config_check: str = "") -> TrainState:
         """The state to start from: the checkpoint ``checkpoint.resume`` names, loaded into the model, the
