@@ -17,11 +17,14 @@ def _retrieval_r1(model_dir, train_dir) -> tuple[float, float]:
     """R@1 image->text and text->image of a saved model over all training pairs (open_clip local-dir)."""
     import open_clip
 
+    from toolkit.data.augment import PixelTransform
     from toolkit.data.trainset.loader import make_loader
 
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{model_dir}")
     model.eval()
-    batch = next(iter(make_loader(str(train_dir), batch_size=10_000, shuffle=False)))
+    # the stored pixels carry the crop margin: the centre resized to the model's side, as evaluation sees it
+    centre = PixelTransform(model.visual.image_size[0], 0, None)
+    batch = next(iter(make_loader(str(train_dir), batch_size=10_000, shuffle=False, image_transform=centre)))
     pp = model.visual.preprocess_cfg
     mean, std = torch.tensor(pp["mean"]).view(1, 3, 1, 1), torch.tensor(pp["std"]).view(1, 3, 1, 1)
     with torch.no_grad():

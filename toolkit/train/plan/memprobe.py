@@ -102,7 +102,7 @@ def tower_pass(model: Any, micro: int, autocast: Any, device: Any, text_tokens: 
     into ``.grad`` as the trainer's do)."""
     image, text = tower_inputs(model, micro, device, text_tokens)
     with autocast():
-        x, y, a = model(image, text)
+        x, y, a, _ = model(image, text)  # Towers(x, y, a, bias)
     (x.float().sum() + y.float().sum() + a.float().sum()).backward()
 
 
