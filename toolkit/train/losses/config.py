@@ -61,16 +61,19 @@ class LossConfig:
     gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
     gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
                                                              "(per step) or constant (gamma_min after epoch 0).")
+    # added after checkpoints recorded this section: omit_at_default keeps their records and hashes valid
     gamma_rule: GammaRule = option(
         "fixed", doc="FastCLIP's final γ: fixed (gamma_min) or drrho (DRRho-CLIP's README: min(1, 4.177·E^-0.7265) "
                      "with E = gamma_decay_epochs, which the trainer sets to the run's epochs unless given; "
-                     "gamma_min is then unused).")
+                     "gamma_min is then unused).", omit_at_default=True)
     u_update: UUpdate = option(
         "moving_average", doc="FastCLIP v0/v1/v3 estimator update: moving_average (u ← (1−γ)u + γg) or scent (SCENT's "
                               "proximal mirror-descent step, per sample γ_i = σ(log(u_i+ε) + γ_s), with γ_s following "
-                              "the γ schedule towards scent_gamma; docs/fastclip.md).")
+                              "the γ schedule towards scent_gamma; docs/fastclip.md).",
+        omit_at_default=True)
     scent_gamma: float = option(10.0, doc="u_update scent: the final offset γ_s of the per-sample step σ(log(u_i+ε) "
-                                          "+ γ_s) (SCENT's published runs: 10 with gamma_schedule constant).")
+                                          "+ γ_s) (SCENT's published runs: 10 with gamma_schedule constant).",
+                               omit_at_default=True)
     u_drift: Literal["none", "batch"] = option(
         "none", doc="FastCLIP v0/v1/v3: none (the reference's moving average) or batch: shift the batch's old "
                     "estimators by their mean log(g/u_old) before averaging, removing the drift they share since "

@@ -15,7 +15,6 @@ import math
 
 from toolkit.train.losses.config import GammaScheduleName
 
-
 # Optimization-AI/DRRho-CLIP, README.md ("--gamma ... We recommend to set it following
 # γ = min(1.0, 4.177·E^(−0.7265)), where E is the number of epochs"; "--gamma_decay_epochs ... We recommend
 # to set it to --epochs"), with --gamma_schedule cosine in its sample scripts.
