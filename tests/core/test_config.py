@@ -97,3 +97,26 @@ def test_hash_stable_and_ignores_fields_that_do_not_affect_output():
     assert len(config_hash(a)) == 16 and config_hash(a) == config_hash(load_config(RunConfig, None, ["data=x"]))
     assert to_dict(a)["optim"] == {"lr": 1e-3, "name": "adamw", "betas": [0.9, 0.98]}
     assert input_paths(a) == {"data": "x"}
+
+
+@dataclass(frozen=True)
+class LaterRunConfig:
+    """RunConfig's fields plus one added after runs recorded RunConfig (omit_at_default)."""
+
+    data: str = option(doc="Training shards.", is_input=True)
+    num_steps: int = option(100, ge=1, doc="Optimizer steps.")
+    num_workers: int = option(2, ge=0, doc="Loader workers.", affects_output=False)
+    tag: str | None = option(None, doc="Free-form tag.")
+    optim: OptimConfig = option(factory=OptimConfig, doc="Optimizer settings.")
+    extra: dict[str, int] = option(factory=dict, doc="Counts by name.")
+    rule: Literal["old", "new"] = option("old", doc="Added later.", omit_at_default=True)
+
+
+def test_a_field_added_later_leaves_old_records_and_hashes_valid_at_its_default():
+    old = load_config(RunConfig, None, ["data=x", "num_steps=7"])
+    same = load_config(LaterRunConfig, None, ["data=x", "num_steps=7"])
+    assert to_dict(same) == to_dict(old) and config_hash(same) == config_hash(old)
+    changed = load_config(LaterRunConfig, None, ["data=x", "num_steps=7", "rule=new"])
+    assert to_dict(changed) == {**to_dict(old), "rule": "new"}
+    assert config_hash(changed) != config_hash(old)
+    assert load_config(LaterRunConfig, None, explicit=to_dict(changed)) == changed  # the record rebuilds it

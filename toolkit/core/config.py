@@ -50,9 +50,13 @@ def option(
     le: float | None = None,
     affects_output: bool = True,
     is_input: bool = False,
+    omit_at_default: bool = False,
 ) -> Any:
-    """A dataclass field with a doc string, bounds and manifest roles (see module docstring)."""
-    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input}
+    """A dataclass field with a doc string, bounds and manifest roles (see module docstring).
+    ``omit_at_default``: a field added after configs were recorded (checkpoints, results) stays out of
+    :func:`to_dict` and the hash while at its default, so those records still load equal and match."""
+    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input,
+                "omit_at_default": omit_at_default}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -328,16 +332,33 @@ def load_config(
 # ---------------------------------------------------------------- serialisation and hashing
 
 
+def _kept(cfg: Any, f: dataclasses.Field) -> bool:
+    """False for an ``omit_at_default`` field at its default (see :func:`option`)."""
+    if not f.metadata.get("omit_at_default"):
+        return True
+    return getattr(cfg, f.name) != (f.default if f.default is not MISSING else f.default_factory())
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if _kept(obj, f)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
 def to_dict(cfg: Any) -> dict:
     """Plain-data form of a config (Paths as strings, tuples as lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    return json.loads(json.dumps(_plain(cfg), default=str))
 
 
 def _hashed(cfg: Any) -> Any:
     if not dataclasses.is_dataclass(cfg):
         return cfg
     return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-            if f.metadata.get("affects_output", True)}
+            if f.metadata.get("affects_output", True) and _kept(cfg, f)}
 
 
 def config_hash(cfg: Any, *extra: Any) -> str:

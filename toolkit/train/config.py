@@ -22,6 +22,20 @@ GradDtype = Literal["fp32", "bf16"]
 REPORT_SINKS = ("jsonl", "tensorboard", "wandb")
 
 
+def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], source: str) -> None:
+    """``loss.gamma_rule: drrho`` decays γ over the run's planned epochs E (DRRho-CLIP's README: set
+    gamma_decay_epochs to the epochs): fill ``loss.gamma_decay_epochs`` with ``epochs`` unless it is given. A run
+    planned by ``steps`` has no epoch count before the data is read, so it must give the value itself."""
+    loss = {**layers.get("loss", {}), **(data.get("loss") or {})}
+    if loss.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in loss:
+        return
+    if data.get("steps", layers.get("steps", 0)):
+        raise ConfigError(source, "loss.gamma_decay_epochs", "gamma_rule: drrho needs the planned epochs; a run "
+                                                             "set by steps must give loss.gamma_decay_epochs")
+    epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
+    layers["loss"] = {**layers.get("loss", {}), "gamma_decay_epochs": epochs}
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """Reading the training shards (the order of global batches never depends on these)."""
@@ -174,6 +188,7 @@ class TrainConfig:
                 layers["loss"] = {**layers.get("loss", {}), **default_loss(int(batch))}
             except (TypeError, ValueError):
                 pass  # a malformed batch_size: build() reports it against its key
+        _plan_drrho_gamma(data, layers, source)
         return layers
 
     def __post_init__(self) -> None:

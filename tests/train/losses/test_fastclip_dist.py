@@ -22,7 +22,10 @@ from _launch import free_port, rank_env
 from fastclip_oracle import make_loss
 
 N, D = 23, 5
-VERSIONS = ("v0", "v1", "v2", "v3", "v3-drift")  # v3-drift: v3 with u_drift: batch (one more all_reduce)
+# v3-drift: v3 with u_drift: batch (one more all_reduce); v3-scent: v3 with SCENT's per-sample update, and with
+# the drift correction too (v3-scent-drift)
+VERSIONS = ("v0", "v1", "v2", "v3", "v3-drift", "v3-scent", "v3-scent-drift")
+VARIANTS = {"drift": {"u_drift": "batch"}, "scent": {"u_update": "scent", "scent_gamma": 0.5}}
 LOCAL_BATCHES = (3, 1, 2)
 KW = {"gamma_min": 0.3, "gamma_decay_epochs": 2, "rho": 6.5, "eps": 1e-14, "tau_init": 0.07, "lr_tau": 0.05,
       "tau_beta2": 0.98, "tau_eps": 1e-6, "table_dtype": torch.float64}
@@ -48,8 +51,8 @@ def run(num_ranks: int, world: int, rank: int, group=None):
 
     out = {}
     for version in VERSIONS:
-        loss = make_loss(version.split("-")[0], N, group=group, **KW,
-                         **({"u_drift": "batch"} if version.endswith("-drift") else {}))
+        name, *variants = version.split("-")
+        loss = make_loss(name, N, group=group, **KW, **{k: v for var in variants for k, v in VARIANTS[var].items()})
         records = []
         for epoch, x, y, ids, p0 in scenario(num_ranks):
             b = x.shape[0] // world

@@ -27,6 +27,8 @@ Mode = Literal["gather", "disco", "ring", "fastclip"]  # the one list of distrib
 MODES: tuple[str, ...] = get_args(Mode)
 Backend = Literal["auto", "torch", "triton", "naive"]
 GammaScheduleName = Literal["constant", "cosine", "cosine_step"]
+GammaRule = Literal["fixed", "drrho"]
+UUpdate = Literal["moving_average", "scent"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
 
 
@@ -59,6 +61,19 @@ class LossConfig:
     gamma_decay_epochs: int = option(18, ge=1, doc="Epochs over which γ decays from 1 to gamma_min.")
     gamma_schedule: GammaScheduleName = option("cosine", doc="γ schedule: cosine (per epoch), cosine_step "
                                                              "(per step) or constant (gamma_min after epoch 0).")
+    # added after checkpoints recorded this section: omit_at_default keeps their records and hashes valid
+    gamma_rule: GammaRule = option(
+        "fixed", doc="FastCLIP's final γ: fixed (gamma_min) or drrho (DRRho-CLIP's README: min(1, 4.177·E^-0.7265) "
+                     "with E = gamma_decay_epochs, which the trainer sets to the run's epochs unless given; "
+                     "gamma_min is then unused).", omit_at_default=True)
+    u_update: UUpdate = option(
+        "moving_average", doc="FastCLIP v0/v1/v3 estimator update: moving_average (u ← (1−γ)u + γg) or scent (SCENT's "
+                              "proximal mirror-descent step, per sample γ_i = σ(log(u_i+ε) + γ_s), with γ_s following "
+                              "the γ schedule towards scent_gamma; docs/fastclip.md).",
+        omit_at_default=True)
+    scent_gamma: float = option(10.0, doc="u_update scent: the final offset γ_s of the per-sample step σ(log(u_i+ε) "
+                                          "+ γ_s) (SCENT's published runs: 10 with gamma_schedule constant).",
+                               omit_at_default=True)
     u_drift: Literal["none", "batch"] = option(
         "none", doc="FastCLIP v0/v1/v3: none (the reference's moving average) or batch: shift the batch's old "
                     "estimators by their mean log(g/u_old) before averaging, removing the drift they share since "
@@ -86,11 +101,23 @@ class LossConfig:
         if self.u_drift != "none" and (self.kind != "fastclip" or self.version == "v2"):
             raise ValueError(f"u_drift: {self.u_drift} applies to FastCLIP v0, v1 and v3 (their estimators u); "
                              f"this objective is {self.name}")
+        self._check_estimator_rules()
         for name in ("tau_beta1", "tau_beta2"):  # bias correction divides by 1 − β^(epoch+1)
             if not getattr(self, name) < 1:
                 raise ValueError(f"{name} must be < 1, got {getattr(self, name)}")
         if self.tau_min > self.tau_max:
             raise ValueError(f"tau_min ({self.tau_min}) must not exceed tau_max ({self.tau_max})")
+
+    def _check_estimator_rules(self) -> None:
+        """gamma_rule and u_update change FastCLIP's estimators u; refuse them where they do not apply."""
+        if self.gamma_rule != "fixed" and self.kind != "fastclip":
+            raise ValueError(f"gamma_rule: {self.gamma_rule} applies to FastCLIP's γ; this objective is {self.name}")
+        if self.u_update != "moving_average" and (self.kind != "fastclip" or self.version == "v2"):
+            raise ValueError(f"u_update: {self.u_update} applies to FastCLIP v0, v1 and v3 (their estimators u); "
+                             f"this objective is {self.name}")
+        if self.u_update == "scent" and self.gamma_rule != "fixed":
+            raise ValueError(f"gamma_rule: {self.gamma_rule} sets the moving average's γ, which u_update: scent "
+                             "replaces by its per-sample step (set scent_gamma instead)")
 
     @property
     def name(self) -> str:

@@ -107,6 +107,20 @@ def ema_log(log_u_old: Tensor, log_g: Tensor, gamma: float, shift: Tensor | None
     return torch.where(bad, log_g, new)
 
 
+def scent_log(log_u_old: Tensor, log_g: Tensor, offset: float, eps: float, shift: Tensor | None = None) -> Tensor:
+    """SCENT's update (``u_update: scent``; Optimization-AI/SCENT, contrastive/scent.patch, SogCLRLoss.forward):
+    the moving average with a per-sample step γ_i = σ(log(u_old,i + ε) + γ_s) instead of one γ:
+    log((1−γ_i)·u_old·e^shift + γ_i·g), and the same first-visit rule as ``ema_log`` (old u < 1e-35, inf or
+    nan → g). The patch stores log(ε + g) where we store log g, so its σ(u_i + γ) is σ(log(u_i + ε) + γ_s)
+    here; with ``shift`` (u_drift: batch) the step is taken from the shifted old value. [b] -> [b]."""
+    carried = log_u_old if shift is None else log_u_old + shift
+    z = log_plus_eps(carried, eps) + offset
+    # log γ_i and log(1 − γ_i) as log-sigmoids: exact where σ rounds to 0 or 1
+    new = torch.logaddexp(carried + torch.nn.functional.logsigmoid(-z), log_g + torch.nn.functional.logsigmoid(z))
+    bad = (log_u_old < LOG_RESET) | torch.isnan(log_u_old) | (log_u_old == math.inf)
+    return torch.where(bad, log_g, new)
+
+
 def log_plus_eps(log_u: Tensor, eps: float) -> Tensor:
     """log(u + ε) from log u."""
     if eps <= 0:

@@ -44,9 +44,10 @@ from toolkit.train.losses.fastclip.estimators import (
     gather_batch,
     gather_rows,
     log_plus_eps,
+    scent_log,
     surrogate_grads,
 )
-from toolkit.train.losses.fastclip.schedules import gamma_at_epoch, gamma_at_step
+from toolkit.train.losses.fastclip.schedules import final_gamma, gamma_at_epoch, gamma_at_step
 from toolkit.train.losses.fastclip.tables import SampleTables
 from toolkit.train.losses.modes.anchors import anchor_lses
 
@@ -76,6 +77,7 @@ class FastCLIPLoss(TrainingLoss):
             raise ValueError(f"unknown FastCLIP version {cfg.version!r}; choose one of {VERSIONS}")
         self.version, self.data_size = cfg.version, data_size
         self.epoch, self.gamma, self.u_shift = 0, 1.0, [0.0, 0.0]  # u_shift: u_drift's last mean log(g/u_old)
+        self.gamma_final = final_gamma(cfg)  # γ_min, the DRRho rule's γ, or SCENT's offset γ_s
         self._tau_mean: Tensor | None = None
         self._undo: tuple[Tensor, Tensor, torch.device] | None = None  # ids [b], their old rows, device
         columns = {"log_u_image": -math.inf, "log_u_text": -math.inf}
@@ -86,7 +88,7 @@ class FastCLIPLoss(TrainingLoss):
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
         """γ for step ``step`` (only ``cosine_step`` changes within an epoch) and the epoch's settings."""
         self.set_epoch(step // steps_per_epoch)
-        self.gamma = gamma_at_step(step, steps_per_epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs,
+        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_final, self.cfg.gamma_decay_epochs,
                                    self.cfg.gamma_schedule)
 
     def end_step(self, applied: bool) -> None:
@@ -101,7 +103,8 @@ class FastCLIPLoss(TrainingLoss):
         self.tables.write_gathered(packed[:, 0].long(), packed[:, 1:], index.shape[0])
 
     def metrics(self) -> dict[str, float]:
-        """γ; with ``u_drift: batch`` also the last shifts of log u (image, text anchors)."""
+        """γ (u_update scent: the offset γ_s); with ``u_drift: batch`` also the last shifts of log u (image, text
+        anchors)."""
         drift = self.cfg.u_drift == "batch"
         return {"gamma": self.gamma, **({"u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]} if drift else {})}
 
@@ -113,7 +116,7 @@ class FastCLIPLoss(TrainingLoss):
     def set_epoch(self, epoch: int) -> None:
         """Start of epoch ``epoch`` (0-based): γ for the epoch; v2's Adam betas (0 in epoch 0)."""
         self.epoch = epoch
-        self.gamma = gamma_at_epoch(epoch, self.cfg.gamma_min, self.cfg.gamma_decay_epochs, self.cfg.gamma_schedule)
+        self.gamma = gamma_at_epoch(epoch, self.gamma_final, self.cfg.gamma_decay_epochs, self.cfg.gamma_schedule)
 
     def table(self, name: str) -> Tensor:
         """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
@@ -171,13 +174,18 @@ class FastCLIPLoss(TrainingLoss):
         """New log u for this rank's rows (``old_rows`` [b, C]: their table rows before this step),
         gathered with ids and log g -> [B, 5]; tables written."""
         old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
-        drift = self.cfg.u_drift == "batch" and self.gamma < 1
+        scent = self.cfg.u_update == "scent"  # its per-sample steps are < 1 whatever γ_s is
+        drift = self.cfg.u_drift == "batch" and (scent or self.gamma < 1)
         shift1, shift2 = (None, None)
         if drift:
             self.u_shift = batch_drift(old, log_g1, log_g2, self.group)
             shift1, shift2 = (torch.tensor(v, dtype=log_g1.dtype, device=log_g1.device) for v in self.u_shift)
-        log_u1 = ema_log(old[:, 0], log_g1, self.gamma, shift1)
-        log_u2 = ema_log(old[:, 1], log_g2, self.gamma, shift2)
+        if scent:
+            log_u1 = scent_log(old[:, 0], log_g1, self.gamma, self.cfg.eps, shift1)
+            log_u2 = scent_log(old[:, 1], log_g2, self.gamma, self.cfg.eps, shift2)
+        else:
+            log_u1 = ema_log(old[:, 0], log_g1, self.gamma, shift1)
+            log_u2 = ema_log(old[:, 1], log_g2, self.gamma, shift2)
         ids = index.detach().to(device=log_g1.device, dtype=torch.float64)
         rows = torch.stack([ids, log_u1.double(), log_u2.double(), log_g1.double(), log_g2.double()], 1)
         rows = gather_rows(rows, batch, self.group)
