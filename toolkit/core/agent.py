@@ -38,15 +38,19 @@ def write_error_file(message: str) -> None:
 def first_failure(err) -> str:
     """The first failure of a ChildFailedError, with its exit code and the rank's own message.
 
-    A rank killed by a signal comes first (the others then fail in their collectives, a moment later),
-    then the earliest failure recorded by a rank (``write_error_file``), then the lowest rank."""
+    A rank killed by a signal without an error of its own comes first (the others then fail in their
+    collectives, a moment later, and the agent then signals them too: a rank that recorded an error with
+    ``write_error_file`` before its SIGTERM is a consequence, which a loaded test run showed as
+    "rank 0 exited with code -15" for a SIGKILLed rank 1), then the earliest failure recorded by a rank,
+    then the lowest rank."""
     failures = getattr(err, "failures", {}) or {}
 
     def order(item):
         rank, failure = item
         data = getattr(failure, "error_file_data", None) or {}
-        when = data.get("cliptk_time", failure.timestamp) if isinstance(data, dict) else failure.timestamp
-        return (0 if failure.exitcode < 0 else 1, when, rank)
+        own = isinstance(data, dict) and "cliptk_time" in data
+        when = data["cliptk_time"] if own else failure.timestamp
+        return (0 if failure.exitcode < 0 and not own else 1, when, rank)
 
     for rank, failure in sorted(failures.items(), key=order):
         return f"rank {rank} exited with code {failure.exitcode} ({failure.message or 'see its log above'})"
