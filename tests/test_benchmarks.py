@@ -106,7 +106,19 @@ def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
         np.savez(cache / "features" / f"{artist}.npz", codepoints=codes[:keep], image=image.astype(np.float32))
 
 
-def test_convergence_quick_end_to_end(tmp_path, capsys):
+@pytest.fixture
+def torch_threads():
+    """The convergence benchmark's workers run one torch thread each (Bench sets it process-wide); with
+    --workers 1 that worker is this process, so the count is put back for the tests that follow (a
+    one-thread in-process run made test_launch's 1-process vs 2-rank FastCLIP tables differ by 3e-5)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_convergence_quick_end_to_end(tmp_path, capsys, torch_threads):
     """--quick on a synthetic feature cache: every available method tuned and run, tables, PNG, JSON;
     a second call reuses every finished run from CACHE/runs.jsonl."""
 
