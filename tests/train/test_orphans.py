@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from trainkit import ROOT, env, metrics, toolkit_cmd
@@ -40,24 +39,30 @@ def test_sigkilled_launcher_leaves_no_rank_running(demo_train, tmp_path):
     assert len(metrics(out)) == steps  # nobody trains on into the folder
 
 
-@pytest.mark.dist
-@pytest.mark.timeout(400)
-def test_a_stopped_rank_is_named_by_the_watchdog(demo_train, tmp_path):
-    """Issue 34 class 5: a SIGSTOPped rank went unreported for the 1,800 s collective timeout."""
+def _two_rank_job(data, out, *extra: str) -> tuple[subprocess.Popen, int]:
+    """A 2-rank `toolkit train` past its second logged step: (the launcher, rank 1's pid)."""
     import json
 
-    out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(demo_train), "--out", str(out), "--steps", "400",
-                                        *ARGS, "--nproc-per-node", "2", "--set", "watchdog_s=8"),
+    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(data), "--out", str(out), "--steps", "400",
+                                        *ARGS, "--nproc-per-node", "2", *extra),
                             cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     beat = out / ".heartbeat" / "rank-1.json"
     wait_for(lambda: proc.poll() is not None or (beat.is_file() and (out / "metrics.jsonl").is_file()
                                                  and len(metrics(out)) >= 2), 300, "two logged steps")
     assert proc.poll() is None, proc.stderr.read()[-3000:]
+    return proc, json.loads(beat.read_text())["pid"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(400)
+def test_a_stopped_rank_is_named_by_the_watchdog(demo_train, tmp_path):
+    """Issue 34 class 5: a SIGSTOPped rank went unreported for the 1,800 s collective timeout."""
+    import os
+
+    proc, rank1 = _two_rank_job(demo_train, tmp_path / "run", "--set", "watchdog_s=8")
     tree = descendants(proc.pid)
-    rank1 = json.loads(beat.read_text())["pid"]
     assert rank1 in tree
-    Path(f"/proc/{rank1}").exists() and __import__("os").kill(rank1, signal.SIGSTOP)
+    os.kill(rank1, signal.SIGSTOP)
     _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 1, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
@@ -99,18 +104,10 @@ def test_first_failure_is_the_signalled_rank_then_the_earliest_with_its_own_mess
 @pytest.mark.dist
 @pytest.mark.timeout(400)
 def test_a_killed_rank_is_blamed_not_rank_0(demo_train, tmp_path):
-    import json
     import os
 
-    out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(demo_train), "--out", str(out), "--steps", "400",
-                                        *ARGS, "--nproc-per-node", "2"),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    beat = out / ".heartbeat" / "rank-1.json"
-    wait_for(lambda: proc.poll() is not None or (beat.is_file() and (out / "metrics.jsonl").is_file()
-                                                 and len(metrics(out)) >= 2), 300, "two logged steps")
-    assert proc.poll() is None, proc.stderr.read()[-3000:]
-    os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)
+    proc, rank1 = _two_rank_job(demo_train, tmp_path / "run")
+    os.kill(rank1, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 1, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
