@@ -82,6 +82,26 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
+# torchrun sets it in each worker's environment only (local_elastic_agent's worker env); other children of the
+# agent (a short-lived helper during the rendezvous) lack it, and counting those as workers once made a
+# signal sent while waiting for a peer node report "restarting its workers" (a flake of test_launch_waits)
+WORKER_ENV_KEY = b"TORCHELASTIC_RESTART_COUNT="
+
+
+def worker_pids(agent_pid: int) -> list[int]:
+    """torchrun's worker processes under the agent ``agent_pid``: its children whose environment carries
+    ``WORKER_ENV_KEY`` (Linux); every child where /proc has no environments to read (macOS, BSD)."""
+    children = child_pids(agent_pid)
+    if not Path("/proc/self/environ").exists():
+        return children
+    workers = []
+    for pid in children:
+        with suppress(OSError):
+            if WORKER_ENV_KEY in Path(f"/proc/{pid}/environ").read_bytes():
+                workers.append(pid)
+    return workers
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (torchrun's workers, their DataLoader workers), parents first."""
     out, frontier = [], [pid]
@@ -127,7 +147,7 @@ class Supervisor:
                 if (sig := self.signals.pop()) is not None:
                     self._on_signal(sig)
                 if not self.workers_started:
-                    self.workers_started = bool(child_pids(self.proc.pid))
+                    self.workers_started = bool(worker_pids(self.proc.pid))
                     if not self.workers_started and time.monotonic() > deadline:
                         raise RendezvousTimeout(
                             f"no rendezvous within {self.rendezvous_timeout_s:g} s (launch.rendezvous_timeout_s): "
@@ -143,7 +163,7 @@ class Supervisor:
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
         log = get_logger("train")
-        workers = child_pids(self.proc.pid)
+        workers = worker_pids(self.proc.pid)
         if not workers and self.workers_started:
             raise StageInterrupted(f"interrupted by {name} while the agent was restarting its workers; rerun the "
                                    "same command to resume from the newest checkpoint")
