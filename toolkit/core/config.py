@@ -51,12 +51,16 @@ def option(
     affects_output: bool = True,
     is_input: bool = False,
     omit_at_default: bool = False,
+    absent_means: Any = MISSING,
 ) -> Any:
     """A dataclass field with a doc string, bounds and manifest roles (see module docstring).
     ``omit_at_default``: a field added after configs were recorded (checkpoints, results) stays out of
-    :func:`to_dict` and the hash while at its default, so those records still load equal and match."""
+    :func:`to_dict` and the hash while at its default, so those records still load equal and match.
+    ``absent_means``: a field added after configs were recorded, which stays in the hash: a record that
+    lacks it was written with this value (the behaviour before the field existed), so
+    :func:`changed_keys` with :func:`absent_values` reports no change where the run uses that value."""
     metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input,
-                "omit_at_default": omit_at_default}
+                "omit_at_default": omit_at_default, "absent_means": absent_means}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -383,10 +387,25 @@ def _leaves(data: Mapping, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def changed_keys(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
+def absent_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> ``absent_means`` of every field of ``cfg`` (nested configs too) that declares one: what
+    an older record that lacks the key was written with (:func:`option`)."""
+    found: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            found.update(absent_values(value, key + "."))
+        elif f.metadata.get("absent_means", MISSING) is not MISSING:
+            found[key] = json.loads(json.dumps(f.metadata["absent_means"], default=str))
+    return found
+
+
+def changed_keys(old: Mapping, new: Mapping, absent: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) of every leaf that differs, in ``new``'s key order (keys only
-    ``old`` has last); a key one side lacks has :data:`MISSING` there."""
+    ``old`` has last); a key one side lacks has :data:`MISSING` there, except a key of ``absent``
+    (:func:`absent_values`) that ``old`` lacks: it reads as the value it meant."""
     a, b = _leaves(old), _leaves(new)
+    a.update({k: v for k, v in (absent or {}).items() if k not in a})
     return [(k, a.get(k, MISSING), b.get(k, MISSING)) for k in {**b, **a} if a.get(k, MISSING) != b.get(k, MISSING)]
 
 

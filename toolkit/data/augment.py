@@ -35,12 +35,17 @@ _STEP_MULT, _ID_MULT, _DRAW_MULT = 0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE70
 class AugmentConfig:
     """Random crops of pixel inputs (open_clip's train transform); ignored for frozen-tower features."""
 
-    random_crop: bool = option(True, doc="RandomResizedCrop each training image (open_clip's train transform); "
-                                         "off: the stored centre crop, resized to the model's size.")
-    scale_min: float = option(0.9, gt=0, le=1, doc="Smallest crop area, as a fraction of the stored image.")
-    scale_max: float = option(1.0, gt=0, le=1, doc="Largest crop area, as a fraction of the stored image.")
-    ratio_min: float = option(0.75, gt=0, doc="Smallest crop aspect ratio (width / height), drawn log-uniformly.")
-    ratio_max: float = option(4 / 3, gt=0, doc="Largest crop aspect ratio (width / height).")
+    random_crop: bool = option(
+        True, absent_means=False, doc="RandomResizedCrop each training image (open_clip's train transform); "
+                                      "off: the stored centre crop, resized to the model's size.")
+    scale_min: float = option(
+        0.9, absent_means=0.9, gt=0, le=1, doc="Smallest crop area, as a fraction of the stored image.")
+    scale_max: float = option(
+        1.0, absent_means=1.0, gt=0, le=1, doc="Largest crop area, as a fraction of the stored image.")
+    ratio_min: float = option(
+        0.75, absent_means=0.75, gt=0, doc="Smallest crop aspect ratio (width / height), drawn log-uniformly.")
+    ratio_max: float = option(
+        4 / 3, absent_means=4 / 3, gt=0, doc="Largest crop aspect ratio (width / height).")
 
     def __post_init__(self) -> None:
         if self.scale_min > self.scale_max or self.ratio_min > self.ratio_max:

@@ -141,17 +141,22 @@ class TrainConfig:
                                           "set_grad_checkpointing): less activation memory, one more forward.")
     compile: bool = option(False, affects_output=False, doc="torch.compile the towers (inductor; the first "
                                                             "steps pay the compile time).")
-    lock_image: bool = option(False, doc="Freeze the image tower (LiT) except its last lock_image_unlocked_groups "
-                                         "layer groups (open_clip's lock_image_tower).")
-    lock_image_unlocked_groups: int = option(0, ge=0, doc="Layer groups of a locked image tower left trainable, "
-                                                          "counted from the output.")
-    lock_text: bool = option(False, doc="Freeze the text tower except its last lock_text_unlocked_layers layers "
-                                        "(open_clip's lock_text_tower).")
-    lock_text_unlocked_layers: int = option(0, ge=0, doc="Layers of a locked text tower left trainable, counted "
-                                                         "from the output.")
-    ema_decay: float = option(0.0, ge=0, le=1, doc="Keep an exponential moving average of the weights with this "
-                                                   "decay (0: none): checkpointed, evaluated beside the raw weights "
-                                                   "and saved as OUT/model-ema.")
+    lock_image: bool = option(
+        False, absent_means=False, doc="Freeze the image tower (LiT) except its last lock_image_unlocked_groups "
+                                       "layer groups (open_clip's lock_image_tower).")
+    lock_image_unlocked_groups: int = option(
+        0, absent_means=0, ge=0, doc="Layer groups of a locked image tower left trainable, "
+                                     "counted from the output.")
+    lock_text: bool = option(
+        False, absent_means=False, doc="Freeze the text tower except its last lock_text_unlocked_layers layers "
+                                       "(open_clip's lock_text_tower).")
+    lock_text_unlocked_layers: int = option(
+        0, absent_means=0, ge=0, doc="Layers of a locked text tower left trainable, counted "
+                                     "from the output.")
+    ema_decay: float = option(
+        0.0, absent_means=0.0, ge=0, le=1, doc="Keep an exponential moving average of the weights with this "
+                                               "decay (0: none): checkpointed, evaluated beside the raw weights "
+                                               "and saved as OUT/model-ema.")
     audit_samples: bool = option(False, affects_output=False, doc="Record every step's sample ids per rank in "
                                                                  "OUT/samples/ (to check that no sample is seen "
                                                                  "twice or skipped across interruptions).")

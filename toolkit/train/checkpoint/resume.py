@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolkit.core import files
-from toolkit.core.config import changed_keys, config_hash, describe_changes, output_dict
+from toolkit.core.config import absent_values, changed_keys, config_hash, describe_changes, output_dict
 from toolkit.train.checkpoint import format as ckpt
 from toolkit.train.config import TrainConfig
 
@@ -58,7 +58,9 @@ def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
     if saved.get("config_hash") == new_hash:
         return
     old = saved.get("config")
-    changes = changed_keys(old, output_config(cfg)) if isinstance(old, Mapping) else None
+    changes = changed_keys(old, output_config(cfg), absent_values(cfg)) if isinstance(old, Mapping) else None
+    if changes == []:  # written before some fields existed, and this run uses what their absence meant
+        return
     raise ConfigMismatch(path, saved.get("config_hash"), new_hash, changes or None, cfg.checkpoint.dir or cfg.out)
 
 
