@@ -1,0 +1,207 @@
+"""DRRhoLoss (``--loss drrho``) against the float64 oracle of the paper's formula (tests/train/drrho_oracle.py):
+values, gradients wrt both feature sets and p, the estimator tables over epochs; odd sizes, reference width ≠
+student width, β ≠ 1, fixed τ; resume from its state_dict; the Triton backend under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from drrho_oracle import DRRhoOracle
+from torch.nn.functional import normalize
+
+from toolkit.core.config import build
+from toolkit.train.losses import LossConfig, build_loss, loss_fields
+from toolkit.train.losses.drrho.loss import DRRhoLoss
+from toolkit.train.losses.fastclip.schedules import gamma_at_epoch
+
+N, D, D_REF = 13, 5, 3  # reference width ≠ student width on purpose
+KW = {"rho": 6.5, "eps": 1e-14, "gamma_min": 0.3, "gamma_decay_epochs": 2}
+
+
+def make_drrho(data_size: int = N, *, group=None, ref_weight: float = 1.0, **fields) -> DRRhoLoss:
+    cfg = build(LossConfig, {**loss_fields("drrho"), **KW, **fields, "drrho": {"ref_weight": ref_weight}})
+    return build_loss(cfg, data_size=data_size, group=group, table_dtype=torch.float64)
+
+
+def make_pairs(gen: torch.Generator, b: int) -> tuple[torch.Tensor, ...]:
+    """Student features x, y [b, D] (fp64) and reference features [b, D_REF] (fp32, as the loader's),
+    correlated pairs so that the excess loss is not symmetric around 0."""
+    x = normalize(torch.randn(b, D, generator=gen, dtype=torch.float64), dim=1)
+    y = normalize(x + 0.8 * torch.randn(b, D, generator=gen, dtype=torch.float64), dim=1)
+    xr = normalize(torch.randn(b, D_REF, generator=gen), dim=1)
+    yr = normalize(xr + 0.5 * torch.randn(b, D_REF, generator=gen), dim=1)
+    return x, y, xr, yr
+
+
+def run_against_oracle(batch_sizes=(7, 5, 7, 2, 7, 3), steps_per_epoch=2, ref_weight=1.0, learn_tau=True):
+    loss = make_drrho(ref_weight=ref_weight, learn_tau=learn_tau)
+    oracle = DRRhoOracle(N, rho=KW["rho"], eps=KW["eps"], ref_weight=ref_weight)
+    gen = torch.Generator().manual_seed(7)
+    for step, b in enumerate(batch_sizes):
+        epoch = step // steps_per_epoch
+        loss.set_epoch(epoch)
+        oracle.gamma = gamma_at_epoch(epoch, KW["gamma_min"], KW["gamma_decay_epochs"], "cosine")
+        x, y, xr, yr = make_pairs(gen, b)
+        ids = torch.randperm(9 if epoch == 0 else N, generator=gen)[:b]  # ids 9.. first seen while γ < 1
+        p = torch.tensor(math.log(1 / 0.05) + 0.1 * step, dtype=torch.float64)
+        xs, ys, ps = (t.clone().requires_grad_() for t in (x, y, p))
+        xo, yo, po = (t.clone().requires_grad_() for t in (x, y, p))
+        got = loss(xs, ys, ps.exp(), ids, reference=(xr, yr))
+        got.backward()
+        want = oracle.step(xo, yo, xr, yr, ids, po)
+        torch.testing.assert_close(got.detach(), want, rtol=1e-10, atol=0)
+        torch.testing.assert_close(xs.grad, xo.grad, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(ys.grad, yo.grad, rtol=1e-9, atol=1e-12)
+        if learn_tau:
+            torch.testing.assert_close(ps.grad, po.grad, rtol=1e-9, atol=1e-12)
+        else:
+            assert ps.grad is None
+        for side, u in (("image", oracle.u_im), ("text", oracle.u_tt)):
+            seen = u > 0
+            torch.testing.assert_close(loss.table(f"u_{side}")[seen], u[seen], rtol=1e-10, atol=0)
+            assert torch.isneginf(loss.table(f"log_u_{side}")[~seen]).all()
+    assert loss.gamma < 1  # the decaying γ was exercised
+
+
+def test_matches_paper_formula_over_epochs():
+    run_against_oracle()
+
+
+@pytest.mark.parametrize("ref_weight,learn_tau", [(0.5, True), (1.0, False), (0.0, True)])
+def test_ref_weight_and_fixed_tau_match_oracle(ref_weight, learn_tau):
+    run_against_oracle(ref_weight=ref_weight, learn_tau=learn_tau)
+
+
+def test_without_reference_is_fastclip_v3_with_doubled_feature_gradient():
+    """β = 0 removes the reference: the same tables and value as FastCLIP v3, feature gradients 2×, p's equal
+    (the authors' SogCLRLoss against fast_clip's split loss; drrho/loss.py)."""
+    from fastclip_oracle import make_loss
+
+    gen = torch.Generator().manual_seed(3)
+    ours, v3 = make_drrho(ref_weight=0.0), make_loss("v3", N, table_dtype=torch.float64, **KW)
+    x, y, xr, yr = make_pairs(gen, 6)
+    ids, p = torch.arange(6), torch.tensor(math.log(1 / 0.05), dtype=torch.float64)
+    grads = []
+    for loss, kw in ((ours, {"reference": (xr, yr)}), (v3, {})):
+        xs, ys, ps = (t.clone().requires_grad_() for t in (x, y, p))
+        value = loss(xs, ys, ps.exp(), ids, **kw)
+        value.backward()
+        grads.append((value.detach(), xs.grad, ys.grad, ps.grad))
+    (v_d, dx_d, dy_d, dp_d), (v_3, dx_3, dy_3, dp_3) = grads
+    torch.testing.assert_close(v_d, v_3, rtol=1e-12, atol=0)
+    torch.testing.assert_close(dx_d, 2 * dx_3, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(dy_d, 2 * dy_3, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(dp_d, dp_3, rtol=1e-12, atol=1e-15)
+    assert torch.equal(ours.tables.data, v3.tables.data)
+
+
+def test_torch_tiled_backend_with_fp32_features_matches_naive():
+    """The chunked torch backend (tiles smaller than the batch) against the full-matrix one, fp32 features."""
+    gen = torch.Generator().manual_seed(5)
+    x, y, xr, yr = make_pairs(gen, 37)
+    out = []
+    for backend in ("naive", "torch"):
+        loss = make_drrho(backend=backend, data_size=40)
+        xs, ys = x.float().requires_grad_(), y.float().requires_grad_()
+        value = loss(xs, ys, torch.tensor(20.0), torch.arange(37), reference=(xr, yr))
+        value.backward()
+        out.append((value.detach(), xs.grad, ys.grad))
+    for got, want in zip(out[1], out[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_resume_is_exact():
+    """Two steps, save, a fresh loss loads the state: the third step is identical (value, gradients, tables)."""
+    gen = torch.Generator().manual_seed(11)
+    batches = [(*make_pairs(gen, 5), torch.randperm(N, generator=gen)[:5]) for _ in range(3)]
+    first = make_drrho()
+    for epoch, (x, y, xr, yr, ids) in enumerate(batches[:2]):
+        first.set_epoch(epoch)
+        first(x, y, torch.tensor(15.0, dtype=torch.float64), ids, reference=(xr, yr))
+    first.sync_state()
+    state = first.state_dict()
+    assert set(state) == {"tables.log_u_image", "tables.log_u_text"}
+    resumed = make_drrho()
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.tables.data, first.tables.data)
+    out = []
+    x, y, xr, yr, ids = batches[2]
+    for loss in (first, resumed):
+        loss.set_epoch(2)
+        xs = x.clone().requires_grad_()
+        value = loss(xs, y, torch.tensor(15.0, dtype=torch.float64), ids, reference=(xr, yr))
+        value.backward()
+        out.append((value.detach(), xs.grad, loss.tables.data.clone()))
+    for got, want in zip(out[1], out[0], strict=True):
+        assert torch.equal(got, want)
+
+
+def test_refuses_bad_input_naming_it():
+    loss = make_drrho()
+    x, y, xr, yr = make_pairs(torch.Generator().manual_seed(0), 4)
+    a, ids = torch.tensor(10.0, dtype=torch.float64), torch.arange(4)
+    with pytest.raises(ValueError, match="reference model's features"):
+        loss(x, y, a, ids)
+    with pytest.raises(ValueError, match=r"\[b, d_ref\] with b = 4"):
+        loss(x, y, a, ids, reference=(xr[:3], yr[:3]))
+    with pytest.raises(ValueError, match="ref_image"):
+        loss(x, y, a, ids, reference=xr)
+    with pytest.raises(ValueError, match="at least 2 pairs"):  # batch 1 on one process: no negatives
+        loss(x[:1], y[:1], a, ids[:1], reference=(xr[:1], yr[:1]))
+    with pytest.raises(ValueError, match="v3"):
+        make_drrho(version="v1")
+    with pytest.raises(ValueError, match="fastclip mode only"):
+        LossConfig(kind="drrho", mode="gather")
+
+
+def test_registry_plan_and_config():
+    from toolkit.train.losses import registry
+    from toolkit.train.plan.traffic import step_traffic
+
+    spec = registry.spec("drrho")
+    assert DRRhoLoss.reads_reference and spec.table_columns({"kind": "drrho"}) == 2
+    cfg = LossConfig(kind="drrho", learn_tau=False, gamma_rule="drrho", gamma_decay_epochs=30)
+    assert cfg.name == "drrho" and not cfg.learns_logit_scale
+    assert make_drrho(gamma_rule="drrho", gamma_decay_epochs=30).gamma_final == pytest.approx(4.177 * 30 ** -0.7265)
+    table = step_traffic("fastclip", 4, 8, 512, 100, feature_bytes=2, objective="drrho", ref_dim=256)
+    assert table[("all_gather", "features")] == (1, 2 * 8 * (512 + 256) * 4)  # widened rows, fp32
+    assert table[("all_gather", "scalars")] == (1, 8 * 5 * 8)
+
+
+TRITON_SCRIPT = """
+import torch, sys
+sys.path.insert(0, {tests!r})
+from test_drrho import make_drrho, make_pairs
+gen = torch.Generator().manual_seed(2)
+x, y, xr, yr = make_pairs(gen, 19)
+out = []
+for backend in ("naive", "triton"):
+    loss = make_drrho(backend=backend, data_size=19)
+    xs, ys = x.float().requires_grad_(), y.float().requires_grad_()
+    p = torch.tensor(2.5, requires_grad=True)
+    value = loss(xs, ys, p.exp(), torch.arange(19), reference=(xr, yr))
+    value.backward()
+    out.append((value.detach(), xs.grad, ys.grad, p.grad))
+for got, want in zip(out[1], out[0]):
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+print("triton ok")
+"""
+
+
+def test_triton_backend_under_interpreter():
+    """The Triton kernels on the widened rows (width D + D_REF = 8, padded to the kernel's block) equal the full
+    matrix; run in a fresh interpreter because TRITON_INTERPRET must be set before triton is imported."""
+    pytest.importorskip("triton")
+    tests = str(Path(__file__).resolve().parent)
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(root), str(root / "tests" / "train"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", TRITON_SCRIPT.format(tests=tests)], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "triton ok" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
