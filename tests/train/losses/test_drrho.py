@@ -205,3 +205,42 @@ def test_triton_backend_under_interpreter():
     run = subprocess.run([sys.executable, "-c", TRITON_SCRIPT.format(tests=tests)], env=env, cwd=root,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "triton ok" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+class _WithReference(torch.nn.Module):
+    """Passes the batch's reference rows as the trainer does for a ``reads_reference`` objective (base.py), so
+    the trainer's own gradient-cache code (``step.forward_backward``) runs unchanged around the loss."""
+
+    def __init__(self, loss: DRRhoLoss, reference: tuple[torch.Tensor, torch.Tensor]):
+        super().__init__()
+        self.loss, self.reference = loss, reference
+
+    def forward(self, x, y, logit_scale, index, logit_bias=None):
+        return self.loss(x, y, logit_scale, index, logit_bias, reference=self.reference)
+
+
+@pytest.mark.parametrize("micro", [3, 1])
+def test_gradient_cache_gives_the_full_batch_gradient(micro):
+    """A small open_clip model through ``forward_backward``: micro-batches (3, 3, 3, 1 and ten of 1) give the
+    parameter gradients of the plain step (tests/train/gradcache_jobs.py's model and batch)."""
+    import contextlib
+
+    from gradcache_jobs import GLOBAL_BATCH, _batch, _model, _seed
+
+    from toolkit.train.step import StepInputs, forward_backward
+
+    gen = torch.Generator().manual_seed(4)
+    ref = (normalize(torch.randn(GLOBAL_BATCH, 6, generator=gen), dim=1),
+           normalize(torch.randn(GLOBAL_BATCH, 6, generator=gen), dim=1))
+    out = []
+    for m in (micro, 0):
+        model = _model(dropout=False)
+        loss = _WithReference(make_drrho(data_size=40), ref)
+        images, tokens, index = _batch()
+        forward_backward(model, loss, StepInputs(images, tokens, index), micro_batch_size=m, seed_of=_seed(0),
+                         autocast=contextlib.nullcontext)
+        out.append({n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None})
+    got, want = out
+    assert got.keys() == want.keys() and "logit_scale" in want
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
