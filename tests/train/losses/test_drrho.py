@@ -170,7 +170,7 @@ def test_registry_plan_and_config():
     assert cfg.name == "drrho" and not cfg.learns_logit_scale
     assert make_drrho(gamma_rule="drrho", gamma_decay_epochs=30).gamma_final == pytest.approx(4.177 * 30 ** -0.7265)
     table = step_traffic("fastclip", 4, 8, 512, 100, feature_bytes=2, objective="drrho", ref_dim=256)
-    assert table[("all_gather", "features")] == (1, 2 * 8 * (512 + 256) * 4)  # widened rows, fp32
+    assert table[("all_gather", "features")] == (1, 2 * 8 * (512 + 256) * 2)  # widened rows, bf16
     assert table[("all_gather", "scalars")] == (1, 8 * 5 * 8)
 
 
@@ -244,3 +244,22 @@ def test_gradient_cache_gives_the_full_batch_gradient(micro):
     assert got.keys() == want.keys() and "logit_scale" in want
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_bf16_features_and_reference_stay_bf16_and_close_to_float64():
+    """Under AMP the widened rows stay in the features' dtype when the reference comes in it (the fast path);
+    the result is the float64 one to bf16 precision, and the gradients come back in bf16."""
+    gen = torch.Generator().manual_seed(9)
+    x, y, xr, yr = make_pairs(gen, 12)
+    out = []
+    for dtype in (torch.bfloat16, torch.float64):
+        loss = make_drrho(data_size=12)
+        xs, ys = x.to(dtype).requires_grad_(), y.to(dtype).requires_grad_()
+        value = loss(xs, ys, torch.tensor(14.0), torch.arange(12), reference=(xr.to(dtype), yr.to(dtype)))
+        value.backward()
+        out.append((value.detach().double(), xs.grad, ys.grad))
+    (v16, dx16, dy16), (v64, dx64, dy64) = out
+    assert dx16.dtype == torch.bfloat16 and dy16.dtype == torch.bfloat16
+    torch.testing.assert_close(v16, v64, rtol=2e-2, atol=0)
+    for got, want in ((dx16, dx64), (dy16, dy64)):
+        assert (got.double() - want).norm() <= 5e-2 * want.norm()

@@ -42,7 +42,8 @@ from toolkit.train.losses.fastclip.loss import FastCLIPLoss
 def widen(image_features: Tensor, text_features: Tensor, reference: tuple[Tensor, Tensor], ref_weight: float
           ) -> tuple[Tensor, Tensor]:
     """(x̃ = [x, x^r], ỹ = [y, −β y^r]) [b, d + d_ref] in the promoted dtype of the features and the reference's
-    (fp32 for bf16/fp16 features), differentiable in x and y. Checks the reference's shapes."""
+    (bf16 features with a bf16 reference stay bf16, the Triton backend's fast path; with a float32 reference they
+    become float32), differentiable in x and y. Checks the reference's shapes."""
     if not isinstance(reference, (tuple, list)) or len(reference) != 2:
         raise ValueError("drrho: reference must be (ref_image [b, d_ref], ref_text [b, d_ref]), got "
                          f"{type(reference).__name__}")
@@ -54,7 +55,7 @@ def widen(image_features: Tensor, text_features: Tensor, reference: tuple[Tensor
     if ref_image.device != image_features.device:
         raise ValueError(f"drrho: reference features on {ref_image.device}, student features on "
                          f"{image_features.device}")
-    acc = torch.promote_types(torch.promote_types(image_features.dtype, ref_image.dtype), torch.float32)
+    acc = torch.promote_types(image_features.dtype, ref_image.dtype)  # FastCLIP accumulates in fp32 whatever it is
     ref_image, ref_text = ref_image.detach().to(acc), ref_text.detach().to(acc)
     x = torch.cat([image_features.to(acc), ref_image], 1)
     y = torch.cat([text_features.to(acc), ref_text * -ref_weight], 1)
