@@ -263,3 +263,16 @@ def test_bf16_features_and_reference_stay_bf16_and_close_to_float64():
     torch.testing.assert_close(v16, v64, rtol=2e-2, atol=0)
     for got, want in ((dx16, dx64), (dy16, dy64)):
         assert (got.double() - want).norm() <= 5e-2 * want.norm()
+
+
+def test_toolkit_plan_tables_drrho_traffic():
+    """``toolkit plan --loss drrho`` (a real CLI process) tables its traffic row: the widened feature gather."""
+    from trainkit import run_cli
+
+    res = run_cli(["plan", "--model", "cliptk-tiny", "-b", "256", "--nproc-per-node", "2", "--device", "cpu",
+                   "--loss", "drrho"])
+    assert res.returncode == 0, res.stderr
+    (row,) = [line for line in res.stdout.splitlines() if line.startswith("drrho/fastclip")]
+    (base,) = [line for line in res.stdout.splitlines() if line.startswith("openclip/fastclip")]
+    # cliptk-tiny: embed dim 128; b = 128 per rank; d_ref taken equal to d: twice openclip's feature bytes
+    assert row.split()[1:3] == ["256.00", "KiB"] and base.split()[1:3] == ["128.00", "KiB"], (row, base)
