@@ -62,6 +62,9 @@ class TrainingLoss(nn.Module):
     keep its detached value in ``self._last``, and override the hooks they need (the defaults do nothing)."""
 
     needs_data_size: ClassVar[bool] = False
+    # True when forward needs the reference model's features of the batch: the trainer then passes
+    # reference=(ref_image [b, d_ref], ref_text [b, d_ref]) and refuses a training set without them
+    reads_reference: ClassVar[bool] = False
     # True when forward already returns the global value on every rank (the fastclip-mode objectives)
     value_is_global: ClassVar[bool] = False
 

@@ -10,6 +10,8 @@
 - ``kind: neuclip``: NeuCLIP (docs/neuclip.md): the robust global contrastive loss with each sample's
   log-normaliser predicted by a small prototype network (``neuclip`` section) instead of FastCLIP's
   per-sample estimators; learnable τ (``learn_tau``, ``lr_tau``), ρ and ε as v3. Also the fastclip mode only.
+- ``kind: drrho``: DRRho-CLIP (docs/objectives.md): FastCLIP v3's estimators on the excess pairwise loss over a
+  reference model whose features the training set holds (``drrho`` section); τ learnt unless ``learn_tau: false``.
 The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss siglip`` sets ``kind: siglip``, ``--loss neuclip`` ``kind: neuclip``.
 """
 
@@ -20,6 +22,7 @@ from typing import Literal, get_args
 
 from toolkit.core.config import option
 from toolkit.train.losses import registry
+from toolkit.train.losses.drrho.config import DRRhoConfig
 from toolkit.train.losses.neuclip.config import NeuCLIPConfig
 
 Version = Literal["v0", "v1", "v2", "v3"]
@@ -39,7 +42,8 @@ class LossConfig:
     kind: str = option("fastclip", doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
                                        "fastclip (global contrastive loss with per-sample estimators), siglip "
                                        "(sigmoid loss with a learnable bias), neuclip (FastCLIP's loss, "
-                                       "log-normalisers predicted by a network).")
+                                       "log-normalisers predicted by a network), drrho (FastCLIP's loss on the "
+                                       "excess over a reference model's, DRRho-CLIP).")
     version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
                                         "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
@@ -90,6 +94,8 @@ class LossConfig:
     tau_eps: float = option(1e-8, gt=0, doc="v2: denominator ε of the per-sample τ rule (added to v̂, not √v̂, "
                                             "as the reference).")
     neuclip: NeuCLIPConfig = option(factory=NeuCLIPConfig, doc="NeuCLIP's normaliser network (kind neuclip).")
+    drrho: DRRhoConfig = option(factory=DRRhoConfig, doc="DRRho-CLIP's reference term (kind drrho).",
+                                omit_at_default=True)
 
     siglip_scale_init: float = option(10.0, gt=0, doc="siglip: initial scale t = exp(logit_scale) of a model "
                                                        "trained from scratch (SigLIP: 10; replaces tau_init).")
@@ -110,7 +116,7 @@ class LossConfig:
 
     def _check_estimator_rules(self) -> None:
         """gamma_rule and u_update change FastCLIP's estimators u; refuse them where they do not apply."""
-        if self.gamma_rule != "fixed" and self.kind != "fastclip":
+        if self.gamma_rule != "fixed" and self.kind not in ("fastclip", "drrho"):  # drrho: FastCLIP's γ, its rule
             raise ValueError(f"gamma_rule: {self.gamma_rule} applies to FastCLIP's γ; this objective is {self.name}")
         if self.u_update != "moving_average" and (self.kind != "fastclip" or self.version == "v2"):
             raise ValueError(f"u_update: {self.u_update} applies to FastCLIP v0, v1 and v3 (their estimators u); "
