@@ -46,10 +46,13 @@ def work_dir(cfg) -> str:
     return os.path.join(cfg.tmp_dir or tempfile.gettempdir(), f"resume-precompute-{tag}")
 
 
-def process_key(cfg) -> str:
-    """Hash of everything that changes a raw shard's processed rows (not OUT, not the shard size)."""
+def process_key(cfg, reference_sha256: str = "") -> str:
+    """Hash of everything that changes a raw shard's processed rows (not OUT, not the shard size);
+    ``reference_sha256``: the reference model's weights (a model folder's change no path fingerprint sees)."""
     options = dataclasses.replace(cfg, input="", out="", samples_per_shard=1)
     weights = {k: fingerprint(p) for k, p in input_paths(cfg).items() if k != "input"}
+    if reference_sha256:
+        weights["reference"] = reference_sha256
     return config_hash(options, "precompute-rows", __version__, weights)
 
 
@@ -94,7 +97,7 @@ def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool 
         return found
     kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
-        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg)
+        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg, /.ref)
             path = os.path.join(work, name)
             if os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)
@@ -114,7 +117,8 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> Sha
     res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
                       int(record["num_read"]), [tuple(s) for s in record["skips"]],
                       Counter(record["converted"]), record["tar_error"])
-    for path, field in zip((res.image_path, res.text_path), fields, strict=True):
+    paths = (res.image_path, res.text_path, base + ".ref")[:len(fields)]  # .ref: reference.SCRATCH_EXT
+    for path, field in zip(paths, fields, strict=True):
         try:
             if os.path.getsize(path) != res.num_kept * field.nbytes:
                 return None
