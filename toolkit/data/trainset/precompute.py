@@ -326,14 +326,15 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed
     (this rank's share of them, then every rank's results read back from ``work``)."""
     ref = precompute_worker.STATE.get("reference")
-    key = resume.process_key(cfg, ref.sha256 if ref is not None else "")  # a folder's weights may change
+    ref = ref.identity() if ref is not None else None  # in each record: a model folder may change in place
+    key = resume.process_key(cfg)
     scratch = writing.scratch_fields(cfg.storage, fields)
     if ranks.rank == 0:  # rank 0 prunes the scratch folder before any other rank writes into it
-        done = resume.load(work, urls, key, scratch)
+        done = resume.load(work, urls, key, scratch, reference=ref)
         ranks.barrier()
     else:
         ranks.barrier()
-        done = resume.load(work, urls, key, scratch, prune=False)
+        done = resume.load(work, urls, key, scratch, prune=False, reference=ref)
     if done and ranks.rank == 0:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0
@@ -352,11 +353,11 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     mine = [u for i, u in enumerate(urls) if ranks.owns(i)]
     with counter(promised_samples(mine), desc="precompute", unit="samples") as count:
         count.advance(resumed)
-        fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key), count)
+        fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key, ref), count)
     if ranks.world > 1:  # every rank's counts, then rank 0 reads the others' records from the scratch folder
         gathered = ranks.gather_counts({r.index: r.num_read for r in fresh})
         if ranks.rank == 0:
-            theirs = resume.load(work, urls, key, scratch)
+            theirs = resume.load(work, urls, key, scratch, reference=ref)
             check_counts(gathered, {i: r.num_read for i, r in theirs.items()}, urls, work)
             fresh = [r for i, r in theirs.items() if i not in done]
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,

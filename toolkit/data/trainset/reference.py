@@ -68,6 +68,10 @@ class Reference:
             feats = self.model.encode_text(self.tokenizer(list(captions)).to(self.device))
         return _normalised(feats)
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two references' rows interchangeable (precompute's resume records it)."""
+        return {"weights_sha256": self.sha256, "dim": self.dim}
+
     def info(self) -> dict[str, Any]:
         """What ``dataset.json``'s ``extra.reference`` records."""
         return {"model": self.spec, "weights": self.weights, "weights_sha256": self.sha256, "dim": self.dim,
