@@ -52,6 +52,7 @@ FIELD_EXTS = {"image": ("img.u8", "uint8"), "image_features": ("img_feat.f16", "
               "tokens": ("tok.i32", "int32"), "text_features": ("txt_feat.f16", "float16"),
               # a reference model's L2-normalised embeddings (precompute --reference-model; reference.py)
               "ref_image": ("ref_img.f16", "float16"), "ref_text": ("ref_txt.f16", "float16")}
+REF_ROLES = ("ref_image", "ref_text")
 
 
 @dataclass(frozen=True)
@@ -181,10 +182,23 @@ class TrainDataset:
             raise ValueError(f"{path}: storage {ds.storage!r}, this toolkit reads pixels, jpeg and index")
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
-        from toolkit.data.trainset.reference import check_dataset
-
-        check_dataset(ds, path)
+        check_reference_fields(ds, path)
         return ds
+
+
+def check_reference_fields(ds: Any, path: str) -> None:
+    """``dataset.json``'s reference fields agree with ``extra.reference`` (ValueError naming ``path``)."""
+    found = [ds.field(role) for role in REF_ROLES]
+    info = ds.extra.get("reference")
+    if not any(found) and info is None:
+        return
+    if not all(found) or info is None:
+        raise ValueError(f"{path}: reference fields {[r for r, f in zip(REF_ROLES, found, strict=True) if f]} and "
+                         f"extra.reference {'present' if info else 'missing'} do not go together; precompute again")
+    widths = {f.shape[0] for f in found}
+    if widths != {int(info.get("dim", -1))}:
+        raise ValueError(f"{path}: reference fields are {sorted(widths)}-d but extra.reference.dim says "
+                         f"{info.get('dim')}; precompute again")
 
 
 def id_key(sample_id: int) -> str:

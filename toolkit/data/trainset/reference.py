@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.data.trainset.format import REF_ROLES as ROLES
 from toolkit.data.trainset.format import Field
 
 SCRATCH_EXT = ".ref"  # a raw shard's reference rows in the scratch folder: float16 [n, 2, d_ref]
-ROLES = ("ref_image", "ref_text")
 
 
 @dataclass
@@ -152,21 +152,6 @@ class ReferenceSink:
 def split_row(row: np.ndarray, dim: int) -> list[bytes]:
     """One scratch row (uint8 [4 * dim]) -> the ``ref_image`` and ``ref_text`` payloads."""
     return [row[:2 * dim].tobytes(), row[2 * dim:].tobytes()]
-
-
-def check_dataset(ds: Any, path: str) -> None:
-    """``dataset.json``'s reference fields agree with ``extra.reference`` (ValueError naming ``path``)."""
-    found = [ds.field(role) for role in ROLES]
-    info = ds.extra.get("reference")
-    if not any(found) and info is None:
-        return
-    if not all(found) or info is None:
-        raise ValueError(f"{path}: reference fields {[r for r, f in zip(ROLES, found, strict=True) if f]} and "
-                         f"extra.reference {'present' if info else 'missing'} do not go together; precompute again")
-    widths = {f.shape[0] for f in found}
-    if widths != {int(info.get("dim", -1))}:
-        raise ValueError(f"{path}: reference fields are {sorted(widths)}-d but extra.reference.dim says "
-                         f"{info.get('dim')}; precompute again")
 
 
 def bytes_per_sample(ds: Any) -> int:
