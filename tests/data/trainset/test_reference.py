@@ -217,19 +217,41 @@ def test_checksums_cover_the_reference_and_verify_inspect_show_it(ref_sets, mode
     assert bad.exit_code == 1 and str(target) in bad.output and words in bad.output, bad.output
 
 
+def test_a_set_with_a_reference_trains_through_toolkit_train(ref_sets, tmp_path):
+    """The extra batch keys travel through the trainer's loader workers and batches without harm (objectives
+    that read them are toolkit.train's)."""
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["--quiet", "train", "--data", str(ref_sets["pixels"]), "--model", MODEL, "--out",
+                                   str(out), "--steps", "2", "--batch-size", "8", "--workers", "2", "--set",
+                                   "tensorboard=false"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "manifest.json").read_text())["status"] == "done"
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    """sha256 of every output file; dataset.json without data_root (an index names its raw shards relative
+    to its own folder, which differs between the two outputs)."""
+    out = {}
+    for p in sorted(folder.iterdir()):
+        if p.name == "dataset.json":
+            data = json.loads(p.read_text())
+            data.pop("data_root", None)
+            out[p.name] = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        elif p.name.endswith((".tar", ".xxh3", ".meta.jsonl", ".idx", ".jpgs")):
+            out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
 @pytest.mark.dist
-def test_two_ranks_write_the_same_bytes_as_one_process(ref_sets, ref_dir, tmp_path):
+@pytest.mark.parametrize("mode", ["pixels", "index"])
+def test_two_ranks_write_the_same_bytes_as_one_process(ref_sets, ref_dir, tmp_path, mode):
+    """Rank 0 reads the other rank's scratch rows (image rows, or index records, and reference rows)."""
     out, raw = tmp_path / "two", ref_sets["pixels"].parent / "raw"
     cmd = [sys.executable, "-m", "toolkit", "data", "precompute", "--in", str(raw), "--out", str(out), "--model",
-           MODEL, "--samples-per-shard", "10", "--workers", "1", "--set", "crop_scale_min=1.0", "--reference-model",
-           str(ref_dir), "--nproc-per-node", "2"]
+           MODEL, "--samples-per-shard", "10", "--workers", "1", "--set", "crop_scale_min=1.0", "--storage", mode,
+           "--reference-model", str(ref_dir), "--nproc-per-node", "2"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-
-    def digest(folder: Path) -> dict[str, str]:
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-                if p.name.endswith((".tar", ".xxh3", ".meta.jsonl")) or p.name == "dataset.json"}
-
-    assert digest(out) == digest(ref_sets["pixels"]) and len(digest(out)) == 34
+    assert _digest(out) == _digest(ref_sets[mode]) and len(_digest(out)) == (34 if mode == "pixels" else 23)
