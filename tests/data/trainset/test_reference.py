@@ -119,6 +119,20 @@ def test_ranks_see_the_single_process_reference_rows_and_resume_at_another_world
         assert (batch["ref_text"] == by_id["ref_text"][batch["index"]]).all()
 
 
+def test_frozen_tower_features_and_a_reference_together(ref_sets, ref_dir, tmp_path):
+    """LiT data (frozen-tower features instead of pixels and tokens) with a reference: four fields per sample,
+    the reference rows equal to the pixels set's (both from the raw pairs)."""
+    out = tmp_path / "lit"
+    precompute(ref_sets["pixels"].parent / "raw", out, num_workers=2, samples_per_shard=10, image_tower="open_clip",
+               image_tower_model=MODEL, text_tower="open_clip", text_tower_model=MODEL, reference_model=str(ref_dir))
+    assert [f.role for f in TrainDataset.open(str(out)).fields] == ["image_features", "text_features", "ref_image",
+                                                                     "ref_text"]
+    batch = next(iter(make_loader(str(out), batch_size=103, shuffle=False)))
+    assert batch["image_features"].shape == (103, 128) and batch["text_features"].shape == (103, 128)
+    want = _all(ref_sets["pixels"])
+    assert (batch["ref_image"].numpy() == want["ref_image"]).all() and (batch["ref_text"].numpy() == want["ref_text"]).all()
+
+
 def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
     from toolkit.models import load_model, save_model
 
