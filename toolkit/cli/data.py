@@ -138,6 +138,10 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
         return
     typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
+    reference_s = (result.details.get("throughput") or {}).get("reference_s")
+    if reference_s is not None:  # what --reference-model cost (summed over the workers)
+        typer.echo(f"reference pass: {reference_s} s of worker time, "
+                   f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read")
     _echo_counts("skipped", c["skipped"])
     _echo_converted(c["converted"])
     for shard, error in (result.details.get("tar_errors") or {}).items():

@@ -93,6 +93,8 @@ def test_embeddings_equal_open_clip_on_the_raw_pairs_in_every_mode(ref_sets, ref
     np.testing.assert_allclose(got["pixels"]["ref_text"].astype(np.float32), y, rtol=0, atol=5e-4)
     norms = np.linalg.norm(got["pixels"]["ref_image"].astype(np.float32), axis=1)
     assert np.allclose(norms, 1, atol=2e-3)
+    for mode in MODES:  # the pass's cost is in the manifest
+        assert json.loads((ref_sets[mode] / "manifest.json").read_text())["details"]["throughput"]["reference_s"] > 0
     info = TrainDataset.open(str(ref_sets["index"])).extra["reference"]
     assert info["dim"] == 48 and info["preprocess"]["size"] == 40 and info["preprocess"]["mean"] == [0.5, 0.4, 0.3]
     assert info["weights_sha256"] == hashlib.sha256((ref_dir / "open_clip_model.safetensors").read_bytes()).hexdigest()
@@ -143,7 +145,12 @@ def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
     precompute(raw, tmp_path / "a", reference_model=str(folder), num_workers=1)
     precompute(raw, tmp_path / "b", reference_model=MODEL, num_workers=1,
                reference_weights=str(folder / "open_clip_model.safetensors"))
-    a, b = _all(tmp_path / "a"), _all(tmp_path / "b")
+    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "c"), "--model",
+                                   MODEL, "--reference-model", str(folder), "--workers", "1"], env={"COLUMNS": "300"})
+    assert res.exit_code == 0 and "reference pass: " in res.output and "s per 1,000 samples read" in res.output
+    a, b = _all(tmp_path / "a"), _all(tmp_path / "c")
+    assert (a["ref_image"] == b["ref_image"]).all() and (a["ref_text"] == b["ref_text"]).all()
+    b = _all(tmp_path / "b")  # the name + weights file
     assert (a["ref_image"] == b["ref_image"]).all() and (a["ref_text"] == b["ref_text"]).all()
     assert a["ref_image"].shape == (6, 128)
 

@@ -241,6 +241,8 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
     })
     rec.details.update({
         "throughput": {**timing, "process_samples_per_s": round(read_now / max(timing["process_s"], 1e-9), 1),
+                       # worker-seconds of the reference pass, summed over raw shards (resumed ones included)
+                       **({"reference_s": round(sum(r.reference_s for r in results), 3)} if cfg.reference_model else {}),
                        "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
         "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",

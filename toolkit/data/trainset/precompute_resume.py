@@ -75,7 +75,7 @@ def save(work: str, res: ShardResult, key: str, reference: dict | None = None) -
     record = {"version": RECORD_VERSION, "process_key": key, "url": res.url, "reference": reference,
               "source": source_fingerprint(res.url), "num_kept": res.num_kept,
               "num_read": res.num_read, "skips": [list(s) for s in res.skips],
-              "converted": dict(res.converted), "tar_error": res.tar_error}
+              "converted": dict(res.converted), "tar_error": res.tar_error, "reference_s": res.reference_s}
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
@@ -131,7 +131,7 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field], refere
     _check_reference(base, url, record.get("reference"), reference)
     res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
                       int(record["num_read"]), [tuple(s) for s in record["skips"]],
-                      Counter(record["converted"]), record["tar_error"])
+                      Counter(record["converted"]), record["tar_error"], float(record.get("reference_s", 0)))
     paths = (res.image_path, res.text_path, base + ".ref")[:len(fields)]  # .ref: reference.SCRATCH_EXT
     for path, field in zip(paths, fields, strict=True):
         try:

@@ -62,6 +62,7 @@ class ShardResult:
     skips: list[tuple[str, str, str]] = field(default_factory=list)  # (reason, key, message)
     converted: Counter = field(default_factory=Counter)
     tar_error: str | None = None
+    reference_s: float = 0.0  # seconds this shard's reference pass took in its worker (precompute --reference-model)
 
 
 def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str] | None]:
@@ -267,6 +268,7 @@ def _process(task: ShardTask) -> ShardResult:
     _write_text(res.text_path, captions)
     if ref is not None:
         ref.close(captions)
+        res.reference_s = round(ref.seconds, 3)
     write_keys(task.stem, keys, captions)  # after the row files: resume checks the rows against its count
     res.num_kept = len(keys)
     if task.storage == "index" and keys:

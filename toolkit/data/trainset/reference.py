@@ -23,6 +23,7 @@ float16 [n, 2, d_ref] (image row, then text row).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,7 @@ class ReferenceSink:
         self.reference, self.path, self.batch, self.max_pixels = reference, stem + SCRATCH_EXT, batch, max_pixels
         self.pending: list[bytes] = []
         self.images: list[np.ndarray] = []
+        self.seconds = 0.0  # spent on the reference (decode, transform, forward passes): its cost in the manifest
 
     def add(self, data: bytes) -> None:
         self.pending.append(data)
@@ -134,15 +136,18 @@ class ReferenceSink:
 
     def _flush(self) -> None:
         if self.pending:
+            start = time.perf_counter()
             self.images.append(self.reference.encode_images(self.pending, self.max_pixels))
+            self.seconds += time.perf_counter() - start
             self.pending = []
 
     def close(self, captions: list[str]) -> None:
         self._flush()
-        dim = self.reference.dim
+        start, dim = time.perf_counter(), self.reference.dim
         images = np.concatenate(self.images) if self.images else np.zeros((0, dim), np.float16)
         texts = [self.reference.encode_texts(captions[s:s + self.batch]) for s in range(0, len(captions), self.batch)]
         texts_arr = np.concatenate(texts) if texts else np.zeros((0, dim), np.float16)
+        self.seconds += time.perf_counter() - start
         if images.shape != texts_arr.shape:
             raise RuntimeError(f"{self.path}: {len(images)} reference image rows but {len(texts_arr)} captions")
         with open(self.path, "wb") as fh:
