@@ -95,15 +95,19 @@ def file_sha256(path: str) -> str:
 
 def load_reference(spec: str, weights: str = "", device: str = "cpu") -> Reference:
     """The reference of ``spec`` (+ ``weights``), in eval mode on ``device``. ValueError for an unknown model,
-    a name or config without a weights file; CheckpointError naming a missing weights file or folder."""
+    a name or config without a weights file; CheckpointError naming a missing weights file or folder.
+    Called by every precompute rank before its worker pool forks (the workers share it copy-on-write)."""
     from toolkit.models import load_model, resolve_spec
 
     resolved = resolve_spec(spec, weights or None)  # unknown names and missing files fail here, named
     if resolved.weights is None:
         raise ValueError(f"reference_model {spec!r}: needs reference_weights, a local weights file (a random "
                          "initialisation is no reference); or give a model folder with its weights")
+    import torch
+
     loaded = load_model(spec, weights=weights or None, device=device)
-    dim = int(loaded.model.encode_text(loaded.tokenizer(["a"]).to(device)).shape[-1])
+    with torch.inference_mode():  # the width the model outputs, whatever its config calls it
+        dim = int(loaded.model.encode_text(loaded.tokenizer(["a"]).to(device)).shape[-1])
     return Reference(spec, str(resolved.weights), file_sha256(str(resolved.weights)), dim,
                      dict(loaded.preprocess_cfg), loaded.context_length, loaded.model.requires_grad_(False),
                      loaded.preprocess, loaded.tokenizer, device)
