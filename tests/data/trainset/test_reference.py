@@ -162,6 +162,7 @@ def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
      "weights file not found: /nowhere/w.safetensors"),
     ({"reference_model": "/nowhere/model-folder"}, "/nowhere/model-folder"),
     ({"reference_weights": "/nowhere/w.safetensors"}, "reference_weights: given without reference_model"),
+    ({"reference_model": "ViT-B-32", "reference_weights": "openai"}, "'openai' is not a local file; a reference"),
 ])
 def test_refusals_name_what_is_wrong(small_raw, tmp_path, options, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):

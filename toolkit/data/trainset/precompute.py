@@ -124,7 +124,11 @@ class PrecomputeConfig:
             raise ValueError(f"image_tower_size: applies to image_tower efficientnet_lite0 only (got "
                              f"{self.image_tower})")
         check_weights_value("text_tower_weights", self.text_tower_weights)
-        check_weights_value("reference_weights", self.reference_weights)
+        try:
+            check_weights_value("reference_weights", self.reference_weights)
+        except ValueError:  # its message is about frozen towers, whose weights may be omitted
+            raise ValueError(f"reference_weights: {self.reference_weights[:200]!r} is not a local file; a reference "
+                             "model's weights are read from a local file only (nothing is downloaded)") from None
         if self.reference_weights and not self.reference_model:
             raise ValueError("reference_weights: given without reference_model (which model do they belong to?)")
         if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
