@@ -179,12 +179,13 @@ def test_the_cli_flags_and_a_missing_weights_file(small_raw, tmp_path):
 
 
 def test_a_reference_changed_in_place_is_refused_on_resume(tmp_path, monkeypatch):
+    """Another --reference-model starts afresh like any option; the same folder with other weights is refused."""
     raw = tmp_path / "raw"
     raw.mkdir()
     rng = np.random.default_rng(5)
     for i in range(3):
         write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"r{i}_", 4))
-    folder = _save_reference(tmp_path / "ref", 48, seed=1)
+    first, other = _save_reference(tmp_path / "ref", 48, seed=1), _save_reference(tmp_path / "ref2", 64, seed=1)
     real = precompute_worker.process_shard
 
     def failing(task):
@@ -194,14 +195,16 @@ def test_a_reference_changed_in_place_is_refused_on_resume(tmp_path, monkeypatch
 
     monkeypatch.setattr(precompute_worker, "process_shard", failing)
     with pytest.raises(OSError, match="disk trouble"):
-        precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(folder))
+        precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(first))
+    with pytest.raises(OSError, match="disk trouble"):  # another option value: the old rows are dropped, no refusal
+        precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(other))
     monkeypatch.setattr(precompute_worker, "process_shard", real)
-    _save_reference(tmp_path / "ref", 64, seed=1)  # the same folder, retrained wider
-    with pytest.raises(ValueError, match="reference model of d_ref 48.*has d_ref 64.*delete the folder"):
-        precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(folder))
+    _save_reference(tmp_path / "ref2", 48, seed=2)  # the same folder, retrained narrower
+    with pytest.raises(ValueError, match="reference model of d_ref 64.*has d_ref 48.*delete the folder"):
+        precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(other))
     shutil.rmtree(tmp_path / "out" / "_tmp")
-    precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(folder))
-    assert _all(tmp_path / "out")["ref_image"].shape == (12, 64)
+    precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(other))
+    assert _all(tmp_path / "out")["ref_image"].shape == (12, 48)
 
 
 def test_a_dataset_json_whose_reference_width_disagrees_is_refused(ref_sets, tmp_path):
