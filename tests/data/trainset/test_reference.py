@@ -280,3 +280,17 @@ def test_two_ranks_write_the_same_bytes_as_one_process(ref_sets, ref_dir, tmp_pa
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _digest(out) == _digest(ref_sets[mode]) and len(_digest(out)) == (34 if mode == "pixels" else 23)
+
+
+def test_the_reference_pass_benchmark_runs_scaled_down(tmp_path, monkeypatch):
+    """benchmarks/data/reference_pass.py end to end at 20 samples: its table and JSON (no timing asserted)."""
+    monkeypatch.chdir(ROOT)
+    from benchmarks.data import reference_pass
+
+    out = tmp_path / "result"
+    reference_pass.main(["--models", "tiny", "--num-samples", "20", "--workers", "1", "--work", str(tmp_path / "w"),
+                         "--out", str(out)])
+    row = json.loads(out.with_suffix(".json").read_text())["rows"][0]
+    assert row["d_ref"] == 128 and row["num_samples"] == 20
+    assert row["bytes_added_per_sample"] == {"pixels": 2048, "jpeg/index": 512}
+    assert "| cliptk-tiny | 128 | 32 | 20 |" in out.with_suffix(".md").read_text()
