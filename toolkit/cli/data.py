@@ -114,6 +114,13 @@ def _echo_converted(counts: dict) -> None:
         typer.echo("converted to RGB: " + ", ".join(f"{n} from mode {mode!r}" for mode, n in sorted(counts.items())))
 
 
+def _reference_line(info: dict, num_bytes: int) -> str:
+    """'reference: MODEL, d_ref 512, 224 px, 3,072 bytes per sample' (dataset.json's extra.reference)."""
+    size = (info.get("preprocess") or {}).get("size")
+    return (f"reference: {info.get('model')} (weights sha256 {str(info.get('weights_sha256'))[:12]}), d_ref "
+            f"{info.get('dim')}, {size} px, {num_bytes:,} bytes per sample for its embeddings")
+
+
 @app.command("precompute", cls=config_command(PRECOMPUTE))
 def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides = None) -> None:
     """Decode, resize and tokenize raw shards into fixed-size training shards with dense sample ids.
@@ -131,6 +138,10 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
         return
     typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
                f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
+    reference_s = (result.details.get("throughput") or {}).get("reference_s")
+    if reference_s is not None:  # what --reference-model cost (summed over the workers)
+        typer.echo(f"reference pass: {reference_s} s of worker time, "
+                   f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read")
     _echo_counts("skipped", c["skipped"])
     _echo_converted(c["converted"])
     for shard, error in (result.details.get("tar_errors") or {}).items():
@@ -156,6 +167,8 @@ def inspect_cmd(
     typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
     if "storage" in d:
         typer.echo(f"storage: {d['storage']}, {d['bytes_per_sample']:,} bytes per sample on disk")
+    if d.get("reference"):
+        typer.echo(_reference_line(d["reference"], d["reference_bytes_per_sample"]))
     for source, counts in (d.get("skipped") or {}).items():
         _echo_counts(f"skipped ({source})", {k: v for k, v in counts.items() if not isinstance(v, dict)})
     _echo_converted(d.get("converted") or {})
@@ -188,6 +201,8 @@ def verify_cmd(
     checks = "per-sample xxh3-64 checksums" if result.checksums else "no checksums recorded (older precompute)"
     vocab = f", token ids < {result.vocab_size}" if result.vocab_size else ""
     typer.echo(f"{input}: {result.num_samples} samples in {result.num_shards} shards ({checks}, layout{vocab})")
+    if result.reference:
+        typer.echo(_reference_line(result.reference, result.reference_bytes))
     for line in result.problems:
         typer.echo(f"damaged: {line}")
     if not result.ok:

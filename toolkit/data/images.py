@@ -120,6 +120,19 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     return img
 
 
+def open_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.Image:
+    """Encoded image bytes -> the whole RGB image at full resolution (the conversions of :func:`to_rgb`), for
+    a model with its own transform (precompute's reference model). Raises :class:`ImageError`."""
+    img = _open(data, max_pixels)
+    try:
+        img.load()
+        return to_rgb(img)[0]
+    except ImageError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, MemoryError) as err:
+        raise ImageError("corrupt_image", f"cannot decode image: {type(err).__name__}: {err}") from err
+
+
 def decode_rgb(data: bytes, size: int, mode: ResizeMode = "center_crop",
                max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, str | None]:
     """Encoded image bytes -> (uint8 array [size, size, 3], converted-from mode or None).

@@ -99,6 +99,11 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
                               "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
                               "model": ds.model, "source": ds.source, **storage_report(ds)}
+    if ds.extra.get("reference"):  # precompute --reference-model: what it is and what it costs per sample
+        from toolkit.data.trainset.reference import bytes_per_sample
+
+        report["reference"] = ds.extra["reference"]
+        report["reference_bytes_per_sample"] = bytes_per_sample(ds)
     manifest = read_manifest(cfg.input) or {}
     counts = manifest.get("counts", {})
     report["skipped"] = {"precompute": counts.get("skipped", {})} if counts else {}

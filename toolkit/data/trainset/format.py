@@ -12,6 +12,8 @@ member                  dtype       shape         when
 ``<id>.img_feat.f16``   float16     [D_img]       frozen image tower features
 ``<id>.tok.i32``        int32       [L]           token ids of the model's tokenizer
 ``<id>.txt_feat.f16``   float16     [D_txt]       frozen text tower features
+``<id>.ref_img.f16``    float16     [D_ref]       reference model's image embedding
+``<id>.ref_txt.f16``    float16     [D_ref]       reference model's text embedding
 ======================  ==========  ============  ===============================
 
 Members are written in USTAR format with one 512-byte header each, so every sample occupies exactly
@@ -47,7 +49,10 @@ KEY_DIGITS = 10
 BLOCK = 512
 # Field roles (the loader's batch keys) -> tar member extension and dtype.
 FIELD_EXTS = {"image": ("img.u8", "uint8"), "image_features": ("img_feat.f16", "float16"),
-              "tokens": ("tok.i32", "int32"), "text_features": ("txt_feat.f16", "float16")}
+              "tokens": ("tok.i32", "int32"), "text_features": ("txt_feat.f16", "float16"),
+              # a reference model's L2-normalised embeddings (precompute --reference-model; reference.py)
+              "ref_image": ("ref_img.f16", "float16"), "ref_text": ("ref_txt.f16", "float16")}
+REF_ROLES = ("ref_image", "ref_text")
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,15 @@ class Field:
         return np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<")).reshape(self.shape)
 
 
-def ref_dtype(context_length: int) -> np.dtype:
+def ref_dtype(context_length: int, ref_dim: int = 0) -> np.dtype:
     """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.refs`), for captions of
-    ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids."""
-    return np.dtype([("file", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("hash", "<u8"),
-                     ("tokens", "<i4", (context_length,))])
+    ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids, and
+    with a reference model of width ``ref_dim`` its embeddings (float16, :mod:`.reference`)."""
+    columns = [("file", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("hash", "<u8"),
+               ("tokens", "<i4", (context_length,))]
+    if ref_dim:
+        columns += [("ref_image", "<f2", (ref_dim,)), ("ref_text", "<f2", (ref_dim,))]
+    return np.dtype(columns)
 
 
 @dataclass(frozen=True)
@@ -119,8 +128,14 @@ class TrainDataset:
     def sample_bytes(self) -> int:
         """Bytes per sample of the shards (pixels) or of the tables (jpeg/index: one record)."""
         if self.storage != "pixels":
-            return ref_dtype(self.field("tokens").shape[0]).itemsize
+            return self.table_dtype.itemsize
         return sum(f.padded_bytes for f in self.fields)
+
+    @property
+    def table_dtype(self) -> np.dtype:
+        """jpeg/index: one record of the tables (:func:`ref_dtype`)."""
+        ref = self.field("ref_image")
+        return ref_dtype(self.field("tokens").shape[0], ref.shape[0] if ref is not None else 0)
 
     def field(self, role: str) -> Field | None:
         return next((f for f in self.fields if f.role == role), None)
@@ -167,7 +182,23 @@ class TrainDataset:
             raise ValueError(f"{path}: storage {ds.storage!r}, this toolkit reads pixels, jpeg and index")
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
+        check_reference_fields(ds, path)
         return ds
+
+
+def check_reference_fields(ds: Any, path: str) -> None:
+    """``dataset.json``'s reference fields agree with ``extra.reference`` (ValueError naming ``path``)."""
+    found = [ds.field(role) for role in REF_ROLES]
+    info = ds.extra.get("reference")
+    if not any(found) and info is None:
+        return
+    if not all(found) or info is None:
+        raise ValueError(f"{path}: reference fields {[r for r, f in zip(REF_ROLES, found, strict=True) if f]} and "
+                         f"extra.reference {'present' if info else 'missing'} do not go together; precompute again")
+    widths = {f.shape[0] for f in found}
+    if widths != {int(info.get("dim", -1))}:
+        raise ValueError(f"{path}: reference fields are {sorted(widths)}-d but extra.reference.dim says "
+                         f"{info.get('dim')}; precompute again")
 
 
 def id_key(sample_id: int) -> str:

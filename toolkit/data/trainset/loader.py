@@ -7,6 +7,8 @@
 
 - ``image`` uint8 [B/K, H, W, 3] (RGB, not normalised) or ``image_features`` float16 [B/K, D_img];
 - ``tokens`` int64 [B/K, L] or ``text_features`` float16 [B/K, D_txt];
+- ``ref_image``, ``ref_text`` float16 [B/K, D_ref]: a reference model's normalised embeddings, in sets
+  precomputed with ``--reference-model`` (:mod:`.reference`), rows in ``index`` order;
 - ``index`` int64 [B/K]: global sample ids (0..N-1), FastCLIP's per-sample state index;
 - ``step``: the global batch index t.
 

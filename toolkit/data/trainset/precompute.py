@@ -94,6 +94,16 @@ class PrecomputeConfig:
     text_tower_model: str = option("", doc="open_clip model name of an open_clip text tower.")
     text_tower_weights: str = option("", is_input=True, doc="Local weights for the text tower (default: the "
                                                             "packaged ones, or a seeded random init).")
+    reference_model: str = option("", doc="Also store a reference (teacher) model's L2-normalised image and text "
+                                          "embeddings per sample (float16 fields ref_image, ref_text, read by "
+                                          "--loss distill / drrho): an open_clip model name or config JSON with "
+                                          "--reference-weights, or a model folder (open_clip_config.json + weights, "
+                                          "e.g. a cliptk run's model/). It sees each raw image through its own "
+                                          "preprocessing and each caption through its own tokenizer. Any storage "
+                                          "mode. Empty: none.")
+    reference_weights: str = option("", is_input=True, doc="Local weights file of --reference-model (needed with a "
+                                                           "model name or config; a model folder's own weights "
+                                                           "otherwise). Nothing is downloaded.")
     max_truncated_share: float = option(0.05, ge=0, le=1, affects_output=False,
                                         doc="Fail, naming the shards, when more than this share of the samples read "
                                             "is lost to truncated or unreadable raw shards (a fetch cut short); "
@@ -114,6 +124,13 @@ class PrecomputeConfig:
             raise ValueError(f"image_tower_size: applies to image_tower efficientnet_lite0 only (got "
                              f"{self.image_tower})")
         check_weights_value("text_tower_weights", self.text_tower_weights)
+        try:
+            check_weights_value("reference_weights", self.reference_weights)
+        except ValueError:  # its message is about frozen towers, whose weights may be omitted
+            raise ValueError(f"reference_weights: {self.reference_weights[:200]!r} is not a local file; a reference "
+                             "model's weights are read from a local file only (nothing is downloaded)") from None
+        if self.reference_weights and not self.reference_model:
+            raise ValueError("reference_weights: given without reference_model (which model do they belong to?)")
         if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
             raise ValueError(f"storage {self.storage}: stores images and tokens; frozen-tower features need "
                              "storage pixels (the default)")
@@ -121,11 +138,14 @@ class PrecomputeConfig:
 
 def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
     """Load tokenizer/towers into precompute_worker.STATE (before the pool forks); return the sample fields."""
+    from toolkit.data.trainset import reference
     from toolkit.models import frozen
     from toolkit.models.registry import image_size, tokenizer
 
     state = precompute_worker.STATE
     state.clear()
+    state["reference"] = (reference.load_reference(cfg.reference_model, cfg.reference_weights, tower_device())
+                          if cfg.reference_model else None)
     state["image_tower"] = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model,
                                                     cfg.image_tower_weights) if cfg.image_tower != "none" else None)
     if cfg.image_tower_size:
@@ -146,7 +166,8 @@ def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
         text = Field.make("text_features", (state["text_tower"].dim,))
     else:
         text = Field.make("tokens", (int(state["tokenizer"](["a"]).shape[1]),))
-    return [image, text]
+    ref = reference.fields(state["reference"].dim) if state["reference"] is not None else []
+    return [image, text, *ref]
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -155,7 +176,7 @@ def _worker_init(parent_pid: int) -> None:
     die_with_parent(parent_pid=parent_pid)  # a SIGKILLed precompute leaves no worker running
     # One intra-op thread per worker: the pool already uses every core.
     state = precompute_worker.STATE
-    if state.get("image_tower") is not None or state.get("text_tower") is not None:
+    if any(state.get(k) is not None for k in ("image_tower", "text_tower", "reference")):
         import torch
 
         torch.set_num_threads(1)
@@ -224,6 +245,8 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
     })
     rec.details.update({
         "throughput": {**timing, "process_samples_per_s": round(read_now / max(timing["process_s"], 1e-9), 1),
+                       # worker-seconds of the reference pass, summed over raw shards (resumed ones included)
+                       **({"reference_s": round(sum(r.reference_s for r in results), 3)} if cfg.reference_model else {}),
                        "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
         "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
@@ -308,14 +331,16 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
              ranks: Ranks) -> tuple[list[precompute_worker.ShardResult], dict]:
     """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed
     (this rank's share of them, then every rank's results read back from ``work``)."""
+    ref = precompute_worker.STATE.get("reference")
+    ref = ref.identity() if ref is not None else None  # in each record: a model folder may change in place
     key = resume.process_key(cfg)
     scratch = writing.scratch_fields(cfg.storage, fields)
     if ranks.rank == 0:  # rank 0 prunes the scratch folder before any other rank writes into it
-        done = resume.load(work, urls, key, scratch)
+        done = resume.load(work, urls, key, scratch, reference=ref)
         ranks.barrier()
     else:
         ranks.barrier()
-        done = resume.load(work, urls, key, scratch, prune=False)
+        done = resume.load(work, urls, key, scratch, prune=False, reference=ref)
     if done and ranks.rank == 0:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
     side = fields[0].shape[0] if fields[0].role == "image" else 0
@@ -324,7 +349,8 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
              for i, u in enumerate(urls) if i not in done and ranks.owns(i)]
     cores = max(1, len(os.sched_getaffinity(0)) // ranks.local_world)  # this node's cores among its ranks
     workers = max(1, min(cfg.num_workers or cores, len(tasks)))
-    if any(getattr(precompute_worker.STATE.get(k), "device", "cpu") != "cpu" for k in ("image_tower", "text_tower")):
+    if any(getattr(precompute_worker.STATE.get(k), "device", "cpu") != "cpu"
+           for k in ("image_tower", "text_tower", "reference")):
         workers = 1  # a CUDA tower cannot be used in forked workers: this rank's GPU encodes inline
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
              cfg.out)
@@ -333,11 +359,11 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     mine = [u for i, u in enumerate(urls) if ranks.owns(i)]
     with counter(promised_samples(mine), desc="precompute", unit="samples") as count:
         count.advance(resumed)
-        fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key), count)
+        fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key, ref), count)
     if ranks.world > 1:  # every rank's counts, then rank 0 reads the others' records from the scratch folder
         gathered = ranks.gather_counts({r.index: r.num_read for r in fresh})
         if ranks.rank == 0:
-            theirs = resume.load(work, urls, key, fields)
+            theirs = resume.load(work, urls, key, scratch, reference=ref)
             check_counts(gathered, {i: r.num_read for i, r in theirs.items()}, urls, work)
             fresh = [r for i, r in theirs.items() if i not in done]
     timing = {"process_s": round(time.monotonic() - start, 3), "num_workers": workers,
@@ -367,4 +393,6 @@ def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
     else:
         extra["context_length"] = fields[1].shape[0]
         extra["vocab_size"] = integrity.tokenizer_vocab_size(state["tokenizer"])  # the loader's token-id bound
+    if state.get("reference") is not None:
+        extra["reference"] = state["reference"].info()
     return extra

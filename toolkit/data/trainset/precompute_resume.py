@@ -47,7 +47,8 @@ def work_dir(cfg) -> str:
 
 
 def process_key(cfg) -> str:
-    """Hash of everything that changes a raw shard's processed rows (not OUT, not the shard size)."""
+    """Hash of everything that changes a raw shard's processed rows (not OUT, not the shard size). The
+    reference model's content is not in it: each record names it, and :func:`load` refuses a changed one."""
     options = dataclasses.replace(cfg, input="", out="", samples_per_shard=1)
     weights = {k: fingerprint(p) for k, p in input_paths(cfg).items() if k != "input"}
     return config_hash(options, "precompute-rows", __version__, weights)
@@ -68,40 +69,56 @@ def source_fingerprint(url: str) -> list[str]:
     return [fingerprint(url), fingerprint(sidecar(url, ".parquet")), fingerprint(sidecar(url, "_stats.json"))]
 
 
-def save(work: str, res: ShardResult, key: str) -> None:
-    """Record ``res`` as finished (after its row files are complete): ``<stem>.json``, written atomically."""
-    record = {"version": RECORD_VERSION, "process_key": key, "url": res.url,
+def save(work: str, res: ShardResult, key: str, reference: dict | None = None) -> None:
+    """Record ``res`` as finished (after its row files are complete): ``<stem>.json``, written atomically.
+    ``reference``: the reference model's identity ({'weights_sha256', 'dim'}) its rows were made with."""
+    record = {"version": RECORD_VERSION, "process_key": key, "url": res.url, "reference": reference,
               "source": source_fingerprint(res.url), "num_kept": res.num_kept,
               "num_read": res.num_read, "skips": [list(s) for s in res.skips],
-              "converted": dict(res.converted), "tar_error": res.tar_error}
+              "converted": dict(res.converted), "tar_error": res.tar_error, "reference_s": res.reference_s}
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
-def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool = True) -> dict[int, ShardResult]:
+def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool = True,
+         reference: dict | None = None) -> dict[int, ShardResult]:
     """Finished results of this run's raw shards (task index -> result); deletes every other file.
 
     A record counts when its process key, URL and source fingerprint match and its row and key files have
     exactly ``num_kept`` rows; anything else (a record of other options or of a changed shard, row files a
     killed worker left half written, shards no longer in the input) is removed. ``prune`` False
     deletes nothing: the other ranks of a distributed run, which must not remove a shard in progress.
+    A record made with other reference weights or width than ``reference`` under the same options (a model
+    folder overwritten in place) is refused: ValueError naming the folder and both references.
     """
     found: dict[int, ShardResult] = {}
     for index, url in enumerate(urls):
-        res = _read(stem(work, url), index, url, key, fields)
+        res = _read(stem(work, url), index, url, key, fields, reference)
         if res is not None:
             found[index] = res
     if not prune:
         return found
     kept = {os.path.basename(stem(work, res.url)) for res in found.values()}
     for name in os.listdir(work):
-        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg)
+        if name != ".lock" and name.split(".")[0] not in kept:  # <stem>.image/.text/.json (/.jpg, /.ref)
             path = os.path.join(work, name)
             if os.path.isfile(path) and not os.path.islink(path):
                 os.unlink(path)
     return found
 
 
-def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> ShardResult | None:
+def _check_reference(base: str, url: str, found: dict | None, reference: dict | None) -> None:
+    if found != reference:
+        def describe(ref: dict | None) -> str:
+            return f"d_ref {ref['dim']}, weights sha256 {ref['weights_sha256'][:12]}" if ref else "no reference"
+
+        raise ValueError(f"{os.path.dirname(base)}: {url} was processed by an interrupted run with a reference "
+                         f"model of {describe(found)}; this run's reference, under the same options, has "
+                         f"{describe(reference)} (the model folder changed?): the rows cannot be mixed. Restore that "
+                         "reference to resume, or delete the folder to start afresh")
+
+
+def _read(base: str, index: int, url: str, key: str, fields: list[Field], reference: dict | None
+          ) -> ShardResult | None:
     try:
         with open(base + ".json", encoding="utf-8") as fh:
             record = json.load(fh)
@@ -111,10 +128,12 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field]) -> Sha
             or record.get("process_key") != key or record.get("url") != url
             or record.get("source") != source_fingerprint(url)):
         return None
+    _check_reference(base, url, record.get("reference"), reference)
     res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
                       int(record["num_read"]), [tuple(s) for s in record["skips"]],
-                      Counter(record["converted"]), record["tar_error"])
-    for path, field in zip((res.image_path, res.text_path), fields, strict=True):
+                      Counter(record["converted"]), record["tar_error"], float(record.get("reference_s", 0)))
+    paths = (res.image_path, res.text_path, base + ".ref")[:len(fields)]  # .ref: reference.SCRATCH_EXT
+    for path, field in zip(paths, fields, strict=True):
         try:
             if os.path.getsize(path) != res.num_kept * field.nbytes:
                 return None

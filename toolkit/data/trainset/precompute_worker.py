@@ -23,8 +23,8 @@ import numpy as np
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageError, decode_rgb
 from toolkit.data.raw.reader import RawSample, RawShardReader, expected_keys, shard_basename
 
-# Set by the parent before workers start: 'tokenizer', 'image_tower', 'text_tower' (or None), and
-# 'on_read' (or None): called with 1 after each sample read from a tar, for progress in samples.
+# Set by the parent before workers start: 'tokenizer', 'image_tower', 'text_tower', 'reference' (or None:
+# reference.Reference, precompute --reference-model), and 'on_read' (or None): called with 1 after each sample read from a tar, for progress in samples.
 STATE: dict[str, Any] = {}
 # Frozen-tower forward passes and tokenization run over this many samples at a time.
 ENCODE_BATCH = 64
@@ -62,6 +62,7 @@ class ShardResult:
     skips: list[tuple[str, str, str]] = field(default_factory=list)  # (reason, key, message)
     converted: Counter = field(default_factory=Counter)
     tar_error: str | None = None
+    reference_s: float = 0.0  # seconds this shard's reference pass took in its worker (precompute --reference-model)
 
 
 def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str] | None]:
@@ -206,6 +207,15 @@ def write_keys(stem: str, keys: list[str], captions: list[str]) -> None:
     np.asarray([key_hash(keys[r]) for r in order], "<u8").tofile(paths["khash"])
 
 
+def _reference_sink(task: ShardTask):
+    """The reference model's row writer for this raw shard (None without ``--reference-model``)."""
+    if STATE.get("reference") is None:
+        return None
+    from toolkit.data.trainset.reference import ReferenceSink
+
+    return ReferenceSink(STATE["reference"], task.stem, ENCODE_BATCH, task.max_image_pixels)
+
+
 def _process(task: ShardTask) -> ShardResult:
     res, keys, captions = ShardResult(task.index, task.url), [], []
     res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
@@ -215,6 +225,7 @@ def _process(task: ShardTask) -> ShardResult:
     size = tower.image_size if tower is not None else task.image_size
     reader, seen = RawShardReader(task.url), set()
     jpg = open(task.stem + ".jpg", "wb") if task.storage == "jpeg" else None
+    ref = _reference_sink(task)
     for sample in reader.samples():
         res.num_read += 1
         on_read(1)
@@ -237,6 +248,8 @@ def _process(task: ShardTask) -> ShardResult:
         if converted:
             res.converted[converted] += 1
         sink.add(pixels if tower is not None else _image_row(task, sample, image[0], image[1], pixels, jpg))
+        if ref is not None:  # the reference decodes the raw bytes itself, through its own transform
+            ref.add(image[1])
         keys.append(sample.key)
         captions.append(caption)
     sink.close()
@@ -253,6 +266,9 @@ def _process(task: ShardTask) -> ShardResult:
         res.skips.append(("unreadable_tar", "*", f"{reader.error} (sample count unknown)"))
     res.num_read += len(res.skips) - before
     _write_text(res.text_path, captions)
+    if ref is not None:
+        ref.close(captions)
+        res.reference_s = round(ref.seconds, 3)
     write_keys(task.stem, keys, captions)  # after the row files: resume checks the rows against its count
     res.num_kept = len(keys)
     if task.storage == "index" and keys:

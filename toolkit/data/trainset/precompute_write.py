@@ -19,7 +19,7 @@ import numpy as np
 
 from toolkit.core.log import progress
 from toolkit.data.raw.reader import shard_basename
-from toolkit.data.trainset import precompute_worker, refs
+from toolkit.data.trainset import precompute_worker, reference, refs
 from toolkit.data.trainset.format import Field, TrainShardWriter
 from toolkit.data.trainset.precompute_resume import stem_of
 from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
@@ -83,11 +83,19 @@ def _rows(path: str, field: Field, count: int) -> np.ndarray:
 
 
 def scratch_fields(storage: str, fields: list[Field]) -> list[Field]:
-    """The fixed-size rows of the workers' scratch files: the sample fields, or for jpeg/index a
-    (offset, length, hash) row per image (precompute_worker.REF_ROW) instead of its pixels."""
+    """The fixed-size rows of the workers' scratch files: the image and text fields, or for jpeg/index a
+    (offset, length, hash) row per image (precompute_worker.REF_ROW) instead of its pixels; then with a
+    reference model one row of both its embeddings (``<stem>.ref``, :func:`reference.scratch_field`)."""
+    tail = [reference.scratch_field(fields[2].shape[0])] if len(fields) > 2 else []
     if storage == "pixels":
-        return fields
-    return [Field("image", "ref", "uint8", (precompute_worker.REF_ROW.itemsize,)), fields[1]]
+        return [*fields[:2], *tail]
+    return [Field("image", "ref", "uint8", (precompute_worker.REF_ROW.itemsize,)), fields[1], *tail]
+
+
+def _scratch_rows(res: ShardResult, scratch: list[Field]) -> list[np.ndarray]:
+    """A processed raw shard's scratch files as uint8 rows [num_kept, nbytes], in ``scratch`` order."""
+    paths = (res.image_path, res.text_path, stem_of(res) + reference.SCRATCH_EXT)
+    return [_rows(path, f, res.num_kept) for path, f in zip(paths, scratch, strict=False)]
 
 
 def _samples(results: list[ShardResult], skips: list[dict], desc: str):
@@ -99,16 +107,16 @@ def write_pixels(cfg, fields: list[Field], results: list[ShardResult], urls: lis
                  skips: list[dict]) -> tuple[list, str, list[str]]:
     """Pixels (or frozen-feature) training shards; returns (shards, data_root "", data_files [])."""
     writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
-    image_f, text_f = fields
-    current, images, texts = None, None, None
+    scratch = scratch_fields("pixels", fields)
+    current, rows = None, []
     try:
         for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write shards")):
             if res is not current:  # results arrive in order: one shard's memmaps open at a time
-                current = res
-                images = _rows(res.image_path, image_f, res.num_kept)
-                texts = _rows(res.text_path, text_f, res.num_kept)
-            writer.add(sample_id, [images[row].tobytes(), texts[row].tobytes()],
-                       {"caption": caption, "source": shard_basename(res.url), "key": key})
+                current, rows = res, _scratch_rows(res, scratch)
+            payloads = [rows[0][row].tobytes(), rows[1][row].tobytes()]
+            if len(rows) > 2:  # ref_image, ref_text
+                payloads += reference.split_row(rows[2][row], fields[2].shape[0])
+            writer.add(sample_id, payloads, {"caption": caption, "source": shard_basename(res.url), "key": key})
         return writer.close(), "", []
     except OSError as err:  # a full disk: name the shard and free its space for the failed manifest
         shard = writer.discard()
@@ -122,9 +130,10 @@ def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[
     """jpeg/index parts (refs.RefShardWriter); returns (parts, data_root, data_files) for dataset.json.
     index: data files are the raw shards, named relative to their common folder, itself stored relative to
     OUT when both are local (refs.relative_data_root)."""
-    ref_f, text_f = scratch_fields(cfg.storage, fields)
-    writer = refs.RefShardWriter(cfg.out, cfg.storage, text_f.shape[0], cfg.samples_per_shard)
-    current, jpg = None, None
+    scratch = scratch_fields(cfg.storage, fields)
+    ref_dim = fields[2].shape[0] if len(fields) > 2 else 0
+    writer = refs.RefShardWriter(cfg.out, cfg.storage, scratch[1].shape[0], cfg.samples_per_shard, ref_dim)
+    current, jpg, embeddings = None, None, None
     try:
         for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write tables")):
             if res is not current:  # results arrive in order: one shard's scratch open at a time
@@ -132,15 +141,17 @@ def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[
                 if jpg is not None:
                     jpg.close()
                 jpg = open(stem_of(res) + ".jpg", "rb") if cfg.storage == "jpeg" else None
-                ref_rows = _rows(res.image_path, ref_f, res.num_kept).view(precompute_worker.REF_ROW)[:, 0]
-                texts = _rows(res.text_path, text_f, res.num_kept).view("<i4")
+                rows = _scratch_rows(res, scratch)
+                ref_rows, texts = rows[0].view(precompute_worker.REF_ROW)[:, 0], rows[1].view("<i4")
+                embeddings = rows[2].view("<f2").reshape(-1, 2, ref_dim) if ref_dim else None
             offset, length, digest = (int(ref_rows[row][k]) for k in ("offset", "length", "hash"))
             data = None
             if jpg is not None:
                 jpg.seek(offset)
                 data = jpg.read(length)
             writer.add(sample_id, res.index, offset, length, digest, texts[row],
-                       {"caption": caption, "source": shard_basename(res.url), "key": key}, data)
+                       {"caption": caption, "source": shard_basename(res.url), "key": key}, data,
+                       tuple(embeddings[row]) if ref_dim else ())
     finally:
         if jpg is not None:
             jpg.close()

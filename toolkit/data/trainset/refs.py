@@ -11,6 +11,8 @@ field       dtype    meaning
 ``offset``  uint64   byte offset of the encoded image in that file
 ``hash``    uint64   xxh3-64 (seed 0) of those ``length`` bytes, checked on every read
 ``tokens``  int32    [L] caption token ids (as in pixels mode)
+``ref_*``   float16  [D_ref] each: ``ref_image``, ``ref_text``, a reference model's embeddings (only in
+                     sets precomputed with ``--reference-model``, :mod:`.reference`)
 ==========  =======  ===========================================================================
 
 Record k of part p is global sample ``shards[p].first_id + k``; the table's own xxh3-64 is
@@ -98,7 +100,7 @@ def load_table(ds: Any, part: int) -> np.ndarray:
     except FileNotFoundError as err:
         raise integrity.DataIntegrityError(f"{url}: missing (part {part} of {len(ds.shards)} in dataset.json); "
                                            "restore it or precompute this dataset again") from err
-    dtype = ref_dtype(ds.field("tokens").shape[0])
+    dtype = ds.table_dtype
     if len(data) != shard.num_samples * dtype.itemsize or f"{xxhash.xxh3_64_intdigest(memoryview(data)):016x}" != shard.sums:
         raise integrity.DataIntegrityError(f"{url}: damaged ({len(data)} bytes, hash differs from dataset.json's "
                                            f"{shard.sums}); restore it or precompute this dataset again")
@@ -124,7 +126,7 @@ def damaged_ref(ds: Any, part: int, position: int, url: str, rec: Any, why: str)
 
 class RefReader:
     """Reads arbitrary sample ids of a jpeg/index dataset into stacked arrays ({'image': uint8 [n, S, S, 3],
-    'tokens': int32 [n, L]}); one per process (each DataLoader worker makes its own). Tables are loaded
+    'tokens': int32 [n, L]}, and 'ref_image', 'ref_text' float16 [n, D_ref] with a reference); one per process (each DataLoader worker makes its own). Tables are loaded
     and checked once per part; data files stay open (at most ``max_open``)."""
 
     def __init__(self, ds: Any, vocab_size: int | None = None, max_open: int = 64):
@@ -187,10 +189,14 @@ class RefReader:
             except ValueError as err:  # ImageError included: bytes precompute decoded no longer decode
                 raise damaged_ref(self.ds, part, position, self.data_url(int(rec["file"])), rec,
                                   f"they do not decode ({err})") from err
-        tokens = np.stack([r[2]["tokens"] for r in recs]) if recs else np.zeros(
-            (0, self.ds.field("tokens").shape[0]), np.int32)
-        integrity.check_batch_tokens(self.ds, ids, tokens, self.vocab_size)
-        return {"image": images, "tokens": tokens}
+        columns = {"tokens": "tokens"} | {r: r for r in ("ref_image", "ref_text") if self.ds.field(r) is not None}
+        out = {"image": images}
+        for role, column in columns.items():
+            dtype = self.ds.table_dtype[column]
+            out[role] = (np.stack([r[2][column] for r in recs]) if recs
+                         else np.zeros((0, *dtype.shape), dtype.base))
+        integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
+        return out
 
     def close(self) -> None:
         for fh in self._open.values():
@@ -217,9 +223,9 @@ class RefShardWriter:
     ``samples_per_shard`` samples under ``out``; ``add`` sees ids 0, 1, 2, ... in order. Called on the one
     process that owns ``out``; returns the parts' ShardInfo from :meth:`close`."""
 
-    def __init__(self, out: str, storage: str, context_length: int, samples_per_shard: int):
+    def __init__(self, out: str, storage: str, context_length: int, samples_per_shard: int, ref_dim: int = 0):
         self.out, self.storage, self.samples_per_shard = out, storage, samples_per_shard
-        self.dtype = ref_dtype(context_length)
+        self.dtype = ref_dtype(context_length, ref_dim)
         self.shards: list = []
         self.data_files: list[str] = []  # jpeg: the parts' .jpgs names
         self.next_id = 0
@@ -232,9 +238,10 @@ class RefShardWriter:
                       "size": 0}
 
     def add(self, sample_id: int, file: int, offset: int, length: int, digest: int, tokens: np.ndarray,
-            meta: dict[str, Any], data: bytes | None = None) -> None:
+            meta: dict[str, Any], data: bytes | None = None, reference: tuple = ()) -> None:
         """Append one sample: its image is ``length`` bytes at ``offset`` of data file ``file`` (index), or
-        ``data`` (jpeg: appended to this part's .jpgs); ``digest`` is their xxh3-64."""
+        ``data`` (jpeg: appended to this part's .jpgs); ``digest`` is their xxh3-64; ``reference``: its
+        (ref_image, ref_text) float16 [D_ref] rows when the set has a reference model."""
         import json
 
         if sample_id != self.next_id:
@@ -249,7 +256,7 @@ class RefShardWriter:
             file, offset = len(self.shards), part["size"]
             part["jpgs"].fh.write(data)
             part["size"] += length
-        part["records"].append((file, length, offset, digest, tokens))
+        part["records"].append((file, length, offset, digest, tokens, *reference))
         part["meta"].fh.write((json.dumps({"id": sample_id, **meta}, ensure_ascii=False) + "\n").encode())
         self.next_id += 1
         if len(part["records"]) == self.samples_per_shard:

@@ -40,6 +40,8 @@ class VerifyResult:
     num_samples: int
     checksums: bool
     vocab_size: int | None
+    reference: dict | None = None  # dataset.json's extra.reference (precompute --reference-model), if any
+    reference_bytes: int = 0  # bytes per sample its embeddings take (reference.bytes_per_sample)
     num_damaged_samples: int = 0
     damaged_shards: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -53,7 +55,10 @@ def run(cfg: VerifyConfig) -> VerifyResult:
     """Verify ``cfg.input``; FileNotFoundError/ValueError if dataset.json itself is missing or malformed."""
     ds = TrainDataset.open(cfg.input)
     checksums = all(s.sums for s in ds.shards)
-    result = VerifyResult(cfg.input, len(ds.shards), ds.num_samples, checksums, integrity.vocab_size(ds))
+    from toolkit.data.trainset.reference import bytes_per_sample
+
+    result = VerifyResult(cfg.input, len(ds.shards), ds.num_samples, checksums, integrity.vocab_size(ds),
+                          ds.extra.get("reference"), bytes_per_sample(ds))
     if not checksums:
         get_logger("data").warning("%s: no checksums recorded (precomputed before the toolkit wrote them): "
                                    "checking the layout and token ids only", cfg.input)
