@@ -11,8 +11,13 @@ parameters get no optimiser group) and before DDP wraps it (DDP registers only t
   the block in the backward. The gradient cache's second pass (``step.py``) is a forward with a graph, so
   it is checkpointed too; the first pass runs without a graph, where checkpointing does nothing. The RNG
   state is replayed inside ``checkpoint`` (``preserve_rng_state``), so dropout draws the same masks.
-- ``compile``: ``nn.Module.compile`` of the ``TrainModel`` in place (inductor): parameter names, the
-  state dict and the saved model are unchanged, and DDP wraps the compiled module as it wraps any other.
+- ``compile``: regional compilation: ``nn.Module.compile`` (inductor) of every transformer block of the
+  towers, in place, rather than of the whole ``TrainModel``. A tower's blocks share one forward, so inductor
+  compiles it about once per tower instead of tracing every layer: on cliptk-tiny (4 + 4 blocks, batch 64,
+  one thread, 2 loaded CPU cores) the first step took 92 / 106 s against 194 / 154 s for the whole model, with
+  equal steady-state steps (1.47 / 1.74 s vs 1.79 / 1.68 s; eager 1.67 / 1.59 s); a ViT-B's 12 + 12 blocks gain
+  more. A tower without open_clip's ``resblocks`` (timm, Hugging Face text, LiT heads) is compiled whole.
+  Parameter names, the state dict and the saved model are unchanged, and DDP wraps the model as before.
 """
 
 from __future__ import annotations
@@ -52,4 +57,21 @@ def prepare(model: Any, cfg: Any) -> None:
     if cfg.grad_checkpointing:
         set_grad_checkpointing(clip)
     if cfg.compile:
-        model.compile()
+        compile_towers(model)
+
+
+def compile_towers(model: Any) -> int:
+    """Compile ``model`` (a ``TrainModel``) in place, block by block (module docstring); returns the number
+    of modules compiled."""
+    clip = model.clip
+    towers = [getattr(clip, "visual", None), getattr(clip, "transformer", None) or getattr(clip, "text", None)]
+    targets: list[Any] = []
+    for tower in (t for t in towers if t is not None):
+        blocks = getattr(getattr(tower, "transformer", tower), "resblocks", None)
+        targets += list(blocks) if blocks is not None else [tower]
+    if not targets:  # no tower found (a model of another shape): the whole model, as before
+        targets = [model]
+    for module in targets:
+        module.compile()
+    get_logger("train").info("compile: %d module(s) compiled (regional: one per transformer block)", len(targets))
+    return len(targets)
