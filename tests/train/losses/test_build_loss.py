@@ -50,7 +50,9 @@ def test_every_objective_builds_steps_and_reports(name):
     x, y = _batch(6, 5, 3)
     xs = x.clone().requires_grad_()
     p = torch.tensor(math.log(1 / 0.05), dtype=torch.float64, requires_grad=True)
-    share = loss(xs, y, p.exp(), torch.tensor([3, 1, 4, 15, 9, 2]))
+    # an objective that reads a reference model's embeddings gets them, here of another width (3)
+    reference = {"reference": _batch(6, 3, 4)} if loss.reads_reference else {}
+    share = loss(xs, y, p.exp(), torch.tensor([3, 1, 4, 15, 9, 2]), **reference)
     share.backward()
     assert torch.isfinite(share) and torch.isfinite(xs.grad).all()
     assert torch.equal(loss.global_value(), share.detach())  # one rank: its share is the global value
