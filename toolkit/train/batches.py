@@ -21,7 +21,6 @@ from toolkit.data.trainset.order import BatchOrder
 from toolkit.train.config import TrainConfig
 from toolkit.train.runtime import Runtime
 
-
 # batch keys of a reference model's embeddings [b, d_ref] (training sets precomputed with --reference-model)
 REFERENCE_KEYS = ("ref_image", "ref_text")
 
