@@ -22,9 +22,12 @@ import torch
 from _launch import free_port, rank_env
 from distill_oracle import inputs
 
+from toolkit.core import dist as D
+from toolkit.train.plan.traffic import step_traffic
+
 LOCAL_BATCHES = (1, 3)
 MODES = ("gather", "fastclip")
-D, D_REF = 6, 4
+DIM, D_REF = 6, 4
 
 
 def objective(mode: str):
@@ -36,15 +39,18 @@ def objective(mode: str):
 
 def features_step(mode: str, b: int, num_ranks: int, rank: int, world: int) -> dict:
     """This rank's rows (world 1: all of them) of the global batch of ``num_ranks`` × b pairs."""
-    x, y, u, v, p = inputs(num_ranks * b, D, D_REF, seed=40 * num_ranks + b)
+    x, y, u, v, p = inputs(num_ranks * b, DIM, D_REF, seed=40 * num_ranks + b)
     n = x.shape[0] // world
     rows = slice(rank * n, (rank + 1) * n)
     loss = objective(mode)
     xs, ys = x[rows].clone().requires_grad_(), y[rows].clone().requires_grad_()
     ps = p.clone().requires_grad_()
+    D.LEDGER.reset()
     value = loss(xs, ys, ps.exp(), torch.arange(n), reference=(u[rows], v[rows]))
     value.backward()
-    return {"value": value.detach(), "global": loss.global_value(), "dx": xs.grad, "dy": ys.grad, "dp": ps.grad}
+    ledger = D.LEDGER.step()  # the step's collectives, before global_value's scalar all_reduce
+    return {"value": value.detach(), "global": loss.global_value(), "dx": xs.grad, "dy": ys.grad, "dp": ps.grad,
+            "ledger": ledger}
 
 
 def model_step(mode: str, micro: int, rank: int, world: int) -> dict:
@@ -56,7 +62,7 @@ def model_step(mode: str, micro: int, rank: int, world: int) -> dict:
 
     model = _model(dropout=False)
     images, tokens, index = _batch()
-    _, _, u, v, _ = inputs(GLOBAL_BATCH, D, 12, seed=77)
+    _, _, u, v, _ = inputs(GLOBAL_BATCH, DIM, 12, seed=77)
     n = GLOBAL_BATCH // world
     rows = slice(rank * n, (rank + 1) * n)
     step = StepInputs(images[rows], tokens[rows], index[rows], reference=(u[rows].float(), v[rows].float()))
@@ -100,6 +106,19 @@ def _launch(num_ranks: int, out_dir: Path) -> list[dict]:
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(num_ranks)]
 
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """num_ranks -> the ranks' results, each job launched once for this file's tests."""
+    jobs: dict[int, list[dict]] = {}
+
+    def get(num_ranks: int) -> list[dict]:
+        if num_ranks not in jobs:
+            jobs[num_ranks] = _launch(num_ranks, tmp_path_factory.mktemp(f"distill_k{num_ranks}"))
+        return jobs[num_ranks]
+
+    return get
+
+
 def _close(got, want, what):
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=lambda m: f"{what}: {m}")
 
@@ -111,8 +130,8 @@ def _rel(got: dict, want: dict) -> float:
 
 @pytest.mark.dist
 @pytest.mark.parametrize("num_ranks", [2, 4])
-def test_distributed_equals_single_process(tmp_path, num_ranks):
-    ranks = _launch(num_ranks, tmp_path)
+def test_distributed_equals_single_process(launched, num_ranks):
+    ranks = launched(num_ranks)
     for mode in MODES:
         for b in LOCAL_BATCHES:
             want = features_step(mode, b, num_ranks, 0, 1)
@@ -128,6 +147,26 @@ def test_distributed_equals_single_process(tmp_path, num_ranks):
             want = model_step(mode, 0, 0, 1)
             for r, res in enumerate(ranks):
                 assert _rel(res[(mode, "model")], want) <= 1e-5, (mode, r)
+
+
+@pytest.mark.dist
+def test_ledger_matches_the_analytic_traffic(launched):
+    """What each mode hands to the collectives per rank (2 ranks) is what ``toolkit plan`` counts
+    (losses/distill/spec.py), whose teacher pairs have width d: here they are D_REF wide."""
+    ranks = launched(2)
+    for mode in MODES:
+        for b in LOCAL_BATCHES:
+            want = step_traffic(mode, 2, b, DIM, 0, feature_bytes=8, objective="distill")
+            want = {k: v for k, v in want.items() if k[1] != "param_grads"}  # no model here
+            calls, nbytes = want[("all_gather", "features")]
+            want[("all_gather", "features")] = (calls, nbytes + 2 * b * (D_REF - DIM) * 8)
+            for res in ranks:
+                led = res[(mode, b)]["ledger"]
+                seen = {tuple(k.split("/")[1:3]) for k in led if k.endswith("/calls") and k.count("/") == 3}
+                assert seen == set(want), (mode, seen ^ set(want))
+                for (op, cat), (calls, nbytes) in want.items():
+                    assert led[f"comm/{op}/{cat}/calls"] == calls, (mode, b, op, cat)
+                    assert led[f"comm/{op}/{cat}/bytes"] == nbytes, (mode, b, op, cat)
 
 
 if __name__ == "__main__":
