@@ -137,8 +137,10 @@ class _AnchorDistill(torch.autograd.Function):
         dx, dy, da = anchor_grads(x, y, xs, ys, a, lses[:, 0], lses[:, 1], w, ctx.off, False, ctx.backend)
         dx, dy = add_positive_grads(dx, dy, x, y, a, (1 - lam) * g)
         # − λ a Σ_j P^t_ij s_ij (rows and columns): teacher weights on the student's features
-        dxa, dya, _ = anchor_grads(_image_side(u, x), _text_side(v, y), _image_side(us, xs), _text_side(vs, ys),
-                                   at, lses[:, 2], lses[:, 3], w, ctx.off, False, ctx.backend)
+        xa, ya = _image_side(u, x), _text_side(v, y)
+        one = xs.shape[0] == x.shape[0]  # one process: anchor_grads reads only the local rows
+        xsa, ysa = (xa, ya) if one else (_image_side(us, xs), _text_side(vs, ys))
+        dxa, dya, _ = anchor_grads(xa, ya, xsa, ysa, at, lses[:, 2], lses[:, 3], w, ctx.off, False, ctx.backend)
         coef = lam * a.detach().to(g.dtype) / at
         dx = dx - coef * dxa[:, e:e + d]
         dy = dy - coef * dya[:, e + d:]
