@@ -13,6 +13,10 @@ budget), so a wrong prediction ends in a MemoryError, reported as such, instead 
 On a CUDA machine the script also times backend="triton" and, when importable, inf-cl's cal_inf_loss
 (peak = torch.cuda.max_memory_allocated).
 
+``--methods distill_torch distill_naive`` (not in the default sweep) measure the distill objective
+(``--loss distill``: CLIP loss + KL from a teacher's similarities, λ = 0.5) on one process: the teacher's
+unit-norm features [B, d] exist before the baseline, like the student's.
+
     python -m benchmarks.loss.loss_memory                      # the issue's sweep (slow: ~15 min)
     python -m benchmarks.loss.loss_memory --sizes 1024 8192 --repeats 3
 """
@@ -53,9 +57,22 @@ def _mem_available_bytes() -> int:
     raise RuntimeError("MemAvailable missing from /proc/meminfo")
 
 
-def _loss_fn(method: str):
-    """(image [B, d], text [B, d], logit_scale 0-d) -> scalar loss, for one method."""
+def _loss_fn(method: str, b: int = 0, d: int = 0, device: str = "cpu"):
+    """(image [B, d], text [B, d], logit_scale 0-d) -> scalar loss, for one method (distill_*: with a
+    teacher's [b, d] features made here)."""
     from toolkit import kernels
+
+    if method.startswith("distill_"):
+        import torch
+
+        from toolkit.train.losses import LossConfig, build_loss
+
+        loss = build_loss(LossConfig(kind="distill", backend=method.removeprefix("distill_")))
+        gen = torch.Generator(device=device).manual_seed(b + 1)
+        u, v = (torch.randn(b, d, generator=gen, device=device) for _ in range(2))
+        u.div_(u.norm(dim=1, keepdim=True))
+        v.div_(v.norm(dim=1, keepdim=True))
+        return lambda x, y, a: loss(x, y, a, reference=(u, v))
 
     if method == "naive":
         return lambda x, y, a: kernels.clip_loss(x, y, a, backend="naive")
@@ -80,7 +97,7 @@ def worker(method: str, b: int, d: int, repeats: int, budget_bytes: int) -> dict
     resource.setrlimit(resource.RLIMIT_AS, (_vm_bytes() + budget_bytes, resource.RLIM_INFINITY))
     cuda = method in GPU_METHODS
     device = "cuda" if cuda else "cpu"
-    fn = _loss_fn(method)
+    fn = _loss_fn(method, b, d, device)
     gen = torch.Generator(device=device).manual_seed(b)
     # Normalised in place: no second [B, d] copy before the baseline is taken.
     x = torch.randn(b, d, generator=gen, device=device)

@@ -17,7 +17,7 @@ from toolkit.cli.common import (
 from toolkit.train.config import TrainConfig
 
 # every objective of losses/registry.py by its paper's name (tests/cli/test_config_flags.py checks the list)
-OBJECTIVES = "FastCLIP, the OpenCLIP baseline, SigLIP, NeuCLIP or DRRho-CLIP"
+OBJECTIVES = "FastCLIP, the OpenCLIP baseline, SigLIP, NeuCLIP, DRRho-CLIP or distill (the last two from a reference model)"
 app = typer.Typer(help=f"Train CLIP models ({OBJECTIVES}); `toolkit train presets` lists the published "
                        "settings.", no_args_is_help=True)
 

@@ -2,7 +2,9 @@
 
 Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
 all), this rank's batches from any step on (``batches``), and their move to the device
-(``to_device``; kept on the host when the gradient cache offloads them). Every rank builds one.
+(``to_device``; kept on the host when the gradient cache offloads them), and a reference model's
+embeddings of the batch (``reference_to_device``) for the objectives that read them (``check_reference``
+refuses a training set without them). Every rank builds one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,23 @@ from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
 from toolkit.train.config import TrainConfig
 from toolkit.train.runtime import Runtime
+
+# batch keys of a reference model's embeddings [b, d_ref] (training sets precomputed with --reference-model)
+REFERENCE_KEYS = ("ref_image", "ref_text")
+
+
+def has_reference(dataset: TrainDataset) -> bool:
+    """Whether the training set holds a reference model's image and text embeddings per sample."""
+    return all(dataset.field(role) is not None for role in REFERENCE_KEYS)
+
+
+def check_reference(dataset: TrainDataset, loss_fn: object, objective: str) -> None:
+    """Refuse, naming the training set, an objective that reads reference embeddings (``reads_reference``)
+    on a set precomputed without them. Every rank calls it before the first step."""
+    if getattr(loss_fn, "reads_reference", False) and not has_reference(dataset):
+        raise ValueError(f"{dataset.root or 'the training set'}: the {objective} objective needs a reference "
+                         f"model's embeddings per sample (fields {', '.join(REFERENCE_KEYS)}), and this training "
+                         "set has none; precompute it with `toolkit data precompute --reference-model MODEL`")
 
 
 def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
@@ -87,3 +106,13 @@ class TrainData:
         if not self.offloaded:
             image, text = image.to(self.device, non_blocking=True), text.to(self.device, non_blocking=True)
         return image, text, batch["index"].to(self.device, non_blocking=True)
+
+    def reference_to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ref_image, ref_text) [b, d_ref] of one batch as float32 on the device (float16 on disk), same rows
+        as ``to_device``'s; always moved, offloaded or not: the loss reads them for the whole local batch."""
+        missing = [k for k in REFERENCE_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"{self.dataset.root or 'the training set'}: batch without {', '.join(missing)}; the "
+                           "objective reads a reference model's embeddings (precompute with --reference-model)")
+        ref_image, ref_text = (batch[k].to(self.device, torch.float32, non_blocking=True) for k in REFERENCE_KEYS)
+        return ref_image, ref_text

@@ -28,7 +28,7 @@ from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import ema as ema_lib
 from toolkit.train import model as model_lib
 from toolkit.train import towers
-from toolkit.train.batches import TrainData, open_data, step_counts
+from toolkit.train.batches import TrainData, check_reference, open_data, step_counts
 from toolkit.train.checkpoint.state import StateIO, TrainState, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
@@ -78,6 +78,7 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
     loss_fn = build_loss(cfg.loss, data_size=dataset.num_samples, check_sizes=False)
+    check_reference(dataset, loss_fn, cfg.loss.name)
     update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, steps.total, cfg.precision)
     micro = cfg.micro_batch_size
     if micro == "auto":
@@ -145,7 +146,8 @@ def train_step(p: Parts, state: TrainState, batch: dict):
     if int(batch["step"]) != t:
         raise RuntimeError(f"data loader out of order: expected global batch {t}, got {int(batch['step'])}")
     lr = p.update.begin(t, p.data.steps_per_epoch)
-    inputs = StepInputs(*p.data.to_device(batch, p.built.model.trim_tokens))
+    reference = p.data.reference_to_device(batch) if p.loss_fn.reads_reference else None
+    inputs = StepInputs(*p.data.to_device(batch, p.built.model.trim_tokens), reference=reference)
     forward_backward(p.model, p.loss_fn, inputs, micro_batch_size=p.micro_batch_size,
                      seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i), autocast=p.rt.autocast(cfg.precision),
                      scale=p.update.scale, poison=t in cfg.nonfinite_test_steps, offload_features=p.data.offloaded)

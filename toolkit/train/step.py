@@ -45,11 +45,13 @@ def stream_seed(seed: int, step: int, rank: int, micro: int) -> int:
 @dataclass
 class StepInputs:
     """This rank's slice of one global batch: image [b, ...], text [b, ...] (on the host when offloaded:
-    pinned on CUDA) and sample ids [b] (on the device)."""
+    pinned on CUDA), sample ids [b] (on the device), and for an objective that reads them (``reads_reference``)
+    a reference model's (ref_image [b, d_ref], ref_text [b, d_ref]) on the device."""
 
     image: Tensor
     text: Tensor
     index: Tensor
+    reference: tuple[Tensor, Tensor] | None = None
 
 
 class _Mover:
@@ -124,11 +126,18 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
     return x_all, y_all, scalars
 
 
-def _loss(loss_fn: nn.Module, x: Tensor, y: Tensor, scalars: list[Tensor], index: Tensor, poison: bool) -> Tensor:
-    """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]); ``poison`` multiplies
-    x by NaN first (module docstring)."""
+def _loss(loss_fn: nn.Module, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs, poison: bool) -> Tensor:
+    """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]) and the batch's ids (and
+    reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and y);
+    ``poison`` multiplies x by NaN first (module docstring)."""
     bias = scalars[1] if len(scalars) > 1 else None
-    return loss_fn(x * float("nan") if poison else x, y, scalars[0], index, logit_bias=bias)
+    extra = {}
+    if getattr(loss_fn, "reads_reference", False):
+        if inputs.reference is None:
+            raise ValueError(f"{type(loss_fn).__name__} reads a reference model's embeddings: StepInputs.reference "
+                             "is required")
+        extra["reference"] = inputs.reference
+    return loss_fn(x * float("nan") if poison else x, y, scalars[0], inputs.index, logit_bias=bias, **extra)
 
 
 def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *, micro_batch_size: int,
@@ -149,13 +158,13 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
         with autocast():
             out = model(*mover.get(0))
         x, y, scalars = out.image_features, out.text_features, out.scalars()
-        share = _loss(loss_fn, x, y, scalars, inputs.index, poison)
+        share = _loss(loss_fn, x, y, scalars, inputs, poison)
         scale(share).backward()
         return share.detach()
     x_all, y_all, scalars = _cached_features(model, mover, ranges, seed_of, autocast, offload_features)
     x_all, y_all = x_all.to(device).requires_grad_(), y_all.to(device).requires_grad_()
     leaves = [t.detach().requires_grad_() for t in scalars]
-    share = _loss(loss_fn, x_all, y_all, leaves, inputs.index, poison)
+    share = _loss(loss_fn, x_all, y_all, leaves, inputs, poison)
     scale(share).backward()
     dx, dy = x_all.grad, y_all.grad
     del x_all, y_all  # pass 3 needs only the gradients

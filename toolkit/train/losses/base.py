@@ -5,6 +5,12 @@ Called by every rank of ``group`` each optimiser step, with the same local batch
     share = loss(image_features [b, d], text_features [b, d], logit_scale a (0-d, = exp(p)), index [b],
                  logit_bias=None)                      # the model's learnable bias (sigmoid losses), 0-d
 
+An objective with ``reads_reference = True`` is called with one more keyword,
+``reference=(ref_image [b, d_ref], ref_text [b, d_ref])``: a reference (teacher) model's L2-normalised
+embeddings of the same b samples, in the same row order, from a training set precomputed with
+``--reference-model`` (d_ref may differ from d). The trainer refuses a training set without them for
+such an objective (``batches.check_reference``).
+
 - ``share`` (0-d) is this rank's share of the global-batch objective: its mean over ranks is the
   objective's value, and its backward gives rank r K × its share of the gradient (features: its own
   rows; a: its anchors' terms), so DDP's mean over ranks gives exactly the gradient of the single-process
@@ -28,7 +34,7 @@ The hooks the trainer calls, in the order of one step (every rank calls each one
   ranks or nodes).
 
 Class attributes the trainer reads: ``needs_data_size`` (per-sample state indexed by dense sample ids:
-``build_loss`` refuses a missing ``data_size``). ``check_sizes`` (constructor option, default True):
+``build_loss`` refuses a missing ``data_size``); ``reads_reference`` (forward takes ``reference=``, above). ``check_sizes`` (constructor option, default True):
 refuse unequal local batches across ranks with one tiny all_gather per step; the trainer turns it off
 because its loader gives every rank exactly B/K samples.
 """

@@ -12,6 +12,9 @@
   per-sample estimators; learnable τ (``learn_tau``, ``lr_tau``), ρ and ε as v3. Also the fastclip mode only.
 - ``kind: drrho``: DRRho-CLIP (docs/objectives.md): FastCLIP v3's estimators on the excess pairwise loss over a
   reference model whose features the training set holds (``drrho`` section); τ learnt unless ``learn_tau: false``.
+- ``kind: distill``: MobileCLIP's distillation (docs/objectives.md): (1 − λ)·CLIP loss + λ·KL from the
+  reference model's similarity distribution (``distill`` section), on a training set precomputed with
+  ``--reference-model``; gather or fastclip mode.
 The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, version: v3``; ``--loss siglip`` sets ``kind: siglip``, ``--loss neuclip`` ``kind: neuclip``.
 """
 
@@ -23,6 +26,7 @@ from typing import Literal, get_args
 from toolkit.core.config import option
 from toolkit.train.losses import registry
 from toolkit.train.losses.drrho.config import DRRhoConfig
+from toolkit.train.losses.distill.config import DistillConfig
 from toolkit.train.losses.neuclip.config import NeuCLIPConfig
 
 Version = Literal["v0", "v1", "v2", "v3"]
@@ -43,7 +47,8 @@ class LossConfig:
                                        "fastclip (global contrastive loss with per-sample estimators), siglip "
                                        "(sigmoid loss with a learnable bias), neuclip (FastCLIP's loss, "
                                        "log-normalisers predicted by a network), drrho (FastCLIP's loss on the "
-                                       "excess over a reference model's, DRRho-CLIP).")
+                                       "excess over a reference model's, DRRho-CLIP), distill (CLIP loss + KL "
+                                       "from a reference model's similarities).")
     version: Version = option("v3", doc="FastCLIP version: v0 learnable τ, v1 constant τ, v2 individual τ per "
                                         "sample, v3 (RGCL-g) learnable τ with the robust term ρ.")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
@@ -96,6 +101,9 @@ class LossConfig:
     neuclip: NeuCLIPConfig = option(factory=NeuCLIPConfig, doc="NeuCLIP's normaliser network (kind neuclip).")
     drrho: DRRhoConfig = option(factory=DRRhoConfig, doc="DRRho-CLIP's reference term (kind drrho).",
                                 omit_at_default=True)
+    distill: DistillConfig = option(factory=DistillConfig, omit_at_default=True,
+                                    doc="Distillation from the training set's reference model (kind distill): "
+                                        "the KL's weight λ and the teacher's τ.")
 
     siglip_scale_init: float = option(10.0, gt=0, doc="siglip: initial scale t = exp(logit_scale) of a model "
                                                        "trained from scratch (SigLIP: 10; replaces tau_init).")

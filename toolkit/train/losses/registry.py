@@ -19,7 +19,7 @@ from toolkit.train.losses.spec import ObjectiveSpec
 
 # the objectives' folders, in the order --loss lists their names; each has spec.py with SPEC
 OBJECTIVES = ("toolkit.train.losses.openclip", "toolkit.train.losses.fastclip", "toolkit.train.losses.siglip",
-              "toolkit.train.losses.neuclip", "toolkit.train.losses.drrho")
+              "toolkit.train.losses.neuclip", "toolkit.train.losses.drrho", "toolkit.train.losses.distill")
 _SPECS: dict[str, ObjectiveSpec] = {}
 _loaded = False
 
