@@ -45,3 +45,20 @@ def test_a_set_without_reference_embeddings_is_refused_naming_it(demo_train, tmp
     assert done.returncode != 0
     said = " ".join((done.stdout + done.stderr).split())
     assert str(demo_train) in said and "--reference-model" in said and "ref_image" in said
+
+
+def test_toolkit_train_loss_drrho_reads_the_reference_and_the_gradient_cache_passes_it(reference_train, tmp_path):
+    done = run_cli(["train", "--data", str(reference_train), "--out", str(tmp_path / "run"), "--loss", "drrho",
+                    "--batch-size", "16", "--steps", "2", "--log-every", "1", "--workers", "0", "--set",
+                    "tensorboard=false"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert all(0 < m["loss"] < 100 for m in metrics(tmp_path / "run") if "loss" in m)
+
+    def drrho(name: str, ref_weight: float, **over) -> dict:
+        run(train_cfg(reference_train, tmp_path / name, steps=3,
+                      loss={"kind": "drrho", "drrho": {"ref_weight": ref_weight}}, **SGD, **over))
+        return weights(tmp_path / name)
+
+    full = drrho("full", 1.0)
+    assert _rel(drrho("cached", 1.0, micro_batch_size=5), full) <= 1e-5  # the cache's micro-batches get their rows
+    assert _rel(drrho("no_reference", 0.0), full) > 1e-3  # the reference rows change what is trained

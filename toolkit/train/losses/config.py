@@ -25,8 +25,8 @@ from typing import Literal, get_args
 
 from toolkit.core.config import option
 from toolkit.train.losses import registry
-from toolkit.train.losses.drrho.config import DRRhoConfig
 from toolkit.train.losses.distill.config import DistillConfig
+from toolkit.train.losses.drrho.config import DRRhoConfig
 from toolkit.train.losses.neuclip.config import NeuCLIPConfig
 
 Version = Literal["v0", "v1", "v2", "v3"]
