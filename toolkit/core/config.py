@@ -26,18 +26,10 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 from toolkit.core import config_sections, safeyaml
+from toolkit.core.config_error import ConfigError
 
 T = TypeVar("T")
 MISSING = dataclasses.MISSING
-
-
-class ConfigError(ValueError):
-    """A config value is unknown, missing, of the wrong type or out of range."""
-
-    def __init__(self, source: str, key: str, message: str):
-        self.source, self.key, self.message = source, key, message
-        where = f"{source}: {key}" if key else source
-        super().__init__(f"{where}: {message}")
 
 
 def option(

@@ -13,7 +13,7 @@ name of ``siglip.scale_init``). Then, in both directions:
 - recording: ``to_dict`` and ``config_hash`` write the section's fields back as the flat keys (core.config),
   so every record made before the split (checkpoints' ``config`` and ``config_hash``, stage manifests,
   results) still compares equal and hashes the same.
-Torch-free; imported by core.config, which it imports only lazily (for ``ConfigError``).
+Torch-free; imported by core.config (it imports only ``config_error``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import functools
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+from toolkit.core.config_error import ConfigError
 
 
 def legacy_prefix(f: dataclasses.Field) -> str | None:
@@ -67,8 +69,6 @@ def migrate(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -
         if not isinstance(target, Mapping):
             continue  # a malformed section: build() names it
         if sub in target:
-            from toolkit.core.config import ConfigError
-
             raise ConfigError(source, prefix + key, f"given twice: as {prefix}{key} (the flat name it had before "
                                                     f"{prefix}{section} became a section) and as "
                                                     f"{prefix}{section}.{sub}; keep one")
