@@ -25,6 +25,7 @@ def test_grad_checkpointing_trains_the_same_weights(demo_train, tmp_path, micro)
 
 def test_the_trainers_config_turns_checkpointing_on_in_both_towers(demo_train, tmp_path):
     from toolkit.train.plan.memprobe import build_tower_model
+
     from toolkit.train.towers import prepare
 
     model = build_tower_model(MODEL)
