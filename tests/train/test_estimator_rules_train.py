@@ -22,7 +22,7 @@ def test_drrho_gamma_follows_the_runs_planned_epochs(demo_train, tmp_path):
     out, epochs = tmp_path / "run", 8
     cfg = train_cfg(demo_train, out, steps=0, epochs=epochs, log_every=STEPS_PER_EPOCH,
                     loss={"gamma_rule": "drrho", "u_drift": "none"})
-    assert cfg.loss.gamma_decay_epochs == epochs
+    assert cfg.loss.fastclip.gamma_decay_epochs == epochs
     run(cfg)
     final = min(1.0, 4.177 * epochs ** -0.7265)  # DRRho-CLIP README, E = 8: 0.922
     # a row logged at the last step of epoch e reports that epoch's γ

@@ -36,12 +36,15 @@ def build_demo_trainset(base: Path, num_concepts: int = 160, samples_per_shard: 
 def train_cfg(data: Path, out: Path, **over):
     """A TrainConfig for tests: small batch, no worker processes, no TensorBoard; ``over`` as nested dicts."""
     from toolkit.core.config import build, deep_merge
+    from toolkit.core.config_sections import migrate
     from toolkit.train.config import TrainConfig
 
     # FastCLIP-v3 named: these tests exercise its per-sample tables (the default at batch 16 is another)
     base = {"data": str(data), "out": str(out), "model": MODEL, "batch_size": 16, "steps": 6, "log_every": 1,
-            "tensorboard": False, "loader": {"num_workers": 0}, "loss": {"kind": "fastclip", "version": "v3"}}
-    return build(TrainConfig, deep_merge(base, over))
+            "tensorboard": False, "loader": {"num_workers": 0},
+            "loss": {"kind": "fastclip", "fastclip": {"version": "v3"}}}
+    # ``over`` may use the loss section's old flat keys (loss.version): sectioned before the merge, as load_config does
+    return build(TrainConfig, deep_merge(base, migrate(TrainConfig, over, "train_cfg")[0]))
 
 
 def metrics(run_dir: Path) -> list[dict]:

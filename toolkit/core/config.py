@@ -25,19 +25,11 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from toolkit.core import safeyaml
+from toolkit.core import config_sections, safeyaml
+from toolkit.core.config_error import ConfigError
 
 T = TypeVar("T")
 MISSING = dataclasses.MISSING
-
-
-class ConfigError(ValueError):
-    """A config value is unknown, missing, of the wrong type or out of range."""
-
-    def __init__(self, source: str, key: str, message: str):
-        self.source, self.key, self.message = source, key, message
-        where = f"{source}: {key}" if key else source
-        super().__init__(f"{where}: {message}")
 
 
 def option(
@@ -52,15 +44,18 @@ def option(
     is_input: bool = False,
     omit_at_default: bool = False,
     absent_means: Any = MISSING,
+    legacy_prefix: str | None = None,
 ) -> Any:
     """A dataclass field with a doc string, bounds and manifest roles (see module docstring).
     ``omit_at_default``: a field added after configs were recorded (checkpoints, results) stays out of
     :func:`to_dict` and the hash while at its default, so those records still load equal and match.
     ``absent_means``: a field added after configs were recorded, which stays in the hash: a record that
     lacks it was written with this value (the behaviour before the field existed), so
-    :func:`changed_keys` with :func:`absent_values` reports no change where the run uses that value."""
+    :func:`changed_keys` with :func:`absent_values` reports no change where the run uses that value.
+    ``legacy_prefix``: a section whose fields were the holding config's keys ``PREFIX + name`` before it
+    became a section; those keys still load and records keep them (core/config_sections.py)."""
     metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input,
-                "omit_at_default": omit_at_default, "absent_means": absent_means}
+                "omit_at_default": omit_at_default, "absent_means": absent_means, "legacy_prefix": legacy_prefix}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -202,17 +197,27 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
     A config class may define ``layered_defaults(data, source) -> mapping``: defaults that depend on the
     data itself (the trainer's ``preset``), merged beneath ``data`` before validation, so every way of
     building the config (CLI, YAML, ``--set``, pipelines) applies them the same way."""
-    data = dict(data or {})
+    data, renamed = config_sections.migrate(cls, data or {}, source, prefix + "." if prefix else "")
     layered = getattr(cls, "layered_defaults", None)
     if layered is not None:
-        data = deep_merge(layered(data, source), data)
+        data = deep_merge(config_sections.migrate(cls, layered(data, source), source)[0], data)
+    try:
+        return _build(cls, data, source, prefix)
+    except ConfigError as err:  # a key given by its flat name is named so (config_sections)
+        if err.key not in renamed:
+            raise
+        raise ConfigError(err.source, renamed[err.key], err.message) from err.__cause__
+
+
+def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for name in data:
         if name not in fields:
             name = str(name) if len(str(name)) <= SHORT_REPR_CHARS else short(name)
             key = f"{prefix}.{name}" if prefix else name
-            raise ConfigError(source, key, "unknown key" + suggest(name, list(fields)))
+            known = list(fields) + list(config_sections.flat_keys(cls))
+            raise ConfigError(source, key, "unknown key" + suggest(name, known))
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -226,8 +231,8 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
     except (ValueError, TypeError) as err:  # __post_init__ cross-field checks
         if isinstance(err, ConfigError):
             raise
-        name, sep, message = str(err).partition(": ")  # 'field: message' blames that field
-        if sep and name in fields:
+        name, sep, message = str(err).partition(": ")  # 'field: message' ('section.field: ...') blames it
+        if sep and name.split(".")[0] in fields:
             raise ConfigError(source, f"{prefix}.{name}" if prefix else name, message) from err
         raise ConfigError(source, prefix, str(err)) from err
 
@@ -313,24 +318,28 @@ def load_config(
     real flag, e.g. ``{'num_threads': 'option --threads'}``); keys without one are named 'explicit value'.
     Errors name where the offending value came from: the file, the ``--set`` text, or the option.
     """
-    data: dict = read_yaml(yaml_path) if yaml_path else {}
+    default_source = str(yaml_path) if yaml_path else "command line"
+    # flat keys move into their sections source by source, so a later source overrides either layout
+    data, renamed = config_sections.migrate(cls, read_yaml(yaml_path) if yaml_path else {}, default_source)
     sources: dict[str, str] = {}
     for text in overrides:
         path, value = parse_override(text)
+        path = config_sections.migrate_path(cls, path)
         set_path(data, path, value)
         sources[".".join(path)] = f"--set {text}"
     for key, value in (explicit or {}).items():
         if value is not None:
-            set_path(data, key.split("."), value)
-            sources[key] = (explicit_sources or {}).get(key, "explicit value")
-    default_source = str(yaml_path) if yaml_path else "command line"
+            path = config_sections.migrate_path(cls, key.split("."))
+            set_path(data, path, value)
+            sources[".".join(path)] = (explicit_sources or {}).get(key, "explicit value")
     try:
         check_sections(cls, data)
         return build(cls, data, source=default_source)
     except ConfigError as err:
         matches = [k for k in sources if err.key == k or err.key.startswith((k + ".", k + "["))]
         source = sources[max(matches, key=len)] if matches else default_source
-        raise ConfigError(source, err.key, err.message) from None
+        key = err.key if matches else renamed.get(err.key, err.key)
+        raise ConfigError(source, key, err.message) from None
 
 
 # ---------------------------------------------------------------- serialisation and hashing
@@ -345,7 +354,8 @@ def _kept(cfg: Any, f: dataclasses.Field) -> bool:
 
 def _plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if _kept(obj, f)}
+        return config_sections.record([(f, _plain(getattr(obj, f.name))) for f in dataclasses.fields(obj)
+                                       if _kept(obj, f)])
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     if isinstance(obj, dict):
@@ -361,8 +371,8 @@ def to_dict(cfg: Any) -> dict:
 def _hashed(cfg: Any) -> Any:
     if not dataclasses.is_dataclass(cfg):
         return cfg
-    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-            if f.metadata.get("affects_output", True) and _kept(cfg, f)}
+    return config_sections.record([(f, _hashed(getattr(cfg, f.name))) for f in dataclasses.fields(cfg)
+                                   if f.metadata.get("affects_output", True) and _kept(cfg, f)])
 
 
 def config_hash(cfg: Any, *extra: Any) -> str:

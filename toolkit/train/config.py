@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolkit.core.config import ConfigError, option
+from toolkit.core.config_sections import migrate
 from toolkit.core.launch import LaunchConfig
 from toolkit.data.augment import AugmentConfig
 from toolkit.train.losses.config import LossConfig
@@ -22,18 +23,27 @@ GradDtype = Literal["fp32", "bf16"]
 REPORT_SINKS = ("jsonl", "tensorboard", "wandb")
 
 
+def _fastclip_section(layer: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``loss.fastclip`` of one layer of (migrated) config data, {} where it gives none."""
+    loss = layer.get("loss")
+    section = loss.get("fastclip") if isinstance(loss, Mapping) else None
+    return section if isinstance(section, Mapping) else {}
+
+
 def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], source: str) -> None:
-    """``loss.gamma_rule: drrho`` decays γ over the run's planned epochs E (DRRho-CLIP's README: set
-    gamma_decay_epochs to the epochs): fill ``loss.gamma_decay_epochs`` with ``epochs`` unless it is given. A run
-    planned by ``steps`` has no epoch count before the data is read, so it must give the value itself."""
-    loss = {**layers.get("loss", {}), **(data.get("loss") or {})}
-    if loss.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in loss:
+    """``loss.fastclip.gamma_rule: drrho`` decays γ over the run's planned epochs E (DRRho-CLIP's README: set
+    gamma_decay_epochs to the epochs): fill ``loss.fastclip.gamma_decay_epochs`` with ``epochs`` unless it is
+    given. A run planned by ``steps`` has no epoch count before the data is read, so it must give the value
+    itself. ``data`` and ``layers``: sectioned (core/config_sections.py)."""
+    fastclip = {**_fastclip_section(layers), **_fastclip_section(data)}
+    if fastclip.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in fastclip:
         return
     if data.get("steps", layers.get("steps", 0)):
         raise ConfigError(source, "loss.gamma_decay_epochs", "gamma_rule: drrho needs the planned epochs; a run "
                                                              "set by steps must give loss.gamma_decay_epochs")
     epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
-    layers["loss"] = {**layers.get("loss", {}), "gamma_decay_epochs": epochs}
+    loss = layers.get("loss", {})
+    layers["loss"] = {**loss, "fastclip": {**loss.get("fastclip", {}), "gamma_decay_epochs": epochs}}
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,7 @@ class TrainConfig:
                 layers["loss"] = {**layers.get("loss", {}), **default_loss(int(batch))}
             except (TypeError, ValueError):
                 pass  # a malformed batch_size: build() reports it against its key
+        layers = migrate(TrainConfig, layers, source)[0]  # the preset's and the choice's flat keys, sectioned
         _plan_drrho_gamma(data, layers, source)
         return layers
 

@@ -11,6 +11,7 @@ from torch.nn.functional import normalize
 from toolkit.core.config import ConfigError, build
 from toolkit.kernels.naive import clip_loss
 from toolkit.train.losses import LOSS_NAMES, LossConfig, build_loss, loss_fields
+from toolkit.train.losses.fastclip.config import FastCLIPConfig
 from toolkit.train.losses.modes import MODES
 
 
@@ -77,4 +78,4 @@ def test_config_errors_name_the_key():
         loss_fields("fastclip-v9")
     assert loss_fields("fastclip-v2") == {"kind": "fastclip", "version": "v2"}
     assert LossConfig(kind="openclip", learn_tau=False).learns_logit_scale is False
-    assert [LossConfig(version=v).learns_logit_scale for v in ("v0", "v1", "v2", "v3")] == [True, False, False, True]
+    assert [LossConfig(fastclip=FastCLIPConfig(version=v)).learns_logit_scale for v in ("v0", "v1", "v2", "v3")] == [True, False, False, True]

@@ -166,7 +166,7 @@ def test_registry_plan_and_config():
 
     spec = registry.spec("drrho")
     assert DRRhoLoss.reads_reference and spec.table_columns({"kind": "drrho"}) == 2
-    cfg = LossConfig(kind="drrho", learn_tau=False, gamma_rule="drrho", gamma_decay_epochs=30)
+    cfg = build(LossConfig, {"kind": "drrho", "learn_tau": False, "gamma_rule": "drrho", "gamma_decay_epochs": 30})
     assert cfg.name == "drrho" and not cfg.learns_logit_scale
     assert make_drrho(gamma_rule="drrho", gamma_decay_epochs=30).gamma_final == pytest.approx(4.177 * 30 ** -0.7265)
     table = step_traffic("fastclip", 4, 8, 512, 100, feature_bytes=2, objective="drrho", ref_dim=256)

@@ -42,10 +42,10 @@ def scenario(num_ranks: int):
 
 
 def make(group, ref_weight: float = 1.0, learn_tau: bool = True):
+    from toolkit.core.config import build
     from toolkit.train.losses import LossConfig, build_loss
-    from toolkit.train.losses.drrho.config import DRRhoConfig
 
-    cfg = LossConfig(kind="drrho", learn_tau=learn_tau, drrho=DRRhoConfig(ref_weight=ref_weight), **KW)
+    cfg = build(LossConfig, {"kind": "drrho", "learn_tau": learn_tau, "drrho": {"ref_weight": ref_weight}, **KW})
     return build_loss(cfg, data_size=N, group=group, table_dtype=torch.float64, check_sizes=False)
 
 

@@ -1,6 +1,7 @@
 """Every training objective behind one interface: ``build_loss(cfg, data_size=, group=)``.
 
-- ``config``: ``LossConfig`` (kind, version, mode, backend, γ schedule, τ rule, ρ, ε, v2 settings).
+- ``config``: ``LossConfig`` (kind, mode, backend, τ settings, ρ, ε; one section per objective, declared in its
+  folder's ``config.py``: ``loss.fastclip``, ``loss.siglip``, ``loss.neuclip``).
 - ``registry``: the objectives' folders (``openclip/``, ``fastclip/``, ``siglip/``, ``neuclip/``, each with
   its ``spec.py``) and the ``--loss`` names; ``register`` plugs a new one in.
 - ``base``: ``TrainingLoss``, the interface and its gradient convention (docs/architecture.md).

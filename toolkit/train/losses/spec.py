@@ -22,8 +22,10 @@ def _no_tables(fields: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """One objective's facts. ``fields``: the ``LossConfig`` fields a ``--loss`` name sets (``{"kind":
-    "fastclip", "version": "v2"}``: what ``toolkit plan`` knows); ``cfg``: the trainer's ``LossConfig``."""
+    """One objective's facts. ``fields``: the ``LossConfig`` keys a ``--loss`` name sets, as the config loader
+    reads them (``{"kind": "fastclip", "version": "v2"}``, FastCLIP's flat key for ``fastclip.version``: what
+    ``toolkit plan`` knows); ``cfg``: the trainer's ``LossConfig``. Its own settings live in its section of
+    ``LossConfig`` (``cfg.fastclip``), declared in its folder's ``config.py``."""
 
     kind: str
     target: str  # "module:Class" of its TrainingLoss, imported only when built
@@ -42,6 +44,8 @@ class ObjectiveSpec:
     initial_tau: Callable[[Any], float] = lambda cfg: cfg.tau_init
     # whether the model's global logit scale p is trained
     learns_logit_scale: Callable[[Any], bool] = lambda cfg: cfg.learn_tau
+    # its published training settings: preset name -> a Preset's fields as plain data (train/presets.py)
+    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def loss_names(self) -> dict[str, dict[str, Any]]:
         """--loss NAME -> every LossConfig field it sets, kind included."""

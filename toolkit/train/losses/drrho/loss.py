@@ -75,8 +75,8 @@ class DRRhoLoss(FastCLIPLoss):
                  share_tables: bool = True, check_sizes: bool = True):
         if cfg.kind != "drrho":
             raise ValueError(f"DRRhoLoss needs a LossConfig of kind drrho, got {cfg.kind!r}")
-        if cfg.version != "v3":  # the estimator form is always v3's; another version would be silently ignored
-            raise ValueError(f"drrho builds on FastCLIP v3's estimators (loss.version: v3), got {cfg.version!r}; "
+        if cfg.fastclip.version != "v3":  # the estimator form is always v3's; another version would be silently ignored
+            raise ValueError(f"drrho builds on FastCLIP v3's estimators (loss.fastclip.version: v3), got {cfg.fastclip.version!r}; "
                              "a fixed τ is loss.learn_tau: false")
         # FastCLIP's machinery checks its own kind: build it as v3, then keep the drrho config
         super().__init__(replace(cfg, kind="fastclip"), data_size, group, table_dtype=table_dtype,

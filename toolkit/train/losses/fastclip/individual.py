@@ -66,14 +66,15 @@ def _side_update(cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old
                                            backend=cfg.backend, compute_dy=False)
     r = (log_g - den).exp()
     sum_pz = scale * (d_scale.to(acc) / w - bt.sii * r)  # Σ_j P_ij z_ij with P_ij = e^{z_ij−b_i}/((B−1)(ũ_i+ε))
-    grad = (-sum_pz + den + bound + cfg.rho).clamp(-cfg.tau_grad_clamp, cfg.tau_grad_clamp)
-    beta1, beta2 = (cfg.tau_beta1, cfg.tau_beta2) if epoch > 0 else (0.0, 0.0)
+    rule = cfg.fastclip  # v2's per-sample τ rule
+    grad = (-sum_pz + den + bound + cfg.rho).clamp(-rule.tau_grad_clamp, rule.tau_grad_clamp)
+    beta1, beta2 = (rule.tau_beta1, rule.tau_beta2) if epoch > 0 else (0.0, 0.0)
     m = beta1 * old["m"] + (1.0 - beta1) * grad
     v = beta2 * old["v"] + (1.0 - beta2) * grad**2
     m_hat = m / (1.0 - beta1 ** (epoch + 1))
     v_hat = v / (1.0 - beta2 ** (epoch + 1))
     lr_tau = DEFAULT_LR_TAU if cfg.lr_tau is None else cfg.lr_tau
-    tau_new = (tau - lr_tau * m_hat / (v_hat + cfg.tau_eps)).clamp(cfg.tau_min, cfg.tau_max)
+    tau_new = (tau - lr_tau * m_hat / (v_hat + rule.tau_eps)).clamp(rule.tau_min, rule.tau_max)
     d_anchor = d_anchor.to(acc) - (w * scale * r)[:, None] * (bt.y if rows else bt.x)  # through s_ii
     new = {"log_u": log_u, "tau": tau_new, "bound": bound, "m": m, "v": v}
     return new, log_g, d_anchor, w * scale * r

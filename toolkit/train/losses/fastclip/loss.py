@@ -57,7 +57,8 @@ VERSIONS = ("v0", "v1", "v2", "v3")
 class FastCLIPLoss(TrainingLoss):
     """FastCLIP loss with its per-sample state (see the module docstring for the maths).
 
-    ``cfg``: a ``LossConfig`` with kind fastclip (version, γ schedule, ρ, ε, v2's τ rule, backend).
+    ``cfg``: a ``LossConfig`` with kind fastclip (its ``fastclip`` section: version, γ schedule, v2's τ rule;
+    shared: ρ, ε, τ settings, backend).
     ``data_size`` N: sample ids are 0..N−1. ``group``: process group (default world). ``table_dtype``:
     dtype of the tables (fp32 as the reference; fp64 for oracles); ``share_tables``: one table per node
     in shared memory (see ``tables``). Tables (``self.tables``, columns): log_u_image, log_u_text (all
@@ -73,11 +74,11 @@ class FastCLIPLoss(TrainingLoss):
         super().__init__(cfg, group, check_sizes=check_sizes)
         if cfg.kind != "fastclip":
             raise ValueError(f"FastCLIPLoss needs a LossConfig of kind fastclip, got {cfg.kind!r}")
-        if cfg.version not in VERSIONS:  # build() checks the Literal; a LossConfig made in code may not be
-            raise ValueError(f"unknown FastCLIP version {cfg.version!r}; choose one of {VERSIONS}")
-        self.version, self.data_size = cfg.version, data_size
+        if cfg.fastclip.version not in VERSIONS:  # build() checks the Literal; a LossConfig made in code may not be
+            raise ValueError(f"unknown FastCLIP version {cfg.fastclip.version!r}; choose one of {VERSIONS}")
+        self.version, self.data_size = cfg.fastclip.version, data_size
         self.epoch, self.gamma, self.u_shift = 0, 1.0, [0.0, 0.0]  # u_shift: u_drift's last mean log(g/u_old)
-        self.gamma_final = final_gamma(cfg)  # γ_min, the DRRho rule's γ, or SCENT's offset γ_s
+        self.gamma_final = final_gamma(cfg.fastclip)  # γ_min, the DRRho rule's γ, or SCENT's offset γ_s
         self._tau_mean: Tensor | None = None
         self._undo: tuple[Tensor, Tensor, torch.device] | None = None  # ids [b], their old rows, device
         columns = {"log_u_image": -math.inf, "log_u_text": -math.inf}
@@ -88,8 +89,8 @@ class FastCLIPLoss(TrainingLoss):
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
         """γ for step ``step`` (only ``cosine_step`` changes within an epoch) and the epoch's settings."""
         self.set_epoch(step // steps_per_epoch)
-        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_final, self.cfg.gamma_decay_epochs,
-                                   self.cfg.gamma_schedule)
+        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_final, self.cfg.fastclip.gamma_decay_epochs,
+                                   self.cfg.fastclip.gamma_schedule)
 
     def end_step(self, applied: bool) -> None:
         """An applied step keeps its table updates; a skipped one restores the rows the last forward
@@ -105,7 +106,7 @@ class FastCLIPLoss(TrainingLoss):
     def metrics(self) -> dict[str, float]:
         """γ (u_update scent: the offset γ_s); with ``u_drift: batch`` also the last shifts of log u (image, text
         anchors)."""
-        drift = self.cfg.u_drift == "batch"
+        drift = self.cfg.fastclip.u_drift == "batch"
         return {"gamma": self.gamma, **({"u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]} if drift else {})}
 
     def sync_state(self) -> None:
@@ -116,7 +117,8 @@ class FastCLIPLoss(TrainingLoss):
     def set_epoch(self, epoch: int) -> None:
         """Start of epoch ``epoch`` (0-based): γ for the epoch; v2's Adam betas (0 in epoch 0)."""
         self.epoch = epoch
-        self.gamma = gamma_at_epoch(epoch, self.gamma_final, self.cfg.gamma_decay_epochs, self.cfg.gamma_schedule)
+        fc = self.cfg.fastclip
+        self.gamma = gamma_at_epoch(epoch, self.gamma_final, fc.gamma_decay_epochs, fc.gamma_schedule)
 
     def table(self, name: str) -> Tensor:
         """Column ``name`` of the per-sample tables [N] (a view); ``u_image``/``u_text`` give exp(log u)."""
@@ -174,8 +176,8 @@ class FastCLIPLoss(TrainingLoss):
         """New log u for this rank's rows (``old_rows`` [b, C]: their table rows before this step),
         gathered with ids and log g -> [B, 5]; tables written."""
         old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
-        scent = self.cfg.u_update == "scent"  # its per-sample steps are < 1 whatever γ_s is
-        drift = self.cfg.u_drift == "batch" and (scent or self.gamma < 1)
+        scent = self.cfg.fastclip.u_update == "scent"  # its per-sample steps are < 1 whatever γ_s is
+        drift = self.cfg.fastclip.u_drift == "batch" and (scent or self.gamma < 1)
         shift1, shift2 = (None, None)
         if drift:
             self.u_shift = batch_drift(old, log_g1, log_g2, self.group)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from toolkit.train.losses.config import GammaScheduleName
+from toolkit.train.losses.fastclip.config import FastCLIPConfig, GammaScheduleName
 
 # Optimization-AI/DRRho-CLIP, README.md ("--gamma ... We recommend to set it following
 # γ = min(1.0, 4.177·E^(−0.7265)), where E is the number of epochs"; "--gamma_decay_epochs ... We recommend
@@ -28,9 +28,9 @@ def drrho_gamma(epochs: int) -> float:
     return min(1.0, DRRHO_SCALE * float(epochs) ** DRRHO_POWER)
 
 
-def final_gamma(cfg) -> float:
-    """What a ``LossConfig``'s γ schedule ends at: SCENT's offset γ_s (u_update scent), the DRRho rule at
-    E = gamma_decay_epochs (gamma_rule drrho) or gamma_min."""
+def final_gamma(cfg: FastCLIPConfig) -> float:
+    """What a ``loss.fastclip`` section's γ schedule ends at: SCENT's offset γ_s (u_update scent), the DRRho
+    rule at E = gamma_decay_epochs (gamma_rule drrho) or gamma_min."""
     if cfg.u_update == "scent":
         return cfg.scent_gamma
     if cfg.gamma_rule == "drrho":

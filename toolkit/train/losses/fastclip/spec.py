@@ -1,11 +1,13 @@
 """FastCLIP's registry entry: ``--loss fastclip-v0`` … ``fastclip-v3``, the fastclip mode only, per-sample
-host tables (u1, u2; v2 adds τ, bound, m, v per side) and the scalars its step all_gathers."""
+host tables (u1, u2; v2 adds τ, bound, m, v per side), the scalars its step all_gathers, and the reference's
+published settings (``presets.py``). Its settings: ``config.py`` (the ``loss.fastclip`` section)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from toolkit.train.losses.fastclip.presets import PRESETS
 from toolkit.train.losses.spec import F64, ObjectiveSpec, Traffic
 
 VERSIONS = ("v0", "v1", "v2", "v3")
@@ -35,4 +37,5 @@ SPEC = ObjectiveSpec(
     modes_note="its step needs no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                "gather/disco/ring",
     table_columns=table_columns, traffic=traffic,
-    learns_logit_scale=lambda cfg: cfg.version in ("v0", "v3"))
+    learns_logit_scale=lambda cfg: cfg.fastclip.version in ("v0", "v3"),
+    presets=PRESETS)

@@ -35,5 +35,5 @@ SPEC = ObjectiveSpec(
     modes_note="its gather mode already gathers only the texts and reduce-scatters their gradients once. Use "
                "mode gather, ring or fastclip",
     traffic=siglip_traffic,
-    init_logit_bias=lambda cfg: cfg.siglip_bias_init,
-    initial_tau=lambda cfg: 1.0 / cfg.siglip_scale_init)
+    init_logit_bias=lambda cfg: cfg.siglip.bias_init,
+    initial_tau=lambda cfg: 1.0 / cfg.siglip.scale_init)
