@@ -4,7 +4,8 @@ Scale (synthetic raw shards of 1,000 samples, 16 px JPEGs and short captions, at
 
 - ``toolkit data precompute --storage index``: wall time per sample, peak RSS of the parent and of the
   largest worker (each measured in a fresh child process: ``ru_maxrss``);
-- the loader's time to its first batch (256 samples, 0 workers) from a fresh ``make_loader``, imports excluded;
+- the loader's time to its first batch (256 samples, 0 workers) from a fresh ``make_loader``, imports
+  (torch, and torchvision for the JPEG decoder) excluded;
 - the trainer's start-up: wall time of ``toolkit train --steps 1 --loss fastclip-v3`` (cliptk-tiny, batch
   32, one CPU process), i.e. process start, FastCLIP's per-sample tables of size N, one step and exit.
 
@@ -116,7 +117,10 @@ def precompute(raw: Path, out: Path, storage: str, workers: int, **extra) -> dic
 
 def first_batch(path: Path) -> dict:
     return _child(
-        "import time\nfrom toolkit.data.trainset.loader import make_loader\nt = time.monotonic()\n"
+        # the index loader decodes JPEGs with libjpeg-turbo through torchvision, imported on first use (a
+        # trainer has it already: open_clip imports it); imported here so that the first batch excludes it
+        "import time\nimport torchvision.io\nfrom toolkit.data.trainset.loader import make_loader\n"
+        "t = time.monotonic()\n"
         f"batch = next(iter(make_loader({str(path)!r}, batch_size=256, seed=0)))\n"
         "RESULT = {'first_batch_s': time.monotonic() - t}")
 
