@@ -159,10 +159,11 @@ def test_batched_resize_matches_torch_uint8_resize_on_noise(stored, size, scale_
     """Noise overshoots the bicubic kernel past 0 and 255: the passes must clip as the uint8 path does;
     crops larger and smaller than the output (shrink and enlarge) and the whole image (no draws)."""
     rng = np.random.default_rng(5)
-    images = rng.integers(0, 256, (12, stored, stored, 3), dtype=np.uint8)
-    for draws in (crop_draws(AugmentConfig(scale_min=scale_min), 0, 2, np.arange(12)), None):
+    n = augment.RESIZE_CHUNK + 6  # two chunks, the second one short
+    images = rng.integers(0, 256, (n, stored, stored, 3), dtype=np.uint8)
+    for draws in (crop_draws(AugmentConfig(scale_min=scale_min), 0, 2, np.arange(n)), None):
         ref = augment.crop_pixels(images, size, draws)
-        boxes = torch.from_numpy(augment.crop_boxes(stored, stored, draws, 12))
+        boxes = torch.from_numpy(augment.crop_boxes(stored, stored, draws, n))
         got = augment.resize_crops(torch.from_numpy(images), boxes, size)
         diff = (ref.int() - got.int()).abs()
         assert got.shape == ref.shape and diff.max() <= 2 and diff.float().mean() < 0.02

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # numpy, torch and the decoders are imported where used: TrainConfig (and so `toolkit --help`) imports
 # AugmentConfig from here.
 
+# resize_crops works on this many samples at a time, so that its float32 temporaries stay small on the device
+# (64 x 3 x 249 x 224 x 4 B = 43 MB each) whatever the batch.
+RESIZE_CHUNK = 64
 # Mixing constants of the per-(seed, step, id) streams: odd 64-bit numbers unrelated to order.py's keys.
 _STEP_MULT, _ID_MULT, _DRAW_MULT = 0xD6E8FEB86659FD93, 0xA0761D6478BD642F, 0xE7037ED1A0B428DB
 
@@ -202,9 +205,14 @@ def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.
     import torch
 
     b = boxes.cpu().numpy().astype(np.int64)
-    cols = _resize_last(images.permute(0, 3, 1, 2).float(), *resize_taps(b[:, 0], b[:, 2], size))  # [n,3,H,S]
-    out = _resize_last(cols.transpose(2, 3), *resize_taps(b[:, 1], b[:, 3], size))  # [n, 3, S cols, S rows]
-    return out.to(torch.uint8).permute(0, 3, 2, 1).contiguous()  # [n, rows, cols, 3]
+    out = torch.empty((len(b), size, size, 3), dtype=torch.uint8, device=images.device)
+    for lo in range(0, len(b), RESIZE_CHUNK):  # float temporaries of a chunk only (~40 MB at 249 px)
+        hi, part = lo + RESIZE_CHUNK, b[lo:lo + RESIZE_CHUNK]
+        chw = images[lo:hi].permute(0, 3, 1, 2).float()
+        cols = _resize_last(chw, *resize_taps(part[:, 0], part[:, 2], size))  # [c, 3, H, S]
+        done = _resize_last(cols.transpose(2, 3), *resize_taps(part[:, 1], part[:, 3], size))  # [c, 3, cols, rows]
+        out[lo:hi] = done.to(torch.uint8).permute(0, 3, 2, 1)  # [c, rows, cols, 3]
+    return out
 
 
 @dataclass(frozen=True)
