@@ -4,7 +4,8 @@ Scale (synthetic raw shards of 1,000 samples, 16 px JPEGs and short captions, at
 
 - ``toolkit data precompute --storage index``: wall time per sample, peak RSS of the parent and of the
   largest worker (each measured in a fresh child process: ``ru_maxrss``);
-- the loader's time to its first batch (256 samples, 0 workers) from a fresh ``make_loader``, imports excluded;
+- the loader's time to its first batch (256 samples, 0 workers) from a fresh ``make_loader``, imports
+  (torch, and torchvision for the JPEG decoder) excluded;
 - the trainer's start-up: wall time of ``toolkit train --steps 1 --loss fastclip-v3`` (cliptk-tiny, batch
   32, one CPU process), i.e. process start, FastCLIP's per-sample tables of size N, one step and exit.
 
@@ -52,7 +53,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--qualities", type=int, nargs="+", default=[75, 90, 95])
     p.add_argument("--work", default="/tmp/cliptk_data_scale")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    p.add_argument("--keep", action="store_true")
+    p.add_argument("--keep", action="store_true", help="keep --work (with --startup-only: its training sets)")
+    p.add_argument("--startup-only", action="store_true",
+                   help="re-measure only the loader's first batch and the trainer's start-up at --sizes (index "
+                        "sets in --work are reused, built untimed when missing) and merge them into the rows of "
+                        "the existing data_scale.json; the precompute columns stay as measured")
     return p.parse_args(argv)
 
 
@@ -112,20 +117,50 @@ def precompute(raw: Path, out: Path, storage: str, workers: int, **extra) -> dic
 
 def first_batch(path: Path) -> dict:
     return _child(
-        "import time\nfrom toolkit.data.trainset.loader import make_loader\nt = time.monotonic()\n"
+        # the index loader decodes JPEGs with libjpeg-turbo through torchvision, imported on first use (a
+        # trainer has it already: open_clip imports it); imported here so that the first batch excludes it
+        "import time\nimport torchvision.io\nfrom toolkit.data.trainset.loader import make_loader\n"
+        "t = time.monotonic()\n"
         f"batch = next(iter(make_loader({str(path)!r}, batch_size=256, seed=0)))\n"
         "RESULT = {'first_batch_s': time.monotonic() - t}")
 
 
 def train_startup(path: Path, out: Path) -> dict:
+    """Wall and CPU seconds (user + sys of the process tree) of ``toolkit train --steps 1``, and the load
+    average beside it: on a shared 2-core machine the wall time follows the load, the CPU time much less."""
     cmd = [sys.executable, "-m", "toolkit", "--quiet", "train", "--data", str(path), "--model", MODEL, "--out",
            str(out), "--steps", "1", "--batch-size", "32", "--workers", "0", "--loss", "fastclip-v3",
            "--device", "cpu", "--set", "tensorboard=false"]
-    start = time.monotonic()
+    before, start = os.times(), time.monotonic()
     done = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    wall, after = time.monotonic() - start, os.times()
     if done.returncode:
         raise RuntimeError(f"train failed:\n{done.stderr[-3000:]}")
-    return {"train_startup_s": time.monotonic() - start}
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"train_startup_s": wall, "train_startup_cpu_s": cpu, "load_avg": os.getloadavg()[0]}
+
+
+def import_floor() -> dict:
+    """Wall and CPU seconds of a bare ``python -c "import torch, open_clip"``: the third-party imports every
+    start-up pays (open_clip pulls in torchvision, timm, transformers and torch._dynamo at import)."""
+    before, start = os.times(), time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch, open_clip"], env=_env(), cwd=ROOT, check=True,
+                   capture_output=True, timeout=600)
+    wall, after = time.monotonic() - start, os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"import_floor_s": round(wall, 2), "import_floor_cpu_s": round(cpu, 2)}
+
+
+def startup_columns(idx: Path, out: Path) -> dict:
+    """The loader's first batch and the trainer's start-up on training set ``idx``, with the import floor
+    measured right after (same load)."""
+    row = {"first_batch_s": round(first_batch(idx)["first_batch_s"], 3)}
+    start = train_startup(idx, out)
+    row.update(train_startup_s=round(start["train_startup_s"], 2),
+               train_startup_cpu_s=round(start["train_startup_cpu_s"], 2), load_avg=round(start["load_avg"], 1))
+    row.update(import_floor())
+    shutil.rmtree(out, ignore_errors=True)
+    return row
 
 
 def dir_bytes(path: Path, pattern: str = "0*") -> int:
@@ -143,8 +178,7 @@ def scale_row(work: Path, n: int, workers: int) -> dict:
            "precompute_parent_peak_mb": round(pre["peak_self_bytes"] / 2**20, 1),
            "precompute_worker_peak_mb": round(pre["peak_children_bytes"] / 2**20, 1),
            "raw_bytes": dir_bytes(raw, "*.tar"), "index_bytes": dir_bytes(idx)}
-    row["first_batch_s"] = round(first_batch(idx)["first_batch_s"], 3)
-    row["train_startup_s"] = round(train_startup(idx, work / f"train_{n}")["train_startup_s"], 2)
+    row.update(startup_columns(idx, work / f"train_{n}"))
     print(json.dumps(row), flush=True)
     shutil.rmtree(raw)  # keep the disk small between sizes
     shutil.rmtree(idx)
@@ -229,24 +263,35 @@ def summarise(rows: list[dict]) -> dict:
     return {"precompute_time_exponent": exponent(ns, [r["precompute_s"] for r in rows]),
             "precompute_parent_peak_bytes_per_sample": growth,
             "first_batch_exponent": exponent(ns, [r["first_batch_s"] for r in rows]),
-            "train_startup_exponent": exponent(ns, [r["train_startup_s"] for r in rows])}
+            "train_startup_exponent": exponent(ns, [r["train_startup_s"] for r in rows]),
+            "train_startup_cpu_exponent": exponent(ns, [r["train_startup_cpu_s"] for r in rows])
+            if all("train_startup_cpu_s" in r for r in rows) else None}
 
 
 def markdown(rows: list[dict], fits: dict, disk: dict | None, cmd: str) -> str:
     lines = [f"# Index-mode scale and storage-mode disk (`{cmd}`)", "",
              "| N | precompute s | us/sample | parent peak MB | worker peak MB | index / raw | first batch s "
-             "| train start-up s |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| train start-up s | start-up CPU s | import floor s (CPU) | load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        floor = f"{r['import_floor_s']} ({r['import_floor_cpu_s']})" if "import_floor_s" in r else ""
         lines.append(f"| {r['num_samples']:,} | {r['precompute_s']} | {r['precompute_us_per_sample']} | "
                      f"{r['precompute_parent_peak_mb']} | {r['precompute_worker_peak_mb']} | "
                      f"{100 * r['index_bytes'] / r['raw_bytes']:.1f} % | {r['first_batch_s']} | "
-                     f"{r['train_startup_s']} |")
+                     f"{r['train_startup_s']} | {r.get('train_startup_cpu_s', '')} | {floor} | "
+                     f"{r.get('load_avg', '')} |")
     lines += ["", "Fitted growth (y ~ N^k): " + ", ".join(f"{k} = {v}" for k, v in fits.items()), "",
               "Synthetic samples are 16 px JPEGs (~2.5 kB of tar a sample, headers included), so the index's "
               "share of them is large here; the disk table below gives it for real photos. Parent peak: the "
               "precompute process's VmHWM (torch and the tokenizer are ~570 MB of it); worker peak: the "
               "largest pool worker's ru_maxrss. Train start-up: `toolkit train --steps 1` wall time, process "
-              "start to exit.", ""]
+              "start to exit, and its CPU seconds (user + sys); import floor: a bare `python -c \"import torch, "
+              "open_clip\"` measured right after it (the third-party imports every start-up pays); load: the "
+              "1-minute load average of the 2-core machine beside the start-up (wall times follow it)."]
+    if any("startup_command" in r for r in rows):
+        lines.append("First batch and start-up re-measured by " + "; ".join(sorted(
+            {f"`{r['startup_command']}`" for r in rows if "startup_command" in r})) + ".")
+    lines.append("")
     if disk:
         lines += [f"Disk, {disk['num_samples']} real-photo samples (256 px JPEG q95 raw shards, "
                   f"{disk['raw_bytes_per_sample']:,} B a sample), model input {disk['model_input_px']} px:", "",
@@ -267,10 +312,12 @@ def plot(rows: list[dict], disk: dict | None, path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     panels = [("precompute us/sample", ["precompute_us_per_sample"]),
               ("precompute peak RSS MB", ["precompute_parent_peak_mb", "precompute_worker_peak_mb"]),
-              ("loader first batch s", ["first_batch_s"]), ("train start-up s (1 step)", ["train_startup_s"])]
+              ("loader first batch s", ["first_batch_s"]),
+              ("train start-up s (1 step)", ["train_startup_s", "train_startup_cpu_s", "import_floor_s"])]
     for ax, (title, keys) in zip(axes.flat, panels, strict=False):
         for key in keys:
-            ax.plot(ns, [r[key] for r in rows], "o-", label=key)
+            if all(key in r for r in rows):
+                ax.plot(ns, [r[key] for r in rows], "o-", label=key)
         ax.set(xscale="log", title=title, xlabel="samples N")
         ax.set_ylim(bottom=0)  # flat is the target: a zoomed axis would make noise look like growth
         ax.legend(fontsize=7)
@@ -298,9 +345,34 @@ def rewrite_report(out: Path) -> None:
     plot(result["scale"], result["disk"], out / "data_scale.png")
 
 
+def startup_only(args: argparse.Namespace, cmd: str) -> None:
+    """--startup-only: the start-up columns at each size, merged into the existing data_scale.json."""
+    work, out = Path(args.work), Path(args.out)
+    result = json.loads((out / "data_scale.json").read_text())
+    for n in sorted(args.sizes):
+        raw, idx = work / f"raw_{n}", work / f"index_{n}"
+        if not (idx / "dataset.json").is_file():
+            make_synthetic(raw, n)
+            precompute(raw, idx, "index", args.workers)
+        cols = {**startup_columns(idx, work / f"train_{n}"), "startup_command": cmd.strip()}
+        print(json.dumps({"num_samples": n, **cols}), flush=True)
+        for row in result["scale"]:
+            if row["num_samples"] == n:
+                row.update(cols)
+        result["fits"] = summarise(result["scale"])
+        (out / "data_scale.json").write_text(json.dumps(result, indent=2) + "\n")
+        rewrite_report(out)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    print((out / "data_scale.md").read_text())
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     work, out = Path(args.work), Path(args.out)
+    if args.startup_only:
+        return startup_only(args, "python -m benchmarks.data.data_scale " + " ".join(
+            argv if argv is not None else sys.argv[1:]))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,18 @@ training batches of ``--batch-size`` at ``--size`` px with open_clip's train cro
   index over the shards stores them; token ids precomputed, as such an index stores them), crops drawn by
   ``toolkit.data.augment.crop_draws`` and ``toolkit.data.decode.decode_batch`` (libjpeg-turbo through
   torchvision, crop, antialiased bicubic resize); uint8 out, normalised later on the device;
+- ``cliptk_index``: the trainer's real path on the same shards: ``toolkit data precompute --storage index``
+  (default crop margin), then ``make_loader`` with the trainer's random crop in the loader (``refs.RefReader``:
+  each image decoded by ``images.decode_rgb`` to the stored 249 px square, libjpeg-turbo for these JPEGs,
+  then cropped and resized to 224); ``cliptk_index_pil``: the same with decode_rgb's Pillow path forced (the
+  decoder before libjpeg-turbo was shared with precompute), for comparison in one run;
 - ``pixels_crop`` / ``pixels``: ``make_loader`` over the same images precomputed as pixels (with the
-  default crop margin and the trainer's random crop; and stored at the model's side without a crop).
+  default crop margin and the trainer's random crop resized in the loader, ``augment.crop_on=loader``; and
+  stored at the model's side without a crop);
+- ``pixels_device_crop``: the same margin set with ``augment.crop_on=device`` (the default on CUDA): the
+  loader reads the stored pixels and draws the crop boxes, the resize runs later on the training device.
+  Its device half (``toolkit.data.augment.resize_crops``) is timed on this CPU too (``device_resize_cpu``,
+  one thread), for scale: on CUDA it is a few elementwise passes over the batch.
 
 Prints a table and writes JSON + markdown to benchmarks/data/results/loader_decode.*. Self-contained (imports
 no other benchmark file). Run: ``python -m benchmarks.data.loader_decode``.
@@ -140,9 +150,10 @@ class JpegIndexLoader:
                 fh.close()
 
 
-def pixels_loader(raw: str, work: str, size: int, batch_size: int, model: str, margin: bool):
+def pixels_loader(raw: str, work: str, size: int, batch_size: int, model: str, margin: bool,
+                  on_device: bool = False):
     from toolkit.core.config import build
-    from toolkit.data.augment import AugmentConfig, PixelTransform
+    from toolkit.data.augment import AugmentConfig, DeviceCrop, PixelTransform
     from toolkit.data.trainset.loader import make_loader
     from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
@@ -150,8 +161,50 @@ def pixels_loader(raw: str, work: str, size: int, batch_size: int, model: str, m
     if not os.path.exists(os.path.join(out, "dataset.json")):
         run(build(PrecomputeConfig, {"input": raw, "out": out, "model": model, "image_size": size,
                                      "crop_scale_min": 0.9 if margin else 1.0, "samples_per_shard": 1000}))
-    transform = PixelTransform(size, 0, AugmentConfig()) if margin else None
+    transform = (DeviceCrop if on_device else PixelTransform)(size, 0, AugmentConfig()) if margin else None
     return make_loader(out, batch_size=batch_size, num_workers=0, image_transform=transform)
+
+
+def device_resize_rate(loader, size: int) -> float:
+    """samples/s of resize_crops (the device half of crop_on=device) on this CPU, one thread, best of 2."""
+    from toolkit.data.augment import resize_crops
+
+    batch = next(iter(loader))
+    best = 0.0
+    for _ in range(2):
+        start = time.perf_counter()
+        resize_crops(batch["image"], batch["crop_box"], size)
+        best = max(best, len(batch["image"]) / (time.perf_counter() - start))
+    return best
+
+
+def index_loader(raw: str, work: str, size: int, batch_size: int, model: str):
+    """make_loader over an index-mode set of the raw shards (built once), with the trainer's loader crop."""
+    from toolkit.core.config import build
+    from toolkit.data.augment import AugmentConfig, PixelTransform
+    from toolkit.data.trainset.loader import make_loader
+    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+
+    out = os.path.join(work, "index")
+    if not os.path.exists(os.path.join(out, "dataset.json")):
+        run(build(PrecomputeConfig, {"input": raw, "out": out, "model": model, "image_size": size,
+                                     "storage": "index", "samples_per_shard": 1000}))
+    return make_loader(out, batch_size=batch_size, num_workers=0, image_transform=PixelTransform(size, 0,
+                                                                                                  AugmentConfig()))
+
+
+class PillowOnly:
+    """Within the block, decode_rgb takes its Pillow path for every image (its decoder before libjpeg-turbo)."""
+
+    def __enter__(self):
+        from toolkit.data import images
+
+        self.saved, images._turbo_square = images._turbo_square, lambda *args: None
+
+    def __exit__(self, *exc):
+        from toolkit.data import images
+
+        images._turbo_square = self.saved
 
 
 def time_loader(make, repeats: int) -> tuple[float, int]:
@@ -205,10 +258,17 @@ def main(argv: list[str] | None = None) -> None:
             "cliptk_jpeg": lambda: JpegIndexLoader(urls, args.size, args.batch_size, args.model),
             "pixels_crop": lambda: pixels_loader(raw, work, args.size, args.batch_size, args.model, True),
             "pixels": lambda: pixels_loader(raw, work, args.size, args.batch_size, args.model, False),
+            "pixels_device_crop": lambda: pixels_loader(raw, work, args.size, args.batch_size, args.model, True,
+                                                        on_device=True),
         }
+        makers["cliptk_index"] = lambda: index_loader(raw, work, args.size, args.batch_size, args.model)
         for name, make in makers.items():
             make()  # build once untimed (precompute, index scan), then time passes over it
             rates[name], _ = time_loader(make, args.repeats)
+        with PillowOnly():
+            rates["cliptk_index_pil"], _ = time_loader(makers["cliptk_index"], args.repeats)
+        rates["device_resize_cpu"] = device_resize_rate(
+            pixels_loader(raw, work, args.size, args.batch_size, args.model, True, on_device=True), args.size)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(args, rates)
@@ -216,13 +276,19 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(args: argparse.Namespace, rates: dict[str, float]) -> None:
     ratios = {"cliptk_jpeg / open_clip": rates["cliptk_jpeg"] / rates["open_clip"],
+              "cliptk_index / open_clip": rates["cliptk_index"] / rates["open_clip"],
+              "cliptk_index_pil / open_clip": rates["cliptk_index_pil"] / rates["open_clip"],
               "pixels_crop / cliptk_jpeg": rates["pixels_crop"] / rates["cliptk_jpeg"],
+              "pixels_device_crop / cliptk_jpeg": rates["pixels_device_crop"] / rates["cliptk_jpeg"],
               "pixels / cliptk_jpeg": rates["pixels"] / rates["cliptk_jpeg"]}
     lines = ["| loader | samples/s per core |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in rates.items()]
     lines += ["", "| ratio | value | target |", "|---|---|---|",
               f"| cliptk_jpeg / open_clip | {ratios['cliptk_jpeg / open_clip']:.2f}x | >= 1.5x |",
+              f"| cliptk_index / open_clip | {ratios['cliptk_index / open_clip']:.2f}x | >= 1.5x |",
+              f"| cliptk_index_pil / open_clip | {ratios['cliptk_index_pil / open_clip']:.2f}x | (before) |",
               f"| pixels_crop / cliptk_jpeg | {ratios['pixels_crop / cliptk_jpeg']:.2f}x | >= 10x |",
+              f"| pixels_device_crop / cliptk_jpeg | {ratios['pixels_device_crop / cliptk_jpeg']:.2f}x | >= 10x |",
               f"| pixels / cliptk_jpeg | {ratios['pixels / cliptk_jpeg']:.2f}x | >= 10x |"]
     table = "\n".join(lines)
     print(table)

@@ -90,6 +90,28 @@ def _loader_rows(blobs: list[bytes], devices: list[str], sec: Section) -> list[d
     return rows
 
 
+def _crop_rows(devices: list[str], count: int, sec: Section) -> list[dict]:
+    """toolkit.data.augment.resize_crops: the random crop's batched resize (crop_on=device), 249 -> 224 px
+    crops of the default RandomResizedCrop, on each device, where the tree has it."""
+    try:
+        from toolkit.data.augment import AugmentConfig, crop_boxes, crop_draws, resize_crops
+    except ImportError:
+        sec.notes.append("toolkit.data.augment.resize_crops is not in this tree: the device crop is not timed")
+        return []
+    import numpy as np
+    import torch
+
+    rows = []
+    for device in devices:
+        n = count if device == "cuda" else min(count, 32)  # ~50 images/s on one CPU core: for scale only
+        boxes = torch.from_numpy(crop_boxes(249, 249, crop_draws(AugmentConfig(), 0, 0, np.arange(n)), n))
+        images = torch.randint(0, 256, (n, 249, 249, 3), dtype=torch.uint8, device=device)
+        rate = _rate(lambda i=images, b=boxes: resize_crops(i, b, 224), n, device)
+        rows.append({"decoder": "toolkit.data.augment.resize_crops (249 -> 224 crops)", "device": device,
+                     "images_per_s": rate})
+    return rows
+
+
 def run(ctx: Context, sec: Section) -> None:
     cpu_blobs = _encoded(ctx, DRY_IMAGES if ctx.dry_run else CPU_IMAGES)
     sec.rows += _cpu_rows(cpu_blobs)
@@ -101,3 +123,4 @@ def run(ctx: Context, sec: Section) -> None:
     else:
         sec.skip("nvJPEG", "no CUDA device")
     sec.rows += _loader_rows(cpu_blobs, devices, sec)
+    sec.rows += _crop_rows(devices, DRY_IMAGES if ctx.dry_run else GPU_BATCH, sec)

@@ -4,8 +4,9 @@ Data: the real Twemoji demo set (``toolkit data demo``, ~1,900 pairs) as raw img
 at ``--raw-image-size`` px (``toolkit data shard``); building them is not timed (both users need them).
 Then, in one run and on the same machine state, each trainer's user does what that user does:
 
-- cliptk: ``toolkit data precompute`` (decode, resize, tokenize once) + ``toolkit train`` on the training
-  shards; once per ``--losses`` entry (``openclip``: the same objective as open_clip's trainer;
+- cliptk: ``toolkit data precompute`` (decode, resize, tokenize once; ``--storage index``: only index the
+  raw shards and tokenize, the loader decodes every sample in every epoch as open_clip's does) + ``toolkit
+  train`` on the training set; once per ``--losses`` entry (``openclip``: the same objective as open_clip's trainer;
   ``fastclip-v3``: cliptk's default). The precompute is timed once and counted in every cliptk row.
 - open_clip: ``python -m open_clip_train.main --dataset-type webdataset`` on the raw JPEG shards (decoding
   and augmenting every sample in every epoch, in its data-loader workers).
@@ -74,15 +75,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="after the timed runs, run cliptk (first --losses entry) and open_clip_train once more "
                         "under cProfile and add where each one's time goes (trainer_profile.py) to the results")
+    p.add_argument("--storage", choices=("pixels", "jpeg", "index"), default="pixels",
+                   help="cliptk's training set: `toolkit data precompute --storage` (index: no copy, the loader "
+                        "decodes the raw JPEG shards as open_clip's does)")
     p.add_argument("--out", type=Path, default=None,
                    help="writes OUT.json and OUT.md (default "
-                        "benchmarks/trainer/results/train_throughput[_cuda])")
+                        "benchmarks/trainer/results/train_throughput[_cuda][_STORAGE])")
     a = p.parse_args(argv)
     a.model = a.model or ("ViT-B-32" if a.cuda else "cliptk-tiny")
     a.precision = a.precision or ("bf16" if a.cuda else "fp32")
     a.workers = a.workers if a.workers is not None else (8 if a.cuda else 2)
     a.out = a.out or Path("benchmarks/trainer/results/train_throughput" + ("_cuda" if a.cuda else "")
-                          + ("_vs_baseline" if a.baseline_tree else ""))
+                          + ("_vs_baseline" if a.baseline_tree else "")
+                          + ("" if a.storage == "pixels" else f"_{a.storage}"))
     if a.nproc_per_node > 1 and a.baseline_tree is None:
         p.error("--nproc-per-node > 1 needs --baseline-tree (open_clip's trainer runs as one process here)")
     return a
@@ -159,7 +164,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
 def markdown_rows(rows: list[dict], meta: dict) -> str:
     lines = [f"{meta['model']}, global batch {meta['batch_size']}, {meta['epochs']} epochs of {meta['num_samples']} "
              f"Twemoji pairs ({meta['raw_image_size']} px JPEG raw shards), {meta['workers']} loader workers, "
-             f"{meta['precision']}, {meta['device']}; load average at start {meta['loadavg_at_start']}", "",
+             f"{meta['precision']}, {meta['device']}, cliptk storage {meta.get('storage', 'pixels')}; load average at "
+             f"start {meta['loadavg_at_start']}", "",
              "| trainer | data stage (s) | train (s) | end-to-end (s) | steps | samples | end-to-end samples/s "
              "| train-only samples/s | steady-state samples/s | load avg before |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -242,7 +248,8 @@ def main(argv: list[str] | None = None) -> None:
 
     train_dir = a.work / f"train_{a.model}"
     shutil.rmtree(train_dir, ignore_errors=True)
-    pre_cmd = tb.toolkit_cmd("data", "precompute", "--in", str(raw), "--out", str(train_dir), "--model", a.model)
+    pre_cmd = tb.toolkit_cmd("data", "precompute", "--in", str(raw), "--out", str(train_dir), "--model", a.model,
+                             "--storage", a.storage)
     load = tb.loadavg()
     pre = tb.run_tree(pre_cmd, tb.env_with_repo(), a.timeout_s, poll_s=POLL_S)
     if pre.status != "ok":

@@ -130,3 +130,77 @@ def test_trainer_crops_by_default_and_not_for_features(margin_train):
     assert data.image_transform == PixelTransform(SIZE, cfg.seed, AugmentConfig())
     batch = next(data.batches(0))
     assert batch["image"].shape == (8, SIZE, SIZE, 3)
+
+
+# --- the crop's resize on the training device (augment.crop_on): the loader sends stored pixels + boxes ---
+
+
+def _device_batches(data, **kw):
+    """Like _batches, with the loader drawing only the boxes and resize_crops doing the crop afterwards."""
+    transform = augment.DeviceCrop(SIZE, seed=4, augment=AugmentConfig())
+    loader = make_loader(str(data), batch_size=8, seed=4, image_transform=transform, **kw)
+    out = []
+    for b in loader:
+        assert b["image"].shape == (len(b["index"]), 36, 36, 3) and b["crop_box"].shape == (len(b["index"]), 4)
+        out.append((b["step"], b["index"].clone(), augment.resize_crops(b["image"], b["crop_box"], SIZE)))
+    return out
+
+
+def test_device_crop_equals_the_loader_crop(margin_train):
+    loader, device = _batches(margin_train, num_steps=5), _device_batches(margin_train, num_steps=5)
+    for (s1, i1, img1), (s2, i2, img2) in zip(loader, device, strict=True):
+        assert s1 == s2 and torch.equal(i1, i2) and img2.shape == img1.shape and img2.dtype == torch.uint8
+        diff = (img1.int() - img2.int()).abs()
+        assert diff.max() <= 2 and diff.float().mean() < 0.05  # torch's uint8 path: 16-bit fixed-point weights
+
+
+@pytest.mark.parametrize(("stored", "size", "scale_min"), [(249, 224, 0.9), (36, 32, 0.3), (20, 32, 0.9)])
+def test_batched_resize_matches_torch_uint8_resize_on_noise(stored, size, scale_min):
+    """Noise overshoots the bicubic kernel past 0 and 255: the passes must clip as the uint8 path does;
+    crops larger and smaller than the output (shrink and enlarge) and the whole image (no draws)."""
+    rng = np.random.default_rng(5)
+    n = augment.RESIZE_CHUNK + 6  # two chunks, the second one short
+    images = rng.integers(0, 256, (n, stored, stored, 3), dtype=np.uint8)
+    for draws in (crop_draws(AugmentConfig(scale_min=scale_min), 0, 2, np.arange(n)), None):
+        ref = augment.crop_pixels(images, size, draws)
+        boxes = torch.from_numpy(augment.crop_boxes(stored, stored, draws, n))
+        got = augment.resize_crops(torch.from_numpy(images), boxes, size)
+        diff = (ref.int() - got.int()).abs()
+        assert got.shape == ref.shape and diff.max() <= 2 and diff.float().mean() < 0.02
+
+
+def test_device_crop_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
+    one = _device_batches(margin_train, num_steps=8)
+    ranks = [_device_batches(margin_train, num_steps=8, rank=r, world_size=2, num_workers=2) for r in (0, 1)]
+    for t, (_, ids, img) in enumerate(one):
+        assert torch.equal(torch.cat([ranks[0][t][1], ranks[1][t][1]]), ids)
+        assert torch.equal(torch.cat([ranks[0][t][2], ranks[1][t][2]]), img)
+    resumed = _device_batches(margin_train, start_step=5, num_steps=3, num_workers=2)
+    for (s1, i1, img1), (s2, i2, img2) in zip(one[5:], resumed, strict=True):
+        assert s1 == s2 and torch.equal(i1, i2) and torch.equal(img1, img2)
+
+
+def test_trainer_crops_on_the_device_when_asked_and_never_features_or_offloaded(margin_train):
+    from toolkit.core.config import build
+    from toolkit.train.batches import TrainData, crop_on_device
+    from toolkit.train.config import TrainConfig
+    from toolkit.train.runtime import Runtime
+
+    cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
+                              "steps": 2, "augment": {"crop_on": "device"}})
+    rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+    data = TrainData(cfg, rt, TrainDataset.open(str(margin_train)))
+    assert data.image_transform == augment.DeviceCrop(SIZE, cfg.seed, cfg.augment)
+    batch = next(data.batches(0))
+    assert "crop_box" in batch and batch["image"].shape == (8, 36, 36, 3)  # the stored pixels travel
+    image, _, index = data.to_device(batch)
+    assert image.shape == (8, SIZE, SIZE, 3) and image.dtype == torch.uint8
+    on_cpu = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
+                                 "steps": 2})  # auto: the loader crops on a CPU device
+    cropped = next(TrainData(on_cpu, rt, TrainDataset.open(str(margin_train))).batches(0))
+    assert torch.equal(cropped["index"], index)
+    assert (cropped["image"].int() - image.int()).abs().max() <= 2
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert crop_on_device("auto", cuda, False) and not crop_on_device("auto", cpu, False)
+    assert not crop_on_device("device", cuda, True) and not crop_on_device("loader", cuda, False)
+    assert augment.pixel_transform(AugmentConfig(), None, SIZE, 0, on_device=True) is None  # features

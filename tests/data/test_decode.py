@@ -113,3 +113,28 @@ def test_nvjpeg_batch_matches_cpu():
     cpu = decode.decode_batch(data, 64, draws, backend="torchvision")
     diff = (gpu.int() - cpu.int()).abs()
     assert diff.float().mean() < 1.5  # nvJPEG's IDCT and the float resize round differently
+
+
+def test_decode_rgb_takes_libjpeg_turbo_for_small_jpegs_and_pillow_for_the_rest():
+    """decode_rgb (precompute's and the index loader's decoder) is the loader's libjpeg-turbo decode for JPEGs
+    under DRAFT_FACTOR x the target; grey JPEGs still count as converted from L; CMYK, big JPEGs and PNGs go
+    through Pillow; a truncated JPEG is still refused with Pillow's reason."""
+    from toolkit.data import images
+
+    rng = np.random.default_rng(8)
+    small = encode(photo(rng, 61, 47), "JPEG", quality=90)
+    arr, converted = decode_rgb(small, 32)
+    turbo = decode.decode_batch([small], 32, backend="torchvision")
+    assert converted is None and np.array_equal(arr, hwc(turbo, 0))
+    assert np.abs(arr.astype(int) - pil_reference(small, 32, None).astype(int)).mean() < 2  # same picture
+    grey = encode(photo(rng, 40, 40).convert("L"), "JPEG", quality=90)
+    g, converted = decode_rgb(grey, 16)
+    assert converted == "L" and np.array_equal(g[..., 0], g[..., 2])
+    cmyk = encode(photo(rng, 40, 36).convert("CMYK"), "JPEG", quality=90)
+    assert images.jpeg_header(cmyk)[2] == 4 and decode_rgb(cmyk, 16)[1] == "CMYK"
+    big = encode(photo(rng, 160, 130), "JPEG", quality=90)  # short side 130 >= 4 x 32: Pillow's draft
+    assert images._turbo_square(big, 32, images.DEFAULT_MAX_IMAGE_PIXELS) is None
+    assert decode_rgb(big, 32)[0].shape == (32, 32, 3)
+    with pytest.raises(ImageError, match="truncated") as err:
+        decode_rgb(small[: len(small) // 2], 32)
+    assert err.value.reason == "corrupt_image"

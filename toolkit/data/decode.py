@@ -29,14 +29,20 @@ from typing import Literal
 
 import numpy as np
 
-from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageError, _open, to_rgb
+from toolkit.data.images import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DRAFT_FACTOR,
+    ImageError,
+    _open,
+    jpeg_header,
+    resize_uint8,
+    to_rgb,
+    turbo_decode,
+)
 
 Backend = Literal["auto", "torchvision", "pil"]
-# auto: an image whose short side is >= DRAFT_FACTOR x the target side is decoded by Pillow at a reduced
-# DCT scale (1/4 or 1/8); below that a full libjpeg-turbo decode through torchvision is as fast or faster
-# (measured one thread: 2.1x Pillow at 256 px sources, 2.1x at 512, even at 1024; Pillow's draft 1.3x
-# faster at 2048 px, where it decodes 1/16 of the pixels).
-DRAFT_FACTOR = 4.0
+# auto: Pillow's draft decode at or above DRAFT_FACTOR x the target side, libjpeg-turbo below (images.py,
+# where decode_rgb, the precompute and index-loader decoder, shares the rule and the decoder).
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # torchvision 0.29 warns on every decode call that its codecs move to torchcodec (not installed here); the
 # decoders still work and are what the loader measured fastest, so the per-call warning is noise.
@@ -74,15 +80,6 @@ def is_jpeg(data: bytes) -> bool:
     return data[:3] == _JPEG_MAGIC
 
 
-def resize_uint8(chw, size: int):
-    """uint8 [3, h, w] (CPU) -> uint8 [3, size, size], bicubic with antialias (Pillow's filter)."""
-    from torchvision.transforms.v2 import functional as F
-
-    if chw.shape[-2:] == (size, size):
-        return chw
-    return F.resize(chw, [size, size], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
-
-
 def _pil_one(data: bytes, size: int, draw, max_pixels: int):
     """Pillow decode (draft for JPEG) -> crop -> bicubic resize; uint8 tensor [3, size, size]."""
     import torch
@@ -104,10 +101,7 @@ def _pil_one(data: bytes, size: int, draw, max_pixels: int):
 
 def _tv_one(data: bytes, size: int, draw, max_pixels: int):
     """torchvision (libjpeg-turbo) decode -> crop -> resize; uint8 tensor [3, size, size]."""
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    chw = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    chw = turbo_decode(data)
     height, width = chw.shape[-2:]
     if width * height > max_pixels:
         raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the "
@@ -118,15 +112,8 @@ def _tv_one(data: bytes, size: int, draw, max_pixels: int):
 
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) from a JPEG's SOF header (no decode), or None when not found."""
-    pos = 2
-    while pos + 9 < len(data):
-        if data[pos] != 0xFF:
-            return None
-        marker, length = data[pos + 1], int.from_bytes(data[pos + 2:pos + 4], "big")
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return int.from_bytes(data[pos + 7:pos + 9], "big"), int.from_bytes(data[pos + 5:pos + 7], "big")
-        pos += 2 + length
-    return None
+    header = jpeg_header(data)
+    return None if header is None else header[:2]
 
 
 def _cpu_one(data: bytes, size: int, draw, backend: Backend, max_pixels: int):

@@ -1,7 +1,12 @@
 """Decode encoded image bytes into RGB uint8 arrays at a fixed square resolution.
 
-One function, :func:`decode_rgb`, is shared by precompute, inspect and the decode-on-the-fly
-benchmark baseline so that all three produce the same pixels. Images in other modes are converted,
+One function, :func:`decode_rgb`, is shared by precompute, the jpeg/index loader (``trainset.refs``),
+inspect and the decode-on-the-fly benchmark baseline so that all of them produce the same pixels (an index
+set reads exactly what a pixels set stores). A JPEG of 1 or 3 components (grey, YCbCr) whose short side is
+under :data:`DRAFT_FACTOR` x the target is decoded by libjpeg-turbo through torchvision and resized by
+torch's antialiased bicubic (the decoder of ``toolkit.data.decode``, ~2x Pillow at 256-512 px sources);
+other images, larger JPEGs (Pillow's reduced-DCT ``draft`` decode is faster there) and every JPEG
+libjpeg-turbo refuses go through Pillow, which then words the refusal. Images in other modes are converted,
 not skipped, and the conversion is reported (source mode) so the stage can count it:
 
 - alpha (RGBA, LA, PA, palette or RGB with a transparency entry) is composited on white;
@@ -30,6 +35,12 @@ IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff")
 # PIL's own default limit (about 89.5 MP); a larger image is treated as a decompression bomb.
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 ResizeMode = Literal["center_crop", "pad"]
+# A JPEG whose short side is >= DRAFT_FACTOR x the target side is decoded by Pillow at a reduced DCT scale
+# (1/4 or 1/8); below that a full libjpeg-turbo decode through torchvision is as fast or faster (measured one
+# thread: 2.1x Pillow at 256 px sources, 2.1x at 512, even at 1024; Pillow's draft 1.3x faster at 2048 px,
+# where it decodes 1/16 of the pixels; benchmarks/data/results/decode_backends.md).
+DRAFT_FACTOR = 4.0
+_JPEG_MAGIC = b"\xff\xd8\xff"
 WHITE = (255, 255, 255)
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 # Pillow modes with more than 8 bits per sample (16-bit grey PNG/TIFF open as I;16*, 32-bit as I, float as F).
@@ -133,13 +144,72 @@ def open_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.I
         raise ImageError("corrupt_image", f"cannot decode image: {type(err).__name__}: {err}") from err
 
 
+def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
+    """(width, height, number of colour components) from a JPEG's SOF header (no decode), or None."""
+    if data[:3] != _JPEG_MAGIC:
+        return None
+    pos = 2
+    while pos + 9 < len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker, length = data[pos + 1], int.from_bytes(data[pos + 2:pos + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return (int.from_bytes(data[pos + 7:pos + 9], "big"), int.from_bytes(data[pos + 5:pos + 7], "big"),
+                    data[pos + 9])
+        pos += 2 + length
+    return None
+
+
+def turbo_decode(data: bytes):
+    """JPEG bytes -> uint8 tensor [3, h, w] (RGB) by libjpeg-turbo (``torchvision.io.decode_jpeg``); raises
+    RuntimeError for what it refuses (truncated, damaged, 12-bit, some CMYK)."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    with warnings.catch_warnings():  # torchvision 0.29 warns on every call that its codecs move to torchcodec
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+
+def resize_uint8(chw, size: int):
+    """uint8 [3, h, w] (CPU) -> uint8 [3, size, size], bicubic with antialias (Pillow's filter)."""
+    from torchvision.transforms.v2 import functional as F
+
+    if chw.shape[-2:] == (size, size):
+        return chw
+    return F.resize(chw, [size, size], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
+
+
+def _turbo_square(data: bytes, size: int, max_pixels: int) -> tuple[np.ndarray, str | None] | None:
+    """decode_rgb's libjpeg-turbo path (module docstring), or None where Pillow takes the image."""
+    header = jpeg_header(data)
+    if header is None or header[2] not in (1, 3) or min(header[:2]) >= DRAFT_FACTOR * size:
+        return None
+    if header[0] * header[1] > max_pixels or min(header[:2]) < 1:
+        return None  # Pillow refuses it, with its reason
+    try:
+        chw = turbo_decode(data)
+    except RuntimeError:
+        return None
+    height, width = chw.shape[-2:]
+    side = min(height, width)
+    top, left = (height - side) // 2, (width - side) // 2
+    square = resize_uint8(chw[:, top:top + side, left:left + side], size)
+    return np.ascontiguousarray(square.permute(1, 2, 0).numpy()), "L" if header[2] == 1 else None
+
+
 def decode_rgb(data: bytes, size: int, mode: ResizeMode = "center_crop",
                max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, str | None]:
     """Encoded image bytes -> (uint8 array [size, size, 3], converted-from mode or None).
 
-    JPEGs are decoded at the smallest DCT scale that still covers the target (``draft``), which is
-    where most of the speed of a resize-on-decode comes from. Raises :class:`ImageError`.
+    Small and mid-sized JPEGs go through libjpeg-turbo (module docstring); Pillow decodes larger JPEGs at
+    the smallest DCT scale that still covers the target (``draft``), which is where most of the speed of
+    a resize-on-decode comes from. Raises :class:`ImageError`.
     """
+    if mode == "center_crop":
+        fast = _turbo_square(data, size, max_pixels)
+        if fast is not None:
+            return fast
     img = _open(data, max_pixels)
     if img.format == "JPEG" and img.mode in ("RGB", "L"):
         scale = size / (min(img.size) if mode == "center_crop" else max(img.size))

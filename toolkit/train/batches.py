@@ -2,9 +2,10 @@
 
 Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
 all), this rank's batches from any step on (``batches``), and their move to the device
-(``to_device``; kept on the host when the gradient cache offloads them), and a reference model's
-embeddings of the batch (``reference_to_device``) for the objectives that read them (``check_reference``
-refuses a training set without them). Every rank builds one.
+(``to_device``; kept on the host when the gradient cache offloads them), the random crop's resize there
+when it runs on the device (``augment.crop_on``), and a reference model's embeddings of the batch
+(``reference_to_device``) for the objectives that read them (``check_reference`` refuses a training set
+without them). Every rank builds one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from toolkit.data.augment import pixel_transform
+from toolkit.data.augment import pixel_transform, resize_crops
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
@@ -66,6 +67,16 @@ def step_counts(cfg: TrainConfig, num_samples: int) -> StepCounts:
     return StepCounts(per_epoch, cfg.steps or cfg.epochs * per_epoch)
 
 
+def crop_on_device(crop_on: str, device: torch.device, offloaded: bool) -> bool:
+    """Whether the random crop's resize runs on the training device (``augment.crop_on``): 'auto' on CUDA,
+    where one batched resize costs next to nothing and the loader's CPU then only reads, while on the CPU the
+    loader workers' per-sample uint8 resize is the cheaper one and runs in parallel with the step. An
+    offloaded batch (micro-batches moved one by one) is cropped by the loader whatever the setting."""
+    if offloaded:
+        return False
+    return crop_on == "device" or (crop_on == "auto" and device.type == "cuda")
+
+
 class TrainData:
     """This rank's view of the training set (module docstring), from ``open_data``. ``micro_batch_size``:
     the gradient cache's (0: the whole local batch); smaller than the local batch, the batch stays on the
@@ -79,10 +90,11 @@ class TrainData:
         self.steps_per_epoch, self.total_steps = self.steps
         self.local_batch_size = cfg.batch_size // rt.world_size
         self.offloaded = 0 < micro_batch_size < self.local_batch_size
-        image = self.dataset.field("image")  # random crops (or the crop margin's resize) in the loader workers
+        image = self.dataset.field("image")  # random crops (or the crop margin's resize): loader or device
+        self.crop_on_device = crop_on_device(cfg.augment.crop_on, self.device, self.offloaded)
         self.image_transform = pixel_transform(cfg.augment, image and image.shape,
                                                self.dataset.extra.get("image_size") or (image and image.shape[0]),
-                                               cfg.seed)
+                                               cfg.seed, on_device=self.crop_on_device)
 
     def batches(self, start_step: int) -> Iterator[dict]:
         """This rank's slices of global batches start_step .. total_steps-1 (each dict has its ``step``)."""
@@ -105,6 +117,8 @@ class TrainData:
         text = trim_tokens(batch["tokens"]) if "tokens" in batch else batch["text_features"]
         if not self.offloaded:
             image, text = image.to(self.device, non_blocking=True), text.to(self.device, non_blocking=True)
+        if "crop_box" in batch:  # DeviceCrop: the stored pixels arrive; one batched resize here (never offloaded)
+            image = resize_crops(image, batch["crop_box"], self.image_transform.size)
         return image, text, batch["index"].to(self.device, non_blocking=True)
 
     def reference_to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

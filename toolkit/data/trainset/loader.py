@@ -10,6 +10,8 @@
 - ``ref_image``, ``ref_text`` float16 [B/K, D_ref]: a reference model's normalised embeddings, in sets
   precomputed with ``--reference-model`` (:mod:`.reference`), rows in ``index`` order;
 - ``index`` int64 [B/K]: global sample ids (0..N-1), FastCLIP's per-sample state index;
+- ``crop_box`` int64 [B/K, 4] (left, top, width, height), only with a ``toolkit.data.augment.DeviceCrop``
+  transform: ``image`` is then the stored pixels, cropped and resized later on the training device;
 - ``step``: the global batch index t.
 
 K ranks together read exactly the global batches one process would, so training with K ranks equals
@@ -173,7 +175,8 @@ class GlobalBatchStream(IterableDataset):
         order.batch_ids(start_step, rank, world_size)  # refuses a batch that does not divide by the ranks
         self.ds, self.order, self.rank, self.world_size = ds, order, rank, world_size
         self.start_step, self.num_steps = start_step, num_steps
-        # (images uint8 [b, H, W, 3], ids [b], step) -> tensor [b, S, S, 3]: crops (toolkit.data.augment)
+        # (images uint8 [b, H, W, 3], ids [b], step) -> tensor [b, S, S, 3]: crops (toolkit.data.augment), or
+        # a dict of fields: the stored pixels and crop boxes [b, 4] for the device to crop (DeviceCrop)
         self.image_transform = image_transform
         self.vocab_size = integrity.vocab_size(ds)  # resolved here, once, not in every worker
         if not all(s.sums for s in ds.shards):
@@ -196,7 +199,8 @@ class GlobalBatchStream(IterableDataset):
                 image = arrays.pop("image") if self.image_transform is not None and "image" in arrays else None
                 batch = to_tensors(arrays)
                 if image is not None:
-                    batch["image"] = self.image_transform(image, ids, t)
+                    made = self.image_transform(image, ids, t)  # a tensor, or fields (DeviceCrop: + crop_box)
+                    batch.update(made if isinstance(made, dict) else {"image": made})
                 batch["index"], batch["step"] = torch.from_numpy(ids), t
                 yield batch
         except Exception as err:
