@@ -56,7 +56,7 @@ def test_reference_quick_end_to_end(tmp_path, capsys, torch_threads):
     # the reference saw Twemoji's training pairs only: about a third of the students' pairs
     assert ref["artists"] == ["twemoji"] and 0 < ref["num_train_pairs"] < report["config"]["num_train_pairs"] / 2
     assert ref["num_pass_pairs"] == report["config"]["num_train_pairs"] and ref["heads_pass_s"] > 0
-    embeddings = np.load(tmp_path / "cache" / "reference_twemoji_b32.npz")
+    embeddings = np.load(tmp_path / "cache" / "reference_twemoji_b32_e2.npz")
     assert embeddings["image"].shape == (report["config"]["num_train_pairs"], ref["d_ref"])
     np.testing.assert_allclose(np.linalg.norm(embeddings["image"].astype(np.float32), axis=1), 1.0, atol=2e-3)
     (cell,) = report["results"]

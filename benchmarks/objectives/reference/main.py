@@ -3,10 +3,10 @@ a cliptk-trained reference's embeddings (``python -m benchmarks.objectives.refer
 
 1. The reference (``teacher``): LiT heads trained on a subset of the training artists (``--reference-artists``,
    default Twemoji of Twemoji, Noto, Fluent) with the best-tuned OpenCLIP knobs of the convergence result
-   (``--knobs-from``); then the reference pass embeds every training pair (timed, with the frozen towers'
+   (``--knobs-from``), trained out (``--reference-epochs``, default 30); then the reference pass embeds every training pair (timed, with the frozen towers'
    cost measured on a sample). Its own held-out R@1 is reported.
 2. Students on all training artists, per (regime, batch) cell: every reference-reading method (``methods``:
-   drrho, and distill where registered) tuned on validation as the convergence benchmark tunes (coordinate
+   drrho, and distill where registered) tuned on validation (drrho: β and τ; ρ and lr_tau are v3's tuned ones) as the convergence benchmark tunes (coordinate
    search, grids extended past a winning end), then run on ``--seeds`` paired seeds; beside them, on the same
    seeds, the cell's best OpenCLIP with the knobs tuned by the convergence benchmark (not retuned here) and
    drrho with β = 0 (the same loss without the reference). The long regime reuses the short regime's knobs.
@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(a subset of --train-artists: the reference sees less data than the students)")
     p.add_argument("--reference-batch", type=int, default=64, help="the reference's batch (its OpenCLIP knobs come "
                    "from this batch's short-regime cell of --knobs-from)")
+    p.add_argument("--reference-epochs", type=int, default=30, help="epochs of the reference over its own subset "
+                   "(default: the long regime's, so the reference is trained out, as a model a user already has)")
     p.add_argument("--reference-file", default=None, help="where the reference's embeddings are kept (default "
                    "CACHE/reference_<artists>_b<batch>.npz; delete it to retrain the reference)")
     p.add_argument("--knobs-from", default="benchmarks/objectives/results/convergence.json", help="the convergence "
@@ -75,11 +77,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.batches, args.regimes, args.short_epochs, args.reference_batch = [32], ["short"], 2, 32
+        args.reference_epochs = 2
         args.seeds, args.tune_seeds, args.eval_points, args.scratch_seeds, args.tower_timing_pairs = 2, 1, 4, 0, 0
     if not set(args.reference_artists) < set(args.train_artists):
         p.error("--reference-artists must be a proper subset of --train-artists (the reference sees less data)")
     args.reference_file = args.reference_file or str(
-        Path(args.cache) / f"reference_{'_'.join(args.reference_artists)}_b{args.reference_batch}.npz")
+        Path(args.cache) / f"reference_{'_'.join(args.reference_artists)}_b{args.reference_batch}_e{args.reference_epochs}.npz")
     args.long_batches = args.long_methods = None  # as the convergence benchmark's make_cells reads them
     return args
 
@@ -101,7 +104,7 @@ def best_openclip(knobs: dict, regime: str, batch: int) -> tuple[cm.Method, dict
 
 def lit_searches(args, cells: list[dict], knobs: dict, names: list[str], ref: Reference) -> dict:
     """{(cell index, method name): (cell, method, Search)} of the LiT cells: the best OpenCLIP adopted from
-    --knobs-from, drrho started from v3's tuned τ, ρ (lr_tau kept), distill from the best OpenCLIP."""
+    --knobs-from, drrho started from v3's tuned τ (its lr_tau and ρ kept), distill from the best OpenCLIP."""
     searches = {}
     for i, cell in enumerate(cells):
         openclip, chosen = best_openclip(knobs, cell["regime"], cell["batch"])
@@ -113,7 +116,7 @@ def lit_searches(args, cells: list[dict], knobs: dict, names: list[str], ref: Re
                 rm.distill({**openclip.fields, **chosen}, ref.meta["curve"]["tau"])
             search = cm.Search(method)
             if name == "drrho":
-                search.inherit({k: v for k, v in v3.get("chosen", {}).items() if k == "lr_tau"})
+                search.inherit({k: v for k, v in v3.get("chosen", {}).items() if k in ("lr_tau", "rho")})
                 search.best.update({k: v for k, v in v3.get("chosen", {}).items() if k in search.grids
                                     and v in search.grids[k]})
             searches[(i, name)] = (cell, method, search)

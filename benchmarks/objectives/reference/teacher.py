@@ -4,7 +4,8 @@
 DRRho-CLIP's setting is a reference that saw less data than the student: here the reference trains on the
 training pairs of ``--reference-artists`` only (default: Twemoji, one of the three training artists; never
 the held-out artist, never the validation drawings), with the best-tuned OpenCLIP knobs of the convergence
-benchmark's cell of its batch (``--reference-batch``), for the short regime's epochs of its own subset.
+benchmark's short-regime cell of its batch (``--reference-batch``), for ``--reference-epochs`` (default 30, the
+long regime's: trained out on its subset, as a model a user already has) over its own subset.
 
 The reference pass runs its heads over the frozen towers' features of every training pair (the LiT
 students share those features, so this is all a LiT reference costs at data-prep time). A reference for a
@@ -93,7 +94,7 @@ def train_reference(args: argparse.Namespace, openclip: dict) -> Reference:
     bench = Bench(args)
     num_pairs = restrict_training_set(bench, args.reference_artists)
     batch = args.reference_batch
-    steps = args.short_epochs * max(1, num_pairs // batch)
+    steps = args.reference_epochs * max(1, num_pairs // batch)
     cfg = cm.loss_config(openclip["fields"], f"reference ({openclip['method']})")
     curve = bench.run("lit", cfg, batch, steps, REFERENCE_SEED)
     model = bench.models[("lit", REFERENCE_SEED, cfg.init_logit_bias is not None)][0].model
@@ -103,7 +104,7 @@ def train_reference(args: argparse.Namespace, openclip: dict) -> Reference:
     ref_image, ref_text = embed(model, image, text)
     pass_s = time.perf_counter() - start
     meta = {"artists": list(args.reference_artists), "num_train_pairs": num_pairs, "batch": batch,
-            "epochs": args.short_epochs, "steps": steps, "seed": REFERENCE_SEED, "method": openclip["method"],
+            "epochs": args.reference_epochs, "steps": steps, "seed": REFERENCE_SEED, "method": openclip["method"],
             "fields": openclip["fields"], "d_ref": int(ref_image.shape[1]), "curve": curve,
             "train_wall_s": curve["wall_s"], "num_pass_pairs": len(image), "heads_pass_s": pass_s}
     return Reference(ref_image, ref_text, meta)
