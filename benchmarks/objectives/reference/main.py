@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cached-only", action="store_true", help="train no student: report finished runs only")
     p.add_argument("--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cell (0: leave it out)")
     p.add_argument("--scratch-epochs", type=int, default=4)
+    p.add_argument("--scratch-methods", nargs="+", default=["drrho", rm.CONTROL], help="the reference-reading "
+                   "rows of the scratch cell (beside its best OpenCLIP; a scratch run costs ~30 LiT runs)")
     p.add_argument("--tower-timing-pairs", type=int, default=32, help="drawings and captions through the frozen "
                    "towers to time them (0: skip)")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 32, 2 epochs, 2 seeds, 4 evaluations, "
@@ -169,7 +171,7 @@ def scratch_cell(args, runner: RefRunner, lit: dict, knobs: dict, num_train: int
     openclip, chosen = best_openclip(knobs, "short", 64)
     searches = {(0, openclip.name): (cell, openclip, cm.Search(openclip))}
     searches[(0, openclip.name)][2].adopt(chosen, f"convergence benchmark's LiT short regime ({knobs['path']})")
-    for name in ("drrho", rm.CONTROL):
+    for name in args.scratch_methods:
         if name in lit:
             search = cm.Search(lit[name].method)
             search.adopt({**lit[name].inherited, **lit[name].best}, "LiT short regime's batch-64 cell (here)")
