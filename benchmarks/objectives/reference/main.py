@@ -34,7 +34,7 @@ from benchmarks.objectives.convergence.runs import WARMUP_FRACTION, Data
 from benchmarks.objectives.reference import methods as rm
 from benchmarks.objectives.reference import report as rr
 from benchmarks.objectives.reference.bench import RefRunner
-from benchmarks.objectives.reference.teacher import Reference, time_towers, train_reference
+from benchmarks.objectives.reference.teacher import Reference, fit_by_artist, time_towers, train_reference
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         results, unfinished = results + scratch, unfinished + left
     runner.close()
     report = rr.build(args, data.counts(), ref, towers, results, skipped, unfinished, time.monotonic() - start)
+    report["reference"]["fit_by_artist"] = fit_by_artist(ref, data.pairs["train"], args.reference_batch)
     report["config"]["warmup_fraction"] = WARMUP_FRACTION
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

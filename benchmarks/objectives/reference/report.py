@@ -77,6 +77,10 @@ def _reference_lines(r: dict) -> list[str]:
             f"**{100 * r['heldout_r1']:.2f}** (image→text {100 * r['heldout_i2t']:.2f}, text→image "
             f"{100 * r['heldout_t2i']:.2f}), validation {100 * r['val_r1']:.2f}, final τ {r['final_tau']:.4f}, "
             f"d_ref {r['d_ref']}.", "",
+            "How well it fits each training artist (cosine of a pair's own embeddings; image→text top-1 among "
+            f"{r['batch']} random training pairs): " + "; ".join(
+                f"{a}{' (its own)' if a in r['artists'] else ''} {f['mean_r_ii']:.3f}, "
+                f"{100 * f['in_batch_i2t_r1']:.1f} %" for a, f in r.get("fit_by_artist", {}).items()) + ".", "",
             f"**Cost of the reference pass:** its heads over the {r['num_pass_pairs']} training pairs' cached tower "
             f"features: {r['heads_pass_s']:.2f} s ({r['heads_pass_s_per_1000_pairs']:.3f} s per 1,000 pairs; one "
             "thread) — all a LiT reference costs, as its students read the same tower features; a from-scratch "
