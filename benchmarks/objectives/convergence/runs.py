@@ -163,13 +163,19 @@ class Bench:
         curve = {"step": [], "heldout": [], "val": []}
         for t in range(steps):  # one process: this rank's slice of global batch t is all of it
             ids = torch.from_numpy(order.batch_ids(t))
-            train_step(parts, state, {"step": t, keys[0]: image[ids], keys[1]: text[ids], "index": ids})
+            train_step(parts, state, {"step": t, keys[0]: image[ids], keys[1]: text[ids], "index": ids,
+                                      **self.batch_extras(ids)})
             if t + 1 in evals:
                 curve["step"].append(t + 1)
                 curve["heldout"].append(self.scores(parts.built.model, mode, "held"))
                 curve["val"].append(self.scores(parts.built.model, mode, "val"))
         return {**curve, "tau": parts.update.temperature(), "skipped_steps": state.skipped_steps,
                 "wall_s": time.monotonic() - start}
+
+    def batch_extras(self, ids) -> dict:
+        """More keys of the batch of training rows ``ids`` [b] (none here; the reference benchmark's
+        subclass adds a reference model's embeddings ``ref_image``, ``ref_text``)."""
+        return {}
 
     def parts(self, mode: str, loss_cfg, batch: int, steps: int, seed: int):
         """The trainer's ``loop.Parts`` of one process for this run, as ``build_parts`` makes them but around

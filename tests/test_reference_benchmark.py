@@ -1,0 +1,90 @@
+"""benchmarks/objectives/reference end to end at tiny size: a reference trained on one of three synthetic
+artists, drrho students reading its embeddings through the trainer's step, tables and JSON; and the refusal
+of an objective kind this checkout does not register."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.objectives.reference import main as reference
+from benchmarks.objectives.reference import methods as rm
+
+
+def _synthetic_artists(cache: Path, num_concepts: int = 90) -> None:
+    """A feature cache as emoji_artists.py writes it: each artist draws a concept's latent through a shared
+    projection plus its own (the heads can learn and transfer to the held-out artist)."""
+    rng = np.random.default_rng(0)
+    latent = rng.standard_normal((num_concepts, 16))
+    codes = np.asarray([f"c{i}" for i in range(num_concepts)])
+    (cache / "features").mkdir(parents=True)
+    text = latent @ rng.standard_normal((16, 384)) + 3.0 * rng.standard_normal((num_concepts, 384))
+    np.savez(cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32))
+    shared = rng.standard_normal((16, 1280))
+    for artist in ("twemoji", "noto", "fluent", "openmoji"):
+        image = latent @ (shared + 0.5 * rng.standard_normal((16, 1280))) + 12.0 * rng.standard_normal((num_concepts, 1280))
+        np.savez(cache / "features" / f"{artist}.npz", codepoints=codes, image=image.astype(np.float32))
+
+
+def _knobs(path: Path) -> None:
+    """A convergence result's short batch-32 cell: the best OpenCLIP and FastCLIP v3's tuned knobs."""
+    rows = {"openclip (fixed τ)": {"tuning": {"chosen": {"tau_init": 0.07}}},
+            "fastclip-v3": {"tuning": {"chosen": {"tau_init": 0.07, "lr_tau": 2e-4, "rho": 6.5}}}}
+    path.write_text(json.dumps({"results": [{"regime": "short", "batch": 32, "best_openclip": "openclip (fixed τ)",
+                                             "rows": rows}]}))
+
+
+@pytest.fixture
+def torch_threads():
+    """Bench sets one torch thread process-wide; put the count back for the tests that follow."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_reference_quick_end_to_end(tmp_path, capsys, torch_threads):
+    _synthetic_artists(tmp_path / "cache")
+    _knobs(tmp_path / "knobs.json")
+    out = tmp_path / "res" / "reference.json"
+    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--knobs-from", str(tmp_path / "knobs.json"),
+            "--out", str(out), "--methods", "drrho"]
+    report = reference.main(argv)
+    ref = report["reference"]
+    # the reference saw Twemoji's training pairs only: about a third of the students' pairs
+    assert ref["artists"] == ["twemoji"] and 0 < ref["num_train_pairs"] < report["config"]["num_train_pairs"] / 2
+    assert ref["num_pass_pairs"] == report["config"]["num_train_pairs"] and ref["heads_pass_s"] > 0
+    embeddings = np.load(tmp_path / "cache" / "reference_twemoji_b32_e2.npz")
+    assert embeddings["image"].shape == (report["config"]["num_train_pairs"], ref["d_ref"])
+    np.testing.assert_allclose(np.linalg.norm(embeddings["image"].astype(np.float32), axis=1), 1.0, atol=2e-3)
+    (cell,) = report["results"]
+    assert set(cell["rows"]) == {"openclip (fixed τ)", "drrho", rm.CONTROL}
+    assert cell["rows"][rm.CONTROL]["tuning"]["chosen"]["drrho.ref_weight"] == 0.0
+    # β > 0 reads the reference: its runs differ from the control's (same seeds, same other knobs)
+    assert cell["rows"]["drrho"]["tuning"]["chosen"]["drrho.ref_weight"] > 0
+    assert cell["rows"]["drrho"]["paired_diff_vs_best_openclip"]["per_seed"] != \
+        cell["rows"][rm.CONTROL]["paired_diff_vs_best_openclip"]["per_seed"]
+    (target,) = report["targets"]
+    assert target["method"] == "drrho" and "met" in target
+    text = out.with_suffix(".md").read_text()
+    assert "Cost of the reference pass" in text and "| short | 32 | drrho |" in text
+    capsys.readouterr()
+    again = reference.main(argv)  # the reference and every run are reused
+    assert "s in all)" not in capsys.readouterr().out
+    assert again["results"][0]["rows"] == cell["rows"]
+
+
+def test_distill_by_registry_name(tmp_path):
+    """--methods distill: the registry's "unknown loss kind" message where the distill objective is not registered
+    (before its branch lands), else chosen; nothing is trained or read before that check."""
+    why = rm.check_registered("distill")
+    if why:
+        assert "unknown loss kind 'distill'" in why
+        with pytest.raises(SystemExit, match="unknown loss kind 'distill'"):
+            reference.main(["--methods", "distill", "--cache", str(tmp_path / "none"), "--out", str(tmp_path / "r.json")])
+    else:
+        assert rm.choose(["distill"]) == (["distill"], {})
+    with pytest.raises(SystemExit, match="unknown method"):
+        rm.choose(["no-such-objective"])
