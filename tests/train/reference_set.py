@@ -24,8 +24,9 @@ def add_reference(src: Path, dst: Path, seed: int = 1) -> Path:
     """``src``'s samples plus a reference model's embeddings, as a training set in ``dst`` (returned)."""
     from toolkit.core import files
     from toolkit.data.augment import PixelTransform
-    from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset, TrainShardWriter
+    from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
     from toolkit.data.trainset.loader import make_reader
+    from toolkit.data.trainset.writer import TrainShardWriter
     from toolkit.train import model as model_lib
 
     ds = TrainDataset.open(str(src))

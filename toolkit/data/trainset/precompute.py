@@ -36,14 +36,10 @@ from toolkit.data.raw.reader import list_shards, promised_samples, shard_basenam
 from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset import precompute_write as writing
-from toolkit.data.trainset.format import (
-    DATASET_JSON,
-    Field,
-    TrainDataset,
-    remove_stale_shards,
-)
+from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
 from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
 from toolkit.data.trainset.truncation import check_truncation
+from toolkit.data.trainset.writer import remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"

@@ -20,9 +20,10 @@ import numpy as np
 from toolkit.core.log import progress
 from toolkit.data.raw.reader import shard_basename
 from toolkit.data.trainset import precompute_worker, reference, refs
-from toolkit.data.trainset.format import Field, TrainShardWriter
+from toolkit.data.trainset.format import Field
 from toolkit.data.trainset.precompute_resume import stem_of
 from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
+from toolkit.data.trainset.writer import TrainShardWriter
 
 # Hashes compared per numpy call when looking for repeats: bounds the comparison's scratch memory.
 CHUNK = 1 << 20

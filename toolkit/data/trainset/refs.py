@@ -40,7 +40,8 @@ import xxhash
 
 from toolkit.core import files
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import ShardInfo, _AtomicOut, meta_file, ref_dtype, shard_file
+from toolkit.data.trainset.format import ShardInfo, meta_file, ref_dtype, shard_file
+from toolkit.data.trainset.writer import AtomicOut
 
 STORAGES = ("pixels", "jpeg", "index")
 TABLE_EXT = "idx"
@@ -233,8 +234,8 @@ class RefShardWriter:
 
     def _open(self) -> None:
         index = len(self.shards)
-        self._part = {"first": self.next_id, "records": [], "meta": _AtomicOut(files.join(self.out, meta_file(index))),
-                      "jpgs": _AtomicOut(files.join(self.out, jpeg_file(index))) if self.storage == "jpeg" else None,
+        self._part = {"first": self.next_id, "records": [], "meta": AtomicOut(files.join(self.out, meta_file(index))),
+                      "jpgs": AtomicOut(files.join(self.out, jpeg_file(index))) if self.storage == "jpeg" else None,
                       "size": 0}
 
     def add(self, sample_id: int, file: int, offset: int, length: int, digest: int, tokens: np.ndarray,
@@ -265,7 +266,7 @@ class RefShardWriter:
     def _close_part(self) -> None:
         part, index = self._part, len(self.shards)
         table = np.array(part["records"], self.dtype).tobytes()
-        out = _AtomicOut(files.join(self.out, table_file(index)))
+        out = AtomicOut(files.join(self.out, table_file(index)))
         out.fh.write(table)
         for f in (part["jpgs"], part["meta"], out):  # the table last: it names the bytes the others hold
             if f is not None:
