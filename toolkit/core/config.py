@@ -51,7 +51,7 @@ def option(
     :func:`to_dict` and the hash while at its default, so those records still load equal and match.
     ``absent_means``: a field added after configs were recorded, which stays in the hash: a record that
     lacks it was written with this value (the behaviour before the field existed), so
-    :func:`changed_keys` with :func:`absent_values` reports no change where the run uses that value.
+    ``config_changes.changed_keys`` with ``absent_values`` reports no change where the run uses that value.
     ``legacy_prefix``: a section whose fields were the holding config's keys ``PREFIX + name`` before it
     became a section; those keys still load and records keep them (core/config_sections.py)."""
     metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input,
@@ -383,50 +383,8 @@ def config_hash(cfg: Any, *extra: Any) -> str:
 
 def output_dict(cfg: Any) -> dict:
     """The fields :func:`config_hash` hashes (``affects_output``), as plain JSON data: what a result records
-    so that a later refusal can name the keys that differ (:func:`changed_keys`)."""
+    so that a later refusal can name the keys that differ (``config_changes.changed_keys``)."""
     return json.loads(json.dumps(_hashed(cfg), default=str))
-
-
-def _leaves(data: Mapping, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            out.update(_leaves(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def absent_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> ``absent_means`` of every field of ``cfg`` (nested configs too) that declares one: what
-    an older record that lacks the key was written with (:func:`option`)."""
-    found: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(value):
-            found.update(absent_values(value, key + "."))
-        elif f.metadata.get("absent_means", MISSING) is not MISSING:
-            found[key] = json.loads(json.dumps(f.metadata["absent_means"], default=str))
-    return found
-
-
-def changed_keys(old: Mapping, new: Mapping, absent: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
-    """(dotted key, old value, new value) of every leaf that differs, in ``new``'s key order (keys only
-    ``old`` has last); a key one side lacks has :data:`MISSING` there, except a key of ``absent``
-    (:func:`absent_values`) that ``old`` lacks: it reads as the value it meant."""
-    a, b = _leaves(old), _leaves(new)
-    a.update({k: v for k, v in (absent or {}).items() if k not in a})
-    return [(k, a.get(k, MISSING), b.get(k, MISSING)) for k in {**b, **a} if a.get(k, MISSING) != b.get(k, MISSING)]
-
-
-def describe_changes(changes: list[tuple[str, Any, Any]], limit: int = 5, width: int = 32) -> str:
-    """``'steps 2 -> 3, optim.lr 0.001 -> 0.002'``: the first ``limit`` changes on one line, each value cut
-    to ``width`` characters, and how many more there are."""
-    def show(value: Any) -> str:
-        return "(unset)" if value is MISSING else short(value, width)
-
-    text = ", ".join(f"{key} {show(old)} -> {show(new)}" for key, old, new in changes[:limit])
-    return text + (f" and {len(changes) - limit} more" if len(changes) > limit else "")
 
 
 def dump_yaml(cfg: Any) -> str:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolkit.core import files
-from toolkit.core.config import absent_values, changed_keys, config_hash, describe_changes, output_dict
+from toolkit.core.config import config_hash, output_dict
+from toolkit.core.config_changes import absent_values, changed_keys, describe_changes
 from toolkit.train.checkpoint import format as ckpt
 from toolkit.train.config import TrainConfig
 
