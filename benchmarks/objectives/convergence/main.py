@@ -46,8 +46,7 @@ from pathlib import Path
 from benchmarks.objectives.convergence import methods as cm
 from benchmarks.objectives.convergence import report as cr
 from benchmarks.objectives.convergence.runs import WARMUP_FRACTION, Data, Runner
-
-GAMMA_DECAY_FRACTION = 18 / 37  # the CC3M FastCLIP preset decays γ over 18 of its 37 epochs
+from toolkit.train.losses.choice import GAMMA_DECAY_FRACTION
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,7 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
-    """Every (regime, batch) cell: epochs, steps (the trainer's steps_per_epoch times epochs), γ's decay."""
+    """Every (regime, batch) cell: epochs, steps (the trainer's steps_per_epoch times epochs), γ's decay
+    (over GAMMA_DECAY_FRACTION of the epochs: the CC3M preset's 18 of 37, as the trainer's default objective)."""
     cells = []
     for regime in args.regimes:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
@@ -151,7 +151,9 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
 
 def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
     """The coordinate searches, round by round (every search's pending points run together); a method that
-    inherits knobs starts once its source's search is done. Returns the searches left unfinished."""
+    inherits knobs starts once its source's search is done, and a finished search's remaining seeds run in
+    the rounds of the others (the workers stay busy, and an interrupted benchmark has its first methods'
+    rows complete: ``--cached-only``). Returns the searches left unfinished."""
     tune_seeds, unfinished = range(args.tune_seeds), set()
     waiting = {k for k, (_, m, s) in searches.items() if m.inherits and not s.adopted_from}
     while True:
@@ -169,7 +171,9 @@ def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
                               for seed in tune_seeds]) for k in live for knobs in searches[k][2].pending()]
         if not points and not waiting:
             return unfinished
-        runner.run_all([t for _, _, ts in points for t in ts])
+        seeds = [runner.task(cell, m, {**s.inherited, **s.best}, seed) for k in live
+                 for cell, m, s in [searches[k]] if not s.pending() for seed in range(args.seeds)]
+        runner.run_all([t for _, _, ts in points for t in ts] + seeds)
         for k, knobs, ts in points:
             if any(t["key"] not in runner.done for t in ts):
                 unfinished.add(k)
