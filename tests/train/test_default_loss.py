@@ -63,7 +63,8 @@ def test_table_is_complete_and_described():
 # ---------------------------------------------------------------- by batch and planned epochs (issue 33)
 
 
-LONG_CELLS = {b: {"kind": "fastclip", "version": "v3", "u_drift": "batch", "gamma_decay_epochs": 15} for b in (32, 64)}
+# 30 epochs: OpenCLIP with τ learned slowly (convergence_gamma.md at batch 64, convergence.md at batch 32)
+LONG_CELLS = {b: {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 1e-4} for b in (32, 64, 256)}
 
 
 def _row(table, batch):
@@ -89,12 +90,14 @@ def test_choice_per_batch_and_epochs_cell(batch, epochs):
 
 def test_measured_cells():
     """The cells the convergence benchmark measured (benchmarks/objectives/results/convergence.md and
-    convergence_gamma.md): 6 epochs at batch 32, 64, 256 and 30 epochs at batch 32 and 64."""
+    convergence_gamma.md): 6 epochs at batch 32, 64, 256 and 30 epochs at batch 32, 64 and 256."""
     for batch in (32, 64, 256):
         assert default_loss(batch, 6) == {"kind": "fastclip", "version": "v3", "u_drift": "batch",
                                           "gamma_decay_epochs": 3}
-    for batch in (32, 64):
-        assert default_loss(batch, 30) == LONG_CELLS[batch]
+    for batch, fields in LONG_CELLS.items():
+        assert default_loss(batch, 30) == fields
+        loss = _cfg(batch_size=batch, epochs=30).loss  # what `toolkit train --epochs 30` builds
+        assert (loss.kind, loss.mode, loss.learn_tau, loss.lr_tau, loss.tau_init) == ("openclip", "gather", True, 1e-4, 0.07)
 
 
 def test_steps_planned_run_uses_the_short_table():
@@ -127,3 +130,15 @@ def test_help_names_both_regimes():
     from toolkit.cli.train import _loss_help
 
     assert "planned epochs" in _loss_help() and text in _loss_help()
+
+
+def test_fastclip_knobs_without_a_kind_keep_fastclip_in_a_long_run():
+    """`--set loss.u_update=scent --epochs 30` asks for FastCLIP: the short table's FastCLIP row, not OpenCLIP
+    (which would refuse or ignore the knob); DRRho's rule still plans its decay over all the epochs."""
+    scent = _cfg(batch_size=64, epochs=30, loss={"u_update": "scent"}).loss
+    assert (scent.name, scent.u_drift, scent.u_update, scent.gamma_decay_epochs) == ("fastclip-v3", "batch", "scent", 15)
+    drrho = _cfg(batch_size=64, epochs=30, loss={"gamma_rule": "drrho"}).loss
+    assert (drrho.kind, drrho.gamma_rule, drrho.gamma_decay_epochs) == ("fastclip", "drrho", 30)
+    assert _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.05}).loss.kind == "openclip"  # not FastCLIP's own
+    for knob in choice.FASTCLIP_KNOBS - {"fastclip"}:
+        assert knob in LossConfig.__dataclass_fields__, knob

@@ -188,7 +188,7 @@ class TrainConfig:
             epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
             planned = None if data.get("steps", layers.get("steps", 0)) else epochs
             try:
-                chosen = default_loss(int(batch), None if planned is None else int(planned))
+                chosen = default_loss(int(batch), None if planned is None else int(planned), loss)
             except (TypeError, ValueError):
                 chosen = None  # a malformed batch_size or epochs: build() reports it against its key
             if chosen is not None:

@@ -17,7 +17,8 @@ the same batches from the same initial heads per seed, so differences are paired
 
 Cells: two regimes — short (``--short-epochs``, default 6) and long (``--long-epochs``, default 30) —
 times global batches 32, 64, 256. In each cell every method (``methods.METHODS``: a name,
-its LossConfig fields and its tuning grid) is tuned on validation with ``--tune-seeds`` seeds (a
+its LossConfig fields and its tuning grid; FastCLIP's final γ is one of the knobs, and DRRho-CLIP's γ
+rule and SCENT's estimator update are methods of their own) is tuned on validation with ``--tune-seeds`` seeds (a
 coordinate search whose grids are extended past any end that wins), then its chosen setting runs on
 ``--seeds`` paired seeds (the tuning seeds' runs are reused). Reported per cell
 (``report``): held-out R@1 mean ± std, paired Δ against the best OpenCLIP (the OpenCLIP

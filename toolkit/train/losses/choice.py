@@ -13,6 +13,7 @@ paired seeds. docs/objectives.md explains the choice. An explicit ``--loss`` / `
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 # The benchmark measured 6 and 30 epochs only; the boundary between them is not measured: 12 is about their
@@ -22,6 +23,10 @@ SHORT_EPOCHS_MAX = 12
 # its 37 epochs); without it the trainer's gamma_decay_epochs default (18) would decay γ over more epochs than
 # a short run has, a schedule the evidence never measured.
 GAMMA_DECAY_FRACTION = 18 / 37
+# LossConfig keys only FastCLIP reads (its estimators u, γ, the robust loss; ``fastclip``: its section once the
+# config has one): a loss section that sets one without a kind asks for FastCLIP, not for the long-run OpenCLIP
+FASTCLIP_KNOBS = frozenset({"version", "rho", "eps", "gamma_min", "gamma_decay_epochs", "gamma_schedule", "gamma_rule",
+                            "u_update", "scent_gamma", "u_drift", "fastclip"})
 
 # benchmarks/objectives/results/convergence.md (LiT heads on 3 training artists' 4,882 pairs, all ~1,900 concepts, scored on
 # a 4th artist, knobs tuned on validation, 5 paired seeds): after 6 epochs FastCLIP-v3 with drift-corrected
@@ -32,9 +37,16 @@ GAMMA_DECAY_FRACTION = 18 / 37
 BY_BATCH: tuple[tuple[int | None, dict[str, Any]], ...] = (
     (None, {"kind": "fastclip", "version": "v3", "u_drift": "batch"}),
 )
-# LONG_EVIDENCE
+# After 30 epochs no cliptk objective keeps up with a tuned OpenCLIP, even with γ tuned. convergence_gamma.md
+# (batch 64, every knob tuned on the long regime's own validation split, FastCLIP's final γ included; 5 paired
+# seeds): the best OpenCLIP is the learnable τ with lr_tau 1e-4 (16.53 R@1); drift-corrected v3 with its γ tuned
+# (0.3) -1.14, with DRRho's γ rule -1.12, with SCENT's update -1.23. convergence.md (batch 32, knobs from the
+# short regime, 5 seeds): the best OpenCLIP is the fixed τ 0.07, the learnable τ with lr_tau 1e-4 +0.01 ± 0.10,
+# drift-corrected v3 -0.78 ± 0.50. So long runs get OpenCLIP with τ learned slowly from 0.07: lr_tau 1e-4 (the
+# tuned value at batch 32, 64 and 256 after 30 epochs, against the model's 1e-3; with lr_tau at the model's lr
+# it trailed by 1.8 points at batch 64). Batch 256 after 30 epochs: see convergence_gamma.md.
 BY_BATCH_LONG: tuple[tuple[int | None, dict[str, Any]], ...] = (
-    (None, {"kind": "fastclip", "version": "v3", "u_drift": "batch"}),
+    (None, {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 1e-4}),
 )
 
 
@@ -45,13 +57,18 @@ def _row(table: tuple[tuple[int | None, dict[str, Any]], ...], batch_size: int) 
     raise AssertionError("a choice table must end with a row for every larger batch")
 
 
-def default_loss(batch_size: int, epochs: int | None = None) -> dict[str, Any]:
+def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """LossConfig fields of the objective the evidence picks at global batch ``batch_size`` for a run of
-    ``epochs`` planned epochs (None: not known, as for a run planned by steps: the short-run table). For
-    FastCLIP with more than one epoch, γ decays over ``GAMMA_DECAY_FRACTION`` of them as benchmarked."""
-    long_run = epochs is not None and epochs > SHORT_EPOCHS_MAX
+    ``epochs`` planned epochs (None: not known, as for a run planned by steps: the short-run table).
+    ``given``: the loss keys the user set without naming a kind; FastCLIP's own knobs among them
+    (``FASTCLIP_KNOBS``) make it a FastCLIP run, so the short-run table's FastCLIP row applies at any epochs.
+    For FastCLIP with more than one epoch, γ decays over ``GAMMA_DECAY_FRACTION`` of them as benchmarked
+    (unless DRRho's γ rule is asked for: it plans its own decay, over all the epochs)."""
+    given = given or {}
+    long_run = epochs is not None and epochs > SHORT_EPOCHS_MAX and not FASTCLIP_KNOBS & set(given)
     fields = _row(BY_BATCH_LONG if long_run else BY_BATCH, batch_size)
-    if epochs is not None and epochs > 1 and fields["kind"] == "fastclip" and fields.get("gamma_rule") != "drrho":
+    drrho = "drrho" in (fields.get("gamma_rule"), given.get("gamma_rule"))
+    if epochs is not None and epochs > 1 and fields["kind"] == "fastclip" and not drrho:
         fields.setdefault("gamma_decay_epochs", max(1, round(epochs * GAMMA_DECAY_FRACTION)))
     return fields
 
