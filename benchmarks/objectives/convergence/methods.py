@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolkit.core.config import build, set_path
-from toolkit.train.losses import KINDS, LossConfig
+from toolkit.train.losses import KINDS, LossConfig, choice
 
 MAX_EXTENSIONS = 3  # per knob and end: beyond 3 steps past a grid the objective is not the limiting factor
 
@@ -90,7 +90,12 @@ METHODS: tuple[Method, ...] = (
            note="v3's loss and τ rule with v3's tuned initial τ, lr_tau and ρ of the cell; 256 prototypes; the "
                 "network's lr tuned; its other settings at their documented defaults"),
     Method("siglip", {"kind": "siglip", "mode": "gather"}, {"siglip_scale_init": (5.0, 10.0, 20.0)},
-           note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned")
+           note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned"),
+    # not a candidate for "the best OpenCLIP": the trainer's default itself, so its Δ is the default's (its runs
+    # are the learnable-τ OpenCLIP's at that lr_tau: the run cache shares them)
+    Method("openclip (long-run default)", dict(choice.BY_BATCH_LONG[0][1]),
+           note="the trainer's default objective for runs of more than 12 planned epochs up to batch 128 "
+                "(toolkit/train/losses/choice.py), as it is: nothing tuned"),
 )
 
 
