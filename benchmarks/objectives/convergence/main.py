@@ -145,8 +145,9 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
         names = [m.name for m in in_cell[i] if (i, m.name) not in unfinished]
         openclip = [m.name for m in in_cell[i] if m.is_openclip and m.name in names]
         if openclip:
+            plain = tuple(m.name for m in in_cell[i] if m.kind == "openclip" and not m.is_openclip)
             out.append(cr.summarise(cell, {n: runner.curves(final[(i, n)]) for n in names},
-                                    {n: searches[(i, n)][2].report() for n in names}, openclip))
+                                    {n: searches[(i, n)][2].report() for n in names}, openclip, plain))
     return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {name}" for i, name in unfinished)
 
 
