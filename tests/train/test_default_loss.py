@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.core.config import build, to_dict
+from toolkit.core.config import build, load_config, to_dict
 from toolkit.train.config import TrainConfig
+from toolkit.train.losses import choice
 from toolkit.train.losses.choice import BY_BATCH, default_loss, describe
-from toolkit.train.losses.config import LossConfig
+from toolkit.train.losses.config import LossConfig, loss_fields
 
 
 def _cfg(**data) -> TrainConfig:
@@ -57,3 +58,92 @@ def test_table_is_complete_and_described():
     for _, fields in BY_BATCH:
         build(LossConfig, fields)  # every row is a valid objective
     assert describe().endswith("at every batch" if len(BY_BATCH) == 1 else "above")
+
+
+# ---------------------------------------------------------------- by batch and planned epochs (issue 33)
+
+
+# 30 epochs: OpenCLIP with τ learned slowly at batch 32 and 64 (convergence.md, convergence_gamma.md), the
+# drift-corrected v3 at 256 (convergence_gamma.md)
+OPENCLIP_SLOW_TAU = {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 1e-4}
+LONG_CELLS = {32: OPENCLIP_SLOW_TAU, 64: OPENCLIP_SLOW_TAU,
+              256: {"kind": "fastclip", "version": "v3", "u_drift": "batch", "gamma_decay_epochs": 15}}
+
+
+def _row(table, batch):
+    return next(fields for largest, fields in table if largest is None or batch <= largest)
+
+
+@pytest.mark.parametrize("batch", [32, 64, 256, 4096])
+@pytest.mark.parametrize("epochs", [None, 1, 2, 6, choice.SHORT_EPOCHS_MAX, choice.SHORT_EPOCHS_MAX + 1, 30, 100])
+def test_choice_per_batch_and_epochs_cell(batch, epochs):
+    """Each (batch, epochs) cell gets its table's row; FastCLIP's γ decays over the benchmarked share of the
+    planned epochs (none planned, or one epoch: the option's default is left alone)."""
+    long_run = epochs is not None and epochs > choice.SHORT_EPOCHS_MAX
+    row = _row(choice.BY_BATCH_LONG if long_run else choice.BY_BATCH, batch)
+    fields = default_loss(batch, epochs)
+    assert {k: v for k, v in fields.items() if k != "gamma_decay_epochs"} == row
+    if row["kind"] == "fastclip" and epochs is not None and epochs > 1 and row.get("gamma_rule") != "drrho":
+        assert fields["gamma_decay_epochs"] == max(1, round(epochs * 18 / 37))
+    else:
+        assert "gamma_decay_epochs" not in fields or "gamma_decay_epochs" in row
+    cfg = _cfg(batch_size=batch, **({} if epochs is None else {"epochs": epochs})).loss
+    assert cfg == build(LossConfig, default_loss(batch, epochs if epochs is not None else 1))
+
+
+def test_measured_cells():
+    """The cells the convergence benchmark measured (benchmarks/objectives/results/convergence.md and
+    convergence_gamma.md): 6 epochs at batch 32, 64, 256 and 30 epochs at batch 32, 64 and 256."""
+    for batch in (32, 64, 256):
+        assert default_loss(batch, 6) == {"kind": "fastclip", "version": "v3", "u_drift": "batch",
+                                          "gamma_decay_epochs": 3}
+    for batch, fields in LONG_CELLS.items():
+        assert default_loss(batch, 30) == fields
+    loss = _cfg(batch_size=64, epochs=30).loss  # what `toolkit train --epochs 30 --batch-size 64` builds
+    assert (loss.kind, loss.mode, loss.learn_tau, loss.lr_tau, loss.tau_init) == ("openclip", "gather", True, 1e-4, 0.07)
+    loss = _cfg(batch_size=256, epochs=30).loss
+    assert (loss.name, loss.u_drift, loss.gamma_min, loss.gamma_decay_epochs) == ("fastclip-v3", "batch", 0.2, 15)
+
+
+def test_steps_planned_run_uses_the_short_table():
+    """A run planned by steps has no epoch count when the config is built: the short-run row, γ untouched."""
+    cfg = _cfg(batch_size=32, epochs=30, steps=500).loss
+    assert cfg == build(LossConfig, default_loss(32))
+
+
+def test_explicit_loss_or_preset_wins_at_every_cell():
+    for batch, epochs in ((32, 6), (32, 30), (64, 30), (256, 100)):
+        # what `toolkit train --loss fastclip-v1 --epochs E --batch-size B` hands to the config loader
+        explicit = {**{f"loss.{k}": v for k, v in loss_fields("fastclip-v1").items()},
+                    "data": "d", "out": "o", "epochs": epochs, "batch_size": batch}
+        cfg = load_config(TrainConfig, None, [], explicit, {})
+        assert cfg.loss.name == "fastclip-v1" and cfg.loss.gamma_decay_epochs == 18 and cfg.loss.u_drift == "none"
+        openclip = load_config(TrainConfig, None, [], {**explicit, "loss.kind": "openclip", "loss.version": None}, {})
+        assert openclip.loss.kind == "openclip" and openclip.loss.learn_tau
+        preset = _cfg(batch_size=batch, epochs=epochs, preset="cc3m").loss
+        assert (preset.name, preset.rho, preset.gamma_min, preset.gamma_decay_epochs) == ("fastclip-v3", 6.5, 0.2, 18)
+        assert _cfg(batch_size=batch, epochs=epochs, preset="cc3m-openclip").loss.kind == "openclip"
+    set_kind = load_config(TrainConfig, None, ["loss.kind=fastclip", "epochs=30", "batch_size=32"],
+                           {"data": "d", "out": "o"}, {}).loss
+    assert set_kind.u_drift == "none" and set_kind.gamma_decay_epochs == 18  # --set loss.kind: the option defaults
+
+
+def test_help_names_both_regimes():
+    text = describe()
+    if choice.BY_BATCH_LONG != choice.BY_BATCH:
+        assert f"more than {choice.SHORT_EPOCHS_MAX} planned epochs" in text
+    from toolkit.cli.train import _loss_help
+
+    assert "planned epochs" in _loss_help() and text in _loss_help()
+
+
+def test_fastclip_knobs_without_a_kind_keep_fastclip_in_a_long_run():
+    """`--set loss.u_update=scent --epochs 30` asks for FastCLIP: the short table's FastCLIP row, not OpenCLIP
+    (which would refuse or ignore the knob); DRRho's rule still plans its decay over all the epochs."""
+    scent = _cfg(batch_size=64, epochs=30, loss={"u_update": "scent"}).loss
+    assert (scent.name, scent.u_drift, scent.u_update, scent.gamma_decay_epochs) == ("fastclip-v3", "batch", "scent", 15)
+    drrho = _cfg(batch_size=64, epochs=30, loss={"gamma_rule": "drrho"}).loss
+    assert (drrho.kind, drrho.gamma_rule, drrho.gamma_decay_epochs) == ("fastclip", "drrho", 30)
+    assert _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.05}).loss.kind == "openclip"  # not FastCLIP's own
+    for knob in choice.FASTCLIP_KNOBS - {"fastclip"}:
+        assert knob in LossConfig.__dataclass_fields__, knob

@@ -48,7 +48,8 @@ def _loss_help() -> str:
     from toolkit.train.losses.config import LOSS_NAMES
 
     return (f"The objective: {', '.join(LOSS_NAMES)} (sets loss.kind and its variant; docs/objectives.md says "
-            f"which to pick). (default: by global batch, from the convergence evidence: {describe()})")
+            f"which to pick). (default: by global batch and planned epochs (--epochs; a run set by --steps "
+            f"counts as short), from the convergence evidence: {describe()})")
 
 
 @app.callback(invoke_without_command=True)

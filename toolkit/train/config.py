@@ -185,7 +185,8 @@ class TrainConfig:
     def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
         """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
         without a loss kind from the data or the preset, the objective the convergence evidence picks at
-        the global batch size (``losses/choice.py``)."""
+        the global batch size and the planned epochs (``losses/choice.py``; a run planned by steps has no
+        epoch count yet: the short-run choice)."""
         from toolkit.train.losses.choice import default_loss
 
         layers: dict[str, Any] = {}
@@ -199,10 +200,14 @@ class TrainConfig:
         loss = {**layers.get("loss", {}), **(data.get("loss") or {})}
         if "kind" not in loss:
             batch = data.get("batch_size", layers.get("batch_size", TrainConfig.__dataclass_fields__["batch_size"].default))
+            epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
+            planned = None if data.get("steps", layers.get("steps", 0)) else epochs
             try:
-                layers["loss"] = {**layers.get("loss", {}), **default_loss(int(batch))}
+                chosen = default_loss(int(batch), None if planned is None else int(planned), loss)
             except (TypeError, ValueError):
-                pass  # a malformed batch_size: build() reports it against its key
+                chosen = None  # a malformed batch_size or epochs: build() reports it against its key
+            if chosen is not None:
+                layers["loss"] = {**layers.get("loss", {}), **chosen}
         layers = migrate(TrainConfig, layers, source)[0]  # the preset's and the choice's flat keys, sectioned
         _plan_drrho_gamma(data, layers, source)
         return layers

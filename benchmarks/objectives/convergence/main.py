@@ -17,7 +17,8 @@ the same batches from the same initial heads per seed, so differences are paired
 
 Cells: two regimes — short (``--short-epochs``, default 6) and long (``--long-epochs``, default 30) —
 times global batches 32, 64, 256. In each cell every method (``methods.METHODS``: a name,
-its LossConfig fields and its tuning grid) is tuned on validation with ``--tune-seeds`` seeds (a
+its LossConfig fields and its tuning grid; FastCLIP's final γ is one of the knobs, and DRRho-CLIP's γ
+rule and SCENT's estimator update are methods of their own) is tuned on validation with ``--tune-seeds`` seeds (a
 coordinate search whose grids are extended past any end that wins), then its chosen setting runs on
 ``--seeds`` paired seeds (the tuning seeds' runs are reused). Reported per cell
 (``report``): held-out R@1 mean ± std, paired Δ against the best OpenCLIP (the OpenCLIP
@@ -46,8 +47,7 @@ from pathlib import Path
 from benchmarks.objectives.convergence import methods as cm
 from benchmarks.objectives.convergence import report as cr
 from benchmarks.objectives.convergence.runs import WARMUP_FRACTION, Data, Runner
-
-GAMMA_DECAY_FRACTION = 18 / 37  # the CC3M FastCLIP preset decays γ over 18 of its 37 epochs
+from toolkit.train.losses.choice import GAMMA_DECAY_FRACTION
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,7 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
-    """Every (regime, batch) cell: epochs, steps (the trainer's steps_per_epoch times epochs), γ's decay."""
+    """Every (regime, batch) cell: epochs, steps (the trainer's steps_per_epoch times epochs), γ's decay
+    (over GAMMA_DECAY_FRACTION of the epochs: the CC3M preset's 18 of 37, as the trainer's default objective)."""
     cells = []
     for regime in args.regimes:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
@@ -144,14 +145,17 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
         names = [m.name for m in in_cell[i] if (i, m.name) not in unfinished]
         openclip = [m.name for m in in_cell[i] if m.is_openclip and m.name in names]
         if openclip:
+            plain = tuple(m.name for m in in_cell[i] if m.kind == "openclip" and not m.is_openclip)
             out.append(cr.summarise(cell, {n: runner.curves(final[(i, n)]) for n in names},
-                                    {n: searches[(i, n)][2].report() for n in names}, openclip))
+                                    {n: searches[(i, n)][2].report() for n in names}, openclip, plain))
     return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {name}" for i, name in unfinished)
 
 
 def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
     """The coordinate searches, round by round (every search's pending points run together); a method that
-    inherits knobs starts once its source's search is done. Returns the searches left unfinished."""
+    inherits knobs starts once its source's search is done, and a finished search's remaining seeds run in
+    the rounds of the others (the workers stay busy, and an interrupted benchmark has its first methods'
+    rows complete: ``--cached-only``). Returns the searches left unfinished."""
     tune_seeds, unfinished = range(args.tune_seeds), set()
     waiting = {k for k, (_, m, s) in searches.items() if m.inherits and not s.adopted_from}
     while True:
@@ -169,7 +173,9 @@ def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
                               for seed in tune_seeds]) for k in live for knobs in searches[k][2].pending()]
         if not points and not waiting:
             return unfinished
-        runner.run_all([t for _, _, ts in points for t in ts])
+        seeds = [runner.task(cell, m, {**s.inherited, **s.best}, seed) for k in live
+                 for cell, m, s in [searches[k]] if not s.pending() for seed in range(args.seeds)]
+        runner.run_all([t for _, _, ts in points for t in ts] + seeds)
         for k, knobs, ts in points:
             if any(t["key"] not in runner.done for t in ts):
                 unfinished.add(k)

@@ -53,15 +53,17 @@ def _row(runs: list[dict], ref: list[float], target: float, ref_steps: int) -> d
             "wall_s_per_run": statistics.fmean(r["wall_s"] for r in runs)}
 
 
-def summarise(cell: dict, runs: dict[str, list[dict]], searches: dict[str, dict], openclip: list[str]) -> dict:
+def summarise(cell: dict, runs: dict[str, list[dict]], searches: dict[str, dict], openclip: list[str],
+              not_cliptk: tuple[str, ...] = ()) -> dict:
     """One (regime, batch) cell: ``runs`` {method: final runs, one per seed in seed order}, ``searches``
-    {method: tuning report}, ``openclip``: the methods that are OpenCLIP variants."""
+    {method: tuning report}, ``openclip``: the methods that are OpenCLIP variants (candidates for the best
+    OpenCLIP); ``not_cliptk``: other OpenCLIP rows, never "the best cliptk objective"."""
     best_open = max((m for m in openclip if m in runs), key=lambda m: val_score(runs[m]))
     ref = [mean_r1(r["heldout"][-1]) for r in runs[best_open]]
     target = statistics.fmean(ref)
     ref_steps = runs[best_open][0]["step"][-1]
     rows = {m: {**_row(rs, ref, target, ref_steps), "tuning": searches[m]} for m, rs in runs.items()}
-    others = [m for m in runs if m not in openclip]
+    others = [m for m in runs if m not in openclip and m not in not_cliptk]
     best_other = max(others, key=lambda m: rows[m]["val_r1"]) if others else None
     return {**cell, "best_openclip": best_open, "best_openclip_final_r1": target,
             "best_cliptk": best_other, "rows": rows}

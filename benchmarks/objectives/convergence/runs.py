@@ -257,7 +257,8 @@ class Runner:
     def task(self, cell: dict, method: cm.Method, knobs: dict, seed: int) -> dict:
         """The run of ``method`` with ``knobs`` in ``cell`` for ``seed``; its key names everything that
         defines the result."""
-        fields = {**method.fields, "gamma_decay_epochs": cell["gamma_decay_epochs"], **knobs}
+        decay = cell["epochs"] if method.gamma_over_all_epochs else cell["gamma_decay_epochs"]
+        fields = {**method.fields, "gamma_decay_epochs": decay, **knobs}
         mode = cell.get("mode", "lit")
         ident = {**self.common, "mode": mode, "fields": fields, "batch": cell["batch"], "steps": cell["steps"],
                  "seed": seed}
