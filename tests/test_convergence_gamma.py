@@ -40,7 +40,7 @@ def test_gamma_methods_build_and_decay_over_the_right_epochs(tmp_path):
     cfg = cm.loss_config(drrho, DRRHO)
     from toolkit.train.losses.fastclip.schedules import final_gamma
 
-    assert final_gamma(cfg) == pytest.approx(min(1.0, 4.177 * 30 ** -0.7265))
+    assert final_gamma(cfg.fastclip) == pytest.approx(min(1.0, 4.177 * 30 ** -0.7265))
     assert runner.task(cell, by[DRIFT], {"gamma_min": 0.3}, 0)["fields"]["gamma_decay_epochs"] == 15
 
 

@@ -10,6 +10,7 @@ from toolkit.train.config import TrainConfig
 from toolkit.train.losses import choice
 from toolkit.train.losses.choice import BY_BATCH, default_loss, describe
 from toolkit.train.losses.config import LossConfig, loss_fields
+from toolkit.train.losses.fastclip.config import FastCLIPConfig
 
 
 def _cfg(**data) -> TrainConfig:
@@ -102,7 +103,7 @@ def test_measured_cells():
     loss = _cfg(batch_size=64, epochs=30).loss  # what `toolkit train --epochs 30 --batch-size 64` builds
     assert (loss.kind, loss.mode, loss.learn_tau, loss.lr_tau, loss.tau_init) == ("openclip", "gather", True, 1e-4, 0.07)
     loss = _cfg(batch_size=256, epochs=30).loss
-    assert (loss.name, loss.u_drift, loss.gamma_min, loss.gamma_decay_epochs) == ("fastclip-v3", "batch", 0.2, 15)
+    assert (loss.name, loss.fastclip.u_drift, loss.fastclip.gamma_min, loss.fastclip.gamma_decay_epochs) == ("fastclip-v3", "batch", 0.2, 15)
 
 
 def test_steps_planned_run_uses_the_short_table():
@@ -117,15 +118,15 @@ def test_explicit_loss_or_preset_wins_at_every_cell():
         explicit = {**{f"loss.{k}": v for k, v in loss_fields("fastclip-v1").items()},
                     "data": "d", "out": "o", "epochs": epochs, "batch_size": batch}
         cfg = load_config(TrainConfig, None, [], explicit, {})
-        assert cfg.loss.name == "fastclip-v1" and cfg.loss.gamma_decay_epochs == 18 and cfg.loss.u_drift == "none"
+        assert cfg.loss.name == "fastclip-v1" and cfg.loss.fastclip.gamma_decay_epochs == 18 and cfg.loss.fastclip.u_drift == "none"
         openclip = load_config(TrainConfig, None, [], {**explicit, "loss.kind": "openclip", "loss.version": None}, {})
         assert openclip.loss.kind == "openclip" and openclip.loss.learn_tau
         preset = _cfg(batch_size=batch, epochs=epochs, preset="cc3m").loss
-        assert (preset.name, preset.rho, preset.gamma_min, preset.gamma_decay_epochs) == ("fastclip-v3", 6.5, 0.2, 18)
+        assert (preset.name, preset.rho, preset.fastclip.gamma_min, preset.fastclip.gamma_decay_epochs) == ("fastclip-v3", 6.5, 0.2, 18)
         assert _cfg(batch_size=batch, epochs=epochs, preset="cc3m-openclip").loss.kind == "openclip"
     set_kind = load_config(TrainConfig, None, ["loss.kind=fastclip", "epochs=30", "batch_size=32"],
                            {"data": "d", "out": "o"}, {}).loss
-    assert set_kind.u_drift == "none" and set_kind.gamma_decay_epochs == 18  # --set loss.kind: the option defaults
+    assert set_kind.fastclip.u_drift == "none" and set_kind.fastclip.gamma_decay_epochs == 18  # --set loss.kind: the option defaults
 
 
 def test_help_names_both_regimes():
@@ -141,9 +142,9 @@ def test_fastclip_knobs_without_a_kind_keep_fastclip_in_a_long_run():
     """`--set loss.u_update=scent --epochs 30` asks for FastCLIP: the short table's FastCLIP row, not OpenCLIP
     (which would refuse or ignore the knob); DRRho's rule still plans its decay over all the epochs."""
     scent = _cfg(batch_size=64, epochs=30, loss={"u_update": "scent"}).loss
-    assert (scent.name, scent.u_drift, scent.u_update, scent.gamma_decay_epochs) == ("fastclip-v3", "batch", "scent", 15)
+    assert (scent.name, scent.fastclip.u_drift, scent.fastclip.u_update, scent.fastclip.gamma_decay_epochs) == ("fastclip-v3", "batch", "scent", 15)
     drrho = _cfg(batch_size=64, epochs=30, loss={"gamma_rule": "drrho"}).loss
-    assert (drrho.kind, drrho.gamma_rule, drrho.gamma_decay_epochs) == ("fastclip", "drrho", 30)
+    assert (drrho.kind, drrho.fastclip.gamma_rule, drrho.fastclip.gamma_decay_epochs) == ("fastclip", "drrho", 30)
     assert _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.05}).loss.kind == "openclip"  # not FastCLIP's own
     for knob in choice.FASTCLIP_KNOBS - {"fastclip"}:
-        assert knob in LossConfig.__dataclass_fields__, knob
+        assert knob in LossConfig.__dataclass_fields__ or knob in FastCLIPConfig.__dataclass_fields__, knob
