@@ -12,14 +12,12 @@ the cache. This file is also the ranks' script (``python test_distill_dist.py OU
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _launch import free_port, rank_env
+from _launch import run_rank_script
 from distill_oracle import inputs
 
 from toolkit.core import dist as D
@@ -86,24 +84,7 @@ def _worker(out_dir: str) -> None:
 
 
 def _launch(num_ranks: int, out_dir: Path) -> list[dict]:
-    port, root = free_port(), Path(__file__).resolve().parents[3]
-    helpers = Path(__file__).resolve().parents[1]  # tests/train: _launch, distill_oracle, gradcache_jobs
-    procs = []
-    for rank in range(num_ranks):
-        env = dict(os.environ, **rank_env(rank, num_ranks, port), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(root), str(helpers), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:  # a hung rank must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(num_ranks)]
+    return run_rank_script(__file__, num_ranks, out_dir, timeout_s=300)
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _launch import free_port, rank_env
+from _launch import run_rank_script
 from fastclip_oracle import make_loss
 
 N, D = 23, 5
@@ -95,24 +94,7 @@ def _worker(out_dir: str) -> None:
 
 
 def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:
-    port, root = free_port(), Path(__file__).resolve().parents[3]
-    helpers = Path(__file__).resolve().parents[1]  # tests/train: _launch, fastclip_oracle
-    procs = []
-    for rank in range(num_ranks):
-        env = dict(os.environ, **rank_env(rank, num_ranks, port, local_world), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(root), str(helpers), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:  # a hung rank must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(num_ranks)]
+    return run_rank_script(__file__, num_ranks, out_dir, local_world=local_world)
 
 
 def _close(got, want, what):

@@ -11,13 +11,12 @@ This file is also the worker script (``python test_neuclip_dist.py OUT_DIR``).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _launch import free_port, rank_env
+from _launch import run_rank_script
 from neuclip_oracle import p_of, unit_pairs
 
 DIM, PROTOTYPES = 5, 10  # K=2: the first batches are smaller than m (the start spreads over batches)
@@ -64,24 +63,7 @@ def _worker(out_dir: str) -> None:
 
 
 def _launch(num_ranks: int, out_dir: Path) -> list[list[dict]]:
-    port, root = free_port(), Path(__file__).resolve().parents[3]
-    helpers = Path(__file__).resolve().parents[1]  # tests/train: _launch, neuclip_oracle
-    procs = []
-    for rank in range(num_ranks):
-        env = dict(os.environ, **rank_env(rank, num_ranks, port), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(root), str(helpers), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, __file__, str(out_dir)], env=env, cwd=root,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        logs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:  # a hung rank must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(num_ranks)]
+    return run_rank_script(__file__, num_ranks, out_dir)
 
 
 def _close(got, want, what):
