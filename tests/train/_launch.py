@@ -55,3 +55,16 @@ def run_rank_script(script: str, num_ranks: int, out_dir: Path, *, local_world: 
     for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"rank {rank} failed:\n{log[-4000:]}"
     return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(num_ranks)]
+
+
+def rank_main(run: Any, out_dir: str) -> None:
+    """The rank side of :func:`run_rank_script`: join the gloo group torchrun's variables describe, save
+    ``run(world, world, rank)`` to ``OUT_DIR/rank{r}.pt``, and leave the group once every rank has saved."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, k = dist.get_rank(), dist.get_world_size()
+    torch.save(run(k, k, rank), Path(out_dir) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _launch import run_rank_script
+from _launch import rank_main, run_rank_script
 from torch.nn.functional import normalize
 
 N, D, D_REF = 23, 5, 3
@@ -74,13 +74,7 @@ def run(num_ranks: int, world: int, rank: int, group=None) -> dict:
 
 
 def _worker(out_dir: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method="env://")
-    rank, k = dist.get_rank(), dist.get_world_size()
-    torch.save(run(k, k, rank), Path(out_dir) / f"rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    rank_main(run, out_dir)
 
 
 def _launch(num_ranks: int, local_world: int, out_dir: Path) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _launch import run_rank_script
+from _launch import rank_main, run_rank_script
 from neuclip_oracle import p_of, unit_pairs
 
 DIM, PROTOTYPES = 5, 10  # K=2: the first batches are smaller than m (the start spreads over batches)
@@ -53,13 +53,7 @@ def run(num_ranks: int, world: int, rank: int, group=None) -> list[dict]:
 
 
 def _worker(out_dir: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method="env://")
-    rank, k = dist.get_rank(), dist.get_world_size()
-    torch.save(run(k, k, rank), Path(out_dir) / f"rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    rank_main(run, out_dir)
 
 
 def _launch(num_ranks: int, out_dir: Path) -> list[list[dict]]:
