@@ -148,3 +148,17 @@ def test_fastclip_knobs_without_a_kind_keep_fastclip_in_a_long_run():
     assert _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.05}).loss.kind == "openclip"  # not FastCLIP's own
     for knob in choice.FASTCLIP_KNOBS - {"fastclip"}:
         assert knob in LossConfig.__dataclass_fields__ or knob in FastCLIPConfig.__dataclass_fields__, knob
+
+
+def test_fastclip_knobs_flat_or_sectioned_pick_fastclip_for_long_runs():
+    """A FastCLIP knob without a kind asks for FastCLIP at any epochs, whether given with its old flat name
+    or in ``loss.fastclip``; DRRho's γ rule then plans its decay over all the epochs, either way."""
+    base = {"data": "d", "out": "o", "epochs": 30, "batch_size": 32}
+    for flat, sectioned in ((("loss.gamma_rule", "drrho"), ("loss.fastclip.gamma_rule", "drrho")),
+                            (("loss.u_drift", "batch"), ("loss.fastclip.u_drift", "batch"))):
+        one = load_config(TrainConfig, None, [], {**base, flat[0]: flat[1]}, {}).loss
+        two = load_config(TrainConfig, None, [], {**base, sectioned[0]: sectioned[1]}, {}).loss
+        assert one == two and one.kind == "fastclip"
+    drrho = load_config(TrainConfig, None, [], {**base, "loss.gamma_rule": "drrho"}, {}).loss
+    assert drrho.fastclip.gamma_decay_epochs == 30
+    assert load_config(TrainConfig, None, [], base, {}).loss.kind == "openclip"  # no knob: the long-run table

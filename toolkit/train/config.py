@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkit.core.config import ConfigError, option
+from toolkit.core.config import ConfigError, deep_merge, option
 from toolkit.core.config_sections import migrate
 from toolkit.core.launch import LaunchConfig
 from toolkit.data.augment import AugmentConfig
@@ -196,8 +196,9 @@ class TrainConfig:
 
             if name not in PRESETS:
                 raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-            layers = PRESETS[name].train_overrides()
-        loss = {**layers.get("loss", {}), **(data.get("loss") or {})}
+            layers = migrate(TrainConfig, PRESETS[name].train_overrides(), source)[0]
+        given = data.get("loss") if isinstance(data.get("loss"), Mapping) else {}
+        loss = deep_merge(layers.get("loss", {}), given)  # both sectioned: ``data`` came migrated
         if "kind" not in loss:
             batch = data.get("batch_size", layers.get("batch_size", TrainConfig.__dataclass_fields__["batch_size"].default))
             epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
@@ -206,9 +207,8 @@ class TrainConfig:
                 chosen = default_loss(int(batch), None if planned is None else int(planned), loss)
             except (TypeError, ValueError):
                 chosen = None  # a malformed batch_size or epochs: build() reports it against its key
-            if chosen is not None:
-                layers["loss"] = {**layers.get("loss", {}), **chosen}
-        layers = migrate(TrainConfig, layers, source)[0]  # the preset's and the choice's flat keys, sectioned
+            if chosen is not None:  # the choice table's rows are flat LossConfig keys
+                layers["loss"] = deep_merge(layers.get("loss", {}), migrate(LossConfig, chosen, source, "loss.")[0])
         _plan_drrho_gamma(data, layers, source)
         return layers
 

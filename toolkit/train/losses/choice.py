@@ -23,10 +23,10 @@ SHORT_EPOCHS_MAX = 12
 # its 37 epochs); without it the trainer's gamma_decay_epochs default (18) would decay γ over more epochs than
 # a short run has, a schedule the evidence never measured.
 GAMMA_DECAY_FRACTION = 18 / 37
-# LossConfig keys only FastCLIP reads (its estimators u, γ, the robust loss; ``fastclip``: its section once the
-# config has one): a loss section that sets one without a kind asks for FastCLIP, not for the long-run OpenCLIP
-FASTCLIP_KNOBS = frozenset({"version", "rho", "eps", "gamma_min", "gamma_decay_epochs", "gamma_schedule", "gamma_rule",
-                            "u_update", "scent_gamma", "u_drift", "fastclip"})
+# Keys of a (sectioned) loss mapping that only FastCLIP-style objectives read: its ``fastclip`` section (estimators
+# u, γ) and the robust loss's ρ and ε: a loss that sets one without a kind asks for FastCLIP, not for the long-run
+# OpenCLIP
+FASTCLIP_KNOBS = frozenset({"rho", "eps", "fastclip"})
 
 # benchmarks/objectives/results/convergence.md (LiT heads on 3 training artists' 4,882 pairs, all ~1,900 concepts, scored on
 # a 4th artist, knobs tuned on validation, 5 paired seeds): after 6 epochs FastCLIP-v3 with drift-corrected
@@ -63,7 +63,8 @@ def _row(table: tuple[tuple[int | None, dict[str, Any]], ...], batch_size: int) 
 def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """LossConfig fields of the objective the evidence picks at global batch ``batch_size`` for a run of
     ``epochs`` planned epochs (None: not known, as for a run planned by steps: the short-run table).
-    ``given``: the loss keys the user set without naming a kind; FastCLIP's own knobs among them
+    ``given``: the loss keys the user set without naming a kind, sectioned as ``LossConfig`` is
+    (core/config_sections.py migrates the old flat keys before this is called); FastCLIP's own knobs among them
     (``FASTCLIP_KNOBS``) make it a FastCLIP run, so the short-run table's FastCLIP row applies at any epochs.
     For FastCLIP with more than one epoch, γ decays over ``GAMMA_DECAY_FRACTION`` of them as benchmarked
     (unless DRRho's γ rule is asked for: it plans its own decay, over all the epochs)."""
@@ -71,7 +72,7 @@ def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str,
     long_run = epochs is not None and epochs > SHORT_EPOCHS_MAX and not FASTCLIP_KNOBS & set(given)
     fields = _row(BY_BATCH_LONG if long_run else BY_BATCH, batch_size)
     section = given.get("fastclip") if isinstance(given.get("fastclip"), Mapping) else {}
-    drrho = "drrho" in (fields.get("gamma_rule"), given.get("gamma_rule"), section.get("gamma_rule"))
+    drrho = "drrho" in (fields.get("gamma_rule"), section.get("gamma_rule"))
     if epochs is not None and epochs > 1 and fields["kind"] == "fastclip" and not drrho:
         fields.setdefault("gamma_decay_epochs", max(1, round(epochs * GAMMA_DECAY_FRACTION)))
     return fields
