@@ -40,3 +40,48 @@ def test_a_record_that_differs_elsewhere_is_still_refused(demo_train, tmp_path):
     record["config"] = {**record["config"], "seed": cfg.seed + 1}
     with pytest.raises(ConfigMismatch, match="seed"):
         check_config("ckpt", record, cfg)
+
+
+def _features_set(demo_train, dst):
+    """demo_train's token ids with frozen-tower image features (float16 [32], random: the check reads no
+    values) instead of pixels, written by the precompute's shard writer."""
+    import dataclasses
+
+    import numpy as np
+
+    from toolkit.core import files
+    from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
+    from toolkit.data.trainset.loader import make_reader
+    from toolkit.data.trainset.writer import TrainShardWriter
+
+    ds = TrainDataset.open(str(demo_train))
+    reader = make_reader(ds)
+    tokens = reader.read(np.arange(ds.num_samples, dtype=np.int64))["tokens"]
+    reader.close()
+    fields = [Field("image_features", "img_feat.f16", "float16", (32,)), ds.field("tokens")]
+    features = np.random.default_rng(0).standard_normal((ds.num_samples, 32)).astype(np.float16)
+    dst.mkdir(parents=True)
+    writer = TrainShardWriter(str(dst), fields, ds.samples_per_shard)
+    for i in range(ds.num_samples):
+        writer.add(i, [features[i].tobytes(), tokens[i].astype(np.int32).tobytes()], {})
+    out = dataclasses.replace(ds, fields=fields, shards=writer.close(), root=str(dst))
+    files.write_json_atomic(str(dst / DATASET_JSON), out.to_json())
+    return dst
+
+
+def test_augment_changes_nothing_on_frozen_tower_features(demo_train, tmp_path):
+    """A LiT run recorded before ``augment`` existed resumes with the augment defaults (random crops on):
+    its data holds image features, with no pixels to crop. Another change is still refused, alone named."""
+    data = _features_set(demo_train, tmp_path / "features")
+    cfg = train_cfg(data, tmp_path / "run")
+    assert cfg.augment.random_crop
+    check_config("ckpt", _old_record(cfg), cfg)
+    record = _old_record(cfg)
+    record["config"] = {**record["config"], "seed": cfg.seed + 1}
+    with pytest.raises(ConfigMismatch) as err:
+        check_config("ckpt", record, cfg)
+    assert [c[0] for c in err.value.changes] == ["seed"]
+    pixels = train_cfg(demo_train, tmp_path / "run")
+    with pytest.raises(ConfigMismatch) as err:  # on pixels the crop changes training
+        check_config("ckpt", _old_record(pixels), pixels)
+    assert [c[0] for c in err.value.changes] == ["augment.random_crop"]

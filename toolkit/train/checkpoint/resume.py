@@ -60,9 +60,24 @@ def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
         return
     old = saved.get("config")
     changes = changed_keys(old, output_config(cfg), absent_values(cfg)) if isinstance(old, Mapping) else None
+    if changes is not None:
+        changes = _with_effect(changes, cfg)
     if changes == []:  # written before some fields existed, and this run uses what their absence meant
         return
     raise ConfigMismatch(path, saved.get("config_hash"), new_hash, changes or None, cfg.checkpoint.dir or cfg.out)
+
+
+def _with_effect(changes: list[tuple[str, Any, Any]], cfg: TrainConfig) -> list[tuple[str, Any, Any]]:
+    """``changes`` less the ``augment.*`` keys when the run's data holds frozen-tower image features: the
+    augmentation crops pixels, so there it changes nothing (a LiT run recorded before ``augment`` existed
+    resumes with its defaults). The data's dataset.json is read only when such a key differs."""
+    if not any(key.startswith("augment.") for key, _, _ in changes):
+        return changes
+    from toolkit.data.trainset.format import TrainDataset
+
+    if TrainDataset.open(cfg.data).field("image") is not None:
+        return changes
+    return [change for change in changes if not change[0].startswith("augment.")]
 
 
 def checkpoints_dir(cfg: TrainConfig) -> str:
