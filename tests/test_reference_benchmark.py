@@ -88,3 +88,41 @@ def test_distill_by_registry_name(tmp_path):
         assert rm.choose(["distill"]) == (["distill"], {})
     with pytest.raises(SystemExit, match="unknown method"):
         rm.choose(["no-such-objective"])
+
+
+def _reference(num_rows: int, seed: int, artists: list[str]):
+    """A Reference with random unit rows: the embeddings of some reference trained on ``artists``."""
+    from benchmarks.objectives.reference.teacher import Reference
+
+    rng = np.random.default_rng(seed)
+    image, text = (rng.standard_normal((num_rows, 8)) for _ in range(2))
+    unit = [(a / np.linalg.norm(a, axis=1, keepdims=True)).astype(np.float16) for a in (image, text)]
+    return Reference(*unit, {"artists": artists, "batch": 64, "epochs": 30})
+
+
+def test_run_keys_name_the_reference(tmp_path):
+    """A student's run key includes its reference (the hash of the embeddings it reads), so the runs of a
+    reference trained on other artists are never served from another reference's cache; the rows that read
+    no reference keep the convergence benchmark's keys (its finished runs are reused)."""
+    from benchmarks.objectives.convergence import methods as cm
+    from benchmarks.objectives.convergence.main import make_cells
+    from benchmarks.objectives.convergence.runs import Data, Runner
+    from benchmarks.objectives.reference.bench import RefRunner
+
+    _synthetic_artists(tmp_path / "cache")
+    args = reference.parse_args(["--cache", str(tmp_path / "cache")])
+    data = Data(args)
+    num_train = len(data.pairs["train"])
+    (cell, _) = make_cells(args, num_train)
+    plain = Runner(args, data)
+    runners = {who: RefRunner(args, data, _reference(num_train, seed, artists), False, rm.READS_REFERENCE)
+               for who, seed, artists in (("one", 1, ["twemoji"]), ("two", 2, ["twemoji", "noto"]))}
+    openclip = next(m for m in cm.METHODS if m.is_openclip)
+    students = [(rm.drrho(False), {"drrho.ref_weight": 0.5}), (rm.control(), {}),
+                (rm.distill(openclip.fields, 0.07), {"distill.weight": 0.25})]
+    for method, knobs in students:
+        keys = {who: r.task(cell, method, knobs, 0)["key"] for who, r in runners.items()}
+        assert keys["one"] != keys["two"] and plain.task(cell, method, knobs, 0)["key"] not in keys.values()
+        assert runners["one"].task(cell, method, knobs, 0)["key"] == keys["one"]  # stable: the cache finds it
+    baseline = plain.task(cell, openclip, {"tau_init": 0.07}, 0)["key"]
+    assert all(r.task(cell, openclip, {"tau_init": 0.07}, 0)["key"] == baseline for r in runners.values())
