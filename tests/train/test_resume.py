@@ -182,3 +182,25 @@ def test_pipeline_rerun_with_other_steps_names_steps_and_the_pipeline_remedy(dem
     assert afresh.exit_code == 0, afresh.output
     assert [p.name for p in (run_dir / "train" / "checkpoints").iterdir()] == ["step-00000003"]
     assert "train: skipped" in pipeline_run("stages.train.steps=3").output  # resume is not part of the hash
+
+
+@pytest.mark.parametrize("schedule", ["step_thresh", "const"])
+def test_resume_keeps_the_tau_lr_rule(demo_train, tmp_path, schedule):
+    """τ's own lr rules set the logit-scale group's lr every step; torch's Optimizer.load_state_dict replaces
+    the group dicts, and the rule once went on setting a stale one (the resumed run kept the checkpoint's τ
+    lr: logit scale 2.01 vs 0.92 uninterrupted with step_thresh). Resumed at step 2 of 4 under SGD, the
+    weights equal the uninterrupted run's."""
+    import shutil
+
+    loss = {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 0.5, "lr_tau_schedule": schedule,
+            "tau_init": 0.03}  # starts at step_thresh's 0.03 threshold: its lr changes as τ moves
+    common = {"loss": loss, "optim": {"name": "sgd", "lr": 0.05, "warmup_steps": 0}, "steps": 4,
+              "checkpoint": {"every_steps": 2, "keep": 5}}
+    run(train_cfg(demo_train, tmp_path / "a", **common))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000004")
+    shutil.rmtree(tmp_path / "b" / "model")
+    result = run(train_cfg(demo_train, tmp_path / "b", **common))
+    assert result.counts["step"] == 4
+    want, got = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-6

@@ -115,5 +115,7 @@ class Update:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.tau_ctl is not None:  # torch's load_state_dict replaces the group dicts: τ's lr went to a stale one
+            self.tau_ctl.group = logit_scale_group(self.optimizer)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
