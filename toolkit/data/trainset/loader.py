@@ -18,9 +18,11 @@ K ranks together read exactly the global batches one process would, so training 
 training with one on the same global batch, and a resume at any world size or worker count continues at
 the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
 them round-robin, so batches arrive in t order. jpeg and index sets (``refs``) read each image's bytes through
-their table and decode them in the worker; pixels sets are read by seeking (fixed-size samples): the ids
-of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call;
-``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
+their table and decode them in the worker; pixels sets (fixed-size samples) on a local disk are read
+through read-only maps of their shards, each sample copied once, straight into its row of the batch
+(:mod:`.mapped`); on fsspec URLs by seeking: the ids of a slice are sorted, grouped into runs of
+consecutive ids per shard, and each run is one read call; ``block`` > 1 makes runs long (sequential reads
+for object stores). ``shuffle=False`` reads every id
 once, in order, on one process (``InOrder``), for inspection and tests.
 """
 
@@ -34,7 +36,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from toolkit.core import files
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import TrainDataset, decode_rows, read_rows_into
+from toolkit.data.trainset.format import TrainDataset, decode_rows, open_shard, read_rows_into
+from toolkit.data.trainset.mapped import MappedShards
 from toolkit.data.trainset.order import BatchOrder
 
 # Open shard files a worker keeps (a global order touches every shard; reopening costs a round trip on
@@ -46,35 +49,55 @@ class SampleReader:
     """Reads arbitrary sample ids of one dataset into stacked arrays; keeps shard files open (one per
     process: each DataLoader worker makes its own)."""
 
-    def __init__(self, ds: TrainDataset, vocab_size: int | None = None):
+    def __init__(self, ds: TrainDataset, vocab_size: int | None = None, mapped: bool | None = None):
+        """``mapped``: read through read-only maps of the shards (:mod:`.mapped`); None: when the dataset
+        lies on a local file system (fsspec URLs are read by seeking)."""
         self.ds, self.vocab_size = ds, vocab_size
         self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
         self._open: dict[int, Any] = {}
         self._sums: dict[int, list[int] | None] = {}
         self._raw: np.ndarray | None = None
+        mapped = files.is_local(ds.root) if mapped is None else mapped
+        self._maps = MappedShards(ds, MAX_OPEN_FILES, self._shard_sums) if mapped else None
+
+    def _shard_sums(self, shard: int) -> list[int] | None:
+        if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
+            self._sums[shard] = integrity.load_sums(self.ds, shard)
+        return self._sums[shard]
 
     def _file(self, shard: int):
         if shard not in self._open:
             if len(self._open) >= MAX_OPEN_FILES:
                 oldest = next(iter(self._open))
                 self._open.pop(oldest).close()
-            self._open[shard] = _open_shard(self.ds, shard)
-            if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
-                self._sums[shard] = integrity.load_sums(self.ds, shard)
+            self._open[shard] = open_shard(self.ds, shard)
+            self._shard_sums(shard)
         return self._open[shard]
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """{role: array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
+        """{role: C-contiguous array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
 
-        The ids are read in sorted order into one reused raw buffer (a run of consecutive ids per read
-        call; readinto, so no fresh 150 kB buffer is allocated and page-faulted per sample), each run
-        verified while in cache, then gathered into batch order: one copy per field."""
+        Mapped shards: each sample hashed in the map and copied once, into its row of the batch
+        (:meth:`.MappedShards.gather`). Otherwise the ids are read in sorted order into one reused raw
+        buffer (a run of consecutive ids per read call; readinto, so no fresh 150 kB buffer is allocated
+        and page-faulted per sample), each run verified while in cache, then gathered into batch order:
+        a second copy, per field."""
         if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
             raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
                              f"{int(ids.min())}..{int(ids.max())}")
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
         shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
+        if self._maps is not None:
+            out = self._maps.gather(sorted_ids.tolist(), shards.tolist(), order.tolist())
+        else:
+            out = self._read_runs(ids, order, sorted_ids, shards)
+        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
+            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
+        return out
+
+    def _read_runs(self, ids: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray,
+                   shards: np.ndarray) -> dict[str, np.ndarray]:
         breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
         raw = self._raw_buffer(len(ids))
         for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
@@ -83,10 +106,7 @@ class SampleReader:
             read_rows_into(self._file(shard), self.ds, shard, start, raw[lo:hi], self._sums[shard])
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(ids))
-        out = {role: values[inverse] for role, values in decode_rows(self.ds, raw).items()}
-        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
-            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
-        return out
+        return {role: values[inverse] for role, values in decode_rows(self.ds, raw).items()}
 
     def _raw_buffer(self, n: int) -> np.ndarray:
         if self._raw is None or self._raw.shape[0] < n:
@@ -97,6 +117,8 @@ class SampleReader:
         for fh in self._open.values():
             fh.close()
         self._open.clear()
+        if self._maps is not None:
+            self._maps.close()
 
 
 def make_reader(ds: TrainDataset, vocab_size: int | None = None):
@@ -107,15 +129,6 @@ def make_reader(ds: TrainDataset, vocab_size: int | None = None):
     from toolkit.data.trainset.refs import RefReader
 
     return RefReader(ds, vocab_size, MAX_OPEN_FILES)
-
-
-def _open_shard(ds: TrainDataset, shard: int):
-    url = ds.url(ds.shards[shard])
-    try:
-        return files.open_file(url, "rb")
-    except FileNotFoundError as err:
-        raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
-                                           "restore it or precompute this dataset again") from err
 
 
 class WorkerFailure:
