@@ -18,11 +18,10 @@ K ranks together read exactly the global batches one process would, so training 
 training with one on the same global batch, and a resume at any world size or worker count continues at
 the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
 them round-robin, so batches arrive in t order. jpeg and index sets (``refs``) read each image's bytes through
-their table and decode them in the worker; pixels sets (fixed-size samples) on a local disk are read
-through read-only maps of their shards, each sample copied once, straight into its row of the batch
-(:mod:`.mapped`); on fsspec URLs by seeking: the ids of a slice are sorted, grouped into runs of
-consecutive ids per shard, and each run is one read call; ``block`` > 1 makes runs long (sequential reads
-for object stores). ``shuffle=False`` reads every id
+their table and decode them in the worker; pixels sets are read by seeking (fixed-size samples): the ids
+of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call,
+on a local disk straight into the rows its samples take in the batch (:mod:`.scatter`, one copy per
+byte); ``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
 once, in order, on one process (``InOrder``), for inspection and tests.
 """
 
@@ -36,8 +35,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from toolkit.core import files
 from toolkit.data.trainset import integrity
+from toolkit.data.trainset import scatter as scatter_reads
 from toolkit.data.trainset.format import TrainDataset, decode_rows, open_shard, read_rows_into
-from toolkit.data.trainset.mapped import MappedShards
 from toolkit.data.trainset.order import BatchOrder
 
 # Open shard files a worker keeps (a global order touches every shard; reopening costs a round trip on
@@ -49,16 +48,17 @@ class SampleReader:
     """Reads arbitrary sample ids of one dataset into stacked arrays; keeps shard files open (one per
     process: each DataLoader worker makes its own)."""
 
-    def __init__(self, ds: TrainDataset, vocab_size: int | None = None, mapped: bool | None = None):
-        """``mapped``: read through read-only maps of the shards (:mod:`.mapped`); None: when the dataset
-        lies on a local file system (fsspec URLs are read by seeking)."""
+    def __init__(self, ds: TrainDataset, vocab_size: int | None = None, scatter: bool | None = None):
+        """``scatter``: read each run straight into batch order (:mod:`.scatter`, local files only); None:
+        when the dataset lies on a local file system and the platform has ``os.preadv``."""
         self.ds, self.vocab_size = ds, vocab_size
         self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
         self._open: dict[int, Any] = {}
         self._sums: dict[int, list[int] | None] = {}
         self._raw: np.ndarray | None = None
-        mapped = files.is_local(ds.root) if mapped is None else mapped
-        self._maps = MappedShards(ds, MAX_OPEN_FILES, self._shard_sums) if mapped else None
+        if scatter is None:
+            scatter = files.is_local(ds.root) and scatter_reads.available()
+        self._scatter = scatter_reads.ScatterReads(ds) if scatter else None
 
     def _shard_sums(self, shard: int) -> list[int] | None:
         if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
@@ -71,34 +71,40 @@ class SampleReader:
                 oldest = next(iter(self._open))
                 self._open.pop(oldest).close()
             self._open[shard] = open_shard(self.ds, shard)
+            if self._scatter is not None:
+                scatter_reads.check_size(self.ds, shard, self._open[shard])
             self._shard_sums(shard)
         return self._open[shard]
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """{role: C-contiguous array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
 
-        Mapped shards: each sample hashed in the map and copied once, into its row of the batch
-        (:meth:`.MappedShards.gather`). Otherwise the ids are read in sorted order into one reused raw
-        buffer (a run of consecutive ids per read call; readinto, so no fresh 150 kB buffer is allocated
-        and page-faulted per sample), each run verified while in cache, then gathered into batch order:
-        a second copy, per field."""
+        The ids are read in sorted order, a run of consecutive ids per read call. Local files: each run
+        straight into the rows its samples take in the batch (:mod:`.scatter`: preadv, one copy per
+        byte). Otherwise into one reused raw buffer (readinto, so no fresh 150 kB buffer is allocated and
+        page-faulted per sample), each run verified while in cache, then gathered into batch order: a
+        second copy, per field."""
         if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
             raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
                              f"{int(ids.min())}..{int(ids.max())}")
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
         shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
-        if self._maps is not None:
-            out = self._maps.gather(sorted_ids.tolist(), shards.tolist(), order.tolist())
+        breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
+        if self._scatter is not None:
+            rows, starts, cuts = order.tolist(), (sorted_ids - self.first_ids[shards]).tolist(), breaks.tolist()
+            shard_of = shards.tolist()  # Python ints: numpy scalars cost ~10x more per run (one run a sample)
+            runs = [(shard_of[lo], starts[lo], rows[lo:hi])
+                    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True)]
+            out = self._scatter.read(runs, self._file, self._shard_sums)
         else:
-            out = self._read_runs(ids, order, sorted_ids, shards)
+            out = self._read_runs(ids, order, sorted_ids, shards, breaks)
         if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
             integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
         return out
 
-    def _read_runs(self, ids: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray,
-                   shards: np.ndarray) -> dict[str, np.ndarray]:
-        breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
+    def _read_runs(self, ids: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray, shards: np.ndarray,
+                   breaks: np.ndarray) -> dict[str, np.ndarray]:
         raw = self._raw_buffer(len(ids))
         for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
             shard = int(shards[lo])
@@ -117,8 +123,6 @@ class SampleReader:
         for fh in self._open.values():
             fh.close()
         self._open.clear()
-        if self._maps is not None:
-            self._maps.close()
 
 
 def make_reader(ds: TrainDataset, vocab_size: int | None = None):
