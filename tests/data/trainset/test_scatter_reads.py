@@ -149,3 +149,36 @@ def test_at_most_max_open_files_stay_open(small_train, monkeypatch):
     assert {Path(fh.name).name for fh in opened} == {s.name for s in ds.shards}
     reader.close()
     assert all(fh.closed for fh in opened)
+
+
+def test_partial_preadv_calls_are_continued(small_train, monkeypatch):
+    """POSIX lets preadv return fewer bytes than asked before the end of a file: the reader asks again for
+    the rest (here the real preadv is handed at most 1000 bytes of buffers a call)."""
+    from toolkit.data.trainset import scatter as scatter_module
+
+    real, calls = scatter_module.os.preadv, []
+
+    def at_most_1000_bytes(fd, buffers, offset):
+        kept, left = [], 1000
+        for buf in buffers:
+            if left == 0:
+                break
+            kept.append(buf[:left])
+            left -= len(kept[-1])
+        calls.append(offset)
+        return real(fd, kept, offset)
+
+    ds = TrainDataset.open(str(small_train[0]))
+    ids = np.array([12, 13, 14, 50, 7], dtype=np.int64)
+    want = SampleReader(ds, scatter=False).read(ids)
+    monkeypatch.setattr(scatter_module.os, "preadv", at_most_1000_bytes)
+    got = SampleReader(ds, scatter=True).read(ids)
+    assert len(calls) > 5 * ds.sample_bytes // 1000
+    for role, array in want.items():
+        np.testing.assert_array_equal(got[role], array)
+
+
+def test_an_empty_id_list_reads_empty_fields(small_train):
+    ds = TrainDataset.open(str(small_train[0]))
+    got = SampleReader(ds, scatter=True).read(np.array([], dtype=np.int64))
+    assert got["image"].shape == (0, *ds.field("image").shape) and got["tokens"].shape == (0, 32)

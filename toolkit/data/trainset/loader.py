@@ -95,7 +95,7 @@ class SampleReader:
             rows, starts, cuts = order.tolist(), (sorted_ids - self.first_ids[shards]).tolist(), breaks.tolist()
             shard_of = shards.tolist()  # Python ints: numpy scalars cost ~10x more per run (one run a sample)
             runs = [(shard_of[lo], starts[lo], rows[lo:hi])
-                    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True)]
+                    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True) if hi > lo]
             out = self._scatter.read(runs, self._file, self._shard_sums)
         else:
             out = self._read_runs(ids, order, sorted_ids, shards, breaks)

@@ -110,7 +110,7 @@ class ScatterReads:
                     at += nbytes
                 else:
                     pieces.append(targets[k][row * nbytes:(row + 1) * nbytes])
-        got = os.preadv(fd, pieces, start * size)
+        got = _preadv_all(fd, pieces, start * size)
         if got != len(rows) * size:  # only a file cut short after check_size saw it whole
             raise ValueError(f"{ds.url(ds.shards[shard])}: ended inside sample {start + got // size} "
                              f"(dataset.json says {ds.shards[shard].num_samples} samples)")
@@ -126,3 +126,20 @@ class ScatterReads:
             if digest.intdigest() != sums[start + j]:
                 check_first_member(ds, shard, start + j, bytes(own[0][:HEAD_BYTES]))  # misnamed: say so
                 raise integrity.damaged(ds, shard, start + j, "its checksum does not match the one precompute wrote")
+
+
+def _preadv_all(fd: int, pieces: list[memoryview], offset: int) -> int:
+    """Fill ``pieces`` from ``fd`` at ``offset`` (another preadv after a partial one, which POSIX allows
+    though local files rarely do it); returns the bytes read, short only at the end of the file."""
+    total, first = 0, 0
+    while first < len(pieces):
+        got = os.preadv(fd, pieces[first:], offset + total)
+        if got == 0:
+            break
+        total += got
+        while first < len(pieces) and got >= len(pieces[first]):  # skip the pieces this call filled
+            got -= len(pieces[first])
+            first += 1
+        if got:
+            pieces = [*pieces[:first], pieces[first][got:], *pieces[first + 1:]]  # the rest of a partial one
+    return total
