@@ -110,7 +110,9 @@ class ScatterReads:
                     at += nbytes
                 else:
                     pieces.append(targets[k][row * nbytes:(row + 1) * nbytes])
-        got = _preadv_all(fd, pieces, start * size)
+        got = os.preadv(fd, pieces, start * size)
+        if got != len(rows) * size:
+            got = _preadv_rest(fd, pieces, start * size, got)
         if got != len(rows) * size:  # only a file cut short after check_size saw it whole
             raise ValueError(f"{ds.url(ds.shards[shard])}: ended inside sample {start + got // size} "
                              f"(dataset.json says {ds.shards[shard].num_samples} samples)")
@@ -128,18 +130,21 @@ class ScatterReads:
                 raise integrity.damaged(ds, shard, start + j, "its checksum does not match the one precompute wrote")
 
 
-def _preadv_all(fd: int, pieces: list[memoryview], offset: int) -> int:
-    """Fill ``pieces`` from ``fd`` at ``offset`` (another preadv after a partial one, which POSIX allows
-    though local files rarely do it); returns the bytes read, short only at the end of the file."""
-    total, first = 0, 0
+def _preadv_rest(fd: int, pieces: list[memoryview], offset: int, total: int) -> int:
+    """After a preadv into ``pieces`` at ``offset`` returned ``total`` bytes, fewer than asked (POSIX allows
+    that before the end of a file, though local files rarely do it), read the rest; returns the bytes
+    read in all, short only at the end of the file."""
+    first, got = 0, total
     while first < len(pieces):
-        got = os.preadv(fd, pieces[first:], offset + total)
-        if got == 0:
-            break
-        total += got
         while first < len(pieces) and got >= len(pieces[first]):  # skip the pieces this call filled
             got -= len(pieces[first])
             first += 1
         if got:
             pieces = [*pieces[:first], pieces[first][got:], *pieces[first + 1:]]  # the rest of a partial one
+        if first == len(pieces):
+            break
+        got = os.preadv(fd, pieces[first:], offset + total)
+        if got == 0:
+            break
+        total += got
     return total
