@@ -121,6 +121,25 @@ def test_ranks_see_the_single_process_reference_rows_and_resume_at_another_world
         assert (batch["ref_text"] == by_id["ref_text"][batch["index"]]).all()
 
 
+def test_reads_straight_into_batch_order_equal_the_portable_path_with_float16_fields(ref_sets):
+    """Four fields a sample (uint8, int32, two float16): toolkit.data.trainset.scatter's batches equal the
+    read-and-gather path's, dtype, shape and contiguity included, for a shuffled order and in order."""
+    from toolkit.data.trainset.loader import InOrder, SampleReader
+    from toolkit.data.trainset.order import BatchOrder
+
+    ds = TrainDataset.open(str(ref_sets["pixels"]))
+    scatter, portable = SampleReader(ds, scatter=True), SampleReader(ds, scatter=False)
+    for order in (BatchOrder(103, 16, seed=9), InOrder(103, 40, 0)):
+        for t in range(8):
+            got, want = scatter.read(order.batch_ids(t)), portable.read(order.batch_ids(t))
+            assert list(got) == list(want) == ["image", "tokens", "ref_image", "ref_text"]
+            for role, array in want.items():
+                assert got[role].dtype == array.dtype and got[role].flags.c_contiguous
+                np.testing.assert_array_equal(got[role], array)
+    scatter.close()
+    portable.close()
+
+
 def test_frozen_tower_features_and_a_reference_together(ref_sets, ref_dir, tmp_path):
     """LiT data (frozen-tower features instead of pixels and tokens) with a reference: four fields per sample,
     the reference rows equal to the pixels set's (both from the raw pairs)."""

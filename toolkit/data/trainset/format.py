@@ -267,6 +267,17 @@ def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str
     raise ValueError(f"{url}: ended before sample {seg.start + seg.count} (dataset.json says {shard.num_samples})")
 
 
+def open_shard(ds: TrainDataset, shard: int):
+    """Open pixels shard ``shard`` for reading (local or fsspec); a missing file is a DataIntegrityError
+    naming it."""
+    url = ds.url(ds.shards[shard])
+    try:
+        return files.open_file(url, "rb")
+    except FileNotFoundError as err:
+        raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
+                                           "restore it or precompute this dataset again") from err
+
+
 def field_offsets(ds: TrainDataset) -> list[int]:
     """Byte offset of each field's data inside one sample (each member's data follows its 512-byte header)."""
     offsets, pos = [], 0
@@ -306,6 +317,15 @@ def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows
                                 bytes(view[k * size:k * size + 100]).split(b"\0")[0])
     integrity.check_sums(ds, shard_index, start, view, sums)
     return rows
+
+
+def check_first_member(ds: TrainDataset, shard_index: int, position: int, head: bytes) -> None:
+    """Raise the layout error of :func:`read_rows_into` when sample ``position`` of the shard (``head``: its
+    first bytes, 100 or more) does not start with a member named after its id."""
+    shard = ds.shards[shard_index]
+    name = f"{id_key(shard.first_id + position)}.{ds.fields[0].ext}".encode() + b"\0"
+    if head[:len(name)] != name:
+        raise _layout_error(ds.url(shard), position, name[:-1].decode(), bytes(head[:100]).split(b"\0")[0])
 
 
 def _read_into(fh: Any, view: memoryview) -> int:

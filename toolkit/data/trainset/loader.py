@@ -19,8 +19,9 @@ training with one on the same global batch, and a resume at any world size or wo
 the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
 them round-robin, so batches arrive in t order. jpeg and index sets (``refs``) read each image's bytes through
 their table and decode them in the worker; pixels sets are read by seeking (fixed-size samples): the ids
-of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call;
-``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
+of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call,
+on a local disk straight into the rows its samples take in the batch (:mod:`.scatter`, one copy per
+byte); ``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
 once, in order, on one process (``InOrder``), for inspection and tests.
 """
 
@@ -34,7 +35,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from toolkit.core import files
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import TrainDataset, decode_rows, read_rows_into
+from toolkit.data.trainset import scatter as scatter_reads
+from toolkit.data.trainset.format import TrainDataset, decode_rows, open_shard, read_rows_into
 from toolkit.data.trainset.order import BatchOrder
 
 # Open shard files a worker keeps (a global order touches every shard; reopening costs a round trip on
@@ -46,29 +48,42 @@ class SampleReader:
     """Reads arbitrary sample ids of one dataset into stacked arrays; keeps shard files open (one per
     process: each DataLoader worker makes its own)."""
 
-    def __init__(self, ds: TrainDataset, vocab_size: int | None = None):
+    def __init__(self, ds: TrainDataset, vocab_size: int | None = None, scatter: bool | None = None):
+        """``scatter``: read each run straight into batch order (:mod:`.scatter`, local files only); None:
+        when the dataset lies on a local file system and the platform has ``os.preadv``."""
         self.ds, self.vocab_size = ds, vocab_size
         self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
         self._open: dict[int, Any] = {}
         self._sums: dict[int, list[int] | None] = {}
         self._raw: np.ndarray | None = None
+        if scatter is None:
+            scatter = files.is_local(ds.root) and scatter_reads.available()
+        self._scatter = scatter_reads.ScatterReads(ds) if scatter else None
+
+    def _shard_sums(self, shard: int) -> list[int] | None:
+        if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
+            self._sums[shard] = integrity.load_sums(self.ds, shard)
+        return self._sums[shard]
 
     def _file(self, shard: int):
         if shard not in self._open:
             if len(self._open) >= MAX_OPEN_FILES:
                 oldest = next(iter(self._open))
                 self._open.pop(oldest).close()
-            self._open[shard] = _open_shard(self.ds, shard)
-            if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
-                self._sums[shard] = integrity.load_sums(self.ds, shard)
+            self._open[shard] = open_shard(self.ds, shard)
+            if self._scatter is not None:
+                scatter_reads.check_size(self.ds, shard, self._open[shard])
+            self._shard_sums(shard)
         return self._open[shard]
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """{role: array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
+        """{role: C-contiguous array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
 
-        The ids are read in sorted order into one reused raw buffer (a run of consecutive ids per read
-        call; readinto, so no fresh 150 kB buffer is allocated and page-faulted per sample), each run
-        verified while in cache, then gathered into batch order: one copy per field."""
+        The ids are read in sorted order, a run of consecutive ids per read call. Local files: each run
+        straight into the rows its samples take in the batch (:mod:`.scatter`: preadv, one copy per
+        byte). Otherwise into one reused raw buffer (readinto, so no fresh 150 kB buffer is allocated and
+        page-faulted per sample), each run verified while in cache, then gathered into batch order: a
+        second copy, per field."""
         if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
             raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
                              f"{int(ids.min())}..{int(ids.max())}")
@@ -76,6 +91,20 @@ class SampleReader:
         sorted_ids = ids[order]
         shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
         breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
+        if self._scatter is not None:
+            rows, starts, cuts = order.tolist(), (sorted_ids - self.first_ids[shards]).tolist(), breaks.tolist()
+            shard_of = shards.tolist()  # Python ints: numpy scalars cost ~10x more per run (one run a sample)
+            runs = [(shard_of[lo], starts[lo], rows[lo:hi])
+                    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True) if hi > lo]
+            out = self._scatter.read(runs, self._file, self._shard_sums)
+        else:
+            out = self._read_runs(ids, order, sorted_ids, shards, breaks)
+        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
+            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
+        return out
+
+    def _read_runs(self, ids: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray, shards: np.ndarray,
+                   breaks: np.ndarray) -> dict[str, np.ndarray]:
         raw = self._raw_buffer(len(ids))
         for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
             shard = int(shards[lo])
@@ -83,10 +112,7 @@ class SampleReader:
             read_rows_into(self._file(shard), self.ds, shard, start, raw[lo:hi], self._sums[shard])
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(ids))
-        out = {role: values[inverse] for role, values in decode_rows(self.ds, raw).items()}
-        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
-            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
-        return out
+        return {role: values[inverse] for role, values in decode_rows(self.ds, raw).items()}
 
     def _raw_buffer(self, n: int) -> np.ndarray:
         if self._raw is None or self._raw.shape[0] < n:
@@ -107,15 +133,6 @@ def make_reader(ds: TrainDataset, vocab_size: int | None = None):
     from toolkit.data.trainset.refs import RefReader
 
     return RefReader(ds, vocab_size, MAX_OPEN_FILES)
-
-
-def _open_shard(ds: TrainDataset, shard: int):
-    url = ds.url(ds.shards[shard])
-    try:
-        return files.open_file(url, "rb")
-    except FileNotFoundError as err:
-        raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
-                                           "restore it or precompute this dataset again") from err
 
 
 class WorkerFailure:
