@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scratch-methods", nargs="+", default=["drrho", rm.CONTROL], help="the reference-reading "
                    "rows of the scratch cell (beside its best OpenCLIP; a scratch run costs ~30 LiT runs)")
     p.add_argument("--scratch-tune", nargs="+", default=None, choices=rm.SCRATCH_KNOBS, metavar="KNOB",
-                   help="tune the scratch cell's distill row on that cell's own validation split (1 run per grid "
-                   f"point and --tune-seeds): distill.weight over {rm.SCRATCH_WEIGHTS} and, if named, "
+                   help="tune the scratch cell's distill row on that cell's own validation split (--tune-seeds runs "
+                   f"per grid point; a winning grid end is extended): distill.weight over {rm.SCRATCH_WEIGHTS} and, if named, "
                    "distill.teacher_tau over half, once and twice the reference's τ (default: reuse the LiT "
                    "batch-64 cell's knobs; other scratch rows always reuse them)")
     p.add_argument("--tower-timing-pairs", type=int, default=32, help="drawings and captions through the frozen "
