@@ -126,3 +126,41 @@ def test_run_keys_name_the_reference(tmp_path):
         assert runners["one"].task(cell, method, knobs, 0)["key"] == keys["one"]  # stable: the cache finds it
     baseline = plain.task(cell, openclip, {"tau_init": 0.07}, 0)["key"]
     assert all(r.task(cell, openclip, {"tau_init": 0.07}, 0)["key"] == baseline for r in runners.values())
+
+
+def test_scratch_cell_tunes_distill_on_its_own_split(tmp_path, torch_threads):
+    """--scratch-tune: the from-scratch cell's distill row is searched on that cell's own validation runs (λ up
+    to the objective's bound 1, the teacher's τ around the reference's), not adopted from the LiT batch-64 cell;
+    its best OpenCLIP still comes from --knobs-from."""
+    cache = tmp_path / "cache"
+    _synthetic_artists(cache, num_concepts=60)
+    rng = np.random.default_rng(1)
+    for artist in ("twemoji", "noto", "fluent", "openmoji"):  # the 32 px drawings, as load_pixels caches them
+        codes = np.load(cache / "features" / f"{artist}.npz")["codepoints"]
+        np.savez(cache / "features" / f"{artist}_px32.npz", codepoints=codes,
+                 pixels=rng.integers(0, 256, (len(codes), 32, 32, 3), dtype=np.uint8))
+    _knobs(tmp_path / "knobs.json")
+    knobs = json.loads((tmp_path / "knobs.json").read_text())
+    knobs["results"].append({**knobs["results"][0], "batch": 64})
+    (tmp_path / "knobs.json").write_text(json.dumps(knobs))
+    report = reference.main(
+        ["--workers", "1", "--cache", str(cache), "--knobs-from", str(tmp_path / "knobs.json"),
+         "--out", str(tmp_path / "r.json"), "--methods", "distill", "--batches", "32", "--short-epochs", "1",
+         "--seeds", "1", "--reference-batch", "32", "--reference-epochs", "1", "--eval-points", "1",
+         "--tower-timing-pairs", "0", "--scratch-seeds", "1", "--scratch-epochs", "1", "--scratch-methods", "distill",
+         "--scratch-tune", "distill.weight", "distill.teacher_tau"])
+    lit, scratch = report["results"]
+    assert scratch["regime"] == "scratch" and set(scratch["rows"]) == {"openclip (fixed τ)", "distill"}
+    assert scratch["rows"]["openclip (fixed τ)"]["tuning"]["adopted_from"]
+    tuning = scratch["rows"]["distill"]["tuning"]
+    assert not tuning["adopted_from"]
+    tau = round(report["reference"]["final_tau"], 5)
+    assert set(rm.SCRATCH_WEIGHTS) <= set(tuning["grids"]["distill.weight"]) and max(tuning["grids"]["distill.weight"]) == 1.0
+    assert set(tuning["grids"]["distill.teacher_tau"]) >= {round(tau / 2, 5), tau, round(2 * tau, 5)}
+    scored = {(s["distill.weight"], s["distill.teacher_tau"]): s["val_r1"] for s in tuning["scores"]}
+    assert {w for w, t in scored if t == tau} >= set(rm.SCRATCH_WEIGHTS)  # λ swept at the reference's τ
+    chosen = (tuning["chosen"]["distill.weight"], tuning["chosen"]["distill.teacher_tau"])
+    assert scored[chosen] == max(scored.values())
+    # scored by the scratch cell's own validation runs (1 tuning seed = its 1 seed), not by the LiT cell's
+    assert scored[chosen] == scratch["rows"]["distill"]["val_r1"]
+    assert lit["rows"]["distill"]["tuning"]["grids"]["distill.weight"] != tuning["grids"]["distill.weight"]

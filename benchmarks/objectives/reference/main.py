@@ -11,7 +11,9 @@ a cliptk-trained reference's embeddings (``python -m benchmarks.objectives.refer
    seeds, the cell's best OpenCLIP with the knobs tuned by the convergence benchmark (not retuned here) and
    drrho with β = 0 (the same loss without the reference). The long regime reuses the short regime's knobs.
 3. The from-scratch cell (cliptk-tiny on 32 px pixels, batch 64, ``--scratch-epochs``): the best OpenCLIP and
-   drrho with the LiT short batch-64 knobs, the reference's embeddings as the teacher.
+   the ``--scratch-methods`` rows with the LiT short batch-64 knobs, the reference's embeddings as the teacher;
+   with ``--scratch-tune``, distill's λ (and the teacher's τ) are tuned on this cell's own validation split
+   instead (a student far weaker than its teacher wants another λ than the LiT heads).
 
 Targets (issue 33): ≥ +3 R@1 points over the best OpenCLIP in the LiT cells; ≥ 5× OpenCLIP's R@1 from scratch.
 
@@ -71,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scratch-epochs", type=int, default=4)
     p.add_argument("--scratch-methods", nargs="+", default=["drrho", rm.CONTROL], help="the reference-reading "
                    "rows of the scratch cell (beside its best OpenCLIP; a scratch run costs ~30 LiT runs)")
+    p.add_argument("--scratch-tune", nargs="+", default=None, choices=rm.SCRATCH_KNOBS, metavar="KNOB",
+                   help="tune the scratch cell's distill row on that cell's own validation split (--tune-seeds runs "
+                   f"per grid point; a winning grid end is extended): distill.weight over {rm.SCRATCH_WEIGHTS} and, if named, "
+                   "distill.teacher_tau over half, once and twice the reference's τ (default: reuse the LiT "
+                   "batch-64 cell's knobs; other scratch rows always reuse them)")
     p.add_argument("--tower-timing-pairs", type=int, default=32, help="drawings and captions through the frozen "
                    "towers to time them (0: skip)")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 32, 2 epochs, 2 seeds, 4 evaluations, "
@@ -81,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.batches, args.regimes, args.short_epochs, args.reference_batch = [32], ["short"], 2, 32
         args.reference_epochs = 2
         args.seeds, args.tune_seeds, args.eval_points, args.scratch_seeds, args.tower_timing_pairs = 2, 1, 4, 0, 0
+    if args.scratch_tune and "distill.weight" not in args.scratch_tune:
+        p.error("--scratch-tune: distill.weight is always tuned; name it (distill.teacher_tau only beside it)")
     if not set(args.reference_artists) < set(args.train_artists):
         p.error("--reference-artists must be a proper subset of --train-artists (the reference sees less data)")
     args.reference_file = args.reference_file or str(
@@ -162,21 +171,29 @@ def finish(args, runner: RefRunner, cells: list[dict], searches: dict, unfinishe
     return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {n}" for i, n in unfinished)
 
 
-def scratch_cell(args, runner: RefRunner, lit: dict, knobs: dict, num_train: int) -> tuple[list[dict], list[str]]:
+def scratch_cell(args, runner: RefRunner, lit: dict, knobs: dict, num_train: int,
+                 teacher_tau: float) -> tuple[list[dict], list[str]]:
     """The from-scratch cliptk-tiny cell at batch 64: the best OpenCLIP of the short batch-64 cell of
-    --knobs-from and drrho (and its β = 0 control) with the knobs tuned here in the LiT short batch-64 cell."""
-    ns = argparse.Namespace(**{**vars(args), "regimes": ["short"], "batches": [64], "short_epochs": args.scratch_epochs})
+    --knobs-from, and the --scratch-methods rows with the knobs tuned here in the LiT short batch-64 cell, except
+    distill under --scratch-tune: tuned on this cell's own validation split (its teacher: the reference, τ
+    ``teacher_tau``), as the LiT cells tune, with --tune-seeds seeds per point."""
+    ns = argparse.Namespace(**{**vars(args), "regimes": ["short"], "batches": [64], "short_epochs": args.scratch_epochs,
+                               "seeds": args.scratch_seeds})
     cell = {**make_cells(ns, num_train)[0], "regime": "scratch", "mode": "scratch", "model": "cliptk-tiny",
             "knobs_from": "LiT short, batch 64"}
     openclip, chosen = best_openclip(knobs, "short", 64)
     searches = {(0, openclip.name): (cell, openclip, cm.Search(openclip))}
     searches[(0, openclip.name)][2].adopt(chosen, f"convergence benchmark's LiT short regime ({knobs['path']})")
     for name in args.scratch_methods:
-        if name in lit:
+        if name == "distill" and args.scratch_tune:
+            method = rm.distill_scratch({**openclip.fields, **chosen}, teacher_tau, args.scratch_tune)
+            searches[(0, name)] = (cell, method, cm.Search(method))
+        elif name in lit:
             search = cm.Search(lit[name].method)
             search.adopt({**lit[name].inherited, **lit[name].best}, "LiT short regime's batch-64 cell (here)")
             searches[(0, name)] = (cell, lit[name].method, search)
-    return finish(args, runner, [cell], searches, set(), args.scratch_seeds)
+    unfinished = tune(ns, runner, searches) if args.scratch_tune else set()
+    return finish(args, runner, [cell], searches, unfinished, args.scratch_seeds)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -206,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.scratch_seeds > 0:
         i64 = next((i for i, c in enumerate(cells) if c["regime"] == "short" and c["batch"] == 64), None)
         lit = {} if i64 is None else {n: s for (i, n), (_, _, s) in searches.items() if i == i64}
-        scratch, left = scratch_cell(args, runner, lit, knobs, num_train)
+        scratch, left = scratch_cell(args, runner, lit, knobs, num_train, ref.meta["curve"]["tau"])
         results, unfinished = results + scratch, unfinished + left
     runner.close()
     report = rr.build(args, data.counts(), ref, towers, results, skipped, unfinished, time.monotonic() - start)

@@ -12,6 +12,7 @@ kind" message instead of a crash, and works unchanged once that objective is reg
   reference itself adds).
 - ``distill``: MobileCLIP-style (1 − λ)·CLIP + λ·KL(teacher ‖ student) on the best OpenCLIP of the cell (its
   fields and tuned knobs), λ (``distill.weight``) tuned; the teacher's τ is the reference run's final τ.
+  ``distill_scratch``: the same for the from-scratch cell, tuned there (λ up to 1; optionally the teacher's τ).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ DRRHO_FIELDS = {"kind": "drrho", "mode": "fastclip", "version": "v3", "lr_tau_sc
                 "gamma_min": 0.2}
 KNOWN = ("drrho", "distill")
 CONTROL = "drrho (β = 0)"
+# the from-scratch cell's own λ grid (``--scratch-tune``): a student far weaker than its teacher is MobileCLIP's
+# setting, where the KL term dominates (λ near 1), so the grid reaches the objective's bound 1 (distillation only);
+# 0.125 is the LiT batch-64 cell's choice. The teacher's τ, when tuned too, spans half to twice the reference's.
+SCRATCH_WEIGHTS = (0.125, 0.25, 0.5, 0.75, 1.0)
+SCRATCH_KNOBS = ("distill.weight", "distill.teacher_tau")
 
 
 def check_registered(kind: str) -> str:
@@ -58,6 +64,25 @@ def distill(openclip_fields: dict[str, Any], teacher_tau: float) -> cm.Method:
     fields = {**openclip_fields, "kind": "distill", "distill.teacher_tau": round(teacher_tau, 5)}
     return cm.Method("distill", fields, {"distill.weight": (0.25, 0.5, 0.75)}, bounds={"distill.weight": (0.0, 1.0)},
                      note="the best OpenCLIP of the cell plus λ·KL to the reference's similarities; λ tuned")
+
+
+def distill_scratch(openclip_fields: dict[str, Any], teacher_tau: float, knobs: list[str]) -> cm.Method:
+    """distill for the from-scratch cell, tuned on that cell's own validation split: λ over ``SCRATCH_WEIGHTS``
+    and, when ``knobs`` names it, the teacher's τ over (τ/2, τ, 2τ) of the reference's τ (the middle value,
+    where the search starts, is the LiT cells' fixed choice, so the λ sweep reuses their run keys)."""
+    unknown = set(knobs) - set(SCRATCH_KNOBS)
+    if unknown or "distill.weight" not in knobs:
+        raise SystemExit(f"--scratch-tune {' '.join(knobs)}: tunes distill.weight and optionally "
+                         f"distill.teacher_tau (got {sorted(unknown) or 'no distill.weight'})")
+    method = distill(openclip_fields, teacher_tau)
+    tau = method.fields["distill.teacher_tau"]
+    grid = {"distill.weight": SCRATCH_WEIGHTS}
+    if "distill.teacher_tau" in knobs:
+        grid["distill.teacher_tau"] = (round(tau / 2, 5), tau, round(2 * tau, 5))
+    return cm.Method(method.name, method.fields, grid,
+                     bounds={"distill.weight": (0.0, 1.0), "distill.teacher_tau": (1e-3, 1.0)},
+                     note="distill tuned on the from-scratch cell's own validation split: λ up to 1 (KL only)"
+                          + (" and the teacher's τ" if len(grid) > 1 else ""))
 
 
 def choose(names: list[str] | None) -> tuple[list[str], dict[str, str]]:
