@@ -67,16 +67,23 @@ def _batches(data, **kw):
     return [(b["step"], b["index"].clone(), b["image"].clone()) for b in loader]
 
 
-def test_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
-    one = _batches(margin_train, num_steps=8)
-    assert all(img.shape == (8, SIZE, SIZE, 3) and img.dtype == torch.uint8 for _, _, img in one)
-    ranks = [_batches(margin_train, num_steps=8, rank=r, world_size=2, num_workers=2) for r in (0, 1)]
+def _same_across_ranks_and_resume(read, margin_train) -> list:
+    """``read``'s batches from one process, from 2 ranks (concatenated) and after a resume at step 5 hold the
+    same ids and pixels; returns the one-process batches."""
+    one = read(margin_train, num_steps=8)
+    ranks = [read(margin_train, num_steps=8, rank=r, world_size=2, num_workers=2) for r in (0, 1)]
     for t, (_, ids, img) in enumerate(one):
         assert torch.equal(torch.cat([ranks[0][t][1], ranks[1][t][1]]), ids)
         assert torch.equal(torch.cat([ranks[0][t][2], ranks[1][t][2]]), img)
-    resumed = _batches(margin_train, start_step=5, num_steps=3, num_workers=2)
+    resumed = read(margin_train, start_step=5, num_steps=3, num_workers=2)
     for (s1, i1, img1), (s2, i2, img2) in zip(one[5:], resumed, strict=True):
         assert s1 == s2 and torch.equal(i1, i2) and torch.equal(img1, img2)
+    return one
+
+
+def test_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
+    one = _same_across_ranks_and_resume(_batches, margin_train)
+    assert all(img.shape == (8, SIZE, SIZE, 3) and img.dtype == torch.uint8 for _, _, img in one)
     # an id seen again in a later pass is cropped differently: augmentation, not a fixed crop per sample
     later = _batches(margin_train, start_step=5, num_steps=8)
     first = {int(i): img for _, ids, imgs in one for i, img in zip(ids, imgs, strict=True)}
@@ -170,14 +177,7 @@ def test_batched_resize_matches_torch_uint8_resize_on_noise(stored, size, scale_
 
 
 def test_device_crop_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
-    one = _device_batches(margin_train, num_steps=8)
-    ranks = [_device_batches(margin_train, num_steps=8, rank=r, world_size=2, num_workers=2) for r in (0, 1)]
-    for t, (_, ids, img) in enumerate(one):
-        assert torch.equal(torch.cat([ranks[0][t][1], ranks[1][t][1]]), ids)
-        assert torch.equal(torch.cat([ranks[0][t][2], ranks[1][t][2]]), img)
-    resumed = _device_batches(margin_train, start_step=5, num_steps=3, num_workers=2)
-    for (s1, i1, img1), (s2, i2, img2) in zip(one[5:], resumed, strict=True):
-        assert s1 == s2 and torch.equal(i1, i2) and torch.equal(img1, img2)
+    _same_across_ranks_and_resume(_device_batches, margin_train)
 
 
 def test_trainer_crops_on_the_device_when_asked_and_never_features_or_offloaded(margin_train):
