@@ -16,19 +16,16 @@ from typing import NamedTuple
 import torch
 
 from toolkit.data.augment import pixel_transform, resize_crops
-from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.format import REF_ROLES, TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
 from toolkit.train.config import TrainConfig
 from toolkit.train.runtime import Runtime
 
-# batch keys of a reference model's embeddings [b, d_ref] (training sets precomputed with --reference-model)
-REFERENCE_KEYS = ("ref_image", "ref_text")
-
 
 def has_reference(dataset: TrainDataset) -> bool:
     """Whether the training set holds a reference model's image and text embeddings per sample."""
-    return all(dataset.field(role) is not None for role in REFERENCE_KEYS)
+    return all(dataset.field(role) is not None for role in REF_ROLES)
 
 
 def check_reference(dataset: TrainDataset, loss_fn: object, objective: str) -> None:
@@ -36,7 +33,7 @@ def check_reference(dataset: TrainDataset, loss_fn: object, objective: str) -> N
     on a set precomputed without them. Every rank calls it before the first step."""
     if getattr(loss_fn, "reads_reference", False) and not has_reference(dataset):
         raise ValueError(f"{dataset.root or 'the training set'}: the {objective} objective needs a reference "
-                         f"model's embeddings per sample (fields {', '.join(REFERENCE_KEYS)}), and this training "
+                         f"model's embeddings per sample (fields {', '.join(REF_ROLES)}), and this training "
                          "set has none; precompute it with `toolkit data precompute --reference-model MODEL`")
 
 
@@ -123,10 +120,8 @@ class TrainData:
 
     def reference_to_device(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(ref_image, ref_text) [b, d_ref] of one batch as float32 on the device (float16 on disk), same rows
-        as ``to_device``'s; always moved, offloaded or not: the loss reads them for the whole local batch."""
-        missing = [k for k in REFERENCE_KEYS if k not in batch]
-        if missing:
-            raise KeyError(f"{self.dataset.root or 'the training set'}: batch without {', '.join(missing)}; the "
-                           "objective reads a reference model's embeddings (precompute with --reference-model)")
-        ref_image, ref_text = (batch[k].to(self.device, torch.float32, non_blocking=True) for k in REFERENCE_KEYS)
+        as ``to_device``'s; always moved, offloaded or not: the loss reads them for the whole local batch.
+        A set without them was refused before step 1 (:func:`check_reference`). Moved as float16, then
+        widened on the device: a copy that also converts would convert into an unpinned host buffer first."""
+        ref_image, ref_text = (batch[k].to(self.device, non_blocking=True).float() for k in REF_ROLES)
         return ref_image, ref_text

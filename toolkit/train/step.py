@@ -131,12 +131,8 @@ def _loss(loss_fn: nn.Module, x: Tensor, y: Tensor, scalars: list[Tensor], input
     reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and y);
     ``poison`` multiplies x by NaN first (module docstring)."""
     bias = scalars[1] if len(scalars) > 1 else None
-    extra = {}
-    if getattr(loss_fn, "reads_reference", False):
-        if inputs.reference is None:
-            raise ValueError(f"{type(loss_fn).__name__} reads a reference model's embeddings: StepInputs.reference "
-                             "is required")
-        extra["reference"] = inputs.reference
+    # an objective that reads the reference refuses a missing one itself
+    extra = {"reference": inputs.reference} if getattr(loss_fn, "reads_reference", False) else {}
     return loss_fn(x * float("nan") if poison else x, y, scalars[0], inputs.index, logit_bias=bias, **extra)
 
 

@@ -72,7 +72,7 @@ def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str,
     long_run = epochs is not None and epochs > SHORT_EPOCHS_MAX and not FASTCLIP_KNOBS & set(given)
     fields = _row(BY_BATCH_LONG if long_run else BY_BATCH, batch_size)
     section = given.get("fastclip") if isinstance(given.get("fastclip"), Mapping) else {}
-    drrho = "drrho" in (fields.get("gamma_rule"), section.get("gamma_rule"))
+    drrho = section.get("gamma_rule") == "drrho"  # the tables' rows leave the γ rule at its default
     if epochs is not None and epochs > 1 and fields["kind"] == "fastclip" and not drrho:
         fields.setdefault("gamma_decay_epochs", max(1, round(epochs * GAMMA_DECAY_FRACTION)))
     return fields
