@@ -309,18 +309,14 @@ def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows
     if got != count * size:
         raise ValueError(f"{url}: ended inside sample {start + got // size} "
                          f"(dataset.json says {shard.num_samples} samples)")
-    first_ext = ds.fields[0].ext
     for k in range(count):
-        name = f"{id_key(shard.first_id + start + k)}.{first_ext}".encode() + b"\0"
-        if view[k * size:k * size + len(name)] != name:
-            raise _layout_error(url, start + k, name[:-1].decode(),
-                                bytes(view[k * size:k * size + 100]).split(b"\0")[0])
+        check_first_member(ds, shard_index, start + k, view[k * size:k * size + 100])
     integrity.check_sums(ds, shard_index, start, view, sums)
     return rows
 
 
-def check_first_member(ds: TrainDataset, shard_index: int, position: int, head: bytes) -> None:
-    """Raise the layout error of :func:`read_rows_into` when sample ``position`` of the shard (``head``: its
+def check_first_member(ds: TrainDataset, shard_index: int, position: int, head: bytes | memoryview) -> None:
+    """Raise the layout error (:func:`_layout_error`) when sample ``position`` of the shard (``head``: its
     first bytes, 100 or more) does not start with a member named after its id."""
     shard = ds.shards[shard_index]
     name = f"{id_key(shard.first_id + position)}.{ds.fields[0].ext}".encode() + b"\0"
@@ -367,6 +363,3 @@ def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Ite
                 out = {role: v[k] for role, v in views.items()}
                 out["index"], out["valid"] = shard.first_id + seg.start + c0 + k, seg.valid
                 yield out
-
-
-# ---------------------------------------------------------------- writing

@@ -34,6 +34,7 @@ from toolkit.core.stage import fingerprint
 from toolkit.data.raw.reader import sidecar
 from toolkit.data.trainset.format import Field
 from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
+from toolkit.data.trainset.reference import SCRATCH_EXT
 
 RECORD_VERSION = 2  # 2: keys and captions moved from the record into '<stem>.keys.jsonl'
 
@@ -132,7 +133,7 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field], refere
     res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
                       int(record["num_read"]), [tuple(s) for s in record["skips"]],
                       Counter(record["converted"]), record["tar_error"], float(record.get("reference_s", 0)))
-    paths = (res.image_path, res.text_path, base + ".ref")[:len(fields)]  # .ref: reference.SCRATCH_EXT
+    paths = (res.image_path, res.text_path, base + SCRATCH_EXT)[:len(fields)]
     for path, field in zip(paths, fields, strict=True):
         try:
             if os.path.getsize(path) != res.num_kept * field.nbytes:
