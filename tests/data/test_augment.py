@@ -176,6 +176,45 @@ def test_batched_resize_matches_torch_uint8_resize_on_noise(stored, size, scale_
         assert got.shape == ref.shape and diff.max() <= 2 and diff.float().mean() < 0.02
 
 
+def _varied_boxes(rng, n: int, stored: int) -> np.ndarray:
+    """int64 [n, 4] boxes in a stored x stored image, 6 px to the whole side: shrinking 60 -> 24 px takes
+    up to 11 taps a row, so the batch's widest row pads most samples' taps."""
+    width, height = rng.integers(6, stored + 1, n), rng.integers(6, stored + 1, n)
+    left, top = rng.integers(0, stored - width + 1), rng.integers(0, stored - height + 1)
+    return np.stack([left, top, width, height], axis=1).astype(np.int64)
+
+
+def _resize_per_chunk(images: torch.Tensor, boxes: np.ndarray, size: int) -> torch.Tensor:
+    """resize_crops with each chunk's taps built from that chunk's boxes alone (how it was first written)."""
+    out = []
+    for lo in range(0, len(boxes), augment.RESIZE_CHUNK):
+        part = boxes[lo:lo + augment.RESIZE_CHUNK]
+        cols, rows = (augment.resize_taps(part[:, axis], part[:, axis + 2], size)[:2] for axis in (0, 1))
+        chw = images[lo:lo + augment.RESIZE_CHUNK].permute(0, 3, 1, 2).float()
+        done = augment._resize_last(chw, torch.from_numpy(cols[0]), torch.from_numpy(cols[1]).float())
+        done = augment._resize_last(done.transpose(2, 3), torch.from_numpy(rows[0]), torch.from_numpy(rows[1]).float())
+        out.append(done.to(torch.uint8).permute(0, 3, 2, 1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("n", [2 * augment.RESIZE_CHUNK + 3, 1])
+def test_batch_taps_equal_per_chunk_taps(n):
+    """resize_crops builds the whole batch's taps at once and slices them per chunk: the pixels are the
+    ones per-chunk taps give, bit for bit, and a sample's taps do not depend on the others' widths."""
+    rng = np.random.default_rng(3)
+    stored, size = 60, 24
+    images = torch.from_numpy(rng.integers(0, 256, (n, stored, stored, 3), dtype=np.uint8))
+    boxes = _varied_boxes(rng, n, stored)
+    got = augment.resize_crops(images, torch.from_numpy(boxes), size)
+    assert got.shape == (n, size, size, 3) and torch.equal(got, _resize_per_chunk(images, boxes, size))
+    idx, w, used = augment.resize_taps(boxes[:, 0], boxes[:, 2], size)
+    assert used.max() == idx.shape[2] and (n == 1 or used.min() < used.max())
+    for k in range(n):
+        alone_idx, alone_w, alone_used = augment.resize_taps(boxes[k:k + 1, 0], boxes[k:k + 1, 2], size)
+        assert alone_used[0] == used[k] == alone_w.shape[2] and not w[k, :, used[k]:].any()
+        assert np.array_equal(alone_w[0], w[k, :, :used[k]]) and np.array_equal(alone_idx[0], idx[k, :, :used[k]])
+
+
 def test_device_crop_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
     _same_across_ranks_and_resume(_device_batches, margin_train)
 

@@ -162,12 +162,14 @@ def _cubic(x: np.ndarray) -> np.ndarray:
     return np.where(x < 1, near, np.where(x < 2, far, 0.0))
 
 
-def resize_taps(starts: np.ndarray, lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(input index int64 [n, size, K], weight float64 [n, size, K]) of output pixel i of sample k when the span
-    [starts[k], starts[k] + lengths[k]) is resized to ``size`` pixels, exactly as torch's ``interpolate(
-    mode="bicubic", antialias=True)`` weighs the cropped span alone: kernel widened by the scale when
-    shrinking, taps clamped to the span, each row normalised. Unused taps (K is the widest row's) have
-    weight 0 and point inside the span."""
+def resize_taps(starts: np.ndarray, lengths: np.ndarray, size: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(input index int64 [n, size, K], weight float64 [n, size, K], taps used int64 [n]) of output pixel i of
+    sample k when the span [starts[k], starts[k] + lengths[k]) is resized to ``size`` pixels, exactly as
+    torch's ``interpolate(mode="bicubic", antialias=True)`` weighs the cropped span alone: kernel widened by
+    the scale when shrinking, taps clamped to the span, each row normalised. Sample k's rows use taps
+    0 .. used[k]-1; the rest (K is the widest row's) have weight 0 and point inside the span. A sample's
+    taps do not depend on the other samples (the padding to K does not change them)."""
     import numpy as np
 
     scale = (lengths / size).astype(np.float64)[:, None, None]  # [n, 1, 1]
@@ -177,24 +179,46 @@ def resize_taps(starts: np.ndarray, lengths: np.ndarray, size: int) -> tuple[np.
     hi = np.minimum(np.trunc(center + support + 0.5), lengths[:, None, None])
     j = lo + np.arange(int((hi - lo).max()), dtype=np.float64)[None, None, :]  # [n, size, K], span-relative
     w = np.where(j < hi, _cubic((j - center + 0.5) / np.maximum(scale, 1.0)), 0.0)
-    total = w.sum(axis=2, keepdims=True)
+    # Summed tap by tap, not w.sum(axis=2): numpy sums 8 or more terms pairwise, so a row's total (and its
+    # last bits) would depend on how many zero taps pad it, i.e. on the widest row of the other samples.
+    # For K <= 7 this is the order numpy sums in.
+    total = np.zeros_like(w[:, :, :1])
+    for k in range(w.shape[2]):
+        total += w[:, :, k:k + 1]
     idx = np.minimum(j, hi - 1).astype(np.int64) + starts[:, None, None]
-    return idx, w / np.where(total == 0, 1.0, total)
+    return idx, w / np.where(total == 0, 1.0, total), (hi - lo).max(axis=(1, 2)).astype(np.int64)
 
 
-def _resize_last(x: torch.Tensor, idx: np.ndarray, w: np.ndarray) -> torch.Tensor:
-    """float [n, c, h, W] -> [n, c, h, size]: sum over taps k of x[..., idx[:, :, k]] * w[:, :, k], rounded and
-    clipped to 0..255 (the uint8 path stores each pass's result as uint8)."""
+def _resize_last(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float [n, c, h, W] -> [n, c, h, size]: sum over taps k of x[..., index[:, :, k]] * weight[:, :, k]
+    (index int64, weight float32, both [n, size, K] on x's device), rounded and clipped to 0..255 (the uint8
+    path stores each pass's result as uint8)."""
     import torch
 
     n, c, h = x.shape[:3]
-    index = torch.from_numpy(idx).to(x.device)
-    weight = torch.from_numpy(w).to(x.device, torch.float32)
-    out = torch.zeros((n, c, h, idx.shape[1]), dtype=torch.float32, device=x.device)
-    for k in range(idx.shape[2]):
-        taps = x.gather(3, index[:, None, None, :, k].expand(n, c, h, idx.shape[1]))
+    out = torch.zeros((n, c, h, index.shape[1]), dtype=torch.float32, device=x.device)
+    for k in range(index.shape[2]):
+        taps = x.gather(3, index[:, None, None, :, k].expand(n, c, h, index.shape[1]))
         out.addcmul_(taps, weight[:, None, None, :, k])
     return out.round_().clamp_(0, 255)
+
+
+def _to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """The host ``arrays`` as tensors on ``device`` after ONE host-to-device copy: packed into one byte
+    buffer (pinned when CUDA is there, so the copy does not stall the host), then viewed back. Arrays whose
+    item is 8 bytes must come first (each view starts at a multiple of its item size)."""
+    import numpy as np
+    import torch
+
+    parts = [torch.from_numpy(np.ascontiguousarray(a)).reshape(-1) for a in arrays]
+    pinned = device.type == "cuda" and torch.cuda.is_available()
+    host = torch.empty(sum(a.nbytes for a in arrays), dtype=torch.uint8, pin_memory=pinned)
+    torch.cat([p.view(torch.uint8) for p in parts], out=host)
+    packed, out, offset = host.to(device, non_blocking=True), [], 0
+    for a, part in zip(arrays, parts, strict=True):
+        out.append(packed[offset:offset + a.nbytes].view(part.dtype).reshape(a.shape))
+        offset += a.nbytes
+    return out
 
 
 def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
@@ -205,17 +229,25 @@ def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.
     clipped as the uint8 path stores its intermediate image (without that, a bicubic overshoot past 0 or 255
     in the first pass differs by up to ~25 grey levels); the result equals crop_pixels' within 2 grey levels
     (torch's uint8 path uses 16-bit fixed-point weights). Called by the training process
-    (``TrainData.to_device``) when the crop runs on the device."""
+    (``TrainData.to_device``) when the crop runs on the device.
+
+    The taps of the whole batch are built on the host at once and moved in one copy (:func:`_to_device`);
+    each RESIZE_CHUNK-sample chunk then takes its slice, cut to the taps its own samples use."""
     import numpy as np
     import torch
 
     b = boxes.cpu().numpy().astype(np.int64)
+    col_idx, col_w, col_used = resize_taps(b[:, 0], b[:, 2], size)
+    row_idx, row_w, row_used = resize_taps(b[:, 1], b[:, 3], size)
+    taps = _to_device([col_idx, row_idx, col_w.astype(np.float32), row_w.astype(np.float32)], images.device)
+    col_idx, row_idx, col_w, row_w = taps
     out = torch.empty((len(b), size, size, 3), dtype=torch.uint8, device=images.device)
     for lo in range(0, len(b), RESIZE_CHUNK):  # float temporaries of a chunk only (~40 MB at 249 px)
-        hi, part = lo + RESIZE_CHUNK, b[lo:lo + RESIZE_CHUNK]
+        hi = lo + RESIZE_CHUNK
+        kc, kr = int(col_used[lo:hi].max()), int(row_used[lo:hi].max())
         chw = images[lo:hi].permute(0, 3, 1, 2).float()
-        cols = _resize_last(chw, *resize_taps(part[:, 0], part[:, 2], size))  # [c, 3, H, S]
-        done = _resize_last(cols.transpose(2, 3), *resize_taps(part[:, 1], part[:, 3], size))  # [c, 3, cols, rows]
+        cols = _resize_last(chw, col_idx[lo:hi, :, :kc], col_w[lo:hi, :, :kc])  # [c, 3, H, S]
+        done = _resize_last(cols.transpose(2, 3), row_idx[lo:hi, :, :kr], row_w[lo:hi, :, :kr])  # [c, 3, cols, rows]
         out[lo:hi] = done.to(torch.uint8).permute(0, 3, 2, 1)  # [c, rows, cols, 3]
     return out
 
