@@ -78,7 +78,7 @@ def _uniforms(seed: int, step: int, ids: np.ndarray, count: int) -> np.ndarray:
 
 
 def crop_draws(cfg: AugmentConfig, seed: int, step: int, ids: np.ndarray) -> np.ndarray:
-    """Crop draws [n, 4] (area fraction, aspect ratio, x, y; toolkit.data.decode.crop_box) for sample ids
+    """Crop draws [n, 4] (area fraction, aspect ratio, x, y; toolkit.data.images.crop_box) for sample ids
     ``ids`` [n] of global batch ``step``: area uniform in [scale_min, scale_max], ratio log-uniform in
     [ratio_min, ratio_max], as torchvision draws them."""
     import numpy as np
@@ -106,7 +106,7 @@ def crop_pixels(images: np.ndarray, size: int, draws: np.ndarray | None):
     import torch
     from torch.nn.functional import interpolate
 
-    from toolkit.data.decode import crop_box
+    from toolkit.data.images import crop_box
 
     n, height, width = images.shape[:3]
     hwc = torch.from_numpy(np.ascontiguousarray(images))
@@ -145,7 +145,7 @@ def crop_boxes(height: int, width: int, draws: np.ndarray | None, n: int) -> np.
     :func:`crop_pixels` cuts for ``draws`` [n, 4] (None: the centred square, the whole of a square image)."""
     import numpy as np
 
-    from toolkit.data.decode import crop_box
+    from toolkit.data.images import crop_box
 
     if draws is None:
         return np.tile(np.array([crop_box(width, height, None)], np.int64), (n, 1))

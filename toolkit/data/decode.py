@@ -14,9 +14,10 @@ check times on CUDA:
 
 Crops are given as *draws*, not pixel boxes, because a box depends on the image's size, known only
 after decoding: row i of ``crops`` [n, 4] is (area fraction, aspect ratio w/h, x in [0, 1), y in
-[0, 1)); :func:`crop_box` turns it into a pixel box for a W x H image. ``crops=None`` takes the centred
-square (precompute's ``center_crop``). The resize is bicubic with antialiasing (Pillow's filter), so
-the CPU result matches Pillow's ``resize(box=...)`` up to rounding.
+[0, 1)); :func:`crop_box` (defined in :mod:`toolkit.data.images`, with the libjpeg-turbo path
+``turbo_crop`` that decode_rgb shares) turns it into a pixel box for a W x H image. ``crops=None`` takes
+the centred square (precompute's ``center_crop``). The resize is bicubic with antialiasing (Pillow's
+filter), so the CPU result matches Pillow's ``resize(box=...)`` up to rounding.
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ from toolkit.data.images import (
     DRAFT_FACTOR,
     ImageError,
     _open,
+    crop_box,
+    is_jpeg,
     jpeg_header,
-    resize_uint8,
     to_rgb,
-    turbo_decode,
+    turbo_crop,
 )
 
 Backend = Literal["auto", "torchvision", "pil"]
 # auto: Pillow's draft decode at or above DRAFT_FACTOR x the target side, libjpeg-turbo below (images.py,
 # where decode_rgb, the precompute and index-loader decoder, shares the rule and the decoder).
-_JPEG_MAGIC = b"\xff\xd8\xff"
 # torchvision 0.29 warns on every decode call that its codecs move to torchcodec (not installed here); the
 # decoders still work and are what the loader measured fastest, so the per-call warning is noise.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
@@ -53,31 +54,6 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 def center_draws(n: int) -> np.ndarray:
     """Draws [n, 4] for the centred square crop (area fraction 1 of the square, ratio 1, centred)."""
     return np.tile(np.array([[1.0, 1.0, 0.5, 0.5]]), (n, 1))
-
-
-def crop_box(width: int, height: int, draw: Sequence[float] | None) -> tuple[int, int, int, int]:
-    """(left, top, crop_width, crop_height) in pixels of a ``width`` x ``height`` image for one draw.
-
-    ``None``: the centred square of side min(width, height). Otherwise the crop has area
-    ``draw[0] * width * height`` and aspect ratio ``draw[1]``, as torchvision's RandomResizedCrop; a ratio that would not fit inside the
-    image is clamped into the range that fits (torchvision instead redraws up to 10 times, then falls back
-    to a centre crop). ``draw[2:4]`` place the crop uniformly over the free room.
-    """
-    if draw is None:
-        side = min(width, height)
-        return (width - side) // 2, (height - side) // 2, side, side
-    area = float(draw[0]) * width * height
-    lo, hi = area / (height * height), (width * width) / area  # ratios whose crop fits in the image
-    ratio = min(max(float(draw[1]), lo), hi)
-    crop_w = min(width, max(1, round(math.sqrt(area * ratio))))
-    crop_h = min(height, max(1, round(math.sqrt(area / ratio))))
-    left = min(width - crop_w, int(float(draw[2]) * (width - crop_w + 1)))
-    top = min(height - crop_h, int(float(draw[3]) * (height - crop_h + 1)))
-    return left, top, crop_w, crop_h
-
-
-def is_jpeg(data: bytes) -> bool:
-    return data[:3] == _JPEG_MAGIC
 
 
 def _pil_one(data: bytes, size: int, draw, max_pixels: int):
@@ -99,17 +75,6 @@ def _pil_one(data: bytes, size: int, draw, max_pixels: int):
     return torch.from_numpy(np.asarray(out, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
-def _tv_one(data: bytes, size: int, draw, max_pixels: int):
-    """torchvision (libjpeg-turbo) decode -> crop -> resize; uint8 tensor [3, size, size]."""
-    chw = turbo_decode(data)
-    height, width = chw.shape[-2:]
-    if width * height > max_pixels:
-        raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the "
-                                               f"limit of {max_pixels}")
-    left, top, crop_w, crop_h = crop_box(width, height, draw)
-    return resize_uint8(chw[:, top:top + crop_h, left:left + crop_w], size)
-
-
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) from a JPEG's SOF header (no decode), or None when not found."""
     header = jpeg_header(data)
@@ -124,7 +89,7 @@ def _cpu_one(data: bytes, size: int, draw, backend: Backend, max_pixels: int):
         if dims is None or min(dims) >= DRAFT_FACTOR * size:
             return _pil_one(data, size, draw, max_pixels)
     try:
-        return _tv_one(data, size, draw, max_pixels)
+        return turbo_crop(data, size, draw, max_pixels)
     except RuntimeError:  # a JPEG libjpeg-turbo's torchvision wrapper refuses (e.g. CMYK, 12-bit): Pillow
         return _pil_one(data, size, draw, max_pixels)
 

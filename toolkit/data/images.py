@@ -24,6 +24,7 @@ import io
 import math
 import re
 import warnings
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -144,9 +145,14 @@ def open_rgb(data: bytes, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> Image.I
         raise ImageError("corrupt_image", f"cannot decode image: {type(err).__name__}: {err}") from err
 
 
+def is_jpeg(data: bytes) -> bool:
+    """Whether ``data`` starts like a JPEG (SOI marker and the next marker's 0xFF)."""
+    return data[:3] == _JPEG_MAGIC
+
+
 def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     """(width, height, number of colour components) from a JPEG's SOF header (no decode), or None."""
-    if data[:3] != _JPEG_MAGIC:
+    if not is_jpeg(data):
         return None
     pos = 2
     while pos + 9 < len(data):
@@ -180,6 +186,41 @@ def resize_uint8(chw, size: int):
     return F.resize(chw, [size, size], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
 
 
+def crop_box(width: int, height: int, draw: Sequence[float] | None) -> tuple[int, int, int, int]:
+    """(left, top, crop_width, crop_height) in pixels of a ``width`` x ``height`` image for one draw.
+
+    ``None``: the centred square of side min(width, height). Otherwise the crop has area
+    ``draw[0] * width * height`` and aspect ratio ``draw[1]``, as torchvision's RandomResizedCrop; a ratio
+    that would not fit inside the image is clamped into the range that fits (torchvision instead redraws up
+    to 10 times, then falls back to a centre crop). ``draw[2:4]`` place the crop uniformly over the free room.
+    """
+    if draw is None:
+        side = min(width, height)
+        return (width - side) // 2, (height - side) // 2, side, side
+    area = float(draw[0]) * width * height
+    lo, hi = area / (height * height), (width * width) / area  # ratios whose crop fits in the image
+    ratio = min(max(float(draw[1]), lo), hi)
+    crop_w = min(width, max(1, round(math.sqrt(area * ratio))))
+    crop_h = min(height, max(1, round(math.sqrt(area / ratio))))
+    left = min(width - crop_w, int(float(draw[2]) * (width - crop_w + 1)))
+    top = min(height - crop_h, int(float(draw[3]) * (height - crop_h + 1)))
+    return left, top, crop_w, crop_h
+
+
+def turbo_crop(data: bytes, size: int, draw: Sequence[float] | None, max_pixels: int):
+    """JPEG bytes -> uint8 tensor [3, size, size]: libjpeg-turbo decode (:func:`turbo_decode`), the crop of
+    ``draw`` (:func:`crop_box`; None: the centred square), bicubic antialiased resize. The one libjpeg-turbo
+    path of :func:`decode_rgb` and ``toolkit.data.decode.decode_batch``. Raises RuntimeError for what
+    libjpeg-turbo refuses (callers fall back to Pillow) and :class:`ImageError` for a decompression bomb."""
+    chw = turbo_decode(data)
+    height, width = chw.shape[-2:]
+    if width * height > max_pixels:
+        raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the "
+                                               f"limit of {max_pixels}")
+    left, top, crop_w, crop_h = crop_box(width, height, draw)
+    return resize_uint8(chw[:, top:top + crop_h, left:left + crop_w], size)
+
+
 def _turbo_square(data: bytes, size: int, max_pixels: int) -> tuple[np.ndarray, str | None] | None:
     """decode_rgb's libjpeg-turbo path (module docstring), or None where Pillow takes the image."""
     header = jpeg_header(data)
@@ -188,13 +229,9 @@ def _turbo_square(data: bytes, size: int, max_pixels: int) -> tuple[np.ndarray, 
     if header[0] * header[1] > max_pixels or min(header[:2]) < 1:
         return None  # Pillow refuses it, with its reason
     try:
-        chw = turbo_decode(data)
+        square = turbo_crop(data, size, None, max_pixels)
     except RuntimeError:
         return None
-    height, width = chw.shape[-2:]
-    side = min(height, width)
-    top, left = (height - side) // 2, (width - side) // 2
-    square = resize_uint8(chw[:, top:top + side, left:left + side], size)
     return np.ascontiguousarray(square.permute(1, 2, 0).numpy()), "L" if header[2] == 1 else None
 
 
