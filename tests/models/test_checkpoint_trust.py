@@ -56,3 +56,18 @@ def test_weights_of_another_architecture_say_what_differs_in_one_line(tmp_path):
     assert text.startswith(f"{path}: weights do not match the model config: ") and "\n" not in text, text
     assert "differ in shape: " in text and "(file [" in text and ", model [" in text, text
     assert len(text) < 1200 and "Error(s) in loading state_dict" not in text, text
+
+
+def test_a_checkpoint_hands_over_the_weights_digest_it_checked_and_a_plain_folder_none(tmp_path):
+    """load_model read a checkpoint's weights for checkpoint.json's check: it returns their sha256 (a
+    reference model's identity needs it), and None where nothing read them (no manifest)."""
+    import hashlib
+
+    from toolkit.models.weights import WEIGHTS_NAME, save_model
+
+    path = _write(tmp_path)
+    weights = tmp_path / "checkpoints" / "step-00000004" / WEIGHTS_NAME
+    assert load_model(path).weights_sha256 == hashlib.sha256(weights.read_bytes()).hexdigest()
+    cfg = model_config("cliptk-tiny")
+    plain = save_model(build_model(cfg), cfg, tmp_path / "plain")
+    assert load_model(str(plain)).weights_sha256 is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+
+HASH_CHUNK_BYTES = 1 << 22  # file_sha256's reads: 4 MiB, so a weights file never sits in memory whole
 
 
 def is_local(path: str) -> bool:
@@ -51,6 +54,18 @@ def check_regular(path: str) -> None:
         if test(mode):
             raise OSError(f"{path} is {what}, not a regular file: reading it could wait forever; replace it "
                           "with the real file")
+
+
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = HASH_CHUNK_BYTES,
+                fs: fsspec.AbstractFileSystem | None = None) -> str:
+    """Hex sha256 of a file's bytes, read ``chunk_bytes`` at a time: a local path or fsspec URL (through
+    :func:`open_file`, which refuses a FIFO), or a path inside ``fs``. Read errors propagate as OSError.
+    Used for checkpoint manifests (writer's verify, ``load_model``'s check) and reference weights."""
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") if fs is not None else open_file(str(path)) as fh:
+        while chunk := fh.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def exists(path: str) -> bool:

@@ -46,6 +46,8 @@ class LoadedModel:
       -> [N,D]``, ``encode_text([N,L] int64) -> [N,D]`` (not normalised), ``logit_scale`` parameter.
     - ``tokenizer``: ``list[str] -> LongTensor [N, context_length]``.
     - ``preprocess``: inference transform, PIL image -> float tensor ``[3, S, S]``.
+    - ``weights_sha256``: the weights file's sha256 when loading read it anyway (a training checkpoint's
+      ``checkpoint.json`` check), else None: nothing reads a large file only to hash it.
     """
 
     model: Any
@@ -57,6 +59,7 @@ class LoadedModel:
     name: str
     weights: str | None
     context_length: int
+    weights_sha256: str | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.tokenizer, self.image_size))
@@ -156,10 +159,12 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
         if seed is not None:
             torch.manual_seed(seed)
         model = build_model(resolved.model_cfg, precision)
+    weights_sha256 = None
     if resolved.weights is not None:
         from toolkit.models.trust import check_finite, verify_recorded
 
-        verify_recorded(resolved.weights.parent)  # a training checkpoint: the sizes and sha256 it recorded
+        # a training checkpoint: the sizes and sha256 it recorded
+        weights_sha256 = verify_recorded(resolved.weights.parent).get(resolved.weights.name)
         load_weights(model, resolved.weights)
         check_finite(model, str(resolved.weights))
     else:
@@ -173,4 +178,4 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
         preprocess=eval_transform(resolved.preprocess_cfg),
         model_cfg=resolved.model_cfg, preprocess_cfg=resolved.preprocess_cfg, name=resolved.name,
         weights=str(resolved.weights) if resolved.weights else None,
-        context_length=config_context_length(resolved.model_cfg))
+        context_length=config_context_length(resolved.model_cfg), weights_sha256=weights_sha256)

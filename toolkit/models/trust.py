@@ -10,29 +10,31 @@ the tensors that hold NaN or infinity. Called by :func:`toolkit.models.factory.l
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from toolkit.core.files import file_sha256
 from toolkit.models.weights import CheckpointError
 
 RECORD = "checkpoint.json"  # toolkit.train.checkpoint.format.MANIFEST (the train layer sits above this one)
-CHUNK_BYTES = 1 << 22
 MAX_NAMED = 5  # tensors named in the error; the count says how many more
 
 
-def verify_recorded(directory: str | Path) -> None:
+def verify_recorded(directory: str | Path) -> dict[str, str]:
     """CheckpointError naming the first file of ``directory`` whose size or sha256 differs from what its
-    ``checkpoint.json`` recorded (or a manifest that cannot be read); nothing when there is no manifest."""
+    ``checkpoint.json`` recorded (or a manifest that cannot be read); nothing when there is no manifest.
+    Returns {file name: sha256} of the files it read (empty without a manifest), so that a caller needing
+    one of those digests (a reference model's weights) does not read the file again."""
     record = Path(directory) / RECORD
     if not record.is_file():
-        return
+        return {}
     try:
         entries = json.loads(record.read_text())["files"]
         items = [(str(name), int(meta["bytes"]), str(meta["sha256"])) for name, meta in entries.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{record}: unreadable checkpoint manifest ({type(err).__name__}: {err})") from err
+    verified = {}
     for name, size, sha in items:
         path = Path(directory) / name
         if not path.is_file():
@@ -40,13 +42,11 @@ def verify_recorded(directory: str | Path) -> None:
         if path.stat().st_size != size:
             raise CheckpointError(f"{path}: {path.stat().st_size} bytes, {record} recorded {size}: the checkpoint "
                                   "is damaged or was changed after it was written")
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(CHUNK_BYTES):
-                digest.update(chunk)
-        if digest.hexdigest() != sha:
+        if file_sha256(path) != sha:
             raise CheckpointError(f"{path}: sha256 differs from the one {record} recorded: the checkpoint is "
                                   "damaged or was changed after it was written")
+        verified[name] = sha
+    return verified
 
 
 def check_finite(model: Any, source: str) -> None:

@@ -174,6 +174,33 @@ def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
     assert a["ref_image"].shape == (6, 128)
 
 
+def test_the_reference_weights_are_hashed_once_from_a_checkpoint_or_a_plain_folder(ref_dir, tmp_path, monkeypatch):
+    """A training checkpoint's weights are hashed by load_model's checkpoint.json check; load_reference
+    takes that digest instead of reading the file a second time (a folder without a manifest: once, by
+    load_reference). Counted by a wrapper around the one file_sha256 both call."""
+    from toolkit.core import files
+    from toolkit.data.trainset.reference import load_reference
+    from toolkit.models import trust
+    from toolkit.models.weights import WEIGHTS_NAME
+    from toolkit.train.checkpoint import format as ckpt
+
+    blobs = {p.name: p.read_bytes() for p in ref_dir.iterdir()}
+    step_dir = Path(ckpt.write_blobs(str(tmp_path / "checkpoints"), 7, blobs, 1))
+    digest = hashlib.sha256(blobs[WEIGHTS_NAME]).hexdigest()
+    hashed, real = [], files.file_sha256
+
+    def counting(path, *args, **kwargs):
+        hashed.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "file_sha256", counting)
+    monkeypatch.setattr(trust, "file_sha256", counting)
+    for folder in (step_dir, ref_dir):
+        hashed.clear()
+        assert load_reference(str(folder)).sha256 == digest
+        assert hashed.count(folder / WEIGHTS_NAME) == 1, (folder, hashed)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"reference_model": "no-such-model", "reference_weights": "x.safetensors"}, "unknown model 'no-such-model'"),
     ({"reference_model": MODEL}, "needs reference_weights, a local weights file"),

@@ -22,7 +22,6 @@ float16 [n, 2, d_ref] (image row, then text row).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,18 +84,12 @@ def _normalised(feats: Any) -> np.ndarray:
     return torch.nn.functional.normalize(feats.float(), dim=-1).cpu().numpy().astype(np.float16)
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_reference(spec: str, weights: str = "", device: str = "cpu") -> Reference:
     """The reference of ``spec`` (+ ``weights``), in eval mode on ``device``. ValueError for an unknown model,
     a name or config without a weights file; CheckpointError naming a missing weights file or folder.
-    Called by every precompute rank before its worker pool forks (the workers share it copy-on-write)."""
+    Called by every precompute rank before its worker pool forks (the workers share it copy-on-write).
+    The weights are hashed once: load_model's checkpoint check hands over the digest it computed."""
+    from toolkit.core.files import file_sha256
     from toolkit.models import load_model, resolve_spec
 
     resolved = resolve_spec(spec, weights or None)  # unknown names and missing files fail here, named
@@ -108,7 +101,8 @@ def load_reference(spec: str, weights: str = "", device: str = "cpu") -> Referen
     loaded = load_model(spec, weights=weights or None, device=device)
     with torch.inference_mode():  # the width the model outputs, whatever its config calls it
         dim = int(loaded.model.encode_text(loaded.tokenizer(["a"]).to(device)).shape[-1])
-    return Reference(spec, str(resolved.weights), file_sha256(str(resolved.weights)), dim,
+    sha256 = loaded.weights_sha256 or file_sha256(resolved.weights)
+    return Reference(spec, str(resolved.weights), sha256, dim,
                      dict(loaded.preprocess_cfg), loaded.context_length, loaded.model.requires_grad_(False),
                      loaded.preprocess, loaded.tokenizer, device)
 

@@ -42,7 +42,6 @@ LOSS_STATE = "loss_state.safetensors"
 FORMAT = "cliptk-checkpoint-v1"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 NONFINITE_SUFFIX = ".nonfinite"  # checkpoints written during the non-finite steps that aborted a run
-_HASH_CHUNK = 1 << 22  # 4 MiB reads while verifying
 
 
 class CheckpointInvalid(ValueError):
@@ -110,14 +109,11 @@ def _verify_file(fs: fsspec.AbstractFileSystem, f: str, shown: str, meta: dict) 
     size = fs.size(f)
     if size != meta["bytes"]:
         raise CheckpointInvalid(f"{shown}: {size} bytes, the manifest says {meta['bytes']}")
-    digest = hashlib.sha256()
     try:
-        with fs.open(f, "rb") as fh:
-            while chunk := fh.read(_HASH_CHUNK):
-                digest.update(chunk)
+        digest = files.file_sha256(f, fs=fs)
     except OSError as err:
         raise CheckpointInvalid(f"{shown}: unreadable ({err.strerror or err})") from err
-    if digest.hexdigest() != meta["sha256"]:
+    if digest != meta["sha256"]:
         raise CheckpointInvalid(f"{shown}: checksum does not match the manifest")
 
 
