@@ -186,7 +186,8 @@ class TrainConfig:
         """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
         without a loss kind from the data or the preset, the objective the convergence evidence picks at
         the global batch size and the planned epochs (``losses/choice.py``; a run planned by steps has no
-        epoch count yet: the short-run choice)."""
+        epoch count yet: the short-run choice). ``data`` and the result: sectioned (core/config_sections.py;
+        the preset's record and the choice's rows are flat, so they are migrated here)."""
         from toolkit.train.losses.choice import default_loss
 
         layers: dict[str, Any] = {}
