@@ -7,6 +7,7 @@ import pytest
 from reference_set import add_reference
 from trainkit import metrics, run_cli, train_cfg, weights
 
+from toolkit.train.batches import open_data
 from toolkit.train.run import run
 
 SGD = {"optim": {"name": "sgd", "lr": 0.1}}  # linear in the gradient: equal gradients give equal weights
@@ -45,6 +46,22 @@ def test_a_set_without_reference_embeddings_is_refused_naming_it(demo_train, tmp
     assert done.returncode != 0
     said = " ".join((done.stdout + done.stderr).split())
     assert str(demo_train) in said and "--reference-model" in said and "ref_image" in said
+    # refused by the preflight, before the stage books, the model or any checkpoint: the run folder is not made
+    assert not (tmp_path / "run").exists()
+
+
+def test_drrho_without_reference_embeddings_is_refused_by_the_preflight_and_by_every_rank(demo_train, tmp_path):
+    """``run(cfg)`` refuses in its preflight (nothing written); a rank that had no preflight (the user's own
+    torchrun or srun) refuses in ``open_data``, before its model is built."""
+    cfg = train_cfg(demo_train, tmp_path / "run", steps=1, loss={"kind": "drrho"})
+    with pytest.raises(ValueError, match=r"the drrho objective needs a reference model's embeddings per sample "
+                                         r"\(fields ref_image, ref_text\)") as err:
+        run(cfg)
+    assert str(demo_train) in str(err.value) and not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="ref_image, ref_text") as err:
+        open_data(cfg, 2)
+    assert str(demo_train) in str(err.value)
+    assert open_data(train_cfg(demo_train, tmp_path / "run", loss={"kind": "openclip"}), 2).num_samples == 160
 
 
 def test_toolkit_train_loss_drrho_reads_the_reference_and_the_gradient_cache_passes_it(reference_train, tmp_path):

@@ -53,14 +53,14 @@ def test_step_counts_from_steps_or_epochs(demo_train, tmp_path):
 def test_open_data_refuses_a_batch_larger_than_the_data(demo_train, tmp_path):
     rt = Runtime.start(train_cfg(demo_train, tmp_path / "run"))
     with pytest.raises(ValueError, match="160"):
-        open_data(train_cfg(demo_train, tmp_path / "run", batch_size=320), rt)
+        open_data(train_cfg(demo_train, tmp_path / "run", batch_size=320), rt.world_size)
 
 
 @pytest.mark.parametrize(("micro", "offloaded"), [(0, False), (16, False), (4, True)])
 def test_train_data_is_offloaded_when_the_cache_splits_the_batch(demo_train, tmp_path, micro, offloaded):
     cfg = train_cfg(demo_train, tmp_path / "run", steps=3)
     rt = Runtime.start(cfg)
-    data = TrainData(cfg, rt, open_data(cfg, rt), micro)
+    data = TrainData(cfg, rt, open_data(cfg, rt.world_size), micro)
     assert data.offloaded is offloaded and data.local_batch_size == 16 and data.steps == StepCounts(10, 3)
     batches = list(data.batches(1))
     assert [int(b["step"]) for b in batches] == [1, 2] and list(data.batches(3)) == []

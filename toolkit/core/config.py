@@ -196,11 +196,12 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
 
     A config class may define ``layered_defaults(data, source) -> mapping``: defaults that depend on the
     data itself (the trainer's ``preset``), merged beneath ``data`` before validation, so every way of
-    building the config (CLI, YAML, ``--set``, pipelines) applies them the same way."""
+    building the config (CLI, YAML, ``--set``, pipelines) applies them the same way. It is given ``data``
+    with its flat keys moved into their sections (config_sections) and returns that layout too."""
     data, renamed = config_sections.migrate(cls, data or {}, source, prefix + "." if prefix else "")
     layered = getattr(cls, "layered_defaults", None)
     if layered is not None:
-        data = deep_merge(config_sections.migrate(cls, layered(data, source), source)[0], data)
+        data = deep_merge(layered(data, source), data)
     try:
         return _build(cls, data, source, prefix)
     except ConfigError as err:  # a key given by its flat name is named so (config_sections)

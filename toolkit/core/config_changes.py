@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from toolkit.core import config_sections
 from toolkit.core.config import MISSING, short
 
 
@@ -23,13 +24,15 @@ def _leaves(data: Mapping, prefix: str = "") -> dict[str, Any]:
 
 
 def absent_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> ``absent_means`` of every field of ``cfg`` (nested configs too) that declares one: what
-    an older record that lacks the key was written with (:func:`option`)."""
+    """Record key -> ``absent_means`` of every field of ``cfg`` (nested configs too) that declares one: what
+    an older record that lacks the key was written with (:func:`option`). Keys as records write them: dotted
+    for a section, the holding config's flat key for a ``legacy_prefix`` section's field (core/config_sections.py)."""
     found: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
-            found.update(absent_values(value, key + "."))
+            legacy = config_sections.legacy_prefix(f)
+            found.update(absent_values(value, key + "." if legacy is None else prefix + legacy))
         elif f.metadata.get("absent_means", MISSING) is not MISSING:
             found[key] = json.loads(json.dumps(f.metadata["absent_means"], default=str))
     return found
@@ -38,9 +41,10 @@ def absent_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
 def changed_keys(old: Mapping, new: Mapping, absent: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) of every leaf that differs, in ``new``'s key order (keys only
     ``old`` has last); a key one side lacks has :data:`MISSING` there, except a key of ``absent``
-    (:func:`absent_values`) that ``old`` lacks: it reads as the value it meant."""
+    (:func:`absent_values`) that ``old`` lacks and ``new`` holds: it reads as the value it meant (a key
+    neither record holds, e.g. an ``omit_at_default`` section at its default, is no difference)."""
     a, b = _leaves(old), _leaves(new)
-    a.update({k: v for k, v in (absent or {}).items() if k not in a})
+    a.update({k: v for k, v in (absent or {}).items() if k not in a and k in b})
     return [(k, a.get(k, MISSING), b.get(k, MISSING)) for k in {**b, **a} if a.get(k, MISSING) != b.get(k, MISSING)]
 
 

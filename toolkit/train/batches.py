@@ -1,4 +1,4 @@
-"""The training data as the loop sees it: ``TrainData(cfg, rt, open_data(cfg, rt), micro_batch_size)``.
+"""The training data as the loop sees it: ``TrainData(cfg, rt, open_data(cfg, rt.world_size), micro)``.
 
 Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
 all), this rank's batches from any step on (``batches``), and their move to the device
@@ -20,6 +20,7 @@ from toolkit.data.trainset.format import REF_ROLES, TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
 from toolkit.train.config import TrainConfig
+from toolkit.train.losses import LossConfig, objective_class
 from toolkit.train.runtime import Runtime
 
 
@@ -28,11 +29,11 @@ def has_reference(dataset: TrainDataset) -> bool:
     return all(dataset.field(role) is not None for role in REF_ROLES)
 
 
-def check_reference(dataset: TrainDataset, loss_fn: object, objective: str) -> None:
+def check_reference(dataset: TrainDataset, loss: LossConfig) -> None:
     """Refuse, naming the training set, an objective that reads reference embeddings (``reads_reference``)
-    on a set precomputed without them. Every rank calls it before the first step."""
-    if getattr(loss_fn, "reads_reference", False) and not has_reference(dataset):
-        raise ValueError(f"{dataset.root or 'the training set'}: the {objective} objective needs a reference "
+    on a set precomputed without them (``open_data``: before the model or the objective is built)."""
+    if objective_class(loss.kind).reads_reference and not has_reference(dataset):
+        raise ValueError(f"{dataset.root or 'the training set'}: the {loss.name} objective needs a reference "
                          f"model's embeddings per sample (fields {', '.join(REF_ROLES)}), and this training "
                          "set has none; precompute it with `toolkit data precompute --reference-model MODEL`")
 
@@ -49,13 +50,17 @@ class StepCounts(NamedTuple):
     total: int  # cfg.steps, or epochs × per_epoch
 
 
-def open_data(cfg: TrainConfig, rt: Runtime, dataset: TrainDataset | None = None) -> TrainDataset:
-    """The training set (``dataset``: the one this process's preflight opened), refusing a global batch
-    larger than the data or not divisible by the ranks before anything else is built (an elastic job
-    learns its world size only here, at rendezvous)."""
-    dataset = dataset if dataset is not None else TrainDataset.open(cfg.data)
-    BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
-        0, rt.rank, rt.world_size)
+def open_data(cfg: TrainConfig, world_size: int | None) -> TrainDataset:
+    """The training set, refusing a global batch larger than the data or not divisible by ``world_size`` ranks
+    (None: not known yet, an elastic job's launcher), and a set without the reference embeddings the objective
+    reads (``check_reference``), before anything else is built. Called by the launching process's preflight and
+    by every rank that did not get the preflight's set (an elastic job learns its world size only at
+    rendezvous; the ranks of the user's own torchrun or srun had no preflight)."""
+    dataset = TrainDataset.open(cfg.data)
+    if world_size is not None:
+        BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
+            0, 0, world_size)
+    check_reference(dataset, cfg.loss)
     return dataset
 
 

@@ -30,18 +30,18 @@ def _fastclip_section(layer: Mapping[str, Any]) -> Mapping[str, Any]:
     return section if isinstance(section, Mapping) else {}
 
 
-def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], source: str) -> None:
+def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], epochs: Any, source: str) -> None:
     """``loss.fastclip.gamma_rule: drrho`` decays γ over the run's planned epochs E (DRRho-CLIP's README: set
     gamma_decay_epochs to the epochs): fill ``loss.fastclip.gamma_decay_epochs`` with ``epochs`` unless it is
-    given. A run planned by ``steps`` has no epoch count before the data is read, so it must give the value
-    itself. ``data`` and ``layers``: sectioned (core/config_sections.py)."""
+    given. ``epochs``: the run's planned epochs, None for a run planned by ``steps``, which has no epoch count
+    before the data is read and so must give the value itself. ``data`` and ``layers``: sectioned
+    (core/config_sections.py)."""
     fastclip = {**_fastclip_section(layers), **_fastclip_section(data)}
     if fastclip.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in fastclip:
         return
-    if data.get("steps", layers.get("steps", 0)):
+    if epochs is None:
         raise ConfigError(source, "loss.gamma_decay_epochs", "gamma_rule: drrho needs the planned epochs; a run "
                                                              "set by steps must give loss.gamma_decay_epochs")
-    epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
     loss = layers.get("loss", {})
     layers["loss"] = {**loss, "fastclip": {**loss.get("fastclip", {}), "gamma_decay_epochs": epochs}}
 
@@ -186,7 +186,8 @@ class TrainConfig:
         """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
         without a loss kind from the data or the preset, the objective the convergence evidence picks at
         the global batch size and the planned epochs (``losses/choice.py``; a run planned by steps has no
-        epoch count yet: the short-run choice)."""
+        epoch count yet: the short-run choice). ``data`` and the result: sectioned (core/config_sections.py;
+        the preset's record and the choice's rows are flat, so they are migrated here)."""
         from toolkit.train.losses.choice import default_loss
 
         layers: dict[str, Any] = {}
@@ -197,19 +198,20 @@ class TrainConfig:
             if name not in PRESETS:
                 raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
             layers = migrate(TrainConfig, PRESETS[name].train_overrides(), source)[0]
+        def planned(key: str) -> Any:  # the data's value, else the preset's, else the field's default
+            return data.get(key, layers.get(key, TrainConfig.__dataclass_fields__[key].default))
+
+        epochs = None if planned("steps") else planned("epochs")  # None: a run planned by steps
         given = data.get("loss") if isinstance(data.get("loss"), Mapping) else {}
         loss = deep_merge(layers.get("loss", {}), given)  # both sectioned: ``data`` came migrated
         if "kind" not in loss:
-            batch = data.get("batch_size", layers.get("batch_size", TrainConfig.__dataclass_fields__["batch_size"].default))
-            epochs = data.get("epochs", layers.get("epochs", TrainConfig.__dataclass_fields__["epochs"].default))
-            planned = None if data.get("steps", layers.get("steps", 0)) else epochs
             try:
-                chosen = default_loss(int(batch), None if planned is None else int(planned), loss)
+                chosen = default_loss(int(planned("batch_size")), None if epochs is None else int(epochs), loss)
             except (TypeError, ValueError):
                 chosen = None  # a malformed batch_size or epochs: build() reports it against its key
             if chosen is not None:  # the choice table's rows are flat LossConfig keys
                 layers["loss"] = deep_merge(layers.get("loss", {}), migrate(LossConfig, chosen, source, "loss.")[0])
-        _plan_drrho_gamma(data, layers, source)
+        _plan_drrho_gamma(data, layers, epochs, source)
         return layers
 
     def __post_init__(self) -> None:

@@ -28,7 +28,7 @@ from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import ema as ema_lib
 from toolkit.train import model as model_lib
 from toolkit.train import towers
-from toolkit.train.batches import TrainData, check_reference, open_data, step_counts
+from toolkit.train.batches import TrainData, open_data, step_counts
 from toolkit.train.checkpoint.state import StateIO, TrainState, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
@@ -67,9 +67,9 @@ class Parts:
 
 def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``:
-    the training set this process's preflight opened (the model checks it fits, as on every rank)."""
+    the training set this process's preflight opened and checked (``open_data``); None: opened here."""
     rt = Runtime.start(cfg)
-    dataset = open_data(cfg, rt, dataset)
+    dataset = dataset if dataset is not None else open_data(cfg, rt.world_size)
     steps = step_counts(cfg, dataset.num_samples)
     built = model_lib.build(cfg.model, cfg.init, dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
                             cfg.seed, logit_bias=cfg.loss.init_logit_bias)
@@ -78,7 +78,6 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
     loss_fn = build_loss(cfg.loss, data_size=dataset.num_samples, check_sizes=False)
-    check_reference(dataset, loss_fn, cfg.loss.name)
     update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, steps.total, cfg.precision)
     micro = cfg.micro_batch_size
     if micro == "auto":

@@ -79,22 +79,20 @@ def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
 
 def preflight(cfg: TrainConfig):
     """Refuse what would fail on every rank, before any process starts or any output is written: data that
-    does not fit the model, a global batch larger than the data or not divisible by the ranks, a checkpoint
+    does not fit the model, a global batch larger than the data or not divisible by the ranks, a training set
+    without the reference embeddings the objective reads (``batches.open_data``), a checkpoint
     to resume that was written with another configuration (``resume.ConfigMismatch``). Returns the opened
     training set (a one-process run trains on it without opening or checking it again)."""
-    from toolkit.data.trainset.format import TrainDataset
-    from toolkit.data.trainset.order import BatchOrder
+    from toolkit.train.batches import open_data
     from toolkit.train.checkpoint.resume import refuse_other_config
     from toolkit.train.datacheck import refuse_other_data
     from toolkit.train.model import check_fit
 
     if not files.is_local(cfg.out):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")
-    dataset = TrainDataset.open(cfg.data)
-    order = BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block)
     lo, hi = cfg.launch.node_range()
-    if lo == hi:  # an elastic job's world size is known only at rendezvous (each rank checks it then)
-        order.batch_ids(0, 0, lo * cfg.launch.nproc_per_node)
+    # an elastic job's world size is known only at rendezvous (each rank checks it then)
+    dataset = open_data(cfg, lo * cfg.launch.nproc_per_node if lo == hi else None)
     check_fit(cfg.model, dataset)  # frozen-tower features too: against the model with their towers
     refuse_other_config(cfg)
     refuse_other_data(cfg)

@@ -100,6 +100,13 @@ def test_refuses_other_modes_and_a_missing_or_misshapen_reference():
         loss(x, y, p.exp(), torch.arange(7))
     with pytest.raises(ValueError, match="b = 7"):
         loss(x, y, p.exp(), torch.arange(7), reference=(u[:6], v[:6]))
+    # the checks shared with contrastive_loss and drrho (modes/common.py, base.reference_rows)
+    with pytest.raises(ValueError, match="distill: reference must be"):
+        loss(x, y, p.exp(), torch.arange(7), reference=u)
+    with pytest.raises(ValueError, match="same shape"):
+        loss(x, y[:6], p.exp(), torch.arange(7), reference=(u, v))
+    with pytest.raises(ValueError, match="logit_scale must be 0-d"):
+        loss(x, y, p.exp().reshape(1), torch.arange(7), reference=(u, v))
 
 
 def test_the_loss_section_is_omitted_from_records_at_its_default():

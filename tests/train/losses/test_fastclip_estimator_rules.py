@@ -54,6 +54,8 @@ def test_drrho_decays_over_the_runs_planned_epochs():
     assert build(TrainConfig, given, source="t.yaml").loss.fastclip.gamma_decay_epochs == 12
     with pytest.raises(ValueError, match="loss.gamma_decay_epochs: gamma_rule: drrho needs the planned epochs"):
         build(TrainConfig, {**base, "steps": 100, "loss": {"gamma_rule": "drrho"}}, source="t.yaml")
+    default = build(TrainConfig, {**base, "loss": {"gamma_rule": "drrho"}}, source="t.yaml")  # epochs' default
+    assert default.loss.fastclip.gamma_decay_epochs == default.epochs == 1
 
 
 def test_rules_are_refused_where_they_do_not_apply():

@@ -24,7 +24,7 @@ from toolkit.train.losses.registry import register
 if TYPE_CHECKING:
     from toolkit.train.losses.base import TrainingLoss
 
-__all__ = ["KINDS", "LOSS_NAMES", "LossConfig", "build_loss", "loss_fields", "register"]
+__all__ = ["KINDS", "LOSS_NAMES", "LossConfig", "build_loss", "loss_fields", "objective_class", "register"]
 
 
 def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **options) -> TrainingLoss:
@@ -33,11 +33,9 @@ def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **opti
     Called by every rank of ``group`` (FastCLIP's shared tables are created collectively). ``options``
     go to the objective's constructor (FastCLIP: ``table_dtype``, ``share_tables``; every objective:
     ``check_sizes``); those its constructor does not take are left out, so one call builds any objective."""
-    import importlib
     import inspect
 
-    module, _, name = registry.spec(cfg.kind).target.partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = objective_class(cfg.kind)
     accepted = inspect.signature(cls.__init__).parameters
     options = {k: v for k, v in options.items() if k in accepted}
     if not cls.needs_data_size:
@@ -46,6 +44,15 @@ def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **opti
         raise ValueError(f"{cfg.name} keeps per-sample state: build_loss needs data_size (the number of "
                          "sample ids of the training set)")
     return cls(cfg, data_size, group, **options)
+
+
+def objective_class(kind: str) -> type[TrainingLoss]:
+    """The ``TrainingLoss`` subclass of objective ``kind`` (the registry's target), imported but not built: its
+    class attributes (``reads_reference``, ``needs_data_size``) without allocating the objective's state."""
+    import importlib
+
+    module, _, name = registry.spec(kind).target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def __getattr__(attr: str):

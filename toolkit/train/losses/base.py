@@ -50,6 +50,23 @@ from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.modes.contrastive import mean_over_ranks
 
 
+def reference_rows(reference: object, b: int, objective: str) -> tuple[Tensor, Tensor]:
+    """(ref_image, ref_text) [b, d_ref] of an objective that ``reads_reference`` (named ``objective`` in the
+    errors), after refusing a missing reference, one that is not a pair, and rows that are not both [b, d_ref]
+    for the local batch's b. Called by every rank in the objective's forward, before any collective."""
+    if reference is None:
+        raise ValueError(f"{objective} needs reference=(ref_image, ref_text): the reference model's features of the "
+                         "batch (build the training set with --reference-model)")
+    if not isinstance(reference, (tuple, list)) or len(reference) != 2:
+        raise ValueError(f"{objective}: reference must be (ref_image [b, d_ref], ref_text [b, d_ref]), got "
+                         f"{type(reference).__name__}")
+    ref_image, ref_text = reference
+    if ref_image.dim() != 2 or ref_image.shape != ref_text.shape or ref_image.shape[0] != b:
+        raise ValueError(f"{objective}: reference features ref_image {tuple(ref_image.shape)} and ref_text "
+                         f"{tuple(ref_text.shape)} must both be [b, d_ref] with b = {b} (the batch's rows)")
+    return ref_image, ref_text
+
+
 @dataclass(frozen=True)
 class StatePart:
     """State an objective keeps outside nn.Module parameters (FastCLIP's tables, NeuCLIP's network), saved in

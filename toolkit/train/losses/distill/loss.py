@@ -16,9 +16,10 @@ from torch import Tensor
 
 from toolkit.core import dist as D
 from toolkit.kernels import accumulation_dtype
-from toolkit.train.losses.base import TrainingLoss
+from toolkit.train.losses.base import TrainingLoss, reference_rows
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.distill.kl import MODE_FNS
+from toolkit.train.losses.modes.common import check_local_pair, checked_scale
 
 
 class DistillLoss(TrainingLoss):
@@ -36,30 +37,13 @@ class DistillLoss(TrainingLoss):
                 index: Tensor | None = None, logit_bias: Tensor | None = None,
                 reference: tuple[Tensor, Tensor] | None = None) -> Tensor:
         x, y = image_features, text_features
-        u, v = self._teacher(x, y, reference)
-        if not isinstance(logit_scale, Tensor):
-            logit_scale = torch.tensor(float(logit_scale), device=x.device)
-        if logit_scale.dim() != 0:
-            raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
-        if self.check_sizes and D.get_world_size(self.group) > 1:
-            D.check_equal_sizes(x, self.group, what="local batch (image/text features)", ledger=self.ledger)
+        check_local_pair(x, y, self.cfg.mode, tuple(MODE_FNS), "distill", self.cfg.backend)
+        u, v = reference_rows(reference, x.shape[0], "distill")
+        u, v = u.detach().to(device=x.device, dtype=x.dtype), v.detach().to(device=x.device, dtype=x.dtype)
+        logit_scale = checked_scale(logit_scale, x, self.group, self.ledger, self.check_sizes)
         teacher_scale = torch.tensor(1.0 / self.cfg.distill.teacher_tau, dtype=accumulation_dtype(x), device=x.device)
         share = MODE_FNS[self.cfg.mode](x, y, logit_scale, u, v, teacher_scale, self.cfg.distill.weight,
                                         group=self.group, backend=self.cfg.backend, ledger=self.ledger)
         self._last = share.detach()
         return share
 
-    @staticmethod
-    def _teacher(x: Tensor, y: Tensor, reference: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """The reference rows (ref_image, ref_text) [b, d_ref], checked against x, y [b, d], in x's dtype."""
-        if reference is None:
-            raise ValueError("the distill objective needs reference=(ref_image, ref_text): a reference model's "
-                             "embeddings of the batch (a training set precomputed with --reference-model)")
-        if x.dim() != 2 or x.shape != y.shape:
-            raise ValueError(f"image_features {tuple(x.shape)} and text_features {tuple(y.shape)} must both be "
-                             "[b, d] with the same shape")
-        u, v = reference
-        if u.dim() != 2 or u.shape != v.shape or u.shape[0] != x.shape[0]:
-            raise ValueError(f"reference embeddings ref_image {tuple(u.shape)} and ref_text {tuple(v.shape)} must "
-                             f"both be [b, d_ref] with b = {x.shape[0]} (the batch's rows)")
-        return u.detach().to(device=x.device, dtype=x.dtype), v.detach().to(device=x.device, dtype=x.dtype)

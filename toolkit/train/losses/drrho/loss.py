@@ -34,24 +34,18 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from toolkit.train.losses.base import reference_rows
 from toolkit.train.losses.config import LossConfig
 from toolkit.train.losses.fastclip.estimators import GlobalBatch
 from toolkit.train.losses.fastclip.loss import FastCLIPLoss
 
 
-def widen(image_features: Tensor, text_features: Tensor, reference: tuple[Tensor, Tensor], ref_weight: float
+def widen(image_features: Tensor, text_features: Tensor, reference: tuple[Tensor, Tensor] | None, ref_weight: float
           ) -> tuple[Tensor, Tensor]:
     """(x̃ = [x, x^r], ỹ = [y, −β y^r]) [b, d + d_ref] in the promoted dtype of the features and the reference's
     (bf16 features with a bf16 reference stay bf16, the Triton backend's fast path; with a float32 reference they
-    become float32), differentiable in x and y. Checks the reference's shapes."""
-    if not isinstance(reference, (tuple, list)) or len(reference) != 2:
-        raise ValueError("drrho: reference must be (ref_image [b, d_ref], ref_text [b, d_ref]), got "
-                         f"{type(reference).__name__}")
-    ref_image, ref_text = reference
-    b = image_features.shape[0]
-    if ref_image.dim() != 2 or ref_image.shape != ref_text.shape or ref_image.shape[0] != b:
-        raise ValueError(f"drrho: reference features must both be [b, d_ref] with b = {b} (the batch's rows); got "
-                         f"ref_image {tuple(ref_image.shape)}, ref_text {tuple(ref_text.shape)}")
+    become float32), differentiable in x and y. Checks the reference (``reference_rows``) and its device."""
+    ref_image, ref_text = reference_rows(reference, image_features.shape[0], "drrho")
     if ref_image.device != image_features.device:
         raise ValueError(f"drrho: reference features on {ref_image.device}, student features on "
                          f"{image_features.device}")
@@ -90,9 +84,6 @@ class DRRhoLoss(FastCLIPLoss):
         image_features, text_features: [b, d] L2-normalised student features; logit_scale a = exp(p) (0-d);
         index: [b] dense sample ids; reference: (ref_image, ref_text) [b, d_ref], the reference model's
         L2-normalised features of the same rows (no gradient); logit_bias: unused."""
-        if reference is None:
-            raise ValueError("drrho needs the reference model's features of the batch (forward's reference="
-                             "(ref_image, ref_text)); build the training set with --reference-model")
         if logit_scale is None:
             raise ValueError("drrho needs logit_scale (exp of the model's logit_scale)")
         x, y = widen(image_features, text_features, reference, self.cfg.drrho.ref_weight)

@@ -13,7 +13,8 @@ from toolkit import kernels as K
 from toolkit.core import dist as D
 from toolkit.kernels import accumulation_dtype, clip_value
 
-__all__ = ["accumulation_dtype", "add_positive_grads", "clip_value", "gather_pairs", "positive_logits"]
+__all__ = ["accumulation_dtype", "add_positive_grads", "check_local_pair", "checked_scale", "clip_value",
+           "gather_pairs", "positive_logits"]
 
 
 def positive_logits(x: Tensor, y: Tensor) -> Tensor:
@@ -48,3 +49,17 @@ def check_local_pair(image_local: Tensor, text_local: Tensor, mode: str, modes: 
         raise ValueError(f"image_local {tuple(image_local.shape)} and text_local {tuple(text_local.shape)} "
                          "must both be [b, d] with the same shape")
     K.resolve_backend(backend, image_local.device)
+
+
+def checked_scale(logit_scale: Tensor | float, image_local: Tensor, group=None, ledger: D.CommLedger | None = None,
+                  check_sizes: bool = True) -> Tensor:
+    """The logit scale a as a 0-d tensor (a float becomes one on image_local's device; any other shape is
+    refused); with ``check_sizes``, also refuses local batches image_local [b, d] of different shapes across the
+    ranks of ``group`` (one tiny all_gather when K > 1). Called by every rank, after ``check_local_pair``."""
+    if not isinstance(logit_scale, Tensor):
+        logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
+    if logit_scale.dim() != 0:
+        raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
+    if check_sizes:
+        D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
+    return logit_scale

@@ -32,6 +32,7 @@ from toolkit.train.losses.modes.anchors import fastclip_loss
 from toolkit.train.losses.modes.common import (
     add_positive_grads,
     check_local_pair,
+    checked_scale,
     clip_value,
     gather_pairs,
     positive_logits,
@@ -127,12 +128,7 @@ def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tenso
     recorded in ``ledger`` (default ``toolkit.core.dist.LEDGER``).
     """
     check_local_pair(image_local, text_local, mode, MODES, "loss", backend)  # before any collective
-    if not isinstance(logit_scale, Tensor):
-        logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
-    if logit_scale.dim() != 0:
-        raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
-    if check_sizes:
-        D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
+    logit_scale = checked_scale(logit_scale, image_local, group, ledger, check_sizes)
     return MODE_FNS[mode](image_local, text_local, logit_scale, group=group, backend=backend, ledger=ledger)
 
 
