@@ -38,3 +38,17 @@ def test_quiet_silences_torchrun_and_the_workers(demo_train, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr == "", result.stderr[-3000:]  # no banner (OMP_NUM_THREADS), no INFO line of any process
     assert "2 steps, 32 samples on 2 rank(s)" in result.stdout
+
+
+def test_an_elastic_job_with_a_global_batch_larger_than_the_data_is_refused_before_launch(demo_train, tmp_path):
+    """nodes MIN:MAX: the world size (and so the divisibility check) waits for rendezvous, but a global batch
+    larger than the data fails at any world size, so the preflight refuses it before any process starts."""
+    import json
+
+    from toolkit.train.run import preflight
+
+    num_samples = json.loads((demo_train / "dataset.json").read_text())["num_samples"]
+    cfg = train_cfg(demo_train, tmp_path / "run", batch_size=num_samples + 1, launch={"nodes": "1:2"})
+    with pytest.raises(ValueError, match=r"is larger than the dataset"):
+        preflight(cfg)
+    assert not (tmp_path / "run").exists()

@@ -179,12 +179,10 @@ def resize_taps(starts: np.ndarray, lengths: np.ndarray, size: int
     hi = np.minimum(np.trunc(center + support + 0.5), lengths[:, None, None])
     j = lo + np.arange(int((hi - lo).max()), dtype=np.float64)[None, None, :]  # [n, size, K], span-relative
     w = np.where(j < hi, _cubic((j - center + 0.5) / np.maximum(scale, 1.0)), 0.0)
-    # Summed tap by tap, not w.sum(axis=2): numpy sums 8 or more terms pairwise, so a row's total (and its
-    # last bits) would depend on how many zero taps pad it, i.e. on the widest row of the other samples.
-    # For K <= 7 this is the order numpy sums in.
-    total = np.zeros_like(w[:, :, :1])
-    for k in range(w.shape[2]):
-        total += w[:, :, k:k + 1]
+    # Summed left to right (cumsum), not w.sum(axis=2): numpy sums 8 or more terms pairwise, so a row's total
+    # (and its last bits) would depend on how many zero taps pad it, i.e. on the widest row of the other
+    # samples. For K <= 7 this is the order numpy sums in.
+    total = np.cumsum(w, axis=2)[:, :, -1:]
     idx = np.minimum(j, hi - 1).astype(np.int64) + starts[:, None, None]
     return idx, w / np.where(total == 0, 1.0, total), (hi - lo).max(axis=(1, 2)).astype(np.int64)
 
@@ -204,21 +202,13 @@ def _resize_last(x: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> 
 
 
 def _to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """The host ``arrays`` as tensors on ``device`` after ONE host-to-device copy: packed into one byte
-    buffer (pinned when CUDA is there, so the copy does not stall the host), then viewed back. Arrays whose
-    item is 8 bytes must come first (each view starts at a multiple of its item size)."""
-    import numpy as np
+    """The host ``arrays`` as tensors on ``device``; to CUDA from pinned memory and without blocking, so the
+    copies do not stall the host."""
     import torch
 
-    parts = [torch.from_numpy(np.ascontiguousarray(a)).reshape(-1) for a in arrays]
-    pinned = device.type == "cuda" and torch.cuda.is_available()
-    host = torch.empty(sum(a.nbytes for a in arrays), dtype=torch.uint8, pin_memory=pinned)
-    torch.cat([p.view(torch.uint8) for p in parts], out=host)
-    packed, out, offset = host.to(device, non_blocking=True), [], 0
-    for a, part in zip(arrays, parts, strict=True):
-        out.append(packed[offset:offset + a.nbytes].view(part.dtype).reshape(a.shape))
-        offset += a.nbytes
-    return out
+    cuda = device.type == "cuda"
+    return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) if cuda else torch.from_numpy(a)
+            for a in arrays]
 
 
 def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
@@ -231,8 +221,8 @@ def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.
     (torch's uint8 path uses 16-bit fixed-point weights). Called by the training process
     (``TrainData.to_device``) when the crop runs on the device.
 
-    The taps of the whole batch are built on the host at once and moved in one copy (:func:`_to_device`);
-    each RESIZE_CHUNK-sample chunk then takes its slice, cut to the taps its own samples use."""
+    The taps of the whole batch are built on the host at once and moved together (:func:`_to_device`); each
+    RESIZE_CHUNK-sample chunk then takes its slice, cut to the taps its own samples use."""
     import numpy as np
     import torch
 

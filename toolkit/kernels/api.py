@@ -210,6 +210,15 @@ class ClipLossFn(torch.autograd.Function):
         return dx.to(x.dtype), dy.to(y.dtype), d_scale.to(scale.dtype), None, None, None
 
 
+def as_scale(logit_scale: Tensor | float, device: torch.device) -> Tensor:
+    """The logit scale as a 0-d tensor (a float becomes one on ``device``); any other shape is refused."""
+    if not isinstance(logit_scale, Tensor):
+        logit_scale = torch.tensor(float(logit_scale), device=device)
+    if logit_scale.dim() != 0:
+        raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
+    return logit_scale
+
+
 def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor, *, backend: str = "auto",
               block_size: int | None = None, input_precision: str | None = None) -> Tensor:
     """½(CE image→text + CE text→image), positives on the diagonal; value and gradients as open_clip's
@@ -219,10 +228,7 @@ def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
     if image_features.shape != text_features.shape:
         raise ValueError(f"image_features {tuple(image_features.shape)} and text_features "
                          f"{tuple(text_features.shape)} must have the same shape [B, D]")
-    if not isinstance(logit_scale, Tensor):
-        logit_scale = torch.tensor(float(logit_scale), device=image_features.device)
-    if logit_scale.dim() != 0:
-        raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
+    logit_scale = as_scale(logit_scale, image_features.device)
     _check_inputs(image_features, text_features, logit_scale, logit_scale)
     if resolve_backend(backend, image_features.device, image_features.dtype) == "naive":
         return naive.clip_loss(image_features, text_features, logit_scale)

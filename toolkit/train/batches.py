@@ -57,9 +57,9 @@ def open_data(cfg: TrainConfig, world_size: int | None) -> TrainDataset:
     by every rank that did not get the preflight's set (an elastic job learns its world size only at
     rendezvous; the ranks of the user's own torchrun or srun had no preflight)."""
     dataset = TrainDataset.open(cfg.data)
+    order = BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block)  # batch <= data
     if world_size is not None:
-        BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block).batch_ids(
-            0, 0, world_size)
+        order.batch_ids(0, 0, world_size)  # a global batch the ranks divide
     check_reference(dataset, cfg.loss)
     return dataset
 

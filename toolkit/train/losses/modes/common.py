@@ -56,10 +56,7 @@ def checked_scale(logit_scale: Tensor | float, image_local: Tensor, group=None, 
     """The logit scale a as a 0-d tensor (a float becomes one on image_local's device; any other shape is
     refused); with ``check_sizes``, also refuses local batches image_local [b, d] of different shapes across the
     ranks of ``group`` (one tiny all_gather when K > 1). Called by every rank, after ``check_local_pair``."""
-    if not isinstance(logit_scale, Tensor):
-        logit_scale = torch.tensor(float(logit_scale), device=image_local.device)
-    if logit_scale.dim() != 0:
-        raise ValueError(f"logit_scale must be 0-d, got shape {tuple(logit_scale.shape)}")
+    logit_scale = K.as_scale(logit_scale, image_local.device)
     if check_sizes:
         D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)
     return logit_scale
