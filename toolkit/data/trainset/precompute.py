@@ -75,7 +75,9 @@ class PrecomputeConfig:
                               doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
     max_image_pixels: int = option(DEFAULT_MAX_IMAGE_PIXELS, ge=1,
                                    doc="Images with more pixels are skipped as decompression bombs.")
-    caption_ext: str = option("txt", doc="Extension of the caption member of each raw sample.")
+    caption_ext: str = option("txt", doc="Caption member of each raw sample: txt (its text), or json / json:FIELD "
+                                         "(the string FIELD, default caption, of the .json member: img2dataset "
+                                         "writes the caption there too).")
     image_tower: ImageTowerKind = option("none", doc="Store this frozen image tower's features instead of "
                                                      "pixels (LiT): none, open_clip or efficientnet_lite0.")
     image_tower_model: str = option("", doc="open_clip model name of an open_clip image tower.")

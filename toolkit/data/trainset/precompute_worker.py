@@ -66,17 +66,52 @@ class ShardResult:
 
 
 def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str] | None]:
-    """(caption, None) or (None, (reason, message)) for the sample's caption member."""
-    if ext not in sample.files:
-        return None, ("missing_caption", f"no .{ext} member")
+    """(caption, None) or (None, (reason, message)) for the sample's caption member.
+
+    ``ext`` names the member: ``txt`` (its text), or ``json`` / ``json:FIELD``: the string ``FIELD``
+    (default ``caption``, where img2dataset writes it) of the member's JSON object, never the JSON text itself.
+    """
+    member, _, key = ext.partition(":")
+    if member == "json" and not key:
+        key = "caption"
+    if member not in sample.files:
+        return None, ("missing_caption", f"no .{member} member{_caption_hint(sample, member)}")
     try:
-        text = sample.files[ext].decode("utf-8")
+        text = sample.files[member].decode("utf-8")
     except UnicodeDecodeError as err:
         return None, ("non_utf8_caption", f"caption is not UTF-8: {err}")
+    if key:
+        text, problem = _json_caption(text, member, key)
+        if problem is not None:
+            return None, problem
     text = text.strip()
     if not text:
         return None, ("empty_caption", "caption is empty or whitespace only")
     return text, None
+
+
+def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str] | None]:
+    """The string ``key`` of the JSON object in ``text`` (a ``.member`` member), or a skip (reason, message)."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        return "", ("bad_caption_json", f".{member} member is not valid JSON: {err}")
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if value is None:
+        return "", ("missing_caption", f"the .{member} member has no {key!r} key")
+    if not isinstance(value, str):
+        return "", ("bad_caption_json", f"{key!r} of the .{member} member is a {type(value).__name__}, not a string")
+    return value, None
+
+
+def _caption_hint(sample: RawSample, member: str) -> str:
+    """Why a caption member is missing, when the sample holds a caption elsewhere: img2dataset writes the
+    caption into ``.json`` too, and some webdatasets carry it only there."""
+    if member != "json" and b'"caption"' in sample.files.get("json", b""):
+        return " (its .json member has a 'caption': --caption-ext json reads it)"
+    return ""
 
 
 class _FieldSink:
