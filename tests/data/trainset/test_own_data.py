@@ -8,6 +8,7 @@ import json
 import tarfile
 
 import numpy as np
+import pytest
 from datakit import encode, random_image, read_meta
 
 from toolkit.core.config import build
@@ -77,3 +78,21 @@ def test_captions_only_in_json(tmp_path):
     _precompute(raw, with_txt)
     assert _skipped(with_txt)[0]["message"] == ("no .txt member (its .json member has a 'caption': "
                                                 "--caption-ext json reads it)")
+
+
+def test_dotted_file_names_are_explained(tmp_path):
+    """Files named photo.0001.jpg / photo.0001.txt all share webdataset's key 'photo' (a key ends at the first
+    dot): the set collapses into one sample, and the error says why instead of a bare 'missing_caption: 1'."""
+    rng = np.random.default_rng(1)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    members = []
+    for i in range(8):
+        members += [(f"photo.{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
+                    (f"photo.{i:04d}.txt", b"a caption")]
+    _tar(raw / "00000.tar", members)
+    with pytest.raises(ValueError) as err:
+        _precompute(raw, tmp_path / "out")
+    message = str(err.value)
+    assert "no valid sample in 1 raw shard(s) (missing_caption: 1); e.g. 00000.tar key 'photo': no .txt member" in message
+    assert "(16 in all); a key ends at the first dot of the file name" in message

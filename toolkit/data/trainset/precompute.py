@@ -296,8 +296,10 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
                                  cfg.max_truncated_share, cfg.input)
                 if not any(r.num_kept for r in results):
                     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
+                    first = next(((shard_basename(r.url), s) for r in results for s in r.skips), None)
+                    example = f"; e.g. {first[0]} key {first[1][1]!r}: {first[1][2]}" if first else ""
                     raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
-                                     f"({reasons or 'empty'})")
+                                     f"({reasons or 'empty'}){example}")
                 start, skips = time.monotonic(), []
                 write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
                 shards, data_root, data_files = write(cfg, fields, results, urls, skips)

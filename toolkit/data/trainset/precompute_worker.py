@@ -107,11 +107,22 @@ def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str
 
 
 def _caption_hint(sample: RawSample, member: str) -> str:
-    """Why a caption member is missing, when the sample holds a caption elsewhere: img2dataset writes the
-    caption into ``.json`` too, and some webdatasets carry it only there."""
+    """Why a caption member is missing, when the sample shows it: its .json holds a caption (img2dataset writes
+    it there too; some webdatasets carry it only there), or its files were grouped under a dotted key."""
     if member != "json" and b'"caption"' in sample.files.get("json", b""):
         return " (its .json member has a 'caption': --caption-ext json reads it)"
-    return ""
+    return members_hint(sample)
+
+
+def members_hint(sample: RawSample) -> str:
+    """' (members: ...)' of a skipped sample; for files named ``name.part.ext`` it adds webdataset's rule that
+    put them all under the key ``name``, which is why no member is called ``.txt`` or ``.jpg``."""
+    names = sorted(sample.files)
+    listed = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+    if any("." in ext for ext in names):
+        return (f" (members: {listed}; a key ends at the first dot of the file name, so files named "
+                f"{sample.key}.<part>.<ext> form one sample {sample.key!r}: rename them without dots in the key)")
+    return f" (members: {listed})"
 
 
 class _FieldSink:
@@ -271,7 +282,7 @@ def _process(task: ShardTask) -> ShardResult:
         caption, problem = caption_of(sample, task.caption_ext)
         image = sample.image()
         if problem is None and image is None:
-            problem = ("missing_image", f"no image member (members: {', '.join(sorted(sample.files))})")
+            problem = ("missing_image", f"no image member{members_hint(sample)}")
         if problem is None:
             try:
                 pixels, converted = decode_rgb(image[1], size, task.resize_mode, task.max_image_pixels)
