@@ -96,3 +96,54 @@ def test_dotted_file_names_are_explained(tmp_path):
     message = str(err.value)
     assert "no valid sample in 1 raw shard(s) (missing_caption: 1); e.g. 00000.tar key 'photo': no .txt member" in message
     assert "(16 in all); a key ends at the first dot of the file name" in message
+
+
+def test_index_over_http_shards(tmp_path):
+    """Raw shards on a web server (127.0.0.1, real HTTP through fsspec + aiohttp): pixels mode streams them, an
+    index reads every image as a byte range at training time and gives the local index's exact batches; a
+    server that answers ranges with the whole file (python -m http.server) is refused, naming why."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from toolkit.data.acquire.serve import serve
+    from toolkit.data.trainset.loader import make_loader
+
+    rng = np.random.default_rng(2)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for shard in range(2):
+        _tar(raw / f"{shard:05d}.tar", [m for i in range(5) for m in
+                                        [(f"{shard}{i:03d}.webp", encode(random_image(rng, 30, 20), "WEBP")),
+                                         (f"{shard}{i:03d}.txt", f"caption {shard} {i}".encode())]])
+    local = tmp_path / "local"
+    _precompute(raw, local, storage="index")
+    with serve(str(tmp_path)) as server:
+        remote = tmp_path / "remote"
+        _precompute(f"{server.url}raw/{{00000..00001}}.tar", remote, storage="index")
+        assert json.loads((remote / "dataset.json").read_text())["data_root"] == f"{server.url}raw"
+        batches = [next(iter(make_loader(str(out), batch_size=10, shuffle=False, num_workers=0)))
+                   for out in (local, remote)]
+        assert server.request_counts["/raw/00001.tar"] > 1  # streamed once, then read back by range
+        assert np.array_equal(batches[0]["image"], batches[1]["image"])
+        assert np.array_equal(batches[0]["tokens"], batches[1]["tokens"])
+        _precompute(f"{server.url}raw/", tmp_path / "pixels")
+        assert len(read_meta(tmp_path / "pixels")) == 10
+
+    port_file = tmp_path / "port"
+    plain = subprocess.Popen([sys.executable, "-c", "import http.server as h, sys; s = h.ThreadingHTTPServer(("
+                              "'127.0.0.1', 0), h.SimpleHTTPRequestHandler); open(sys.argv[1], 'w').write("
+                              "str(s.server_port)); s.serve_forever()", str(port_file)], cwd=tmp_path)
+    try:
+        for _ in range(100):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text()}/raw/00000.tar"
+        urllib.request.urlopen(url).read()  # the server is up
+        with pytest.raises(RuntimeError, match="does not answer HTTP Range requests"):
+            _precompute(url, tmp_path / "plain", storage="index")
+    finally:
+        plain.kill()
+        plain.wait()
