@@ -9,7 +9,7 @@ import tarfile
 
 import numpy as np
 import pytest
-from datakit import encode, random_image, read_meta
+from datakit import encode, good_samples, random_image, read_meta, write_raw_shard
 
 from toolkit.core.config import build
 from toolkit.data.trainset.precompute import PrecomputeConfig, run
@@ -147,3 +147,21 @@ def test_index_over_http_shards(tmp_path):
     finally:
         plain.kill()
         plain.wait()
+
+
+def test_glob_over_an_img2dataset_folder_reads_only_the_tars(tmp_path, caplog):
+    """`raw/*` also matches img2dataset's 00000_stats.json and 00000.parquet; they are no shards and must not be
+    read as damaged tars (they were: 'unreadable_tar' skips, 'damaged' lines, read counts too high)."""
+    rng = np.random.default_rng(3)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for shard in range(2):
+        write_raw_shard(raw / f"{shard:05d}.tar", good_samples(rng, f"g{shard}_", 4))
+    by_folder, by_glob = tmp_path / "folder", tmp_path / "glob"
+    _precompute(raw, by_folder)
+    result = _precompute(f"{raw}/*", by_glob)
+    assert result.counts["num_read"] == 8 and result.counts["skipped"] == {}
+    assert result.counts["num_raw_shards"] == 2 and result.counts["num_damaged_tars"] == 0
+    assert (by_glob / "00000.tar").read_bytes() == (by_folder / "00000.tar").read_bytes()
+    assert "4 matched file(s) that are not .tar ignored (00000.parquet, 00000_stats.json, 00001.parquet, ...)" \
+        in caplog.text

@@ -59,7 +59,8 @@ class RawSample:
 def list_shards(source: str) -> list[str]:
     """Raw shard URLs of ``source`` in sorted order: a folder of ``*.tar``, one ``.tar``, a glob or a
     brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError.
-    Compressed tars in a folder (``.tar.gz``, ...) are not read; a warning names them."""
+    Compressed tars in a folder (``.tar.gz``, ...) and a glob's matches that are not tars (``raw/*`` also
+    matches img2dataset's ``_stats.json`` and ``.parquet``) are not read; a warning names them."""
     if "{" in source:
         import braceexpand
 
@@ -72,8 +73,11 @@ def list_shards(source: str) -> list[str]:
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     prefix = "" if files.is_local(source) else f"{protocol}://"
     compressed: list[str] = []
+    others: list[str] = []  # a glob's matches that are not tars: img2dataset's sidecars, mostly
     if any(ch in path for ch in "*?["):
-        found = fs.glob(path)
+        names = fs.glob(path)  # a pattern that names compressed tars reads them (tarfile decompresses)
+        found = [p for p in names if p.endswith((".tar", *COMPRESSED_TAR_EXTS))]
+        others = sorted(p.rsplit("/", 1)[-1] for p in names if p not in found and not fs.isdir(p))
     elif fs.isdir(path):
         names = fs.ls(path, detail=False)
         found = [p for p in names if p.endswith(".tar")]
@@ -82,16 +86,23 @@ def list_shards(source: str) -> list[str]:
         found = [path]
     else:
         raise FileNotFoundError(f"{source}: no such file or folder")
-    note = ""
+    notes = []
     if compressed:
-        note = (f"{len(compressed)} compressed tar(s) ignored ({', '.join(compressed[:3])}"
-                f"{', ...' if len(compressed) > 3 else ''}): only plain .tar shards are read; decompress them")
+        notes.append(f"{len(compressed)} compressed tar(s) ignored ({_some(compressed)}): only plain .tar shards "
+                     "are read; decompress them")
+    if others:  # `raw/*` also matches 00000_stats.json and 00000.parquet, which are no shards
+        notes.append(f"{len(others)} matched file(s) that are not .tar ignored ({_some(others)})")
+    note = "; ".join(notes)
     urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
     if not urls:
         raise FileNotFoundError(f"{source}: no .tar shards found" + (f"; {note}" if note else ""))
     if note:
         log.warning("%s: %s", source, note)
     return urls
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def shard_basename(url: str) -> str:
