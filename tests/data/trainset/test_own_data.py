@@ -165,3 +165,16 @@ def test_glob_over_an_img2dataset_folder_reads_only_the_tars(tmp_path, caplog):
     assert (by_glob / "00000.tar").read_bytes() == (by_folder / "00000.tar").read_bytes()
     assert "4 matched file(s) that are not .tar ignored (00000.parquet, 00000_stats.json, 00001.parquet, ...)" \
         in caplog.text
+
+
+def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
+    """`toolkit train --data RAW` (the raw shards themselves): the error gives the precompute step to run."""
+    from toolkit.data.trainset.format import TrainDataset
+
+    write_raw_shard(tmp_path / "00000.tar", good_samples(np.random.default_rng(4), "r", 2))
+    with pytest.raises(FileNotFoundError, match=r"a precompute output directory\? It holds \.tar files: raw shards "
+                                                r"are read by `toolkit data precompute --in "):
+        TrainDataset.open(str(tmp_path))
+    (tmp_path / "00000.tar").unlink()
+    with pytest.raises(FileNotFoundError, match=r"a precompute output directory\?$"):
+        TrainDataset.open(str(tmp_path))

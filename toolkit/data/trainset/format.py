@@ -153,7 +153,7 @@ class TrainDataset:
         """Read ``root/dataset.json`` (local or fsspec); errors name the path."""
         path = files.join(root, DATASET_JSON)
         if not files.exists(path):
-            raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
+            raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?{_raw_hint(root)}")
         try:
             data = files.read_json(path)
         except (ValueError, UnicodeDecodeError) as err:  # empty, cut short, not JSON: name the file
@@ -180,6 +180,17 @@ class TrainDataset:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
         check_reference_fields(ds, path)
         return ds
+
+
+def _raw_hint(root: str) -> str:
+    """The next step, when ``root`` (local) holds .tar files but no dataset.json: raw shards given to the trainer."""
+    import os
+
+    local = files.local_path(root) if files.is_local(root) else ""
+    if not local or not os.path.isdir(local) or not any(n.endswith(".tar") for n in os.listdir(local)):
+        return ""
+    return (f" It holds .tar files: raw shards are read by `toolkit data precompute --in {root} --out TRAIN "
+            "--model MODEL`, whose TRAIN folder is what `--data` takes")
 
 
 def check_reference_fields(ds: Any, path: str) -> None:
