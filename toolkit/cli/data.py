@@ -144,6 +144,9 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
                    f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read")
     _echo_counts("skipped", c["skipped"])
     _echo_converted(c["converted"])
+    if c.get("num_captions_cut"):  # kept, but the text past the context is not trained on
+        typer.echo(f"captions cut at the model's context length: {c['num_captions_cut']} of {c['num_samples']} "
+                   "(only their first tokens are stored; a model with a longer context keeps more)")
     for shard, error in (result.details.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
 

@@ -178,3 +178,25 @@ def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
     (tmp_path / "00000.tar").unlink()
     with pytest.raises(FileNotFoundError, match=r"a precompute output directory\?$"):
         TrainDataset.open(str(tmp_path))
+
+
+def test_captions_longer_than_the_context_are_counted(tmp_path):
+    """cliptk-tiny's context is 32 tokens: a 30-word caption (32 with start and end) fits exactly, a 31-word one
+    is cut. The cut is counted in the manifest instead of happening unseen."""
+    rng = np.random.default_rng(5)
+    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": " ".join(["a"] * words).encode()})
+               for i, words in enumerate([3, 30, 31, 200])]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_raw_shard(raw / "00000.tar", samples)
+    result = _precompute(raw, tmp_path / "out")
+    assert result.counts["num_samples"] == 4 and result.counts["num_captions_cut"] == 2
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["num_captions_cut"] == 2
+
+    (raw / "00001.tar").write_bytes(b"not a tar")  # 1 of 5 samples lost: the first run fails, keeping its work
+    with pytest.raises(ValueError, match="max_truncated_share"):
+        _precompute(raw, tmp_path / "resumed")
+    resumed = _precompute(raw, tmp_path / "resumed", max_truncated_share=1)
+    assert resumed.details["throughput"]["num_resumed_raw_shards"] == 2
+    assert resumed.counts["num_captions_cut"] == 2  # carried by the finished shards' records

@@ -239,6 +239,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
         "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
+        "num_captions_cut": sum(r.num_captions_cut for r in results),
         "samples_per_s": round(read_now / max(total_s, 1e-9), 1),
     })
     rec.details.update({

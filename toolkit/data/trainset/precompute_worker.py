@@ -63,6 +63,7 @@ class ShardResult:
     converted: Counter = field(default_factory=Counter)
     tar_error: str | None = None
     reference_s: float = 0.0  # seconds this shard's reference pass took in its worker (precompute --reference-model)
+    num_captions_cut: int = 0  # kept captions longer than the context: their tokens past it are not stored
 
 
 def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str] | None]:
@@ -196,8 +197,10 @@ def check_index_offsets(url: str, image_path: str) -> None:
                              "offsets in the file); decompress the shards or use storage pixels or jpeg")
 
 
-def _write_text(path: str, captions: list[str]) -> None:
-    """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order."""
+def _write_text(path: str, captions: list[str]) -> int:
+    """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order; returns how
+    many captions the tokenizer cut at the context length (0 with a text tower, whose cut is its own)."""
+    num_cut = 0
     with open(path, "wb") as fh:
         for start in range(0, len(captions), ENCODE_BATCH):
             chunk = captions[start:start + ENCODE_BATCH]
@@ -205,7 +208,21 @@ def _write_text(path: str, captions: list[str]) -> None:
                 fh.write(np.ascontiguousarray(STATE["text_tower"].encode(chunk), dtype="<f2").tobytes())
             else:
                 tokens = STATE["tokenizer"](chunk)
+                num_cut += count_cut(chunk, tokens)
                 fh.write(np.ascontiguousarray(tokens.numpy(), dtype="<i4").tobytes())
+    return num_cut
+
+
+def count_cut(chunk: list[str], tokens) -> int:
+    """Captions of ``chunk`` longer than the context that gave ``tokens`` [n, L]: tokenized one position longer,
+    their first L tokens differ (a cut caption ends in an end-of-text token put over its L-th token), whatever
+    the tokenizer pads with. A tokenizer without a ``context_length`` argument: rows with no padding left."""
+    length = tokens.shape[1]
+    try:
+        longer = STATE["tokenizer"](chunk, context_length=length + 1)
+    except TypeError:
+        return int((tokens[:, -1] != 0).sum())
+    return int((longer[:, :length] != tokens).any(dim=1).sum())
 
 
 def _missing_after_read(task: ShardTask, reader: RawShardReader, seen: set[str], res: ShardResult) -> None:
@@ -317,7 +334,7 @@ def _process(task: ShardTask) -> ShardResult:
     if reader.error_kind == "unreadable_tar" and len(res.skips) == before:
         res.skips.append(("unreadable_tar", "*", f"{reader.error} (sample count unknown)"))
     res.num_read += len(res.skips) - before
-    _write_text(res.text_path, captions)
+    res.num_captions_cut = _write_text(res.text_path, captions)
     if ref is not None:
         ref.close(captions)
         res.reference_s = round(ref.seconds, 3)
