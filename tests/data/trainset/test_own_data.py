@@ -200,3 +200,19 @@ def test_captions_longer_than_the_context_are_counted(tmp_path):
     resumed = _precompute(raw, tmp_path / "resumed", max_truncated_share=1)
     assert resumed.details["throughput"]["num_resumed_raw_shards"] == 2
     assert resumed.counts["num_captions_cut"] == 2  # carried by the finished shards' records
+
+
+def test_members_listed_apart_in_the_tar_are_explained(tmp_path):
+    """`tar cf s.tar *.jpg *.txt` lists every image before every caption; webdataset groups only consecutive
+    members, so each key is read twice (image only, then caption only). The error says so."""
+    rng = np.random.default_rng(6)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _tar(raw / "00000.tar", [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")) for i in range(4)]
+         + [(f"{i:04d}.txt", f"caption {i}".encode()) for i in range(4)])
+    with pytest.raises(ValueError) as err:
+        _precompute(raw, tmp_path / "out")
+    message = str(err.value)
+    assert "(missing_caption: 4, duplicate_key: 4); e.g. 00000.tar key '0000': no .txt member (members: jpg); " \
+           "00000.tar key '0000': key repeats within 00000.tar (this time with txt; its earlier members lacked them): " \
+           "a sample's files must follow each other in the tar" in message

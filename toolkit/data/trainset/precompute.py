@@ -38,7 +38,7 @@ from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset import precompute_write as writing
 from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
 from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
-from toolkit.data.trainset.truncation import check_truncation
+from toolkit.data.trainset.truncation import check_some_kept, check_truncation
 from toolkit.data.trainset.writer import remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
@@ -295,12 +295,7 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
                 check_truncation([{"reason": r, "shard": shard_basename(res.url)} for res in results
                                   for r, _, _ in res.skips], sum(r.num_read for r in results),
                                  cfg.max_truncated_share, cfg.input)
-                if not any(r.num_kept for r in results):
-                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
-                    first = next(((shard_basename(r.url), s) for r in results for s in r.skips), None)
-                    example = f"; e.g. {first[0]} key {first[1][1]!r}: {first[1][2]}" if first else ""
-                    raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
-                                     f"({reasons or 'empty'}){example}")
+                check_some_kept([(shard_basename(r.url), r.num_kept, r.skips) for r in results], cfg.input)
                 start, skips = time.monotonic(), []
                 write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
                 shards, data_root, data_files = write(cfg, fields, results, urls, skips)

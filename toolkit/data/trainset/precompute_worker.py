@@ -285,6 +285,16 @@ def _reference_sink(task: ShardTask):
     return ReferenceSink(STATE["reference"], task.stem, ENCODE_BATCH, task.max_image_pixels)
 
 
+def _repeat_message(task: ShardTask, sample: RawSample, partial: set[str]) -> str:
+    """Why a key read again within one tar is skipped; when its first sample lacked a member, the tar lists a
+    sample's files apart (``tar cf s.tar *.jpg *.txt``), and webdataset groups only consecutive members."""
+    message = f"key repeats within {shard_basename(task.url)}"
+    if sample.key in partial:
+        message += (f" (this time with {', '.join(sorted(sample.files))}; its earlier members lacked them): a sample's "
+                    "files must follow each other in the tar, as webdataset reads them; write the tar in name order")
+    return message
+
+
 def _process(task: ShardTask) -> ShardResult:
     res, keys, captions = ShardResult(task.index, task.url), [], []
     res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
@@ -292,14 +302,14 @@ def _process(task: ShardTask) -> ShardResult:
     tower = STATE.get("image_tower")
     sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
     size = tower.image_size if tower is not None else task.image_size
-    reader, seen = RawShardReader(task.url), set()
+    reader, seen, partial = RawShardReader(task.url), set(), set()  # partial: keys skipped for a missing member
     jpg = open(task.stem + ".jpg", "wb") if task.storage == "jpeg" else None
     ref = _reference_sink(task)
     for sample in reader.samples():
         res.num_read += 1
         on_read(1)
         if sample.key in seen:
-            res.skips.append(("duplicate_key", sample.key, f"key repeats within {shard_basename(task.url)}"))
+            res.skips.append(("duplicate_key", sample.key, _repeat_message(task, sample, partial)))
             continue
         seen.add(sample.key)
         caption, problem = caption_of(sample, task.caption_ext)
@@ -313,6 +323,8 @@ def _process(task: ShardTask) -> ShardResult:
                 problem = (err.reason, f".{image[0]}: {err}")
         if problem is not None:
             res.skips.append((problem[0], sample.key, problem[1]))
+            if problem[0] in ("missing_image", "missing_caption"):
+                partial.add(sample.key)
             continue
         if converted:
             res.converted[converted] += 1
