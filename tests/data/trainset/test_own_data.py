@@ -216,3 +216,21 @@ def test_members_listed_apart_in_the_tar_are_explained(tmp_path):
     assert "(missing_caption: 4, duplicate_key: 4); e.g. 00000.tar key '0000': no .txt member (members: jpg); " \
            "00000.tar key '0000': key repeats within 00000.tar (this time with txt; its earlier members lacked them): " \
            "a sample's files must follow each other in the tar" in message
+
+
+def test_json_captions_in_a_cut_tar_keep_the_last_whole_sample(tmp_path):
+    """A tar cut right after a sample's .json: with --caption-ext json that sample is whole (image + caption)
+    and kept, as a .txt sample is with the default; only the samples past the cut are lost."""
+    rng = np.random.default_rng(7)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _tar(raw / "00000.tar", [m for i in range(3) for m in
+                             [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
+                              (f"{i:04d}.json", json.dumps({"caption": f"caption {i}"}).encode())]])
+    data = (raw / "00000.tar").read_bytes()
+    with tarfile.open(raw / "00000.tar") as tar:
+        cut = next(m for m in tar.getmembers() if m.name == "0002.jpg").offset  # at 0002.jpg's header
+    (raw / "00000.tar").write_bytes(data[:cut])
+    result = _precompute(raw, tmp_path / "out", caption_ext="json", max_truncated_share=1)
+    assert [m["caption"] for m in read_meta(tmp_path / "out")] == ["caption 0", "caption 1"]
+    assert result.counts["num_damaged_tars"] == 1

@@ -191,10 +191,12 @@ class RawShardReader:
     """Iterate the samples of one raw shard; after iteration, ``error`` says why reading stopped early
     (None if the tar was read to its end-of-archive marker), ``error_kind`` is 'truncated_tar' or
     'unreadable_tar', and ``cut_key`` names the sample that was cut in half (if any). Damage is logged
-    as a warning (terminal and the stage's log.jsonl)."""
+    as a warning (terminal and the stage's log.jsonl). ``caption_ext``: the member that completes a sample
+    besides its image (precompute's ``caption_ext`` member, ``json`` for ``json:FIELD``)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, caption_ext: str = "txt"):
         self.url = url
+        self.caption_ext = caption_ext
         self.error: str | None = None
         self.error_kind: str | None = None
         self.cut_key: str | None = None
@@ -232,7 +234,7 @@ class RawShardReader:
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             kind = "unreadable_tar" if self.num_members == 0 and current is None else "truncated_tar"
             self._damaged(kind, f"tar file ends early or is damaged: {err}")
-            if current is not None and not (current.image() and "txt" in current.files):
+            if current is not None and not (current.image() and self.caption_ext in current.files):
                 self.cut_key, current = current.key, None  # incomplete sample: lost to the damage
         if current is not None:
             yield current
