@@ -23,7 +23,7 @@ from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
 from toolkit.data.raw import reasons
-from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename, sidecar
+from toolkit.data.raw.reader import RawShardReader, list_shards, shard_names, sidecar
 from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
 
 KIND = "data.inspect"
@@ -135,11 +135,12 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
 
 def _raw_samples(urls: list[str], errors: dict[str, str]):
     """Every sample of every shard in order; each damaged shard's error lands in ``errors``."""
+    names = shard_names(urls)
     for url in urls:
         reader = RawShardReader(url)
         yield from reader.samples()
         if reader.error:
-            errors[shard_basename(url)] = reader.error
+            errors[names[url]] = reader.error
 
 
 def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:

@@ -234,3 +234,25 @@ def test_json_captions_in_a_cut_tar_keep_the_last_whole_sample(tmp_path):
     result = _precompute(raw, tmp_path / "out", caption_ext="json", max_truncated_share=1)
     assert [m["caption"] for m in read_meta(tmp_path / "out")] == ["caption 0", "caption 1"]
     assert result.counts["num_damaged_tars"] == 1
+
+
+def test_shards_of_the_same_name_in_two_folders_are_told_apart(tmp_path):
+    """`raw/*/*.tar` over raw/a/00000.tar and raw/b/00000.tar: meta lines, skip records and the manifest's tar
+    errors name each shard by its path below the common folder; by file name alone one shard's damage
+    overwrote the other's in the manifest and every sample's source was ambiguous."""
+    rng = np.random.default_rng(8)
+    for folder in ("a", "b"):
+        (tmp_path / "raw" / folder).mkdir(parents=True)
+        samples = good_samples(rng, f"{folder}_", 3)
+        samples[1][1].pop("txt")
+        write_raw_shard(tmp_path / "raw" / folder / "00000.tar", samples)
+        path = tmp_path / "raw" / folder / "00000.tar"
+        with tarfile.open(path) as tar:
+            cut = tar.getmembers()[-1].offset_data + 10  # inside the last .json: damaged, samples whole
+        path.write_bytes(path.read_bytes()[:cut])
+    out = tmp_path / "out"
+    result = _precompute(f"{tmp_path}/raw/*/*.tar", out, storage="index")
+    assert sorted(result.details["tar_errors"]) == ["a/00000.tar", "b/00000.tar"]
+    assert {(m["source"], m["key"][0]) for m in read_meta(out)} == {("a/00000.tar", "a"), ("b/00000.tar", "b")}
+    assert sorted((s["shard"], s["key"], s["reason"]) for s in _skipped(out)) == [
+        ("a/00000.tar", "a_0001", "missing_caption"), ("b/00000.tar", "b_0001", "missing_caption")]

@@ -13,6 +13,7 @@ itself takes a tar cut at a member boundary or inside a header for a complete on
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tarfile
 from collections.abc import Iterator
@@ -108,6 +109,17 @@ def _some(names: list[str]) -> str:
 def shard_basename(url: str) -> str:
     """File name of a shard URL, ``'d/00001.tar'`` -> ``'00001.tar'`` (used in manifests and skip lists)."""
     return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def shard_names(urls: list[str]) -> dict[str, str]:
+    """URL -> the name skip lists, manifests and meta lines give that shard: its file name, or, when two shards
+    share one (``raw/a/00000.tar``, ``raw/b/00000.tar``), its path below the shards' common folder."""
+    names = {url: shard_basename(url) for url in urls}
+    if len(set(names.values())) == len(names):
+        return names
+    paths = {url: url.split("://", 1)[-1] for url in urls}
+    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths.values()])
+    return {url: posixpath.relpath(path, common or ".") for url, path in paths.items()}
 
 
 def sidecar(url: str, suffix: str) -> str:

@@ -32,7 +32,7 @@ from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.augment import stored_side
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
-from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
+from toolkit.data.raw.reader import list_shards, promised_samples, shard_names
 from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset import precompute_write as writing
@@ -223,7 +223,7 @@ def _add_shared(value, n: int) -> None:
 
 def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: int, skips, timing: dict) -> None:
     by_reason = Counter(s["reason"] for s in skips)
-    converted = sum((r.converted for r in results), Counter())
+    converted, names = sum((r.converted for r in results), Counter()), shard_names(urls)
     num_read = sum(r.num_read for r in results)
     read_now = num_read - timing["num_resumed_samples"]  # rates are of this run's work, not a resumed run's
     if num_read != num_samples + len(skips):
@@ -247,7 +247,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
                        # worker-seconds of the reference pass, summed over raw shards (resumed ones included)
                        **({"reference_s": round(sum(r.reference_s for r in results), 3)} if cfg.reference_model else {}),
                        "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
-        "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
+        "skipped_keys": examples, "tar_errors": {names[r.url]: r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
 
@@ -292,10 +292,11 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
         with output_lock(work):
             try:
                 results, timing = _process(cfg, urls, fields, work, log, ranks)
-                check_truncation([{"reason": r, "shard": shard_basename(res.url)} for res in results
+                names = shard_names(urls)
+                check_truncation([{"reason": r, "shard": names[res.url]} for res in results
                                   for r, _, _ in res.skips], sum(r.num_read for r in results),
                                  cfg.max_truncated_share, cfg.input)
-                check_some_kept([(shard_basename(r.url), r.num_kept, r.skips) for r in results], cfg.input)
+                check_some_kept([(names[r.url], r.num_kept, r.skips) for r in results], cfg.input)
                 start, skips = time.monotonic(), []
                 write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
                 shards, data_root, data_files = write(cfg, fields, results, urls, skips)
