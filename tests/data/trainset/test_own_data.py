@@ -256,3 +256,21 @@ def test_shards_of_the_same_name_in_two_folders_are_told_apart(tmp_path):
     assert {(m["source"], m["key"][0]) for m in read_meta(out)} == {("a/00000.tar", "a"), ("b/00000.tar", "b")}
     assert sorted((s["shard"], s["key"], s["reason"]) for s in _skipped(out)) == [
         ("a/00000.tar", "a_0001", "missing_caption"), ("b/00000.tar", "b_0001", "missing_caption")]
+
+
+def test_byte_order_marks_and_control_only_captions(tmp_path):
+    """A .txt saved by a Windows editor starts with a UTF-8 byte-order mark: it is no part of the caption (and
+    a BOM-only file is an empty caption); a caption of NULs tokenizes to nothing and is empty too, instead of
+    training an image against a blank caption."""
+    rng = np.random.default_rng(9)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    captions = [b"\xef\xbb\xbf", b"\xef\xbb\xbfhello world\r\n", b"\x00\x00", b"ok"]
+    _tar(raw / "00000.tar", [m for i, cap in enumerate(captions) for m in
+                             [(f"{i:04d}.png", encode(random_image(rng, 20, 20), "PNG")), (f"{i:04d}.txt", cap)]])
+    out = tmp_path / "out"
+    result = _precompute(raw, out)
+    assert [m["caption"] for m in read_meta(out)] == ["hello world", "ok"]
+    assert result.counts["skipped"] == {"empty_caption": 2}
+    assert [s["message"] for s in _skipped(out)] == ["caption is empty or whitespace only",
+                                                     "caption has no printable character ('\\x00\\x00')"]

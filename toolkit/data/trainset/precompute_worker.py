@@ -78,7 +78,7 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
     if member not in sample.files:
         return None, ("missing_caption", f"no .{member} member{_caption_hint(sample, member)}")
     try:
-        text = sample.files[member].decode("utf-8")
+        text = sample.files[member].decode("utf-8-sig")  # a byte-order mark (Windows editors) is no caption text
     except UnicodeDecodeError as err:
         return None, ("non_utf8_caption", f"caption is not UTF-8: {err}")
     if key:
@@ -86,8 +86,9 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
         if problem is not None:
             return None, problem
     text = text.strip()
-    if not text:
-        return None, ("empty_caption", "caption is empty or whitespace only")
+    if not any(ch.isprintable() and not ch.isspace() for ch in text):  # NULs, controls: the tokenizer drops them
+        return None, ("empty_caption", "caption is empty or whitespace only" if not text else
+                      f"caption has no printable character ({text[:20]!r})")
     return text, None
 
 
