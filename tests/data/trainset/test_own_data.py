@@ -308,3 +308,32 @@ def test_remote_index_reads_only_the_images_it_needs(tmp_path):
         sent[0] = 0
         batch = next(iter(make_loader(str(out), batch_size=8, shuffle=True, num_workers=0)))
         assert sent[0] == sum(sizes[keys[int(i)]] for i in batch["index"])
+
+
+def test_remote_pixels_set_reads_only_the_samples_it_needs(tmp_path):
+    """A pixels training set on a web server: a shuffled batch transfers its samples' bytes (plus dataset.json
+    and the checksum sidecar once), not a 5 MB read-ahead block per run of samples."""
+    from toolkit.data.acquire import serve as serving
+    from toolkit.data.trainset.format import TrainDataset
+    from toolkit.data.trainset.loader import make_loader
+
+    sent = [0]
+
+    class Counting(serving.QuietHandler):
+        def copyfile(self, source, outputfile):
+            class Out:
+                def write(self, data):
+                    sent[0] += len(data)
+                    outputfile.write(data)
+            super().copyfile(source, Out())
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_raw_shard(raw / "00000.tar", good_samples(np.random.default_rng(11), "p", 300))
+    _precompute(raw, tmp_path / "train", samples_per_shard=300)
+    local = TrainDataset.open(str(tmp_path / "train"))
+    overhead = sum(p.stat().st_size for p in (tmp_path / "train").glob("*") if p.suffix in (".json", ".xxh3"))
+    with serving.serve(str(tmp_path), handler_cls=Counting) as server:
+        batch = next(iter(make_loader(f"{server.url}train", batch_size=4, shuffle=True, num_workers=0)))
+        assert len(batch["index"]) == 4
+        assert sent[0] <= 4 * local.sample_bytes + overhead  # was ~300 samples: the whole shard, read ahead
