@@ -143,6 +143,8 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
         typer.echo(f"reference pass: {reference_s} s of worker time, "
                    f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read")
     _echo_counts("skipped", c["skipped"])
+    for reason, first in (result.details.get("skipped_first") or {}).items():  # why, in the skip's own words
+        typer.echo(f"  {reason}, e.g. {first[:300]}")
     _echo_converted(c["converted"])
     if c.get("num_captions_cut"):  # kept, but the text past the context is not trained on
         typer.echo(f"captions cut at the model's context length: {c['num_captions_cut']} of {c['num_samples']} "

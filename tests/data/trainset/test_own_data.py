@@ -10,7 +10,9 @@ import tarfile
 import numpy as np
 import pytest
 from datakit import encode, good_samples, random_image, read_meta, write_raw_shard
+from typer.testing import CliRunner
 
+from toolkit.cli.main import app
 from toolkit.core.config import build
 from toolkit.data.trainset.precompute import PrecomputeConfig, run
 
@@ -75,9 +77,14 @@ def test_captions_only_in_json(tmp_path):
     with_txt = tmp_path / "txt"
     _tar(raw / "00000.tar", [("a.jpg", members[0][1]), ("a.json", b'{"caption": "x"}'),
                              ("b.jpg", members[0][1]), ("b.txt", b"b caption")])
-    _precompute(raw, with_txt)
+    result = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(with_txt), "--model",
+                                      "cliptk-tiny", "--workers", "1"])
+    assert result.exit_code == 0, result.output
     assert _skipped(with_txt)[0]["message"] == ("no .txt member (its .json member has a 'caption': "
                                                 "--caption-ext json reads it)")
+    # the summary quotes it: the way out is on the screen, not only in skipped.jsonl
+    assert ("skipped: missing_caption 1\n  missing_caption, e.g. 00000.tar key 'a': no .txt member (its .json "
+            "member has a 'caption': --caption-ext json reads it)\n") in result.output
 
 
 def test_dotted_file_names_are_explained(tmp_path):

@@ -229,8 +229,10 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
     if num_read != num_samples + len(skips):
         raise RuntimeError(f"internal count mismatch: read {num_read}, kept {num_samples}, skipped {len(skips)}")
     examples: dict[str, list[str]] = {}
+    first: dict[str, str] = {}  # reason -> its first skip's message: it says why (and often what to do)
     for s in skips:
         lst = examples.setdefault(s["reason"], [])
+        first.setdefault(s["reason"], f"{s['shard']} key {s['key']!r}: {s['message']}")
         if len(lst) < MAX_KEYS_PER_REASON:
             lst.append(f"{s['shard']}:{s['key']}")
     total_s = timing["process_s"] + timing["write_s"]
@@ -247,7 +249,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
                        # worker-seconds of the reference pass, summed over raw shards (resumed ones included)
                        **({"reference_s": round(sum(r.reference_s for r in results), 3)} if cfg.reference_model else {}),
                        "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
-        "skipped_keys": examples, "tar_errors": {names[r.url]: r.tar_error for r in results if r.tar_error},
+        "skipped_keys": examples, "skipped_first": dict(sorted(first.items())), "tar_errors": {names[r.url]: r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
 
