@@ -1,5 +1,7 @@
 """A researcher's own webdataset shards, made the way other tools make them (not by our fetch): captions only
-inside ``.json``, keys in sub-folders, directory entries, odd image extensions. Real tars, real precompute runs."""
+inside ``.json``, dotted file names, members apart, BOMs, globs over img2dataset folders, same-named shards in
+two folders, shards on a web server, keys in sub-folders, odd image extensions and modes. Real tars, real
+precompute runs, real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import tarfile
 import numpy as np
 import pytest
 from datakit import encode, good_samples, random_image, read_meta, write_raw_shard
+from PIL import Image
 from typer.testing import CliRunner
 
 from toolkit.cli.main import app
@@ -344,3 +347,37 @@ def test_remote_pixels_set_reads_only_the_samples_it_needs(tmp_path):
         batch = next(iter(make_loader(f"{server.url}train", batch_size=4, shuffle=True, num_workers=0)))
         assert len(batch["index"]) == 4
         assert sent[0] <= 4 * local.sample_bytes + overhead  # was ~300 samples: the whole shard, read ahead
+
+
+def test_a_mixed_own_tar_trains_alike_in_every_storage_mode(tmp_path):
+    """Directory entries, keys in sub-folders, .JPG/.jpeg/.webp/.png members, grey/CMYK/palette+alpha/16-bit
+    images, extra .npy members and a brace pattern: every sample is kept, and pixels, jpeg and index sets give
+    the same ids, keys and tokens, and pixels and index the same pixels."""
+    from toolkit.data.trainset.loader import make_loader
+
+    rng = np.random.default_rng(12)
+    deep = Image.fromarray(rng.integers(0, 65535, (20, 24), dtype=np.uint16))
+    palette = random_image(rng, 24, 20).convert("P")
+    palette.info["transparency"] = 0
+    images = [("JPG", encode(random_image(rng, 30, 20), "JPEG")), ("jpeg", encode(random_image(rng, 20, 30, "L"), "JPEG")),
+              ("webp", encode(random_image(rng, 24, 24), "WEBP")), ("png", encode(palette, "PNG", transparency=0)),
+              ("png", encode(deep, "PNG")), ("jpg", encode(random_image(rng, 40, 30, "CMYK"), "JPEG"))]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for shard in range(2):
+        members = [("photos", None), ("photos/set.v2", None)]
+        for i, (ext, data) in enumerate(images):
+            key = f"photos/set.v2/{shard}_{i:03d}"
+            members += [(f"{key}.{ext}", data), (f"{key}.txt", f"photo {shard} {i}".encode()),
+                        (f"{key}.npy", b"\x93NUMPY"), (f"{key}.json", b'{"caption": "other"}')]
+        _tar(raw / f"{shard:05d}.tar", members)
+    batches = {}
+    for mode in ("pixels", "jpeg", "index"):
+        result = _precompute(f"{raw}/{{00000..00001}}.tar", tmp_path / mode, storage=mode)
+        assert result.counts["num_samples"] == 12 and result.counts["skipped"] == {}
+        batches[mode] = next(iter(make_loader(str(tmp_path / mode), batch_size=12, shuffle=False, num_workers=0)))
+    assert read_meta(tmp_path / "index")[7]["key"] == "photos/set.v2/1_001"
+    for mode in ("jpeg", "index"):
+        assert np.array_equal(batches[mode]["tokens"], batches["pixels"]["tokens"])
+    assert np.array_equal(batches["index"]["image"], batches["pixels"]["image"])
+    assert batches["jpeg"]["image"].shape == batches["pixels"]["image"].shape  # its re-encoding: test_storage_modes
