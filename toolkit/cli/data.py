@@ -179,6 +179,7 @@ def inspect_cmd(
     _echo_converted(d.get("converted") or {})
     for shard, error in (d.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
+    _echo_counts(f"no caption (--caption-ext {cfg.caption_ext})", d.get("caption_problems") or {})
     peak = max([b["count"] for b in d["caption_words"]] + [1])
     typer.echo("caption length (words):")
     for b in d["caption_words"]:

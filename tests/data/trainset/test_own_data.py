@@ -381,3 +381,25 @@ def test_a_mixed_own_tar_trains_alike_in_every_storage_mode(tmp_path):
         assert np.array_equal(batches[mode]["tokens"], batches["pixels"]["tokens"])
     assert np.array_equal(batches["index"]["image"], batches["pixels"]["image"])
     assert batches["jpeg"]["image"].shape == batches["pixels"]["image"].shape  # its re-encoding: test_storage_modes
+
+
+def test_inspect_reads_captions_the_way_precompute_will(tmp_path):
+    """`toolkit data inspect RAW` before precompute: samples without a caption are counted by reason (they
+    were 0-word captions in the histogram), and --caption-ext json measures the .json captions."""
+    rng = np.random.default_rng(13)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _tar(raw / "00000.tar", [m for i in range(4) for m in
+                             [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
+                              (f"{i:04d}.json", json.dumps({"caption": "two words"}).encode())]]
+         + [("0009.jpg", encode(random_image(rng, 20, 20), "JPEG")), ("0009.txt", b"three words here")])
+    by_txt = CliRunner().invoke(app, ["data", "inspect", str(raw), "--out", str(tmp_path / "a")])
+    assert by_txt.exit_code == 0, by_txt.output
+    assert "no caption (--caption-ext txt): missing_caption 4\n" in by_txt.output
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert [b["count"] for b in report["caption_words"]][:4] == [0, 0, 0, 1]  # 0, 1, 2, 3-4 words
+    by_json = CliRunner().invoke(app, ["data", "inspect", str(raw), "--out", str(tmp_path / "b"),
+                                       "--caption-ext", "json"])
+    assert "no caption (--caption-ext json): missing_caption 1\n" in by_json.output
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert [b["count"] for b in report["caption_words"]][:4] == [0, 0, 4, 0]
