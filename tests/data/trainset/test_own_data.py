@@ -403,3 +403,15 @@ def test_inspect_reads_captions_the_way_precompute_will(tmp_path):
     assert "no caption (--caption-ext json): missing_caption 1\n" in by_json.output
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert [b["count"] for b in report["caption_words"]][:4] == [0, 0, 4, 0]
+
+
+def test_a_folder_of_shard_folders_names_the_glob(tmp_path):
+    """`--in dataset/` where the tars are one level down (dataset/part-0/00000.tar): the error says the
+    sub-folders are not searched and gives the glob that reads them."""
+    for part in ("part-0", "part-1"):
+        (tmp_path / "dataset" / part).mkdir(parents=True)
+        write_raw_shard(tmp_path / "dataset" / part / "00000.tar", good_samples(np.random.default_rng(14), part, 2))
+    with pytest.raises(FileNotFoundError, match=r"dataset: no \.tar shards found; its sub-folders \(part-0, part-1\) "
+                                                r"are not searched: give a glob such as .*/dataset/\*/\*\.tar$"):
+        _precompute(tmp_path / "dataset", tmp_path / "out")
+    assert _precompute(f"{tmp_path}/dataset/*/*.tar", tmp_path / "out").counts["num_samples"] == 4

@@ -74,15 +74,18 @@ def list_shards(source: str) -> list[str]:
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     prefix = "" if files.is_local(source) else f"{protocol}://"
     compressed: list[str] = []
+    folders: list[str] = []  # a folder's sub-folders are not searched: a glob names their shards
     others: list[str] = []  # a glob's matches that are not tars: img2dataset's sidecars, mostly
     if any(ch in path for ch in "*?["):
         names = fs.glob(path)  # a pattern that names compressed tars reads them (tarfile decompresses)
         found = [p for p in names if p.endswith((".tar", *COMPRESSED_TAR_EXTS))]
         others = sorted(p.rsplit("/", 1)[-1] for p in names if p not in found and not fs.isdir(p))
     elif fs.isdir(path):
-        names = fs.ls(path, detail=False)
+        entries = fs.ls(path, detail=True)
+        names = [e["name"] for e in entries]
         found = [p for p in names if p.endswith(".tar")]
         compressed = sorted(p.rsplit("/", 1)[-1] for p in names if p.endswith(COMPRESSED_TAR_EXTS))
+        folders = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
     elif fs.exists(path):
         found = [path]
     else:
@@ -96,6 +99,9 @@ def list_shards(source: str) -> list[str]:
     note = "; ".join(notes)
     urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
     if not urls:
+        if folders:  # dataset/part-0/00000.tar, dataset/part-1/...: one level down
+            note = "; ".join([*notes, f"its sub-folders ({_some(folders)}) are not searched: give a glob such as "
+                                      f"{source.rstrip('/')}/*/*.tar"])
         raise FileNotFoundError(f"{source}: no .tar shards found" + (f"; {note}" if note else ""))
     if note:
         log.warning("%s: %s", source, note)
