@@ -25,7 +25,7 @@ from toolkit.data.images import ImageError, decode_rgb
 from toolkit.data.raw import reasons
 from toolkit.data.raw.reader import RawShardReader, list_shards, shard_names, sidecar
 from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
-from toolkit.data.trainset.precompute_worker import caption_of
+from toolkit.data.trainset.precompute_worker import caption_of, check_caption_ext
 
 KIND = "data.inspect"
 # Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).
@@ -43,6 +43,9 @@ class InspectConfig:
     max_samples: int = option(0, ge=0, doc="Read at most this many samples for counts and captions (0: all).")
     caption_ext: str = option("txt", doc="Raw shards: the caption member, as precompute's --caption-ext (txt, "
                                          "json: the .json member's caption string, json:FIELD).")
+
+    def __post_init__(self) -> None:
+        check_caption_ext(self.caption_ext)
 
 
 def histogram(lengths: list[int]) -> list[dict[str, Any]]:

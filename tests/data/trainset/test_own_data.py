@@ -415,3 +415,15 @@ def test_a_folder_of_shard_folders_names_the_glob(tmp_path):
                                                 r"are not searched: give a glob such as .*/dataset/\*/\*\.tar$"):
         _precompute(tmp_path / "dataset", tmp_path / "out")
     assert _precompute(f"{tmp_path}/dataset/*/*.tar", tmp_path / "out").counts["num_samples"] == 4
+
+
+@pytest.mark.parametrize("value", [".txt", "TXT", "txt:caption", "json:"])
+def test_a_caption_ext_that_matches_no_member_is_refused(value):
+    """'--caption-ext .txt' (or TXT) matched no member, since the reader keys extensions in lower case without
+    the dot: every sample was skipped as missing_caption. It is an option error now, in precompute and inspect."""
+    from toolkit.data.inspect import InspectConfig
+
+    for config, extra in ((PrecomputeConfig, {"model": "cliptk-tiny"}), (InspectConfig, {})):
+        with pytest.raises(ValueError, match=rf"caption_ext: {value!r} is not a caption member: give its extension in "
+                                             "lower case without the dot"):
+            build(config, {"input": "raw", "out": "out", "caption_ext": value, **extra})

@@ -129,6 +129,7 @@ class PrecomputeConfig:
                              "model's weights are read from a local file only (nothing is downloaded)") from None
         if self.reference_weights and not self.reference_model:
             raise ValueError("reference_weights: given without reference_model (which model do they belong to?)")
+        precompute_worker.check_caption_ext(self.caption_ext)
         if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
             raise ValueError(f"storage {self.storage}: stores images and tokens; frozen-tower features need "
                              "storage pixels (the default)")

@@ -92,6 +92,17 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
     return text, None
 
 
+def check_caption_ext(value: str) -> None:
+    """ValueError naming the key unless ``value`` is a member extension as the reader keys them (lower case, no
+    leading dot: ``txt``, ``caption.txt``) or ``json:FIELD``; '.txt' or 'TXT' matched no member at all."""
+    import re
+
+    member, colon, key = value.partition(":")
+    if not re.fullmatch(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*", member) or (colon and (member != "json" or not key)):
+        raise ValueError(f"caption_ext: {value!r} is not a caption member: give its extension in lower case without "
+                         "the dot (txt, json, json:FIELD; members' extensions are read in lower case)")
+
+
 def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str] | None]:
     """The string ``key`` of the JSON object in ``text`` (a ``.member`` member), or a skip (reason, message)."""
     import json
