@@ -178,7 +178,8 @@ def test_glob_over_an_img2dataset_folder_reads_only_the_tars(tmp_path, caplog):
 
 
 def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
-    """`toolkit train --data RAW` (the raw shards themselves): the error gives the precompute step to run."""
+    """`toolkit train --data RAW` (the raw shards themselves): the error gives the precompute step to run; on
+    the output of a precompute that failed, it quotes why that failed."""
     from toolkit.data.trainset.format import TrainDataset
 
     write_raw_shard(tmp_path / "00000.tar", good_samples(np.random.default_rng(4), "r", 2))
@@ -188,6 +189,14 @@ def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
     (tmp_path / "00000.tar").unlink()
     with pytest.raises(FileNotFoundError, match=r"a precompute output directory\?$"):
         TrainDataset.open(str(tmp_path))
+    failed = tmp_path / "failed"  # a precompute that failed there: its manifest says why
+    (tmp_path / "raw").mkdir()
+    _tar(tmp_path / "raw" / "00000.tar", [("a.jpg", b"not an image"), ("a.txt", b"caption")])
+    with pytest.raises(ValueError, match="no valid sample"):
+        _precompute(tmp_path / "raw", failed)
+    with pytest.raises(FileNotFoundError, match=r"directory\? Its precompute ended 'failed': ValueError: .*raw: no "
+                                                r"valid sample in 1 raw shard\(s\) \(corrupt_image: 1\).*; fix that"):
+        TrainDataset.open(str(failed))
 
 
 def test_captions_longer_than_the_context_are_counted(tmp_path):
