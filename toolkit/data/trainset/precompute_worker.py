@@ -226,15 +226,21 @@ def _write_text(path: str, captions: list[str]) -> int:
 
 
 def count_cut(chunk: list[str], tokens) -> int:
-    """Captions of ``chunk`` longer than the context that gave ``tokens`` [n, L]: tokenized one position longer,
-    their first L tokens differ (a cut caption ends in an end-of-text token put over its L-th token), whatever
-    the tokenizer pads with. A tokenizer without a ``context_length`` argument: rows with no padding left."""
+    """Captions of ``chunk`` longer than the context that gave ``tokens`` [n, L]. Only full rows (not ending in
+    padding: cut, or exactly L tokens) can be; they are tokenized one position longer, and a cut one's first L
+    tokens differ (its end-of-text token was put over its L-th token), whatever the tokenizer pads with. A
+    tokenizer without a ``context_length`` argument: every full row counts."""
     length = tokens.shape[1]
+    if "pad_token" not in STATE:  # an empty caption's last position is padding (L >= 3 for every model)
+        STATE["pad_token"] = int(STATE["tokenizer"]([""])[0, -1])
+    full = (tokens[:, -1] != STATE["pad_token"]).nonzero().flatten().tolist()
+    if not full:
+        return 0
     try:
-        longer = STATE["tokenizer"](chunk, context_length=length + 1)
+        longer = STATE["tokenizer"]([chunk[i] for i in full], context_length=length + 1)
     except TypeError:
-        return int((tokens[:, -1] != 0).sum())
-    return int((longer[:, :length] != tokens).any(dim=1).sum())
+        return len(full)
+    return int((longer[:, :length] != tokens[full]).any(dim=1).sum())
 
 
 def _missing_after_read(task: ShardTask, reader: RawShardReader, seen: set[str], res: ShardResult) -> None:
