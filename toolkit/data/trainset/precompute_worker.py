@@ -313,6 +313,22 @@ def _repeat_message(task: ShardTask, sample: RawSample, partial: set[str]) -> st
     return message
 
 
+def _read_sample(task: ShardTask, sample: RawSample, size: int) -> tuple:
+    """(caption, (ext, bytes) of the image, pixels [size, size, 3] uint8, converted mode or None, None), or a
+    skip's (reason, message) last with the others None: one raw sample checked and decoded as precompute keeps it."""
+    caption, problem = caption_of(sample, task.caption_ext)
+    image = sample.image()
+    if problem is None and image is None:
+        problem = ("missing_image", f"no image member{members_hint(sample)}")
+    if problem is not None:
+        return None, None, None, None, problem
+    try:
+        pixels, converted = decode_rgb(image[1], size, task.resize_mode, task.max_image_pixels)
+    except ImageError as err:
+        return None, None, None, None, (err.reason, f".{image[0]}: {err}")
+    return caption, image, pixels, converted, None
+
+
 def _process(task: ShardTask) -> ShardResult:
     res, keys, captions = ShardResult(task.index, task.url), [], []
     res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
@@ -331,15 +347,7 @@ def _process(task: ShardTask) -> ShardResult:
             res.skips.append(("duplicate_key", sample.key, _repeat_message(task, sample, partial)))
             continue
         seen.add(sample.key)
-        caption, problem = caption_of(sample, task.caption_ext)
-        image = sample.image()
-        if problem is None and image is None:
-            problem = ("missing_image", f"no image member{members_hint(sample)}")
-        if problem is None:
-            try:
-                pixels, converted = decode_rgb(image[1], size, task.resize_mode, task.max_image_pixels)
-            except ImageError as err:
-                problem = (err.reason, f".{image[0]}: {err}")
+        caption, image, pixels, converted, problem = _read_sample(task, sample, size)
         if problem is not None:
             res.skips.append((problem[0], sample.key, problem[1]))
             if problem[0] in ("missing_image", "missing_caption"):
