@@ -436,3 +436,19 @@ def test_a_caption_ext_that_matches_no_member_is_refused(value):
         with pytest.raises(ValueError, match=rf"caption_ext: {value!r} is not a caption member: give its extension in "
                                              "lower case without the dot"):
             build(config, {"input": "raw", "out": "out", "caption_ext": value, **extra})
+
+
+def test_filtered_tars_with_stale_sidecars_are_explained(tmp_path):
+    """img2dataset shards the user filtered (tars rewritten without some samples, parquet and _stats.json kept):
+    the tars end cleanly, the sidecars promise more. The refusal says so and names the fix, which works."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    samples = good_samples(np.random.default_rng(15), "f", 20)
+    write_raw_shard(raw / "00000.tar", samples[:12], parquet_keys=[k for k, _ in samples])
+    with pytest.raises(ValueError, match=r"8 of 20 samples .* lost .*; 8 of them are listed in a shard's \.parquet or "
+                                         r"_stats\.json but absent from a tar that ends cleanly: if those tars were "
+                                         r"filtered or rewritten on purpose, delete their stale \.parquet and "):
+        _precompute(raw, tmp_path / "out")
+    (raw / "00000.parquet").unlink()
+    (raw / "00000_stats.json").unlink()
+    assert _precompute(raw, tmp_path / "out").counts["num_samples"] == 12

@@ -28,10 +28,14 @@ def check_truncation(skips: list[dict], num_read: int, max_share: float, source:
         return
     named = ", ".join(f"{shard} ({n} lost)" for shard, n in sorted(lost.items())[:MAX_NAMED])
     more = f" and {len(lost) - MAX_NAMED} more shards" if len(lost) > MAX_NAMED else ""
+    listed = sum(1 for s in skips if s["reason"] == "missing_from_tar")  # whole tars, sidecars promising more
+    stale = (f"; {listed} of them are listed in a shard's .parquet or _stats.json but absent from a tar that ends "
+             "cleanly: if those tars were filtered or rewritten on purpose, delete their stale .parquet and "
+             "_stats.json" if listed else "")
     raise ValueError(f"{source}: {num_lost} of {num_read} samples ({100 * num_lost / num_read:.1f} %) are lost to "
                      f"truncated or unreadable raw shards, more than max_truncated_share={max_share:g}: {named}"
-                     f"{more}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 to "
-                     "keep what is left")
+                     f"{more}{stale}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 "
+                     "to keep what is left")
 
 
 def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], source: str) -> None:
