@@ -143,7 +143,12 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
         typer.echo(f"reference pass: {reference_s} s of worker time, "
                    f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read")
     _echo_counts("skipped", c["skipped"])
+    for reason, first in (result.details.get("skipped_first") or {}).items():  # why, in the skip's own words
+        typer.echo(f"  {reason}, e.g. {first[:300]}")
     _echo_converted(c["converted"])
+    if c.get("num_captions_cut"):  # kept, but the text past the context is not trained on
+        typer.echo(f"captions cut at the model's context length: {c['num_captions_cut']} of {c['num_samples']} "
+                   "(only their first tokens are stored; a model with a longer context keeps more)")
     for shard, error in (result.details.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
 
@@ -174,6 +179,7 @@ def inspect_cmd(
     _echo_converted(d.get("converted") or {})
     for shard, error in (d.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
+    _echo_counts(f"no caption (--caption-ext {cfg.caption_ext})", d.get("caption_problems") or {})
     peak = max([b["count"] for b in d["caption_words"]] + [1])
     typer.echo("caption length (words):")
     for b in d["caption_words"]:

@@ -23,8 +23,9 @@ from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
 from toolkit.data.raw import reasons
-from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename, sidecar
+from toolkit.data.raw.reader import RawShardReader, list_shards, shard_names, sidecar
 from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
+from toolkit.data.trainset.precompute_worker import caption_of, check_caption_ext
 
 KIND = "data.inspect"
 # Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).
@@ -40,6 +41,11 @@ class InspectConfig:
     num_contact: int = option(64, ge=0, doc="Samples on the contact sheet (0: no sheet).")
     thumb_size: int = option(64, ge=8, doc="Side of each contact-sheet tile in pixels.")
     max_samples: int = option(0, ge=0, doc="Read at most this many samples for counts and captions (0: all).")
+    caption_ext: str = option("txt", doc="Raw shards: the caption member, as precompute's --caption-ext (txt, "
+                                         "json: the .json member's caption string, json:FIELD).")
+
+    def __post_init__(self) -> None:
+        check_caption_ext(self.caption_ext)
 
 
 def histogram(lengths: list[int]) -> list[dict[str, Any]]:
@@ -135,25 +141,30 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
 
 def _raw_samples(urls: list[str], errors: dict[str, str]):
     """Every sample of every shard in order; each damaged shard's error lands in ``errors``."""
+    names = shard_names(urls)
     for url in urls:
         reader = RawShardReader(url)
         yield from reader.samples()
         if reader.error:
-            errors[shard_basename(url)] = reader.error
+            errors[names[url]] = reader.error
 
 
 def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
     urls = list_shards(cfg.input)
     report: dict[str, Any] = {"kind": "raw", "num_shards": len(urls)}
-    exts, lengths, tiles, errors, problems = Counter(), [], [], {}, Counter()
+    exts, lengths, tiles, errors, problems, no_caption = Counter(), [], [], {}, Counter(), Counter()
     skipped, expected = _raw_skip_reasons(cfg.input, urls)
     num = 0
     # progress in samples, not shards: one big shard would sit at 0/1 until the end
     for sample in progress(_raw_samples(urls, errors), total=expected, desc="inspect", unit="samples"):
         num += 1
         exts.update(sample.files.keys())
-        text = sample.files.get("txt", b"").decode("utf-8", errors="replace")
-        lengths.append(len(text.split()))
+        text, problem = caption_of(sample, cfg.caption_ext)  # what precompute would keep as the caption
+        if problem is None:
+            lengths.append(len(text.split()))
+        else:
+            no_caption[problem[0]] += 1
+            text = ""
         image = sample.image()
         if len(tiles) < cfg.num_contact and image is not None:
             try:
@@ -163,7 +174,8 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
         if cfg.max_samples and num >= cfg.max_samples:
             break
     report.update({"num_samples": num, "members_by_ext": dict(sorted(exts.items())), "tar_errors": errors,
-                   "contact_sheet_decode_errors": dict(problems), "caption_words": histogram(lengths)})
+                   "contact_sheet_decode_errors": dict(problems), "caption_words": histogram(lengths),
+                   "caption_problems": dict(sorted(no_caption.items()))})  # outside the histogram: no caption kept
     report["skipped"] = skipped
     return report, tiles
 

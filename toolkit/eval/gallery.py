@@ -84,8 +84,10 @@ def _images_by_index(shards: tuple[str, ...], wanted: set[int]) -> dict[int, byt
 def _thumb(data: bytes) -> Any:
     from PIL import Image
 
+    from toolkit.data.images import to_rgb
+
     with Image.open(io.BytesIO(data)) as img:
-        return img.convert("RGB").resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
+        return to_rgb(img)[0].resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
 
 
 def draw(rows: list[tuple[str, list[int], int, int]], pictures: dict[int, bytes], title: str) -> bytes:

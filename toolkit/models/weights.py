@@ -120,7 +120,9 @@ def read_checkpoint_config(ckpt_dir: str | os.PathLike) -> tuple[dict[str, Any],
     if not Path(ckpt_dir).is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     if not path.is_file():
-        raise CheckpointError(f"{path}: missing; a checkpoint directory needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+        inner = [Path(ckpt_dir) / sub for sub in ("model", "model-ema") if (Path(ckpt_dir) / sub / CONFIG_NAME).is_file()]
+        hint = f"; a training run's model is {inner[0]}" if inner else ""  # `--model RUN`, for RUN/model
+        raise CheckpointError(f"{path}: missing; a checkpoint directory needs {CONFIG_NAME} and {WEIGHTS_NAME}{hint}")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:

@@ -2,7 +2,10 @@
 
 ``toolkit data serve DIR --port P`` blocks until Ctrl-C; tests and scripts use :func:`serve` as a
 context manager. Only the loopback interface is bound: this is a test and demo tool, not a web server.
-Files are served from inside the folder only: a symlink that points out of it answers 404.
+Files are served from inside the folder only: a symlink that points out of it answers 404. A single byte
+range (``Range: bytes=a-b``) is answered with 206, as object stores and web servers do: an index
+(``precompute --storage index``) over served shards reads each image that way (Python's own
+``http.server`` answers every range with the whole file, which fsspec refuses).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import collections
 import errno
 import functools
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +27,7 @@ from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult
 
 HOST = "127.0.0.1"
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")  # one range; a list of ranges is answered with the whole file
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
@@ -41,7 +46,47 @@ class QuietHandler(SimpleHTTPRequestHandler):
         if real != root and not real.startswith(root + os.sep):  # a symlink pointing out of the folder
             self.send_error(404, "File not found")
             return None
-        return super().send_head()
+        self.range_left: int | None = None
+        header = self.headers.get("Range")
+        match = _RANGE.match(header.strip()) if header and os.path.isfile(real) else None
+        if match is None or match.groups() == ("", ""):
+            return super().send_head()
+        return self._send_range(real, match)
+
+    def _send_range(self, path: str, match: re.Match):
+        """206 with the bytes ``match`` asks for (``a-b``, ``a-`` or the last ``-n``), 416 past the end."""
+        fh = open(path, "rb")  # noqa: SIM115 (do_GET copies from it and closes it)
+        size = os.fstat(fh.fileno()).st_size
+        first, last = match.groups()
+        start, end = (int(first), min(int(last or size - 1), size - 1)) if first else (max(0, size - int(last)), size - 1)
+        if start >= size or start > end:
+            fh.close()
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        fh.seek(start)
+        self.range_left = end - start + 1
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(self.range_left))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        return fh
+
+    def copyfile(self, source, outputfile) -> None:
+        left = getattr(self, "range_left", None)
+        if left is None:
+            super().copyfile(source, outputfile)
+            return
+        while left > 0:
+            chunk = source.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            outputfile.write(chunk)
+            left -= len(chunk)
 
 
 class FolderServer(ThreadingHTTPServer):

@@ -13,6 +13,7 @@ itself takes a tar cut at a member boundary or inside a header for a complete on
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tarfile
 from collections.abc import Iterator
@@ -59,7 +60,8 @@ class RawSample:
 def list_shards(source: str) -> list[str]:
     """Raw shard URLs of ``source`` in sorted order: a folder of ``*.tar``, one ``.tar``, a glob or a
     brace pattern (``dir/{00000..00009}.tar``), local or any fsspec URL. Raises FileNotFoundError.
-    Compressed tars in a folder (``.tar.gz``, ...) are not read; a warning names them."""
+    Compressed tars in a folder (``.tar.gz``, ...) and a glob's matches that are not tars (``raw/*`` also
+    matches img2dataset's ``_stats.json`` and ``.parquet``) are not read; a warning names them."""
     if "{" in source:
         import braceexpand
 
@@ -72,31 +74,58 @@ def list_shards(source: str) -> list[str]:
     protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
     prefix = "" if files.is_local(source) else f"{protocol}://"
     compressed: list[str] = []
+    folders: list[str] = []  # a folder's sub-folders are not searched: a glob names their shards
+    others: list[str] = []  # a glob's matches that are not tars: img2dataset's sidecars, mostly
     if any(ch in path for ch in "*?["):
-        found = fs.glob(path)
+        names = fs.glob(path)  # a pattern that names compressed tars reads them (tarfile decompresses)
+        found = [p for p in names if p.endswith((".tar", *COMPRESSED_TAR_EXTS))]
+        others = sorted(p.rsplit("/", 1)[-1] for p in names if p not in found and not fs.isdir(p))
     elif fs.isdir(path):
-        names = fs.ls(path, detail=False)
+        entries = fs.ls(path, detail=True)
+        names = [e["name"] for e in entries]
         found = [p for p in names if p.endswith(".tar")]
         compressed = sorted(p.rsplit("/", 1)[-1] for p in names if p.endswith(COMPRESSED_TAR_EXTS))
+        folders = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
     elif fs.exists(path):
         found = [path]
     else:
         raise FileNotFoundError(f"{source}: no such file or folder")
-    note = ""
+    notes = []
     if compressed:
-        note = (f"{len(compressed)} compressed tar(s) ignored ({', '.join(compressed[:3])}"
-                f"{', ...' if len(compressed) > 3 else ''}): only plain .tar shards are read; decompress them")
+        notes.append(f"{len(compressed)} compressed tar(s) ignored ({_some(compressed)}): only plain .tar shards "
+                     "are read; decompress them")
+    if others:  # `raw/*` also matches 00000_stats.json and 00000.parquet, which are no shards
+        notes.append(f"{len(others)} matched file(s) that are not .tar ignored ({_some(others)})")
+    note = "; ".join(notes)
     urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
     if not urls:
+        if folders:  # dataset/part-0/00000.tar, dataset/part-1/...: one level down
+            note = "; ".join([*notes, f"its sub-folders ({_some(folders)}) are not searched: give a glob such as "
+                                      f"{source.rstrip('/')}/*/*.tar"])
         raise FileNotFoundError(f"{source}: no .tar shards found" + (f"; {note}" if note else ""))
     if note:
         log.warning("%s: %s", source, note)
     return urls
 
 
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def shard_basename(url: str) -> str:
     """File name of a shard URL, ``'d/00001.tar'`` -> ``'00001.tar'`` (used in manifests and skip lists)."""
     return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def shard_names(urls: list[str]) -> dict[str, str]:
+    """URL -> the name skip lists, manifests and meta lines give that shard: its file name, or, when two shards
+    share one (``raw/a/00000.tar``, ``raw/b/00000.tar``), its path below the shards' common folder."""
+    names = {url: shard_basename(url) for url in urls}
+    if len(set(names.values())) == len(names):
+        return names
+    paths = {url: url.split("://", 1)[-1] for url in urls}
+    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths.values()])
+    return {url: posixpath.relpath(path, common or ".") for url, path in paths.items()}
 
 
 def sidecar(url: str, suffix: str) -> str:
@@ -180,10 +209,12 @@ class RawShardReader:
     """Iterate the samples of one raw shard; after iteration, ``error`` says why reading stopped early
     (None if the tar was read to its end-of-archive marker), ``error_kind`` is 'truncated_tar' or
     'unreadable_tar', and ``cut_key`` names the sample that was cut in half (if any). Damage is logged
-    as a warning (terminal and the stage's log.jsonl)."""
+    as a warning (terminal and the stage's log.jsonl). ``caption_ext``: the member that completes a sample
+    besides its image (precompute's ``caption_ext`` member, ``json`` for ``json:FIELD``)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, caption_ext: str = "txt"):
         self.url = url
+        self.caption_ext = caption_ext
         self.error: str | None = None
         self.error_kind: str | None = None
         self.cut_key: str | None = None
@@ -221,7 +252,7 @@ class RawShardReader:
         except (tarfile.TarError, EOFError, OSError, ValueError) as err:
             kind = "unreadable_tar" if self.num_members == 0 and current is None else "truncated_tar"
             self._damaged(kind, f"tar file ends early or is damaged: {err}")
-            if current is not None and not (current.image() and "txt" in current.files):
+            if current is not None and not (current.image() and self.caption_ext in current.files):
                 self.cut_key, current = current.key, None  # incomplete sample: lost to the damage
         if current is not None:
             yield current

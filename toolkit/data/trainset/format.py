@@ -153,7 +153,7 @@ class TrainDataset:
         """Read ``root/dataset.json`` (local or fsspec); errors name the path."""
         path = files.join(root, DATASET_JSON)
         if not files.exists(path):
-            raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?")
+            raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?{_raw_hint(root)}")
         try:
             data = files.read_json(path)
         except (ValueError, UnicodeDecodeError) as err:  # empty, cut short, not JSON: name the file
@@ -180,6 +180,25 @@ class TrainDataset:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
         check_reference_fields(ds, path)
         return ds
+
+
+def _raw_hint(root: str) -> str:
+    """The next step, when ``root`` (local) has no dataset.json: a precompute that failed there (its manifest
+    says why), or .tar files: raw shards given to the trainer."""
+    import os
+
+    local = files.local_path(root) if files.is_local(root) else ""
+    try:
+        manifest = files.read_json(os.path.join(local, "manifest.json")) if local else None
+    except (OSError, ValueError):
+        manifest = None
+    if isinstance(manifest, dict) and manifest.get("kind") == "data.precompute" and manifest.get("status") != "done":
+        return (f" Its precompute ended {manifest.get('status')!r}: {str(manifest.get('error'))[:300]}; fix that "
+                "and run it again")
+    if not local or not os.path.isdir(local) or not any(n.endswith(".tar") for n in os.listdir(local)):
+        return ""
+    return (f" It holds .tar files: raw shards are read by `toolkit data precompute --in {root} --out TRAIN "
+            "--model MODEL`, whose TRAIN folder is what `--data` takes")
 
 
 def check_reference_fields(ds: Any, path: str) -> None:
@@ -271,8 +290,8 @@ def open_shard(ds: TrainDataset, shard: int):
     """Open pixels shard ``shard`` for reading (local or fsspec); a missing file is a DataIntegrityError
     naming it."""
     url = ds.url(ds.shards[shard])
-    try:
-        return files.open_file(url, "rb")
+    try:  # remote: a read is one range request of exactly its run of samples, not fsspec's read-ahead block
+        return files.open_file(url, "rb", **({} if files.is_local(url) else {"cache_type": "none"}))
     except FileNotFoundError as err:
         raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
                                            "restore it or precompute this dataset again") from err

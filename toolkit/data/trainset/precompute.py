@@ -32,13 +32,13 @@ from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.data.augment import stored_side
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
-from toolkit.data.raw.reader import list_shards, promised_samples, shard_basename
+from toolkit.data.raw.reader import list_shards, promised_samples, shard_names
 from toolkit.data.trainset import integrity, precompute_worker
 from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset import precompute_write as writing
 from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
 from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
-from toolkit.data.trainset.truncation import check_truncation
+from toolkit.data.trainset.truncation import check_some_kept, check_truncation
 from toolkit.data.trainset.writer import remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
@@ -75,7 +75,9 @@ class PrecomputeConfig:
                               doc="Worker processes; 0: one per CPU core, at most one per raw shard.")
     max_image_pixels: int = option(DEFAULT_MAX_IMAGE_PIXELS, ge=1,
                                    doc="Images with more pixels are skipped as decompression bombs.")
-    caption_ext: str = option("txt", doc="Extension of the caption member of each raw sample.")
+    caption_ext: str = option("txt", doc="Caption member of each raw sample: txt (its text), or json / json:FIELD "
+                                         "(the string FIELD, default caption, of the .json member: img2dataset "
+                                         "writes the caption there too).")
     image_tower: ImageTowerKind = option("none", doc="Store this frozen image tower's features instead of "
                                                      "pixels (LiT): none, open_clip or efficientnet_lite0.")
     image_tower_model: str = option("", doc="open_clip model name of an open_clip image tower.")
@@ -127,6 +129,7 @@ class PrecomputeConfig:
                              "model's weights are read from a local file only (nothing is downloaded)") from None
         if self.reference_weights and not self.reference_model:
             raise ValueError("reference_weights: given without reference_model (which model do they belong to?)")
+        precompute_worker.check_caption_ext(self.caption_ext)
         if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
             raise ValueError(f"storage {self.storage}: stores images and tokens; frozen-tower features need "
                              "storage pixels (the default)")
@@ -221,14 +224,16 @@ def _add_shared(value, n: int) -> None:
 
 def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: int, skips, timing: dict) -> None:
     by_reason = Counter(s["reason"] for s in skips)
-    converted = sum((r.converted for r in results), Counter())
+    converted, names = sum((r.converted for r in results), Counter()), shard_names(urls)
     num_read = sum(r.num_read for r in results)
     read_now = num_read - timing["num_resumed_samples"]  # rates are of this run's work, not a resumed run's
     if num_read != num_samples + len(skips):
         raise RuntimeError(f"internal count mismatch: read {num_read}, kept {num_samples}, skipped {len(skips)}")
     examples: dict[str, list[str]] = {}
+    first: dict[str, str] = {}  # reason -> its first skip's message: it says why (and often what to do)
     for s in skips:
         lst = examples.setdefault(s["reason"], [])
+        first.setdefault(s["reason"], f"{s['shard']} key {s['key']!r}: {s['message']}")
         if len(lst) < MAX_KEYS_PER_REASON:
             lst.append(f"{s['shard']}:{s['key']}")
     total_s = timing["process_s"] + timing["write_s"]
@@ -237,6 +242,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
         "num_raw_shards": len(urls), "num_shards": timing["num_shards"],
         "num_damaged_tars": sum(1 for r in results if r.tar_error),
         "skipped": dict(sorted(by_reason.items())), "converted": dict(sorted(converted.items())),
+        "num_captions_cut": sum(r.num_captions_cut for r in results),
         "samples_per_s": round(read_now / max(total_s, 1e-9), 1),
     })
     rec.details.update({
@@ -244,7 +250,7 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
                        # worker-seconds of the reference pass, summed over raw shards (resumed ones included)
                        **({"reference_s": round(sum(r.reference_s for r in results), 3)} if cfg.reference_model else {}),
                        "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1)},
-        "skipped_keys": examples, "tar_errors": {shard_basename(r.url): r.tar_error for r in results if r.tar_error},
+        "skipped_keys": examples, "skipped_first": dict(sorted(first.items())), "tar_errors": {names[r.url]: r.tar_error for r in results if r.tar_error},
         "dataset": DATASET_JSON, "skipped_file": "skipped.jsonl",
     })
 
@@ -289,13 +295,11 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
         with output_lock(work):
             try:
                 results, timing = _process(cfg, urls, fields, work, log, ranks)
-                check_truncation([{"reason": r, "shard": shard_basename(res.url)} for res in results
+                names = shard_names(urls)
+                check_truncation([{"reason": r, "shard": names[res.url]} for res in results
                                   for r, _, _ in res.skips], sum(r.num_read for r in results),
                                  cfg.max_truncated_share, cfg.input)
-                if not any(r.num_kept for r in results):
-                    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for r in results for s in r.skips).items())
-                    raise ValueError(f"{cfg.input}: no valid sample in {len(urls)} raw shard(s) "
-                                     f"({reasons or 'empty'})")
+                check_some_kept([(names[r.url], r.num_kept, r.skips) for r in results], cfg.input)
                 start, skips = time.monotonic(), []
                 write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
                 shards, data_root, data_files = write(cfg, fields, results, urls, skips)

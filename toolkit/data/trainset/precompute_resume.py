@@ -36,7 +36,8 @@ from toolkit.data.trainset.format import Field
 from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
 from toolkit.data.trainset.reference import SCRATCH_EXT
 
-RECORD_VERSION = 2  # 2: keys and captions moved from the record into '<stem>.keys.jsonl'
+# 2: keys and captions moved from the record into '<stem>.keys.jsonl'; 3: num_captions_cut
+RECORD_VERSION = 3
 
 
 def work_dir(cfg) -> str:
@@ -76,7 +77,8 @@ def save(work: str, res: ShardResult, key: str, reference: dict | None = None) -
     record = {"version": RECORD_VERSION, "process_key": key, "url": res.url, "reference": reference,
               "source": source_fingerprint(res.url), "num_kept": res.num_kept,
               "num_read": res.num_read, "skips": [list(s) for s in res.skips],
-              "converted": dict(res.converted), "tar_error": res.tar_error, "reference_s": res.reference_s}
+              "converted": dict(res.converted), "tar_error": res.tar_error, "reference_s": res.reference_s,
+              "num_captions_cut": res.num_captions_cut}
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
@@ -132,7 +134,8 @@ def _read(base: str, index: int, url: str, key: str, fields: list[Field], refere
     _check_reference(base, url, record.get("reference"), reference)
     res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
                       int(record["num_read"]), [tuple(s) for s in record["skips"]],
-                      Counter(record["converted"]), record["tar_error"], float(record.get("reference_s", 0)))
+                      Counter(record["converted"]), record["tar_error"], float(record.get("reference_s", 0)),
+                      int(record["num_captions_cut"]))
     paths = (res.image_path, res.text_path, base + SCRATCH_EXT)[:len(fields)]
     for path, field in zip(paths, fields, strict=True):
         try:

@@ -63,20 +63,79 @@ class ShardResult:
     converted: Counter = field(default_factory=Counter)
     tar_error: str | None = None
     reference_s: float = 0.0  # seconds this shard's reference pass took in its worker (precompute --reference-model)
+    num_captions_cut: int = 0  # kept captions longer than the context: their tokens past it are not stored
 
 
 def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str] | None]:
-    """(caption, None) or (None, (reason, message)) for the sample's caption member."""
-    if ext not in sample.files:
-        return None, ("missing_caption", f"no .{ext} member")
+    """(caption, None) or (None, (reason, message)) for the sample's caption member.
+
+    ``ext`` names the member: ``txt`` (its text), or ``json`` / ``json:FIELD``: the string ``FIELD``
+    (default ``caption``, where img2dataset writes it) of the member's JSON object, never the JSON text itself.
+    """
+    member, _, key = ext.partition(":")
+    if member == "json" and not key:
+        key = "caption"
+    if member not in sample.files:
+        return None, ("missing_caption", f"no .{member} member{_caption_hint(sample, member)}")
     try:
-        text = sample.files[ext].decode("utf-8")
+        text = sample.files[member].decode("utf-8-sig")  # a byte-order mark (Windows editors) is no caption text
     except UnicodeDecodeError as err:
         return None, ("non_utf8_caption", f"caption is not UTF-8: {err}")
+    if key:
+        text, problem = _json_caption(text, member, key)
+        if problem is not None:
+            return None, problem
     text = text.strip()
-    if not text:
-        return None, ("empty_caption", "caption is empty or whitespace only")
+    if not any(ch.isprintable() and not ch.isspace() for ch in text):  # NULs, controls: the tokenizer drops them
+        return None, ("empty_caption", "caption is empty or whitespace only" if not text else
+                      f"caption has no printable character ({text[:20]!r})")
     return text, None
+
+
+def check_caption_ext(value: str) -> None:
+    """ValueError naming the key unless ``value`` is a member extension as the reader keys them (lower case, no
+    leading dot: ``txt``, ``caption.txt``) or ``json:FIELD``; '.txt' or 'TXT' matched no member at all."""
+    import re
+
+    member, colon, key = value.partition(":")
+    if not re.fullmatch(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*", member) or (colon and (member != "json" or not key)):
+        raise ValueError(f"caption_ext: {value!r} is not a caption member: give its extension in lower case without "
+                         "the dot (txt, json, json:FIELD; members' extensions are read in lower case)")
+
+
+def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str] | None]:
+    """The string ``key`` of the JSON object in ``text`` (a ``.member`` member), or a skip (reason, message)."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        return "", ("bad_caption_json", f".{member} member is not valid JSON: {err}")
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if value is None:
+        return "", ("missing_caption", f"the .{member} member has no {key!r} key")
+    if not isinstance(value, str):
+        return "", ("bad_caption_json", f"{key!r} of the .{member} member is a {type(value).__name__}, not a string")
+    return value, None
+
+
+def _caption_hint(sample: RawSample, member: str) -> str:
+    """Why a caption member is missing, when the sample shows it: its .json holds a caption (img2dataset writes
+    it there too; some webdatasets carry it only there), or its files were grouped under a dotted key."""
+    if member != "json" and b'"caption"' in sample.files.get("json", b""):
+        return " (its .json member has a 'caption': --caption-ext json reads it)"
+    return members_hint(sample)
+
+
+def members_hint(sample: RawSample) -> str:
+    """' (members: ...)' of a skipped sample; for files named ``name.part.ext`` it adds webdataset's rule that
+    put them all under the key ``name``, which is why no member is called ``.txt`` or ``.jpg``."""
+    names = sorted(sample.files)
+    listed = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+    if any("." in ext for ext in names):
+        return (f" (members: {listed}; a key ends at the first dot of the file name, so files named "
+                f"{sample.key}.<part>.<ext> form one sample {sample.key!r}: rename them without dots in the key)")
+    return f" (members: {listed})"
 
 
 class _FieldSink:
@@ -137,15 +196,23 @@ def check_index_offsets(url: str, image_path: str) -> None:
 
     with open(image_path, "rb") as fh:
         offset, length, digest = (int(v) for v in np.frombuffer(fh.read(REF_ROW.itemsize), REF_ROW)[0])
-    with files.open_file(url, "rb") as fh:
-        fh.seek(offset)
-        if xxhash.xxh3_64_intdigest(fh.read(length)) != digest:
+    with files.open_file(url, "rb", **({} if files.is_local(url) else {"cache_type": "none"})) as fh:
+        try:
+            fh.seek(offset)
+            data = fh.read(length)
+        except ValueError as err:  # fsspec's HTTP file: the server sent the whole file for a byte range
+            raise ValueError("storage index reads each image as a byte range, and this server does not "
+                             f"answer HTTP Range requests ({err}); serve the shards with one that does "
+                             "(toolkit data serve, any object store), or use storage pixels or jpeg") from err
+        if xxhash.xxh3_64_intdigest(data) != digest:
             raise ValueError(f"{url}: storage index needs uncompressed tars (the image bytes are not at their tar "
                              "offsets in the file); decompress the shards or use storage pixels or jpeg")
 
 
-def _write_text(path: str, captions: list[str]) -> None:
-    """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order."""
+def _write_text(path: str, captions: list[str]) -> int:
+    """Tokens (int32 little-endian) or frozen text features (float16) for ``captions``, in order; returns how
+    many captions the tokenizer cut at the context length (0 with a text tower, whose cut is its own)."""
+    num_cut = 0
     with open(path, "wb") as fh:
         for start in range(0, len(captions), ENCODE_BATCH):
             chunk = captions[start:start + ENCODE_BATCH]
@@ -153,7 +220,27 @@ def _write_text(path: str, captions: list[str]) -> None:
                 fh.write(np.ascontiguousarray(STATE["text_tower"].encode(chunk), dtype="<f2").tobytes())
             else:
                 tokens = STATE["tokenizer"](chunk)
+                num_cut += count_cut(chunk, tokens)
                 fh.write(np.ascontiguousarray(tokens.numpy(), dtype="<i4").tobytes())
+    return num_cut
+
+
+def count_cut(chunk: list[str], tokens) -> int:
+    """Captions of ``chunk`` longer than the context that gave ``tokens`` [n, L]. Only full rows (not ending in
+    padding: cut, or exactly L tokens) can be; they are tokenized one position longer, and a cut one's first L
+    tokens differ (its end-of-text token was put over its L-th token), whatever the tokenizer pads with. A
+    tokenizer without a ``context_length`` argument: every full row counts."""
+    length = tokens.shape[1]
+    if "pad_token" not in STATE:  # an empty caption's last position is padding (L >= 3 for every model)
+        STATE["pad_token"] = int(STATE["tokenizer"]([""])[0, -1])
+    full = (tokens[:, -1] != STATE["pad_token"]).nonzero().flatten().tolist()
+    if not full:
+        return 0
+    try:
+        longer = STATE["tokenizer"]([chunk[i] for i in full], context_length=length + 1)
+    except TypeError:
+        return len(full)
+    return int((longer[:, :length] != tokens[full]).any(dim=1).sum())
 
 
 def _missing_after_read(task: ShardTask, reader: RawShardReader, seen: set[str], res: ShardResult) -> None:
@@ -216,6 +303,32 @@ def _reference_sink(task: ShardTask):
     return ReferenceSink(STATE["reference"], task.stem, ENCODE_BATCH, task.max_image_pixels)
 
 
+def _repeat_message(task: ShardTask, sample: RawSample, partial: set[str]) -> str:
+    """Why a key read again within one tar is skipped; when its first sample lacked a member, the tar lists a
+    sample's files apart (``tar cf s.tar *.jpg *.txt``), and webdataset groups only consecutive members."""
+    message = f"key repeats within {shard_basename(task.url)}"
+    if sample.key in partial:
+        message += (f" (this time with {', '.join(sorted(sample.files))}; its earlier members lacked them): a sample's "
+                    "files must follow each other in the tar, as webdataset reads them; write the tar in name order")
+    return message
+
+
+def _read_sample(task: ShardTask, sample: RawSample, size: int) -> tuple:
+    """(caption, (ext, bytes) of the image, pixels [size, size, 3] uint8, converted mode or None, None), or a
+    skip's (reason, message) last with the others None: one raw sample checked and decoded as precompute keeps it."""
+    caption, problem = caption_of(sample, task.caption_ext)
+    image = sample.image()
+    if problem is None and image is None:
+        problem = ("missing_image", f"no image member{members_hint(sample)}")
+    if problem is not None:
+        return None, None, None, None, problem
+    try:
+        pixels, converted = decode_rgb(image[1], size, task.resize_mode, task.max_image_pixels)
+    except ImageError as err:
+        return None, None, None, None, (err.reason, f".{image[0]}: {err}")
+    return caption, image, pixels, converted, None
+
+
 def _process(task: ShardTask) -> ShardResult:
     res, keys, captions = ShardResult(task.index, task.url), [], []
     res.image_path, res.text_path = task.stem + ".image", task.stem + ".text"
@@ -223,27 +336,22 @@ def _process(task: ShardTask) -> ShardResult:
     tower = STATE.get("image_tower")
     sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
     size = tower.image_size if tower is not None else task.image_size
-    reader, seen = RawShardReader(task.url), set()
+    reader = RawShardReader(task.url, task.caption_ext.partition(":")[0])
+    seen, partial = set(), set()  # partial: keys skipped for a missing member
     jpg = open(task.stem + ".jpg", "wb") if task.storage == "jpeg" else None
     ref = _reference_sink(task)
     for sample in reader.samples():
         res.num_read += 1
         on_read(1)
         if sample.key in seen:
-            res.skips.append(("duplicate_key", sample.key, f"key repeats within {shard_basename(task.url)}"))
+            res.skips.append(("duplicate_key", sample.key, _repeat_message(task, sample, partial)))
             continue
         seen.add(sample.key)
-        caption, problem = caption_of(sample, task.caption_ext)
-        image = sample.image()
-        if problem is None and image is None:
-            problem = ("missing_image", f"no image member (members: {', '.join(sorted(sample.files))})")
-        if problem is None:
-            try:
-                pixels, converted = decode_rgb(image[1], size, task.resize_mode, task.max_image_pixels)
-            except ImageError as err:
-                problem = (err.reason, f".{image[0]}: {err}")
+        caption, image, pixels, converted, problem = _read_sample(task, sample, size)
         if problem is not None:
             res.skips.append((problem[0], sample.key, problem[1]))
+            if problem[0] in ("missing_image", "missing_caption"):
+                partial.add(sample.key)
             continue
         if converted:
             res.converted[converted] += 1
@@ -265,7 +373,7 @@ def _process(task: ShardTask) -> ShardResult:
     if reader.error_kind == "unreadable_tar" and len(res.skips) == before:
         res.skips.append(("unreadable_tar", "*", f"{reader.error} (sample count unknown)"))
     res.num_read += len(res.skips) - before
-    _write_text(res.text_path, captions)
+    res.num_captions_cut = _write_text(res.text_path, captions)
     if ref is not None:
         ref.close(captions)
         res.reference_s = round(ref.seconds, 3)

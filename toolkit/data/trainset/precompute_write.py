@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from toolkit.core.log import progress
-from toolkit.data.raw.reader import shard_basename
+from toolkit.data.raw.reader import shard_names
 from toolkit.data.trainset import precompute_worker, reference, refs
 from toolkit.data.trainset.format import Field
 from toolkit.data.trainset.precompute_resume import stem_of
@@ -50,8 +50,9 @@ def kept_samples(results: list[ShardResult], skips: list[dict]) -> Iterator[tupl
     ``skips`` as it goes (a shard's worker skips, then its duplicate keys), in the order of skipped.jsonl."""
     repeated = repeated_key_hashes(results)
     owners: dict[int, dict[str, str]] = {}  # a repeated hash -> {key: raw shard that kept it}
+    names = shard_names([r.url for r in results])
     for res in results:
-        name = shard_basename(res.url)
+        name = names[res.url]
         skips.extend({"reason": r, "shard": name, "key": k, "message": m} for r, k, m in res.skips)
         if not res.num_kept:
             continue
@@ -110,6 +111,7 @@ def write_pixels(cfg, fields: list[Field], results: list[ShardResult], urls: lis
     writer = TrainShardWriter(cfg.out, fields, cfg.samples_per_shard)
     scratch = scratch_fields("pixels", fields)
     current, rows = None, []
+    names = shard_names(urls)
     try:
         for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write shards")):
             if res is not current:  # results arrive in order: one shard's memmaps open at a time
@@ -117,7 +119,7 @@ def write_pixels(cfg, fields: list[Field], results: list[ShardResult], urls: lis
             payloads = [rows[0][row].tobytes(), rows[1][row].tobytes()]
             if len(rows) > 2:  # ref_image, ref_text
                 payloads += reference.split_row(rows[2][row], fields[2].shape[0])
-            writer.add(sample_id, payloads, {"caption": caption, "source": shard_basename(res.url), "key": key})
+            writer.add(sample_id, payloads, {"caption": caption, "source": names[res.url], "key": key})
         return writer.close(), "", []
     except OSError as err:  # a full disk: name the shard and free its space for the failed manifest
         shard = writer.discard()
@@ -135,6 +137,7 @@ def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[
     ref_dim = fields[2].shape[0] if len(fields) > 2 else 0
     writer = refs.RefShardWriter(cfg.out, cfg.storage, scratch[1].shape[0], cfg.samples_per_shard, ref_dim)
     current, jpg, embeddings = None, None, None
+    names = shard_names(urls)
     try:
         for sample_id, (res, row, key, caption) in enumerate(_samples(results, skips, "write tables")):
             if res is not current:  # results arrive in order: one shard's scratch open at a time
@@ -151,7 +154,7 @@ def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[
                 jpg.seek(offset)
                 data = jpg.read(length)
             writer.add(sample_id, res.index, offset, length, digest, texts[row],
-                       {"caption": caption, "source": shard_basename(res.url), "key": key}, data,
+                       {"caption": caption, "source": names[res.url], "key": key}, data,
                        tuple(embeddings[row]) if ref_dim else ())
     finally:
         if jpg is not None:

@@ -1,4 +1,5 @@
-"""Refuse to precompute over a failed fetch: too many samples lost to truncated or unreadable raw shards.
+"""Refuse to precompute over a failed fetch (too many samples lost to truncated or unreadable raw shards), or
+over raw shards that gave no sample at all.
 
 A fetch cut short by a full disk leaves raw shards that end mid-tar; precompute keeps every intact sample
 and counts the rest (``truncated_tar``, ``unreadable_tar``, ``missing_from_tar``). Keeping 117 of 400
@@ -27,7 +28,26 @@ def check_truncation(skips: list[dict], num_read: int, max_share: float, source:
         return
     named = ", ".join(f"{shard} ({n} lost)" for shard, n in sorted(lost.items())[:MAX_NAMED])
     more = f" and {len(lost) - MAX_NAMED} more shards" if len(lost) > MAX_NAMED else ""
+    listed = sum(1 for s in skips if s["reason"] == "missing_from_tar")  # whole tars, sidecars promising more
+    stale = (f"; {listed} of them are listed in a shard's .parquet or _stats.json but absent from a tar that ends "
+             "cleanly: if those tars were filtered or rewritten on purpose, delete their stale .parquet and "
+             "_stats.json" if listed else "")
     raise ValueError(f"{source}: {num_lost} of {num_read} samples ({100 * num_lost / num_read:.1f} %) are lost to "
                      f"truncated or unreadable raw shards, more than max_truncated_share={max_share:g}: {named}"
-                     f"{more}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 to "
-                     "keep what is left")
+                     f"{more}{stale}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 "
+                     "to keep what is left")
+
+
+def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], source: str) -> None:
+    """ValueError when no raw shard kept a sample, with the skip counts by reason and the first skip of each of
+    up to three reasons (shard, key, message): the message is what says why (a caption only in .json, members
+    apart in the tar). ``shards``: (shard name, samples kept, skips as (reason, key, message)) per raw shard."""
+    if any(num_kept for _, num_kept, _ in shards):
+        return
+    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for _, _, skips in shards for s in skips).items())
+    firsts: dict[str, str] = {}
+    for name, _, skips in shards:
+        for reason, key, message in skips:
+            firsts.setdefault(reason, f"{name} key {key!r}: {message}")
+    example = "; e.g. " + "; ".join(list(firsts.values())[:3]) if firsts else ""
+    raise ValueError(f"{source}: no valid sample in {len(shards)} raw shard(s) ({reasons or 'empty'}){example}")
