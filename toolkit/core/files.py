@@ -40,6 +40,13 @@ def open_file(path: str, mode: str = "rb", **kwargs: Any):
     return fsspec.open(path, mode, **kwargs).open()
 
 
+def open_ranges(path: str):
+    """Open a local path or fsspec URL for reading scattered byte ranges (seek, then read): on a URL every read
+    is one range request of exactly its bytes, without fsspec's read-ahead (a 5 MB block per read over HTTP,
+    50 MB on S3, for a ~30 kB image at a random offset)."""
+    return open_file(path, "rb") if is_local(path) else open_file(path, "rb", cache_type="none")
+
+
 _NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
                 (stat.S_ISBLK, "a block device"))
 

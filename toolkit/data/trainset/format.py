@@ -290,8 +290,8 @@ def open_shard(ds: TrainDataset, shard: int):
     """Open pixels shard ``shard`` for reading (local or fsspec); a missing file is a DataIntegrityError
     naming it."""
     url = ds.url(ds.shards[shard])
-    try:  # remote: a read is one range request of exactly its run of samples, not fsspec's read-ahead block
-        return files.open_file(url, "rb", **({} if files.is_local(url) else {"cache_type": "none"}))
+    try:  # remote: a read is one range request of exactly its run of samples
+        return files.open_ranges(url)
     except FileNotFoundError as err:
         raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
                                            "restore it or precompute this dataset again") from err

@@ -196,7 +196,7 @@ def check_index_offsets(url: str, image_path: str) -> None:
 
     with open(image_path, "rb") as fh:
         offset, length, digest = (int(v) for v in np.frombuffer(fh.read(REF_ROW.itemsize), REF_ROW)[0])
-    with files.open_file(url, "rb", **({} if files.is_local(url) else {"cache_type": "none"})) as fh:
+    with files.open_ranges(url) as fh:
         try:
             fh.seek(offset)
             data = fh.read(length)

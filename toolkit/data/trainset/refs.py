@@ -152,9 +152,8 @@ class RefReader:
             if len(self._open) >= self.max_open:
                 self._open.pop(next(iter(self._open))).close()
             url = self.data_url(file)
-            try:  # remote: each read one range request of exactly the image (fsspec's default read-ahead
-                # fetched a 5 MB block over HTTP, 50 MB on S3, for every randomly placed ~30 kB image)
-                self._open[file] = files.open_file(url, "rb", **({} if files.is_local(url) else {"cache_type": "none"}))
+            try:  # remote: each read one range request of exactly the image
+                self._open[file] = files.open_ranges(url)
             except FileNotFoundError as err:
                 raise integrity.DataIntegrityError(
                     f"{url}: missing (data file {file} of {self.ds.root}); restore it, or keep the data next to "
