@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 from evalkit import build_set, make_folder, solid_png
 
 from toolkit.core.config import ConfigError, build
@@ -134,3 +135,34 @@ def test_decompression_bomb_png_is_named_not_a_traceback(tmp_path, side):
                                       str(tmp_path / "in"), "--out", str(tmp_path / "set")])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert f"error: DatasetError: {tmp_path / 'in' / 'object_#0'}" in result.output and str(bomb) in result.output
+
+
+def test_alpha_and_16bit_images_read_as_training_reads_them(tmp_path):
+    """A transparent PNG was read with PIL's convert('RGB') (transparent pixels black, training mattes them on
+    white) and a 16-bit grey PNG saturated to white (training scales 0..65535 to 0..255): the model saw other
+    pixels in evaluation than in training. A 16-bit TIFF (re-encoded by build-set) went the same way."""
+    import numpy as np
+    from evalkit import to_tensor
+    from PIL import Image
+
+    from toolkit.data.images import decode_rgb
+    from toolkit.eval.datasets import make_eval_loader
+
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    rgba[2:6, 2:6] = (255, 0, 0, 255)  # an opaque red square, the rest transparent black
+    paths = {"a_alpha": tmp_path / "in" / "a_alpha" / "a.png", "b_grey16": tmp_path / "in" / "b_grey16" / "g.png",
+             "c_tiff16": tmp_path / "in" / "c_tiff16" / "t.tif"}
+    for p in paths.values():
+        p.parent.mkdir(parents=True)
+    Image.fromarray(rgba, "RGBA").save(paths["a_alpha"])
+    Image.fromarray(np.full((8, 8), 30000, np.uint16)).save(paths["b_grey16"])  # I;16, mid grey
+    Image.fromarray(np.full((8, 8), 50000, np.uint16)).save(paths["c_tiff16"])
+    build_set("folder", tmp_path / "in", tmp_path / "sets" / "deep")
+    eval_set = open_eval_set(tmp_path / "sets", "deep")
+    images, labels = next(iter(make_eval_loader(eval_set, to_tensor, 8)))
+    assert labels.tolist() == [0, 1, 2]
+    got = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    for i, p in enumerate(paths.values()):
+        want, _ = decode_rgb(p.read_bytes(), 8)  # what precompute stores for the same file
+        np.testing.assert_array_equal(got[i], want, err_msg=str(p))
+    assert got[0, 0, 0].tolist() == [255, 255, 255] and got[1, 0, 0].tolist() == [117, 117, 117]

@@ -16,7 +16,6 @@ model with ``encode_image``/``encode_text`` can be evaluated, and so errors name
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import tarfile
 from pathlib import Path
@@ -152,13 +151,13 @@ def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any, with_dige
     """One webdataset sample -> (image tensor, label int | list of captions[, SHA-1 of the image bytes])."""
     import hashlib
 
-    from PIL import Image
+    from toolkit.data.images import ImageError, open_rgb
 
     ext, data = image_bytes_of(sample, eval_set)
     label = label_of(sample, eval_set)
-    try:
-        image = Image.open(io.BytesIO(data)).convert("RGB")
-    except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
+    try:  # training's conversions (alpha on white, 16-bit grey scaled), not PIL's convert: same pixels as train
+        image = open_rgb(data)
+    except ImageError as err:
         raise DatasetError(f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: unreadable "
                            f"image .{ext}: {err}") from err
     if with_digest:

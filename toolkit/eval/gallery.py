@@ -84,8 +84,9 @@ def _images_by_index(shards: tuple[str, ...], wanted: set[int]) -> dict[int, byt
 def _thumb(data: bytes) -> Any:
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as img:
-        return img.convert("RGB").resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
+    from toolkit.data.images import open_rgb
+
+    return open_rgb(data).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)  # as the model saw it
 
 
 def draw(rows: list[tuple[str, list[int], int, int]], pictures: dict[int, bytes], title: str) -> bytes:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.data.acquire import demo
-from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS
+from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, to_rgb
 from toolkit.eval.datasets import DatasetError
 
 GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
@@ -68,7 +68,7 @@ def read_image(path: Path, where: str) -> tuple[bytes, str]:
             if fmt in ("png", "jpeg", "webp"):
                 return data, "jpg" if fmt == "jpeg" else fmt
             buf = io.BytesIO()
-            img.convert("RGB").save(buf, format="PNG")
+            to_rgb(img)[0].save(buf, format="PNG")  # training's conversions: alpha on white, 16-bit scaled
             return buf.getvalue(), "png"
     except DatasetError:
         raise
