@@ -166,3 +166,17 @@ def test_alpha_and_16bit_images_read_as_training_reads_them(tmp_path):
         want, _ = decode_rgb(p.read_bytes(), 8)  # what precompute stores for the same file
         np.testing.assert_array_equal(got[i], want, err_msg=str(p))
     assert got[0, 0, 0].tolist() == [255, 255, 255] and got[1, 0, 0].tolist() == [117, 117, 117]
+
+
+def test_folder_hidden_folders_are_not_classes_and_stray_files_are_counted(tmp_path):
+    """A Jupyter `.ipynb_checkpoints` folder beside the class folders became a class (".ipynb checkpoints",
+    with its images as samples) and an image beside the class folders was dropped without a word."""
+    make_folder(tmp_path / "in", [2, 1])
+    solid_png(tmp_path / "in" / ".ipynb_checkpoints" / "0.png", 3)
+    solid_png(tmp_path / "in" / "object_#1" / ".thumbs" / "0.png", 4)  # hidden inside a class folder
+    solid_png(tmp_path / "in" / "stray.png", 5)
+    result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
+    assert (tmp_path / "sets" / "s" / "classnames.txt").read_text().splitlines() == ["object #0", "object #1"]
+    assert result.counts["num_samples"] == 3
+    assert result.counts["left_out"] == {"hidden folder": 1,
+                                         f"file outside the class folders of {tmp_path / 'in'}": 1}

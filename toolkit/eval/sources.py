@@ -92,21 +92,32 @@ def from_folder(root: str, classnames: list[str] | None) -> EvalSamples:
     base = Path(root)
     if not base.is_dir():
         raise DatasetError(f"input folder not found: {base}")
-    folders = sorted(p for p in base.iterdir() if p.is_dir())
+    entries = sorted(base.iterdir())
+    # hidden folders (.ipynb_checkpoints, .git, .thumbnails) are not classes; files beside the class folders
+    # belong to no class: both are counted as left out, not silently dropped or made a class
+    folders = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
     if not folders:
         raise DatasetError(f"{base}: no class subfolders (expected one folder of images per class)")
     names = classnames or [f.name.replace("_", " ") for f in folders]
     if len(names) != len(folders):
         raise DatasetError(f"classnames: {len(names)} names for {len(folders)} class folders in {base}")
     out = EvalSamples("classification", [], list(names))
+    _count_left_out(out, "hidden folder", sum(p.is_dir() and p.name.startswith(".") for p in entries))
+    _count_left_out(out, f"file outside the class folders of {base}",
+                    sum(p.is_file() and not p.name.startswith(".") for p in entries))
     for label, folder in enumerate(folders):
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        files = sorted(p for p in folder.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(folder).parts))
         images = [p for p in files if p.suffix.lower().lstrip(".") in IMAGE_EXTS]
-        if len(images) < len(files):
-            out.left_out["not an image file"] = out.left_out.get("not an image file", 0) + len(files) - len(images)
+        _count_left_out(out, "not an image file", len(files) - len(images))
         for p in images:
             out.samples.append((*read_image(p, str(folder)), label))
     return out
+
+
+def _count_left_out(out: EvalSamples, reason: str, count: int) -> None:
+    if count:
+        out.left_out[reason] = out.left_out.get(reason, 0) + count
 
 
 def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
