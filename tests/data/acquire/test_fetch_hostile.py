@@ -180,3 +180,30 @@ def test_malformed_rows_and_duplicate_urls_are_skipped_and_counted_with_line_num
                                        f"{urls} line 7: same URL as {urls} line 2: {u}ok3.png"]
     captions = sorted(json.loads(s["json"])["caption"] for s in read_tar(out / "00000.tar").values())
     assert captions == ["first", "two", "zero"]
+
+
+class ToFileHandler(QuietHandler):
+    """Static files plus /to-file: a redirect to a local file."""
+
+    def send_head(self):
+        if self.path.startswith("/to-file"):
+            self.server.request_counts[self.path] += 1
+            self.send_response(302)
+            self.send_header("Location", "file:///etc/hostname")
+            self.end_headers()
+            return None
+        return super().send_head()
+
+
+@pytest.mark.timeout(300)
+def test_redirect_to_file_is_a_disallowed_scheme(tmp_path):
+    """A redirect to file:// (refused by urllib itself) was counted as http_302 instead of disallowed_scheme."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "ok.png").write_bytes(_png(np.random.default_rng(5), 20))
+    with serve(str(www), handler_cls=ToFileHandler) as server:
+        urls = tmp_path / "urls.csv"
+        _write_csv(urls, [(server.url + "ok.png", "fine"), (server.url + "to-file", "redirected to a local file")])
+        result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
+                                 num_threads=2))
+    assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {"disallowed_scheme": 1}
