@@ -207,3 +207,22 @@ def test_redirect_to_file_is_a_disallowed_scheme(tmp_path):
         result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
                                  num_threads=2))
     assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {"disallowed_scheme": 1}
+
+
+@pytest.mark.timeout(300)
+def test_bomb_below_pillows_own_limit_is_refused(tmp_path):
+    """A 10,000 x 10,000 PNG (100 MP: over cliptk's 89.5 MP limit, under the 179 MP at which Pillow refuses by
+    itself) was downloaded, fully decoded and stored, and precompute then skipped it as a decompression bomb."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "ok.png").write_bytes(_png(np.random.default_rng(5), 20))
+    buf = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(buf, "PNG")  # about 12 kB on disk
+    (www / "bomb.png").write_bytes(buf.getvalue())
+    with serve(str(www)) as server:
+        urls = tmp_path / "urls.csv"
+        _write_csv(urls, [(server.url + "ok.png", "fine"), (server.url + "bomb.png", "bomb")])
+        result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
+                                 num_threads=2))
+    assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {"decompression_bomb": 1}
+    assert any("10000x10000 = 100,000,000 pixels" in m for m in result.details["error_messages"])
