@@ -226,3 +226,31 @@ def test_bomb_below_pillows_own_limit_is_refused(tmp_path):
                                  num_threads=2))
     assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {"decompression_bomb": 1}
     assert any("10000x10000 = 100,000,000 pixels" in m for m in result.details["error_messages"])
+
+
+@pytest.mark.timeout(300)
+def test_urls_with_spaces_and_non_ascii_characters_are_percent_encoded(tmp_path):
+    """urllib sends a URL as given: 'http://host/fotos/ü ñ.png' failed with "'ascii' codec can't encode
+    character" (reason other) or "URL can't contain control characters" (bad_url), where a browser (and
+    the server) fetch it percent-encoded. Real URL lists hold many such URLs."""
+    from toolkit.data.acquire.download import to_uri
+
+    assert to_uri("https://bücher.example:8443/a b.jpg?q=é#x") == \
+        "https://xn--bcher-kva.example:8443/a%20b.jpg?q=%C3%A9#x"
+    www = tmp_path / "www"
+    (www / "fotos").mkdir(parents=True)
+    rng = np.random.default_rng(6)
+    for name in ("ü ñ.png", "日本.png", "plain.png", "50%.png"):
+        (www / "fotos" / name).write_bytes(_png(rng, 20))
+    with serve(str(www)) as server:
+        urls = tmp_path / "urls.csv"
+        _write_csv(urls, [(server.url + "fotos/ü ñ.png", "spaces and accents"),
+                          (server.url + "fotos/日本.png?size=大", "CJK path and query"),
+                          (server.url + "fotos/%E6%97%A5%E6%9C%AC.png", "already percent-encoded"),
+                          (server.url + "fotos/50%25.png", "an escaped percent sign"),
+                          (server.url + "fotos/plain.png", "plain")])
+        result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
+                                 num_threads=2))
+    assert result.counts["failed_by_reason"] == {} and result.counts["num_success"] == 5
+    stored = {json.loads(s["json"])["url"] for s in read_tar(tmp_path / "out" / "00000.tar").values()}
+    assert server.url + "fotos/ü ñ.png" in stored  # the list's own spelling is what the shard records
