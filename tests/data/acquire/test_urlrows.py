@@ -65,3 +65,19 @@ def test_unreadable_whole_files_name_the_file(tmp_path):
     broken.write_bytes(gzip.compress(b"url,caption\nhttp://h/1,a\n")[:-12])
     with pytest.raises(ValueError, match=r"list\.csv\.gz: unreadable csv\.gz URL list"):
         read_rows(str(broken), "csv.gz", "url", "caption")
+
+
+def test_folder_entries_that_are_not_read_are_named(tmp_path, caplog):
+    """A folder list reads only *.{format}: a gzipped part beside plain ones, a subfolder of parts or any
+    other file was left out without a word (its URLs never fetched, the totals silently smaller)."""
+    folder = tmp_path / "lists"
+    (folder / "more").mkdir(parents=True)
+    (folder / "part-0.csv").write_text("url,caption\nhttp://h/a.jpg,a\n")
+    (folder / "part-1.csv.gz").write_bytes(gzip.compress(b"url,caption\nhttp://h/b.jpg,b\n"))
+    (folder / "more" / "part-2.csv").write_text("url,caption\nhttp://h/c.jpg,c\n")
+    (folder / ".DS_Store").write_bytes(b"\0")
+    with caplog.at_level("WARNING"):
+        assert check_url_list(str(folder), "csv", "url", "caption") == "caption"
+    assert f"{folder}: 2 entries in the folder are not *.csv and not read: more, part-1.csv.gz" in caplog.text
+    assert read_rows(str(folder), "csv", "url", "caption").table.to_pylist() == [{"url": "http://h/a.jpg",
+                                                                                 "caption": "a"}]
