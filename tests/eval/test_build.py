@@ -180,3 +180,17 @@ def test_folder_hidden_folders_are_not_classes_and_stray_files_are_counted(tmp_p
     assert result.counts["num_samples"] == 3
     assert result.counts["left_out"] == {"hidden folder": 1,
                                          f"file outside the class folders of {tmp_path / 'in'}": 1}
+
+
+def test_retrieval_csv_rows_naming_one_image_by_different_paths_are_one_sample(tmp_path):
+    """'img/0.png' and './img/0.png' became two samples with the same pixels: each of their captions then had
+    two equally right images, and R@1 depended on the order of ties."""
+    for k in range(2):
+        solid_png(tmp_path / "img" / f"{k}.png", k)
+    (tmp_path / "pairs.csv").write_text("image,caption\nimg/0.png,a zero\n./img/0.png,another zero\n"
+                                        f"{tmp_path / 'img' / '0.png'},zero again\nimg/../img/1.png,a one\n")
+    result = build_set("csv", tmp_path / "pairs.csv", tmp_path / "sets" / "r", task="retrieval")
+    assert result.counts["num_samples"] == 2
+    with tarfile.open(tmp_path / "sets" / "r" / "test" / "0.tar") as tar:
+        texts = [tar.extractfile(m).read().decode() for m in tar if m.name.endswith(".txt")]
+    assert texts == ["a zero\nanother zero\nzero again", "a one"]

@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import gzip
 import io
+import os
 import re
 import struct
 from pathlib import Path
@@ -162,13 +163,15 @@ def _group_captions(csv_path: Path, rows: list[dict[str, str]], image_col: str, 
     captions: dict[str, list[str]] = {}
     first_row: dict[str, int] = {}
     for i, row in enumerate(rows):
-        image = row[image_col].strip()
+        # one image, however its rows spell the path ('img/a.png', './img/a.png'): as two samples with the same
+        # pixels, each caption would have two equally right images and R@1 would depend on tie order
+        image = os.path.normpath(csv_path.parent / row[image_col].strip())
         text = " ".join(row[caption_col].split())  # one caption per line in the wds .txt
         captions.setdefault(image, []).append(text)
         first_row.setdefault(image, i + 2)
     out = EvalSamples("retrieval", [])
     for image, texts in captions.items():
-        out.samples.append((*read_image(csv_path.parent / image, f"{csv_path}: row {first_row[image]}"), texts))
+        out.samples.append((*read_image(Path(image), f"{csv_path}: row {first_row[image]}"), texts))
     return out
 
 
