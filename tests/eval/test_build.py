@@ -194,3 +194,12 @@ def test_retrieval_csv_rows_naming_one_image_by_different_paths_are_one_sample(t
     with tarfile.open(tmp_path / "sets" / "r" / "test" / "0.tar") as tar:
         texts = [tar.extractfile(m).read().decode() for m in tar if m.name.endswith(".txt")]
     assert texts == ["a zero\nanother zero\nzero again", "a one"]
+
+
+def test_empty_class_folder_stays_a_class_with_a_warning(tmp_path, caplog):
+    make_folder(tmp_path / "in", [1, 2])
+    (tmp_path / "in" / "zz_nothing").mkdir()
+    with caplog.at_level("WARNING"):
+        result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
+    assert result.details["per_class"] == {"object #0": 1, "object #1": 2, "zz nothing": 0}
+    assert "1 class(es) without an image: 'zz nothing'; they stay classes the model can predict" in caplog.text

@@ -137,6 +137,11 @@ def run(cfg: BuildSetConfig) -> StageResult:
             for _, _, label in kept:
                 per_class[label] += 1
             rec.details["per_class"] = dict(zip(found.classnames, per_class, strict=True))
+            empty = [n for n, c in zip(found.classnames, per_class, strict=True) if c == 0]
+            if empty:  # kept on purpose (a distractor the model may predict), but rarely what a user meant
+                log.warning("%s: %d class(es) without an image: %s; they stay classes the model can predict, and "
+                            "mean per-class recall averages over the classes that have images", cfg.out, len(empty),
+                            ", ".join(repr(n) for n in empty[:10]))
         rec.details.update(task=found.kind, classnames=found.classnames, templates=found.templates)
         log.info("%s: %d %s samples in %d shard(s)", out, num, found.kind, len(eval_set.shards))
     return rec.result()
