@@ -203,3 +203,24 @@ def test_empty_class_folder_stays_a_class_with_a_warning(tmp_path, caplog):
         result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
     assert result.details["per_class"] == {"object #0": 1, "object #1": 2, "zz nothing": 0}
     assert "1 class(es) without an image: 'zz nothing'; they stay classes the model can predict" in caplog.text
+
+
+def test_csv_integer_labels_with_classnames_are_line_numbers(tmp_path):
+    """Labels written as class indices (clip-benchmark's .cls convention, ImageNet-style CSVs) with a
+    --classnames file were refused: "label '0' is not in the class names"."""
+    for k in range(3):
+        solid_png(tmp_path / f"{k}.png", k)
+    (tmp_path / "labels.csv").write_text("image,label\n0.png,2\n1.png,0\n2.png,2\n")
+    (tmp_path / "names.txt").write_text("cat\ndog\nbird\n")
+    result = build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "idx", classnames=str(tmp_path / "names.txt"))
+    assert result.details["per_class"] == {"cat": 1, "dog": 0, "bird": 2}
+    (tmp_path / "labels.csv").write_text("image,label\n0.png,2\n1.png,3\n")
+    with pytest.raises(DatasetError, match=r"row 3: label '3': no label is a class name, so labels are line "
+                                         r"numbers of the class names, which has 3 \(0..2\)"):
+        build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "bad", classnames=str(tmp_path / "names.txt"))
+    (tmp_path / "digits.txt").write_text("1\n0\n")  # names that are digits are names, not line numbers
+    (tmp_path / "labels.csv").write_text("image,label\n0.png,0\n1.png,1\n")
+    result = build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "dig", classnames=str(tmp_path / "digits.txt"))
+    assert result.details["per_class"] == {"1": 1, "0": 1}
+    with tarfile.open(tmp_path / "sets" / "dig" / "test" / "0.tar") as tar:
+        assert [tar.extractfile(m).read() for m in tar if m.name.endswith(".cls")] == [b"1", b"0"]

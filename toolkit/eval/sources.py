@@ -17,6 +17,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from toolkit.core.log import get_logger
 from toolkit.data.acquire import demo
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, to_rgb
 from toolkit.eval.datasets import DatasetError
@@ -148,7 +149,7 @@ def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: 
     if kind == "retrieval":
         return _group_captions(csv_path, rows, image_col, caption_col)
     names = classnames or sorted({row[label_col].strip() for row in rows})
-    index = {n: i for i, n in enumerate(names)}
+    index = _label_index(csv_path, [row[label_col].strip() for row in rows], names)
     out = EvalSamples("classification", [], list(names))
     for i, row in enumerate(rows):
         label = row[label_col].strip()
@@ -157,6 +158,24 @@ def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: 
         out.samples.append((*read_image(csv_path.parent / row[image_col].strip(), f"{csv_path}: row {i + 2}"),
                             index[label]))
     return out
+
+
+def _label_index(csv_path: Path, labels: list[str], names: list[str]) -> dict[str, int]:
+    """Label text -> class index: the class names themselves, or, when no label is a class name and every
+    one is an integer 0..len(names)-1, line numbers of the class names file (clip-benchmark's own .cls
+    convention, and how ImageNet-style label columns are written)."""
+    by_name = {n: i for i, n in enumerate(names)}
+    if any(label in by_name for label in labels):
+        return by_name
+    if all(label.isdigit() for label in labels):
+        bad = next((i for i, label in enumerate(labels) if int(label) >= len(names)), None)
+        if bad is not None:
+            raise DatasetError(f"{csv_path}: row {bad + 2}: label {labels[bad]!r}: no label is a class name, so labels "
+                               f"are line numbers of the class names, which has {len(names)} (0..{len(names) - 1})")
+        get_logger("eval").info("%s: labels are integers 0..%d and none is a class name: read as line numbers "
+                                "of the class names", csv_path, len(names) - 1)
+        return {label: int(label) for label in set(labels)}
+    return by_name
 
 
 def _group_captions(csv_path: Path, rows: list[dict[str, str]], image_col: str, caption_col: str) -> EvalSamples:
