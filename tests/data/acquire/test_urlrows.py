@@ -81,3 +81,22 @@ def test_folder_entries_that_are_not_read_are_named(tmp_path, caplog):
     assert f"{folder}: 2 entries in the folder are not *.csv and not read: more, part-1.csv.gz" in caplog.text
     assert read_rows(str(folder), "csv", "url", "caption").table.to_pylist() == [{"url": "http://h/a.jpg",
                                                                                  "caption": "a"}]
+
+
+def test_tsv_is_one_row_a_line_with_literal_quotes(tmp_path):
+    """A TSV caption that starts with a quote ('"Casablanca" poster', common in web alt texts) was a malformed
+    row ("bad quoting"), and an unterminated one swallowed the lines after it; TSV has no quoting. Lines
+    written with csv quoting (pandas, spreadsheets) are still unquoted."""
+    tsv = tmp_path / "list.tsv"
+    tsv.write_text('url\tcaption\r\n'
+                   'http://h/1.jpg\t"Casablanca" poster\r\n'
+                   'http://h/2.jpg\t"unterminated caption\r\n'
+                   'http://h/3.jpg\tplain, 5" screen\r\n'
+                   'http://h/4.jpg\t"pandas ""quoted"" caption"\r\n'
+                   'http://h/5.jpg\t"a tab\tinside quotes"\r\n'
+                   'http://h/6.jpg\tone\ttoo many\r\n')
+    rows = read_rows(str(tsv), "tsv", "url", "caption")
+    assert [r["caption"] for r in rows.table.to_pylist()] == [
+        '"Casablanca" poster', '"unterminated caption', 'plain, 5" screen', 'pandas "quoted" caption',
+        "a tab\tinside quotes"]
+    assert (rows.num_rows, rows.listed["malformed_row"]) == (6, [f"{tsv} line 7: 3 field(s), the header has 2"])
