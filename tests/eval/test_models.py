@@ -161,3 +161,10 @@ def test_a_training_run_directory_names_the_models_inside_it(tiny_dir, tmp_path)
                                               r".*run/checkpoints/step-00000004, .*run/model$"):
         load_model(str(run))
     assert load_model(str(run / "model")).name == "model"
+
+
+def test_a_checkpoint_directory_given_as_weights_says_to_pass_it_as_the_model(tiny_dir):
+    """`--model cliptk-tiny --weights CKPT_DIR` said 'weights file not found: CKPT_DIR', which exists."""
+    with pytest.raises(CheckpointError, match=r"weights: .*tiny is a directory, not a weights file; a checkpoint "
+                                              r"directory is a model: pass it as the model itself \(--model DIR\)"):
+        load_model("cliptk-tiny", weights=str(tiny_dir))
