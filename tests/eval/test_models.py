@@ -146,23 +146,6 @@ def test_bf16_precision_casts_matmul_weights(tiny_dir):
     assert loaded.model.ln_final.weight.dtype == torch.float32
 
 
-def test_a_training_run_directory_names_the_models_inside_it(tiny_dir, tmp_path):
-    """`--model RUN` (the train stage's --out) said only 'RUN/open_clip_config.json: missing'; the model the
-    user wants is RUN/model or RUN/checkpoints/step-N, and docs/eval.md named a RUN/checkpoints/latest that
-    training never writes."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(tiny_dir, run / "model")
-    shutil.copytree(tiny_dir, run / "checkpoints" / "step-00000004")
-    (run / "metrics.jsonl").write_text("")
-    with pytest.raises(CheckpointError, match=r"run/open_clip_config.json: missing; .*run holds model directories "
-                                              r"one or two levels down: give one of them, e.g. "
-                                              r".*run/checkpoints/step-00000004, .*run/model$"):
-        load_model(str(run))
-    assert load_model(str(run / "model")).name == "model"
-
-
 def test_a_checkpoint_directory_given_as_weights_says_to_pass_it_as_the_model(tiny_dir):
     """`--model cliptk-tiny --weights CKPT_DIR` said 'weights file not found: CKPT_DIR', which exists."""
     with pytest.raises(CheckpointError, match=r"weights: .*tiny is a directory, not a weights file; a checkpoint "

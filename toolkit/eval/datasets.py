@@ -167,13 +167,13 @@ def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any, with_dige
     """One webdataset sample -> (image tensor, label int | list of captions[, SHA-1 of the image bytes])."""
     import hashlib
 
-    from toolkit.data.images import ImageError, open_rgb
+    from toolkit.data.images import open_rgb
 
     ext, data = image_bytes_of(sample, eval_set)
     label = label_of(sample, eval_set)
-    try:  # training's conversions (alpha on white, 16-bit grey scaled), not PIL's convert: same pixels as train
+    try:  # the conversions training's precompute applies (alpha on white, 16-bit scaled), not a bare convert
         image = open_rgb(data)
-    except ImageError as err:
+    except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
         raise DatasetError(f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: unreadable "
                            f"image .{ext}: {err}") from err
     if with_digest:

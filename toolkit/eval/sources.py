@@ -17,7 +17,6 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from toolkit.core.log import get_logger
 from toolkit.data.acquire import demo
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, to_rgb
 from toolkit.eval.datasets import DatasetError
@@ -70,7 +69,7 @@ def read_image(path: Path, where: str) -> tuple[bytes, str]:
             if fmt in ("png", "jpeg", "webp"):
                 return data, "jpg" if fmt == "jpeg" else fmt
             buf = io.BytesIO()
-            to_rgb(img)[0].save(buf, format="PNG")  # training's conversions: alpha on white, 16-bit scaled
+            to_rgb(img)[0].save(buf, format="PNG")  # as training converts it: alpha on white, 16-bit scaled
             return buf.getvalue(), "png"
     except DatasetError:
         raise
@@ -172,6 +171,8 @@ def _label_index(csv_path: Path, labels: list[str], names: list[str]) -> dict[st
         if bad is not None:
             raise DatasetError(f"{csv_path}: row {bad + 2}: label {labels[bad]!r}: no label is a class name, so labels "
                                f"are line numbers of the class names, which has {len(names)} (0..{len(names) - 1})")
+        from toolkit.core.log import get_logger
+
         get_logger("eval").info("%s: labels are integers 0..%d and none is a class name: read as line numbers "
                                 "of the class names", csv_path, len(names) - 1)
         return {label: int(label) for label in set(labels)}

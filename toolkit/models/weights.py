@@ -114,24 +114,15 @@ def is_checkpoint_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / CONFIG_NAME).is_file() and (Path(path) / WEIGHTS_NAME).is_file()
 
 
-def _inner_models_hint(folder: Path) -> str:
-    """'; ... did you mean ...' naming checkpoint directories one or two levels down (a `toolkit train` run
-    directory holds its final model in RUN/model and its checkpoints in RUN/checkpoints/step-N), else ''."""
-    inner = sorted(p for p in [*folder.glob("*"), *folder.glob("*/*")] if p.is_dir() and is_checkpoint_dir(p))
-    if not inner:
-        return ""
-    shown = ", ".join(str(p) for p in inner[-3:])
-    return f"; {folder} holds model directories one or two levels down: give one of them, e.g. {shown}"
-
-
 def read_checkpoint_config(ckpt_dir: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model_cfg, preprocess_cfg) from ``ckpt_dir/open_clip_config.json``; errors name the file."""
     path = Path(ckpt_dir) / CONFIG_NAME
     if not Path(ckpt_dir).is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     if not path.is_file():
-        raise CheckpointError(f"{path}: missing; a checkpoint directory needs {CONFIG_NAME} and {WEIGHTS_NAME}"
-                              f"{_inner_models_hint(Path(ckpt_dir))}")
+        inner = [Path(ckpt_dir) / sub for sub in ("model", "model-ema") if (Path(ckpt_dir) / sub / CONFIG_NAME).is_file()]
+        hint = f"; a training run's model is {inner[0]}" if inner else ""  # `--model RUN`, for RUN/model
+        raise CheckpointError(f"{path}: missing; a checkpoint directory needs {CONFIG_NAME} and {WEIGHTS_NAME}{hint}")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
