@@ -100,3 +100,16 @@ def test_tsv_is_one_row_a_line_with_literal_quotes(tmp_path):
         '"Casablanca" poster', '"unterminated caption', 'plain, 5" screen', 'pandas "quoted" caption',
         "a tab\tinside quotes"]
     assert (rows.num_rows, rows.listed["malformed_row"]) == (6, [f"{tsv} line 7: 3 field(s), the header has 2"])
+
+
+@pytest.mark.parametrize("data, message", [
+    ("url\tcaption\r\nhttp://h/1.jpg\tchat\r\n".encode("utf-16"), r"u16.tsv: the file is UTF-16 text .* save it "
+                                                                  r"as 'CSV UTF-8'"),
+    (b"url\rcaption\rhttp://h/1.jpg\rchat\r", r"u16.tsv: unreadable header line: new-line character"),
+])
+def test_utf16_and_carriage_return_lists_are_named_not_a_traceback(tmp_path, data, message):
+    """A spreadsheet's 'Unicode text' export (UTF-16 TSV) or a list with old-Mac line ends crashed fetch with
+    a bare `_csv.Error: new-line character seen in unquoted field` traceback naming no file."""
+    (tmp_path / "u16.tsv").write_bytes(data)
+    with pytest.raises(ValueError, match=message):
+        check_url_list(str(tmp_path / "u16.tsv"), "tsv", "url", "caption")

@@ -54,7 +54,11 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
     if base not in ("csv", "tsv", "jsonl"):
         return None
     with fsspec.open(path, "rb", compression=compression) as fh:
-        first = fh.readline().decode("utf-8-sig", errors="replace")
+        raw = fh.readline()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # spreadsheets' "Unicode text" export (UTF-16)
+        raise ValueError(f"{path}: the file is UTF-16 text (a spreadsheet's 'Unicode text' export); URL lists are "
+                         "read as UTF-8: save it as 'CSV UTF-8', or convert it (iconv -f UTF-16 -t UTF-8)")
+    first = raw.decode("utf-8-sig", errors="replace")
     if base == "jsonl":
         try:
             obj = json.loads(first) if first.strip() else {}
@@ -63,7 +67,10 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
         return list(obj) if isinstance(obj, dict) else None
     import csv
 
-    header = next(csv.reader([first], delimiter="\t" if base == "tsv" else ","), [])
+    try:
+        header = next(csv.reader([first], delimiter="\t" if base == "tsv" else ","), [])
+    except csv.Error as err:  # a stray carriage return or NUL in the header line
+        raise ValueError(f"{path}: unreadable header line: {err}") from err
     return [h.strip() for h in header]
 
 
