@@ -224,3 +224,21 @@ def test_csv_integer_labels_with_classnames_are_line_numbers(tmp_path):
     assert result.details["per_class"] == {"1": 1, "0": 1}
     with tarfile.open(tmp_path / "sets" / "dig" / "test" / "0.tar") as tar:
         assert [tar.extractfile(m).read() for m in tar if m.name.endswith(".cls")] == [b"1", b"0"]
+
+
+def test_spreadsheet_exports_bom_and_utf16_and_bad_bytes_are_handled(tmp_path):
+    """Excel's 'CSV UTF-8' starts with a byte order mark: the first column read '\\ufeffimage' ('missing
+    column(s) image') and a BOM classnames file made the first class '\\ufeffkitty' without a word; a UTF-16
+    or non-UTF-8 file raised a bare UnicodeDecodeError naming no file."""
+    for k in range(2):
+        solid_png(tmp_path / f"{k}.png", k)
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbfimage,label\n0.png,kitty\n1.png,puppy\n")
+    (tmp_path / "names.txt").write_bytes(b"\xef\xbb\xbfkitty\npuppy\n")
+    build_set("csv", tmp_path / "bom.csv", tmp_path / "sets" / "bom", classnames=str(tmp_path / "names.txt"))
+    assert (tmp_path / "sets" / "bom" / "classnames.txt").read_bytes() == b"kitty\npuppy\n"
+    (tmp_path / "u16.csv").write_bytes("image,label\n0.png,kitty\n".encode("utf-16"))
+    with pytest.raises(DatasetError, match=r"u16.csv: UTF-16 text \(CSV\); save it as UTF-8"):
+        build_set("csv", tmp_path / "u16.csv", tmp_path / "sets" / "u16")
+    (tmp_path / "latin1.txt").write_bytes("kitty\npuppé\n".encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"latin1.txt: line 2: not UTF-8 \(classnames\)"):
+        build_set("csv", tmp_path / "bom.csv", tmp_path / "sets" / "l1", classnames=str(tmp_path / "latin1.txt"))

@@ -53,10 +53,23 @@ class EvalSet:
         return TASKS[self.kind]
 
 
+def read_utf8(path: Path, what: str) -> str:
+    """A text file's contents as UTF-8 without a byte order mark (spreadsheet exports start with one, which
+    would otherwise stick to the first class name or column); DatasetError naming the file if not UTF-8."""
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DatasetError(f"{path}: UTF-16 text ({what}); save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise DatasetError(f"{path}: line {line}: not UTF-8 ({what}): {err.reason} at byte {err.start}") from err
+
+
 def _read_lines(path: Path, what: str) -> list[str]:
     if not path.is_file():
         raise DatasetError(f"{path}: missing ({what})")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line.strip() for line in read_utf8(path, what).splitlines()]
     if not any(lines):
         raise DatasetError(f"{path}: empty ({what})")
     if any(not line for line in lines):
