@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 from evalkit import build_set, make_folder, solid_png
 
 from toolkit.core.config import ConfigError, build
@@ -134,3 +135,110 @@ def test_decompression_bomb_png_is_named_not_a_traceback(tmp_path, side):
                                       str(tmp_path / "in"), "--out", str(tmp_path / "set")])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert f"error: DatasetError: {tmp_path / 'in' / 'object_#0'}" in result.output and str(bomb) in result.output
+
+
+def test_alpha_and_16bit_images_read_as_training_reads_them(tmp_path):
+    """A transparent PNG was read with PIL's convert('RGB') (transparent pixels black, training mattes them on
+    white) and a 16-bit grey PNG saturated to white (training scales 0..65535 to 0..255): the model saw other
+    pixels in evaluation than in training. A 16-bit TIFF (re-encoded by build-set) went the same way."""
+    import numpy as np
+    from evalkit import to_tensor
+    from PIL import Image
+
+    from toolkit.data.images import decode_rgb
+    from toolkit.eval.datasets import make_eval_loader
+
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    rgba[2:6, 2:6] = (255, 0, 0, 255)  # an opaque red square, the rest transparent black
+    paths = {"a_alpha": tmp_path / "in" / "a_alpha" / "a.png", "b_grey16": tmp_path / "in" / "b_grey16" / "g.png",
+             "c_tiff16": tmp_path / "in" / "c_tiff16" / "t.tif"}
+    for p in paths.values():
+        p.parent.mkdir(parents=True)
+    Image.fromarray(rgba, "RGBA").save(paths["a_alpha"])
+    Image.fromarray(np.full((8, 8), 30000, np.uint16)).save(paths["b_grey16"])  # I;16, mid grey
+    Image.fromarray(np.full((8, 8), 50000, np.uint16)).save(paths["c_tiff16"])
+    build_set("folder", tmp_path / "in", tmp_path / "sets" / "deep")
+    eval_set = open_eval_set(tmp_path / "sets", "deep")
+    images, labels = next(iter(make_eval_loader(eval_set, to_tensor, 8)))
+    assert labels.tolist() == [0, 1, 2]
+    got = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    for i, p in enumerate(paths.values()):
+        want, _ = decode_rgb(p.read_bytes(), 8)  # what precompute stores for the same file
+        np.testing.assert_array_equal(got[i], want, err_msg=str(p))
+    assert got[0, 0, 0].tolist() == [255, 255, 255] and got[1, 0, 0].tolist() == [117, 117, 117]
+
+
+def test_folder_hidden_folders_are_not_classes_and_stray_files_are_counted(tmp_path):
+    """A Jupyter `.ipynb_checkpoints` folder beside the class folders became a class (".ipynb checkpoints",
+    with its images as samples) and an image beside the class folders was dropped without a word."""
+    make_folder(tmp_path / "in", [2, 1])
+    solid_png(tmp_path / "in" / ".ipynb_checkpoints" / "0.png", 3)
+    solid_png(tmp_path / "in" / "object_#1" / ".thumbs" / "0.png", 4)  # hidden inside a class folder
+    solid_png(tmp_path / "in" / "stray.png", 5)
+    result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
+    assert (tmp_path / "sets" / "s" / "classnames.txt").read_text().splitlines() == ["object #0", "object #1"]
+    assert result.counts["num_samples"] == 3
+    assert result.counts["left_out"] == {"hidden folder": 1,
+                                         f"file outside the class folders of {tmp_path / 'in'}": 1}
+
+
+def test_retrieval_csv_rows_naming_one_image_by_different_paths_are_one_sample(tmp_path):
+    """'img/0.png' and './img/0.png' became two samples with the same pixels: each of their captions then had
+    two equally right images, and R@1 depended on the order of ties."""
+    for k in range(2):
+        solid_png(tmp_path / "img" / f"{k}.png", k)
+    (tmp_path / "pairs.csv").write_text("image,caption\nimg/0.png,a zero\n./img/0.png,another zero\n"
+                                        f"{tmp_path / 'img' / '0.png'},zero again\nimg/../img/1.png,a one\n")
+    result = build_set("csv", tmp_path / "pairs.csv", tmp_path / "sets" / "r", task="retrieval")
+    assert result.counts["num_samples"] == 2
+    with tarfile.open(tmp_path / "sets" / "r" / "test" / "0.tar") as tar:
+        texts = [tar.extractfile(m).read().decode() for m in tar if m.name.endswith(".txt")]
+    assert texts == ["a zero\nanother zero\nzero again", "a one"]
+
+
+def test_empty_class_folder_stays_a_class_with_a_warning(tmp_path, caplog):
+    make_folder(tmp_path / "in", [1, 2])
+    (tmp_path / "in" / "zz_nothing").mkdir()
+    with caplog.at_level("WARNING"):
+        result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
+    assert result.details["per_class"] == {"object #0": 1, "object #1": 2, "zz nothing": 0}
+    assert "1 class(es) without an image: 'zz nothing'; they stay classes the model can predict" in caplog.text
+
+
+def test_csv_integer_labels_with_classnames_are_line_numbers(tmp_path):
+    """Labels written as class indices (clip-benchmark's .cls convention, ImageNet-style CSVs) with a
+    --classnames file were refused: "label '0' is not in the class names"."""
+    for k in range(3):
+        solid_png(tmp_path / f"{k}.png", k)
+    (tmp_path / "labels.csv").write_text("image,label\n0.png,2\n1.png,0\n2.png,2\n")
+    (tmp_path / "names.txt").write_text("cat\ndog\nbird\n")
+    result = build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "idx", classnames=str(tmp_path / "names.txt"))
+    assert result.details["per_class"] == {"cat": 1, "dog": 0, "bird": 2}
+    (tmp_path / "labels.csv").write_text("image,label\n0.png,2\n1.png,3\n")
+    with pytest.raises(DatasetError, match=r"row 3: label '3': no label is a class name, so labels are line "
+                                         r"numbers of the class names, which has 3 \(0..2\)"):
+        build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "bad", classnames=str(tmp_path / "names.txt"))
+    (tmp_path / "digits.txt").write_text("1\n0\n")  # names that are digits are names, not line numbers
+    (tmp_path / "labels.csv").write_text("image,label\n0.png,0\n1.png,1\n")
+    result = build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "dig", classnames=str(tmp_path / "digits.txt"))
+    assert result.details["per_class"] == {"1": 1, "0": 1}
+    with tarfile.open(tmp_path / "sets" / "dig" / "test" / "0.tar") as tar:
+        assert [tar.extractfile(m).read() for m in tar if m.name.endswith(".cls")] == [b"1", b"0"]
+
+
+def test_spreadsheet_exports_bom_and_utf16_and_bad_bytes_are_handled(tmp_path):
+    """Excel's 'CSV UTF-8' starts with a byte order mark: the first column read '\\ufeffimage' ('missing
+    column(s) image') and a BOM classnames file made the first class '\\ufeffkitty' without a word; a UTF-16
+    or non-UTF-8 file raised a bare UnicodeDecodeError naming no file."""
+    for k in range(2):
+        solid_png(tmp_path / f"{k}.png", k)
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbfimage,label\n0.png,kitty\n1.png,puppy\n")
+    (tmp_path / "names.txt").write_bytes(b"\xef\xbb\xbfkitty\npuppy\n")
+    build_set("csv", tmp_path / "bom.csv", tmp_path / "sets" / "bom", classnames=str(tmp_path / "names.txt"))
+    assert (tmp_path / "sets" / "bom" / "classnames.txt").read_bytes() == b"kitty\npuppy\n"
+    (tmp_path / "u16.csv").write_bytes("image,label\n0.png,kitty\n".encode("utf-16"))
+    with pytest.raises(DatasetError, match=r"u16.csv: UTF-16 text \(CSV\); save it as UTF-8"):
+        build_set("csv", tmp_path / "u16.csv", tmp_path / "sets" / "u16")
+    (tmp_path / "latin1.txt").write_bytes("kitty\npuppé\n".encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"latin1.txt: line 2: not UTF-8 \(classnames\)"):
+        build_set("csv", tmp_path / "bom.csv", tmp_path / "sets" / "l1", classnames=str(tmp_path / "latin1.txt"))

@@ -83,3 +83,31 @@ def test_retrieval_sample_without_captions(copy_set, sets_root):
     _write_tar(path / "test/0.tar", {"a.png": png, "a.txt": b"#0", "b.png": png})
     with pytest.raises(DatasetError, match=r"sample 'b': no captions \(.txt\)"):
         evaluate_set(TiedModel(9), tied_tokenizer, to_tensor, open_eval_set(path.parent, path.name))
+
+
+@pytest.mark.parametrize("template, message", [
+    ("a {c} emoji :-}", r"line 2: template 'a \{c\} emoji :-\}' cannot be filled in .*Single '\}'"),
+    ("a {c} in {place}", r"line 2: template 'a \{c\} in \{place\}' cannot be filled in .*KeyError"),
+    ("a {c} {}", r"line 2: .*IndexError"),
+    ("a {c} and {{c}}", None),  # a literal brace written as {{ }} is fine beside a real {c}
+    ("a {{c}}", r"line 2: template 'a \{\{c\}\}' never inserts the class name"),
+])
+def test_template_that_cannot_be_filled_in_is_named(copy_set, template, message):
+    """clip-benchmark fills templates with str.format(c=name): a stray brace failed mid-evaluation with
+    'ValueError: Single '}' encountered in format string', naming neither the file nor the template."""
+    path = copy_set("cls7")
+    (path / "zeroshot_classification_templates.txt").write_text(f"a photo of a {{c}}.\n{template}\n")
+    if message is None:
+        assert open_eval_set(path.parent, path.name).templates[1] == template
+        return
+    with pytest.raises(DatasetError, match=rf"zeroshot_classification_templates.txt: {message}"):
+        open_eval_set(path.parent, path.name)
+
+
+def test_build_set_refuses_template_that_cannot_be_filled_in(tmp_path):
+    from evalkit import build_set, make_folder
+
+    make_folder(tmp_path / "in", [1, 1])
+    (tmp_path / "tpl.txt").write_text("a photo of a {c}.\na {c} emoji :-}\n")
+    with pytest.raises(DatasetError, match=r"tpl.txt: line 2: template 'a \{c\} emoji :-\}' cannot be filled in"):
+        build_set("folder", tmp_path / "in", tmp_path / "sets" / "s", templates=str(tmp_path / "tpl.txt"))

@@ -144,3 +144,10 @@ def test_bf16_precision_casts_matmul_weights(tiny_dir):
     loaded = load_model(str(tiny_dir), precision="bf16")
     assert loaded.model.visual.conv1.weight.dtype == torch.bfloat16
     assert loaded.model.ln_final.weight.dtype == torch.float32
+
+
+def test_a_checkpoint_directory_given_as_weights_says_to_pass_it_as_the_model(tiny_dir):
+    """`--model cliptk-tiny --weights CKPT_DIR` said 'weights file not found: CKPT_DIR', which exists."""
+    with pytest.raises(CheckpointError, match=r"weights: .*tiny is a directory, not a weights file; a checkpoint "
+                                              r"directory is a model: pass it as the model itself \(--model DIR\)"):
+        load_model("cliptk-tiny", weights=str(tiny_dir))

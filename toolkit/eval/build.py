@@ -17,7 +17,7 @@ from toolkit.core.config import option
 from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import sources
-from toolkit.eval.datasets import SPLIT, DatasetError, open_eval_set
+from toolkit.eval.datasets import SPLIT, DatasetError, check_templates, open_eval_set
 
 KIND = "eval.build-set"
 
@@ -95,15 +95,13 @@ def write_shards(kind: str, samples: list[tuple[bytes, str, Any]], out: Path, ma
         (tmp / "nshards.txt").write_text(f"{num_shards}\n")
 
 
-def write_metadata(found: sources.EvalSamples, out: Path) -> None:
+def write_metadata(found: sources.EvalSamples, out: Path, templates_file: str = "") -> None:
     for name in ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt"):
         (out / name).unlink(missing_ok=True)
     if found.kind == "retrieval":
         files.write_text_atomic(str(out / "dataset_type.txt"), "retrieval\n")
         return
-    bad = [t for t in found.templates if "{c}" not in t]
-    if bad:
-        raise DatasetError(f"template {bad[0]!r} has no {{c}} placeholder")
+    check_templates(found.templates, templates_file or "templates")
     files.write_text_atomic(str(out / "classnames.txt"), "\n".join(found.classnames) + "\n")
     files.write_text_atomic(str(out / "zeroshot_classification_templates.txt"), "\n".join(found.templates) + "\n")
 
@@ -126,7 +124,7 @@ def run(cfg: BuildSetConfig) -> StageResult:
         out = Path(files.local_path(cfg.out))
         kept = found.samples[:cfg.limit] if cfg.limit else found.samples
         num = len(kept)
-        write_metadata(found, out)
+        write_metadata(found, out, cfg.templates)
         write_shards(found.kind, kept, out, cfg.max_per_shard)
         eval_set = open_eval_set(out.parent, out.name)
         for reason, count in found.left_out.items():
@@ -139,6 +137,11 @@ def run(cfg: BuildSetConfig) -> StageResult:
             for _, _, label in kept:
                 per_class[label] += 1
             rec.details["per_class"] = dict(zip(found.classnames, per_class, strict=True))
+            empty = [n for n, c in zip(found.classnames, per_class, strict=True) if c == 0]
+            if empty:  # kept on purpose (a distractor the model may predict), but rarely what a user meant
+                log.warning("%s: %d class(es) without an image: %s; they stay classes the model can predict, and "
+                            "mean per-class recall averages over the classes that have images", cfg.out, len(empty),
+                            ", ".join(repr(n) for n in empty[:10]))
         rec.details.update(task=found.kind, classnames=found.classnames, templates=found.templates)
         log.info("%s: %d %s samples in %d shard(s)", out, num, found.kind, len(eval_set.shards))
     return rec.result()

@@ -53,10 +53,23 @@ class EvalSet:
         return TASKS[self.kind]
 
 
+def read_utf8(path: Path, what: str) -> str:
+    """A text file's contents as UTF-8 without a byte order mark (spreadsheet exports start with one, which
+    would otherwise stick to the first class name or column); DatasetError naming the file if not UTF-8."""
+    data = path.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DatasetError(f"{path}: UTF-16 text ({what}); save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise DatasetError(f"{path}: line {line}: not UTF-8 ({what}): {err.reason} at byte {err.start}") from err
+
+
 def _read_lines(path: Path, what: str) -> list[str]:
     if not path.is_file():
         raise DatasetError(f"{path}: missing ({what})")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line.strip() for line in read_utf8(path, what).splitlines()]
     if not any(lines):
         raise DatasetError(f"{path}: empty ({what})")
     if any(not line for line in lines):
@@ -113,10 +126,26 @@ def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
         return EvalSet(name, path, kind, shards, num_samples)
     classnames = _read_lines(path / "classnames.txt", "one class name per line")
     templates = _read_lines(path / "zeroshot_classification_templates.txt", "prompt templates with {c}")
-    bad = [t for t in templates if "{c}" not in t]
-    if bad:
-        raise DatasetError(f"{path / 'zeroshot_classification_templates.txt'}: template {bad[0]!r} has no {{c}}")
+    check_templates(templates, str(path / "zeroshot_classification_templates.txt"))
     return EvalSet(name, path, kind, shards, num_samples, tuple(classnames), tuple(templates))
+
+
+def check_templates(templates: list[str] | tuple[str, ...], where: str) -> None:
+    """Each template must fill in as clip-benchmark fills it (``template.format(c=classname)``) and use the
+    class name: a stray brace, another placeholder or an escaped ``{{c}}`` is a DatasetError naming
+    ``where``, the line and the template (clip-benchmark's own error named neither)."""
+    for line, template in enumerate(templates, start=1):
+        if "{c}" not in template:
+            raise DatasetError(f"{where}: line {line}: template {template!r} has no {{c}}")
+        try:
+            filled = template.format(c="\0")
+        except (ValueError, KeyError, IndexError) as err:
+            raise DatasetError(f"{where}: line {line}: template {template!r} cannot be filled in with "
+                               f"str.format(c=CLASS): {type(err).__name__}: {err}; write a literal brace "
+                               "as {{ or }}") from err
+        if "\0" not in filled:
+            raise DatasetError(f"{where}: line {line}: template {template!r} never inserts the class name "
+                               "({{c}} is an escaped, literal {c})")
 
 
 def label_of(sample: dict[str, Any], eval_set: EvalSet) -> int | list[str]:

@@ -22,10 +22,12 @@ GREEN, GREY = (26, 152, 80), (200, 200, 200)
 
 class Recorder:
     """Passes ``encode_image``/``encode_text`` through to ``model`` and keeps their outputs ([n, E] float32,
-    in call order), and keeps each batch's caption lists when iterating :meth:`loader`."""
+    in call order), and keeps each batch's caption lists (and image SHA-1 digests, when the loader yields
+    them) when iterating :meth:`loader`."""
 
     def __init__(self, model: Any):
         self.model, self.images, self.texts, self.captions = model, [], [], []
+        self.digests: list[str] = []
 
     def encode_image(self, x: Any) -> Any:
         out = self.model.encode_image(x)
@@ -44,9 +46,15 @@ class Recorder:
             dataset = loader.dataset
 
             def __iter__(self):
-                for images, captions in loader:
+                # Several DataLoader workers interleave their shards' batches: the read order is not the
+                # shards' order, so each image is identified by its digest (from the batch, or from a
+                # loader that recorded them, as the tower cache's does), not by its position in the tars.
+                for images, captions, *digests in loader:
                     recorder.captions.extend(captions)
+                    recorder.digests.extend(digests[0] if digests else [])
                     yield images, captions
+                if not recorder.digests and getattr(loader, "digests", None):
+                    recorder.digests = list(loader.digests)
 
         return _View()
 
@@ -66,16 +74,25 @@ def rank_queries(image_emb: np.ndarray, text_emb: np.ndarray, caption_owner: np.
     return out
 
 
-def _images_by_index(shards: tuple[str, ...], wanted: set[int]) -> dict[int, bytes]:
-    """Image bytes of the set's samples at positions ``wanted`` (the order the evaluation read them)."""
+def recorded_images(recorder: Recorder, shards: tuple[str, ...], wanted: set[int]) -> dict[int, bytes]:
+    """Image bytes of the images the evaluation read at positions ``wanted``: found by SHA-1 digest when the
+    recorder has them (any read order), else by position in the shards (a single-worker, in-order read)."""
+    import hashlib
+
     import webdataset as wds
 
     from toolkit.eval.datasets import SET_IMAGE_EXTS
 
+    by_digest: dict[str, list[int]] | None = {} if recorder.digests else None
+    for i in sorted(wanted) if by_digest is not None else ():
+        by_digest.setdefault(recorder.digests[i], []).append(i)  # the same bytes may be several samples
     found: dict[int, bytes] = {}
     for i, sample in enumerate(wds.WebDataset(list(shards), shardshuffle=False, empty_check=False)):
-        if i in wanted:
-            found[i] = next(sample[e] for e in SET_IMAGE_EXTS if e in sample)
+        data = next((sample[e] for e in SET_IMAGE_EXTS if e in sample), None)
+        if by_digest is None:
+            found.update({i: data} if i in wanted and data is not None else {})
+        elif data is not None:
+            found.update({at: data for at in by_digest.pop(hashlib.sha1(data).hexdigest(), [])})
         if len(found) == len(wanted):
             break
     return found
@@ -133,6 +150,6 @@ def write_gallery(recorder: Recorder, eval_set: Any, path: str, num_queries: int
     queries = [i * len(captions) // n for i in range(n)]
     ranked = rank_queries(image_emb, text_emb, owner, queries, min(k, len(image_emb)))
     rows = [(captions[q], top, rank, int(owner[q])) for q, (top, rank) in zip(queries, ranked, strict=True)]
-    pictures = _images_by_index(eval_set.shards, {i for _, top, _, right in rows for i in (*top, right)})
+    pictures = recorded_images(recorder, eval_set.shards, {i for _, top, _, right in rows for i in (*top, right)})
     files.write_bytes_atomic(path, draw(rows, pictures, title or f"{eval_set.name}: text -> image, top {k}"))
     return {"queries": [{"caption": c, "rank": rank, "top": top, "right": right} for c, top, rank, right in rows]}

@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import gzip
 import io
+import os
 import re
 import struct
 from pathlib import Path
@@ -80,7 +81,9 @@ def read_lines_file(path: str, what: str) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"{what} file not found: {p}")
-    lines = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from toolkit.eval.datasets import read_utf8
+
+    lines = [line.strip() for line in read_utf8(p, what).splitlines() if line.strip()]
     if not lines:
         raise DatasetError(f"{p}: empty ({what})")
     return lines
@@ -92,27 +95,40 @@ def from_folder(root: str, classnames: list[str] | None) -> EvalSamples:
     base = Path(root)
     if not base.is_dir():
         raise DatasetError(f"input folder not found: {base}")
-    folders = sorted(p for p in base.iterdir() if p.is_dir())
+    entries = sorted(base.iterdir())
+    # hidden folders (.ipynb_checkpoints, .git, .thumbnails) are not classes; files beside the class folders
+    # belong to no class: both are counted as left out, not silently dropped or made a class
+    folders = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
     if not folders:
         raise DatasetError(f"{base}: no class subfolders (expected one folder of images per class)")
     names = classnames or [f.name.replace("_", " ") for f in folders]
     if len(names) != len(folders):
         raise DatasetError(f"classnames: {len(names)} names for {len(folders)} class folders in {base}")
     out = EvalSamples("classification", [], list(names))
+    _count_left_out(out, "hidden folder", sum(p.is_dir() and p.name.startswith(".") for p in entries))
+    _count_left_out(out, f"file outside the class folders of {base}",
+                    sum(p.is_file() and not p.name.startswith(".") for p in entries))
     for label, folder in enumerate(folders):
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        files = sorted(p for p in folder.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(folder).parts))
         images = [p for p in files if p.suffix.lower().lstrip(".") in IMAGE_EXTS]
-        if len(images) < len(files):
-            out.left_out["not an image file"] = out.left_out.get("not an image file", 0) + len(files) - len(images)
+        _count_left_out(out, "not an image file", len(files) - len(images))
         for p in images:
             out.samples.append((*read_image(p, str(folder)), label))
     return out
 
 
+def _count_left_out(out: EvalSamples, reason: str, count: int) -> None:
+    if count:
+        out.left_out[reason] = out.left_out.get(reason, 0) + count
+
+
 def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
     if not path.is_file():
         raise DatasetError(f"CSV file not found: {path}")
-    with path.open(newline="", encoding="utf-8") as fh:
+    from toolkit.eval.datasets import read_utf8
+
+    with io.StringIO(read_utf8(path, "CSV"), newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in required if c not in (reader.fieldnames or [])]
         if missing:
@@ -136,7 +152,7 @@ def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: 
     if kind == "retrieval":
         return _group_captions(csv_path, rows, image_col, caption_col)
     names = classnames or sorted({row[label_col].strip() for row in rows})
-    index = {n: i for i, n in enumerate(names)}
+    index = _label_index(csv_path, [row[label_col].strip() for row in rows], names)
     out = EvalSamples("classification", [], list(names))
     for i, row in enumerate(rows):
         label = row[label_col].strip()
@@ -147,17 +163,39 @@ def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: 
     return out
 
 
+def _label_index(csv_path: Path, labels: list[str], names: list[str]) -> dict[str, int]:
+    """Label text -> class index: the class names themselves, or, when no label is a class name and every
+    one is an integer 0..len(names)-1, line numbers of the class names file (clip-benchmark's own .cls
+    convention, and how ImageNet-style label columns are written)."""
+    by_name = {n: i for i, n in enumerate(names)}
+    if any(label in by_name for label in labels):
+        return by_name
+    if all(label.isdigit() for label in labels):
+        bad = next((i for i, label in enumerate(labels) if int(label) >= len(names)), None)
+        if bad is not None:
+            raise DatasetError(f"{csv_path}: row {bad + 2}: label {labels[bad]!r}: no label is a class name, so labels "
+                               f"are line numbers of the class names, which has {len(names)} (0..{len(names) - 1})")
+        from toolkit.core.log import get_logger
+
+        get_logger("eval").info("%s: labels are integers 0..%d and none is a class name: read as line numbers "
+                                "of the class names", csv_path, len(names) - 1)
+        return {label: int(label) for label in set(labels)}
+    return by_name
+
+
 def _group_captions(csv_path: Path, rows: list[dict[str, str]], image_col: str, caption_col: str) -> EvalSamples:
     captions: dict[str, list[str]] = {}
     first_row: dict[str, int] = {}
     for i, row in enumerate(rows):
-        image = row[image_col].strip()
+        # one image, however its rows spell the path ('img/a.png', './img/a.png'): as two samples with the same
+        # pixels, each caption would have two equally right images and R@1 would depend on tie order
+        image = os.path.normpath(csv_path.parent / row[image_col].strip())
         text = " ".join(row[caption_col].split())  # one caption per line in the wds .txt
         captions.setdefault(image, []).append(text)
         first_row.setdefault(image, i + 2)
     out = EvalSamples("retrieval", [])
     for image, texts in captions.items():
-        out.samples.append((*read_image(csv_path.parent / image, f"{csv_path}: row {first_row[image]}"), texts))
+        out.samples.append((*read_image(Path(image), f"{csv_path}: row {first_row[image]}"), texts))
     return out
 
 

@@ -35,7 +35,7 @@ from toolkit.core.log import get_logger
 from toolkit.eval.datasets import EvalSet
 
 # Bumped when the stored layout or the features' meaning changes: older caches then simply miss.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: eval images decoded with training's conversions (alpha on white, 16-bit grey scaled)
 # Captions per text-trunk forward pass (MiniLM; each batch is cut to its longest caption).
 TEXT_BATCH = 256
 

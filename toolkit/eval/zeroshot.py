@@ -282,8 +282,8 @@ def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSe
             rec.details["cache_hits"].append(eval_set.name)
     else:
         recorder = factory(model) if factory else None
-        loader = recorder.loader(make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers)) \
-            if recorder else None
+        loader = recorder.loader(make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers,
+                                                  with_digest=True)) if recorder else None
         metrics = evaluate_set(recorder or model, loaded.tokenizer, loaded.preprocess, eval_set,
                                batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device, amp=cfg.amp,
                                recall_k=cfg.recall_k, loader=loader)

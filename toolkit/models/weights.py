@@ -149,6 +149,9 @@ def find_weights(ckpt_dir: str | os.PathLike) -> Path:
 def check_weights_file(path: str | os.PathLike) -> Path:
     """``path`` as a Path if it is an existing weights file with a known suffix, else CheckpointError."""
     p = Path(path)
+    if p.is_dir():
+        hint = "; a checkpoint directory is a model: pass it as the model itself (--model DIR)" if is_checkpoint_dir(p) else ""
+        raise CheckpointError(f"weights: {p} is a directory, not a weights file{hint}")
     if not p.is_file():
         raise CheckpointError(f"weights file not found: {p}")
     if p.suffix not in WEIGHT_SUFFIXES:

@@ -381,3 +381,28 @@ def test_second_fetch_into_the_same_out_fails_at_once_naming_the_first(tmp_path)
     assert len(errors) == 1 and f"{out} is in use by another run (pid {first.pid} on " in errors[0]
     assert "Traceback" not in second.stderr and not (out / "_tmp").exists()
     assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # the first run's, untouched
+
+
+@pytest.mark.timeout(120)
+def test_shards_without_a_manifest_are_resumed_only_if_they_hold_this_lists_rows(site):
+    """A folder of shards without a manifest (img2dataset run by hand, a copied folder) was resumed 'on the
+    assumption they come from' the list: shards of another shard size or list counted as fetched, and the
+    list's other URLs in those shard positions were never requested."""
+    server, rows, work = site
+    urls, out = work / "foreign.csv", work / "foreign"
+    write_list(urls, server.url, rows[:6])  # good images only
+    first = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=2,
+                        timeout_s=TIMEOUT_S, num_threads=4)
+    assert run(first).counts["num_success"] == 6
+    (out / "manifest.json").unlink()  # now the folder looks like img2dataset's own output
+    with pytest.raises(ValueError, match=r"foreign/00000.parquet: holds 2 rows where this list and shard size "
+                                         r"put 4: .* \(no manifest\)"):
+        run(FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD,
+                        timeout_s=TIMEOUT_S, num_threads=4))
+    other = work / "foreign_other.csv"
+    write_list(other, server.url, rows[1:7])
+    with pytest.raises(ValueError, match=r"foreign/00000.parquet: holds '.*img0.jpg', which is not among the 2 "
+                                         r"URLs this list puts in that shard"):
+        run(FetchConfig(urls=str(other), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=2,
+                        timeout_s=TIMEOUT_S, num_threads=4))
+    assert not (out / "manifest.json").exists() and len(list(out.glob("*.tar"))) == 3  # nothing touched

@@ -150,3 +150,18 @@ def test_retry_failed_refetches_only_transient_failures_into_new_shards(flaky_si
     assert (c["num_urls"], c["num_success"], c["num_failed"], c["num_retried"]) == (10, 8, 2, 5)
     assert _captions(out) == sorted(["good zero", "good one", "good two", "good three", "flaky a", "flaky b",
                                      "flaky c", "flaky d"])
+
+
+@pytest.mark.timeout(300)
+def test_retry_failed_on_the_first_run_fetches_then_retries_in_the_same_run(flaky_site):
+    """`fetch --retry-failed` into an empty folder (fetch, then one retry round in the same run) crashed with
+    FileNotFoundError: OUT/_tmp/retry-urls.parquet: the first fetch's worker had removed OUT/_tmp."""
+    server, urls, out = flaky_site
+    short = urls.parent / "short.csv"
+    short.write_text("url,caption\n" + "".join(f"{server.url}{p},{c}\n" for p, c, _, _ in ROWS[:4]))
+    result = run(FetchConfig(urls=str(short), out=str(out), image_size=16, samples_per_shard=PER_SHARD,
+                             timeout_s=TIMEOUT_S, num_threads=4, retry_failed=True))
+    c = result.counts
+    assert (c["num_urls"], c["num_success"], c["failed_by_reason"], c["num_retried"]) == (4, 3, {"http_404": 1}, 1)
+    assert result.details["retry"]["round"] == 1 and result.details["retry"]["round_success"] == 1
+    assert server.request_counts["/e503-1/a.jpg"] == 2 and _captions(out) == ["flaky a", "good one", "good zero"]

@@ -65,3 +65,51 @@ def test_unreadable_whole_files_name_the_file(tmp_path):
     broken.write_bytes(gzip.compress(b"url,caption\nhttp://h/1,a\n")[:-12])
     with pytest.raises(ValueError, match=r"list\.csv\.gz: unreadable csv\.gz URL list"):
         read_rows(str(broken), "csv.gz", "url", "caption")
+
+
+def test_folder_entries_that_are_not_read_are_named(tmp_path, caplog):
+    """A folder list reads only *.{format}: a gzipped part beside plain ones, a subfolder of parts or any
+    other file was left out without a word (its URLs never fetched, the totals silently smaller)."""
+    folder = tmp_path / "lists"
+    (folder / "more").mkdir(parents=True)
+    (folder / "part-0.csv").write_text("url,caption\nhttp://h/a.jpg,a\n")
+    (folder / "part-1.csv.gz").write_bytes(gzip.compress(b"url,caption\nhttp://h/b.jpg,b\n"))
+    (folder / "more" / "part-2.csv").write_text("url,caption\nhttp://h/c.jpg,c\n")
+    (folder / ".DS_Store").write_bytes(b"\0")
+    with caplog.at_level("WARNING"):
+        assert check_url_list(str(folder), "csv", "url", "caption") == "caption"
+    assert f"{folder}: 2 entries in the folder are not *.csv and not read: more, part-1.csv.gz" in caplog.text
+    assert read_rows(str(folder), "csv", "url", "caption").table.to_pylist() == [{"url": "http://h/a.jpg",
+                                                                                 "caption": "a"}]
+
+
+def test_tsv_is_one_row_a_line_with_literal_quotes(tmp_path):
+    """A TSV caption that starts with a quote ('"Casablanca" poster', common in web alt texts) was a malformed
+    row ("bad quoting"), and an unterminated one swallowed the lines after it; TSV has no quoting. Lines
+    written with csv quoting (pandas, spreadsheets) are still unquoted."""
+    tsv = tmp_path / "list.tsv"
+    tsv.write_text('url\tcaption\r\n'
+                   'http://h/1.jpg\t"Casablanca" poster\r\n'
+                   'http://h/2.jpg\t"unterminated caption\r\n'
+                   'http://h/3.jpg\tplain, 5" screen\r\n'
+                   'http://h/4.jpg\t"pandas ""quoted"" caption"\r\n'
+                   'http://h/5.jpg\t"a tab\tinside quotes"\r\n'
+                   'http://h/6.jpg\tone\ttoo many\r\n')
+    rows = read_rows(str(tsv), "tsv", "url", "caption")
+    assert [r["caption"] for r in rows.table.to_pylist()] == [
+        '"Casablanca" poster', '"unterminated caption', 'plain, 5" screen', 'pandas "quoted" caption',
+        "a tab\tinside quotes"]
+    assert (rows.num_rows, rows.listed["malformed_row"]) == (6, [f"{tsv} line 7: 3 field(s), the header has 2"])
+
+
+@pytest.mark.parametrize("data, message", [
+    ("url\tcaption\r\nhttp://h/1.jpg\tchat\r\n".encode("utf-16"), r"u16.tsv: the file is UTF-16 text .* save it "
+                                                                  r"as 'CSV UTF-8'"),
+    (b"url\rcaption\rhttp://h/1.jpg\rchat\r", r"u16.tsv: unreadable header line: new-line character"),
+])
+def test_utf16_and_carriage_return_lists_are_named_not_a_traceback(tmp_path, data, message):
+    """A spreadsheet's 'Unicode text' export (UTF-16 TSV) or a list with old-Mac line ends crashed fetch with
+    a bare `_csv.Error: new-line character seen in unquoted field` traceback naming no file."""
+    (tmp_path / "u16.tsv").write_bytes(data)
+    with pytest.raises(ValueError, match=message):
+        check_url_list(str(tmp_path / "u16.tsv"), "tsv", "url", "caption")

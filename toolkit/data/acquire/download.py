@@ -60,6 +60,27 @@ def check_scheme(url: object, allowed: frozenset[str]) -> None:
                       "--allow-schemes adds more)")
 
 
+# Characters left as they are when a URL is made ASCII: RFC 3986's reserved set, '%' (escapes already there)
+# and '~' (requests' requote_uri keeps the same set).
+_URI_SAFE = "!#$%&'()*+,/:;=?@[]~"
+
+
+def to_uri(url: str) -> str:
+    """An IRI as browsers send it: a non-ASCII host in IDNA, spaces and non-ASCII characters in the path,
+    query and fragment percent-encoded as UTF-8. urllib sends the URL as given and fails on them ('ascii'
+    codec can't encode, 'URL can't contain control characters'); real URL lists hold many such URLs."""
+    if url.isascii() and " " not in url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.hostname and not parts.hostname.isascii():
+        host = parts.hostname.encode("idna").decode("ascii")
+        netloc = netloc.rsplit("@", 1)[0] + "@" + host if "@" in netloc else host
+        netloc += f":{parts.port}" if parts.port else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, *(urllib.parse.quote(p, safe=_URI_SAFE) for p in
+                                                              (parts.path, parts.query, parts.fragment))))
+
+
 def read_limited(response, max_bytes: int, deadline: float | None = None, total_s: float | None = None) -> bytes:
     """The body of an open ``response``, aborted as soon as it is known to exceed ``max_bytes``, or past
     ``deadline`` (``time.monotonic()``; ``total_s`` is what it allowed, for the message).
@@ -97,7 +118,7 @@ def make_download(allowed_schemes: Iterable[str], max_bytes: int, on_done: Calla
 
     def attempt(url: str, timeout: float, agent: str, user_agent_token, directives) -> bytes | str:
         """The body, or the error message (img2dataset's contract: every failure is a message)."""
-        request = urllib.request.Request(url.strip(), data=None, headers={"User-Agent": agent})
+        request = urllib.request.Request(to_uri(url.strip()), data=None, headers={"User-Agent": agent})
         allowed_s = total_s or DEADLINE_PER_TIMEOUT * timeout
         deadline = time.monotonic() + allowed_s
         with opener.open(request, timeout=timeout) as response:

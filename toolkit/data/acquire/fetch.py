@@ -133,6 +133,22 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
     return digest
 
 
+def check_foreign_shards(cfg: FetchConfig, fmt: str, caption_col: str | None, out: str) -> None:
+    """Shards in ``out`` that no cliptk stage wrote are resumed only if each finished one holds exactly the
+    rows this list and ``samples_per_shard`` put there; otherwise ValueError naming the shard (their URLs
+    were counted as fetched and the list's other URLs in those shards silently never requested)."""
+    from toolkit.data.raw.verify import check_shard_urls
+
+    urls = read_rows(cfg.urls, fmt, cfg.url_col, caption_col, cfg.keep_duplicates).table.column("url").to_pylist()
+    size = cfg.samples_per_shard
+    for shard_id in sorted(layout.finished_shards(out)):
+        why = check_shard_urls(out, shard_id, urls[shard_id * size:(shard_id + 1) * size])
+        if why is not None:
+            raise ValueError(f"{out}/{layout.shard_stem(shard_id)}.parquet: {why}: {out} holds shards (no manifest) "
+                             f"that did not come from {cfg.urls} with samples_per_shard {size}; choose another "
+                             "--out, or move those shards away")
+
+
 def verified_shards(rec, out: str) -> set[int]:
     """Finished shards whose tar, parquet and stats agree; the others are deleted to be fetched again.
 
@@ -198,7 +214,10 @@ def run(cfg: FetchConfig) -> StageResult:
     fmt = detect_format(cfg.urls, cfg.input_format)
     caption_col = check_url_list(cfg.urls, fmt, cfg.url_col, cfg.caption_col)
     out = layout.absolute(cfg.out)
+    foreign = not cfg.overwrite and not read_manifest(out) and layout.shard_files(out)
     digest = check_resumable(cfg, out)
+    if foreign:  # before the stage's manifest exists: once written, a rerun would trust these shards
+        check_foreign_shards(cfg, fmt, caption_col, out)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
         rec.details["urls_sha256"] = digest

@@ -18,10 +18,17 @@ def decode_image(data: bytes):
     """
     from PIL import Image, UnidentifiedImageError
 
+    from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS
+
     if not data:
         return None, "empty response: 0 bytes"
     try:
         img = Image.open(io.BytesIO(data))
+        # Pillow itself only refuses 2x its limit (179 MP): a 100-150 MP image was decoded and stored, and
+        # precompute then skipped it as a bomb. Hold fetch and shard to the limit precompute and eval apply.
+        if img.width * img.height > DEFAULT_MAX_IMAGE_PIXELS:
+            return None, (f"decompression bomb: {img.width}x{img.height} = {img.width * img.height:,} pixels "
+                          f"exceeds the limit of {DEFAULT_MAX_IMAGE_PIXELS:,}")
         img.load()
     except UnidentifiedImageError:
         # no bytes quoted: a URL list can point at any file, and messages land in parquets and manifests

@@ -150,6 +150,8 @@ def write_worker_list(out: str, rnd: Round, path: str, with_captions: bool) -> N
     import pyarrow.parquet as pq
 
     table = _read_round(out, rnd).select(["url", "caption"] if with_captions else ["url"])
+    # the first fetch of the same run has just removed OUT/_tmp (its worker cleans up after itself)
+    files.makedirs(path.rsplit("/", 1)[0])
     with files.open_file(path, "wb") as fh:
         pq.write_table(table, fh)
 

@@ -54,7 +54,11 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
     if base not in ("csv", "tsv", "jsonl"):
         return None
     with fsspec.open(path, "rb", compression=compression) as fh:
-        first = fh.readline().decode("utf-8-sig", errors="replace")
+        raw = fh.readline()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # spreadsheets' "Unicode text" export (UTF-16)
+        raise ValueError(f"{path}: the file is UTF-16 text (a spreadsheet's 'Unicode text' export); URL lists are "
+                         "read as UTF-8: save it as 'CSV UTF-8', or convert it (iconv -f UTF-16 -t UTF-8)")
+    first = raw.decode("utf-8-sig", errors="replace")
     if base == "jsonl":
         try:
             obj = json.loads(first) if first.strip() else {}
@@ -63,7 +67,10 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
         return list(obj) if isinstance(obj, dict) else None
     import csv
 
-    header = next(csv.reader([first], delimiter="\t" if base == "tsv" else ","), [])
+    try:
+        header = next(csv.reader([first], delimiter="\t" if base == "tsv" else ","), [])
+    except csv.Error as err:  # a stray carriage return or NUL in the header line
+        raise ValueError(f"{path}: unreadable header line: {err}") from err
     return [h.strip() for h in header]
 
 
@@ -79,6 +86,8 @@ def check_url_list(urls: str, fmt: str, url_col: str, caption_col: str) -> str |
     files = [path] if not fs.isdir(path) else sorted(fs.glob(f"{path.rstrip('/')}/*.{fmt}"))
     if not files:
         raise ValueError(f"{urls}: no *.{fmt} files in the folder")
+    if fs.isdir(path):
+        _warn_unread(urls, fmt, fs, path, files)
     for name in files:
         columns = list_columns(fs.unstrip_protocol(name), fmt)
         if columns is None:
@@ -89,6 +98,18 @@ def check_url_list(urls: str, fmt: str, url_col: str, caption_col: str) -> str |
                 raise ValueError(f"{name}: no column {col!r} ({key}); columns are: "
                                  f"{', '.join(columns) or 'none'}{hint}")
     return caption_col or None
+
+
+def _warn_unread(urls: str, fmt: str, fs, path: str, files: list[str]) -> None:
+    """Name the folder's other entries (a part-00001.csv.gz beside *.csv files, a subfolder, notes): only
+    ``*.{fmt}`` files are read, and their URLs would otherwise be left out without a word."""
+    read = {f.rstrip("/") for f in files}
+    other = sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False)
+                   if e.rstrip("/") not in read and not e.rstrip("/").rsplit("/", 1)[-1].startswith("."))
+    if other:
+        shown = ", ".join(other[:10]) + (", ..." if len(other) > 10 else "")
+        log.warning("%s: %d entr%s in the folder %s not *.%s and not read: %s", urls, len(other),
+                    "y" if len(other) == 1 else "ies", "is" if len(other) == 1 else "are", fmt, shown)
 
 
 def list_digest(urls: str) -> str:

@@ -143,6 +143,39 @@ def _csv_rows(fh, delimiter: str, url_col: str, caption_col: str | None) -> Iter
             (start, row[url_i], caption, None)
 
 
+def _tsv_fields(text: str, num_fields: int) -> list[str] | None:
+    """One TSV line's fields: unquoted csv-style when it parses so (pandas and spreadsheets wrap a field
+    holding a quote in quotes and double the quote), else the line split at its tabs with quotes kept as they
+    are (TSV has no quoting: a caption like '"Casablanca" poster'); None when neither gives num_fields."""
+    literal = text.split("\t")
+    if '"' in text:
+        try:
+            quoted = next(csv.reader([text], delimiter="\t", strict=True))
+        except csv.Error:
+            quoted = None
+        if quoted is not None and len(quoted) == num_fields:
+            return quoted
+    return literal if len(literal) == num_fields else None
+
+
+def _tsv_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
+    """TSV line by line (one row a line, as text/tab-separated-values defines it): a caption that starts with
+    a quote was a 'bad quoting' row, and an unterminated quote swallowed the lines after it."""
+    header = [h.strip() for h in next(csv.reader([fh.readline().rstrip("\r\n")], delimiter="\t"), [])]
+    url_i, caption_i = header.index(url_col), header.index(caption_col) if caption_col else None
+    for line_no, line in enumerate(fh, start=2):
+        text = line.rstrip("\r\n")
+        if not text.strip():
+            continue  # a blank line is no row
+        row = _tsv_fields(text, len(header))
+        if row is None:
+            yield line_no, None, None, f"{text.count(chr(9)) + 1} field(s), the header has {len(header)}"
+            continue
+        caption = row[caption_i] if caption_i is not None else None
+        yield (line_no, None, None, "not UTF-8") if _not_utf8(row[url_i], caption) else \
+            (line_no, row[url_i], caption, None)
+
+
 def _jsonl_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
     for line_no, line in enumerate(fh, start=1):
         if not line.strip():
@@ -168,8 +201,10 @@ def _text_rows(fh, fmt: str, url_col: str, caption_col: str | None) -> Iterator[
     base = fmt.removesuffix(".gz")
     if base == "txt":
         return _txt_rows(fh)
-    if base in ("csv", "tsv"):
-        return _csv_rows(fh, "\t" if base == "tsv" else ",", url_col, caption_col)
+    if base == "tsv":
+        return _tsv_rows(fh, url_col, caption_col)
+    if base == "csv":
+        return _csv_rows(fh, ",", url_col, caption_col)
     return _jsonl_rows(fh, url_col, caption_col)
 
 

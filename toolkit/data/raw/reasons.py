@@ -35,6 +35,8 @@ _REASONS: list[tuple[re.Pattern, str]] = [(re.compile(p, re.IGNORECASE), r) for 
     (r"^caption not utf-8", "caption_not_utf8"),
     (r"^empty caption", "empty_caption"),
     (r"^duplicate url", "duplicate_url"),
+    # urllib refuses a redirect to file:// (or any scheme but http/https/ftp) itself, as an HTTP error 30x
+    (r"^HTTP Error 30\d: .*Redirection to url .* is not allowed", "disallowed_scheme"),
     (r"HTTP Error (\d{3})", "http_{0}"),
     (r"timed out|timeout", "timeout"),
     (r"connection refused", "connection_refused"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+from collections import Counter
 
 import fsspec
 
@@ -84,3 +85,24 @@ def _check_members(fs, tar_path: str, keys: list[str]) -> str | None:
                 f"{len(extra)} member key(s) the parquet does not list as successes, e.g. {extra[0]}" if extra else ""]
         return "tar disagrees with the parquet: " + "; ".join(w for w in what if w)
     return None
+
+
+def check_shard_urls(out: str, shard_id: int, urls: list[str]) -> str | None:
+    """None when shard ``shard_id``'s parquet lists exactly ``urls`` (in any order), else why not (one line).
+
+    For shards found without a manifest (img2dataset run by hand, a copied folder): a shard is its rows'
+    position in the list, so one from another list or shard size would stand for URLs it never fetched."""
+    import pyarrow.parquet as pq
+
+    fs, path = fsspec.core.url_to_fs(out)
+    try:
+        with fs.open(f"{path.rstrip('/')}/{shard_stem(shard_id)}.parquet", "rb") as fh:
+            got = [str(u) for u in pq.read_table(fh, columns=["url"]).column("url").to_pylist()]
+    except (OSError, ValueError, KeyError) as err:
+        return f"unreadable parquet: {type(err).__name__}: {err}"
+    if len(got) != len(urls):
+        return f"holds {len(got)} rows where this list and shard size put {len(urls)}"
+    # img2dataset writes a shard's rows in the order their downloads finish: compare them as multisets
+    extra = Counter(u.strip() for u in got) - Counter(u.strip() for u in urls)
+    return None if not extra else (f"holds {next(iter(extra))[:200]!r}, which is not among the {len(urls)} URLs "
+                                   "this list puts in that shard")
