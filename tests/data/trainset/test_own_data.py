@@ -295,12 +295,9 @@ def test_byte_order_marks_and_control_only_captions(tmp_path):
                                                      "caption has no printable character ('\\x00\\x00')"]
 
 
-def test_remote_index_reads_only_the_images_it_needs(tmp_path):
-    """Training from an index over HTTP transfers each image's bytes and nothing more: fsspec's default
-    read-ahead fetched a 5 MB block (50 MB on S3) for every randomly placed image, so 16 images of 25 kB cost
-    19 MB. Counted on the server, exactly, for a shuffled batch."""
+def _counting_handler():
+    """([bytes of file bodies sent so far], a serve handler class that counts them): what a reader transferred."""
     from toolkit.data.acquire import serve as serving
-    from toolkit.data.trainset.loader import make_loader
 
     sent = [0]
 
@@ -311,6 +308,18 @@ def test_remote_index_reads_only_the_images_it_needs(tmp_path):
                     sent[0] += len(data)
                     outputfile.write(data)
             super().copyfile(source, Out())
+
+    return sent, Counting
+
+
+def test_remote_index_reads_only_the_images_it_needs(tmp_path):
+    """Training from an index over HTTP transfers each image's bytes and nothing more: fsspec's default
+    read-ahead fetched a 5 MB block (50 MB on S3) for every randomly placed image, so 16 images of 25 kB cost
+    19 MB. Counted on the server, exactly, for a shuffled batch."""
+    from toolkit.data.acquire import serve as serving
+    from toolkit.data.trainset.loader import make_loader
+
+    sent, Counting = _counting_handler()
 
     rng = np.random.default_rng(10)
     raw = tmp_path / "raw"
@@ -336,15 +345,7 @@ def test_remote_pixels_set_reads_only_the_samples_it_needs(tmp_path):
     from toolkit.data.trainset.format import TrainDataset
     from toolkit.data.trainset.loader import make_loader
 
-    sent = [0]
-
-    class Counting(serving.QuietHandler):
-        def copyfile(self, source, outputfile):
-            class Out:
-                def write(self, data):
-                    sent[0] += len(data)
-                    outputfile.write(data)
-            super().copyfile(source, Out())
+    sent, Counting = _counting_handler()
 
     raw = tmp_path / "raw"
     raw.mkdir()
