@@ -179,7 +179,7 @@ def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(si
         run(FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE + 1, samples_per_shard=PER_SHARD))
     same = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD)
     os.utime(urls)  # touched, same bytes: still resumable
-    assert check_resumable(same, str(out)) == manifest["details"]["urls_sha256"]
+    assert check_resumable(same, str(out), "csv", None) == manifest["details"]["urls_sha256"]
     with open(urls, "a") as fh:
         fh.write(f"{server.url}img0.jpg,one more row\n")
     with pytest.raises(ValueError, match="urls.csv changed since"):

@@ -102,8 +102,9 @@ def _changed_fields(previous: dict, cfg: FetchConfig) -> list[str]:
             and previous.get("config", {}).get(f.name) != now[f.name]]
 
 
-def check_resumable(cfg: FetchConfig, out: str) -> str:
-    """Refuse to mix shards of another config or URL list into ``out`` (unless ``overwrite``).
+def check_resumable(cfg: FetchConfig, out: str, fmt: str, caption_col: str | None) -> str:
+    """Refuse to mix shards of another config or URL list into ``out`` (unless ``overwrite``); shards without a
+    manifest are resumed only if they hold this list's rows (:func:`check_foreign_shards`).
 
     Returns the URL list's sha256 (reused from the last manifest when the file is untouched): a shard is
     identified by its rows' position in the list, so finished shards are only valid for the same bytes.
@@ -117,8 +118,9 @@ def check_resumable(cfg: FetchConfig, out: str) -> str:
         return digest
     if not layout.shard_files(out):
         return digest
-    if not previous:
-        log.warning("%s holds shards but no manifest; resuming on the assumption they come from %s", out, cfg.urls)
+    if not previous:  # before the stage's manifest exists: once written, a rerun would trust these shards
+        check_foreign_shards(cfg, fmt, caption_col, out)
+        log.warning("%s holds shards but no manifest; they hold the rows of %s, so they are resumed", out, cfg.urls)
         return digest
     if previous.get("kind") != KIND:
         raise ValueError(f"{out} holds the output of a {previous.get('kind')!r} stage; choose another --out "
@@ -214,10 +216,7 @@ def run(cfg: FetchConfig) -> StageResult:
     fmt = detect_format(cfg.urls, cfg.input_format)
     caption_col = check_url_list(cfg.urls, fmt, cfg.url_col, cfg.caption_col)
     out = layout.absolute(cfg.out)
-    foreign = not cfg.overwrite and not read_manifest(out) and layout.shard_files(out)
-    digest = check_resumable(cfg, out)
-    if foreign:  # before the stage's manifest exists: once written, a rerun would trust these shards
-        check_foreign_shards(cfg, fmt, caption_col, out)
+    digest = check_resumable(cfg, out, fmt, caption_col)
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
         rec.details["urls_sha256"] = digest

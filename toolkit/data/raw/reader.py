@@ -77,9 +77,11 @@ def list_shards(source: str) -> list[str]:
     folders: list[str] = []  # a folder's sub-folders are not searched: a glob names their shards
     others: list[str] = []  # a glob's matches that are not tars: img2dataset's sidecars, mostly
     if any(ch in path for ch in "*?["):
-        names = fs.glob(path)  # a pattern that names compressed tars reads them (tarfile decompresses)
-        found = [p for p in names if p.endswith((".tar", *COMPRESSED_TAR_EXTS))]
-        others = sorted(p.rsplit("/", 1)[-1] for p in names if p not in found and not fs.isdir(p))
+        matches = fs.glob(path, detail=True)  # {name: info}: no isdir call per match (a request on http)
+        tar_exts = (".tar", *COMPRESSED_TAR_EXTS)  # a pattern naming compressed tars reads them (tarfile decompresses)
+        found = [p for p in matches if p.endswith(tar_exts)]
+        others = sorted(p.rsplit("/", 1)[-1] for p, info in matches.items()
+                        if not p.endswith(tar_exts) and info.get("type") != "directory")
     elif fs.isdir(path):
         entries = fs.ls(path, detail=True)
         names = [e["name"] for e in entries]

@@ -183,18 +183,17 @@ class TrainDataset:
 
 
 def _raw_hint(root: str) -> str:
-    """The next step, when ``root`` (local) has no dataset.json: a precompute that failed there (its manifest
-    says why), or .tar files: raw shards given to the trainer."""
+    """The next step, when ``root`` has no dataset.json: a precompute that failed there (its manifest says
+    why), or (local) .tar files: raw shards given to the trainer."""
     import os
 
-    local = files.local_path(root) if files.is_local(root) else ""
-    try:
-        manifest = files.read_json(os.path.join(local, "manifest.json")) if local else None
-    except (OSError, ValueError):
-        manifest = None
+    from toolkit.core.stage import read_manifest
+
+    manifest = read_manifest(root)
     if isinstance(manifest, dict) and manifest.get("kind") == "data.precompute" and manifest.get("status") != "done":
         return (f" Its precompute ended {manifest.get('status')!r}: {str(manifest.get('error'))[:300]}; fix that "
                 "and run it again")
+    local = files.local_path(root) if files.is_local(root) else ""
     if not local or not os.path.isdir(local) or not any(n.endswith(".tar") for n in os.listdir(local)):
         return ""
     return (f" It holds .tar files: raw shards are read by `toolkit data precompute --in {root} --out TRAIN "

@@ -38,7 +38,7 @@ from toolkit.data.trainset import precompute_resume as resume
 from toolkit.data.trainset import precompute_write as writing
 from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
 from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
-from toolkit.data.trainset.truncation import check_some_kept, check_truncation
+from toolkit.data.trainset.truncation import check_some_kept, check_truncation, first_skips
 from toolkit.data.trainset.writer import remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
@@ -230,10 +230,9 @@ def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: i
     if num_read != num_samples + len(skips):
         raise RuntimeError(f"internal count mismatch: read {num_read}, kept {num_samples}, skipped {len(skips)}")
     examples: dict[str, list[str]] = {}
-    first: dict[str, str] = {}  # reason -> its first skip's message: it says why (and often what to do)
+    first = first_skips((s["reason"], s["shard"], s["key"], s["message"]) for s in skips)
     for s in skips:
         lst = examples.setdefault(s["reason"], [])
-        first.setdefault(s["reason"], f"{s['shard']} key {s['key']!r}: {s['message']}")
         if len(lst) < MAX_KEYS_PER_REASON:
             lst.append(f"{s['shard']}:{s['key']}")
     total_s = timing["process_s"] + timing["write_s"]

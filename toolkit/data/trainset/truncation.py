@@ -11,6 +11,7 @@ one shard in a large set stays a counted warning). Called by ``precompute.run`` 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 # Skip reasons that mean the raw shard itself is damaged, not the sample.
 TRUNCATION_REASONS = frozenset({"truncated_tar", "unreadable_tar", "missing_from_tar"})
@@ -45,9 +46,16 @@ def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], s
     if any(num_kept for _, num_kept, _ in shards):
         return
     reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for _, _, skips in shards for s in skips).items())
-    firsts: dict[str, str] = {}
-    for name, _, skips in shards:
-        for reason, key, message in skips:
-            firsts.setdefault(reason, f"{name} key {key!r}: {message}")
+    firsts = first_skips((reason, name, key, message) for name, _, skips in shards for reason, key, message in skips)
     example = "; e.g. " + "; ".join(list(firsts.values())[:3]) if firsts else ""
     raise ValueError(f"{source}: no valid sample in {len(shards)} raw shard(s) ({reasons or 'empty'}){example}")
+
+
+def first_skips(skips: Iterable[tuple[str, str, str, str]]) -> dict[str, str]:
+    """Reason -> "SHARD key 'KEY': MESSAGE" of its first skip, from skips as (reason, shard name, key, message):
+    the message says why (and often what to do). Each reason's line is formatted once."""
+    first: dict[str, str] = {}
+    for reason, shard, key, message in skips:
+        if reason not in first:
+            first[reason] = f"{shard} key {key!r}: {message}"
+    return first
