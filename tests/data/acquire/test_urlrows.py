@@ -113,3 +113,23 @@ def test_utf16_and_carriage_return_lists_are_named_not_a_traceback(tmp_path, dat
     (tmp_path / "u16.tsv").write_bytes(data)
     with pytest.raises(ValueError, match=message):
         check_url_list(str(tmp_path / "u16.tsv"), "tsv", "url", "caption")
+
+
+def test_tsv_caption_quoted_over_several_lines_is_one_row(tmp_path):
+    """pandas' to_csv(sep="\\t") quotes a caption that holds a newline and writes it over two lines; the csv
+    reader read that as one row, and reading TSV line by line must too. A quote left open over more lines
+    than any join parses (a caption that merely starts with a quote) stays literal, and the lines after it
+    are rows of their own."""
+    import pandas as pd
+
+    tsv = tmp_path / "list.tsv"
+    pd.DataFrame({"url": ["http://h/1.jpg", "http://h/2.jpg", "http://h/3.jpg"],
+                  "caption": ["first line\nsecond line", 'a "quoted"\nword', "plain"]}).to_csv(tsv, sep="\t",
+                                                                                            index=False)
+    with open(tsv, "a") as fh:
+        fh.write('http://h/4.jpg\t"never closed\nhttp://h/5.jpg\tafter it\n')
+    rows = read_rows(str(tsv), "tsv", "url", "caption")
+    assert [(r["url"][-5:], r["caption"]) for r in rows.table.to_pylist()] == [
+        ("1.jpg", "first line\nsecond line"), ("2.jpg", 'a "quoted"\nword'), ("3.jpg", "plain"),
+        ("4.jpg", '"never closed'), ("5.jpg", "after it")]
+    assert rows.num_rows == 5 and not rows.listed.get("malformed_row")

@@ -32,6 +32,9 @@ import pyarrow as pa
 CHUNK_ROWS = 100_000
 # Skipped rows listed per reason in the manifest (all are counted).
 MAX_LISTED = 20
+# Lines a csv-quoted TSV caption may continue over (pandas quotes a caption holding newlines); a quote left open
+# longer is read as a literal quote, so a caption that merely starts with one costs at most this look-ahead.
+MAX_TSV_CONTINUATION = 8
 # csv's default field limit (128 KiB) is below some real captions' size; a row is a line, not a file.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
@@ -158,16 +161,48 @@ def _tsv_fields(text: str, num_fields: int) -> list[str] | None:
     return literal if len(literal) == num_fields else None
 
 
+def _multiline_fields(text: str, lines: Iterator[tuple[int, str]], pending: list, num_fields: int) -> list[str] | None:
+    """The fields of a csv-quoted TSV row whose quoted caption spans lines (pandas' ``to_csv(sep="\t")`` writes a
+    caption holding a newline so), when ``text`` opens a quote it does not close: ``text`` joined with up to
+    MAX_TSV_CONTINUATION following lines, the first join that parses as ``num_fields`` fields; None (and the
+    lines read are pushed back onto ``pending``) when none does, e.g. a caption that just starts with a quote."""
+    if '"' not in text:
+        return None
+    try:
+        next(csv.reader([text], delimiter="\t", strict=True))
+        return None  # the line parses alone (or fails for another reason than an open quote)
+    except csv.Error as err:
+        if "unexpected end of data" not in str(err):
+            return None
+    taken: list[tuple[int, str]] = []
+    for _ in range(MAX_TSV_CONTINUATION):
+        item = pending.pop() if pending else next(lines, None)
+        if item is None:
+            break
+        taken.append(item)
+        try:
+            fields = next(csv.reader(["\n".join([text, *(t for _, t in taken)])], delimiter="\t", strict=True))
+        except csv.Error:
+            continue
+        if len(fields) == num_fields:
+            return fields
+    pending.extend(reversed(taken))
+    return None
+
+
 def _tsv_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
     """TSV line by line (one row a line, as text/tab-separated-values defines it): a caption that starts with
-    a quote was a 'bad quoting' row, and an unterminated quote swallowed the lines after it."""
+    a quote was a 'bad quoting' row, and an unterminated quote swallowed the lines after it. A csv-quoted
+    caption that spans lines (:func:`_quoted_rows`) is still one row."""
     header = [h.strip() for h in next(csv.reader([fh.readline().rstrip("\r\n")], delimiter="\t"), [])]
     url_i, caption_i = header.index(url_col), header.index(caption_col) if caption_col else None
-    for line_no, line in enumerate(fh, start=2):
-        text = line.rstrip("\r\n")
+    lines = ((line_no, line.rstrip("\r\n")) for line_no, line in enumerate(fh, start=2))
+    pending: list[tuple[int, str]] = []  # lines read ahead for a quoted caption that did not close, newest first
+    while (item := pending.pop() if pending else next(lines, None)) is not None:
+        line_no, text = item
         if not text.strip():
             continue  # a blank line is no row
-        row = _tsv_fields(text, len(header))
+        row = _multiline_fields(text, lines, pending, len(header)) or _tsv_fields(text, len(header))
         if row is None:
             yield line_no, None, None, f"{text.count(chr(9)) + 1} field(s), the header has {len(header)}"
             continue
