@@ -19,7 +19,7 @@ from typing import Any
 
 from toolkit.data.acquire import demo
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, to_rgb
-from toolkit.eval.datasets import DatasetError
+from toolkit.eval.datasets import DatasetError, read_utf8
 
 GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
                      "a good photo of a {c}.", "a blurry photo of a {c}.", "a cropped photo of the {c}.")
@@ -81,8 +81,6 @@ def read_lines_file(path: str, what: str) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"{what} file not found: {p}")
-    from toolkit.eval.datasets import read_utf8
-
     lines = [line.strip() for line in read_utf8(p, what).splitlines() if line.strip()]
     if not lines:
         raise DatasetError(f"{p}: empty ({what})")
@@ -126,8 +124,6 @@ def _count_left_out(out: EvalSamples, reason: str, count: int) -> None:
 def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
     if not path.is_file():
         raise DatasetError(f"CSV file not found: {path}")
-    from toolkit.eval.datasets import read_utf8
-
     with io.StringIO(read_utf8(path, "CSV"), newline="") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in required if c not in (reader.fieldnames or [])]
