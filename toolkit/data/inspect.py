@@ -139,11 +139,12 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     return report, tiles
 
 
-def _raw_samples(urls: list[str], errors: dict[str, str]):
-    """Every sample of every shard in order; each damaged shard's error lands in ``errors``."""
+def _raw_samples(urls: list[str], errors: dict[str, str], caption_ext: str):
+    """Every sample of every shard in order, a cut tar's last one kept as precompute keeps it (``caption_ext``);
+    each damaged shard's error lands in ``errors``."""
     names = shard_names(urls)
     for url in urls:
-        reader = RawShardReader(url)
+        reader = RawShardReader(url, caption_ext.partition(":")[0])
         yield from reader.samples()
         if reader.error:
             errors[names[url]] = reader.error
@@ -156,7 +157,7 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
     skipped, expected = _raw_skip_reasons(cfg.input, urls)
     num = 0
     # progress in samples, not shards: one big shard would sit at 0/1 until the end
-    for sample in progress(_raw_samples(urls, errors), total=expected, desc="inspect", unit="samples"):
+    for sample in progress(_raw_samples(urls, errors, cfg.caption_ext), total=expected, desc="inspect", unit="samples"):
         num += 1
         exts.update(sample.files.keys())
         text, problem = caption_of(sample, cfg.caption_ext)  # what precompute would keep as the caption
