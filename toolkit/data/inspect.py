@@ -144,7 +144,7 @@ def _raw_samples(urls: list[str], errors: dict[str, str], caption_ext: str):
     each damaged shard's error lands in ``errors``."""
     names = shard_names(urls)
     for url in urls:
-        reader = RawShardReader(url, caption_ext.partition(":")[0])
+        reader = RawShardReader(url, caption_ext)
         yield from reader.samples()
         if reader.error:
             errors[names[url]] = reader.error

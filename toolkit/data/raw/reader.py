@@ -125,9 +125,16 @@ def shard_names(urls: list[str]) -> dict[str, str]:
     names = {url: shard_basename(url) for url in urls}
     if len(set(names.values())) == len(names):
         return names
-    paths = {url: url.split("://", 1)[-1] for url in urls}
-    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths.values()])
-    return {url: posixpath.relpath(path, common or ".") for url, path in paths.items()}
+    return dict(zip(urls, split_common_dir(urls)[1], strict=True))
+
+
+def split_common_dir(urls: list[str]) -> tuple[str, list[str]]:
+    """(the folder, local path or URL, that holds every one of ``urls``; each url's name relative to it)."""
+    scheme, sep, _ = urls[0].rpartition("://")
+    paths = [u.rpartition("://")[2] if sep else u for u in urls]
+    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths]) or "."
+    names = [posixpath.relpath(p, common) if sep or common != "." else posixpath.normpath(p) for p in paths]
+    return (f"{scheme}{sep}{common}" if sep else common), names
 
 
 def sidecar(url: str, suffix: str) -> str:
@@ -216,7 +223,7 @@ class RawShardReader:
 
     def __init__(self, url: str, caption_ext: str = "txt"):
         self.url = url
-        self.caption_ext = caption_ext
+        self.caption_ext = caption_ext.partition(":")[0]  # json:FIELD -> the json member
         self.error: str | None = None
         self.error_kind: str | None = None
         self.cut_key: str | None = None

@@ -336,7 +336,7 @@ def _process(task: ShardTask) -> ShardResult:
     tower = STATE.get("image_tower")
     sink = _FieldSink(res.image_path, _encode_images if tower is not None else None)
     size = tower.image_size if tower is not None else task.image_size
-    reader = RawShardReader(task.url, task.caption_ext.partition(":")[0])
+    reader = RawShardReader(task.url, task.caption_ext)
     seen, partial = set(), set()  # partial: keys skipped for a missing member
     jpg = open(task.stem + ".jpg", "wb") if task.storage == "jpeg" else None
     ref = _reference_sink(task)

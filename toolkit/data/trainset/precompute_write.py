@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from toolkit.core.log import progress
-from toolkit.data.raw.reader import shard_names
+from toolkit.data.raw.reader import shard_names, split_common_dir
 from toolkit.data.trainset import precompute_worker, reference, refs
 from toolkit.data.trainset.format import Field
 from toolkit.data.trainset.precompute_resume import stem_of
@@ -162,5 +162,5 @@ def write_refs(cfg, fields: list[Field], results: list[ShardResult], urls: list[
     shards = writer.close()
     if cfg.storage == "jpeg":
         return shards, ".", writer.data_files
-    root, names = refs.split_common_dir(urls)
+    root, names = split_common_dir(urls)
     return shards, refs.relative_data_root(cfg.out, root), names

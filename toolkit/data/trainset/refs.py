@@ -75,15 +75,6 @@ def relative_data_root(out: str, data_dir: str) -> str:
     return data_dir.rstrip("/")
 
 
-def split_common_dir(urls: list[str]) -> tuple[str, list[str]]:
-    """(the folder, local path or URL, that holds every one of ``urls``; each url's name relative to it)."""
-    scheme, sep, _ = urls[0].rpartition("://")
-    paths = [u.rpartition("://")[2] if sep else u for u in urls]
-    common = posixpath.commonpath([posixpath.dirname(p) or "." for p in paths]) or "."
-    names = [posixpath.relpath(p, common) if sep or common != "." else posixpath.normpath(p) for p in paths]
-    return (f"{scheme}{sep}{common}" if sep else common), names
-
-
 def load_table(ds: Any, part: int) -> np.ndarray:
     """The records of part ``part`` (a read-only structured array; memory-mapped for a local file), checked
     against dataset.json's hash; DataIntegrityError naming the file otherwise. Called by every reader

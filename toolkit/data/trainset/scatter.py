@@ -41,7 +41,6 @@ try:
     IOV_MAX = os.sysconf("SC_IOV_MAX")
 except (AttributeError, ValueError, OSError):
     IOV_MAX = 16  # the POSIX minimum
-HEAD_BYTES = 100  # bytes of a sample's first member header that the name check reads
 
 
 def available() -> bool:
@@ -120,13 +119,13 @@ class ScatterReads:
         for j in range(len(rows)):
             own = pieces[j * per_sample:(j + 1) * per_sample]
             if sums is None:
-                check_first_member(ds, shard, start + j, bytes(own[0][:HEAD_BYTES]))
+                check_first_member(ds, shard, start + j, own[0])
                 continue
             digest.reset()
             for piece in own:
                 digest.update(piece)
             if digest.intdigest() != sums[start + j]:
-                check_first_member(ds, shard, start + j, bytes(own[0][:HEAD_BYTES]))  # misnamed: say so
+                check_first_member(ds, shard, start + j, own[0])  # misnamed: say so
                 raise integrity.damaged(ds, shard, start + j, "its checksum does not match the one precompute wrote")
 
 
