@@ -76,6 +76,8 @@ def collect(cfg: BuildSetConfig) -> sources.EvalSamples:
         found.templates = sources.read_lines_file(cfg.templates, "templates")
     elif found.kind == "classification" and not found.templates:
         found.templates = list(sources.GENERIC_TEMPLATES)
+    if found.kind == "classification":
+        check_templates(found.templates, cfg.templates or "templates")
     return found
 
 
@@ -95,13 +97,12 @@ def write_shards(kind: str, samples: list[tuple[bytes, str, Any]], out: Path, ma
         (tmp / "nshards.txt").write_text(f"{num_shards}\n")
 
 
-def write_metadata(found: sources.EvalSamples, out: Path, templates_file: str = "") -> None:
+def write_metadata(found: sources.EvalSamples, out: Path) -> None:
     for name in ("classnames.txt", "zeroshot_classification_templates.txt", "dataset_type.txt"):
         (out / name).unlink(missing_ok=True)
     if found.kind == "retrieval":
         files.write_text_atomic(str(out / "dataset_type.txt"), "retrieval\n")
         return
-    check_templates(found.templates, templates_file or "templates")
     files.write_text_atomic(str(out / "classnames.txt"), "\n".join(found.classnames) + "\n")
     files.write_text_atomic(str(out / "zeroshot_classification_templates.txt"), "\n".join(found.templates) + "\n")
 
@@ -124,7 +125,7 @@ def run(cfg: BuildSetConfig) -> StageResult:
         out = Path(files.local_path(cfg.out))
         kept = found.samples[:cfg.limit] if cfg.limit else found.samples
         num = len(kept)
-        write_metadata(found, out, cfg.templates)
+        write_metadata(found, out)
         write_shards(found.kind, kept, out, cfg.max_per_shard)
         eval_set = open_eval_set(out.parent, out.name)
         for reason, count in found.left_out.items():

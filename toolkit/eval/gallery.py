@@ -101,10 +101,9 @@ def recorded_images(recorder: Recorder, shards: tuple[str, ...], wanted: set[int
 def _thumb(data: bytes) -> Any:
     from PIL import Image
 
-    from toolkit.data.images import to_rgb
+    from toolkit.data.images import open_rgb
 
-    with Image.open(io.BytesIO(data)) as img:
-        return to_rgb(img)[0].resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
+    return open_rgb(data).resize((THUMB_PX, THUMB_PX), Image.Resampling.LANCZOS)
 
 
 def draw(rows: list[tuple[str, list[int], int, int]], pictures: dict[int, bytes], title: str) -> bytes:
