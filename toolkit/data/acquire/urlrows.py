@@ -146,34 +146,27 @@ def _csv_rows(fh, delimiter: str, url_col: str, caption_col: str | None) -> Iter
             (start, row[url_i], caption, None)
 
 
-def _tsv_fields(text: str, num_fields: int) -> list[str] | None:
-    """One TSV line's fields: unquoted csv-style when it parses so (pandas and spreadsheets wrap a field
-    holding a quote in quotes and double the quote), else the line split at its tabs with quotes kept as they
-    are (TSV has no quoting: a caption like '"Casablanca" poster'); None when neither gives num_fields."""
+def _tsv_fields(text: str, num_fields: int, lines: Iterator[tuple[int, str]], pending: list) -> list[str] | None:
+    """One TSV row's fields: unquoted csv-style when it parses so (pandas and spreadsheets wrap a field
+    holding a quote in quotes and double the quote; a quoted caption holding a newline continues over the
+    next lines: :func:`_continued`), else the line split at its tabs with quotes kept as they are (TSV has no
+    quoting: a caption like '"Casablanca" poster'); None when neither gives num_fields."""
     literal = text.split("\t")
     if '"' in text:
         try:
             quoted = next(csv.reader([text], delimiter="\t", strict=True))
-        except csv.Error:
-            quoted = None
+        except csv.Error as err:  # a quote the line does not close: maybe it closes on a later line
+            quoted = _continued(text, lines, pending, num_fields) if "unexpected end of data" in str(err) else None
         if quoted is not None and len(quoted) == num_fields:
             return quoted
     return literal if len(literal) == num_fields else None
 
 
-def _multiline_fields(text: str, lines: Iterator[tuple[int, str]], pending: list, num_fields: int) -> list[str] | None:
-    """The fields of a csv-quoted TSV row whose quoted caption spans lines (pandas' ``to_csv(sep="\t")`` writes a
-    caption holding a newline so), when ``text`` opens a quote it does not close: ``text`` joined with up to
-    MAX_TSV_CONTINUATION following lines, the first join that parses as ``num_fields`` fields; None (and the
-    lines read are pushed back onto ``pending``) when none does, e.g. a caption that just starts with a quote."""
-    if '"' not in text:
-        return None
-    try:
-        next(csv.reader([text], delimiter="\t", strict=True))
-        return None  # the line parses alone (or fails for another reason than an open quote)
-    except csv.Error as err:
-        if "unexpected end of data" not in str(err):
-            return None
+def _continued(text: str, lines: Iterator[tuple[int, str]], pending: list, num_fields: int) -> list[str] | None:
+    """The fields of a csv-quoted row whose quoted caption spans lines (pandas' ``to_csv(sep="\t")`` writes a
+    caption holding a newline so): ``text`` joined with up to MAX_TSV_CONTINUATION following lines, the first
+    join that parses as ``num_fields`` fields; None (and the lines read are pushed back onto ``pending``) when
+    none does, e.g. a caption that just starts with a quote."""
     taken: list[tuple[int, str]] = []
     for _ in range(MAX_TSV_CONTINUATION):
         item = pending.pop() if pending else next(lines, None)
@@ -193,7 +186,7 @@ def _multiline_fields(text: str, lines: Iterator[tuple[int, str]], pending: list
 def _tsv_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
     """TSV line by line (one row a line, as text/tab-separated-values defines it): a caption that starts with
     a quote was a 'bad quoting' row, and an unterminated quote swallowed the lines after it. A csv-quoted
-    caption that spans lines (:func:`_quoted_rows`) is still one row."""
+    caption that spans lines (:func:`_continued`) is still one row."""
     header = [h.strip() for h in next(csv.reader([fh.readline().rstrip("\r\n")], delimiter="\t"), [])]
     url_i, caption_i = header.index(url_col), header.index(caption_col) if caption_col else None
     lines = ((line_no, line.rstrip("\r\n")) for line_no, line in enumerate(fh, start=2))
@@ -202,7 +195,7 @@ def _tsv_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
         line_no, text = item
         if not text.strip():
             continue  # a blank line is no row
-        row = _multiline_fields(text, lines, pending, len(header)) or _tsv_fields(text, len(header))
+        row = _tsv_fields(text, len(header), lines, pending)
         if row is None:
             yield line_no, None, None, f"{text.count(chr(9)) + 1} field(s), the header has {len(header)}"
             continue
