@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py --dry-run: every section of the GPU check runs at tiny sizes on the CPU (Triton
+"""python -m benchmarks.gpu.check --dry-run: every section of the GPU check runs at tiny sizes on the CPU (Triton
 under TRITON_INTERPRET=1, gloo for the collectives), so the script is known to work before a GPU is lent."""
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decodi
 @pytest.mark.timeout(1500)
 def test_dry_run_runs_every_section(tmp_path):
     out = tmp_path / "gpu_check.json"
-    env = os.environ | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.pop("PYTHONPATH", None)  # the one command from a fresh checkout: `-m` from the repository root
     env.pop("TRITON_INTERPRET", None)  # the script sets it itself for --dry-run
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                           "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=1400)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu.check", "--dry-run", "--out", str(out),
+                           "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=1400,
+                          cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     sections = {s["name"]: s for s in report["sections"]}

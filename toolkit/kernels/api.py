@@ -29,7 +29,7 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype | Non
 
     fp32 features with fp32 matmuls at "highest" precision (torch's default: no TF32) go to ``torch`` on
     CUDA too: Triton's IEEE fp32 dot runs on the CUDA cores, and on one H100 (B = 8,192, d = 512, fwd +
-    bwd) it took 586 ms against 25.5 ms for the chunked torch backend (scripts/gpu_check.py; bf16: Triton
+    bwd) it took 586 ms against 25.5 ms for the chunked torch backend (benchmarks/gpu/check.py; bf16: Triton
     2.8 ms against 24.3 ms). ``dtype`` None: the features' dtype is not known, as before.
     """
     if backend not in BACKENDS:

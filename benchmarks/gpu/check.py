@@ -1,8 +1,10 @@
 """One check of every CUDA path of cliptk, for the minutes a GPU is lent: prints a table per section and
 writes JSON (after every section, so a run stopped early keeps what it measured).
 
-    PYTHONPATH=. python scripts/gpu_check.py --out gpu_check.json          # on a CUDA machine, <= 8 min
-    PYTHONPATH=. python scripts/gpu_check.py --dry-run --out /tmp/dry.json   # every section, tiny, on the CPU
+    python -m benchmarks.gpu.check --out gpu_check.json          # on a CUDA machine, <= 8 min
+    python -m benchmarks.gpu.check --dry-run --out /tmp/dry.json   # every section, tiny, on the CPU
+
+Run from the repository root (``-m`` puts it on the import path; no PYTHONPATH needed).
 
 Sections, in order, each stopped at its time budget (what it could not run is listed as skipped):
 1. environment: the GPU, torch, CUDA, triton and the packages the sections use;
@@ -69,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    try:
-        from benchmarks.gpu.common import Context, Section, print_section, write_json
-    except ModuleNotFoundError as err:
-        print(f"gpu_check: {err}; run it from the repository root with PYTHONPATH=.", file=sys.stderr)
-        return 2
+    from benchmarks.gpu.common import Context, Section, print_section, write_json
 
     if not a.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; run with --dry-run for the CPU check of the code paths",
