@@ -113,7 +113,7 @@ def _damage_sample(out: Path, ds: TrainDataset, sample_id: int) -> tuple[Path, s
         path = out / ds.shards[part].name
         _flip(path, position * ds.sample_bytes + 512 + 100)
         return path, f"{path}: sample {position} (id {sample_id}) is damaged"
-    from toolkit.data.trainset.refs import load_table, resolve_data_root
+    from toolkit.data.trainset.storage.tables import load_table, resolve_data_root
 
     rec = load_table(ds, part)[position]
     path = Path(resolve_data_root(str(out), ds.data_root)) / ds.data_files[int(rec["file"])]
