@@ -26,7 +26,7 @@ def _dispositions(job, task, on_read):
 
 def test_workers_restore_default_dispositions_whatever_the_parent_handles():
     caught = []
-    handler = lambda signum, frame: caught.append(signum)  # noqa: E731 - a handler that does not end the process
+    handler = lambda signum, frame: caught.append(signum)  # noqa: E731 - a handler that does not end it
     previous = {s: signal.signal(s, handler) for s in forkpool.WORKER_SIGNALS}
     try:
         results, progress = [], []
@@ -41,7 +41,7 @@ def test_workers_restore_default_dispositions_whatever_the_parent_handles():
 
 # A parent whose SIGTERM handler does not end a process (the trainer's preemption flag works so); task 0 fails
 # while task 1 sits blocked on a lock for good, as the issue's worker sat on the task queue's lock. The pool
-# must end (terminate reaches the blocked worker) and raise task 0's error; with the inherited handler it hung.
+# must end (terminate reaches the blocked worker) and raise task 0's error; the inherited handler hung it.
 BLOCKED = textwrap.dedent("""
     import signal, sys, threading, time
     from toolkit.core import forkpool
@@ -65,8 +65,9 @@ BLOCKED = textwrap.dedent("""
 
 
 def test_a_worker_blocked_on_a_lock_when_the_pool_fails_is_ended():
-    done = subprocess.run([sys.executable, "-c", BLOCKED], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", BLOCKED], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("raised task 0 failed"), done.stdout + done.stderr[-2000:]
     assert "did not exit" not in done.stderr  # SIGTERM ended it: no kill after the deadline was needed
@@ -84,8 +85,8 @@ def test_a_worker_that_does_not_exit_after_the_work_is_reported_and_killed(monke
     forkpool.run(_leaves_a_thread, None, [1, 2, 3], 2, results.append, name="test pool")
     assert sorted(results) == [1, 2, 3]
     assert time.monotonic() - start < 30
-    assert "test pool: worker process(es)" in caplog.text and "did not exit within 1 s of the end of the work" \
-        in caplog.text
+    assert "test pool: worker process(es)" in caplog.text
+    assert "did not exit within 1 s of the end of the work" in caplog.text
 
 
 def _dies_on_two(job, task, on_read):
@@ -125,5 +126,6 @@ def test_a_task_error_is_raised_as_itself_with_the_workers_traceback():
 def test_the_job_reaches_every_worker_unpickled():
     job = {"lock": threading.Lock(), "token": object()}  # neither pickles: the fork hands it over
     results = []
-    forkpool.run(lambda job, task, on_read: (task, type(job["lock"]).__name__), job, [1, 2, 3], 2, results.append)
+    kind = lambda job, task, on_read: (task, type(job["lock"]).__name__)  # noqa: E731
+    forkpool.run(kind, job, [1, 2, 3], 2, results.append)
     assert sorted(results) == [(1, "lock"), (2, "lock"), (3, "lock")]

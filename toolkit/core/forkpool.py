@@ -4,11 +4,15 @@ The job (loaded models, a tokenizer: anything, pickled or not) is handed to each
 its process, inherited through the fork and shared copy-on-write; only tasks and results travel, each
 worker over its own pipe, so no worker ever waits on a lock another worker may hold.
 
-How it ends (issue 44: ``multiprocessing.Pool`` left through ``with`` calls ``terminate()`` even after
-normal completion; its ``_help_stuff_finish`` takes the task queue's lock in the parent, a worker still
-waiting on that lock is then sent SIGTERM, and the handler it inherited from the parent (the CLI's
-``stop_on_signals``) is a Python handler: when the signal lands between its last check and its blocking
-``sem_wait``, it never runs, the worker never exits and ``join`` waits forever):
+How it ends. Issue 44's hang: ``multiprocessing.Pool`` left through ``with`` calls ``terminate()`` even
+after normal completion; its ``_help_stuff_finish`` takes the task queue's lock in the parent and keeps it,
+so a worker waiting for its next task blocks on that lock (``sem_wait``) until the SIGTERM that follows.
+The worker had inherited the CLI's Python handler (``procs.stop_on_signals``), which runs only when the
+interpreter's main thread gets control back; the kernel delivers a process's signal to any of its threads,
+and precompute's workers have more than one (pyarrow's thread pool, started by reading a shard's
+``.parquet``): when the signal lands on one of those, ``sem_wait`` is not interrupted, the handler never
+runs, the worker never exits and the parent's ``join`` waits forever (seen with gdb: main thread in
+``sem_wait``, two ``arrow::ThreadPool`` threads, SIGTERM caught). Here instead:
 
 - each worker first restores the default disposition of SIGTERM, SIGINT and SIGHUP, so a signal ends it
   wherever it is blocked, and dies with its parent (``PR_SET_PDEATHSIG``);
@@ -36,9 +40,9 @@ from toolkit.core.log import get_logger
 
 # The parent looks at its workers (and moves the progress display) this often, in seconds.
 POLL_S = 0.5
-# How long workers told to stop (or terminated) may take to exit before they are killed. A worker with no
-# task left exits in milliseconds (tests/core/test_forkpool.py measures the pool's end of a real precompute);
-# 30 s leaves room for a machine under heavy load.
+# How long workers told to stop (or terminated) may take to exit before they are killed. Two precompute
+# workers told to stop were all gone 0.33-0.43 s later (3 runs, 2 cores at load 14, interpreter exit
+# included); 30 s leaves room for a far busier machine.
 JOIN_TIMEOUT_S = 30.0
 # Signals a worker must not handle the parent's way (SIGHUP and SIGTERM: procs.stop_on_signals; SIGINT:
 # Python's KeyboardInterrupt): with the default action a signal ends it even inside a blocking call.
@@ -105,12 +109,13 @@ def _collect(workers: list[_Worker], pending: list, on_result: Callable[[Any], N
             _give(w, pending)
         elif w.process.sentinel in ready:
             w.process.join(JOIN_TIMEOUT_S)  # its pipe closes just before it can be reaped
-            raise RuntimeError(f"a worker process (pid {w.process.pid}) died with exit code {w.process.exitcode} "
-                               f"while processing {getattr(w.task, 'url', w.task)} (killed for lack of memory?)")
+            task = getattr(w.task, "url", w.task)
+            raise RuntimeError(f"a worker process (pid {w.process.pid}) died with exit code "
+                               f"{w.process.exitcode} while processing {task} (killed for lack of memory?)")
 
 
 def _end(workers: list[_Worker], name: str, terminate: bool) -> None:
-    """Stop every worker: told to (normal end) or SIGTERM (failure); bounded join, then SIGKILL and a report."""
+    """Stop every worker: told to (normal end) or SIGTERM (failure); a bounded join, then SIGKILL, reported."""
     for w in workers:
         try:
             if terminate:
@@ -126,7 +131,8 @@ def _end(workers: list[_Worker], name: str, terminate: bool) -> None:
     if stuck:
         get_logger("core.forkpool").warning(
             "%s: worker process(es) %s did not exit within %.0f s of the %s; killed", name,
-            ", ".join(str(p.pid) for p in stuck), JOIN_TIMEOUT_S, "failure" if terminate else "end of the work")
+            ", ".join(str(p.pid) for p in stuck), JOIN_TIMEOUT_S,
+            "failure" if terminate else "end of the work")
         for p in stuck:
             p.kill()
             p.join(JOIN_TIMEOUT_S)

@@ -22,7 +22,7 @@ MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
 def splitmix64(v: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic: call under ``np.errstate(over='ignore')``)."""
+    """splitmix64's finaliser on uint64 arrays (wrapping: call under ``np.errstate(over='ignore')``)."""
     import numpy as np
 
     v = v ^ (v >> np.uint64(30))

@@ -1,6 +1,6 @@
-"""Precompute's worker processes end every time (issue 44): they do not keep the command's signal handlers, and a
-run of many small raw shards through `toolkit data precompute` finishes (the issue's run hung after its last
-shard, one time in two at 10^6 samples: the scale check is in the closing note, the cause in core/forkpool.py)."""
+"""Precompute's worker processes end every time (issue 44): they do not keep the command's signal
+handlers, and a run of many small raw shards through `toolkit data precompute` finishes (the issue's run
+hung after its last shard, one time in two at 10^6 samples; the cause: core/forkpool.py's docstring)."""
 
 from __future__ import annotations
 
@@ -54,9 +54,10 @@ def test_a_precompute_of_many_small_raw_shards_finishes(tmp_path):
     for i in range(300):
         write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"m{i}_", 2, size=(8, 8)))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "toolkit", "data", "precompute", "--in", str(raw), "--out", str(out),
-                           "--model", MODEL, "--workers", "2", "--samples-per-shard", "100"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    args = ["data", "precompute", "--in", str(raw), "--out", str(out), "--model", MODEL, "--workers", "2",
+            "--samples-per-shard", "100"]
+    done = subprocess.run([sys.executable, "-m", "toolkit", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "done" and manifest["counts"]["num_samples"] == 600

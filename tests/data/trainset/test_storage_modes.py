@@ -230,3 +230,14 @@ def test_index_of_a_single_shard_given_by_a_relative_path(small_raw, tmp_path, m
     ds = TrainDataset.open("sets/index")
     assert (ds.data_root, ds.data_files) == ("../..", ["one.tar"])
     assert len(_all("sets/index")["index"]) == 17
+
+
+@pytest.mark.parametrize("mode", ["pixels", "index"])
+def test_the_disk_figure_toolkit_plan_prints_is_what_precompute_writes(small_sets, mode):
+    """pixels: the tar sample and its 8-byte checksum; index: the table record (jpeg's size is an estimate)."""
+    from toolkit.data.trainset import storage
+
+    ds = TrainDataset.open(str(small_sets[mode]))
+    written = json.loads((small_sets[mode] / "dataset.json").read_text())["sample_bytes"]
+    figure = storage.get(mode).disk_bytes_per_sample(ds.field("image").shape[0], ds.field("tokens").shape[0])
+    assert figure == written + (8 if mode == "pixels" else 0)

@@ -17,7 +17,7 @@ from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 
 PLUGIN = textwrap.dedent('''
-    """A storage mode of another package: each stored image as a lossless PNG, in NNNNN.pngs beside the tables."""
+    """A storage mode of another package: each stored image as a lossless PNG, in NNNNN.pngs."""
     import io
 
     from toolkit.data.trainset import storage
@@ -53,7 +53,7 @@ def png_mode(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path / "plugin"))
     module = importlib.import_module("cliptk_png_mode")
     yield module.MODE
-    storage._MODES.pop("png", None)  # noqa: SLF001 - the registry has no way out: a mode stays for the process
+    storage._MODES.pop("png", None)  # noqa: SLF001 - the registry has no way out: a mode stays for good
     sys.modules.pop("cliptk_png_mode", None)
 
 
@@ -62,8 +62,8 @@ def _all(path) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k].numpy() for b in batches]) for k in ("image", "tokens", "index")}
 
 
-def test_a_mode_registered_from_outside_runs_precompute_verify_inspect_and_train(png_mode, small_raw, small_train,
-                                                                                 tmp_path):
+def test_a_mode_registered_from_outside_runs_precompute_verify_inspect_and_train(
+        png_mode, small_raw, small_train, tmp_path):
     from toolkit.core.config import build
     from toolkit.data import inspect
     from toolkit.data.trainset import verify
@@ -100,18 +100,20 @@ def test_a_mode_registered_from_outside_runs_precompute_verify_inspect_and_train
     from toolkit.train.config import TrainConfig
     from toolkit.train.run import run as train
 
-    cfg = build(TrainConfig, {"data": str(out), "out": str(tmp_path / "run"), "model": MODEL, "batch_size": 16,
-                              "steps": 2, "log_every": 1, "tensorboard": False, "loader": {"num_workers": 0}})
+    cfg = build(TrainConfig, {"data": str(out), "out": str(tmp_path / "run"), "model": MODEL,
+                              "batch_size": 16, "steps": 2, "log_every": 1, "tensorboard": False,
+                              "loader": {"num_workers": 0}})
     train(cfg)
     assert (tmp_path / "run" / "model" / "open_clip_model.safetensors").is_file()
 
 
-def test_a_dataset_of_a_mode_nobody_registered_is_refused_naming_the_known_ones(png_mode, small_raw, tmp_path):
+def test_a_dataset_of_a_mode_nobody_registered_is_refused_naming_the_known_ones(
+        png_mode, small_raw, tmp_path):
     out = tmp_path / "png"
     precompute(small_raw, out, num_workers=1, samples_per_shard=50, storage="png")
     storage._MODES.pop("png")  # noqa: SLF001 - as a process that never imported the plugin
-    with pytest.raises(ValueError, match=r"dataset.json: storage 'png': not a storage mode.*known: pixels, jpeg, "
-                                         r"index"):
+    refused = r"dataset.json: storage 'png': not a storage mode.*known: pixels, jpeg, index"
+    with pytest.raises(ValueError, match=refused):
         make_loader(str(out), batch_size=16)
     with pytest.raises(ValueError, match="storage 'png'"):
         precompute(small_raw, tmp_path / "again", storage="png")

@@ -38,7 +38,8 @@ class Job:
     @property
     def on_device(self) -> bool:
         """True when a tower runs on a GPU: forked workers cannot use it, so this process encodes inline."""
-        return any(getattr(t, "device", "cpu") != "cpu" for t in (self.image_tower, self.text_tower, self.reference))
+        towers = (self.image_tower, self.text_tower, self.reference)
+        return any(getattr(t, "device", "cpu") != "cpu" for t in towers)
 
     @property
     def scratch_fields(self) -> list[Field]:
@@ -67,7 +68,7 @@ class Job:
         return stem_of(res)
 
     def scratch_rows(self, res: ShardResult) -> list[np.ndarray]:
-        """A processed raw shard's scratch files as uint8 rows [num_kept, nbytes], in ``scratch_fields`` order."""
+        """A processed raw shard's scratch files as uint8 rows [num_kept, nbytes] (``scratch_fields``)."""
         from toolkit.data.trainset.reference import SCRATCH_EXT
 
         paths = (res.image_path, res.text_path, stem_of(res) + SCRATCH_EXT)
@@ -99,7 +100,8 @@ class Job:
             from toolkit.data.trainset import integrity
 
             extra["context_length"] = self.fields[1].shape[0]
-            extra["vocab_size"] = integrity.tokenizer_vocab_size(self.tokenizer)  # the loader's token-id bound
+            # the loader's token-id bound
+            extra["vocab_size"] = integrity.tokenizer_vocab_size(self.tokenizer)
         if self.reference is not None:
             extra["reference"] = self.reference.info()
         return extra

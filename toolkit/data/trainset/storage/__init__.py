@@ -34,7 +34,8 @@ def register(mode: Any) -> Any:
     """Add ``mode`` under ``mode.name`` (ValueError if another object has that name); returns it."""
     _builtins()
     if _MODES.get(mode.name, mode) is not mode:
-        raise ValueError(f"storage mode {mode.name!r} is registered already ({type(_MODES[mode.name]).__name__})")
+        taken = type(_MODES[mode.name]).__name__
+        raise ValueError(f"storage mode {mode.name!r} is registered already ({taken})")
     _MODES[mode.name] = mode
     return mode
 
@@ -49,14 +50,14 @@ def get(name: str) -> Any:
     """The mode called ``name``; ValueError naming the registered ones otherwise."""
     _builtins()
     if name not in _MODES:
-        raise ValueError(f"storage {name!r}: not a storage mode of this toolkit (known: {', '.join(_MODES)}; a "
-                         "mode of another package is known once that package registers it)")
+        raise ValueError(f"storage {name!r}: not a storage mode of this toolkit (known: {', '.join(_MODES)}; "
+                         "a mode of another package is known once that package registers it)")
     return _MODES[name]
 
 
 def of(ds: Any) -> Any:
-    """The mode of dataset ``ds`` (a TrainDataset); ValueError naming its dataset.json when no registered mode has
-    its name. Readers call it before their first read."""
+    """The mode of dataset ``ds`` (a TrainDataset); ValueError naming its dataset.json when no registered
+    mode has its name. Readers call it before their first read."""
     try:
         return get(ds.storage)
     except ValueError as err:

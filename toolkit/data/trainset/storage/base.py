@@ -55,7 +55,7 @@ class StorageMode(ABC):
 
     # ------------------------------------------------------------ precompute
     def scratch_image(self, image: Field) -> Field:
-        """The fixed-size scratch row of one kept image, for the stored ``image`` field (pixels by default)."""
+        """The fixed-size scratch row of one kept image for the stored ``image`` field (default: its pixels)."""
         return image
 
     def image_rows(self, job: Any, stem: str, url: str) -> ImageRows:
@@ -63,9 +63,11 @@ class StorageMode(ABC):
         return ImageRows()
 
     @abstractmethod
-    def write(self, job: Any, results: list, urls: list[str], skips: list[dict]) -> tuple[list, str, list[str]]:
-        """Parent side: every kept sample in id order into the training files under ``job.cfg.out``; returns
-        (shards, data_root, data_files) for dataset.json, appending every skip record to ``skips``."""
+    def write(self, job: Any, samples: Iterator, urls: list[str]) -> tuple[list, str, list[str]]:
+        """Parent side: ``samples`` ((result, scratch row, meta line) of every kept sample, in id order) into
+        the training files under ``job.cfg.out``; the job gives ``fields``, ``scratch_rows(result)``,
+        ``stem(result)`` and ``split_reference(row)``. Returns (shards, data_root, data_files) for
+        dataset.json; ``urls``: the raw shards, in order."""
 
     def extra(self, job: Any) -> dict:
         """Provenance this mode adds to dataset.json's ``extra``."""
@@ -88,7 +90,7 @@ class StorageMode(ABC):
 
     @abstractmethod
     def read_segment(self, ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
-        """Samples of ``seg`` in order as {role: array, 'index': id, 'valid': bool} (inspect's contact sheet)."""
+        """Samples of ``seg`` in order as {role: array, 'index': id, 'valid': bool} (inspect's sheet)."""
 
     @abstractmethod
     def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any) -> list[tuple[str, bool]]:

@@ -1,6 +1,6 @@
-"""Storage mode ``index``: no copy of the images. Each part's table points at the image member's bytes inside
-the user's raw (uncompressed) webdataset tars, which the loader seeks into, checks and decodes (:mod:`.tables`);
-<2 % extra disk, and the raw shards must stay where ``data_root`` says."""
+"""Storage mode ``index``: no copy of the images. Each part's table points at the image member's bytes
+inside the user's raw (uncompressed) webdataset tars, which the loader seeks into, checks and decodes
+(:mod:`.tables`); <2 % extra disk, and the raw shards must stay where ``data_root`` says."""
 
 from __future__ import annotations
 
@@ -58,5 +58,5 @@ def check_index_offsets(url: str, image_path: str) -> None:
                              f"answer HTTP Range requests ({err}); serve the shards with one that does "
                              "(toolkit data serve, any object store), or use storage pixels or jpeg") from err
         if xxhash.xxh3_64_intdigest(data) != digest:
-            raise ValueError(f"{url}: storage index needs uncompressed tars (the image bytes are not at their tar "
-                             "offsets in the file); decompress the shards or use storage pixels or jpeg")
+            raise ValueError(f"{url}: storage index needs uncompressed tars (the image bytes are not at their "
+                             "tar offsets in the file); decompress the shards or use storage pixels or jpeg")

@@ -1,6 +1,6 @@
-"""Storage mode ``pixels``: decoded, resized samples in fixed-size tar samples (:mod:`..format`), or frozen-tower
-features in their place. The loader seeks to any sample and copies it (:class:`SampleReader`); every read is
-checked against the per-sample checksums (:mod:`..integrity`)."""
+"""Storage mode ``pixels``: decoded, resized images in fixed-size tar samples (:mod:`..format`), or
+frozen-tower features in their place. The loader seeks to any sample and copies it (:class:`SampleReader`);
+every read is checked against the per-sample checksums (:mod:`..integrity`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""What the table modes share (:mod:`.tables`: a table of byte ranges per part, read through :class:`RefReader`):
-:class:`TableMode` (the precompute writer, reader, verify and inspect sides) and :class:`EncodedMode` (images
-re-encoded at the stored size into a data file per part, as ``jpeg`` does; a mode with another codec
-overrides :meth:`EncodedMode.encode` and names its suffixes)."""
+"""What the table modes share (:mod:`.tables`: a table of byte ranges per part, read by ``RefReader``):
+:class:`TableMode` (the precompute writer, reader, verify and inspect sides) and :class:`EncodedMode`
+(images re-encoded at the stored size into a data file per part, as ``jpeg`` does; a mode with another
+codec overrides :meth:`EncodedMode.encode` and names its suffixes)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ class TableMode(StorageMode):
         data_root, data_files) for dataset.json (:meth:`data_location`)."""
         fields = job.fields
         ref_dim = fields[2].shape[0] if len(fields) > 2 else 0
-        writer = RefShardWriter(job.cfg.out, self.data_ext, fields[1].shape[0], job.cfg.samples_per_shard, ref_dim)
+        cfg = job.cfg
+        writer = RefShardWriter(cfg.out, self.data_ext, fields[1].shape[0], cfg.samples_per_shard, ref_dim)
         current, data_fh = None, None
         try:
             for sample_id, (res, row, meta) in enumerate(samples):
@@ -88,8 +89,9 @@ class TableMode(StorageMode):
                 except integrity.DataIntegrityError as err:
                     found.append((str(err).split("; run `toolkit data verify")[0], True))
                 except ValueError as err:  # ImageError: the bytes match the index but no longer decode
-                    found.append((f"{reader.data_url(int(rec['file']))}: sample {position} of {shard.name} (id "
-                                  f"{shard.first_id + position}) does not decode: {err}", True))
+                    url = reader.data_url(int(rec["file"]))
+                    found.append((f"{url}: sample {position} of {shard.name} (id {shard.first_id + position}) "
+                                  f"does not decode: {err}", True))
                 count.advance(1)
         finally:
             reader.close()
@@ -119,8 +121,8 @@ class _EncodedRows(ImageRows):
 
 
 class EncodedMode(TableMode):
-    """Images re-encoded at the stored size (``encode``) into ``NNNNN.<data_ext>`` per part, beside the tables;
-    decoded by the loader with :func:`toolkit.data.images.decode_rgb` (any format Pillow reads)."""
+    """Images re-encoded at the stored size (``encode``) into ``NNNNN.<data_ext>`` per part, beside the
+    tables; decoded by the loader with :func:`toolkit.data.images.decode_rgb` (any format Pillow reads)."""
 
     # Encoded bytes per stored pixel for toolkit plan's disk figure (a mode measures its own).
     bytes_per_pixel: ClassVar[float] = 0.0
@@ -137,4 +139,5 @@ class EncodedMode(TableMode):
         return (".idx", "." + self.data_ext)
 
     def disk_bytes_per_sample(self, image_side: int, context_length: int) -> float:
-        return super().disk_bytes_per_sample(image_side, context_length) + self.bytes_per_pixel * image_side ** 2
+        table = super().disk_bytes_per_sample(image_side, context_length)
+        return table + self.bytes_per_pixel * image_side**2
