@@ -231,7 +231,8 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
                                  cfg.max_truncated_share, cfg.input)
                 check_some_kept([(names[r.url], r.num_kept, r.skips) for r in results], cfg.input)
                 start, skips = time.monotonic(), []
-                shards, data_root, data_files = job.mode.write(job, _kept(results, skips, names), urls)
+                kept = _kept(results, skips, names, f"write {job.mode.parts_noun}")
+                shards, data_root, data_files = job.mode.write(job, kept, urls)
                 num_samples = sum(s.num_samples for s in shards)
                 timing.update(write_s=round(time.monotonic() - start, 3), num_shards=len(shards))
             except BaseException:
@@ -296,10 +297,10 @@ def _process(job: Job, urls: list[str], work: str, log, ranks: Ranks) -> tuple[l
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
 
 
-def _kept(results: list[worker.ShardResult], skips: list[dict], names: dict[str, str]):
+def _kept(results: list[worker.ShardResult], skips: list[dict], names: dict[str, str], desc: str):
     """(result, scratch row, meta line) of every kept sample in id order (:func:`.ids.kept_samples`), with
     progress; every skip record lands in ``skips``."""
-    samples = progress(ids.kept_samples(results, skips), total=sum(r.num_kept for r in results), desc="write shards",
-                       unit="samples")
+    total = sum(r.num_kept for r in results)
+    samples = progress(ids.kept_samples(results, skips), total=total, desc=desc, unit="samples")
     for res, row, key, caption in samples:
         yield res, row, {"caption": caption, "source": names[res.url], "key": key}

@@ -17,11 +17,10 @@ from toolkit.core import files
 from toolkit.data.raw.layout import SHARD_DIGITS
 
 _MODES: dict[str, Any] = {}  # name -> StorageMode (storage/base.py)
-BUILTIN = ("pixels", "jpeg", "index")  # registered on first use, in this order
 
 
 def _builtins() -> None:
-    if not _MODES:  # imported here: a mode imports the format, which looks modes up through this registry
+    if not _MODES:  # the built-in modes, in this order, imported on first use (not by `toolkit --help`)
         from toolkit.data.trainset.storage.index import IndexMode
         from toolkit.data.trainset.storage.jpeg import JpegMode
         from toolkit.data.trainset.storage.pixels import PixelsMode

@@ -50,6 +50,8 @@ class StorageMode(ABC):
     # Per-part files the mode writes beside NNNNN.meta.jsonl, as suffixes (".tar", ".idx", ...): a rerun into
     # the same folder removes another mode's (storage.remove_stale_parts).
     suffixes: ClassVar[tuple[str, ...]]
+    # What its per-part files are called in precompute's progress ("write shards").
+    parts_noun: ClassVar[str] = "shards"
     # True when frozen-tower features (fixed-size float16 rows instead of pixels or tokens) can be stored.
     holds_features: ClassVar[bool] = False
 

@@ -21,6 +21,7 @@ class TableMode(StorageMode):
     """A table record per sample: (file, length, offset, xxh3-64 of the image bytes, token ids, reference
     embeddings); the loader reads and checks the bytes, then decodes them (:func:`.tables.decode_image`)."""
 
+    parts_noun = "tables"
     data_ext: ClassVar[str] = ""  # suffix of each part's own data file; "" when the data files lie elsewhere
     scratch_ext: ClassVar[str] = ""  # a worker's encoded images of one raw shard ('<stem>' + this), if any
 
