@@ -110,7 +110,7 @@ def precompute(raw: Path, out: Path, storage: str, workers: int, **extra) -> dic
             **extra}
     return _child(
         "import time\nfrom toolkit.core.config import build\n"
-        "from toolkit.data.trainset.precompute import PrecomputeConfig, run\n"
+        "from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run\n"
         f"cfg = build(PrecomputeConfig, {opts!r})\nt = time.monotonic()\nres = run(cfg)\n"
         "RESULT = {'wall_s': time.monotonic() - t, 'num_samples': res.counts['num_samples']}")
 

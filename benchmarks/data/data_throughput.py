@@ -3,7 +3,7 @@
 Generates ``--num-samples`` 256 px JPEG image-text pairs in img2dataset's raw shard layout, then for
 each model resolution in ``--sizes``:
 
-- precompute (``toolkit.data.trainset.precompute.run``) with ``--workers`` processes;
+- precompute (``toolkit.data.trainset.precompute.stage.run``) with ``--workers`` processes;
 - loader: ``make_loader`` over the training shards (uint8 pixels + tokens), ``--workers`` DataLoader
   workers, batches of ``--batch-size``;
 - decode on the fly, the same images from the raw shards through a webdataset pipeline with the same
@@ -94,7 +94,7 @@ def on_the_fly_loader(urls: list[str], size: int, model: str, batch_size: int, w
 def bench_size(raw: str, urls: list[str], work: str, size: int, args) -> dict:
     from toolkit.core.config import build
     from toolkit.data.trainset.loader import make_loader
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     out = os.path.join(work, f"train{size}")
     cfg = build(PrecomputeConfig, {"input": raw, "out": out, "model": args.model, "image_size": size,

@@ -155,7 +155,7 @@ def pixels_loader(raw: str, work: str, size: int, batch_size: int, model: str, m
     from toolkit.core.config import build
     from toolkit.data.augment import AugmentConfig, DeviceCrop, PixelTransform
     from toolkit.data.trainset.loader import make_loader
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     out = os.path.join(work, f"pixels-{margin}")
     if not os.path.exists(os.path.join(out, "dataset.json")):
@@ -183,7 +183,7 @@ def index_loader(raw: str, work: str, size: int, batch_size: int, model: str):
     from toolkit.core.config import build
     from toolkit.data.augment import AugmentConfig, PixelTransform
     from toolkit.data.trainset.loader import make_loader
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     out = os.path.join(work, "index")
     if not os.path.exists(os.path.join(out, "dataset.json")):

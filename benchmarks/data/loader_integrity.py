@@ -88,7 +88,7 @@ def base_tree(rev: str, work: str) -> str:
 def bench_size(raw: str, work: str, base: str, size: int, args) -> dict:
     from toolkit.core.config import build
     from toolkit.data.trainset.format import TrainDataset
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     after = os.path.join(work, f"train{size}")
     before = after + "-old"

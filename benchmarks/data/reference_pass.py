@@ -73,7 +73,7 @@ def save_reference(name: str, folder: Path) -> Path:
 def precompute_s(raw: Path, out: Path, workers: int, storage: str, reference: str) -> tuple[float, dict]:
     """(processing seconds, dataset.json) of one precompute run."""
     from toolkit.core.config import build
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     shutil.rmtree(out, ignore_errors=True)
     cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": "cliptk-tiny", "storage": storage,

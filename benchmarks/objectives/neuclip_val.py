@@ -32,6 +32,7 @@ from torch.nn.functional import normalize
 
 from benchmarks.objectives.convergence.runs import SPLIT_SEED  # the same validation split
 from toolkit.core.config import build
+from toolkit.core.seeds import stream_seed
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
@@ -40,7 +41,7 @@ from toolkit.train.losses import LossConfig, build_loss
 from toolkit.train.losses.temperature import TemperatureControl
 from toolkit.train.optim import OptimConfig, build_optimizer, logit_scale_group
 from toolkit.train.schedule import set_lr
-from toolkit.train.step import StepInputs, forward_backward, stream_seed
+from toolkit.train.step import StepInputs, forward_backward
 
 
 def load_split(run_dir: Path, val_fraction: float):

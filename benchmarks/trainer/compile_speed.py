@@ -33,7 +33,7 @@ def demo_trainset(base: Path, model: str) -> Path:
     """Real pairs (the Twemoji demo) as training shards for ``model``."""
     from toolkit.core.config import build
     from toolkit.data.acquire import demo, shard
-    from toolkit.data.trainset import precompute
+    from toolkit.data.trainset.precompute import stage as precompute
 
     result = demo.run(build(demo.DemoConfig, {"out": str(base / "demo")}))
     shard.run(build(shard.ShardConfig, {"source": result.outputs["train_csv"], "out": str(base / "raw"),

@@ -152,7 +152,7 @@ def precompute(raw, out, **overrides):
     side (crop_scale_min 1: no crop margin) unless overridden, so that stored pixels equal decode_rgb's;
     tests/data/test_augment.py covers the default margin."""
     from toolkit.core.config import build
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, "crop_scale_min": 1.0,
                                    **overrides})

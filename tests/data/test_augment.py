@@ -9,8 +9,9 @@ from datakit import MODEL, good_samples, precompute, write_raw_shard
 from PIL import Image
 
 from toolkit.data import augment
-from toolkit.data.augment import AugmentConfig, PixelTransform, crop_draws, stored_side
+from toolkit.data.augment import AugmentConfig, PixelTransform, crop_draws
 from toolkit.data.decode import crop_box
+from toolkit.data.images import stored_side
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 
@@ -26,7 +27,7 @@ def margin_train(tmp_path_factory):
     write_raw_shard(raw / "00001.tar", good_samples(rng, "b", 17, size=(40, 52)))
     out = tmp_path_factory.mktemp("aug_train")
     from toolkit.core.config import build
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     run(build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, "samples_per_shard": 9}))
     return out

@@ -67,7 +67,7 @@ def _setup(loss_name: str, rank: int, world: int, dropout: bool):
 
 
 def _seed(rank: int):
-    from toolkit.train.step import stream_seed
+    from toolkit.core.seeds import stream_seed
 
     return lambda i: stream_seed(3, 0, rank, i)
 

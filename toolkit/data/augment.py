@@ -67,13 +67,13 @@ def _uniforms(seed: int, step: int, ids: np.ndarray, count: int) -> np.ndarray:
     """[len(ids), count] float64 in [0, 1): splitmix64 streams keyed by (seed, step, id)."""
     import numpy as np
 
-    from toolkit.data.trainset.order import _mix
+    from toolkit.core.seeds import splitmix64
 
     with np.errstate(over="ignore"):
-        base = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))
-        base = _mix(base ^ (np.uint64(step & 0xFFFFFFFFFFFFFFFF) * np.uint64(_STEP_MULT)))
-        keys = _mix(base ^ (ids.astype(np.uint64) * np.uint64(_ID_MULT)))
-        draws = _mix(keys[:, None] + np.arange(1, count + 1, dtype=np.uint64)[None, :] * np.uint64(_DRAW_MULT))
+        base = splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))
+        base = splitmix64(base ^ (np.uint64(step & 0xFFFFFFFFFFFFFFFF) * np.uint64(_STEP_MULT)))
+        keys = splitmix64(base ^ (ids.astype(np.uint64) * np.uint64(_ID_MULT)))
+        draws = splitmix64(keys[:, None] + np.arange(1, count + 1, dtype=np.uint64)[None, :] * np.uint64(_DRAW_MULT))
     return (draws >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
@@ -87,13 +87,6 @@ def crop_draws(cfg: AugmentConfig, seed: int, step: int, ids: np.ndarray) -> np.
     area = cfg.scale_min + u[:, 0] * (cfg.scale_max - cfg.scale_min)
     lo, hi = math.log(cfg.ratio_min), math.log(cfg.ratio_max)
     return np.stack([area, np.exp(lo + u[:, 1] * (hi - lo)), u[:, 2], u[:, 3]], axis=1)
-
-
-def stored_side(image_size: int, crop_scale_min: float) -> int:
-    """Side precompute stores for model side ``image_size``: every crop of area >= crop_scale_min of a
-    square has both sides >= crop_scale_min x its side (crop_box keeps the ratio where the crop fits), so
-    this side never upsamples a crop. 224 -> 249 at 0.9 (1.24x the bytes); 1.0 -> image_size."""
-    return math.ceil(image_size / crop_scale_min - 1e-9)
 
 
 def crop_pixels(images: np.ndarray, size: int, draws: np.ndarray | None):

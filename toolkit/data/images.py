@@ -1,6 +1,6 @@
 """Decode encoded image bytes into RGB uint8 arrays at a fixed square resolution.
 
-One function, :func:`decode_rgb`, is shared by precompute, the jpeg/index loader (``trainset.refs``),
+One function, :func:`decode_rgb`, is shared by precompute, the jpeg/index loader (``trainset.storage.tables``),
 inspect and the decode-on-the-fly benchmark baseline so that all of them produce the same pixels (an index
 set reads exactly what a pixels set stores). A JPEG of 1 or 3 components (grey, YCbCr) whose short side is
 under :data:`DRAFT_FACTOR` x the target is decoded by libjpeg-turbo through torchvision and resized by
@@ -184,6 +184,13 @@ def resize_uint8(chw, size: int):
     if chw.shape[-2:] == (size, size):
         return chw
     return F.resize(chw, [size, size], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
+
+
+def stored_side(image_size: int, crop_scale_min: float) -> int:
+    """Side precompute stores for model side ``image_size``: every crop of area >= crop_scale_min of a
+    square has both sides >= crop_scale_min x its side (crop_box keeps the ratio where the crop fits), so
+    this side never upsamples a crop. 224 -> 249 at 0.9 (1.24x the bytes); 1.0 -> image_size."""
+    return math.ceil(image_size / crop_scale_min - 1e-9)
 
 
 def crop_box(width: int, height: int, draw: Sequence[float] | None) -> tuple[int, int, int, int]:

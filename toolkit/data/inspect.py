@@ -23,9 +23,10 @@ from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, read_manifest, stage_run
 from toolkit.data.images import ImageError, decode_rgb
 from toolkit.data.raw import reasons
+from toolkit.data.raw.captions import caption_of, check_caption_ext
 from toolkit.data.raw.reader import RawShardReader, list_shards, shard_names, sidecar
-from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file, read_segment
-from toolkit.data.trainset.precompute_worker import caption_of, check_caption_ext
+from toolkit.data.trainset import storage
+from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file
 
 KIND = "data.inspect"
 # Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).
@@ -75,25 +76,13 @@ def contact_sheet(tiles: list[tuple[np.ndarray, str]], thumb: int) -> Image.Imag
     return sheet
 
 
-def _read_refs(ds: TrainDataset, seg: Segment):
-    from toolkit.data.trainset.refs import iter_segment
-
-    return iter_segment(ds, seg.shard, seg.start, seg.count, seg.valid)
-
-
 def storage_report(ds: TrainDataset) -> dict[str, Any]:
     """The storage mode and what it costs on disk: ``stored_bytes`` of the folder's per-sample files
-    (shards or tables, their .jpgs, checksums and meta sidecars) and ``bytes_per_sample`` = that / N. An
-    index's images stay in the raw shards, not counted here."""
+    (parts, their meta sidecars, and what the mode keeps beside them: checksums, .jpgs) and
+    ``bytes_per_sample`` = that / N. An index's images stay in the raw shards, not counted here."""
     import fsspec
 
-    from toolkit.data.trainset.integrity import sums_file
-
-    names = [s.name for s in ds.shards] + [meta_file(i) for i in range(len(ds.shards))]
-    if ds.storage == "pixels":
-        names += [sums_file(s.name) for s in ds.shards if s.sums]
-    elif ds.storage == "jpeg":
-        names += list(ds.data_files)
+    names = [s.name for s in ds.shards] + [meta_file(i) for i in range(len(ds.shards))] + storage.of(ds).stored_files(ds)
     fs, base = fsspec.core.url_to_fs(ds.root)
     stored = sum(fs.size(f"{base.rstrip('/')}/{name}") for name in names)
     return {"storage": ds.storage, "stored_bytes": int(stored),
@@ -130,8 +119,8 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
                     captions.append(caption)
     tiles = []
     if ds.field("image") is not None and cfg.num_contact:
-        read = read_segment if ds.storage == "pixels" else _read_refs
-        for sample in read(ds, Segment(0, 0, min(cfg.num_contact, ds.shards[0].num_samples))):
+        segment = Segment(0, 0, min(cfg.num_contact, ds.shards[0].num_samples))
+        for sample in storage.of(ds).read_segment(ds, segment):
             tiles.append((sample["image"], captions[len(tiles)] if len(tiles) < len(captions) else ""))
     elif cfg.num_contact:
         report["contact_sheet_note"] = "no pixels stored (frozen-tower features): no contact sheet"

@@ -36,7 +36,7 @@ KINDS: dict[str, StageKind] = {
                                 ("dataset", "root", "name"),
                                 "Build an evaluation set (clip-benchmark wds layout) from a folder, CSV, "
                                 "Fashion-MNIST or the OpenMoji demo."),
-    "data.precompute": StageKind("toolkit.data.trainset.precompute:PrecomputeConfig", "toolkit.data.trainset.precompute:run",
+    "data.precompute": StageKind("toolkit.data.trainset.precompute.stage:PrecomputeConfig", "toolkit.data.trainset.precompute.stage:run",
                                  ("train",), "Raw shards -> fixed-size training shards with dense sample ids."),
     "data.inspect": StageKind("toolkit.data.inspect:InspectConfig", "toolkit.data.inspect:run",
                               ("out", "report", "contact_sheet"),

@@ -23,6 +23,7 @@ from torch import nn
 
 from toolkit.core import dist as D
 from toolkit.core.log import get_logger
+from toolkit.core.seeds import stream_seed
 from toolkit.core.watchdog import Heartbeat
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import ema as ema_lib
@@ -37,7 +38,7 @@ from toolkit.train.losses import build_loss
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
 from toolkit.train.runtime import Runtime
-from toolkit.train.step import StepInputs, forward_backward, stream_seed
+from toolkit.train.step import StepInputs, forward_backward
 from toolkit.train.update import Update
 
 # eval_fn(clip, model_cfg, preprocess_cfg, step) -> {"eval/<dataset>/<metric>": value}: rank 0 only, on the

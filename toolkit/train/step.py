@@ -28,19 +28,6 @@ from torch import Tensor, nn
 
 from toolkit.train.ddp import grad_sync
 
-# Mixing constants of the per-(step, rank, micro-batch) seeds (64-bit odd numbers from splitmix64).
-_SEED_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
-
-
-def stream_seed(seed: int, step: int, rank: int, micro: int) -> int:
-    """A 63-bit seed for one micro-batch of one step on one rank: no generator state has to be saved,
-    so a resumed run (at any world size) draws exactly what an uninterrupted one would have."""
-    value = seed & 0xFFFFFFFFFFFFFFFF
-    for part, mult in zip((step, rank, micro), _SEED_MIX, strict=True):
-        value = ((value ^ part) * mult + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
-        value ^= value >> 31
-    return value & 0x7FFFFFFFFFFFFFFF
-
 
 @dataclass
 class StepInputs:
@@ -140,7 +127,7 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *
                      seed_of: Callable[[int], int], autocast: Callable, scale: Callable[[Tensor], Tensor] = lambda t: t,
                      poison: bool = False, offload_features: bool = False) -> Tensor:
     """Gradients of this rank's share of the global objective into the parameters; returns the share
-    (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``stream_seed``); ``autocast`` is a
+    (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``core.seeds.stream_seed``); ``autocast`` is a
     context-manager factory; ``scale`` multiplies what is back-propagated (a GradScaler's ``scale``: equal
     on every rank, as the fastclip mode requires); ``poison`` multiplies the image features by NaN before
     the loss (the test aid for a model that produced a NaN: the loss, its per-sample updates and every

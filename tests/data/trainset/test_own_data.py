@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from toolkit.cli.main import app
 from toolkit.core.config import build
-from toolkit.data.trainset.precompute import PrecomputeConfig, run
+from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
 
 def _tar(path, members: list[tuple[str, bytes | None]]) -> None:

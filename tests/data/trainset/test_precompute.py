@@ -55,7 +55,7 @@ def test_rerun_gives_identical_ids_and_bytes(small_raw, small_train, tmp_path):
     again = precompute(small_raw, tmp_path / "again", num_workers=1, samples_per_shard=10)
     assert _digest(out) == _digest(tmp_path / "again")
     from toolkit.core.config import build, config_hash
-    from toolkit.data.trainset.precompute import PrecomputeConfig
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig
 
     base = {"input": str(small_raw), "out": str(out), "model": MODEL, "samples_per_shard": 10,
             "crop_scale_min": 1.0}  # as datakit.precompute builds it
@@ -156,7 +156,7 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
 def test_tower_weights_must_be_a_local_file(weights, tmp_path):
     """Issue 15 item 8: --image-tower-weights openai spent 56 s trying the Hugging Face hub."""
     from toolkit.core.config import ConfigError, load_config
-    from toolkit.data.trainset.precompute import PrecomputeConfig
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig
 
     for key in ("image_tower_weights", "text_tower_weights"):
         with pytest.raises(ConfigError) as err:

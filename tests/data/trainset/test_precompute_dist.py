@@ -58,7 +58,7 @@ def test_two_ranks_write_the_same_bytes_as_one_process(bad_raw, one_process, tmp
     manifest = json.loads((out / "manifest.json").read_text())
     want = json.loads((one_process / "manifest.json").read_text())
     from toolkit.core.config import build, config_hash
-    from toolkit.data.trainset.precompute import KIND, PrecomputeConfig
+    from toolkit.data.trainset.precompute.stage import KIND, PrecomputeConfig
 
     single = build(PrecomputeConfig, {"input": str(bad_raw[0]), "out": str(out), "model": MODEL, "samples_per_shard": 7,
                                       "crop_scale_min": 1.0, "max_truncated_share": 1.0})

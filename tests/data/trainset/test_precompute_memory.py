@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import tracemalloc
 
-from toolkit.data.trainset.precompute_worker import ShardResult, write_keys
-from toolkit.data.trainset.precompute_write import kept_samples
+from toolkit.data.trainset.precompute.ids import kept_samples
+from toolkit.data.trainset.precompute.worker import ShardResult, write_keys
 
 NUM_SHARDS, PER_SHARD = 40, 5000
 

@@ -15,20 +15,20 @@ import numpy as np
 import pytest
 from datakit import MODEL, good_samples, precompute, write_raw_shard
 
-from toolkit.data.trainset import precompute_worker
+from toolkit.data.trainset.precompute import worker as precompute_worker
 
 # The child runs precompute inline (one worker) and SIGKILLs itself when it starts the third raw shard:
 # what `kill -9` does at that moment, at a point the test knows.
 KILL_AT_THIRD_SHARD = textwrap.dedent("""
     import json, os, signal, sys
     from toolkit.core.config import build
-    from toolkit.data.trainset import precompute, precompute_worker
+    from toolkit.data.trainset.precompute import stage as precompute, worker as precompute_worker
     real, calls = precompute_worker.process_shard, []
-    def dying(task):
+    def dying(job, task, on_read):
         calls.append(task.url)
         if len(calls) == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(task)
+        return real(job, task, on_read)
     precompute_worker.process_shard = dying
     cfg = build(precompute.PrecomputeConfig, {"input": sys.argv[1], "out": sys.argv[2], "model": sys.argv[3],
                                               "num_workers": 1, "samples_per_shard": 10, **json.loads(sys.argv[4])})
@@ -59,9 +59,9 @@ def _counting(monkeypatch) -> list[str]:
     """Make precompute_worker.process_shard record the URL of every raw shard it processes."""
     real, seen = precompute_worker.process_shard, []
 
-    def counted(task):
+    def counted(job, task, on_read):
         seen.append(Path(task.url).name)
-        return real(task)
+        return real(job, task, on_read)
 
     monkeypatch.setattr(precompute_worker, "process_shard", counted)
     return seen

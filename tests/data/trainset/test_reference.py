@@ -21,9 +21,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from toolkit.cli.main import app
-from toolkit.data.trainset import precompute_worker
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
+from toolkit.data.trainset.precompute import worker as precompute_worker
 
 MODES = ("pixels", "jpeg", "index")
 ROOT = Path(__file__).resolve().parents[3]
@@ -124,8 +124,9 @@ def test_ranks_see_the_single_process_reference_rows_and_resume_at_another_world
 def test_reads_straight_into_batch_order_equal_the_portable_path_with_float16_fields(ref_sets):
     """Four fields a sample (uint8, int32, two float16): toolkit.data.trainset.scatter's batches equal the
     read-and-gather path's, dtype, shape and contiguity included, for a shuffled order and in order."""
-    from toolkit.data.trainset.loader import InOrder, SampleReader
+    from toolkit.data.trainset.loader import InOrder
     from toolkit.data.trainset.order import BatchOrder
+    from toolkit.data.trainset.storage.pixels import SampleReader
 
     ds = TrainDataset.open(str(ref_sets["pixels"]))
     scatter, portable = SampleReader(ds, scatter=True), SampleReader(ds, scatter=False)
@@ -234,10 +235,10 @@ def test_a_reference_changed_in_place_is_refused_on_resume(tmp_path, monkeypatch
     first, other = _save_reference(tmp_path / "ref", 48, seed=1), _save_reference(tmp_path / "ref2", 64, seed=1)
     real = precompute_worker.process_shard
 
-    def failing(task):
+    def failing(job, task, on_read):
         if task.index == 2:
             raise OSError("disk trouble")
-        return real(task)
+        return real(job, task, on_read)
 
     monkeypatch.setattr(precompute_worker, "process_shard", failing)
     with pytest.raises(OSError, match="disk trouble"):

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolkit.data.trainset import integrity, loader
+from toolkit.data.trainset import integrity
 from toolkit.data.trainset.format import TrainDataset, field_offsets, open_shard
-from toolkit.data.trainset.loader import InOrder, SampleReader, make_loader
+from toolkit.data.trainset.loader import InOrder, make_loader
 from toolkit.data.trainset.order import BatchOrder
+from toolkit.data.trainset.storage import pixels
+from toolkit.data.trainset.storage.pixels import SampleReader
 
 N_SMALL = 103  # small_train: 11 shards of 10, the last holding 3
 
@@ -139,8 +141,8 @@ def test_at_most_max_open_files_stay_open(small_train, monkeypatch):
         opened.append(open_shard(ds, shard))
         return opened[-1]
 
-    monkeypatch.setattr(loader, "MAX_OPEN_FILES", 3)
-    monkeypatch.setattr(loader, "open_shard", open_and_record)
+    monkeypatch.setattr(pixels, "MAX_OPEN_FILES", 3)
+    monkeypatch.setattr(pixels, "open_shard", open_and_record)
     ds = TrainDataset.open(str(small_train[0]))
     reader = SampleReader(ds, scatter=True)
     for ids in np.array_split(np.random.default_rng(0).permutation(N_SMALL), 9):

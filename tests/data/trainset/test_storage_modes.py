@@ -113,7 +113,7 @@ def _damage_sample(out: Path, ds: TrainDataset, sample_id: int) -> tuple[Path, s
         path = out / ds.shards[part].name
         _flip(path, position * ds.sample_bytes + 512 + 100)
         return path, f"{path}: sample {position} (id {sample_id}) is damaged"
-    from toolkit.data.trainset.refs import load_table, resolve_data_root
+    from toolkit.data.trainset.storage.tables import load_table, resolve_data_root
 
     rec = load_table(ds, part)[position]
     path = Path(resolve_data_root(str(out), ds.data_root)) / ds.data_files[int(rec["file"])]
@@ -230,3 +230,14 @@ def test_index_of_a_single_shard_given_by_a_relative_path(small_raw, tmp_path, m
     ds = TrainDataset.open("sets/index")
     assert (ds.data_root, ds.data_files) == ("../..", ["one.tar"])
     assert len(_all("sets/index")["index"]) == 17
+
+
+@pytest.mark.parametrize("mode", ["pixels", "index"])
+def test_the_disk_figure_toolkit_plan_prints_is_what_precompute_writes(small_sets, mode):
+    """pixels: the tar sample and its 8-byte checksum; index: the table record (jpeg's size is an estimate)."""
+    from toolkit.data.trainset import storage
+
+    ds = TrainDataset.open(str(small_sets[mode]))
+    written = json.loads((small_sets[mode] / "dataset.json").read_text())["sample_bytes"]
+    figure = storage.get(mode).disk_bytes_per_sample(ds.field("image").shape[0], ds.field("tokens").shape[0])
+    assert figure == written + (8 if mode == "pixels" else 0)

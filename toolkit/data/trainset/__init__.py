@@ -1,2 +1,2 @@
-"""Training shards: the ``cliptk-train-v1`` format, reader and writer together (``format``), ``precompute``
-from raw shards (its per-shard work in ``precompute_worker``) and the training ``loader``."""
+"""Training shards: the ``cliptk-train-v1`` format (``format``, ``writer``), the storage modes (``storage/``),
+``precompute/`` from raw shards, the batch ``order`` and the training ``loader``."""

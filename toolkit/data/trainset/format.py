@@ -43,6 +43,8 @@ FORMAT = "cliptk-train-v1"
 DATASET_JSON = "dataset.json"
 KEY_DIGITS = 10
 BLOCK = 512
+# The storage mode of a dataset.json without a "storage" key (toolkit.data.trainset.storage: pixels).
+DEFAULT_STORAGE = "pixels"
 # Field roles (the loader's batch keys) -> tar member extension and dtype.
 FIELD_EXTS = {"image": ("img.u8", "uint8"), "image_features": ("img_feat.f16", "float16"),
               "tokens": ("tok.i32", "int32"), "text_features": ("txt_feat.f16", "float16"),
@@ -82,7 +84,7 @@ class Field:
 
 
 def ref_dtype(context_length: int, ref_dim: int = 0) -> np.dtype:
-    """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.refs`), for captions of
+    """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.storage.tables`), for captions of
     ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids, and
     with a reference model of width ``ref_dim`` its embeddings (float16, :mod:`.reference`)."""
     columns = [("file", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("hash", "<u8"),
@@ -115,21 +117,20 @@ class TrainDataset:
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
-    storage: str = "pixels"  # pixels (this module), jpeg or index (refs.py): how images are stored
-    data_root: str = ""  # jpeg/index: where data_files live (refs.resolve_data_root)
+    storage: str = DEFAULT_STORAGE  # the storage mode's name (storage/: pixels, jpeg, index): how images are stored
+    data_root: str = ""  # jpeg/index: where data_files live (storage.tables.resolve_data_root)
     data_files: list[str] = field(default_factory=list)  # jpeg/index: the files the tables point into
     root: str = ""
 
     @property
     def sample_bytes(self) -> int:
-        """Bytes per sample of the shards (pixels) or of the tables (jpeg/index: one record)."""
-        if self.storage != "pixels":
-            return self.table_dtype.itemsize
+        """Bytes per sample of a pixels shard: its members with their headers and padding (the tar layout
+        above; the table modes' record is :attr:`table_dtype`)."""
         return sum(f.padded_bytes for f in self.fields)
 
     @property
     def table_dtype(self) -> np.dtype:
-        """jpeg/index: one record of the tables (:func:`ref_dtype`)."""
+        """Table modes (jpeg, index): one record of the tables (:func:`ref_dtype`)."""
         ref = self.field("ref_image")
         return ref_dtype(self.field("tokens").shape[0], ref.shape[0] if ref is not None else 0)
 
@@ -142,10 +143,9 @@ class TrainDataset:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("root")
-        if self.storage == "pixels":  # pixels sets keep the dataset.json they always had
-            for key in ("storage", "data_root", "data_files"):
+        if (self.storage, self.data_root, self.data_files) == (DEFAULT_STORAGE, "", []):
+            for key in ("storage", "data_root", "data_files"):  # pixels sets keep the dataset.json they always had
                 data.pop(key)
-        data["sample_bytes"] = self.sample_bytes
         return data
 
     @classmethod
@@ -167,15 +167,13 @@ class TrainDataset:
             fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
             shards = [ShardInfo(**s) for s in data["shards"]]
             ds = cls(int(data["num_samples"]), fields, shards, int(data["samples_per_shard"]), data.get("source", ""),
-                     data.get("model", ""), data.get("extra", {}), data["format"], data.get("storage", "pixels"),
+                     data.get("model", ""), data.get("extra", {}), data["format"], data.get("storage", DEFAULT_STORAGE),
                      data.get("data_root", ""), list(data.get("data_files", [])), root=root)
         except KeyError as err:
             raise ValueError(f"{path}: required key {err} is missing; precompute the folder again") from None
         except (TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"{path}: a value has the wrong shape or type ({type(err).__name__}: {err}); "
                              "precompute the folder again") from None
-        if ds.storage not in ("pixels", "jpeg", "index"):
-            raise ValueError(f"{path}: storage {ds.storage!r}, this toolkit reads pixels, jpeg and index")
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
         check_reference_fields(ds, path)
@@ -368,7 +366,7 @@ def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
 def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:
     """Same output as :func:`read_segment_webdataset`, reading the fixed tar layout directly with
     :func:`read_rows` (``chunk`` samples per read call, fields as numpy views of the read buffer). Pixels
-    sets only: jpeg and index sets are read through their tables (:func:`toolkit.data.trainset.refs.iter_segment`)."""
+    sets only: each storage mode reads its own (``StorageMode.read_segment``)."""
     shard = ds.shards[seg.shard]
     sums, vocab = integrity.load_sums(ds, seg.shard), integrity.vocab_size(ds)
     with files.open_file(ds.url(shard), "rb") as fh:

@@ -17,8 +17,9 @@
 K ranks together read exactly the global batches one process would, so training with K ranks equals
 training with one on the same global batch, and a resume at any world size or worker count continues at
 the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
-them round-robin, so batches arrive in t order. jpeg and index sets (``refs``) read each image's bytes through
-their table and decode them in the worker; pixels sets are read by seeking (fixed-size samples): the ids
+them round-robin, so batches arrive in t order. Each storage mode reads its own way (``StorageMode.reader``):
+jpeg and index sets (``storage/tables.py``) read each image's bytes through
+their table and decode them in the worker; pixels sets (``storage/pixels.py``) are read by seeking (fixed-size samples): the ids
 of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call,
 on a local disk straight into the rows its samples take in the batch (:mod:`.scatter`, one copy per
 byte); ``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
@@ -33,106 +34,16 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
-from toolkit.core import files
-from toolkit.data.trainset import integrity
-from toolkit.data.trainset import scatter as scatter_reads
-from toolkit.data.trainset.format import TrainDataset, decode_rows, open_shard, read_rows_into
+from toolkit.data.trainset import integrity, storage
+from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.order import BatchOrder
-
-# Open shard files a worker keeps (a global order touches every shard; reopening costs a round trip on
-# object stores). 64 handles stay well under the usual 1024 open-files limit with several workers.
-MAX_OPEN_FILES = 64
-
-
-class SampleReader:
-    """Reads arbitrary sample ids of one dataset into stacked arrays; keeps shard files open (one per
-    process: each DataLoader worker makes its own)."""
-
-    def __init__(self, ds: TrainDataset, vocab_size: int | None = None, scatter: bool | None = None):
-        """``scatter``: read each run straight into batch order (:mod:`.scatter`, local files only); None:
-        when the dataset lies on a local file system and the platform has ``os.preadv``."""
-        self.ds, self.vocab_size = ds, vocab_size
-        self.first_ids = np.array([s.first_id for s in ds.shards], dtype=np.int64)
-        self._open: dict[int, Any] = {}
-        self._sums: dict[int, list[int] | None] = {}
-        self._raw: np.ndarray | None = None
-        if scatter is None:
-            scatter = files.is_local(ds.root) and scatter_reads.available()
-        self._scatter = scatter_reads.ScatterReads(ds) if scatter else None
-
-    def _shard_sums(self, shard: int) -> list[int] | None:
-        if shard not in self._sums:  # 8 bytes a sample: kept for every shard this process touched
-            self._sums[shard] = integrity.load_sums(self.ds, shard)
-        return self._sums[shard]
-
-    def _file(self, shard: int):
-        if shard not in self._open:
-            if len(self._open) >= MAX_OPEN_FILES:
-                oldest = next(iter(self._open))
-                self._open.pop(oldest).close()
-            self._open[shard] = open_shard(self.ds, shard)
-            if self._scatter is not None:
-                scatter_reads.check_size(self.ds, shard, self._open[shard])
-            self._shard_sums(shard)
-        return self._open[shard]
-
-    def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """{role: C-contiguous array [len(ids), *shape]} for ``ids`` (int64, any order, in that order).
-
-        The ids are read in sorted order, a run of consecutive ids per read call. Local files: each run
-        straight into the rows its samples take in the batch (:mod:`.scatter`: preadv, one copy per
-        byte). Otherwise into one reused raw buffer (readinto, so no fresh 150 kB buffer is allocated and
-        page-faulted per sample), each run verified while in cache, then gathered into batch order: a
-        second copy, per field."""
-        if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
-            raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
-                             f"{int(ids.min())}..{int(ids.max())}")
-        order = np.argsort(ids, kind="stable")
-        sorted_ids = ids[order]
-        shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
-        breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
-        if self._scatter is not None:
-            rows, starts, cuts = order.tolist(), (sorted_ids - self.first_ids[shards]).tolist(), breaks.tolist()
-            shard_of = shards.tolist()  # Python ints: numpy scalars cost ~10x more per run (one run a sample)
-            runs = [(shard_of[lo], starts[lo], rows[lo:hi])
-                    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True) if hi > lo]
-            out = self._scatter.read(runs, self._file, self._shard_sums)
-        else:
-            out = self._read_runs(ids, order, sorted_ids, shards, breaks)
-        if "tokens" in out:  # once per batch: shuffled ids make runs of ~1 sample, too short to vectorise
-            integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
-        return out
-
-    def _read_runs(self, ids: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray, shards: np.ndarray,
-                   breaks: np.ndarray) -> dict[str, np.ndarray]:
-        raw = self._raw_buffer(len(ids))
-        for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
-            shard = int(shards[lo])
-            start = int(sorted_ids[lo] - self.first_ids[shard])
-            read_rows_into(self._file(shard), self.ds, shard, start, raw[lo:hi], self._sums[shard])
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(ids))
-        return {role: values[inverse] for role, values in decode_rows(self.ds, raw).items()}
-
-    def _raw_buffer(self, n: int) -> np.ndarray:
-        if self._raw is None or self._raw.shape[0] < n:
-            self._raw = np.empty((n, self.ds.sample_bytes), np.uint8)
-        return self._raw[:n]
-
-    def close(self) -> None:
-        for fh in self._open.values():
-            fh.close()
-        self._open.clear()
 
 
 def make_reader(ds: TrainDataset, vocab_size: int | None = None):
-    """The sample reader of ``ds``'s storage mode: :class:`SampleReader` (pixels) or
-    :class:`toolkit.data.trainset.refs.RefReader` (jpeg, index: decodes in the loader's workers)."""
-    if ds.storage == "pixels":
-        return SampleReader(ds, vocab_size)
-    from toolkit.data.trainset.refs import RefReader
-
-    return RefReader(ds, vocab_size, MAX_OPEN_FILES)
+    """The sample reader of ``ds``'s storage mode (``StorageMode.reader``: pixels' seeking
+    :class:`~toolkit.data.trainset.storage.pixels.SampleReader`, the table modes' decoding
+    :class:`~toolkit.data.trainset.storage.tables.RefReader`)."""
+    return storage.of(ds).reader(ds, vocab_size)
 
 
 class WorkerFailure:
@@ -247,6 +158,7 @@ def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, wor
     to each batch's pixels in the workers (:class:`toolkit.data.augment.PixelTransform`). Called by every
     rank once."""
     ds = path if isinstance(path, TrainDataset) else TrainDataset.open(str(path))
+    storage.of(ds)  # a mode nobody registered fails here, in the calling process, naming dataset.json
     order = (BatchOrder if shuffle else InOrder)(ds.num_samples, batch_size, seed, block)
     steps = order.batches_per_pass if num_steps is None else num_steps
     stream = GlobalBatchStream(ds, order, rank=rank, world_size=world_size, start_step=start_step, num_steps=steps,

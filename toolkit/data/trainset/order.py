@@ -22,23 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+from toolkit.core.seeds import GAMMA, splitmix64
+
 _ROUNDS = 4
-
-
-def _mix(v: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
-    v = v ^ (v >> np.uint64(30))
-    v = v * np.uint64(0xBF58476D1CE4E5B9)
-    v = v ^ (v >> np.uint64(27))
-    v = v * np.uint64(0x94D049BB133111EB)
-    return v ^ (v >> np.uint64(31))
 
 
 def _keys(seed: int, pass_index: int) -> np.ndarray:
     base = np.array([seed & 0xFFFFFFFF, pass_index & 0xFFFFFFFF], dtype=np.uint64)
-    start = _mix(np.array([(int(base[0]) << 32) | int(base[1])], dtype=np.uint64))
-    return _mix(start + np.arange(1, _ROUNDS + 2, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    start = splitmix64(np.array([(int(base[0]) << 32) | int(base[1])], dtype=np.uint64))
+    return splitmix64(start + np.arange(1, _ROUNDS + 2, dtype=np.uint64) * np.uint64(GAMMA))
 
 
 def permute(values: np.ndarray, size: int, seed: int, pass_index: int) -> np.ndarray:
@@ -55,7 +47,7 @@ def permute(values: np.ndarray, size: int, seed: int, pass_index: int) -> np.nda
             v = out[todo]
             left, right = v >> np.uint64(half_bits), v & half_mask
             for r in range(_ROUNDS):
-                left, right = right, left ^ (_mix(right ^ keys[r]) & half_mask)
+                left, right = right, left ^ (splitmix64(right ^ keys[r]) & half_mask)
             out[todo] = (left << np.uint64(half_bits)) | right
             todo = out >= np.uint64(size)
     return out.astype(np.int64)

@@ -158,9 +158,12 @@ def split_row(row: np.ndarray, dim: int) -> list[bytes]:
 
 
 def bytes_per_sample(ds: Any) -> int:
-    """Bytes each sample spends on its reference embeddings (0 without one): pixels' two tar members
-    (headers and padding included), or the table's two columns in jpeg/index."""
+    """Bytes each sample spends on its reference embeddings (0 without one), as its storage mode lays them out:
+    pixels' two tar members (headers and padding included), or the table's two columns in jpeg/index."""
     found = [ds.field(role) for role in ROLES]
     if not all(found):
         return 0
-    return sum(f.padded_bytes if ds.storage == "pixels" else f.nbytes for f in found)
+    from toolkit.data.trainset import storage
+
+    mode = storage.of(ds)
+    return sum(mode.field_bytes(f) for f in found)

@@ -6,7 +6,7 @@ one ``os.preadv`` whose buffers are the rows the samples land in: each field's b
 cache into that sample's row of the batch's contiguous field array, and the member headers and padding
 into a reused scratch buffer, so the kernel's copy is the only one. Each sample is then hashed from those
 pieces (xxh3-64 streamed over them equals the hash of the sample's bytes as they lie in the tar), while
-they are still in the CPU's cache. :class:`toolkit.data.trainset.loader.SampleReader` uses this for
+they are still in the CPU's cache. :class:`toolkit.data.trainset.storage.pixels.SampleReader` uses this for
 shards on a local file system where ``os.preadv`` exists; fsspec URLs keep the portable path.
 
 Why not ``mmap``: a read-only map of each shard, each sample hashed in the map and copied once into

@@ -1,6 +1,6 @@
 """Writing training shards (the format of ``format.py``): :class:`TrainShardWriter` (pixels mode's tars,
 meta sidecars and checksums, written by precompute), :class:`AtomicOut` (a file that appears under its
-name only once complete, also used by the jpeg and index modes' writers) and :func:`remove_stale_shards`.
+name only once complete, also used by the table modes' writer).
 Called by the precompute process (rank 0 of a distributed precompute) only."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import tarfile
 from typing import Any
 
 from toolkit.core import files
-from toolkit.data.raw.layout import SHARD_DIGITS
 from toolkit.data.trainset import integrity
 from toolkit.data.trainset.format import BLOCK, Field, ShardInfo, id_key, meta_file, shard_file
 
@@ -114,20 +113,3 @@ class TrainShardWriter:
                     os.unlink(f.tmp)
         path, self._tar, self._files = self._files[0].path, None, None
         return path
-
-
-def remove_stale_shards(out: str, keep: int, storage: str = "pixels") -> int:
-    """Delete ``NNNNN.tar``/``.meta.jsonl``/``.xxh3`` (pixels), ``.idx``/``.jpgs`` (jpeg, index) with index
-    >= keep left by an earlier, larger run, and every such file of another storage mode's earlier run."""
-    used = {"pixels": (".tar", ".xxh3"), "jpeg": (".idx", ".jpgs"), "index": (".idx",)}[storage] + (".meta.jsonl",)
-    if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
-        return 0
-    removed = 0
-    for name in os.listdir(files.local_path(out)):
-        stem = name.split(".", 1)[0]
-        if stem.isdigit() and len(stem) == SHARD_DIGITS and name.endswith(
-                (".tar", ".meta.jsonl", "." + integrity.SUMS_EXT, ".idx", ".jpgs")) and (
-                int(stem) >= keep or not name.endswith(used)):
-            os.remove(os.path.join(files.local_path(out), name))
-            removed += 1
-    return removed

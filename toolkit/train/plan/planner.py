@@ -79,11 +79,15 @@ class PlanConfig:
     text_tokens: int = option(0, ge=0, doc="Tokens per caption the text tower runs on: the trainer cuts each "
                               "batch after its longest caption, so give your data's longest caption (with "
                               "--measure); 0: the model's full context, the worst case.")
+    storage: str = option("pixels", doc="Storage mode of the training set (precompute --storage: pixels, jpeg, "
+                                        "index) whose disk per sample and for num_samples is shown.")
 
     def __post_init__(self) -> None:
+        from toolkit.data.trainset import storage
         from toolkit.train.losses import registry
 
         registry.spec_of_name(self.loss)  # an unknown name is refused, naming the registered ones
+        storage.get(self.storage)  # so is an unknown storage mode
 
     @property
     def world(self) -> int:
@@ -110,6 +114,7 @@ class Plan:
     traffic: dict[str, dict[str, float]]  # mode -> category -> sent bytes per rank per step
     fit: dict[str, int | None] = field(default_factory=dict)
     source: str = ""  # where the activation constants came from
+    disk_bytes_per_sample: float = 0.0  # the training set's, in cfg.storage (precompute's defaults)
 
     @property
     def total(self) -> float:
@@ -283,7 +288,21 @@ def run(cfg: PlanConfig) -> Plan:
     if cfg.device == "cpu":
         rows["FastCLIP tables (host, per node)"] = table_bytes(cfg)
     fit = largest_fit(cfg, shape, fixed, per_sample, overhead) if cfg.device_memory_gb else {}
-    return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source)
+    return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source,
+                disk_bytes(cfg))
+
+
+def disk_bytes(cfg: PlanConfig) -> float:
+    """Bytes a training sample takes on disk in ``cfg.storage`` (its storage mode's figure), at the side
+    precompute stores for the model by default (the crop margin of ``crop_scale_min`` 0.9) and its context."""
+    from toolkit.data.images import stored_side
+    from toolkit.data.trainset import storage
+    from toolkit.models.factory import resolve_spec
+    from toolkit.models.registry import config_context_length, config_image_size
+
+    model_cfg = resolve_spec(cfg.model).model_cfg
+    side = stored_side(config_image_size(model_cfg), 0.9)
+    return float(storage.get(cfg.storage).disk_bytes_per_sample(side, config_context_length(model_cfg)))
 
 
 def _size(nbytes: float) -> str:
@@ -307,6 +326,10 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"{'total':<36}{_size(plan.total):>14}")
     if plan.table_bytes_per_node and c.device != "cpu":
         lines.append(f"{'FastCLIP tables (host, per node)':<36}{_size(plan.table_bytes_per_node):>14}")
+    if plan.disk_bytes_per_sample:
+        lines.append(f"{'training set on disk (' + c.storage + ')':<36}{_size(plan.disk_bytes_per_sample):>14} "
+                     f"per sample, {_size(plan.disk_bytes_per_sample * c.num_samples)} for {c.num_samples:,} "
+                     "(meta lines not counted)")
     if plan.traffic:
         cats = ("features", "feature_grads", "scalars", "param_grads", "total")
         lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]

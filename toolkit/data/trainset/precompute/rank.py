@@ -1,7 +1,7 @@
-"""A rank of a distributed precompute: ``python -m toolkit.data.trainset.precompute_rank CONFIG.yaml``.
+"""A rank of a distributed precompute: ``python -m toolkit.data.trainset.precompute.rank CONFIG.yaml``.
 
 torchrun (started by ``toolkit data precompute --nproc-per-node N``, or by the user) runs this in every
-rank; :func:`toolkit.data.trainset.precompute.run` then finds its rank (:mod:`.precompute_dist`).
+rank; :func:`toolkit.data.trainset.precompute.stage.run` then finds its rank (:mod:`.dist`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run precompute as this rank with the config at ``argv[0]``; exits 1 with a one-line error."""
     from toolkit.core.config import build, read_yaml
     from toolkit.core.log import setup_logging
-    from toolkit.data.trainset.precompute import PrecomputeConfig, run
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     argv = sys.argv[1:] if argv is None else argv
     setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if os.environ.get("RANK", "0") == "0" else "WARNING")

@@ -1,11 +1,11 @@
 """``toolkit data precompute --nproc-per-node N [--nodes M --node-rank R --master-addr A]``: precompute's ranks.
 
 The job starts exactly like ``toolkit train``'s (:mod:`toolkit.core.launch`: torchrun on each node, or the
-ranks ``srun`` started, or the user's own torchrun running ``python -m toolkit.data.trainset.precompute_rank
+ranks ``srun`` started, or the user's own torchrun running ``python -m toolkit.data.trainset.precompute.rank
 CONFIG.yaml``). Of K ranks, rank r processes the raw shards with index i = r (mod K) in sorted-URL order,
 with its own process pool (``num_workers`` 0: this node's cores divided among its ranks) and frozen
 towers, into the shared scratch folder (``tmp_dir``, or OUT/_tmp: it must be on a filesystem every node
-sees, as OUT is). Each finished raw shard leaves a record there (:mod:`.precompute_resume`). Then every
+sees, as OUT is). Each finished raw shard leaves a record there (:mod:`.resume`). Then every
 rank's per-shard counts are gathered and rank 0 checks them against the records, assigns the ids once
 over all raw shards (the same rule as one process: sorted URLs, sorted keys, first key wins) and writes the
 training shards: the output is byte-identical to a one-process run's. Rank 0 keeps the stage books;
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from toolkit.core.launch import apply_slurm_env, is_worker, launch_job
 from toolkit.core.stage import StageResult, read_manifest
 
-ENTRY = "toolkit.data.trainset.precompute_rank"  # what torchrun runs in each rank
+ENTRY = "toolkit.data.trainset.precompute.rank"  # what torchrun runs in each rank
 
 
 @dataclass

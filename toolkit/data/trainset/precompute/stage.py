@@ -1,53 +1,47 @@
 """``toolkit data precompute``: raw shards -> fixed-size training shards with dense global ids.
 
-1. A pool of worker processes (one task per raw shard, :mod:`.precompute_worker`) validates, decodes,
-   converts to RGB, resizes/crops to the model resolution (or runs a frozen image tower) and
-   tokenizes (or runs a frozen text tower), writing rows to local scratch files.
+0. The job (:mod:`.job`): the storage mode, tokenizer, towers and fields, decided and loaded once.
+1. Worker processes (:mod:`toolkit.core.forkpool`, one task per raw shard, :mod:`.worker`) validate, decode,
+   convert to RGB, resize/crop to the model resolution (or run a frozen image tower) and
+   tokenize (or run a frozen text tower), writing rows to local scratch files (:mod:`.resume` keeps them).
 2. The parent orders the kept samples by (raw shard in sorted order, key in sorted order), drops
    keys already kept from an earlier shard, and assigns ids 0..N-1 in that order: the same input and
-   config give the same ids on every rerun, whatever the number of workers (:mod:`.precompute_write`,
+   config give the same ids on every rerun, whatever the number of workers (:mod:`.ids`,
    streaming, 8 bytes per sample held).
-3. It writes ``samples_per_shard``-sized training shards (:mod:`toolkit.data.trainset.format`),
-   ``dataset.json``, ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
+3. The storage mode writes the training files (:mod:`toolkit.data.trainset.storage`); then ``dataset.json``,
+   ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
    stage manifest (counts by skip reason and conversion, throughput, examples of skipped keys).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import multiprocessing as mp
 import os
 import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
 
-from toolkit.core import files
+from toolkit.core import files, forkpool
 from toolkit.core.config import option
 from toolkit.core.launch import LaunchConfig
-from toolkit.core.log import ProgressCounter, counter, get_logger
+from toolkit.core.log import counter, get_logger, progress
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.data.augment import stored_side
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
+from toolkit.data.raw.captions import check_caption_ext
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_names
-from toolkit.data.trainset import integrity, precompute_worker
-from toolkit.data.trainset import precompute_resume as resume
-from toolkit.data.trainset import precompute_write as writing
-from toolkit.data.trainset.format import DATASET_JSON, Field, TrainDataset
-from toolkit.data.trainset.precompute_dist import Ranks, check_counts, launch, tower_device, wants_launch
+from toolkit.data.trainset import storage
+from toolkit.data.trainset.format import DATASET_JSON, TrainDataset
+from toolkit.data.trainset.precompute import ids, resume, worker
+from toolkit.data.trainset.precompute.dist import Ranks, check_counts, launch, wants_launch
+from toolkit.data.trainset.precompute.job import Job, prepare
 from toolkit.data.trainset.truncation import check_some_kept, check_truncation, first_skips
-from toolkit.data.trainset.writer import remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
-Storage = Literal["pixels", "jpeg", "index"]
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
-# The parent reads the workers' shared sample counter this often (seconds) to move the progress display.
-POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -59,11 +53,11 @@ class PrecomputeConfig:
     image_size: int = option(0, ge=0, doc="Square image side in pixels; 0: the model's image size.")
     resize_mode: ResizeMode = option("center_crop", doc="center_crop: scale the short side, crop the centre; "
                                                         "pad: fit the whole image, pad with white.")
-    storage: Storage = option("pixels", doc="How images are stored. pixels: decoded and resized (fastest to "
-                                            "train from, ~W*H*3 bytes a sample). jpeg: re-encoded at the model "
-                                            "size (decoded by the loader, ~1/10 of pixels' disk). index: no copy, "
-                                            "a table of byte ranges into the raw shards (<2 % extra disk; keep "
-                                            "the raw shards where they are). See docs/data-format.md.")
+    storage: str = option("pixels", doc="How images are stored (a storage mode). pixels: decoded and resized "
+                                        "(fastest to train from, ~W*H*3 bytes a sample). jpeg: re-encoded at the "
+                                        "model size (decoded by the loader, ~1/10 of pixels' disk). index: no copy, "
+                                        "a table of byte ranges into the raw shards (<2 % extra disk; keep "
+                                        "the raw shards where they are). See docs/data-format.md.")
     jpeg_quality: int = option(90, ge=1, le=100, doc="JPEG quality of storage jpeg (PIL's scale, 4:2:0 chroma).")
     crop_scale_min: float = option(0.9, gt=0, le=1,
                                    doc="Crop margin of stored pixels: they are ceil(image_size / this) px wide, "
@@ -129,97 +123,34 @@ class PrecomputeConfig:
                              "model's weights are read from a local file only (nothing is downloaded)") from None
         if self.reference_weights and not self.reference_model:
             raise ValueError("reference_weights: given without reference_model (which model do they belong to?)")
-        precompute_worker.check_caption_ext(self.caption_ext)
-        if self.storage != "pixels" and (self.image_tower != "none" or self.text_tower != "none"):
+        check_caption_ext(self.caption_ext)
+        mode = storage.get(self.storage)  # an unknown name is refused, naming the registered ones
+        if not mode.holds_features and (self.image_tower != "none" or self.text_tower != "none"):
             raise ValueError(f"storage {self.storage}: stores images and tokens; frozen-tower features need "
                              "storage pixels (the default)")
 
 
-def _prepare_state(cfg: PrecomputeConfig) -> list[Field]:
-    """Load tokenizer/towers into precompute_worker.STATE (before the pool forks); return the sample fields."""
-    from toolkit.data.trainset import reference
-    from toolkit.models import frozen
-    from toolkit.models.registry import image_size, tokenizer
-
-    state = precompute_worker.STATE
-    state.clear()
-    state["reference"] = (reference.load_reference(cfg.reference_model, cfg.reference_weights, tower_device())
-                          if cfg.reference_model else None)
-    state["image_tower"] = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model,
-                                                    cfg.image_tower_weights) if cfg.image_tower != "none" else None)
-    if cfg.image_tower_size:
-        state["image_tower"].image_size = cfg.image_tower_size
-    state["text_tower"] = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
-                           if cfg.text_tower != "none" else None)
-    state["tokenizer"] = tokenizer(cfg.model)
-    towers = [t for t in (state["image_tower"], state["text_tower"]) if t is not None]
-    device = tower_device() if towers else "cpu"
-    for tower in towers if device != "cpu" else ():
-        frozen.place_tower(tower, device)
-    if state["image_tower"] is not None:
-        image = Field.make("image_features", (state["image_tower"].dim,))
-    else:
-        side = stored_side(cfg.image_size or image_size(cfg.model), cfg.crop_scale_min)
-        image = Field.make("image", (side, side, 3))
-    if state["text_tower"] is not None:
-        text = Field.make("text_features", (state["text_tower"].dim,))
-    else:
-        text = Field.make("tokens", (int(state["tokenizer"](["a"]).shape[1]),))
-    ref = reference.fields(state["reference"].dim) if state["reference"] is not None else []
-    return [image, text, *ref]
-
-
-def _worker_init(parent_pid: int) -> None:
-    from toolkit.core.procs import die_with_parent
-
-    die_with_parent(parent_pid=parent_pid)  # a SIGKILLed precompute leaves no worker running
-    # One intra-op thread per worker: the pool already uses every core.
-    state = precompute_worker.STATE
-    if any(state.get(k) is not None for k in ("image_tower", "text_tower", "reference")):
-        import torch
-
-        torch.set_num_threads(1)
-
-
-def _process_all(tasks: list[precompute_worker.ShardTask], num_workers: int, on_done,
-                 count: ProgressCounter) -> list[precompute_worker.ShardResult]:
-    """Run every task (a fork pool when num_workers > 1), calling ``on_done(result)`` as each finishes.
+def _process_all(job: Job, tasks: list[worker.ShardTask], num_workers: int, on_done, count) -> list:
+    """Run every task (in forked workers when num_workers > 1), calling ``on_done(result)`` as each finishes.
 
     Progress is in samples read (``count``), not in shards: one big shard would sit at 0/1 until the end.
-    Workers add to a shared counter that the parent reads twice a second.
     """
-    state, results = precompute_worker.STATE, []
+    results = []
     if num_workers <= 1:
-        state["on_read"] = count.advance
-        try:
-            for task in tasks:
-                results.append(precompute_worker.process_shard(task))
-                on_done(results[-1])
-        finally:
-            state["on_read"] = None
+        for task in tasks:
+            results.append(worker.process_shard(job, task, count.advance))
+            on_done(results[-1])
         return results
-    fork = mp.get_context("fork")
-    read, base = fork.Value("q", 0), count.done  # base: samples of resumed shards
-    state["on_read"] = functools.partial(_add_shared, read)
-    try:
-        with fork.Pool(num_workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
-            pending = pool.imap_unordered(precompute_worker.process_shard, tasks)
-            while len(results) < len(tasks):
-                try:
-                    results.append(pending.next(timeout=POLL_S))
-                    on_done(results[-1])
-                except mp.TimeoutError:
-                    pass
-                count.advance(base + read.value - count.done)
-    finally:
-        state["on_read"] = None
+    base = count.done  # samples of resumed shards
+
+    def done(res) -> None:
+        results.append(res)
+        on_done(res)
+
+    # worker.process_shard is looked up now, in the parent: the workers run what this process would
+    forkpool.run(worker.process_shard, job, tasks, num_workers, done, start=job.worker_start,
+                 on_progress=lambda read: count.advance(base + read - count.done), name="precompute")
     return results
-
-
-def _add_shared(value, n: int) -> None:
-    """Runs in pool workers: add ``n`` samples read to the parent's shared counter."""
-    with value.get_lock():
-        value.value += n
 
 
 def _record(rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: int, skips, timing: dict) -> None:
@@ -258,11 +189,11 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input).
 
     A rerun after a run was killed, interrupted or failed reuses the raw shards it finished
-    (:mod:`.precompute_resume`); the output is the same as an uninterrupted run's.
+    (:mod:`.resume`); the output is the same as an uninterrupted run's.
     """
     log = get_logger("data.precompute")
     if wants_launch(cfg):
-        return launch(cfg)  # torchrun starts the ranks, which come back here (precompute_dist)
+        return launch(cfg)  # torchrun starts the ranks, which come back here (.dist)
     ranks = Ranks.join(cfg.launch)
     try:
         if ranks.rank != 0:
@@ -274,12 +205,12 @@ def run(cfg: PrecomputeConfig) -> StageResult:
 
 
 def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
-    """Ranks 1..K-1: process this rank's raw shards into rank 0's scratch folder (precompute_dist)."""
+    """Ranks 1..K-1: process this rank's raw shards into rank 0's scratch folder (:mod:`.dist`)."""
     urls = list_shards(cfg.input)
-    fields = _prepare_state(cfg)
+    job = prepare(cfg)
     work = resume.work_dir(cfg)
     os.makedirs(work, exist_ok=True)
-    _process(cfg, urls, fields, work, log, ranks)
+    _process(job, urls, work, log, ranks)
     ranks.barrier()  # rank 0 has written the output
 
 
@@ -287,21 +218,21 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     """One process, or rank 0 of a job: the stage books, ids and the training shards (module docstring)."""
     with stage_run(KIND, cfg, cfg.out) as rec:
         urls = list_shards(cfg.input)
-        fields = _prepare_state(cfg)
+        job = prepare(cfg)
         resume.remove_stale_scratch(cfg, log)
         work = resume.work_dir(cfg)
         os.makedirs(work, exist_ok=True)
         with output_lock(work):
             try:
-                results, timing = _process(cfg, urls, fields, work, log, ranks)
+                results, timing = _process(job, urls, work, log, ranks)
                 names = shard_names(urls)
                 check_truncation([{"reason": r, "shard": names[res.url]} for res in results
                                   for r, _, _ in res.skips], sum(r.num_read for r in results),
                                  cfg.max_truncated_share, cfg.input)
                 check_some_kept([(names[r.url], r.num_kept, r.skips) for r in results], cfg.input)
                 start, skips = time.monotonic(), []
-                write = writing.write_pixels if cfg.storage == "pixels" else writing.write_refs
-                shards, data_root, data_files = write(cfg, fields, results, urls, skips)
+                kept = _kept(results, skips, names, f"write {job.mode.parts_noun}")
+                shards, data_root, data_files = job.mode.write(job, kept, urls)
                 num_samples = sum(s.num_samples for s in shards)
                 timing.update(write_s=round(time.monotonic() - start, 3), num_shards=len(shards))
             except BaseException:
@@ -311,11 +242,12 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
             shutil.rmtree(work, ignore_errors=True)
         if not cfg.tmp_dir and files.is_local(cfg.out):
             resume.remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
-        remove_stale_shards(cfg.out, len(shards), cfg.storage)
-        dataset = TrainDataset(num_samples, fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
-                               _extra(cfg, fields), storage=cfg.storage, data_root=data_root,
+        storage.remove_stale_parts(cfg.out, len(shards), job.mode)
+        dataset = TrainDataset(num_samples, job.fields, shards, cfg.samples_per_shard, cfg.input, cfg.model,
+                               job.extra(), storage=job.mode.name, data_root=data_root,
                                data_files=data_files, root=cfg.out)
-        files.write_json_atomic(files.join(cfg.out, DATASET_JSON), dataset.to_json())
+        files.write_json_atomic(files.join(cfg.out, DATASET_JSON),
+                                {**dataset.to_json(), "sample_bytes": job.mode.sample_bytes(dataset)})
         files.write_text_atomic(files.join(cfg.out, "skipped.jsonl"),
                                 "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips))
         _record(rec, cfg, urls, results, num_samples, skips, timing)
@@ -326,14 +258,13 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     return rec.result()
 
 
-def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: str, log,
-             ranks: Ranks) -> tuple[list[precompute_worker.ShardResult], dict]:
+def _process(job: Job, urls: list[str], work: str, log, ranks: Ranks) -> tuple[list[worker.ShardResult], dict]:
     """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed
     (this rank's share of them, then every rank's results read back from ``work``)."""
-    ref = precompute_worker.STATE.get("reference")
-    ref = ref.identity() if ref is not None else None  # in each record: a model folder may change in place
+    cfg = job.cfg
+    ref = job.reference.identity() if job.reference is not None else None  # a model folder may change in place
     key = resume.process_key(cfg)
-    scratch = writing.scratch_fields(cfg.storage, fields)
+    scratch = job.scratch_fields
     if ranks.rank == 0:  # rank 0 prunes the scratch folder before any other rank writes into it
         done = resume.load(work, urls, key, scratch, reference=ref)
         ranks.barrier()
@@ -342,14 +273,10 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
         done = resume.load(work, urls, key, scratch, prune=False, reference=ref)
     if done and ranks.rank == 0:
         log.info("precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls))
-    side = fields[0].shape[0] if fields[0].role == "image" else 0
-    tasks = [precompute_worker.ShardTask(i, u, resume.stem(work, u), side, cfg.resize_mode,
-                                         cfg.max_image_pixels, cfg.caption_ext, cfg.storage, cfg.jpeg_quality)
-             for i, u in enumerate(urls) if i not in done and ranks.owns(i)]
+    tasks = [job.task(index=i, url=u, work=work) for i, u in enumerate(urls) if i not in done and ranks.owns(i)]
     cores = max(1, len(os.sched_getaffinity(0)) // ranks.local_world)  # this node's cores among its ranks
     workers = max(1, min(cfg.num_workers or cores, len(tasks)))
-    if any(getattr(precompute_worker.STATE.get(k), "device", "cpu") != "cpu"
-           for k in ("image_tower", "text_tower", "reference")):
+    if job.on_device:
         workers = 1  # a CUDA tower cannot be used in forked workers: this rank's GPU encodes inline
     log.info("precompute: processing %d of %d raw shards with %d workers -> %s", len(tasks), len(urls), workers,
              cfg.out)
@@ -358,7 +285,7 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     mine = [u for i, u in enumerate(urls) if ranks.owns(i)]
     with counter(promised_samples(mine), desc="precompute", unit="samples") as count:
         count.advance(resumed)
-        fresh = _process_all(tasks, workers, lambda r: resume.save(work, r, key, ref), count)
+        fresh = _process_all(job, tasks, workers, lambda r: resume.save(work, r, key, ref), count)
     if ranks.world > 1:  # every rank's counts, then rank 0 reads the others' records from the scratch folder
         gathered = ranks.gather_counts({r.index: r.num_read for r in fresh})
         if ranks.rank == 0:
@@ -370,28 +297,10 @@ def _process(cfg: PrecomputeConfig, urls: list[str], fields: list[Field], work: 
     return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
 
 
-def _extra(cfg: PrecomputeConfig, fields: list[Field]) -> dict:
-    """Provenance the loader does not need but users and the trainer may: towers, resize mode."""
-    extra: dict = {"resize_mode": cfg.resize_mode}
-    if cfg.storage == "jpeg":
-        extra["jpeg_quality"] = cfg.jpeg_quality
-    state = precompute_worker.STATE
-    if state.get("image_tower") is not None:
-        t = state["image_tower"]
-        extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,
-                                "mean": list(t.mean), "std": list(t.std), "weights": cfg.image_tower_weights}
-    else:  # image_size: the model's side; the stored side (the field's shape) adds the crop margin
-        from toolkit.models.registry import image_size
-
-        extra["image_size"] = cfg.image_size or image_size(cfg.model)
-        extra["crop_scale_min"] = cfg.crop_scale_min
-    if state.get("text_tower") is not None:
-        t = state["text_tower"]
-        extra["text_tower"] = {"kind": cfg.text_tower, "name": t.name, "dim": t.dim,
-                               "context_length": t.context_length, "weights": cfg.text_tower_weights}
-    else:
-        extra["context_length"] = fields[1].shape[0]
-        extra["vocab_size"] = integrity.tokenizer_vocab_size(state["tokenizer"])  # the loader's token-id bound
-    if state.get("reference") is not None:
-        extra["reference"] = state["reference"].info()
-    return extra
+def _kept(results: list[worker.ShardResult], skips: list[dict], names: dict[str, str], desc: str):
+    """(result, scratch row, meta line) of every kept sample in id order (:func:`.ids.kept_samples`), with
+    progress; every skip record lands in ``skips``."""
+    total = sum(r.num_kept for r in results)
+    samples = progress(ids.kept_samples(results, skips), total=total, desc=desc, unit="samples")
+    for res, row, key, caption in samples:
+        yield res, row, {"caption": caption, "source": names[res.url], "key": key}

@@ -1,6 +1,7 @@
-"""The ``jpeg`` and ``index`` storage modes: a table of byte ranges into image files, decoded by the loader.
+"""Table modes (``jpeg``, ``index`` and any mode built on :class:`TableMode`): a table of byte ranges into
+image files, decoded by the loader.
 
-``pixels`` (:mod:`.format`) stores fixed-size decoded samples. The two other modes store, per training part
+``pixels`` (:mod:`.pixels`) stores fixed-size decoded samples. The table modes store, per training part
 ``NNNNN``, a table ``NNNNN.idx`` of fixed-size little-endian records (``format.ref_dtype``, 24 + 4 L bytes):
 
 ==========  =======  ===========================================================================
@@ -21,7 +22,8 @@ Record k of part p is global sample ``shards[p].first_id + k``; the table's own 
 - ``index``: no copy. ``data_files`` are the user's raw webdataset tars and each record points at the
   image member's data inside them (the loader seeks there and decodes + resizes like precompute did).
 - ``jpeg``: images re-encoded at the model's resolution (``jpeg_quality``) and concatenated into
-  ``NNNNN.jpgs`` beside the table, one per part; ``data_files`` are those names.
+  ``NNNNN.jpgs`` beside the table, one per part; ``data_files`` are those names. A mode that re-encodes
+  otherwise (:class:`EncodedMode`) names its own per-part data file suffix.
 
 ``data_root`` (``dataset.json``) is where ``data_files`` live: relative to the dataset folder when it does
 not start with ``/`` or a URL scheme (``"."`` for jpeg, ``"../raw"`` for an index written next to its raw
@@ -43,17 +45,16 @@ from toolkit.data.trainset import integrity
 from toolkit.data.trainset.format import ShardInfo, meta_file, ref_dtype, shard_file
 from toolkit.data.trainset.writer import AtomicOut
 
-STORAGES = ("pixels", "jpeg", "index")
 TABLE_EXT = "idx"
-JPEG_EXT = "jpgs"
 
 
 def table_file(index: int) -> str:
     return shard_file(index)[:-len("tar")] + TABLE_EXT
 
 
-def jpeg_file(index: int) -> str:
-    return shard_file(index)[:-len("tar")] + JPEG_EXT
+def data_file(index: int, ext: str) -> str:
+    """Part ``index``'s own data file (jpeg: ``NNNNN.jpgs``)."""
+    return shard_file(index)[:-len("tar")] + ext
 
 
 def resolve_data_root(root: str, data_root: str) -> str:
@@ -215,18 +216,19 @@ class RefShardWriter:
     ``samples_per_shard`` samples under ``out``; ``add`` sees ids 0, 1, 2, ... in order. Called on the one
     process that owns ``out``; returns the parts' ShardInfo from :meth:`close`."""
 
-    def __init__(self, out: str, storage: str, context_length: int, samples_per_shard: int, ref_dim: int = 0):
-        self.out, self.storage, self.samples_per_shard = out, storage, samples_per_shard
+    def __init__(self, out: str, data_ext: str, context_length: int, samples_per_shard: int, ref_dim: int = 0):
+        """``data_ext``: suffix of each part's own data file (jpeg: ``jpgs``); "" for data files elsewhere."""
+        self.out, self.data_ext, self.samples_per_shard = out, data_ext, samples_per_shard
         self.dtype = ref_dtype(context_length, ref_dim)
         self.shards: list = []
-        self.data_files: list[str] = []  # jpeg: the parts' .jpgs names
+        self.data_files: list[str] = []  # jpeg: the parts' .jpgs names (their data files)
         self.next_id = 0
         self._part: dict[str, Any] | None = None
 
     def _open(self) -> None:
         index = len(self.shards)
         self._part = {"first": self.next_id, "records": [], "meta": AtomicOut(files.join(self.out, meta_file(index))),
-                      "jpgs": AtomicOut(files.join(self.out, jpeg_file(index))) if self.storage == "jpeg" else None,
+                      "jpgs": AtomicOut(files.join(self.out, data_file(index, self.data_ext))) if self.data_ext else None,
                       "size": 0}
 
     def add(self, sample_id: int, file: int, offset: int, length: int, digest: int, tokens: np.ndarray,
@@ -263,7 +265,7 @@ class RefShardWriter:
             if f is not None:
                 f.commit()
         if part["jpgs"] is not None:
-            self.data_files.append(jpeg_file(index))
+            self.data_files.append(data_file(index, self.data_ext))
         self.shards.append(ShardInfo(table_file(index), len(part["records"]), part["first"],
                                      f"{xxhash.xxh3_64_intdigest(table):016x}"))
         self._part = None

@@ -33,7 +33,7 @@ from toolkit.core.config import config_hash, input_paths
 from toolkit.core.stage import fingerprint
 from toolkit.data.raw.reader import sidecar
 from toolkit.data.trainset.format import Field
-from toolkit.data.trainset.precompute_worker import ShardResult, scratch_paths
+from toolkit.data.trainset.precompute.worker import ShardResult, scratch_paths
 from toolkit.data.trainset.reference import SCRATCH_EXT
 
 # 2: keys and captions moved from the record into '<stem>.keys.jsonl'; 3: num_captions_cut
