@@ -1,6 +1,6 @@
 """Import rules of the ``toolkit`` package, checked on its source with ``ast``.
 
-- Imports point down the layer stack only: cli > pipeline > eval | train > data > models > kernels | core;
+- Imports point down the layer stack only: cli > pipeline > trainval > eval | train > data > models > kernels | core;
   siblings (eval and train, kernels and core) never import each other, and kernels import nothing from toolkit.
 - No import cycles between toolkit modules.
 - No source folder is named like a build output (dist, build, out): .gitignore and ruff's default
@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "toolkit"
 # Higher number = higher layer. Modules of the same number but different layers are siblings.
-LAYER = {"core": 0, "kernels": 0, "models": 2, "data": 3, "train": 4, "eval": 4, "pipeline": 5, "cli": 6,
-         "__init__": 0, "__main__": 7}
+LAYER = {"core": 0, "kernels": 0, "models": 2, "data": 3, "train": 4, "eval": 4, "trainval": 5, "pipeline": 6,
+         "cli": 7, "__init__": 0, "__main__": 8}
 BUILD_OUTPUT_NAMES = {"dist", "build", "out"}
 
 

@@ -15,7 +15,7 @@ from _launch import free_port
 from safetensors.torch import load_file
 from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, two_node_job
 
-from toolkit.train.launch.launcher import _slurm_hosts, apply_slurm_env, torchrun_argv
+from toolkit.core.launch import _slurm_hosts, apply_slurm_env, torchrun_argv
 from toolkit.train.run import run
 
 pytestmark = pytest.mark.dist

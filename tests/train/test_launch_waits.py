@@ -84,7 +84,7 @@ def test_a_node_that_hosts_the_rendezvous_refuses_a_busy_port(silent_server, ove
     from toolkit.core.config import build
     from toolkit.core.supervise import LauncherSignals
     from toolkit.train.config import LaunchConfig
-    from toolkit.train.launch.launcher import RendezvousError, check_port, torchrun_argv
+    from toolkit.core.launch import RendezvousError, check_port, torchrun_argv
 
     launch = build(LaunchConfig, {**over, "master_port": silent_server.port})
     argv = " ".join(torchrun_argv(launch, "m", []))

@@ -99,7 +99,7 @@ def _micro(value: str | None) -> int | str | None:
 def _run(cfg):
     """Run the stage (errors exit 1 naming the cause); a run preempted after its checkpoint exits 0."""
     from toolkit.cli.common import run_stage
-    from toolkit.pipeline.train_stage import run
+    from toolkit.trainval.zeroshot import run
     from toolkit.train.run import PREEMPTED, preempted_message
 
     result = run_stage(run, cfg)

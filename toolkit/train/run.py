@@ -1,11 +1,12 @@
-"""The ``train`` stage: ``run(cfg, eval_fn=None, entry=...) -> StageResult``, and ``worker_main`` for ranks.
+"""The ``train`` stage: ``run(cfg, eval_fn=None, eval_factory="") -> StageResult``, and ``worker_main`` for ranks.
 
 Three ways in, one loop (``loop.train``):
 - one process (the default): trains here;
 - ``launch.nproc_per_node > 1`` / several nodes / restarts: this process becomes torchrun's elastic
-  agent and starts the ranks, each running ``python -m ENTRY CONFIG.yaml`` (``entry`` is a module whose
-  ``main`` calls ``worker_main``; the CLI and the pipeline pass one that builds their evaluation
-  callback, since ``train`` never imports ``eval``);
+  agent and starts the ranks, each running the trainer's entry ``python -m toolkit.train.worker
+  CONFIG.yaml [--eval-factory MODULE:FUNCTION]``; ``eval_factory`` names the function that builds the
+  evaluation callback from the config in each rank (``train`` never imports ``eval``: the glue above
+  both, ``toolkit.trainval``, passes its own);
 - already a rank (started by the user's torchrun, or ``srun`` with SLURM's variables): trains as that
   rank; rank 0 keeps the stage books.
 Stage books (``config.yaml``, ``manifest.json``, ``log.jsonl`` in OUT) are kept by the launching process
@@ -21,14 +22,15 @@ from typing import Any
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, build, read_yaml
+from toolkit.core.launch import apply_slurm_env, is_worker, launch_job, launched_by_cliptk, warn_unused_port
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.train.config import TrainConfig
-from toolkit.train.launch import launcher as L
 from toolkit.train.loop import EvalFn
 
 KIND = "train"
-DEFAULT_ENTRY = "toolkit.train.worker"
+ENTRY = "toolkit.train.worker"  # the module every launched rank runs
+EVAL_FACTORY_FLAG = "--eval-factory"
 # Why a rank may skip the refusal of a checkpoint of another configuration (it reads the newest
 # checkpoint's trainer.json on every rank): the check ran once already. The fit checks always run.
 PREFLIGHT_CHECKED = "this process's preflight refused a checkpoint of another configuration"
@@ -96,21 +98,23 @@ def preflight(cfg: TrainConfig):
     check_fit(cfg.model, dataset)  # frozen-tower features too: against the model with their towers
     refuse_other_config(cfg)
     refuse_other_data(cfg)
-    L.warn_unused_port(cfg.launch)
+    warn_unused_port(cfg.launch)
     return dataset
 
 
-def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:
-    """Train per ``cfg`` (module docstring). Raises on failure; a preempted run returns with
-    ``status == "preempted"`` after its checkpoint."""
-    L.apply_slurm_env(cfg.launch)
-    if L.is_worker():
+def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, eval_factory: str = "") -> StageResult:
+    """Train per ``cfg`` (module docstring) with ``eval_fn`` in this process and ``eval_factory``
+    ("module:function" of ``(cfg) -> EvalFn | None``) building it in launched ranks. Raises on failure; a
+    preempted run returns with ``status == "preempted"`` after its checkpoint."""
+    apply_slurm_env(cfg.launch)
+    if is_worker():
         return _as_rank(cfg, eval_fn)
     dataset = preflight(cfg)
     if cfg.launch.is_multiprocess:
         keeps_books = cfg.launch.node_rank == 0
         with stage_run(KIND, cfg, cfg.out) if keeps_books else _Nothing(cfg.out) as rec:
-            L.launch(cfg, entry)
+            launch_job(cfg.launch, cfg, ENTRY, "training",
+                       (EVAL_FACTORY_FLAG, eval_factory) if eval_factory else ())
             summary = launched_summary(cfg)
             if summary is not None:
                 _record(rec, summary)
@@ -128,7 +132,7 @@ def _as_rank(cfg: TrainConfig, eval_fn: EvalFn | None) -> StageResult:
     from toolkit.train.loop import train
 
     rank = int(os.environ["RANK"])
-    by_cliptk = L.launched_by_cliptk()
+    by_cliptk = launched_by_cliptk()
     if rank == 0 and not by_cliptk:
         with stage_run(KIND, cfg, cfg.out) as rec:
             _record(rec, train(cfg, eval_fn))
@@ -154,11 +158,10 @@ class _Nothing:
         return StageResult(self.out, dict(self.outputs), dict(self.counts), "", dict(self.details), self.status)
 
 
-def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = None,
-                argv: list[str] | None = None) -> None:
-    """A launched rank: ``python -m ENTRY CONFIG.yaml``; ``make_eval_fn(cfg)`` builds the evaluation
-    callback (the entry module's). Exits 0 when done or preempted after a checkpoint, 1 with a one-line
-    error."""
+def worker_main(argv: list[str] | None = None) -> None:
+    """A launched rank: ``python -m toolkit.train.worker CONFIG.yaml [--eval-factory MODULE:FUNCTION]``; the
+    factory, called with the config, builds the evaluation callback. Exits 0 when done or preempted after a
+    checkpoint, 1 with a one-line error."""
     argv = sys.argv[1:] if argv is None else argv
     from toolkit.core.log import setup_logging
     from toolkit.core.procs import die_with_parent
@@ -168,13 +171,30 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
 
     rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks report warnings and errors only
     setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if rank0 else "WARNING")
-    path = argv[0]
+    path, factory = _worker_args(argv)
     try:
         cfg = build(TrainConfig, read_yaml(path), source=path)
-        run(cfg, make_eval_fn(cfg) if make_eval_fn else None)
+        run(cfg, _load_factory(factory)(cfg) if factory else None)
     except Exception as err:  # one line per rank; torchrun reports the exit code
         from toolkit.core.agent import write_error_file
 
         get_logger("train").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
         write_error_file(" ".join(f"{type(err).__name__}: {err}".split()))  # the launcher names it
         raise SystemExit(1) from err
+
+
+def _worker_args(argv: list[str]) -> tuple[str, str]:
+    """(CONFIG.yaml, the eval factory or "") of a rank's command line; SystemExit 2 naming the usage."""
+    if len(argv) == 1:
+        return argv[0], ""
+    if len(argv) == 3 and argv[1] == EVAL_FACTORY_FLAG:
+        return argv[0], argv[2]
+    raise SystemExit(f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] (got {argv})")
+
+
+def _load_factory(name: str) -> Callable[[TrainConfig], EvalFn | None]:
+    """The function ``module:function`` names (the caller's evaluation glue, imported by name)."""
+    import importlib
+
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,9 +1,9 @@
-"""The ``train`` stage as the CLI and pipelines run it: the trainer plus zero-shot evaluation.
+"""Training with zero-shot evaluation: ``run(cfg)`` as ``toolkit train`` and the pipeline kind ``train`` call it.
 
-``toolkit.train`` never imports ``toolkit.eval``; this module (the pipeline layer sits above both)
-builds the evaluation callback from ``cfg.eval`` and hands it to the trainer. It is also the module
-launched ranks run (``python -m toolkit.pipeline.train_stage CONFIG.yaml``), so evaluation works the
-same with one process or many.
+``toolkit.train`` never imports ``toolkit.eval``; this module (above both) builds the evaluation callback
+from ``cfg.eval`` and hands it to the trainer, by value here and by name (``EVAL_FACTORY``) to the ranks the
+trainer launches, which start from the trainer's own entry (``python -m toolkit.train.worker CONFIG.yaml
+--eval-factory toolkit.trainval.zeroshot:make_eval_fn``), so evaluation works the same with one process or many.
 """
 
 from __future__ import annotations
@@ -59,14 +59,11 @@ def _open_frozen(clip: Any, tok: Any, preprocess_cfg: dict, feature_cache: str) 
     return opened[0] if opened else None
 
 
+EVAL_FACTORY = f"{__name__}:make_eval_fn"  # what launched ranks call to build their own callback
+
+
 def run(cfg: TrainConfig) -> StageResult:
     """Train per ``cfg`` with its evaluation callback (the pipeline kind ``train`` and ``toolkit train``)."""
     from toolkit.train.run import run as train_run
 
-    return train_run(cfg, make_eval_fn(cfg), entry=__name__)
-
-
-if __name__ == "__main__":
-    from toolkit.train.run import worker_main
-
-    worker_main(make_eval_fn)
+    return train_run(cfg, make_eval_fn(cfg), eval_factory=EVAL_FACTORY)
