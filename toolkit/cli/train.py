@@ -45,9 +45,9 @@ FLAGS: dict[str, tuple[str, ...]] = {
 
 def _loss_help() -> str:
     from toolkit.train.losses.choice import describe
-    from toolkit.train.losses.config import LOSS_NAMES
+    from toolkit.train.losses.registry import loss_names
 
-    return (f"The objective: {', '.join(LOSS_NAMES)} (sets loss.kind and its variant; docs/objectives.md says "
+    return (f"The objective: {', '.join(loss_names())} (sets loss.kind and its variant; docs/objectives.md says "
             f"which to pick). (default: by global batch and planned epochs (--epochs; a run set by --steps "
             f"counts as short), from the convergence evidence: {describe()})")
 
@@ -68,12 +68,12 @@ def train(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from toolkit.train.losses.config import loss_fields
+    from toolkit.train.losses.config import dotted, loss_fields
 
     split = {}
     if loss is not None:
         try:
-            split = {f"loss.{k}": v for k, v in loss_fields(loss).items()}
+            split = dotted(loss_fields(loss), "loss.")
         except ValueError as err:
             fail(f"option --loss: {err}")
     explicit = {key: options[key.replace(".", "_")] for key in FLAGS}
@@ -99,8 +99,8 @@ def _micro(value: str | None) -> int | str | None:
 def _run(cfg):
     """Run the stage (errors exit 1 naming the cause); a run preempted after its checkpoint exits 0."""
     from toolkit.cli.common import run_stage
-    from toolkit.trainval.zeroshot import run
     from toolkit.train.run import PREEMPTED, preempted_message
+    from toolkit.trainval.zeroshot import run
 
     result = run_stage(run, cfg)
     if result.status == PREEMPTED:
@@ -115,8 +115,9 @@ def presets(
 ) -> None:
     """List the reference's published FastCLIP settings (CC3M, CC12M, LAION), or print one as YAML."""
     from toolkit.core.config import dump_yaml
-    from toolkit.train.presets import PRESETS
+    from toolkit.train.presets import presets as gathered
 
+    PRESETS = gathered()
     if name is None:
         width = max(len(n) for n in PRESETS)
         for key, p in PRESETS.items():
