@@ -98,8 +98,8 @@ def test_update_steps_on_a_finite_value_and_skips_a_non_finite_one(parts):
 
 # ------------------------------------------------------------------ StateIO
 def test_state_io_round_trip(parts, demo_train, tmp_path):
-    from toolkit.train.checkpoint.state import TrainState
     from toolkit.train.loop import build_parts
+    from toolkit.train.trainstate import TrainState
 
     p = parts
     with torch.no_grad():
@@ -118,8 +118,8 @@ def test_state_io_round_trip(parts, demo_train, tmp_path):
 def test_reporter_writes_logged_steps_and_counts_data_waits(parts, tmp_path):
     import time
 
-    from toolkit.train.checkpoint.state import TrainState
     from toolkit.train.report import Reporter
+    from toolkit.train.trainstate import TrainState
 
     p = parts
     (tmp_path / "run").mkdir()  # the stage's books create it in a real run

@@ -29,7 +29,7 @@ from toolkit.train import ema as ema_lib
 from toolkit.train import model as model_lib
 from toolkit.train import towers
 from toolkit.train.batches import TrainData, open_data, step_counts
-from toolkit.train.checkpoint.state import StateIO, TrainState, sync_buffers
+from toolkit.train.checkpoint.state import StateIO, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
 from toolkit.train.launch.signals import PreemptionFlag
@@ -38,6 +38,7 @@ from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
 from toolkit.train.runtime import Runtime
 from toolkit.train.step import StepInputs, forward_backward, stream_seed
+from toolkit.train.trainstate import TrainState
 from toolkit.train.update import Update
 
 # eval_fn(clip, model_cfg, preprocess_cfg, step) -> {"eval/<dataset>/<metric>": value}: rank 0 only, on the

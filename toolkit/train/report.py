@@ -21,12 +21,12 @@ import torch
 from toolkit.core import dist as D
 from toolkit.models import weights
 from toolkit.train.batches import StepCounts
-from toolkit.train.checkpoint.state import TrainState
 from toolkit.train.config import TrainConfig
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit, write_plots
 from toolkit.train.model import BuiltModel
 from toolkit.train.reporters import open_sinks
 from toolkit.train.runtime import Runtime
+from toolkit.train.trainstate import TrainState
 from toolkit.train.update import Outcome, Update
 
 

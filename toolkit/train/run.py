@@ -86,8 +86,8 @@ def preflight(cfg: TrainConfig):
     to resume that was written with another configuration (``resume.ConfigMismatch``). Returns the opened
     training set (a one-process run trains on it without opening or checking it again)."""
     from toolkit.train.batches import open_data
+    from toolkit.train.checkpoint.datacheck import refuse_other_data
     from toolkit.train.checkpoint.resume import refuse_other_config
-    from toolkit.train.datacheck import refuse_other_data
     from toolkit.train.model import check_fit
 
     if not files.is_local(cfg.out):

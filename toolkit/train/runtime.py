@@ -15,7 +15,7 @@ import torch
 
 from toolkit.core import dist as D
 from toolkit.train.config import TrainConfig
-from toolkit.train.plan.hostmem import release_freed_memory
+from toolkit.train.hostmem import release_freed_memory
 
 
 def resolve_device(device: str) -> torch.device:

@@ -151,8 +151,8 @@ class Bench:
         import torch
 
         from toolkit.data.trainset.order import BatchOrder
-        from toolkit.train.checkpoint.state import TrainState
         from toolkit.train.loop import train_step
+        from toolkit.train.trainstate import TrainState
 
         start = time.monotonic()
         parts = self.parts(mode, loss_cfg, batch, steps, seed)

@@ -11,9 +11,9 @@ from torch.nn.functional import normalize
 from toolkit.core.config import ConfigError, build
 from toolkit.kernels.naive import clip_loss
 from toolkit.train.losses import LossConfig, build_loss, loss_fields
-from toolkit.train.losses.registry import loss_names
 from toolkit.train.losses.fastclip.config import FastCLIPConfig
 from toolkit.train.losses.modes import MODES
+from toolkit.train.losses.registry import loss_names
 
 
 def _batch(b: int, d: int, seed: int):
