@@ -213,6 +213,16 @@ class TrainConfig:
         _plan_drrho_gamma(data, layers, epochs, source)
         return layers
 
+    def data_plan(self) -> DataPlan:
+        """The keys the data part reads (``batches.TrainData``, ``open_data``, ``step_counts``)."""
+        return DataPlan(self.data, self.batch_size, self.seed, self.steps, self.epochs, self.train_num_samples,
+                        self.loader, self.augment)
+
+    def report_plan(self) -> ReportPlan:
+        """The keys the reporting part reads (``report.Reporter``)."""
+        return ReportPlan(self.out, self.batch_size, self.log_every, self.tensorboard, tuple(self.report_to),
+                          self.audit_samples)
+
     def __post_init__(self) -> None:
         self.launch.node_range()  # refuses a malformed nodes value
         if self.eval.every_steps and not (self.eval.root and self.eval.datasets):
@@ -224,3 +234,30 @@ class TrainConfig:
             raise ValueError(f"report_to: unknown sink(s) {', '.join(unknown)}; choose from {', '.join(REPORT_SINKS)}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """What the data part reads of a ``TrainConfig`` (``TrainConfig.data_plan()``): the config keeps these keys
+    at its top level (the CLI's and YAML's layout); the part takes only them."""
+
+    data: str
+    batch_size: int  # global
+    seed: int
+    steps: int
+    epochs: int
+    train_num_samples: int
+    loader: LoaderConfig
+    augment: AugmentConfig
+
+
+@dataclass(frozen=True)
+class ReportPlan:
+    """What the reporting part reads of a ``TrainConfig`` (``TrainConfig.report_plan()``)."""
+
+    out: str
+    batch_size: int  # global: samples per step in the throughput figures
+    log_every: int
+    tensorboard: bool
+    report_to: tuple[str, ...]
+    audit_samples: bool

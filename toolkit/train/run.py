@@ -25,7 +25,7 @@ from toolkit.core.config import ConfigError, build, read_yaml
 from toolkit.core.launch import apply_slurm_env, is_worker, launch_job, launched_by_cliptk, warn_unused_port
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import CheckpointConfig, EvalConfig, TrainConfig
 from toolkit.train.loop import EvalFn
 
 KIND = "train"
@@ -57,7 +57,7 @@ def preempted_message(summary: dict) -> str:
             "the same command to continue (resume: auto)")
 
 
-def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
+def launched_summary(checkpoint: CheckpointConfig, out: str) -> dict[str, Any] | None:
     """The outcome of a job whose ranks ran in other processes, from what they leave anyway: the newest
     checkpoint (every run ends, or stops on a signal, by writing one) and OUT/model. torchrun's launch API
     returns the ranks' return values only for a Python callable started with multiprocessing; cliptk's
@@ -66,12 +66,12 @@ def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     from toolkit.train.checkpoint import format as ckpt
     from toolkit.train.checkpoint.resume import checkpoints_dir
 
-    path = ckpt.latest_valid(checkpoints_dir(cfg))
+    path = ckpt.latest_valid(checkpoints_dir(checkpoint, out))
     if path is None:
         return None
     saved = ckpt.read_trainer_state(path)
     state, total = saved["state"], saved.get("total_steps")
-    model = files.join(cfg.out, "model")
+    model = files.join(out, "model")
     # a checkpoint from before cliptk recorded total_steps: finished exactly when the ranks wrote the model
     preempted = state["step"] < total if total is not None else not files.exists(model)
     return {**{k: state.get(k) for k in ("step", "samples_seen", "skipped_steps")}, "total_steps": total,
@@ -94,17 +94,17 @@ def preflight(cfg: TrainConfig):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")
     lo, hi = cfg.launch.node_range()
     # an elastic job's world size is known only at rendezvous (each rank checks it then)
-    dataset = open_data(cfg, lo * cfg.launch.nproc_per_node if lo == hi else None)
+    dataset = open_data(cfg.data_plan(), cfg.loss, lo * cfg.launch.nproc_per_node if lo == hi else None)
     check_fit(cfg.model, dataset)  # frozen-tower features too: against the model with their towers
     refuse_other_config(cfg)
-    refuse_other_data(cfg)
+    refuse_other_data(cfg.checkpoint, cfg.out, cfg.data)
     warn_unused_port(cfg.launch)
     return dataset
 
 
 def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, eval_factory: str = "") -> StageResult:
     """Train per ``cfg`` (module docstring) with ``eval_fn`` in this process and ``eval_factory``
-    ("module:function" of ``(cfg) -> EvalFn | None``) building it in launched ranks. Raises on failure; a
+    ("module:function" of ``(cfg.eval) -> EvalFn | None``) building it in launched ranks. Raises on failure; a
     preempted run returns with ``status == "preempted"`` after its checkpoint."""
     apply_slurm_env(cfg.launch)
     if is_worker():
@@ -115,7 +115,7 @@ def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, eval_factory: str = "")
         with stage_run(KIND, cfg, cfg.out) if keeps_books else _Nothing(cfg.out) as rec:
             launch_job(cfg.launch, cfg, ENTRY, "training",
                        (EVAL_FACTORY_FLAG, eval_factory) if eval_factory else ())
-            summary = launched_summary(cfg)
+            summary = launched_summary(cfg.checkpoint, cfg.out)
             if summary is not None:
                 _record(rec, summary)
         return rec.result()
@@ -160,8 +160,8 @@ class _Nothing:
 
 def worker_main(argv: list[str] | None = None) -> None:
     """A launched rank: ``python -m toolkit.train.worker CONFIG.yaml [--eval-factory MODULE:FUNCTION]``; the
-    factory, called with the config, builds the evaluation callback. Exits 0 when done or preempted after a
-    checkpoint, 1 with a one-line error."""
+    factory, called with the config's ``eval`` section, builds the evaluation callback. Exits 0 when done or
+    preempted after a checkpoint, 1 with a one-line error."""
     argv = sys.argv[1:] if argv is None else argv
     from toolkit.core.log import setup_logging
     from toolkit.core.procs import die_with_parent
@@ -174,7 +174,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     path, factory = _worker_args(argv)
     try:
         cfg = build(TrainConfig, read_yaml(path), source=path)
-        run(cfg, _load_factory(factory)(cfg) if factory else None)
+        run(cfg, _load_factory(factory)(cfg.eval) if factory else None)
     except Exception as err:  # one line per rank; torchrun reports the exit code
         from toolkit.core.agent import write_error_file
 
@@ -192,7 +192,7 @@ def _worker_args(argv: list[str]) -> tuple[str, str]:
     raise SystemExit(f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] (got {argv})")
 
 
-def _load_factory(name: str) -> Callable[[TrainConfig], EvalFn | None]:
+def _load_factory(name: str) -> Callable[[EvalConfig], EvalFn | None]:
     """The function ``module:function`` names (the caller's evaluation glue, imported by name)."""
     import importlib
 

@@ -14,7 +14,7 @@ from toolkit.core import files
 from toolkit.core.config import config_hash, output_dict
 from toolkit.core.config_changes import absent_values, changed_keys, describe_changes
 from toolkit.train.checkpoint import format as ckpt
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import CheckpointConfig, TrainConfig
 
 CLI_REMEDY = "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"
 
@@ -112,8 +112,9 @@ def _with_effect(changes: list[tuple[str, Any, Any]], cfg: TrainConfig) -> list[
     return [change for change in changes if not change[0].startswith("augment.")]
 
 
-def checkpoints_dir(cfg: TrainConfig) -> str:
-    return cfg.checkpoint.dir or files.join(cfg.out, ckpt.CHECKPOINTS)
+def checkpoints_dir(checkpoint: CheckpointConfig, out: str) -> str:
+    """Where run folder ``out``'s checkpoints go: ``checkpoint.dir``, else OUT/checkpoints."""
+    return checkpoint.dir or files.join(out, ckpt.CHECKPOINTS)
 
 
 def find_checkpoint(how: str, ckpt_dir: str) -> str | None:
@@ -155,7 +156,7 @@ def refuse_other_config(cfg: TrainConfig) -> None:
         return
     if how not in ("auto", "latest"):
         require_resume_folder(how)
-    ckpt_dir, new_hash = checkpoints_dir(cfg), output_hash(cfg)
+    ckpt_dir, new_hash = checkpoints_dir(cfg.checkpoint, cfg.out), output_hash(cfg)
     candidates = [p for _, p in ckpt.list_checkpoints(ckpt_dir)] if how in ("auto", "latest") else [how]
     if all(_saved_hash(p) in (None, new_hash) for p in candidates):
         return

@@ -58,7 +58,7 @@ class StateIO:
         self.cfg, self.rank, self.world_size, self.built = cfg, rt.rank, rt.world_size, built
         self.update, self.loss_fn = update, loss_fn
         self.steps_per_epoch, self.total_steps = steps
-        self.dir = checkpoints_dir(cfg)
+        self.dir = checkpoints_dir(cfg.checkpoint, cfg.out)
         self._data: dict | None = None  # the training set's fingerprint (``data``), read when first needed
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
@@ -84,7 +84,7 @@ class StateIO:
             get_logger("train").debug("checkpoint configuration check skipped: %s", skip_config_check)
         else:
             check_config(path, saved, self.cfg)
-        check_data(path, saved, self.cfg, self.data)
+        check_data(path, saved, self.cfg.checkpoint, self.cfg.data, self.data)
         same_data = (saved.get("data") or {}).get("dataset_sha256", self.data["dataset_sha256"]) == \
             self.data["dataset_sha256"]
         self._load(path, same_data)
