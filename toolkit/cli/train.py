@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from toolkit.cli.common import (
     ConfigFile,
@@ -16,10 +17,28 @@ from toolkit.cli.common import (
 )
 from toolkit.train.config import TrainConfig
 
-# every objective of losses/registry.py by its paper's name (tests/cli/test_config_flags.py checks the list)
-OBJECTIVES = "FastCLIP, the OpenCLIP baseline, SigLIP, NeuCLIP, DRRho-CLIP or distill (the last two from a reference model)"
-app = typer.Typer(help=f"Train CLIP models ({OBJECTIVES}); `toolkit train presets` lists the published "
-                       "settings.", no_args_is_help=True)
+
+def objectives() -> str:
+    """Every registered objective by its spec's title, in the registry's order: 'A, B or C'."""
+    from toolkit.train.losses.registry import specs
+
+    titles = [spec.title or spec.kind for spec in specs().values()]
+    return ", ".join(titles[:-1]) + (" or " if len(titles) > 1 else "") + titles[-1]
+
+
+HELP = "Train CLIP models ({objectives}); `toolkit train presets` lists the published settings."
+
+
+class _TrainGroup(TyperGroup):
+    """``toolkit train``'s command: its help names the objectives registered when Typer builds it (at each
+    invocation), so one registered after import is listed too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["help"] = HELP.format(objectives=objectives())
+        super().__init__(*args, **kwargs)
+
+
+app = typer.Typer(cls=_TrainGroup, help=HELP, no_args_is_help=True)
 
 # Every option that sets one config field: {field (dotted for nested ones): its flags}. Type, default and help
 # come from the field itself (``config_parameters``), so they live in one place: train/config.py and the

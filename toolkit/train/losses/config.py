@@ -89,6 +89,19 @@ class LossConfig:
                                         "the KL's weight λ and the teacher's τ.")
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS  # named by core.config's unknown-key error
 
+    @staticmethod
+    def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+        """Defaults beneath ``data`` (core.config.build): the mode of the objective's spec when ``data`` names
+        none (``ObjectiveSpec.mode_when_unset``), so ``--loss plain`` runs an objective of the gather mode only
+        without ``--mode gather``."""
+        if "mode" in data:
+            return {}
+        fallback = LossConfig.__dataclass_fields__["mode"].default
+        try:
+            return {"mode": registry.spec(data.get("kind", "fastclip")).mode_when_unset(fallback)}
+        except (ValueError, TypeError):  # an unknown or malformed kind: __post_init__ names it
+            return {}
+
     def __post_init__(self) -> None:
         registry.spec(self.kind).check_mode(self.mode)  # unknown kinds and modes it lacks, named
         for f in dataclasses.fields(self):  # each section refuses its settings where this kind ignores them

@@ -37,7 +37,8 @@ def traffic(mode: str, world: int, b: int, d: int, feature_bytes: int, fields: M
 
 
 SPEC = ObjectiveSpec(
-    kind="fastclip", target="toolkit.train.losses.fastclip.loss:FastCLIPLoss",
+    kind="fastclip", title="FastCLIP",
+    target="toolkit.train.losses.fastclip.loss:FastCLIPLoss",
     names={f"fastclip-{v}": {"fastclip": {"version": v}} for v in VERSIONS},
     modes=("fastclip",),
     modes_note="its step needs no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
