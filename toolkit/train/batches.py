@@ -1,5 +1,6 @@
-"""The training data as the loop sees it: ``TrainData(plan, rt, open_data(plan, cfg.loss, rt.world_size), micro)``
-(``plan``: ``cfg.data_plan()``, the keys this part reads).
+"""The training data as the loop sees it:
+``TrainData(plan, rt, open_data(plan, cfg.loss, rt.world_size), micro)`` (``plan``: ``cfg.data_plan()``, the
+keys this part reads).
 
 Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
 all), this rank's batches from any step on (``batches``), and their move to the device

@@ -38,9 +38,9 @@ def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], epochs: A
     if fastclip.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in fastclip:
         return
     if epochs is None:
-        raise ConfigError(source, "loss.fastclip.gamma_decay_epochs", "gamma_rule: drrho needs the planned epochs; "
-                                                                      "a run set by steps must give "
-                                                                      "loss.fastclip.gamma_decay_epochs")
+        raise ConfigError(source, "loss.fastclip.gamma_decay_epochs",
+                          "gamma_rule: drrho needs the planned epochs; a run set by steps must give "
+                          "loss.fastclip.gamma_decay_epochs")
     loss = layers.get("loss", {})
     layers["loss"] = {**loss, "fastclip": {**loss.get("fastclip", {}), "gamma_decay_epochs": epochs}}
 
@@ -195,7 +195,8 @@ class TrainConfig:
 
             known = presets()
             if name not in known:
-                raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(known)}")
+                raise ConfigError(source, "preset",
+                                  f"unknown preset {name!r}; known presets: {', '.join(known)}")
             layers = known[name].train_overrides()
         def planned(key: str) -> Any:  # the data's value, else the preset's, else the field's default
             return data.get(key, layers.get(key, TrainConfig.__dataclass_fields__[key].default))
@@ -215,8 +216,8 @@ class TrainConfig:
 
     def data_plan(self) -> DataPlan:
         """The keys the data part reads (``batches.TrainData``, ``open_data``, ``step_counts``)."""
-        return DataPlan(self.data, self.batch_size, self.seed, self.steps, self.epochs, self.train_num_samples,
-                        self.loader, self.augment)
+        return DataPlan(self.data, self.batch_size, self.seed, self.steps, self.epochs,
+                        self.train_num_samples, self.loader, self.augment)
 
     def report_plan(self) -> ReportPlan:
         """The keys the reporting part reads (``report.Reporter``)."""
@@ -238,8 +239,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DataPlan:
-    """What the data part reads of a ``TrainConfig`` (``TrainConfig.data_plan()``): the config keeps these keys
-    at its top level (the CLI's and YAML's layout); the part takes only them."""
+    """What the data part reads of a ``TrainConfig`` (``TrainConfig.data_plan()``): the config keeps these
+    keys at its top level (the CLI's and YAML's layout); the part takes only them."""
 
     data: str
     batch_size: int  # global

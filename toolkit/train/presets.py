@@ -1,4 +1,5 @@
-"""Published training settings as ready-made configs: ``Preset``, and ``presets()`` gathered from the objectives.
+"""Published training settings as ready-made configs: ``Preset``, and ``presets()`` gathered from the
+objectives.
 
 A preset is a whole training setting, not just a loss: model, global batch, epochs, optimiser with its
 schedule, and the objective. Its ``model``, ``batch_size``, ``epochs``, ``train_num_samples``, ``loss``

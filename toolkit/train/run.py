@@ -1,4 +1,5 @@
-"""The ``train`` stage: ``run(cfg, eval_fn=None, eval_factory="") -> StageResult``, and ``worker_main`` for ranks.
+"""The ``train`` stage: ``run(cfg, eval_fn=None, eval_factory="") -> StageResult``, and ``worker_main`` for
+ranks.
 
 Three ways in, one loop (``loop.train``):
 - one process (the default): trains here;
@@ -189,7 +190,8 @@ def _worker_args(argv: list[str]) -> tuple[str, str]:
         return argv[0], ""
     if len(argv) == 3 and argv[1] == EVAL_FACTORY_FLAG:
         return argv[0], argv[2]
-    raise SystemExit(f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] (got {argv})")
+    raise SystemExit(f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] "
+                     f"(got {argv})")
 
 
 def _load_factory(name: str) -> Callable[[EvalConfig], EvalFn | None]:

@@ -1,4 +1,5 @@
-"""Where this rank runs: ``Runtime.start(cfg.launch, cfg.device)`` joins the process group and picks the device.
+"""Where this rank runs: ``Runtime.start(cfg.launch, cfg.device)`` joins the process group and picks the
+device.
 
 The first part the loop builds (every rank, collective): rank, world size, device, and the autocast
 context for the run's precision. Nothing here knows about data, models or objectives.
@@ -48,9 +49,9 @@ class Runtime:
 
     @classmethod
     def start(cls, launch: LaunchConfig, device: str = "auto", release_memory: bool = False) -> Runtime:
-        """Join the process group from torchrun's / SLURM's variables (one process: a group of one; ``launch``:
-        its backend and timeout) and pick the device (a rank's CUDA device when launched on GPUs, else
-        ``device``); ``release_memory``: the config's ``release_freed_memory``. Collective."""
+        """Join the process group from torchrun's / SLURM's variables (one process: a group of one;
+        ``launch``: its backend and timeout) and pick the device (a rank's CUDA device when launched on GPUs,
+        else ``device``); ``release_memory``: the config's ``release_freed_memory``. Collective."""
         backend = None if launch.backend == "auto" else launch.backend
         info = D.init_from_env(backend, launch.timeout_s)
         device = info.device if info.device.type == "cuda" else resolve_device(device)

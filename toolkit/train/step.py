@@ -130,7 +130,8 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
     return x_all, y_all, scalars
 
 
-def _loss(loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs, poison: bool) -> Tensor:
+def _loss(loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs,
+          poison: bool) -> Tensor:
     """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]) and the batch's ids (and
     reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and y);
     ``poison`` multiplies x by NaN first (module docstring)."""

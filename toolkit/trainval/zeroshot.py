@@ -1,9 +1,11 @@
-"""Training with zero-shot evaluation: ``run(cfg)`` as ``toolkit train`` and the pipeline kind ``train`` call it.
+"""Training with zero-shot evaluation: ``run(cfg)``, as ``toolkit train`` and the pipeline kind ``train``
+call it.
 
 ``toolkit.train`` never imports ``toolkit.eval``; this module (above both) builds the evaluation callback
 from ``cfg.eval`` and hands it to the trainer, by value here and by name (``EVAL_FACTORY``) to the ranks the
 trainer launches, which start from the trainer's own entry (``python -m toolkit.train.worker CONFIG.yaml
---eval-factory toolkit.trainval.zeroshot:make_eval_fn``), so evaluation works the same with one process or many.
+--eval-factory toolkit.trainval.zeroshot:make_eval_fn``), so evaluation works the same with one process or
+many.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class ConfigMismatch(ValueError):
 
 class FlatLayoutRecord(ConfigMismatch):
     """A checkpoint recorded in the flat loss layout of before 2026-11-26 (``loss.version``, not
-    ``loss.fastclip.version``), which cliptk no longer reads: the refusal names each flat key and its new place."""
+    ``loss.fastclip.version``), which cliptk no longer reads: the refusal names each flat key and its new
+    place."""
 
     def __init__(self, path: str, moved: dict[str, str], where: str = "", remedy: str = ""):
         self.path, self.moved, self.where, self.changes = path, moved, where, None
@@ -63,7 +64,8 @@ class FlatLayoutRecord(ConfigMismatch):
                                  "--resume none), or with the cliptk it was written with")
         names = ", ".join(f"{old} is {new} now" for old, new in moved.items())
         ValueError.__init__(self, f"{path}: recorded in the flat loss layout of before 2026-11-26 ({names}); "
-                                  f"this cliptk reads the sectioned layout only and cannot resume it: {self.remedy}")
+                                  "this cliptk reads the sectioned layout only and cannot resume it: "
+                                  f"{self.remedy}")
 
     def in_pipeline(self, stage: str) -> FlatLayoutRecord:
         return FlatLayoutRecord(self.path, self.moved, self.where,
@@ -72,7 +74,8 @@ class FlatLayoutRecord(ConfigMismatch):
 
 
 def flat_loss_keys(record: Any) -> dict[str, str]:
-    """{loss.FLAT: loss.SECTION.KEY} of the flat loss keys a recorded config holds ({} for a sectioned one)."""
+    """{loss.FLAT: loss.SECTION.KEY} of the flat loss keys a recorded config holds ({} for a sectioned
+    one)."""
     from toolkit.train.losses.config import MOVED_KEYS
 
     loss = record.get("loss") if isinstance(record, Mapping) else None

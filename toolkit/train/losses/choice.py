@@ -63,8 +63,8 @@ def _row(table: tuple[tuple[int | None, dict[str, Any]], ...], batch_size: int) 
 def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """LossConfig fields of the objective the evidence picks at global batch ``batch_size`` for a run of
     ``epochs`` planned epochs (None: not known, as for a run planned by steps: the short-run table).
-    ``given``: the loss keys the user set without naming a kind, sectioned as ``LossConfig`` is; FastCLIP's own
-    knobs among them
+    ``given``: the loss keys the user set without naming a kind, sectioned as ``LossConfig`` is; FastCLIP's
+    own knobs among them
     (``FASTCLIP_KNOBS``) make it a FastCLIP run, so the short-run table's FastCLIP row applies at any epochs.
     For FastCLIP with more than one epoch, γ decays over ``GAMMA_DECAY_FRACTION`` of them as benchmarked
     (unless DRRho's γ rule is asked for: it plans its own decay, over all the epochs)."""
@@ -74,12 +74,14 @@ def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str,
     section = given.get("fastclip") if isinstance(given.get("fastclip"), Mapping) else {}
     drrho = section.get("gamma_rule") == "drrho"  # the tables' rows leave the γ rule at its default
     if epochs is not None and epochs > 1 and fields["kind"] == "fastclip" and not drrho:
-        fields.setdefault("fastclip", {}).setdefault("gamma_decay_epochs", max(1, round(epochs * GAMMA_DECAY_FRACTION)))
+        decay_epochs = max(1, round(epochs * GAMMA_DECAY_FRACTION))
+        fields.setdefault("fastclip", {}).setdefault("gamma_decay_epochs", decay_epochs)
     return fields
 
 
 def _name(fields: dict[str, Any]) -> str:
-    """'fastclip-v3 (u_drift: batch)': the --loss name, then the row's other keys (a section's by their own name)."""
+    """'fastclip-v3 (u_drift: batch)': the --loss name, then the row's other keys (a section's by their own
+    name)."""
     section = fields.get("fastclip", {})
     name = fields["kind"] + (f"-{section['version']}" if "version" in section else "")
     rest = {**{k: v for k, v in fields.items() if k not in ("kind", "fastclip")},

@@ -43,10 +43,11 @@ Mode = Literal["gather", "disco", "ring", "fastclip"]  # the one list of distrib
 MODES: tuple[str, ...] = get_args(Mode)
 Backend = Literal["auto", "torch", "triton", "naive"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
-# The flat keys of ``loss`` in records written before 2026-11-26 -> where they live now: read nowhere, only named
-# when refused (core.config's unknown-key error, the resume refusal of a checkpoint recorded so).
-MOVED_KEYS: dict[str, str] = {**{f.name: f"fastclip.{f.name}" for f in dataclasses.fields(FastCLIPConfig)},
-                              **{f"siglip_{f.name}": f"siglip.{f.name}" for f in dataclasses.fields(SigLIPConfig)}}
+# The flat keys of ``loss`` in records written before 2026-11-26 -> where they live now: read nowhere, only
+# named when refused (core.config's unknown-key error, the resume refusal of a checkpoint recorded so).
+MOVED_KEYS: dict[str, str] = {
+    **{f.name: f"fastclip.{f.name}" for f in dataclasses.fields(FastCLIPConfig)},
+    **{f"siglip_{f.name}": f"siglip.{f.name}" for f in dataclasses.fields(SigLIPConfig)}}
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ class LossConfig:
                                        "from a reference model's similarities).")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
                                         "or fastclip (no feature-gradient communication; FastCLIP's only mode). "
-                                        "siglip: gather, ring or fastclip.")
+                                        "siglip: gather, ring or fastclip. Unset: the objective's default "
+                                        "(its spec's default_mode: fastclip where it runs in it, else its "
+                                        "first mode).")
     backend: Backend = option("auto", doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
                                           "or naive (full matrix, for tests).")
     tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
@@ -91,9 +94,9 @@ class LossConfig:
 
     @staticmethod
     def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
-        """Defaults beneath ``data`` (core.config.build): the mode of the objective's spec when ``data`` names
-        none (``ObjectiveSpec.mode_when_unset``), so ``--loss plain`` runs an objective of the gather mode only
-        without ``--mode gather``."""
+        """Defaults beneath ``data`` (core.config.build): the mode of the objective's spec when ``data``
+        names none (``ObjectiveSpec.mode_when_unset``), so ``--loss plain`` runs an objective of the gather
+        mode only without ``--mode gather``."""
         if "mode" in data:
             return {}
         fallback = LossConfig.__dataclass_fields__["mode"].default
@@ -149,8 +152,8 @@ def loss_fields(name: str) -> dict[str, Any]:
 
 
 def dotted(fields: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``fields`` as dotted keys, one per value (``{"fastclip": {"version": "v3"}}`` -> ``fastclip.version``): what
-    the CLI's ``--loss`` sets, so a section's other keys from --config or --set stay."""
+    """``fields`` as dotted keys, one per value (``{"fastclip": {"version": "v3"}}`` -> ``fastclip.version``):
+    what the CLI's ``--loss`` sets, so a section's other keys from --config or --set stay."""
     out: dict[str, Any] = {}
     for key, value in fields.items():
         out.update(dotted(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {prefix + key: value})

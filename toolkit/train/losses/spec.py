@@ -34,8 +34,8 @@ class ObjectiveSpec:
     names: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     modes: tuple[str, ...] = CLIP_MODES  # distributed modes it runs in
     modes_note: str = ""  # why it refuses the other modes (part of the refusal's message)
-    # the mode a config that names none gets; "": LossConfig's own default (fastclip) where it runs in it, else
-    # the first of ``modes`` (so an objective of the gather mode only works without a mode flag)
+    # the mode a config that names none gets; "": LossConfig's own default (fastclip) where it runs in it,
+    # else the first of ``modes`` (so an objective of the gather mode only works without a mode flag)
     default_mode: str = ""
     # per-sample float32 columns it keeps in host tables (FastCLIP's u1, u2: 2); sizes toolkit plan's tables
     table_columns: Callable[[Mapping[str, Any]], int] = _no_tables

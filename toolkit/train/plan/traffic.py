@@ -24,7 +24,8 @@ def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feat
     """(op, category) -> (calls, bytes) per rank for one step of ``objective`` in ``mode`` at world size
     ``world`` with local batch ``b``, feature dim ``d``, ``num_params`` gradients all-reduced (elements,
     ``grad_bytes`` each: 4 for fp32, 2 for bf16) and ``feature_bytes`` per feature element. ``objective``
-    is a registered kind and ``fields`` its LossConfig variant (FastCLIP's ``fastclip={"version": "v2"}``): an objective
+    is a registered kind and ``fields`` its LossConfig variant (FastCLIP's ``fastclip={"version": "v2"}``):
+    an objective
     whose spec has ``traffic`` (fastclip, siglip) brings its own features and scalars, in the modes it runs
     in; the others use the CLIP loss's table below (docs/distributed.md)."""
     k, big_b = world, world * b
