@@ -9,7 +9,7 @@ trainer's order (``begin_step``, forward/backward, optimiser step, ``end_step``)
 NAME=JSON (LossConfig fields), e.g.
 
     python -m benchmarks.objectives.neuclip_val --batch 32 --steps 200 --seeds 3 \\
-        v3='{"kind": "fastclip", "version": "v3", "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}' \\
+        v3='{"kind": "fastclip", "fastclip": {"version": "v3"}, "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}' \\
         neuclip='{"kind": "neuclip", "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}'
 
 Prints validation mean R@1 (image->text and text->image averaged) per method, mean ± std over seeds and

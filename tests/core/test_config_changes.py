@@ -1,7 +1,6 @@
 """``config_changes``: a record written before a field existed reads as what the field's absence meant
-(``option(absent_means=...)``), whatever layout the record gives the field: a ``legacy_prefix`` section's
-fields are recorded as the holding config's flat keys (core/config_sections.py), an ``omit_at_default``
-section at its default and a field that does not affect output are not recorded at all."""
+(``option(absent_means=...)``), in a section too; an ``omit_at_default`` section at its default and a field
+that does not affect output are not recorded at all."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from toolkit.core.config_changes import absent_values, changed_keys
 
 @dataclass(frozen=True)
 class Gamma:
-    """A section whose fields were flat keys ``gamma_*`` of the holding config; ``rule`` was added later."""
+    """A section; ``rule`` was added later."""
 
     start: float = option(1.0, doc="γ at step 0.")
     rule: str = option("cosine", absent_means="constant", doc="Added later; records before it were constant.")
@@ -29,28 +28,28 @@ class Extra:
 @dataclass(frozen=True)
 class Run:
     steps: int = option(10, doc="Steps.")
-    gamma: Gamma = option(factory=Gamma, legacy_prefix="gamma_", doc="γ (once flat keys gamma_*).")
+    gamma: Gamma = option(factory=Gamma, doc="γ.")
     extra: Extra = option(factory=Extra, omit_at_default=True, doc="Added later.")
     workers: int = option(2, absent_means=2, affects_output=False, doc="Loader workers (not in the record).")
 
 
 def _old_record(cfg: Run) -> dict:
-    """``cfg``'s record as written before ``gamma.rule`` existed: the flat key ``gamma_rule`` absent."""
+    """``cfg``'s record as written before ``gamma.rule`` existed: the key ``gamma.rule`` absent."""
     record = output_dict(cfg)
-    del record["gamma_rule"]
+    del record["gamma"]["rule"]
     return record
 
 
 def test_absent_keys_are_named_as_records_name_them():
-    assert absent_values(build(Run, {})) == {"gamma_rule": "constant", "extra.weight": 0.0, "workers": 2}
+    assert absent_values(build(Run, {})) == {"gamma.rule": "constant", "extra.weight": 0.0, "workers": 2}
 
 
 def test_a_record_without_a_sectioned_field_reads_as_its_absence_meant():
     same = build(Run, {"gamma": {"rule": "constant"}})
     assert changed_keys(_old_record(same), output_dict(same), absent_values(same)) == []
-    other = build(Run, {"gamma_rule": "linear"})  # the flat key loads into the section
+    other = build(Run, {"gamma": {"rule": "linear"}})
     assert changed_keys(_old_record(same), output_dict(other), absent_values(other)) == [
-        ("gamma_rule", "constant", "linear")]
+        ("gamma.rule", "constant", "linear")]
 
 
 def test_keys_the_new_record_omits_are_no_change():

@@ -134,7 +134,7 @@ def test_trainer_crops_by_default_and_not_for_features(margin_train):
     cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
                               "steps": 2})
     rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
-    data = TrainData(cfg, rt, TrainDataset.open(str(margin_train)))
+    data = TrainData(cfg.data_plan(), rt, TrainDataset.open(str(margin_train)))
     assert data.image_transform == PixelTransform(SIZE, cfg.seed, AugmentConfig())
     batch = next(data.batches(0))
     assert batch["image"].shape == (8, SIZE, SIZE, 3)
@@ -229,7 +229,7 @@ def test_trainer_crops_on_the_device_when_asked_and_never_features_or_offloaded(
     cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
                               "steps": 2, "augment": {"crop_on": "device"}})
     rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
-    data = TrainData(cfg, rt, TrainDataset.open(str(margin_train)))
+    data = TrainData(cfg.data_plan(), rt, TrainDataset.open(str(margin_train)))
     assert data.image_transform == augment.DeviceCrop(SIZE, cfg.seed, cfg.augment)
     batch = next(data.batches(0))
     assert "crop_box" in batch and batch["image"].shape == (8, 36, 36, 3)  # the stored pixels travel
@@ -237,7 +237,7 @@ def test_trainer_crops_on_the_device_when_asked_and_never_features_or_offloaded(
     assert image.shape == (8, SIZE, SIZE, 3) and image.dtype == torch.uint8
     on_cpu = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
                                  "steps": 2})  # auto: the loader crops on a CPU device
-    cropped = next(TrainData(on_cpu, rt, TrainDataset.open(str(margin_train))).batches(0))
+    cropped = next(TrainData(on_cpu.data_plan(), rt, TrainDataset.open(str(margin_train))).batches(0))
     assert torch.equal(cropped["index"], index)
     assert (cropped["image"].int() - image.int()).abs().max() <= 2
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

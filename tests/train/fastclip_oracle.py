@@ -159,11 +159,14 @@ def make_batch(gen, b, d, dtype=torch.float64, spread=1.0):
 
 def make_loss(version: str, data_size: int, *, group=None, table_dtype=torch.float32, share_tables: bool = True,
               **loss_fields):
-    """Our FastCLIPLoss for ``version`` with ``LossConfig`` keys ``loss_fields`` (the tests' one constructor; flat
-    keys such as ``gamma_min`` load into the ``fastclip`` section as a YAML file's would)."""
+    """Our FastCLIPLoss for ``version`` with ``LossConfig`` keys ``loss_fields`` (the tests' one constructor;
+    FastCLIP's knobs such as ``gamma_min`` by name, put into the ``fastclip`` section: trainkit.fastclip_section)."""
+    from trainkit import fastclip_section
+
     from toolkit.core.config import build
     from toolkit.train.losses.config import LossConfig
     from toolkit.train.losses.fastclip.loss import FastCLIPLoss
 
-    cfg = build(LossConfig, {"kind": "fastclip", "version": version, **loss_fields}, source="make_loss")
+    cfg = build(LossConfig, fastclip_section({"kind": "fastclip", "version": version, **loss_fields}),
+                source="make_loss")
     return FastCLIPLoss(cfg, data_size, group, table_dtype=table_dtype, share_tables=share_tables)

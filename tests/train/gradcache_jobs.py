@@ -23,8 +23,8 @@ CFG = {"embed_dim": 16,
        "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1}}
 PATCH_DROPOUT = 0.4
 LOSSES = {"openclip-gather": {"kind": "openclip", "mode": "gather"},
-          "fastclip-v1": {"kind": "fastclip", "version": "v1"},
-          "fastclip-v3": {"kind": "fastclip", "version": "v3"},
+          "fastclip-v1": {"kind": "fastclip", "fastclip": {"version": "v1"}},
+          "fastclip-v3": {"kind": "fastclip", "fastclip": {"version": "v3"}},
           "siglip-ring": {"kind": "siglip", "mode": "ring"},  # the model has a learnable logit bias
           "neuclip": {"kind": "neuclip"}}
 

@@ -13,6 +13,11 @@ from toolkit.train.losses.config import LossConfig, loss_fields
 from toolkit.train.losses.fastclip.config import FastCLIPConfig
 
 
+def _recorded(record: dict, expected: dict) -> dict:
+    """The keys of ``expected`` (sections key by key) as ``record`` holds them."""
+    return {k: _recorded(record[k], v) if isinstance(v, dict) else record[k] for k, v in expected.items()}
+
+
 def _cfg(**data) -> TrainConfig:
     return build(TrainConfig, {"data": "d", "out": "o", **data})
 
@@ -21,7 +26,7 @@ def _cfg(**data) -> TrainConfig:
 def test_default_objective_follows_the_table(batch):
     expected = default_loss(batch)
     loss = _cfg(batch_size=batch).loss
-    assert {k: to_dict(loss)[k] for k in expected} == expected  # the table's keys as the config records them
+    assert _recorded(to_dict(loss), expected) == expected  # the table's keys as the config records them
     row = next(fields for largest, fields in BY_BATCH if largest is None or batch <= largest)
     assert expected == row
 
@@ -29,7 +34,7 @@ def test_default_objective_follows_the_table(batch):
 def test_measured_winner_is_the_default():
     """benchmarks/objectives/results/convergence.md: drift-corrected v3 at 32, 64 and 256 after 6 epochs."""
     for batch in (32, 64, 256):
-        assert default_loss(batch) == {"kind": "fastclip", "version": "v3", "u_drift": "batch"}
+        assert default_loss(batch) == {"kind": "fastclip", "fastclip": {"version": "v3", "u_drift": "batch"}}
 
 
 def test_the_default_batch_gets_the_small_batch_objective():
@@ -37,13 +42,13 @@ def test_the_default_batch_gets_the_small_batch_objective():
 
 
 def test_named_objective_preset_and_other_loss_keys():
-    assert _cfg(batch_size=32, loss={"kind": "fastclip", "version": "v1"}).loss.name == "fastclip-v1"
+    assert _cfg(batch_size=32, loss={"kind": "fastclip", "fastclip": {"version": "v1"}}).loss.name == "fastclip-v1"
     assert _cfg(batch_size=512, loss={"kind": "openclip"}).loss.kind == "openclip"
     preset = _cfg(batch_size=32, preset="cc3m").loss  # a preset names its loss: it wins over the table
     assert (preset.name, preset.rho) == ("fastclip-v3", 6.5)
     assert _cfg(batch_size=32, preset="cc3m-openclip").loss.kind == "openclip"
     tuned = _cfg(batch_size=32, loss={"rho": 3.0}).loss  # other loss keys keep the table's objective
-    assert {k: to_dict(tuned)[k] for k in default_loss(32)} == default_loss(32) and tuned.rho == 3.0
+    assert _recorded(to_dict(tuned), default_loss(32)) == default_loss(32) and tuned.rho == 3.0
     assert _cfg(batch_size=32, loss={"kind": "openclip"}).loss.fastclip.u_drift == "none"  # a named kind drops the rest
 
 
@@ -68,7 +73,7 @@ def test_table_is_complete_and_described():
 # drift-corrected v3 at 256 (convergence_gamma.md)
 OPENCLIP_SLOW_TAU = {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 1e-4}
 LONG_CELLS = {32: OPENCLIP_SLOW_TAU, 64: OPENCLIP_SLOW_TAU,
-              256: {"kind": "fastclip", "version": "v3", "u_drift": "batch", "gamma_decay_epochs": 15}}
+              256: {"kind": "fastclip", "fastclip": {"version": "v3", "u_drift": "batch", "gamma_decay_epochs": 15}}}
 
 
 def _row(table, batch):
@@ -83,11 +88,13 @@ def test_choice_per_batch_and_epochs_cell(batch, epochs):
     long_run = epochs is not None and epochs > choice.SHORT_EPOCHS_MAX
     row = _row(choice.BY_BATCH_LONG if long_run else choice.BY_BATCH, batch)
     fields = default_loss(batch, epochs)
-    assert {k: v for k, v in fields.items() if k != "gamma_decay_epochs"} == row
-    if row["kind"] == "fastclip" and epochs is not None and epochs > 1 and row.get("gamma_rule") != "drrho":
-        assert fields["gamma_decay_epochs"] == max(1, round(epochs * 18 / 37))
+    section, row_section = fields.get("fastclip", {}), row.get("fastclip", {})
+    assert {**fields, "fastclip": {k: v for k, v in section.items() if k != "gamma_decay_epochs"}} == {
+        **row, "fastclip": row_section}
+    if row["kind"] == "fastclip" and epochs is not None and epochs > 1 and row_section.get("gamma_rule") != "drrho":
+        assert section["gamma_decay_epochs"] == max(1, round(epochs * 18 / 37))
     else:
-        assert "gamma_decay_epochs" not in fields or "gamma_decay_epochs" in row
+        assert "gamma_decay_epochs" not in section or "gamma_decay_epochs" in row_section
     cfg = _cfg(batch_size=batch, **({} if epochs is None else {"epochs": epochs})).loss
     assert cfg == build(LossConfig, default_loss(batch, epochs if epochs is not None else 1))
 
@@ -96,8 +103,8 @@ def test_measured_cells():
     """The cells the convergence benchmark measured (benchmarks/objectives/results/convergence.md and
     convergence_gamma.md): 6 epochs at batch 32, 64, 256 and 30 epochs at batch 32, 64 and 256."""
     for batch in (32, 64, 256):
-        assert default_loss(batch, 6) == {"kind": "fastclip", "version": "v3", "u_drift": "batch",
-                                          "gamma_decay_epochs": 3}
+        assert default_loss(batch, 6) == {"kind": "fastclip", "fastclip": {"version": "v3", "u_drift": "batch",
+                                                                         "gamma_decay_epochs": 3}}
     for batch, fields in LONG_CELLS.items():
         assert default_loss(batch, 30) == fields
     loss = _cfg(batch_size=64, epochs=30).loss  # what `toolkit train --epochs 30 --batch-size 64` builds
@@ -119,7 +126,7 @@ def test_explicit_loss_or_preset_wins_at_every_cell():
                     "data": "d", "out": "o", "epochs": epochs, "batch_size": batch}
         cfg = load_config(TrainConfig, None, [], explicit, {})
         assert cfg.loss.name == "fastclip-v1" and cfg.loss.fastclip.gamma_decay_epochs == 18 and cfg.loss.fastclip.u_drift == "none"
-        openclip = load_config(TrainConfig, None, [], {**explicit, "loss.kind": "openclip", "loss.version": None}, {})
+        openclip = load_config(TrainConfig, None, [], {**explicit, "loss.kind": "openclip", "loss.fastclip.version": None}, {})
         assert openclip.loss.kind == "openclip" and openclip.loss.learn_tau
         preset = _cfg(batch_size=batch, epochs=epochs, preset="cc3m").loss
         assert (preset.name, preset.rho, preset.fastclip.gamma_min, preset.fastclip.gamma_decay_epochs) == ("fastclip-v3", 6.5, 0.2, 18)
@@ -141,24 +148,22 @@ def test_help_names_both_regimes():
 def test_fastclip_knobs_without_a_kind_keep_fastclip_in_a_long_run():
     """`--set loss.u_update=scent --epochs 30` asks for FastCLIP: the short table's FastCLIP row, not OpenCLIP
     (which would refuse or ignore the knob); DRRho's rule still plans its decay over all the epochs."""
-    scent = _cfg(batch_size=64, epochs=30, loss={"u_update": "scent"}).loss
+    scent = _cfg(batch_size=64, epochs=30, loss={"fastclip": {"u_update": "scent"}}).loss
     assert (scent.name, scent.fastclip.u_drift, scent.fastclip.u_update, scent.fastclip.gamma_decay_epochs) == ("fastclip-v3", "batch", "scent", 15)
-    drrho = _cfg(batch_size=64, epochs=30, loss={"gamma_rule": "drrho"}).loss
+    drrho = _cfg(batch_size=64, epochs=30, loss={"fastclip": {"gamma_rule": "drrho"}}).loss
     assert (drrho.kind, drrho.fastclip.gamma_rule, drrho.fastclip.gamma_decay_epochs) == ("fastclip", "drrho", 30)
     assert _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.05}).loss.kind == "openclip"  # not FastCLIP's own
     for knob in choice.FASTCLIP_KNOBS - {"fastclip"}:
         assert knob in LossConfig.__dataclass_fields__ or knob in FastCLIPConfig.__dataclass_fields__, knob
 
 
-def test_fastclip_knobs_flat_or_sectioned_pick_fastclip_for_long_runs():
-    """A FastCLIP knob without a kind asks for FastCLIP at any epochs, whether given with its old flat name
-    or in ``loss.fastclip``; DRRho's γ rule then plans its decay over all the epochs, either way."""
+def test_fastclip_knobs_in_their_section_pick_fastclip_for_long_runs():
+    """A FastCLIP knob in ``loss.fastclip`` without a kind asks for FastCLIP at any epochs; DRRho's γ rule then
+    plans its decay over all the epochs."""
     base = {"data": "d", "out": "o", "epochs": 30, "batch_size": 32}
-    for flat, sectioned in ((("loss.gamma_rule", "drrho"), ("loss.fastclip.gamma_rule", "drrho")),
-                            (("loss.u_drift", "batch"), ("loss.fastclip.u_drift", "batch"))):
-        one = load_config(TrainConfig, None, [], {**base, flat[0]: flat[1]}, {}).loss
-        two = load_config(TrainConfig, None, [], {**base, sectioned[0]: sectioned[1]}, {}).loss
-        assert one == two and one.kind == "fastclip"
-    drrho = load_config(TrainConfig, None, [], {**base, "loss.gamma_rule": "drrho"}, {}).loss
+    for key, value in (("loss.fastclip.gamma_rule", "drrho"), ("loss.fastclip.u_drift", "batch")):
+        one = load_config(TrainConfig, None, [], {**base, key: value}, {}).loss
+        assert one.kind == "fastclip"
+    drrho = load_config(TrainConfig, None, [], {**base, "loss.fastclip.gamma_rule": "drrho"}, {}).loss
     assert drrho.fastclip.gamma_decay_epochs == 30
     assert load_config(TrainConfig, None, [], base, {}).loss.kind == "openclip"  # no knob: the long-run table

@@ -59,9 +59,10 @@ def test_drrho_without_reference_embeddings_is_refused_by_the_preflight_and_by_e
         run(cfg)
     assert str(demo_train) in str(err.value) and not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="ref_image, ref_text") as err:
-        open_data(cfg, 2)
+        open_data(cfg.data_plan(), cfg.loss, 2)
     assert str(demo_train) in str(err.value)
-    assert open_data(train_cfg(demo_train, tmp_path / "run", loss={"kind": "openclip"}), 2).num_samples == 160
+    openclip = train_cfg(demo_train, tmp_path / "run", loss={"kind": "openclip"})
+    assert open_data(openclip.data_plan(), openclip.loss, 2).num_samples == 160
 
 
 def test_toolkit_train_loss_drrho_reads_the_reference_and_the_gradient_cache_passes_it(reference_train, tmp_path):

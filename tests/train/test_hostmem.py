@@ -1,4 +1,4 @@
-"""toolkit.train.plan.hostmem: when the trainer changes glibc's malloc settings, and when it leaves them alone."""
+"""toolkit.train.hostmem: when the trainer changes glibc's malloc settings, and when it leaves them alone."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 from trainkit import env
 
-from toolkit.train.plan import hostmem
+from toolkit.train import hostmem
 
 
 def test_leaves_cuda_and_a_users_setting_alone(monkeypatch):
@@ -19,7 +19,7 @@ def test_leaves_cuda_and_a_users_setting_alone(monkeypatch):
 
 @pytest.mark.skipif(hostmem._glibc() is None, reason="needs Linux glibc")
 def test_sets_the_threshold_on_the_cpu_under_glibc():
-    code = "from toolkit.train.plan.hostmem import release_freed_memory as r; print(r('cpu'))"
+    code = "from toolkit.train.hostmem import release_freed_memory as r; print(r('cpu'))"
     child_env = {k: v for k, v in env().items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

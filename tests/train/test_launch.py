@@ -15,7 +15,7 @@ from _launch import free_port
 from safetensors.torch import load_file
 from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, two_node_job
 
-from toolkit.train.launch.launcher import _slurm_hosts, apply_slurm_env, torchrun_argv
+from toolkit.core.launch import _slurm_hosts, apply_slurm_env, torchrun_argv
 from toolkit.train.run import run
 
 pytestmark = pytest.mark.dist
@@ -106,3 +106,34 @@ def test_torchrun_arguments_and_slurm_environment():
             environ["GROUP_RANK"], environ["MASTER_ADDR"]) == ("9", "16", "1", "8", "1", "n1")
     assert not apply_slurm_env(build(LaunchConfig, {}), {"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})
     assert os.environ.get("RANK") is None
+
+
+PROBE = '''
+import json
+import os
+
+
+def make(eval_cfg):
+    """The evaluation callback of a launched rank, built from the config's eval section by name."""
+    def evaluate(clip, model_cfg, preprocess_cfg, step):
+        return {f"eval/{eval_cfg.datasets[0]}/rank": float(os.environ["RANK"]),
+                f"eval/{eval_cfg.datasets[0]}/params": float(sum(p.numel() for p in clip.parameters()))}
+    return evaluate
+'''
+
+
+def test_launched_ranks_build_their_evaluation_callback_from_the_named_factory(demo_train, tmp_path, monkeypatch):
+    """Ranks start from the trainer's own entry (toolkit.train.worker) and build the callback the launching
+    process names (``eval_factory``, "module:function" of the config's eval section), as toolkit.trainval does."""
+    (tmp_path / "probe_eval.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = train_cfg(demo_train, tmp_path / "run", steps=2, launch={"nproc_per_node": 2},
+                    eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["probe"]})
+    result = run(cfg, eval_factory="probe_eval:make")
+    assert result.counts["world_size"] == 2
+    evaluated = [m for m in metrics(tmp_path / "run") if "eval/probe/rank" in m]
+    assert evaluated and {m["eval/probe/rank"] for m in evaluated} == {0.0}  # rank 0 evaluates
+    assert all(m["eval/probe/params"] > 0 for m in evaluated)
+    argv = torchrun_argv(cfg.launch, "toolkit.train.worker", ["c.yaml", "--eval-factory", "probe_eval:make"])
+    assert argv[-5:] == ["--module", "toolkit.train.worker", "c.yaml", "--eval-factory", "probe_eval:make"]

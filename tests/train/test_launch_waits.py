@@ -82,9 +82,9 @@ def test_a_node_that_hosts_the_rendezvous_refuses_a_busy_port(silent_server, ove
     """Node 0 of a static job, and one node given --master-port (which used to be ignored: standalone), host
     the rendezvous themselves: a port in use is refused at once, without a probe."""
     from toolkit.core.config import build
+    from toolkit.core.launch import RendezvousError, check_port, torchrun_argv
     from toolkit.core.supervise import LauncherSignals
     from toolkit.train.config import LaunchConfig
-    from toolkit.train.launch.launcher import RendezvousError, check_port, torchrun_argv
 
     launch = build(LaunchConfig, {**over, "master_port": silent_server.port})
     argv = " ".join(torchrun_argv(launch, "m", []))

@@ -26,7 +26,8 @@ def parts(demo_train, tmp_path):
 
 # ------------------------------------------------------------------ Runtime
 def test_runtime_of_one_process(demo_train, tmp_path):
-    rt = Runtime.start(train_cfg(demo_train, tmp_path / "run"))
+    cfg = train_cfg(demo_train, tmp_path / "run")
+    rt = Runtime.start(cfg.launch, cfg.device)
     assert (rt.rank, rt.world_size, rt.local_world_size, rt.device.type) == (0, 1, 1, "cpu")
     with rt.autocast("fp32")():
         assert torch.ones(2, 2).matmul(torch.ones(2, 2)).dtype == torch.float32
@@ -46,21 +47,22 @@ def test_resolve_device_refuses_unknown_names():
 # ------------------------------------------------------------------ TrainData
 def test_step_counts_from_steps_or_epochs(demo_train, tmp_path):
     cfg = train_cfg(demo_train, tmp_path / "run", steps=0, epochs=3)  # 160 samples, batch 16
-    assert step_counts(cfg, 160) == StepCounts(per_epoch=10, total=30)
-    assert step_counts(train_cfg(demo_train, tmp_path / "run", steps=7), 160) == StepCounts(10, 7)
+    assert step_counts(cfg.data_plan(), 160) == StepCounts(per_epoch=10, total=30)
+    assert step_counts(train_cfg(demo_train, tmp_path / "run", steps=7).data_plan(), 160) == StepCounts(10, 7)
 
 
 def test_open_data_refuses_a_batch_larger_than_the_data(demo_train, tmp_path):
-    rt = Runtime.start(train_cfg(demo_train, tmp_path / "run"))
+    cfg = train_cfg(demo_train, tmp_path / "run", batch_size=320)
+    rt = Runtime.start(cfg.launch, cfg.device)
     with pytest.raises(ValueError, match="160"):
-        open_data(train_cfg(demo_train, tmp_path / "run", batch_size=320), rt.world_size)
+        open_data(cfg.data_plan(), cfg.loss, rt.world_size)
 
 
 @pytest.mark.parametrize(("micro", "offloaded"), [(0, False), (16, False), (4, True)])
 def test_train_data_is_offloaded_when_the_cache_splits_the_batch(demo_train, tmp_path, micro, offloaded):
     cfg = train_cfg(demo_train, tmp_path / "run", steps=3)
-    rt = Runtime.start(cfg)
-    data = TrainData(cfg, rt, open_data(cfg, rt.world_size), micro)
+    rt = Runtime.start(cfg.launch, cfg.device)
+    data = TrainData(cfg.data_plan(), rt, open_data(cfg.data_plan(), cfg.loss, rt.world_size), micro)
     assert data.offloaded is offloaded and data.local_batch_size == 16 and data.steps == StepCounts(10, 3)
     batches = list(data.batches(1))
     assert [int(b["step"]) for b in batches] == [1, 2] and list(data.batches(3)) == []
@@ -98,8 +100,8 @@ def test_update_steps_on_a_finite_value_and_skips_a_non_finite_one(parts):
 
 # ------------------------------------------------------------------ StateIO
 def test_state_io_round_trip(parts, demo_train, tmp_path):
-    from toolkit.train.checkpoint.state import TrainState
     from toolkit.train.loop import build_parts
+    from toolkit.train.trainstate import TrainState
 
     p = parts
     with torch.no_grad():
@@ -118,12 +120,12 @@ def test_state_io_round_trip(parts, demo_train, tmp_path):
 def test_reporter_writes_logged_steps_and_counts_data_waits(parts, tmp_path):
     import time
 
-    from toolkit.train.checkpoint.state import TrainState
     from toolkit.train.report import Reporter
+    from toolkit.train.trainstate import TrainState
 
     p = parts
     (tmp_path / "run").mkdir()  # the stage's books create it in a real run
-    report = Reporter(p.cfg, p.rt, p.data.steps, None)
+    report = Reporter(p.cfg.report_plan(), p.rt, p.data.steps, None)
 
     def slow():
         for i in range(2):

@@ -19,7 +19,7 @@ from toolkit.train.run import run
 
 STEPS = 40
 ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--set", "tensorboard=false",
-        "--set", "optim.warmup_steps=5", "--set", "loss.gamma_decay_epochs=2"]
+        "--set", "optim.warmup_steps=5", "--set", "loss.fastclip.gamma_decay_epochs=2"]
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:

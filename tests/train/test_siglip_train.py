@@ -75,10 +75,11 @@ def test_siglip_on_frozen_tower_features(demo_train, tmp_path):
 def test_siglip_config_fields_presets_and_refused_mode():
     from toolkit.core.config import build
     from toolkit.train.config import TrainConfig
-    from toolkit.train.losses import LOSS_NAMES, LossConfig, build_loss, loss_fields
+    from toolkit.train.losses import LossConfig, build_loss, loss_fields
+    from toolkit.train.losses.registry import loss_names
     from toolkit.train.losses.siglip.loss import SigLIPLoss
 
-    assert "siglip" in LOSS_NAMES and loss_fields("siglip") == {"kind": "siglip"}
+    assert "siglip" in loss_names() and loss_fields("siglip") == {"kind": "siglip"}
     cfg = LossConfig(kind="siglip")
     assert (cfg.name, cfg.initial_tau, cfg.init_logit_bias) == ("siglip", 0.1, -10.0)
     assert LossConfig(kind="openclip").init_logit_bias is None and LossConfig(kind="openclip").initial_tau == 0.07
@@ -87,5 +88,5 @@ def test_siglip_config_fields_presets_and_refused_mode():
         LossConfig(kind="siglip", mode="disco")
     # a published preset underneath, the sigmoid loss on top (as `--preset cc3m --loss siglip`)
     tc = build(TrainConfig, {"data": "d", "out": "o", "preset": "cc3m",
-                             "loss": {"kind": "siglip", "siglip_bias_init": -5.0}})
+                             "loss": {"kind": "siglip", "siglip": {"bias_init": -5.0}}})
     assert tc.batch_size == 1024 and tc.loss.init_logit_bias == -5.0 and tc.loss.initial_tau == 0.1

@@ -36,15 +36,30 @@ def build_demo_trainset(base: Path, num_concepts: int = 160, samples_per_shard: 
 def train_cfg(data: Path, out: Path, **over):
     """A TrainConfig for tests: small batch, no worker processes, no TensorBoard; ``over`` as nested dicts."""
     from toolkit.core.config import build, deep_merge
-    from toolkit.core.config_sections import migrate
     from toolkit.train.config import TrainConfig
 
     # FastCLIP-v3 named: these tests exercise its per-sample tables (the default at batch 16 is another)
     base = {"data": str(data), "out": str(out), "model": MODEL, "batch_size": 16, "steps": 6, "log_every": 1,
             "tensorboard": False, "loader": {"num_workers": 0},
             "loss": {"kind": "fastclip", "fastclip": {"version": "v3"}}}
-    # ``over`` may use the loss section's old flat keys (loss.version): sectioned before the merge, as load_config does
-    return build(TrainConfig, deep_merge(base, migrate(TrainConfig, over, "train_cfg")[0]))
+    if isinstance(over.get("loss"), dict):
+        over = {**over, "loss": fastclip_section(over["loss"])}
+    return build(TrainConfig, deep_merge(base, over))
+
+
+def fastclip_section(loss: dict) -> dict:
+    """A test's loss keys with FastCLIP's knobs (``version``, ``gamma_min``, ...) given by name beside the shared
+    ones put into their ``fastclip`` section, where LossConfig reads them (the tests' shorthand)."""
+    import dataclasses
+
+    from toolkit.train.losses.fastclip.config import FastCLIPConfig
+
+    own = {f.name for f in dataclasses.fields(FastCLIPConfig)}
+    section = {k: v for k, v in loss.items() if k in own}
+    if not section:
+        return loss
+    rest = {k: v for k, v in loss.items() if k not in own}
+    return {**rest, "fastclip": {**rest.get("fastclip", {}), **section}}
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from toolkit.cli.common import (
     ConfigFile,
@@ -16,10 +17,28 @@ from toolkit.cli.common import (
 )
 from toolkit.train.config import TrainConfig
 
-# every objective of losses/registry.py by its paper's name (tests/cli/test_config_flags.py checks the list)
-OBJECTIVES = "FastCLIP, the OpenCLIP baseline, SigLIP, NeuCLIP, DRRho-CLIP or distill (the last two from a reference model)"
-app = typer.Typer(help=f"Train CLIP models ({OBJECTIVES}); `toolkit train presets` lists the published "
-                       "settings.", no_args_is_help=True)
+
+def objectives() -> str:
+    """Every registered objective by its spec's title, in the registry's order: 'A, B or C'."""
+    from toolkit.train.losses.registry import specs
+
+    titles = [spec.title or spec.kind for spec in specs().values()]
+    return ", ".join(titles[:-1]) + (" or " if len(titles) > 1 else "") + titles[-1]
+
+
+HELP = "Train CLIP models ({objectives}); `toolkit train presets` lists the published settings."
+
+
+class _TrainGroup(TyperGroup):
+    """``toolkit train``'s command: its help names the objectives registered when Typer builds it (at each
+    invocation), so one registered after import is listed too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["help"] = HELP.format(objectives=objectives())
+        super().__init__(*args, **kwargs)
+
+
+app = typer.Typer(cls=_TrainGroup, help=HELP, no_args_is_help=True)
 
 # Every option that sets one config field: {field (dotted for nested ones): its flags}. Type, default and help
 # come from the field itself (``config_parameters``), so they live in one place: train/config.py and the
@@ -45,9 +64,9 @@ FLAGS: dict[str, tuple[str, ...]] = {
 
 def _loss_help() -> str:
     from toolkit.train.losses.choice import describe
-    from toolkit.train.losses.config import LOSS_NAMES
+    from toolkit.train.losses.registry import loss_names
 
-    return (f"The objective: {', '.join(LOSS_NAMES)} (sets loss.kind and its variant; docs/objectives.md says "
+    return (f"The objective: {', '.join(loss_names())} (sets loss.kind and its variant; docs/objectives.md says "
             f"which to pick). (default: by global batch and planned epochs (--epochs; a run set by --steps "
             f"counts as short), from the convergence evidence: {describe()})")
 
@@ -68,12 +87,12 @@ def train(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from toolkit.train.losses.config import loss_fields
+    from toolkit.train.losses.config import dotted, loss_fields
 
     split = {}
     if loss is not None:
         try:
-            split = {f"loss.{k}": v for k, v in loss_fields(loss).items()}
+            split = dotted(loss_fields(loss), "loss.")
         except ValueError as err:
             fail(f"option --loss: {err}")
     explicit = {key: options[key.replace(".", "_")] for key in FLAGS}
@@ -99,8 +118,8 @@ def _micro(value: str | None) -> int | str | None:
 def _run(cfg):
     """Run the stage (errors exit 1 naming the cause); a run preempted after its checkpoint exits 0."""
     from toolkit.cli.common import run_stage
-    from toolkit.pipeline.train_stage import run
     from toolkit.train.run import PREEMPTED, preempted_message
+    from toolkit.trainval.zeroshot import run
 
     result = run_stage(run, cfg)
     if result.status == PREEMPTED:
@@ -115,8 +134,9 @@ def presets(
 ) -> None:
     """List the reference's published FastCLIP settings (CC3M, CC12M, LAION), or print one as YAML."""
     from toolkit.core.config import dump_yaml
-    from toolkit.train.presets import PRESETS
+    from toolkit.train.presets import presets as gathered
 
+    PRESETS = gathered()
     if name is None:
         width = max(len(n) for n in PRESETS)
         for key, p in PRESETS.items():

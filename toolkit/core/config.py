@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar, Union
 
 import yaml
 
-from toolkit.core import config_sections, safeyaml
+from toolkit.core import safeyaml
 from toolkit.core.config_error import ConfigError
 
 T = TypeVar("T")
@@ -44,18 +44,15 @@ def option(
     is_input: bool = False,
     omit_at_default: bool = False,
     absent_means: Any = MISSING,
-    legacy_prefix: str | None = None,
 ) -> Any:
     """A dataclass field with a doc string, bounds and manifest roles (see module docstring).
     ``omit_at_default``: a field added after configs were recorded (checkpoints, results) stays out of
     :func:`to_dict` and the hash while at its default, so those records still load equal and match.
     ``absent_means``: a field added after configs were recorded, which stays in the hash: a record that
     lacks it was written with this value (the behaviour before the field existed), so
-    ``config_changes.changed_keys`` with ``absent_values`` reports no change where the run uses that value.
-    ``legacy_prefix``: a section whose fields were the holding config's keys ``PREFIX + name`` before it
-    became a section; those keys still load and records keep them (core/config_sections.py)."""
+    ``config_changes.changed_keys`` with ``absent_values`` reports no change where the run uses that value."""
     metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input,
-                "omit_at_default": omit_at_default, "absent_means": absent_means, "legacy_prefix": legacy_prefix}
+                "omit_at_default": omit_at_default, "absent_means": absent_means}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -196,18 +193,12 @@ def build(cls: type[T], data: Mapping[str, Any] | None, *, source: str = "<confi
 
     A config class may define ``layered_defaults(data, source) -> mapping``: defaults that depend on the
     data itself (the trainer's ``preset``), merged beneath ``data`` before validation, so every way of
-    building the config (CLI, YAML, ``--set``, pipelines) applies them the same way. It is given ``data``
-    with its flat keys moved into their sections (config_sections) and returns that layout too."""
-    data, renamed = config_sections.migrate(cls, data or {}, source, prefix + "." if prefix else "")
+    building the config (CLI, YAML, ``--set``, pipelines) applies them the same way."""
+    data = dict(data or {})
     layered = getattr(cls, "layered_defaults", None)
     if layered is not None:
         data = deep_merge(layered(data, source), data)
-    try:
-        return _build(cls, data, source, prefix)
-    except ConfigError as err:  # a key given by its flat name is named so (config_sections)
-        if err.key not in renamed:
-            raise
-        raise ConfigError(err.source, renamed[err.key], err.message) from err.__cause__
+    return _build(cls, data, source, prefix)
 
 
 def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
@@ -217,8 +208,12 @@ def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
         if name not in fields:
             name = str(name) if len(str(name)) <= SHORT_REPR_CHARS else short(name)
             key = f"{prefix}.{name}" if prefix else name
-            known = list(fields) + list(config_sections.flat_keys(cls))
-            raise ConfigError(source, key, "unknown key" + suggest(name, known))
+            moved = getattr(cls, "moved_keys", {}).get(name)
+            if moved is not None:  # a key that became a section's: named with its new place, never read
+                where = f"{prefix}.{moved}" if prefix else moved
+                raise ConfigError(source, key, f"unknown key: it is {where} now (configs and records written "
+                                               f"before 2026-11-26 kept it flat); write it as {where}")
+            raise ConfigError(source, key, "unknown key" + suggest(name, list(fields)))
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -320,17 +315,15 @@ def load_config(
     Errors name where the offending value came from: the file, the ``--set`` text, or the option.
     """
     default_source = str(yaml_path) if yaml_path else "command line"
-    # flat keys move into their sections source by source, so a later source overrides either layout
-    data, renamed = config_sections.migrate(cls, read_yaml(yaml_path) if yaml_path else {}, default_source)
+    data = read_yaml(yaml_path) if yaml_path else {}
     sources: dict[str, str] = {}
     for text in overrides:
         path, value = parse_override(text)
-        path = config_sections.migrate_path(cls, path)
         set_path(data, path, value)
         sources[".".join(path)] = f"--set {text}"
     for key, value in (explicit or {}).items():
         if value is not None:
-            path = config_sections.migrate_path(cls, key.split("."))
+            path = key.split(".")
             set_path(data, path, value)
             sources[".".join(path)] = (explicit_sources or {}).get(key, "explicit value")
     try:
@@ -339,8 +332,7 @@ def load_config(
     except ConfigError as err:
         matches = [k for k in sources if err.key == k or err.key.startswith((k + ".", k + "["))]
         source = sources[max(matches, key=len)] if matches else default_source
-        key = err.key if matches else renamed.get(err.key, err.key)
-        raise ConfigError(source, key, err.message) from None
+        raise ConfigError(source, err.key, err.message) from None
 
 
 # ---------------------------------------------------------------- serialisation and hashing
@@ -355,8 +347,7 @@ def _kept(cfg: Any, f: dataclasses.Field) -> bool:
 
 def _plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return config_sections.record([(f, _plain(getattr(obj, f.name))) for f in dataclasses.fields(obj)
-                                       if _kept(obj, f)])
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if _kept(obj, f)}
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     if isinstance(obj, dict):
@@ -372,8 +363,8 @@ def to_dict(cfg: Any) -> dict:
 def _hashed(cfg: Any) -> Any:
     if not dataclasses.is_dataclass(cfg):
         return cfg
-    return config_sections.record([(f, _hashed(getattr(cfg, f.name))) for f in dataclasses.fields(cfg)
-                                   if f.metadata.get("affects_output", True) and _kept(cfg, f)])
+    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+            if f.metadata.get("affects_output", True) and _kept(cfg, f)}
 
 
 def config_hash(cfg: Any, *extra: Any) -> str:

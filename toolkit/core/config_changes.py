@@ -9,7 +9,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from toolkit.core import config_sections
 from toolkit.core.config import MISSING, short
 
 
@@ -26,13 +25,12 @@ def _leaves(data: Mapping, prefix: str = "") -> dict[str, Any]:
 def absent_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
     """Record key -> ``absent_means`` of every field of ``cfg`` (nested configs too) that declares one: what
     an older record that lacks the key was written with (:func:`option`). Keys as records write them: dotted
-    for a section, the holding config's flat key for a ``legacy_prefix`` section's field (core/config_sections.py)."""
+    for a section."""
     found: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
-            legacy = config_sections.legacy_prefix(f)
-            found.update(absent_values(value, key + "." if legacy is None else prefix + legacy))
+            found.update(absent_values(value, key + "."))
         elif f.metadata.get("absent_means", MISSING) is not MISSING:
             found[key] = json.loads(json.dumps(f.metadata["absent_means"], default=str))
     return found

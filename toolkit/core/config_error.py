@@ -1,5 +1,6 @@
 """``ConfigError``: a config value is unknown, missing, of the wrong type or out of range (core.config builds
-configs and raises it; core.config_sections raises it too, so it lives below both)."""
+configs and raises it; it lives in a module of its own so that a config module may raise it without
+importing the loader)."""
 
 from __future__ import annotations
 

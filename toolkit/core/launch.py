@@ -221,9 +221,10 @@ def _agent_env() -> dict[str, str]:
     return env
 
 
-def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training") -> None:
+def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training",
+               args: tuple[str, ...] = ()) -> None:
     """Run the job's processes on this node through torchrun (blocking); each runs ``python -m entry
-    CONFIG.yaml`` with ``cfg`` dumped to a temporary YAML. Raises RendezvousError (busy port),
+    CONFIG.yaml *args`` with ``cfg`` dumped to a temporary YAML. Raises RendezvousError (busy port),
     supervise.RendezvousTimeout, StageInterrupted (a signal before the workers started, or a second one),
     or RuntimeError naming the failed rank when the workers fail beyond ``max_restarts``. ``what`` names
     the job in errors."""
@@ -234,7 +235,7 @@ def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training
         with os.fdopen(fd, "w") as fh:
             fh.write(dump_yaml(cfg))
         result = path[:-len(".yaml")] + ".result.json"
-        argv = torchrun_argv(launch, entry, [path])
+        argv = torchrun_argv(launch, entry, [path, *args])
         log.info("torchrun %s", " ".join(argv))
         # before any rank beats: clears an earlier run's heartbeats; a stage without a watchdog_s is not watched
         watch = Watch(cfg.out, getattr(cfg, "watchdog_s", 0.0))

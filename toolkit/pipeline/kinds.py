@@ -45,7 +45,7 @@ KINDS: dict[str, StageKind] = {
                             "Download a URL list into raw webdataset shards (img2dataset); resumes."),
     "data.shard": StageKind("toolkit.data.acquire.shard:ShardConfig", "toolkit.data.acquire.shard:run", ("shards",),
                             "Local images + captions (folder or CSV) into raw shards, no download."),
-    "train": StageKind("toolkit.train.config:TrainConfig", "toolkit.pipeline.train_stage:run",
+    "train": StageKind("toolkit.train.config:TrainConfig", "toolkit.trainval.zeroshot:run",
                        ("run_dir", "model", "metrics", "checkpoints"),
                        "Train a CLIP model (FastCLIP or OpenCLIP loss) on training shards; one process, "
                        "several (launch.nproc_per_node) or several nodes."),

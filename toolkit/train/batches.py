@@ -1,4 +1,6 @@
-"""The training data as the loop sees it: ``TrainData(cfg, rt, open_data(cfg, rt.world_size), micro)``.
+"""The training data as the loop sees it:
+``TrainData(plan, rt, open_data(plan, cfg.loss, rt.world_size), micro)`` (``plan``: ``cfg.data_plan()``, the
+keys this part reads).
 
 Owns the opened dataset (``toolkit data precompute`` output), the number of steps (per epoch and in
 all), this rank's batches from any step on (``batches``), and their move to the device
@@ -19,7 +21,7 @@ from toolkit.data.augment import pixel_transform, resize_crops
 from toolkit.data.trainset.format import REF_ROLES, TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import DataPlan
 from toolkit.train.losses import LossConfig, objective_class
 from toolkit.train.runtime import Runtime
 
@@ -38,7 +40,7 @@ def check_reference(dataset: TrainDataset, loss: LossConfig) -> None:
                          "set has none; precompute it with `toolkit data precompute --reference-model MODEL`")
 
 
-def steps_per_epoch(cfg: TrainConfig, num_samples: int) -> int:
+def steps_per_epoch(cfg: DataPlan, num_samples: int) -> int:
     """Global batches per (virtual) epoch: train_num_samples (or the dataset) // batch_size, at least 1."""
     return max(1, (cfg.train_num_samples or num_samples) // cfg.batch_size)
 
@@ -50,7 +52,7 @@ class StepCounts(NamedTuple):
     total: int  # cfg.steps, or epochs × per_epoch
 
 
-def open_data(cfg: TrainConfig, world_size: int | None) -> TrainDataset:
+def open_data(cfg: DataPlan, loss: LossConfig, world_size: int | None) -> TrainDataset:
     """The training set, refusing a global batch larger than the data or not divisible by ``world_size`` ranks
     (None: not known yet, an elastic job's launcher), and a set without the reference embeddings the objective
     reads (``check_reference``), before anything else is built. Called by the launching process's preflight and
@@ -60,11 +62,11 @@ def open_data(cfg: TrainConfig, world_size: int | None) -> TrainDataset:
     order = BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block)  # batch <= data
     if world_size is not None:
         order.batch_ids(0, 0, world_size)  # a global batch the ranks divide
-    check_reference(dataset, cfg.loss)
+    check_reference(dataset, loss)
     return dataset
 
 
-def step_counts(cfg: TrainConfig, num_samples: int) -> StepCounts:
+def step_counts(cfg: DataPlan, num_samples: int) -> StepCounts:
     per_epoch = steps_per_epoch(cfg, num_samples)
     return StepCounts(per_epoch, cfg.steps or cfg.epochs * per_epoch)
 
@@ -84,7 +86,7 @@ class TrainData:
     the gradient cache's (0: the whole local batch); smaller than the local batch, the batch stays on the
     host and the cache moves each micro-batch itself (``offloaded``)."""
 
-    def __init__(self, cfg: TrainConfig, rt: Runtime, dataset: TrainDataset, micro_batch_size: int = 0):
+    def __init__(self, cfg: DataPlan, rt: Runtime, dataset: TrainDataset, micro_batch_size: int = 0):
         self.cfg, self.rank, self.world_size, self.device = cfg, rt.rank, rt.world_size, rt.device
         self.dataset = dataset
         self.num_samples = self.dataset.num_samples

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from toolkit.core.config import ConfigError, deep_merge, option
-from toolkit.core.config_sections import migrate
 from toolkit.core.launch import LaunchConfig
 from toolkit.data.augment import AugmentConfig
 from toolkit.train.losses.config import LossConfig
@@ -24,7 +23,7 @@ REPORT_SINKS = ("jsonl", "tensorboard", "wandb")
 
 
 def _fastclip_section(layer: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``loss.fastclip`` of one layer of (migrated) config data, {} where it gives none."""
+    """``loss.fastclip`` of one layer of config data, {} where it gives none."""
     loss = layer.get("loss")
     section = loss.get("fastclip") if isinstance(loss, Mapping) else None
     return section if isinstance(section, Mapping) else {}
@@ -34,14 +33,14 @@ def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], epochs: A
     """``loss.fastclip.gamma_rule: drrho`` decays γ over the run's planned epochs E (DRRho-CLIP's README: set
     gamma_decay_epochs to the epochs): fill ``loss.fastclip.gamma_decay_epochs`` with ``epochs`` unless it is
     given. ``epochs``: the run's planned epochs, None for a run planned by ``steps``, which has no epoch count
-    before the data is read and so must give the value itself. ``data`` and ``layers``: sectioned
-    (core/config_sections.py)."""
+    before the data is read and so must give the value itself."""
     fastclip = {**_fastclip_section(layers), **_fastclip_section(data)}
     if fastclip.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in fastclip:
         return
     if epochs is None:
-        raise ConfigError(source, "loss.gamma_decay_epochs", "gamma_rule: drrho needs the planned epochs; a run "
-                                                             "set by steps must give loss.gamma_decay_epochs")
+        raise ConfigError(source, "loss.fastclip.gamma_decay_epochs",
+                          "gamma_rule: drrho needs the planned epochs; a run set by steps must give "
+                          "loss.fastclip.gamma_decay_epochs")
     loss = layers.get("loss", {})
     layers["loss"] = {**loss, "fastclip": {**loss.get("fastclip", {}), "gamma_decay_epochs": epochs}}
 
@@ -186,33 +185,44 @@ class TrainConfig:
         """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
         without a loss kind from the data or the preset, the objective the convergence evidence picks at
         the global batch size and the planned epochs (``losses/choice.py``; a run planned by steps has no
-        epoch count yet: the short-run choice). ``data`` and the result: sectioned (core/config_sections.py;
-        the preset's record and the choice's rows are flat, so they are migrated here)."""
+        epoch count yet: the short-run choice)."""
         from toolkit.train.losses.choice import default_loss
 
         layers: dict[str, Any] = {}
         name = data.get("preset") or ""
         if name:
-            from toolkit.train.presets import PRESETS
+            from toolkit.train.presets import presets
 
-            if name not in PRESETS:
-                raise ConfigError(source, "preset", f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
-            layers = migrate(TrainConfig, PRESETS[name].train_overrides(), source)[0]
+            known = presets()
+            if name not in known:
+                raise ConfigError(source, "preset",
+                                  f"unknown preset {name!r}; known presets: {', '.join(known)}")
+            layers = known[name].train_overrides()
         def planned(key: str) -> Any:  # the data's value, else the preset's, else the field's default
             return data.get(key, layers.get(key, TrainConfig.__dataclass_fields__[key].default))
 
         epochs = None if planned("steps") else planned("epochs")  # None: a run planned by steps
         given = data.get("loss") if isinstance(data.get("loss"), Mapping) else {}
-        loss = deep_merge(layers.get("loss", {}), given)  # both sectioned: ``data`` came migrated
+        loss = deep_merge(layers.get("loss", {}), given)
         if "kind" not in loss:
             try:
                 chosen = default_loss(int(planned("batch_size")), None if epochs is None else int(epochs), loss)
             except (TypeError, ValueError):
                 chosen = None  # a malformed batch_size or epochs: build() reports it against its key
-            if chosen is not None:  # the choice table's rows are flat LossConfig keys
-                layers["loss"] = deep_merge(layers.get("loss", {}), migrate(LossConfig, chosen, source, "loss.")[0])
+            if chosen is not None:
+                layers["loss"] = deep_merge(layers.get("loss", {}), chosen)
         _plan_drrho_gamma(data, layers, epochs, source)
         return layers
+
+    def data_plan(self) -> DataPlan:
+        """The keys the data part reads (``batches.TrainData``, ``open_data``, ``step_counts``)."""
+        return DataPlan(self.data, self.batch_size, self.seed, self.steps, self.epochs,
+                        self.train_num_samples, self.loader, self.augment)
+
+    def report_plan(self) -> ReportPlan:
+        """The keys the reporting part reads (``report.Reporter``)."""
+        return ReportPlan(self.out, self.batch_size, self.log_every, self.tensorboard, tuple(self.report_to),
+                          self.audit_samples)
 
     def __post_init__(self) -> None:
         self.launch.node_range()  # refuses a malformed nodes value
@@ -225,3 +235,30 @@ class TrainConfig:
             raise ValueError(f"report_to: unknown sink(s) {', '.join(unknown)}; choose from {', '.join(REPORT_SINKS)}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """What the data part reads of a ``TrainConfig`` (``TrainConfig.data_plan()``): the config keeps these
+    keys at its top level (the CLI's and YAML's layout); the part takes only them."""
+
+    data: str
+    batch_size: int  # global
+    seed: int
+    steps: int
+    epochs: int
+    train_num_samples: int
+    loader: LoaderConfig
+    augment: AugmentConfig
+
+
+@dataclass(frozen=True)
+class ReportPlan:
+    """What the reporting part reads of a ``TrainConfig`` (``TrainConfig.report_plan()``)."""
+
+    out: str
+    batch_size: int  # global: samples per step in the throughput figures
+    log_every: int
+    tensorboard: bool
+    report_to: tuple[str, ...]
+    audit_samples: bool

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -30,7 +30,7 @@ from toolkit.train import ema as ema_lib
 from toolkit.train import model as model_lib
 from toolkit.train import towers
 from toolkit.train.batches import TrainData, open_data, step_counts
-from toolkit.train.checkpoint.state import StateIO, TrainState, sync_buffers
+from toolkit.train.checkpoint.state import StateIO, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
 from toolkit.train.launch.signals import PreemptionFlag
@@ -39,6 +39,7 @@ from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.report import Reporter
 from toolkit.train.runtime import Runtime
 from toolkit.train.step import StepInputs, forward_backward
+from toolkit.train.trainstate import TrainState
 from toolkit.train.update import Update
 
 # eval_fn(clip, model_cfg, preprocess_cfg, step) -> {"eval/<dataset>/<metric>": value}: rank 0 only, on the
@@ -69,9 +70,10 @@ class Parts:
 def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     """Build every rank's parts (collective: process group, DDP, FastCLIP's shared tables). ``dataset``:
     the training set this process's preflight opened and checked (``open_data``); None: opened here."""
-    rt = Runtime.start(cfg)
-    dataset = dataset if dataset is not None else open_data(cfg, rt.world_size)
-    steps = step_counts(cfg, dataset.num_samples)
+    rt = Runtime.start(cfg.launch, cfg.device, cfg.release_freed_memory)
+    plan = cfg.data_plan()
+    dataset = dataset if dataset is not None else open_data(plan, cfg.loss, rt.world_size)
+    steps = step_counts(plan, dataset.num_samples)
     built = model_lib.build(cfg.model, cfg.init, dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
                             cfg.seed, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
@@ -85,7 +87,7 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
         from toolkit.train.plan import automicro
 
         micro = automicro.choose(cfg, built.model, rt, dataset.num_samples)
-    data = TrainData(cfg, rt, dataset, micro)
+    data = TrainData(plan, rt, dataset, micro)
     io = StateIO(cfg, rt, steps, built, update, loss_fn)
     io.ema = ema_lib.build(built.model.clip, cfg.ema_decay)  # starts at the initial weights; resume loads its own
     D.LEDGER.reset()
@@ -112,7 +114,7 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
     p = build_parts(cfg, dataset)
     state = p.io.resume(skip_config_check=skip_config_check)
     resumed = state.step if state.step or p.io.last_step is not None else None
-    report = Reporter(cfg, p.rt, p.data.steps, resumed)
+    report = Reporter(cfg.report_plan(), p.rt, p.data.steps, resumed, asdict(cfg))
     try:
         for batch in report.timed(p.data.batches(state.step)):
             outcome, lr = train_step(p, state, batch)

@@ -1,4 +1,5 @@
-"""Published training settings as ready-made configs: ``Preset``, and ``PRESETS`` gathered from the objectives.
+"""Published training settings as ready-made configs: ``Preset``, and ``presets()`` gathered from the
+objectives.
 
 A preset is a whole training setting, not just a loss: model, global batch, epochs, optimiser with its
 schedule, and the objective. Its ``model``, ``batch_size``, ``epochs``, ``train_num_samples``, ``loss``
@@ -8,7 +9,7 @@ the setting comes from. Batch sizes are global (GPUs × per-GPU batch of the ref
 the reference does not publish for a setting are None (set them for your run).
 
 Each objective keeps its presets in its folder (``losses/NAME/presets.py``, named by its spec's ``presets``);
-``PRESETS`` gathers them in the registry's order when it is read, so an objective registered later counts.
+``presets()`` gathers them in the registry's order when called, so an objective registered later counts.
 """
 
 from __future__ import annotations
@@ -63,9 +64,3 @@ def get_preset(name: str) -> Preset:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(known)}")
     return known[name]
 
-
-def __getattr__(attr: str) -> Any:
-    """``PRESETS`` (name -> ``Preset``), gathered when read (not captured at import)."""
-    if attr == "PRESETS":
-        return presets()
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

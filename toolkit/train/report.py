@@ -12,7 +12,6 @@ import resource
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,12 @@ import torch
 from toolkit.core import dist as D
 from toolkit.models import weights
 from toolkit.train.batches import StepCounts
-from toolkit.train.checkpoint.state import TrainState
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import ReportPlan
 from toolkit.train.metrics import MetricsWriter, Progress, SampleAudit, write_plots
 from toolkit.train.model import BuiltModel
 from toolkit.train.reporters import open_sinks
 from toolkit.train.runtime import Runtime
+from toolkit.train.trainstate import TrainState
 from toolkit.train.update import Outcome, Update
 
 
@@ -59,15 +58,18 @@ class Window:
 
 
 class Reporter:
-    """One run's reporting (module docstring). ``resume_step``: the step the run continues from (metrics
-    and audit lines after it are cut), None for a fresh run (they are removed). Collective to build."""
+    """One run's reporting (module docstring): ``cfg`` is ``TrainConfig.report_plan()``. ``resume_step``: the
+    step the run continues from (metrics and audit lines after it are cut), None for a fresh run (they are
+    removed); ``record``: the run's whole config as the sinks store it (wandb's run config). Collective to
+    build."""
 
-    def __init__(self, cfg: TrainConfig, rt: Runtime, steps: StepCounts, resume_step: int | None):
+    def __init__(self, cfg: ReportPlan, rt: Runtime, steps: StepCounts, resume_step: int | None,
+                 record: dict[str, Any] | None = None):
         self.cfg, self.rank, self.device, self.world_size = cfg, rt.rank, rt.device, rt.world_size
         self.steps_per_epoch = steps.per_epoch
         self.writer = self.progress = self.audit = None
         if rt.rank == 0:
-            sinks = open_sinks(cfg.report_to, cfg.out, asdict(cfg), resume_step)
+            sinks = open_sinks(list(cfg.report_to), cfg.out, record or {}, resume_step)
             self.writer = MetricsWriter(cfg.out, cfg.tensorboard and "tensorboard" in cfg.report_to, resume_step,
                                         jsonl="jsonl" in cfg.report_to, sinks=sinks)
             self.progress = Progress(steps.total, resume_step or 0)

@@ -1,11 +1,13 @@
-"""The ``train`` stage: ``run(cfg, eval_fn=None, entry=...) -> StageResult``, and ``worker_main`` for ranks.
+"""The ``train`` stage: ``run(cfg, eval_fn=None, eval_factory="") -> StageResult``, and ``worker_main`` for
+ranks.
 
 Three ways in, one loop (``loop.train``):
 - one process (the default): trains here;
 - ``launch.nproc_per_node > 1`` / several nodes / restarts: this process becomes torchrun's elastic
-  agent and starts the ranks, each running ``python -m ENTRY CONFIG.yaml`` (``entry`` is a module whose
-  ``main`` calls ``worker_main``; the CLI and the pipeline pass one that builds their evaluation
-  callback, since ``train`` never imports ``eval``);
+  agent and starts the ranks, each running the trainer's entry ``python -m toolkit.train.worker
+  CONFIG.yaml [--eval-factory MODULE:FUNCTION]``; ``eval_factory`` names the function that builds the
+  evaluation callback from the config in each rank (``train`` never imports ``eval``: the glue above
+  both, ``toolkit.trainval``, passes its own);
 - already a rank (started by the user's torchrun, or ``srun`` with SLURM's variables): trains as that
   rank; rank 0 keeps the stage books.
 Stage books (``config.yaml``, ``manifest.json``, ``log.jsonl`` in OUT) are kept by the launching process
@@ -21,14 +23,15 @@ from typing import Any
 
 from toolkit.core import files
 from toolkit.core.config import ConfigError, build, read_yaml
+from toolkit.core.launch import apply_slurm_env, is_worker, launch_job, launched_by_cliptk, warn_unused_port
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run
-from toolkit.train.config import TrainConfig
-from toolkit.train.launch import launcher as L
+from toolkit.train.config import CheckpointConfig, EvalConfig, TrainConfig
 from toolkit.train.loop import EvalFn
 
 KIND = "train"
-DEFAULT_ENTRY = "toolkit.train.worker"
+ENTRY = "toolkit.train.worker"  # the module every launched rank runs
+EVAL_FACTORY_FLAG = "--eval-factory"
 # Why a rank may skip the refusal of a checkpoint of another configuration (it reads the newest
 # checkpoint's trainer.json on every rank): the check ran once already. The fit checks always run.
 PREFLIGHT_CHECKED = "this process's preflight refused a checkpoint of another configuration"
@@ -55,7 +58,7 @@ def preempted_message(summary: dict) -> str:
             "the same command to continue (resume: auto)")
 
 
-def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
+def launched_summary(checkpoint: CheckpointConfig, out: str) -> dict[str, Any] | None:
     """The outcome of a job whose ranks ran in other processes, from what they leave anyway: the newest
     checkpoint (every run ends, or stops on a signal, by writing one) and OUT/model. torchrun's launch API
     returns the ranks' return values only for a Python callable started with multiprocessing; cliptk's
@@ -64,12 +67,12 @@ def launched_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     from toolkit.train.checkpoint import format as ckpt
     from toolkit.train.checkpoint.resume import checkpoints_dir
 
-    path = ckpt.latest_valid(checkpoints_dir(cfg))
+    path = ckpt.latest_valid(checkpoints_dir(checkpoint, out))
     if path is None:
         return None
     saved = ckpt.read_trainer_state(path)
     state, total = saved["state"], saved.get("total_steps")
-    model = files.join(cfg.out, "model")
+    model = files.join(out, "model")
     # a checkpoint from before cliptk recorded total_steps: finished exactly when the ranks wrote the model
     preempted = state["step"] < total if total is not None else not files.exists(model)
     return {**{k: state.get(k) for k in ("step", "samples_seen", "skipped_steps")}, "total_steps": total,
@@ -84,34 +87,36 @@ def preflight(cfg: TrainConfig):
     to resume that was written with another configuration (``resume.ConfigMismatch``). Returns the opened
     training set (a one-process run trains on it without opening or checking it again)."""
     from toolkit.train.batches import open_data
+    from toolkit.train.checkpoint.datacheck import refuse_other_data
     from toolkit.train.checkpoint.resume import refuse_other_config
-    from toolkit.train.datacheck import refuse_other_data
     from toolkit.train.model import check_fit
 
     if not files.is_local(cfg.out):
         raise ConfigError("train", "out", f"the run directory must be local for now, got {cfg.out}")
     lo, hi = cfg.launch.node_range()
     # an elastic job's world size is known only at rendezvous (each rank checks it then)
-    dataset = open_data(cfg, lo * cfg.launch.nproc_per_node if lo == hi else None)
+    dataset = open_data(cfg.data_plan(), cfg.loss, lo * cfg.launch.nproc_per_node if lo == hi else None)
     check_fit(cfg.model, dataset)  # frozen-tower features too: against the model with their towers
     refuse_other_config(cfg)
-    refuse_other_data(cfg)
-    L.warn_unused_port(cfg.launch)
+    refuse_other_data(cfg.checkpoint, cfg.out, cfg.data)
+    warn_unused_port(cfg.launch)
     return dataset
 
 
-def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, entry: str = DEFAULT_ENTRY) -> StageResult:
-    """Train per ``cfg`` (module docstring). Raises on failure; a preempted run returns with
-    ``status == "preempted"`` after its checkpoint."""
-    L.apply_slurm_env(cfg.launch)
-    if L.is_worker():
+def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, eval_factory: str = "") -> StageResult:
+    """Train per ``cfg`` (module docstring) with ``eval_fn`` in this process and ``eval_factory``
+    ("module:function" of ``(cfg.eval) -> EvalFn | None``) building it in launched ranks. Raises on failure; a
+    preempted run returns with ``status == "preempted"`` after its checkpoint."""
+    apply_slurm_env(cfg.launch)
+    if is_worker():
         return _as_rank(cfg, eval_fn)
     dataset = preflight(cfg)
     if cfg.launch.is_multiprocess:
         keeps_books = cfg.launch.node_rank == 0
         with stage_run(KIND, cfg, cfg.out) if keeps_books else _Nothing(cfg.out) as rec:
-            L.launch(cfg, entry)
-            summary = launched_summary(cfg)
+            launch_job(cfg.launch, cfg, ENTRY, "training",
+                       (EVAL_FACTORY_FLAG, eval_factory) if eval_factory else ())
+            summary = launched_summary(cfg.checkpoint, cfg.out)
             if summary is not None:
                 _record(rec, summary)
         return rec.result()
@@ -128,7 +133,7 @@ def _as_rank(cfg: TrainConfig, eval_fn: EvalFn | None) -> StageResult:
     from toolkit.train.loop import train
 
     rank = int(os.environ["RANK"])
-    by_cliptk = L.launched_by_cliptk()
+    by_cliptk = launched_by_cliptk()
     if rank == 0 and not by_cliptk:
         with stage_run(KIND, cfg, cfg.out) as rec:
             _record(rec, train(cfg, eval_fn))
@@ -154,11 +159,10 @@ class _Nothing:
         return StageResult(self.out, dict(self.outputs), dict(self.counts), "", dict(self.details), self.status)
 
 
-def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = None,
-                argv: list[str] | None = None) -> None:
-    """A launched rank: ``python -m ENTRY CONFIG.yaml``; ``make_eval_fn(cfg)`` builds the evaluation
-    callback (the entry module's). Exits 0 when done or preempted after a checkpoint, 1 with a one-line
-    error."""
+def worker_main(argv: list[str] | None = None) -> None:
+    """A launched rank: ``python -m toolkit.train.worker CONFIG.yaml [--eval-factory MODULE:FUNCTION]``; the
+    factory, called with the config's ``eval`` section, builds the evaluation callback. Exits 0 when done or
+    preempted after a checkpoint, 1 with a one-line error."""
     argv = sys.argv[1:] if argv is None else argv
     from toolkit.core.log import setup_logging
     from toolkit.core.procs import die_with_parent
@@ -168,13 +172,31 @@ def worker_main(make_eval_fn: Callable[[TrainConfig], EvalFn | None] | None = No
 
     rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks report warnings and errors only
     setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if rank0 else "WARNING")
-    path = argv[0]
+    path, factory = _worker_args(argv)
     try:
         cfg = build(TrainConfig, read_yaml(path), source=path)
-        run(cfg, make_eval_fn(cfg) if make_eval_fn else None)
+        run(cfg, _load_factory(factory)(cfg.eval) if factory else None)
     except Exception as err:  # one line per rank; torchrun reports the exit code
         from toolkit.core.agent import write_error_file
 
         get_logger("train").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
         write_error_file(" ".join(f"{type(err).__name__}: {err}".split()))  # the launcher names it
         raise SystemExit(1) from err
+
+
+def _worker_args(argv: list[str]) -> tuple[str, str]:
+    """(CONFIG.yaml, the eval factory or "") of a rank's command line; SystemExit 2 naming the usage."""
+    if len(argv) == 1:
+        return argv[0], ""
+    if len(argv) == 3 and argv[1] == EVAL_FACTORY_FLAG:
+        return argv[0], argv[2]
+    raise SystemExit(f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] "
+                     f"(got {argv})")
+
+
+def _load_factory(name: str) -> Callable[[EvalConfig], EvalFn | None]:
+    """The function ``module:function`` names (the caller's evaluation glue, imported by name)."""
+    import importlib
+
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)

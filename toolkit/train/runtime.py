@@ -1,4 +1,5 @@
-"""Where this rank runs: ``Runtime.start(cfg)`` joins the process group and picks the device.
+"""Where this rank runs: ``Runtime.start(cfg.launch, cfg.device)`` joins the process group and picks the
+device.
 
 The first part the loop builds (every rank, collective): rank, world size, device, and the autocast
 context for the run's precision. Nothing here knows about data, models or objectives.
@@ -14,8 +15,8 @@ from typing import Any
 import torch
 
 from toolkit.core import dist as D
-from toolkit.train.config import TrainConfig
-from toolkit.train.plan.hostmem import release_freed_memory
+from toolkit.core.launch import LaunchConfig
+from toolkit.train.hostmem import release_freed_memory
 
 
 def resolve_device(device: str) -> torch.device:
@@ -47,13 +48,14 @@ class Runtime:
     device: torch.device
 
     @classmethod
-    def start(cls, cfg: TrainConfig) -> Runtime:
-        """Join the process group from torchrun's / SLURM's variables (one process: a group of one) and pick
-        the device (a rank's CUDA device when launched on GPUs, else ``cfg.device``). Collective."""
-        backend = None if cfg.launch.backend == "auto" else cfg.launch.backend
-        info = D.init_from_env(backend, cfg.launch.timeout_s)
-        device = info.device if info.device.type == "cuda" else resolve_device(cfg.device)
-        if cfg.release_freed_memory:  # before the model build and the loader's forked workers
+    def start(cls, launch: LaunchConfig, device: str = "auto", release_memory: bool = False) -> Runtime:
+        """Join the process group from torchrun's / SLURM's variables (one process: a group of one;
+        ``launch``: its backend and timeout) and pick the device (a rank's CUDA device when launched on GPUs,
+        else ``device``); ``release_memory``: the config's ``release_freed_memory``. Collective."""
+        backend = None if launch.backend == "auto" else launch.backend
+        info = D.init_from_env(backend, launch.timeout_s)
+        device = info.device if info.device.type == "cuda" else resolve_device(device)
+        if release_memory:  # before the model build and the loader's forked workers
             release_freed_memory(device.type)
         local = D.get_local_world_size() if D.is_initialized() else 1
         return cls(info.rank, info.world_size, local, device)

@@ -22,11 +22,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from toolkit.train.ddp import grad_sync
+
+if TYPE_CHECKING:
+    from toolkit.train.losses.base import TrainingLoss
 
 
 @dataclass
@@ -113,17 +117,18 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
     return x_all, y_all, scalars
 
 
-def _loss(loss_fn: nn.Module, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs, poison: bool) -> Tensor:
+def _loss(loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs,
+          poison: bool) -> Tensor:
     """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]) and the batch's ids (and
     reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and y);
     ``poison`` multiplies x by NaN first (module docstring)."""
     bias = scalars[1] if len(scalars) > 1 else None
     # an objective that reads the reference refuses a missing one itself
-    extra = {"reference": inputs.reference} if getattr(loss_fn, "reads_reference", False) else {}
+    extra = {"reference": inputs.reference} if loss_fn.reads_reference else {}
     return loss_fn(x * float("nan") if poison else x, y, scalars[0], inputs.index, logit_bias=bias, **extra)
 
 
-def forward_backward(model: nn.Module, loss_fn: nn.Module, inputs: StepInputs, *, micro_batch_size: int,
+def forward_backward(model: nn.Module, loss_fn: TrainingLoss, inputs: StepInputs, *, micro_batch_size: int,
                      seed_of: Callable[[int], int], autocast: Callable, scale: Callable[[Tensor], Tensor] = lambda t: t,
                      poison: bool = False, offload_features: bool = False) -> Tensor:
     """Gradients of this rank's share of the global objective into the parameters; returns the share

@@ -1,6 +1,9 @@
-"""The default entry of launched ranks (no evaluation callback): ``python -m toolkit.train.worker CONFIG.yaml``.
+"""The trainer's entry for launched ranks:
+``python -m toolkit.train.worker CONFIG.yaml [--eval-factory MODULE:FUNCTION]``.
 
-The CLI and the pipeline launch ``toolkit.pipeline.train_stage`` instead, which adds zero-shot evaluation.
+``toolkit train``, the pipeline and a user's own ``torchrun``/``srun`` start every rank here;
+``--eval-factory`` names the function that builds the rank's evaluation callback (``toolkit.trainval``
+passes its own).
 """
 
 from toolkit.train.run import worker_main

@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.core.config import build, set_path
-from toolkit.train.losses import KINDS, LossConfig, choice
+from toolkit.core.config import build, deep_merge, set_path
+from toolkit.train.losses import LossConfig, choice
+from toolkit.train.losses.config import MOVED_KEYS
+from toolkit.train.losses.registry import specs
 
 MAX_EXTENSIONS = 3  # per knob and end: beyond 3 steps past a grid the objective is not the limiting factor
 
@@ -100,16 +102,27 @@ METHODS: tuple[Method, ...] = (
 
 
 def loss_config(fields: dict[str, Any], source: str) -> LossConfig:
-    """LossConfig from flat fields with dotted keys for nested sections (validated as YAML would be)."""
+    """LossConfig from the benchmark's fields (validated as YAML would be): dotted keys for nested sections;
+    a section's knob named by its own name (``gamma_min``, ``siglip_scale_init``), as the run cache and the
+    result files have named them since before the sections, goes into its section (``MOVED_KEYS``)."""
     data: dict[str, Any] = {}
     for key, value in fields.items():
-        set_path(data, key.split("."), value)
+        path = MOVED_KEYS.get(key, key).split(".")
+        if isinstance(value, dict):
+            value = deep_merge(get_path(data, path) or {}, value)
+        set_path(data, path, value)
     return build(LossConfig, data, source=source)
+
+
+def get_path(data: dict[str, Any], path: list[str]) -> Any:
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
 
 
 def unavailable(method: Method) -> str:
     """Why ``method`` cannot run in this checkout ('' when it can)."""
-    if method.kind not in KINDS:
+    if method.kind not in specs():
         return f"loss kind {method.kind!r} is not registered in this checkout"
     try:
         loss_config({**method.fields, **{k: v[0] for k, v in method.grid.items()}}, method.name)

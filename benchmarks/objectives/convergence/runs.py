@@ -151,8 +151,8 @@ class Bench:
         import torch
 
         from toolkit.data.trainset.order import BatchOrder
-        from toolkit.train.checkpoint.state import TrainState
         from toolkit.train.loop import train_step
+        from toolkit.train.trainstate import TrainState
 
         start = time.monotonic()
         parts = self.parts(mode, loss_cfg, batch, steps, seed)
@@ -198,8 +198,8 @@ class Bench:
                           max_nonfinite_steps=steps + 1, tensorboard=False, loss=loss_cfg, optim=optim)
         rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
         dataset = self.dataset(mode)
-        data = TrainData(cfg, rt, dataset)
-        steps = step_counts(cfg, dataset.num_samples)
+        data = TrainData(cfg.data_plan(), rt, dataset)
+        steps = step_counts(cfg.data_plan(), dataset.num_samples)
         built = self.model(mode, seed, loss_cfg)
         loss_fn = build_loss(loss_cfg, data_size=data.num_samples, check_sizes=False)
         update = Update(built.model.clip, loss_fn, optim, loss_cfg, steps.total, cfg.precision)

@@ -24,8 +24,19 @@ N, D, D_REF = 13, 5, 3  # reference width ≠ student width on purpose
 KW = {"rho": 6.5, "eps": 1e-14, "gamma_min": 0.3, "gamma_decay_epochs": 2}
 
 
+def _sectioned(fields: dict) -> dict:
+    """FastCLIP's knobs among ``fields`` (``gamma_min``, ``version``, ...) in their ``loss.fastclip`` section."""
+    import dataclasses
+
+    from toolkit.train.losses.fastclip.config import FastCLIPConfig
+
+    own = {f.name for f in dataclasses.fields(FastCLIPConfig)}
+    rest = {k: v for k, v in fields.items() if k not in own}
+    return {**rest, "fastclip": {**rest.get("fastclip", {}), **{k: v for k, v in fields.items() if k in own}}}
+
+
 def make_drrho(data_size: int = N, *, group=None, ref_weight: float = 1.0, **fields) -> DRRhoLoss:
-    cfg = build(LossConfig, {**loss_fields("drrho"), **KW, **fields, "drrho": {"ref_weight": ref_weight}})
+    cfg = build(LossConfig, _sectioned({**loss_fields("drrho"), **KW, **fields, "drrho": {"ref_weight": ref_weight}}))
     return build_loss(cfg, data_size=data_size, group=group, table_dtype=torch.float64)
 
 
@@ -166,7 +177,7 @@ def test_registry_plan_and_config():
 
     spec = registry.spec("drrho")
     assert DRRhoLoss.reads_reference and spec.table_columns({"kind": "drrho"}) == 2
-    cfg = build(LossConfig, {"kind": "drrho", "learn_tau": False, "gamma_rule": "drrho", "gamma_decay_epochs": 30})
+    cfg = build(LossConfig, {"kind": "drrho", "learn_tau": False, "fastclip": {"gamma_rule": "drrho", "gamma_decay_epochs": 30}})
     assert cfg.name == "drrho" and not cfg.learns_logit_scale
     assert make_drrho(gamma_rule="drrho", gamma_decay_epochs=30).gamma_final == pytest.approx(4.177 * 30 ** -0.7265)
     table = step_traffic("fastclip", 4, 8, 512, 100, feature_bytes=2, objective="drrho", ref_dim=256)

@@ -26,6 +26,17 @@ KW = {"gamma_min": 0.3, "gamma_decay_epochs": 2, "rho": 6.5, "eps": 1e-14}
 VARIANTS = {"paper": {}, "half-ref-fixed-tau": {"ref_weight": 0.5, "learn_tau": False}}
 
 
+def _sectioned(fields: dict) -> dict:
+    """FastCLIP's knobs among ``fields`` (``gamma_min``, ``version``, ...) in their ``loss.fastclip`` section."""
+    import dataclasses
+
+    from toolkit.train.losses.fastclip.config import FastCLIPConfig
+
+    own = {f.name for f in dataclasses.fields(FastCLIPConfig)}
+    rest = {k: v for k, v in fields.items() if k not in own}
+    return {**rest, "fastclip": {**rest.get("fastclip", {}), **{k: v for k, v in fields.items() if k in own}}}
+
+
 def scenario(num_ranks: int):
     """[(epoch, x, y [B, D] fp64, ref_image, ref_text [B, D_REF] fp32, ids [B], p)] for B = K·b; seeded."""
     gen = torch.Generator().manual_seed(200 + num_ranks)
@@ -44,7 +55,7 @@ def make(group, ref_weight: float = 1.0, learn_tau: bool = True):
     from toolkit.core.config import build
     from toolkit.train.losses import LossConfig, build_loss
 
-    cfg = build(LossConfig, {"kind": "drrho", "learn_tau": learn_tau, "drrho": {"ref_weight": ref_weight}, **KW})
+    cfg = build(LossConfig, _sectioned({"kind": "drrho", "learn_tau": learn_tau, "drrho": {"ref_weight": ref_weight}, **KW}))
     return build_loss(cfg, data_size=N, group=group, table_dtype=torch.float64, check_sizes=False)
 
 

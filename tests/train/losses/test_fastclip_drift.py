@@ -42,6 +42,7 @@ def test_old_estimators_shift_by_the_batch_mean_drift_before_averaging():
 
 
 def test_u_drift_is_refused_where_there_is_no_global_estimator():
-    for fields in ({"kind": "fastclip", "version": "v2"}, {"kind": "neuclip"}, {"kind": "openclip", "mode": "gather"}):
+    for fields in ({"kind": "fastclip", "fastclip": {"version": "v2"}}, {"kind": "neuclip"},
+                   {"kind": "openclip", "mode": "gather"}):
         with pytest.raises(ValueError, match="u_drift: batch applies to FastCLIP v0, v1 and v3"):
-            build(LossConfig, {"u_drift": "batch", **fields})
+            build(LossConfig, {**fields, "fastclip": {**fields.get("fastclip", {}), "u_drift": "batch"}})

@@ -48,22 +48,22 @@ def test_drrho_gamma_per_epoch_equals_the_published_rule(planned_epochs):
 
 def test_drrho_decays_over_the_runs_planned_epochs():
     base = {"data": "/nonexistent/shards", "out": "/nonexistent/out"}
-    cfg = build(TrainConfig, {**base, "epochs": 30, "loss": {"gamma_rule": "drrho"}}, source="t.yaml")
+    cfg = build(TrainConfig, {**base, "epochs": 30, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml")
     assert cfg.loss.fastclip.gamma_decay_epochs == 30
-    given = {**base, "epochs": 30, "loss": {"gamma_rule": "drrho", "gamma_decay_epochs": 12}}
+    given = {**base, "epochs": 30, "loss": {"fastclip": {"gamma_rule": "drrho", "gamma_decay_epochs": 12}}}
     assert build(TrainConfig, given, source="t.yaml").loss.fastclip.gamma_decay_epochs == 12
-    with pytest.raises(ValueError, match="loss.gamma_decay_epochs: gamma_rule: drrho needs the planned epochs"):
-        build(TrainConfig, {**base, "steps": 100, "loss": {"gamma_rule": "drrho"}}, source="t.yaml")
-    default = build(TrainConfig, {**base, "loss": {"gamma_rule": "drrho"}}, source="t.yaml")  # epochs' default
+    with pytest.raises(ValueError, match="loss.fastclip.gamma_decay_epochs: gamma_rule: drrho needs the planned epochs"):
+        build(TrainConfig, {**base, "steps": 100, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml")
+    default = build(TrainConfig, {**base, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml")  # epochs' default
     assert default.loss.fastclip.gamma_decay_epochs == default.epochs == 1
 
 
 def test_rules_are_refused_where_they_do_not_apply():
     with pytest.raises(ValueError, match="gamma_rule: drrho applies to FastCLIP"):
         LossConfig(kind="openclip", mode="gather", fastclip=FastCLIPConfig(gamma_rule="drrho"))
-    for fields in ({"kind": "openclip", "mode": "gather"}, {"kind": "fastclip", "version": "v2"}):
+    for fields in ({"kind": "openclip", "mode": "gather"}, {"kind": "fastclip", "fastclip": {"version": "v2"}}):
         with pytest.raises(ValueError, match="u_update: scent applies to FastCLIP v0, v1 and v3"):
-            build(LossConfig, {"u_update": "scent", **fields})
+            build(LossConfig, {**fields, "fastclip": {**fields.get("fastclip", {}), "u_update": "scent"}})
     with pytest.raises(ValueError, match="u_update: scent replaces"):
         FastCLIPConfig(u_update="scent", gamma_rule="drrho")
 

@@ -1,104 +1,57 @@
-"""``LossConfig``'s sections (``loss.fastclip``, ``loss.siglip``) and the keys they had before: the flat keys load
-with the same meaning from every source (YAML, ``--set``, ``--loss``, dicts), records keep the flat layout so
-configs and hashes recorded before the split still match, and a checkpoint written before it resumes."""
+"""``LossConfig``'s sections (``loss.fastclip``, ``loss.siglip``, ``loss.neuclip``): one layout read and written
+everywhere (YAML, ``--set``, ``--loss``, dicts, records and hashes); the flat keys of records written before
+2026-11-26 are refused naming their new place, in a config and in a checkpoint to resume."""
 
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
-import torch
-from trainkit import train_cfg, weights
+from trainkit import train_cfg
 
 from toolkit.core.config import ConfigError, build, config_hash, load_config, to_dict
 from toolkit.train.config import TrainConfig
-from toolkit.train.losses.config import LossConfig
+from toolkit.train.losses.config import MOVED_KEYS, LossConfig
 from toolkit.train.losses.fastclip.config import FastCLIPConfig
 from toolkit.train.losses.siglip.config import SigLIPConfig
 
-FLAT = {"kind": "fastclip", "version": "v2", "gamma_min": 0.3, "tau_min": 0.02, "rho": 7.0, "u_drift": "none",
-        "siglip_scale_init": 5.0}
 SECTIONED = {"kind": "fastclip", "rho": 7.0, "fastclip": {"version": "v2", "gamma_min": 0.3, "tau_min": 0.02},
              "siglip": {"scale_init": 5.0}}
 
 
-def test_old_flat_keys_load_into_their_sections_with_the_same_meaning():
-    want = LossConfig(kind="fastclip", rho=7.0, fastclip=FastCLIPConfig(version="v2", gamma_min=0.3, tau_min=0.02),
-                      siglip=SigLIPConfig(scale_init=5.0))
-    assert build(LossConfig, FLAT) == build(LossConfig, SECTIONED) == want
-    assert to_dict(want) == to_dict(build(LossConfig, FLAT))  # one record whichever layout was given
-    mixed = {"kind": "fastclip", "version": "v2", "fastclip": {"gamma_min": 0.3, "tau_min": 0.02},
-             "siglip_scale_init": 5.0, "rho": 7.0}
-    assert build(LossConfig, mixed) == want
-    siglip = build(LossConfig, {"kind": "siglip", "mode": "gather", "siglip_bias_init": -4.0})
-    assert siglip.siglip.bias_init == -4.0 and siglip.init_logit_bias == -4.0
+def test_records_are_sectioned_and_read_back_equal():
+    cfg = build(LossConfig, SECTIONED)
+    assert cfg.fastclip == FastCLIPConfig(version="v2", gamma_min=0.3, tau_min=0.02)
+    assert cfg.siglip == SigLIPConfig(scale_init=5.0)
+    record = to_dict(cfg)
+    assert record["fastclip"]["version"] == "v2" and record["siglip"]["scale_init"] == 5.0
+    assert not set(record) & set(MOVED_KEYS)  # no flat key in a record
+    assert build(LossConfig, record) == cfg and config_hash(build(LossConfig, record)) == config_hash(cfg)
 
 
-def test_records_keep_the_flat_layout_and_the_hashes_recorded_before_the_split():
-    record = to_dict(build(LossConfig, SECTIONED))
-    assert "fastclip" not in record and "siglip" not in record and "neuclip" in record  # neuclip: a section already
-    assert (record["version"], record["gamma_min"], record["siglip_scale_init"]) == ("v2", 0.3, 5.0)
-    # the hashes the code before the split (commit 5de7a0c) recorded for these configs, config_hash(loss, "train")
-    recorded = {"01b585aca9e09f2c": {},
-                "95704c542ddf0ffd": {"kind": "fastclip", "version": "v2", "tau_min": 0.02, "rho": 7.0},
-                "5ab3f4286ab59203": {"kind": "siglip", "mode": "gather", "siglip_scale_init": 5.0,
-                                     "siglip_bias_init": -4.0},
-                "a534d0a432dc31b7": {"kind": "fastclip", "version": "v3", "u_update": "scent", "scent_gamma": 2.0,
-                                     "u_drift": "batch"}}
-    for digest, old_keys in recorded.items():
-        assert config_hash(build(LossConfig, old_keys), "train") == digest, old_keys
-
-
-def test_a_key_in_both_layouts_or_in_neither_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"run.yaml: loss.version: given twice: as loss.version .* and as "
-                                          r"loss.fastclip.version; keep one"):
-        build(LossConfig, {"version": "v2", "fastclip": {"version": "v3"}}, source="run.yaml", prefix="loss")
-    with pytest.raises(ConfigError, match=r"loss.gama_min: unknown key; did you mean 'gamma_min'\?"):
-        build(LossConfig, {"gama_min": 0.3}, source="run.yaml", prefix="loss")
-    with pytest.raises(ConfigError, match=r"loss.fastclip.scale_init: unknown key"):
-        build(LossConfig, {"fastclip": {"scale_init": 3.0}}, source="run.yaml", prefix="loss")
-    # a bad value is named by the key as it was written
-    with pytest.raises(ConfigError, match=r"run.yaml: loss.version: must be one of"):
-        build(LossConfig, {"version": "v9"}, source="run.yaml", prefix="loss")
-    with pytest.raises(ConfigError, match=r"run.yaml: loss.fastclip.version: must be one of"):
-        build(LossConfig, {"fastclip": {"version": "v9"}}, source="run.yaml", prefix="loss")
-    with pytest.raises(ConfigError, match=r"loss.siglip_scale_init: must be > 0"):
-        build(TrainConfig, {"data": "d", "out": "o", "loss": {"kind": "siglip", "mode": "gather",
-                                                              "siglip_scale_init": 0}}, source="run.yaml")
-
-
-def test_a_later_source_overrides_an_earlier_one_in_either_layout(tmp_path):
-    """defaults < YAML < --set < options (the train CLI's --loss sets loss.kind and loss.version) whichever
-    layout each source uses; an error names the source that gave the value."""
+@pytest.mark.parametrize("flat, new", [("version", "loss.fastclip.version"), ("gamma_min", "loss.fastclip.gamma_min"),
+                                       ("u_drift", "loss.fastclip.u_drift"),
+                                       ("siglip_scale_init", "loss.siglip.scale_init")])
+def test_a_flat_key_is_refused_naming_its_new_place(tmp_path, flat, new):
+    value = {"version": "v2", "gamma_min": 0.3, "u_drift": "none", "siglip_scale_init": 5.0}[flat]
+    with pytest.raises(ConfigError, match=rf"run.yaml: loss.{flat}: unknown key: it is {new} now"):
+        build(TrainConfig, {"data": "d", "out": "o", "loss": {"kind": "fastclip", flat: value}}, source="run.yaml")
     old = tmp_path / "old.yaml"
-    old.write_text("data: d\nout: o\nloss: {kind: fastclip, version: v2, rho: 6.5, gamma_min: 0.3}\n")
-    new = tmp_path / "new.yaml"
-    new.write_text("data: d\nout: o\nloss: {kind: fastclip, rho: 6.5, fastclip: {version: v2, gamma_min: 0.3}}\n")
-    for path in (old, new):
-        assert load_config(TrainConfig, path).loss == load_config(TrainConfig, old).loss
-        assert load_config(TrainConfig, path).loss.fastclip.version == "v2"
-        for key in ("loss.version", "loss.fastclip.version"):
-            cfg = load_config(TrainConfig, path, [f"{key}=v1"])
-            assert (cfg.loss.fastclip.version, cfg.loss.fastclip.gamma_min, cfg.loss.rho) == ("v1", 0.3, 6.5)
-            cfg = load_config(TrainConfig, path, [f"{key}=v1"], {"loss.kind": "fastclip", "loss.version": "v0"})
-            assert cfg.loss.fastclip.version == "v0"
-    with pytest.raises(ConfigError, match=r"--set loss.version=v9: loss.fastclip.version: must be one of"):
-        load_config(TrainConfig, old, ["loss.version=v9"])
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("data: d\nout: o\nloss: {gamma_min: 3}\n")
-    with pytest.raises(ConfigError, match=r"bad.yaml: loss.gamma_min: must be <= 1"):
-        load_config(TrainConfig, bad)
+    old.write_text(f"data: d\nout: o\nloss:\n  {flat}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"old.yaml: loss.{flat}: unknown key: it is {new} now"):
+        load_config(TrainConfig, old)
+    with pytest.raises(ConfigError, match=rf"--set loss.{flat}=.*: loss.{flat}: unknown key: it is {new} now"):
+        load_config(TrainConfig, None, [f"loss.{flat}={value}"], {"data": "d", "out": "o"})
 
 
-def test_presets_and_the_default_objective_fill_the_sections():
-    base = {"data": "d", "out": "o"}
-    cfg = build(TrainConfig, {**base, "preset": "cc3m-v2", "loss": {"fastclip": {"tau_min": 0.02}}})
-    assert (cfg.loss.fastclip.version, cfg.loss.fastclip.tau_min, cfg.loss.rho) == ("v2", 0.02, 7.0)
-    cfg = build(TrainConfig, {**base, "preset": "cc3m", "loss": {"version": "v1"}})  # flat key over the preset
-    assert (cfg.loss.fastclip.version, cfg.loss.fastclip.gamma_decay_epochs) == ("v1", 18)
-    drrho = build(TrainConfig, {**base, "epochs": 12, "loss": {"fastclip": {"gamma_rule": "drrho"}}})
-    assert drrho.loss.fastclip.gamma_decay_epochs == 12
+def test_the_cli_loss_name_sets_the_section():
+    from toolkit.train.losses.config import dotted, loss_fields
+
+    explicit = {**dotted(loss_fields("fastclip-v1"), "loss."), "data": "d", "out": "o"}
+    assert explicit["loss.fastclip.version"] == "v1"
+    cfg = load_config(TrainConfig, None, ["loss.fastclip.gamma_min=0.3"], explicit)
+    assert (cfg.loss.fastclip.version, cfg.loss.fastclip.gamma_min) == ("v1", 0.3)  # --set's key in the section stays
+    assert to_dict(build(TrainConfig, {"data": "d", "out": "o", "preset": "cc3m"}))["loss"]["fastclip"]["version"] == "v3"
 
 
 # The loss section as the code before the split recorded it in trainer.json for the run below (flat keys)
@@ -127,19 +80,20 @@ def _rewrite_as_before_the_split(ckpt) -> None:
     (ckpt / "checkpoint.json").write_text(json.dumps(manifest))
 
 
-def test_a_checkpoint_written_with_the_flat_loss_layout_resumes(demo_train, tmp_path):
+def test_a_checkpoint_recorded_in_the_flat_layout_is_refused_naming_each_key(demo_train, tmp_path):
+    """An old run folder's checkpoint is not resumed under another reading of its keys: the refusal names the
+    flat keys and their new places, and how to start from its weights; with --init the weights still load."""
     from toolkit.train.run import run
 
     out, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
     sectioned = {"kind": "fastclip", "lr_tau": 2e-4, "rho": 6.5,
                  "fastclip": {"version": "v3", "gamma_min": 0.3, "gamma_decay_epochs": 18, "u_drift": "batch"}}
-    flat = {k: v for k, v in OLD_RECORD.items() if k != "neuclip"}  # a user's YAML of before, every key flat
-    run(train_cfg(demo_train, out, steps=4, loss=sectioned, checkpoint={"every_steps": 2}))
-    uninterrupted = weights(out)
-    for loss in (flat, sectioned):  # resumed by the old keys and by the new ones
-        shutil.rmtree(ckpts / "step-00000004")
-        _rewrite_as_before_the_split(ckpts / "step-00000002")
-        result = run(train_cfg(demo_train, out, steps=4, loss=loss, checkpoint={"every_steps": 2, "resume": "latest"}))
-        assert result.counts["step"] == 4
-        for key, value in weights(out).items():
-            assert torch.allclose(value, uninterrupted[key], rtol=0, atol=1e-6), key
+    run(train_cfg(demo_train, out, steps=2, loss=sectioned, checkpoint={"every_steps": 2}))
+    _rewrite_as_before_the_split(ckpts / "step-00000002")
+    again = train_cfg(demo_train, out, steps=4, loss=sectioned, checkpoint={"every_steps": 2, "resume": "latest"})
+    with pytest.raises(ValueError, match=r"step-00000002: recorded in the flat loss layout of before 2026-11-26 "
+                                         r"\(loss.version is loss.fastclip.version now, .*loss.siglip_scale_init is "
+                                         r"loss.siglip.scale_init now.*--init"):
+        run(again)
+    fresh = train_cfg(demo_train, tmp_path / "fresh", steps=1, loss=sectioned, init=str(ckpts / "step-00000002"))
+    assert run(fresh).counts["step"] == 1

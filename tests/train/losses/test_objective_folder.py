@@ -109,31 +109,7 @@ def test_an_objective_from_a_package_is_planned(counted):
 
 def test_a_name_registered_later_is_known_everywhere(counted):
     """Names are looked up when used: what registered after import is accepted by the config and plan."""
-    from toolkit.train import losses
     from toolkit.train.losses.config import LossConfig, loss_fields
 
-    assert "counted-clip" in losses.LOSS_NAMES and loss_fields("counted-clip") == {"kind": "counted"}
+    assert "counted-clip" in registry.loss_names() and loss_fields("counted-clip") == {"kind": "counted"}
     assert LossConfig(kind="counted", mode="ring").name == "counted-clip"
-
-
-# The loss section as checkpoints (trainer.json's config) and preset YAML wrote it before the objectives became
-# folders: a later split of LossConfig must keep loading it (migrating keys) or this fails.
-OLD_LOSS_SECTION = {
-    "kind": "fastclip", "version": "v3", "mode": "fastclip", "backend": "auto", "tau_init": 0.07, "learn_tau": True,
-    "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "gamma_min": 0.2, "gamma_decay_epochs": 18,
-    "gamma_schedule": "cosine", "u_drift": "none", "rho": 6.5, "eps": 1e-14, "tau_min": 0.01, "tau_max": 1.0,
-    "tau_grad_clamp": 5.0, "tau_beta1": 0.9, "tau_beta2": 0.999, "tau_eps": 1e-08,
-    "neuclip": {"num_prototypes": 4096, "lr": 0.01, "inner_steps": 10, "restart_every_steps": 500,
-                "adagrad_eps": 1e-10, "fit_order": "before"},
-    "siglip_scale_init": 10.0, "siglip_bias_init": -10.0}
-
-
-def test_an_old_checkpoints_loss_config_still_loads_unchanged(demo_train, tmp_path):
-    from toolkit.core.config import to_dict
-    from toolkit.train.checkpoint.resume import check_config, output_config, output_hash
-    from toolkit.train.losses.config import LossConfig
-
-    assert to_dict(build(LossConfig, OLD_LOSS_SECTION)) == OLD_LOSS_SECTION
-    cfg = train_cfg(demo_train, tmp_path / "run", loss=OLD_LOSS_SECTION)
-    saved = {"config_hash": output_hash(cfg), "config": {**output_config(cfg), "loss": OLD_LOSS_SECTION}}
-    check_config("ckpt", saved, cfg)  # a resume under today's config accepts the old record

@@ -14,7 +14,7 @@ from toolkit.core import files
 from toolkit.core.config import config_hash, output_dict
 from toolkit.core.config_changes import absent_values, changed_keys, describe_changes
 from toolkit.train.checkpoint import format as ckpt
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import CheckpointConfig, TrainConfig
 
 CLI_REMEDY = "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"
 
@@ -52,6 +52,38 @@ class ConfigMismatch(ValueError):
                               f"{self.where} away")
 
 
+class FlatLayoutRecord(ConfigMismatch):
+    """A checkpoint recorded in the flat loss layout of before 2026-11-26 (``loss.version``, not
+    ``loss.fastclip.version``), which cliptk no longer reads: the refusal names each flat key and its new
+    place."""
+
+    def __init__(self, path: str, moved: dict[str, str], where: str = "", remedy: str = ""):
+        self.path, self.moved, self.where, self.changes = path, moved, where, None
+        self.saved_hash = self.new_hash = ""
+        self.remedy = remedy or (f"start afresh from its weights with --init {path} (a new run folder, or "
+                                 "--resume none), or with the cliptk it was written with")
+        names = ", ".join(f"{old} is {new} now" for old, new in moved.items())
+        ValueError.__init__(self, f"{path}: recorded in the flat loss layout of before 2026-11-26 ({names}); "
+                                  "this cliptk reads the sectioned layout only and cannot resume it: "
+                                  f"{self.remedy}")
+
+    def in_pipeline(self, stage: str) -> FlatLayoutRecord:
+        return FlatLayoutRecord(self.path, self.moved, self.where,
+                                f"start afresh with --set stages.{stage}.checkpoint.resume=none (deletes its "
+                                f"checkpoints) or after moving {self.where} away")
+
+
+def flat_loss_keys(record: Any) -> dict[str, str]:
+    """{loss.FLAT: loss.SECTION.KEY} of the flat loss keys a recorded config holds ({} for a sectioned
+    one)."""
+    from toolkit.train.losses.config import MOVED_KEYS
+
+    loss = record.get("loss") if isinstance(record, Mapping) else None
+    if not isinstance(loss, Mapping):
+        return {}
+    return {f"loss.{key}": f"loss.{MOVED_KEYS[key]}" for key in loss if key in MOVED_KEYS}
+
+
 def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
     """Raise :class:`ConfigMismatch` unless checkpoint ``path`` (``saved``: its trainer.json) was written
     with ``cfg``'s output-affecting configuration."""
@@ -59,6 +91,9 @@ def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
     if saved.get("config_hash") == new_hash:
         return
     old = saved.get("config")
+    moved = flat_loss_keys(old)
+    if moved:
+        raise FlatLayoutRecord(path, moved, cfg.checkpoint.dir or cfg.out)
     changes = changed_keys(old, output_config(cfg), absent_values(cfg)) if isinstance(old, Mapping) else None
     if changes is not None:
         changes = _with_effect(changes, cfg)
@@ -80,8 +115,9 @@ def _with_effect(changes: list[tuple[str, Any, Any]], cfg: TrainConfig) -> list[
     return [change for change in changes if not change[0].startswith("augment.")]
 
 
-def checkpoints_dir(cfg: TrainConfig) -> str:
-    return cfg.checkpoint.dir or files.join(cfg.out, ckpt.CHECKPOINTS)
+def checkpoints_dir(checkpoint: CheckpointConfig, out: str) -> str:
+    """Where run folder ``out``'s checkpoints go: ``checkpoint.dir``, else OUT/checkpoints."""
+    return checkpoint.dir or files.join(out, ckpt.CHECKPOINTS)
 
 
 def find_checkpoint(how: str, ckpt_dir: str) -> str | None:
@@ -123,7 +159,7 @@ def refuse_other_config(cfg: TrainConfig) -> None:
         return
     if how not in ("auto", "latest"):
         require_resume_folder(how)
-    ckpt_dir, new_hash = checkpoints_dir(cfg), output_hash(cfg)
+    ckpt_dir, new_hash = checkpoints_dir(cfg.checkpoint, cfg.out), output_hash(cfg)
     candidates = [p for _, p in ckpt.list_checkpoints(ckpt_dir)] if how in ("auto", "latest") else [how]
     if all(_saved_hash(p) in (None, new_hash) for p in candidates):
         return

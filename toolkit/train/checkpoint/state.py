@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from toolkit.core.log import get_logger
 from toolkit.models import weights
 from toolkit.train.batches import StepCounts
 from toolkit.train.checkpoint import format as ckpt
+from toolkit.train.checkpoint.datacheck import check_data, fingerprint
 from toolkit.train.checkpoint.resume import (
     check_config,
     checkpoints_dir,
@@ -31,21 +32,11 @@ from toolkit.train.checkpoint.resume import (
     output_hash,
 )
 from toolkit.train.config import TrainConfig
-from toolkit.train.datacheck import check_data, fingerprint
 from toolkit.train.losses.base import TrainingLoss
 from toolkit.train.model import BuiltModel
 from toolkit.train.runtime import Runtime
+from toolkit.train.trainstate import TrainState
 from toolkit.train.update import Update
-
-
-@dataclass
-class TrainState:
-    """What a checkpoint carries besides weights, optimiser and loss state."""
-
-    step: int = 0  # global batches consumed (= the next batch's index t)
-    samples_seen: int = 0
-    skipped_steps: int = 0
-    nonfinite_in_row: int = 0
 
 
 def sync_buffers(clip: nn.Module, world_size: int) -> None:
@@ -67,7 +58,7 @@ class StateIO:
         self.cfg, self.rank, self.world_size, self.built = cfg, rt.rank, rt.world_size, built
         self.update, self.loss_fn = update, loss_fn
         self.steps_per_epoch, self.total_steps = steps
-        self.dir = checkpoints_dir(cfg)
+        self.dir = checkpoints_dir(cfg.checkpoint, cfg.out)
         self._data: dict | None = None  # the training set's fingerprint (``data``), read when first needed
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
@@ -93,7 +84,7 @@ class StateIO:
             get_logger("train").debug("checkpoint configuration check skipped: %s", skip_config_check)
         else:
             check_config(path, saved, self.cfg)
-        check_data(path, saved, self.cfg, self.data)
+        check_data(path, saved, self.cfg.checkpoint, self.cfg.data, self.data)
         same_data = (saved.get("data") or {}).get("dataset_sha256", self.data["dataset_sha256"]) == \
             self.data["dataset_sha256"]
         self._load(path, same_data)

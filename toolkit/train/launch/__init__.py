@@ -1,3 +1,2 @@
-"""Launching the trainer's ranks: ``launcher`` (one process, torchrun's ranks, SLURM: the trainer's config
-on toolkit.core.launch, whose agent and supervisor precompute's ranks share), ``signals`` (the ranks'
-preemption flag)."""
+"""The trainer's ranks' preemption flag (``signals``); starting the ranks is toolkit.core.launch's
+``launch_job`` (one process, torchrun's ranks, SLURM), shared with precompute's ranks."""

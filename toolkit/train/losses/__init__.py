@@ -24,7 +24,7 @@ from toolkit.train.losses.registry import register
 if TYPE_CHECKING:
     from toolkit.train.losses.base import TrainingLoss
 
-__all__ = ["KINDS", "LOSS_NAMES", "LossConfig", "build_loss", "loss_fields", "objective_class", "register"]
+__all__ = ["LossConfig", "build_loss", "loss_fields", "objective_class", "register"]
 
 
 def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **options) -> TrainingLoss:
@@ -54,11 +54,3 @@ def objective_class(kind: str) -> type[TrainingLoss]:
     module, _, name = registry.spec(kind).target.partition(":")
     return getattr(importlib.import_module(module), name)
 
-
-def __getattr__(attr: str):
-    """``KINDS`` and ``LOSS_NAMES`` as registered when read (a later ``register`` counts)."""
-    if attr == "KINDS":
-        return registry.KINDS
-    if attr == "LOSS_NAMES":
-        return tuple(registry.loss_names())
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

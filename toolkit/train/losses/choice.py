@@ -35,7 +35,7 @@ FASTCLIP_KNOBS = frozenset({"rho", "eps", "fastclip"})
 # batch (-0.78, -1.19, -3.42). (NeuCLIP wins batch 64, +1.78, but costs ~5 v3 steps of CPU per LiT step and
 # trails after 30 epochs.) The table keeps its batch rows so new evidence can split it.
 BY_BATCH: tuple[tuple[int | None, dict[str, Any]], ...] = (
-    (None, {"kind": "fastclip", "version": "v3", "u_drift": "batch"}),
+    (None, {"kind": "fastclip", "fastclip": {"version": "v3", "u_drift": "batch"}}),
 )
 # After 30 epochs, up to batch 64, no cliptk objective keeps up with a tuned OpenCLIP, even with γ tuned; at batch
 # 256 the drift-corrected v3 is ahead. convergence_gamma.md (30 epochs, every knob tuned on the long regime's own
@@ -49,22 +49,22 @@ BY_BATCH: tuple[tuple[int | None, dict[str, Any]], ...] = (
 # batch 128 (unmeasured: the geometric middle of 64 and 256), and the short runs' FastCLIP above.
 BY_BATCH_LONG: tuple[tuple[int | None, dict[str, Any]], ...] = (
     (128, {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 1e-4}),
-    (None, {"kind": "fastclip", "version": "v3", "u_drift": "batch"}),
+    (None, {"kind": "fastclip", "fastclip": {"version": "v3", "u_drift": "batch"}}),
 )
 
 
 def _row(table: tuple[tuple[int | None, dict[str, Any]], ...], batch_size: int) -> dict[str, Any]:
     for largest, fields in table:
         if largest is None or batch_size <= largest:
-            return dict(fields)
+            return {k: dict(v) if isinstance(v, Mapping) else v for k, v in fields.items()}
     raise AssertionError("a choice table must end with a row for every larger batch")
 
 
 def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """LossConfig fields of the objective the evidence picks at global batch ``batch_size`` for a run of
     ``epochs`` planned epochs (None: not known, as for a run planned by steps: the short-run table).
-    ``given``: the loss keys the user set without naming a kind, sectioned as ``LossConfig`` is
-    (core/config_sections.py migrates the old flat keys before this is called); FastCLIP's own knobs among them
+    ``given``: the loss keys the user set without naming a kind, sectioned as ``LossConfig`` is; FastCLIP's
+    own knobs among them
     (``FASTCLIP_KNOBS``) make it a FastCLIP run, so the short-run table's FastCLIP row applies at any epochs.
     For FastCLIP with more than one epoch, γ decays over ``GAMMA_DECAY_FRACTION`` of them as benchmarked
     (unless DRRho's γ rule is asked for: it plans its own decay, over all the epochs)."""
@@ -74,13 +74,19 @@ def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str,
     section = given.get("fastclip") if isinstance(given.get("fastclip"), Mapping) else {}
     drrho = section.get("gamma_rule") == "drrho"  # the tables' rows leave the γ rule at its default
     if epochs is not None and epochs > 1 and fields["kind"] == "fastclip" and not drrho:
-        fields.setdefault("gamma_decay_epochs", max(1, round(epochs * GAMMA_DECAY_FRACTION)))
+        decay_epochs = max(1, round(epochs * GAMMA_DECAY_FRACTION))
+        fields.setdefault("fastclip", {}).setdefault("gamma_decay_epochs", decay_epochs)
     return fields
 
 
 def _name(fields: dict[str, Any]) -> str:
-    name = fields["kind"] + (f"-{fields['version']}" if "version" in fields else "")
-    return name + "".join(f" ({k}: {v})" for k, v in fields.items() if k not in ("kind", "version"))
+    """'fastclip-v3 (u_drift: batch)': the --loss name, then the row's other keys (a section's by their own
+    name)."""
+    section = fields.get("fastclip", {})
+    name = fields["kind"] + (f"-{section['version']}" if "version" in section else "")
+    rest = {**{k: v for k, v in fields.items() if k not in ("kind", "fastclip")},
+            **{k: v for k, v in section.items() if k != "version"}}
+    return name + "".join(f" ({k}: {v})" for k, v in rest.items())
 
 
 def _describe_table(table: tuple[tuple[int | None, dict[str, Any]], ...]) -> str:

@@ -9,10 +9,11 @@
   schedule and rules, estimator update, v2's per-sample τ rule), ``siglip`` (``siglip/config.py``: initial
   scale and bias), ``neuclip`` (``neuclip/config.py``: the normaliser network). A section checks itself
   and, with ``check_objective(loss)``, refuses its settings where the chosen ``kind`` does not use them.
-- Old keys: ``fastclip``'s and ``siglip``'s fields were flat keys of ``loss`` (``version``, ``gamma_min``,
-  ``siglip_scale_init``, ...). They still load from YAML, ``--set``, ``--loss`` and dicts given to the
-  config loader, with the same meaning, and records (the run's config.yaml, checkpoints' config and config
-  hash) keep that flat layout, so old checkpoints resume (core/config_sections.py).
+- One layout: configs, records (the run's config.yaml, checkpoints' config and config hash), presets and
+  the default objective's table all write the sections. ``fastclip``'s and ``siglip``'s fields were flat
+  keys of ``loss`` in records written before 2026-11-26 (``version``, ``gamma_min``, ``siglip_scale_init``):
+  such a key is refused, naming its new place (``MOVED_KEYS``), and a checkpoint recorded so is refused
+  for resume (train/checkpoint/resume.py) with the same names.
 The CLI's ``--loss fastclip-v3`` sets ``kind: fastclip, fastclip.version: v3``; ``--loss siglip`` sets
 ``kind: siglip``, ``--loss neuclip`` ``kind: neuclip``.
 - ``kind: drrho``: DRRho-CLIP (docs/objectives.md): FastCLIP v3's estimators (the ``fastclip`` section's γ
@@ -28,20 +29,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from toolkit.core.config import option
-from toolkit.core.config_sections import migrate
 from toolkit.train.losses import registry
 from toolkit.train.losses.distill.config import DistillConfig
 from toolkit.train.losses.drrho.config import DRRhoConfig
-from toolkit.train.losses.fastclip.config import (  # noqa: F401  (their earlier home)
-    FastCLIPConfig,
-    GammaRule,
-    GammaScheduleName,
-    UUpdate,
-    Version,
-)
+from toolkit.train.losses.fastclip.config import FastCLIPConfig
 from toolkit.train.losses.neuclip.config import NeuCLIPConfig
 from toolkit.train.losses.siglip.config import SigLIPConfig
 
@@ -49,6 +43,11 @@ Mode = Literal["gather", "disco", "ring", "fastclip"]  # the one list of distrib
 MODES: tuple[str, ...] = get_args(Mode)
 Backend = Literal["auto", "torch", "triton", "naive"]
 TauLrSchedule = Literal["step_thresh", "const", "cosine"]
+# The flat keys of ``loss`` in records written before 2026-11-26 -> where they live now: read nowhere, only
+# named when refused (core.config's unknown-key error, the resume refusal of a checkpoint recorded so).
+MOVED_KEYS: dict[str, str] = {
+    **{f.name: f"fastclip.{f.name}" for f in dataclasses.fields(FastCLIPConfig)},
+    **{f"siglip_{f.name}": f"siglip.{f.name}" for f in dataclasses.fields(SigLIPConfig)}}
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,9 @@ class LossConfig:
                                        "from a reference model's similarities).")
     mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
                                         "or fastclip (no feature-gradient communication; FastCLIP's only mode). "
-                                        "siglip: gather, ring or fastclip.")
+                                        "siglip: gather, ring or fastclip. Unset: the objective's default "
+                                        "(its spec's default_mode: fastclip where it runs in it, else its "
+                                        "first mode).")
     backend: Backend = option("auto", doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
                                           "or naive (full matrix, for tests).")
     tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
@@ -79,9 +80,9 @@ class LossConfig:
     rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
     eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators (neuclip: "
                                          "the ε of log(ε + g)).")
-    fastclip: FastCLIPConfig = option(factory=FastCLIPConfig, legacy_prefix="",
+    fastclip: FastCLIPConfig = option(factory=FastCLIPConfig,
                                       doc="FastCLIP's version, γ schedule and rules, v2's τ rule (kind fastclip).")
-    siglip: SigLIPConfig = option(factory=SigLIPConfig, legacy_prefix="siglip_",
+    siglip: SigLIPConfig = option(factory=SigLIPConfig,
                                   doc="SigLIP's initial scale and bias (kind siglip).")
     neuclip: NeuCLIPConfig = option(factory=NeuCLIPConfig, doc="NeuCLIP's normaliser network (kind neuclip).")
     drrho: DRRhoConfig = option(factory=DRRhoConfig, doc="DRRho-CLIP's reference term (kind drrho).",
@@ -89,6 +90,20 @@ class LossConfig:
     distill: DistillConfig = option(factory=DistillConfig, omit_at_default=True,
                                     doc="Distillation from the training set's reference model (kind distill): "
                                         "the KL's weight λ and the teacher's τ.")
+    moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS  # named by core.config's unknown-key error
+
+    @staticmethod
+    def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+        """Defaults beneath ``data`` (core.config.build): the mode of the objective's spec when ``data``
+        names none (``ObjectiveSpec.mode_when_unset``), so ``--loss plain`` runs an objective of the gather
+        mode only without ``--mode gather``."""
+        if "mode" in data:
+            return {}
+        fallback = LossConfig.__dataclass_fields__["mode"].default
+        try:
+            return {"mode": registry.spec(data.get("kind", "fastclip")).mode_when_unset(fallback)}
+        except (ValueError, TypeError):  # an unknown or malformed kind: __post_init__ names it
+            return {}
 
     def __post_init__(self) -> None:
         registry.spec(self.kind).check_mode(self.mode)  # unknown kinds and modes it lacks, named
@@ -101,7 +116,7 @@ class LossConfig:
     def name(self) -> str:
         """The CLI's ``--loss`` name of the objective (openclip, fastclip-vN, ...)."""
         for name, fields in registry.loss_names().items():
-            if fields["kind"] == self.kind and _matches(self, migrate(LossConfig, fields, f"--loss {name}")[0]):
+            if fields["kind"] == self.kind and _matches(self, fields):
                 return name
         return self.kind
 
@@ -130,14 +145,16 @@ def _matches(cfg: Any, fields: Mapping[str, Any]) -> bool:
     return True
 
 
-def loss_fields(name: str) -> dict[str, str]:
-    """``--loss NAME`` (openclip, fastclip-v0 ... fastclip-v3, ...) -> the LossConfig keys it sets, as the
-    loader reads them ({kind[, version]}: FastCLIP's variant by its flat key, which loads as fastclip.version)."""
+def loss_fields(name: str) -> dict[str, Any]:
+    """``--loss NAME`` (openclip, fastclip-v0 ... fastclip-v3, ...) -> the LossConfig keys it sets, sectioned
+    as the config reads them ({kind[, fastclip: {version}]})."""
     return dict(registry.spec_of_name(name)[1])
 
 
-def __getattr__(attr: str):
-    """``LOSS_NAMES``: the --loss names registered when it is read (not captured at import)."""
-    if attr == "LOSS_NAMES":
-        return tuple(registry.loss_names())
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+def dotted(fields: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``fields`` as dotted keys, one per value (``{"fastclip": {"version": "v3"}}`` -> ``fastclip.version``):
+    what the CLI's ``--loss`` sets, so a section's other keys from --config or --set stay."""
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        out.update(dotted(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {prefix + key: value})
+    return out

@@ -80,12 +80,3 @@ def spec_of_name(name: str) -> tuple[ObjectiveSpec, dict[str, Any]]:
         raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(names)}")
     return spec(names[name]["kind"]), names[name]
 
-
-def __getattr__(attr: str) -> Any:
-    """``KINDS`` (kind -> "module:Class") and ``NAMES`` (``loss_names()``), computed when read, for callers
-    of the earlier module-level dicts."""
-    if attr == "KINDS":
-        return {kind: s.target for kind, s in specs().items()}
-    if attr == "NAMES":
-        return loss_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -22,17 +22,21 @@ def _no_tables(fields: Mapping[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """One objective's facts. ``fields``: the ``LossConfig`` keys a ``--loss`` name sets, as the config loader
-    reads them (``{"kind": "fastclip", "version": "v2"}``, FastCLIP's flat key for ``fastclip.version``: what
-    ``toolkit plan`` knows); ``cfg``: the trainer's ``LossConfig``. Its own settings live in its section of
+    """One objective's facts. ``fields``: the ``LossConfig`` keys a ``--loss`` name sets, sectioned as the
+    config reads them (``{"kind": "fastclip", "fastclip": {"version": "v2"}}``: what ``toolkit plan`` knows);
+    ``cfg``: the trainer's ``LossConfig``. Its own settings live in its section of
     ``LossConfig`` (``cfg.fastclip``), declared in its folder's ``config.py``."""
 
     kind: str
     target: str  # "module:Class" of its TrainingLoss, imported only when built
+    title: str = ""  # its name in `toolkit train --help`'s list of objectives (the paper's); "": the kind
     # --loss NAME -> the LossConfig fields it sets besides kind; empty: the one name ``kind``
     names: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    modes: tuple[str, ...] = CLIP_MODES  # distributed modes it runs in; the first is its default
+    modes: tuple[str, ...] = CLIP_MODES  # distributed modes it runs in
     modes_note: str = ""  # why it refuses the other modes (part of the refusal's message)
+    # the mode a config that names none gets; "": LossConfig's own default (fastclip) where it runs in it,
+    # else the first of ``modes`` (so an objective of the gather mode only works without a mode flag)
+    default_mode: str = ""
     # per-sample float32 columns it keeps in host tables (FastCLIP's u1, u2: 2); sizes toolkit plan's tables
     table_columns: Callable[[Mapping[str, Any]], int] = _no_tables
     # its feature and scalar traffic per rank per step: (mode, world, b, d, feature_bytes, fields) -> Traffic;
@@ -50,6 +54,11 @@ class ObjectiveSpec:
     def loss_names(self) -> dict[str, dict[str, Any]]:
         """--loss NAME -> every LossConfig field it sets, kind included."""
         return {name: {"kind": self.kind, **fields} for name, fields in (self.names or {self.kind: {}}).items()}
+
+    def mode_when_unset(self, fallback: str) -> str:
+        """The mode of a config that names none: ``default_mode``, else ``fallback`` (LossConfig's default)
+        where this objective runs in it, else its first mode."""
+        return self.default_mode or (fallback if fallback in self.modes else self.modes[0])
 
     def check_mode(self, mode: str) -> None:
         """Refuse a distributed mode this objective does not run in, naming the ones it does."""

@@ -9,6 +9,8 @@ bytes with ``toolkit.core.dist.wire_bytes``. Pure arithmetic: no process group n
 
 from __future__ import annotations
 
+from typing import Any
+
 from toolkit.core.dist import wire_bytes
 from toolkit.train.losses import registry
 from toolkit.train.losses.spec import F32, Traffic
@@ -18,11 +20,12 @@ CHECK_BYTES = 9 * 8
 
 
 def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feature_bytes: int = 4,
-                 grad_bytes: int = 4, objective: str = "openclip", **fields: str) -> Traffic:
+                 grad_bytes: int = 4, objective: str = "openclip", **fields: Any) -> Traffic:
     """(op, category) -> (calls, bytes) per rank for one step of ``objective`` in ``mode`` at world size
     ``world`` with local batch ``b``, feature dim ``d``, ``num_params`` gradients all-reduced (elements,
     ``grad_bytes`` each: 4 for fp32, 2 for bf16) and ``feature_bytes`` per feature element. ``objective``
-    is a registered kind and ``fields`` its LossConfig variant (FastCLIP's ``version="v2"``): an objective
+    is a registered kind and ``fields`` its LossConfig variant (FastCLIP's ``fastclip={"version": "v2"}``):
+    an objective
     whose spec has ``traffic`` (fastclip, siglip) brings its own features and scalars, in the modes it runs
     in; the others use the CLIP loss's table below (docs/distributed.md)."""
     k, big_b = world, world * b

@@ -27,7 +27,8 @@ def distill_traffic(mode: str, world: int, b: int, d: int, feature_bytes: int = 
 
 
 SPEC = ObjectiveSpec(
-    kind="distill", target="toolkit.train.losses.distill.loss:DistillLoss", modes=("gather", "fastclip"),
+    kind="distill", title="distillation (from a reference model)",
+    target="toolkit.train.losses.distill.loss:DistillLoss", modes=("gather", "fastclip"),
     modes_note="its KL is written for the gather mode (OpenCLIP's) and the fastclip mode (no feature-gradient "
                "communication); use mode gather or fastclip",
     traffic=distill_traffic)

@@ -27,7 +27,8 @@ def traffic(mode: str, world: int, b: int, d: int, feature_bytes: int, fields: M
 
 
 SPEC = ObjectiveSpec(
-    kind="drrho", target="toolkit.train.losses.drrho.loss:DRRhoLoss", modes=("fastclip",),
+    kind="drrho", title="DRRho-CLIP (from a reference model)",
+    target="toolkit.train.losses.drrho.loss:DRRhoLoss", modes=("fastclip",),
     modes_note="it is FastCLIP's step (no feature-gradient communication). Use mode: fastclip",
     table_columns=table_columns, traffic=traffic,
     learns_logit_scale=lambda cfg: cfg.learn_tau)

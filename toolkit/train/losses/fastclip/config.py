@@ -1,7 +1,4 @@
 """FastCLIP's own settings: ``FastCLIPConfig``, the ``loss.fastclip`` section of ``LossConfig`` (torch-free).
-
-Its fields were flat keys of ``loss`` before the section existed (``loss: {kind: fastclip, version: v3}``);
-those keys still load and records keep them (``legacy_prefix=""`` in LossConfig, core/config_sections.py).
 """
 
 from __future__ import annotations

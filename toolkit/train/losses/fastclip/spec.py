@@ -19,20 +19,27 @@ def scalar_columns(version: str) -> int:
     return 13 if version == "v2" else 5
 
 
+def _version(fields: Mapping[str, Any]) -> str:
+    """The version a (sectioned) LossConfig mapping sets, v3 by default."""
+    section = fields.get("fastclip")
+    return section.get("version", "v3") if isinstance(section, Mapping) else "v3"
+
+
 def table_columns(fields: Mapping[str, Any]) -> int:
     """float32 columns per sample in the host tables: u1, u2; v2 also τ, bound, m, v per side."""
-    return 10 if fields.get("version", "v3") == "v2" else 2
+    return 10 if _version(fields) == "v2" else 2
 
 
 def traffic(mode: str, world: int, b: int, d: int, feature_bytes: int, fields: Mapping[str, Any]) -> Traffic:
     """One all_gather of the pairs and one of the per-sample scalars; no feature-gradient traffic."""
     return {("all_gather", "features"): (1, 2 * b * d * feature_bytes),
-            ("all_gather", "scalars"): (1, b * scalar_columns(fields.get("version", "v3")) * F64)}
+            ("all_gather", "scalars"): (1, b * scalar_columns(_version(fields)) * F64)}
 
 
 SPEC = ObjectiveSpec(
-    kind="fastclip", target="toolkit.train.losses.fastclip.loss:FastCLIPLoss",
-    names={f"fastclip-{v}": {"version": v} for v in VERSIONS},
+    kind="fastclip", title="FastCLIP",
+    target="toolkit.train.losses.fastclip.loss:FastCLIPLoss",
+    names={f"fastclip-{v}": {"fastclip": {"version": v}} for v in VERSIONS},
     modes=("fastclip",),
     modes_note="its step needs no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                "gather/disco/ring",

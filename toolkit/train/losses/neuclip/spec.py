@@ -4,6 +4,7 @@ feature-gradient communication); its normaliser network is model-sized state, no
 from toolkit.train.losses.spec import ObjectiveSpec
 
 SPEC = ObjectiveSpec(
-    kind="neuclip", target="toolkit.train.losses.neuclip.loss:NeuCLIPLoss", modes=("fastclip",),
+    kind="neuclip", title="NeuCLIP",
+    target="toolkit.train.losses.neuclip.loss:NeuCLIPLoss", modes=("fastclip",),
     modes_note="its step needs no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
                "gather/disco/ring")

@@ -1,7 +1,4 @@
 """SigLIP's own settings: ``SigLIPConfig``, the ``loss.siglip`` section of ``LossConfig`` (torch-free).
-
-Its fields were the flat keys ``siglip_scale_init`` and ``siglip_bias_init`` of ``loss`` before the section
-existed; those still load and records keep them (``legacy_prefix="siglip_"`` in LossConfig).
 """
 
 from __future__ import annotations

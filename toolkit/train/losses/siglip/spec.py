@@ -31,7 +31,8 @@ def siglip_traffic(mode: str, world: int, b: int, d: int, feature_bytes: int = 4
 
 
 SPEC = ObjectiveSpec(
-    kind="siglip", target="toolkit.train.losses.siglip.loss:SigLIPLoss", modes=("gather", "ring", "fastclip"),
+    kind="siglip", title="SigLIP",
+    target="toolkit.train.losses.siglip.loss:SigLIPLoss", modes=("gather", "ring", "fastclip"),
     modes_note="its gather mode already gathers only the texts and reduce-scatters their gradients once. Use "
                "mode gather, ring or fastclip",
     traffic=siglip_traffic,

@@ -20,7 +20,7 @@ from typing import Any
 from toolkit.core import files
 from toolkit.data.trainset.format import DATASET_JSON
 from toolkit.train.checkpoint import format as ckpt
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import CheckpointConfig
 
 
 class DataMismatch(ValueError):
@@ -42,13 +42,15 @@ def _describe(fp: Mapping[str, Any]) -> str:
     return f"{fp.get('path')} ({fp.get('num_samples')} samples, dataset.json sha256 {str(fp.get('dataset_sha256'))[:12]})"
 
 
-def check_data(path: str, saved: Mapping[str, Any], cfg: TrainConfig, current: Mapping[str, Any] | None = None) -> None:
+def check_data(path: str, saved: Mapping[str, Any], checkpoint: CheckpointConfig, data: str,
+               current: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`DataMismatch` unless checkpoint ``path`` (``saved``: its trainer.json) was trained on
-    the data ``cfg.data`` holds now. Checkpoints from before the fingerprint was recorded pass."""
+    what the training set ``data`` holds now (``current``: its fingerprint, when read already), or
+    ``checkpoint.allow_other_data`` is set. Checkpoints from before the fingerprint was recorded pass."""
     old = saved.get("data")
-    if not isinstance(old, Mapping) or cfg.checkpoint.allow_other_data:
+    if not isinstance(old, Mapping) or checkpoint.allow_other_data:
         return
-    new = current or fingerprint(cfg.data)
+    new = current or fingerprint(data)
     if old.get("dataset_sha256") == new["dataset_sha256"]:
         return
     raise DataMismatch(f"{path} was trained on {_describe(old)}, but this run reads {_describe(new)}: the data "
@@ -57,19 +59,21 @@ def check_data(path: str, saved: Mapping[str, Any], cfg: TrainConfig, current: M
                        "checkpoint.allow_other_data=true to continue on the new data anyway")
 
 
-def refuse_other_data(cfg: TrainConfig) -> None:
-    """Before any rank starts: :class:`DataMismatch` when the newest readable checkpoint the run would
-    resume from was trained on other data (the ranks check the one they actually load again)."""
+def refuse_other_data(checkpoint: CheckpointConfig, out: str, data: str) -> None:
+    """Before any rank starts: :class:`DataMismatch` when the newest readable checkpoint the run (run folder
+    ``out``, training set ``data``) would resume from was trained on other data (the ranks check the one they
+    actually load again)."""
     from toolkit.train.checkpoint.resume import checkpoints_dir
 
-    how = cfg.checkpoint.resume
-    if how == "none" or cfg.checkpoint.allow_other_data:
+    how = checkpoint.resume
+    if how == "none" or checkpoint.allow_other_data:
         return
-    candidates = [p for _, p in ckpt.list_checkpoints(checkpoints_dir(cfg))] if how in ("auto", "latest") else [how]
+    candidates = ([p for _, p in ckpt.list_checkpoints(checkpoints_dir(checkpoint, out))]
+                  if how in ("auto", "latest") else [how])
     for path in candidates:  # newest first
         try:
             saved = ckpt.read_trainer_state(path)
         except (ckpt.CheckpointInvalid, OSError, ValueError):
             continue
-        check_data(path, saved, cfg)
+        check_data(path, saved, checkpoint, data)
         return

@@ -1,9 +1,11 @@
-"""The ``train`` stage as the CLI and pipelines run it: the trainer plus zero-shot evaluation.
+"""Training with zero-shot evaluation: ``run(cfg)``, as ``toolkit train`` and the pipeline kind ``train``
+call it.
 
-``toolkit.train`` never imports ``toolkit.eval``; this module (the pipeline layer sits above both)
-builds the evaluation callback from ``cfg.eval`` and hands it to the trainer. It is also the module
-launched ranks run (``python -m toolkit.pipeline.train_stage CONFIG.yaml``), so evaluation works the
-same with one process or many.
+``toolkit.train`` never imports ``toolkit.eval``; this module (above both) builds the evaluation callback
+from ``cfg.eval`` and hands it to the trainer, by value here and by name (``EVAL_FACTORY``) to the ranks the
+trainer launches, which start from the trainer's own entry (``python -m toolkit.train.worker CONFIG.yaml
+--eval-factory toolkit.trainval.zeroshot:make_eval_fn``), so evaluation works the same with one process or
+many.
 """
 
 from __future__ import annotations
@@ -11,18 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.core.stage import StageResult
-from toolkit.train.config import TrainConfig
+from toolkit.train.config import EvalConfig, TrainConfig
 from toolkit.train.loop import EvalFn
 
 
-def make_eval_fn(cfg: TrainConfig) -> EvalFn | None:
-    """The zero-shot callback for ``cfg.eval`` (None when evaluation is off); opens the sets at once so a
-    missing one fails before training starts."""
-    if not cfg.eval.every_steps:
+def make_eval_fn(cfg: EvalConfig) -> EvalFn | None:
+    """The zero-shot callback for ``cfg`` (a TrainConfig's ``eval``; None when evaluation is off); opens the
+    sets at once so a missing one fails before training starts."""
+    if not cfg.every_steps:
         return None
     from toolkit.eval.datasets import open_eval_set
 
-    sets = [open_eval_set(cfg.eval.root, name) for name in cfg.eval.datasets]
+    sets = [open_eval_set(cfg.root, name) for name in cfg.datasets]
     frozen: dict[str, Any] = {}  # the frozen trunks' cache, opened at the first evaluation
 
     def evaluate(clip: Any, model_cfg: dict, preprocess_cfg: dict, step: int) -> dict[str, float]:
@@ -33,13 +35,13 @@ def make_eval_fn(cfg: TrainConfig) -> EvalFn | None:
         device = next(clip.parameters()).device.type
         tok, transform = tokenizer(model_cfg), eval_transform(preprocess_cfg)
         if device == "cpu" and "eval" not in frozen:
-            frozen["eval"] = _open_frozen(clip, tok, preprocess_cfg, cfg.eval.feature_cache)
+            frozen["eval"] = _open_frozen(clip, tok, preprocess_cfg, cfg.feature_cache)
         out: dict[str, float] = {}
         for eval_set in sets:
             if frozen.get("eval") is not None:  # only the heads run once the trunks' features are cached
-                metrics = evaluate_frozen(frozen["eval"], eval_set, transform, batch_size=cfg.eval.batch_size)[0]
+                metrics = evaluate_frozen(frozen["eval"], eval_set, transform, batch_size=cfg.batch_size)[0]
             else:
-                metrics = evaluate_set(clip, tok, transform, eval_set, batch_size=cfg.eval.batch_size, device=device)
+                metrics = evaluate_set(clip, tok, transform, eval_set, batch_size=cfg.batch_size, device=device)
             out.update({f"eval/{eval_set.name}/{k}": v for k, v in metrics.items() if v is not None})
         return out
 
@@ -59,14 +61,11 @@ def _open_frozen(clip: Any, tok: Any, preprocess_cfg: dict, feature_cache: str) 
     return opened[0] if opened else None
 
 
+EVAL_FACTORY = f"{__name__}:make_eval_fn"  # what launched ranks call to build their own callback
+
+
 def run(cfg: TrainConfig) -> StageResult:
     """Train per ``cfg`` with its evaluation callback (the pipeline kind ``train`` and ``toolkit train``)."""
     from toolkit.train.run import run as train_run
 
-    return train_run(cfg, make_eval_fn(cfg), entry=__name__)
-
-
-if __name__ == "__main__":
-    from toolkit.train.run import worker_main
-
-    worker_main(make_eval_fn)
+    return train_run(cfg, make_eval_fn(cfg.eval), eval_factory=EVAL_FACTORY)
