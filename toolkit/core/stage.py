@@ -16,6 +16,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import time
 import traceback
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 from toolkit import __version__
 from toolkit.core import files
-from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
+from toolkit.core.config import ConfigError, config_hash, dump_yaml, input_paths, to_dict
 from toolkit.core.leftovers import remove_dead_temps
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.outlock import output_lock
@@ -34,6 +35,9 @@ from toolkit.core.pathguard import check_output_apart, check_url_schemes
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
 MAX_FINGERPRINT_FILES = 100_000
+# Stage kinds whose output folder a stage may take over: fetch --overwrite replaces a data.shard's shards
+# (fetch checks its own cases first). Any other stage's manifest in --out means another stage's folder.
+_MAY_TAKE_OVER = {"data.fetch": ("data.shard",)}
 # Path -> fingerprint inside a ``fingerprints_once()`` block (None outside one: always measure).
 _MEASURED: ContextVar[dict[str, str] | None] = ContextVar("toolkit_fingerprints", default=None)
 
@@ -163,8 +167,37 @@ class StageRecorder:
         return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details), self.status)
 
 
+class OutputNotOurs(ConfigError):
+    """The output folder holds another stage's output or files the stage did not write (exit code 2)."""
+
+
+def check_out_owner(kind: str, out: str, owned: re.Pattern[str] | None = None) -> None:
+    """Refuse (:class:`OutputNotOurs`, naming the folder and the culprit) an ``out`` whose manifest.json is
+    another stage kind's (a raw set, a training set, a run: its manifest, config.yaml and log.jsonl would be
+    overwritten) or not a stage manifest at all, and one without a manifest of ``kind`` that holds file
+    names matching ``owned`` (the names the stage writes and deletes, e.g. precompute's ``NNNNN.tar``):
+    they are someone else's. Called by :func:`stage_run` before anything is written (``owned`` from stages
+    that delete or replace files by name)."""
+    if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
+        return
+    local = files.local_path(out)
+    m, has_manifest = read_manifest(out), os.path.lexists(os.path.join(local, MANIFEST))
+    found = m.get("kind") if isinstance(m, dict) else None
+    if has_manifest and found != kind and found not in _MAY_TAKE_OVER.get(kind, ()):
+        who = f"the output of a {found!r} stage" if found else "a manifest.json no cliptk stage wrote"
+        raise OutputNotOurs(kind, "out", f"{out} holds {who} ({os.path.join(local, MANIFEST)}); writing a "
+                            f"{kind} here would overwrite its manifest, config and log: choose another folder")
+    if found == kind or owned is None:
+        return
+    theirs = sorted(n for n in os.listdir(local) if owned.fullmatch(n))
+    if theirs:
+        raise OutputNotOurs(kind, "out", f"{out} holds {len(theirs)} file(s) named like {kind}'s output (e.g. "
+                            f"{theirs[0]}) but no {kind} manifest: they are not {kind}'s to replace or delete; "
+                            "choose an empty folder or move them away")
+
+
 @contextmanager
-def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
+def stage_run(kind: str, cfg: Any, out: str, owned: re.Pattern[str] | None = None) -> Iterator[StageRecorder]:
     """Wrap a stage body: writes config.yaml and a running manifest, then done or failed (re-raising).
 
     Called by every stage's ``run(cfg)`` on the process that owns ``out`` (rank 0 in distributed runs).
@@ -172,10 +205,13 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     same folder raises :class:`~toolkit.core.outlock.OutputLocked` before anything is written, naming the
     run that holds it. ``rec.lock_fd`` is the lock's descriptor, for worker processes that must hold it too.
     An ``out`` that is one of the config's inputs, holds one or lies inside one is refused first
-    (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled.
+    (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled, and so is an ``out`` that
+    holds another stage's manifest, or files named as in ``owned`` without a manifest of ``kind``
+    (:func:`check_out_owner`).
     """
     check_url_schemes(kind, {**input_paths(cfg), "out": out})
     check_output_apart(kind, out, input_paths(cfg))
+    check_out_owner(kind, out, owned)
     files.makedirs(out)
     with output_lock(out) as lock_fd:
         if lock_fd is not None:  # the lock is ours: temps of writers that are gone are a killed run's

@@ -18,6 +18,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -43,6 +44,9 @@ from toolkit.data.trainset.writer import remove_stale_shards
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
+# The files precompute replaces and deletes by name (writer.remove_stale_shards): in an --out without a
+# precompute manifest they are someone else's (a raw set's shards, a user's 00001.tar), so it is refused.
+OWNED_FILES = re.compile(r"\d{5}\.(tar|meta\.jsonl|xxh3|idx|jpgs)")
 Storage = Literal["pixels", "jpeg", "index"]
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
@@ -285,7 +289,7 @@ def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
 
 def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     """One process, or rank 0 of a job: the stage books, ids and the training shards (module docstring)."""
-    with stage_run(KIND, cfg, cfg.out) as rec:
+    with stage_run(KIND, cfg, cfg.out, owned=OWNED_FILES) as rec:
         urls = list_shards(cfg.input)
         fields = _prepare_state(cfg)
         resume.remove_stale_scratch(cfg, log)
