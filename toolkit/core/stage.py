@@ -196,6 +196,30 @@ def check_out_owner(kind: str, out: str, owned: re.Pattern[str] | None = None) -
                             "choose an empty folder or move them away")
 
 
+class UnfinishedInput(ConfigError):
+    """An input folder's own manifest says the stage that wrote it did not finish (exit code 2)."""
+
+
+def check_input_finished(kind: str, key: str, path: str, allow_flag: str, allowed: bool = False) -> None:
+    """Refuse (:class:`UnfinishedInput`) input folder ``path`` when its manifest.json says the stage that
+    wrote it did not finish (failed, interrupted, running): reading it would silently use part of the set.
+    ``allow_flag`` is the option that accepts it (``allowed``: given; then a warning says what is used)."""
+    if not files.is_local(path) or not os.path.isdir(files.local_path(path)):
+        return  # a file, a glob or a URL: the shards were chosen one by one
+    m = read_manifest(path)
+    status = m.get("status") if isinstance(m, dict) else None
+    if status is None or status == "done":
+        return
+    error = str(m.get("error") or "").splitlines()[0][:200] if m.get("error") else ""
+    what = (f"{path}: its manifest.json says the {m.get('kind', 'stage')} that wrote it is {status!r}"
+            + (f" ({error})" if error else ""))
+    if allowed:
+        get_logger("stage").warning("%s: %s; only what it finished is read (%s)", kind, what, allow_flag)
+        return
+    raise UnfinishedInput(kind, key, f"{what}, so only part of its samples are there; rerun that stage to finish "
+                                     f"it, or pass {allow_flag} to use what it finished")
+
+
 @contextmanager
 def stage_run(kind: str, cfg: Any, out: str, owned: re.Pattern[str] | None = None) -> Iterator[StageRecorder]:
     """Wrap a stage body: writes config.yaml and a running manifest, then done or failed (re-raising).

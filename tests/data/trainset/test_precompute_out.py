@@ -81,3 +81,20 @@ def test_a_hard_link_of_an_input_file_inside_out_is_refused(raw, tmp_path):
     os.link(raw / "00000.tar", single / "mine.tar")
     with pytest.raises(OutputIsInput, match="mine.tar"):
         precompute(raw / "00000.tar", single)
+
+
+def test_precompute_refuses_a_raw_set_whose_fetch_failed(raw, tmp_path, caplog):
+    """Before: exit 0 with the samples of the shards the failed fetch finished, the failure never mentioned."""
+    from toolkit.core.stage import UnfinishedInput
+
+    (raw / "manifest.json").write_text(json.dumps({"kind": "data.fetch", "status": "failed",
+                                                   "error": "RuntimeError: 2 of 4 shards unfinished"}))
+    with pytest.raises(UnfinishedInput, match=r"input: .*raw: its manifest.json says the data.fetch that wrote it is "
+                                              r"'failed' \(RuntimeError: 2 of 4 shards unfinished\).*"
+                                              r"--allow-unfinished-input"):
+        precompute(raw, tmp_path / "train")
+    assert not (tmp_path / "train").exists()
+    result = precompute(raw, tmp_path / "train", allow_unfinished_input=True)
+    assert result.counts["num_samples"] == 3
+    assert any("'failed'" in r.getMessage() and "only what it finished is read" in r.getMessage()
+               for r in caplog.records)

@@ -30,7 +30,7 @@ from toolkit.core.config import option
 from toolkit.core.launch import LaunchConfig
 from toolkit.core.log import ProgressCounter, counter, get_logger
 from toolkit.core.outlock import output_lock
-from toolkit.core.stage import StageResult, stage_run
+from toolkit.core.stage import StageResult, check_input_finished, stage_run
 from toolkit.data.augment import stored_side
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_names
@@ -110,6 +110,10 @@ class PrecomputeConfig:
                                         doc="Fail, naming the shards, when more than this share of the samples read "
                                             "is lost to truncated or unreadable raw shards (a fetch cut short); "
                                             "1: keep whatever is left.")
+    allow_unfinished_input: bool = option(False, affects_output=False,
+                                          doc="Precompute a raw folder whose manifest says its fetch (or shard) "
+                                              "did not finish (failed, interrupted, running): only the shards it "
+                                              "finished are read. Default: refused, naming the status.")
     launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes (torchrun, as `toolkit train`): "
                                                             "rank r of K processes raw shards r, r+K, ...; the "
                                                             "output is the same as one process's.")
@@ -262,9 +266,11 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input).
 
     A rerun after a run was killed, interrupted or failed reuses the raw shards it finished
-    (:mod:`.precompute_resume`); the output is the same as an uninterrupted run's.
+    (:mod:`.precompute_resume`); the output is the same as an uninterrupted run's. A raw folder whose own
+    manifest says it is unfinished is refused unless ``allow_unfinished_input``.
     """
     log = get_logger("data.precompute")
+    check_input_finished(KIND, "input", cfg.input, "--allow-unfinished-input", cfg.allow_unfinished_input)
     if wants_launch(cfg):
         return launch(cfg)  # torchrun starts the ranks, which come back here (precompute_dist)
     ranks = Ranks.join(cfg.launch)
