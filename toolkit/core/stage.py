@@ -256,7 +256,31 @@ def stage_run(kind: str, cfg: Any, out: str, owned: re.Pattern[str] | None = Non
 
 class StageInterrupted(RuntimeError):
     """A stage stopped on a signal (SIGTERM, SIGINT, SLURM's SIGUSR1); its manifest says "interrupted", not
-    "failed", and the message says what was kept and how to continue."""
+    "failed", and the message says what was kept and how to continue. ``signum``: the signal, when known
+    (the command then exits 128 + it, as a shell expects)."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+
+
+def settle_manifest(out: str, err: BaseException) -> None:
+    """After a job's processes ended with ``err``: a manifest in ``out`` that still says running (its writer
+    was killed, or stopped by torchrun inside a collective, before it could record why), or interrupted while
+    the job failed (another rank's failure), says failed or interrupted with ``err``. Called by a launcher
+    (precompute's), which outlives its ranks."""
+    m = read_manifest(out)
+    status = m.get("status") if isinstance(m, dict) else None
+    # a rank that torchrun stopped with SIGTERM because another rank failed recorded "interrupted": the
+    # launcher knows better
+    if not (status == "running" or (status == "interrupted" and status_of(err) == "failed")):
+        return
+    m.update(status=status_of(err), finished_at=_now(), error=f"{type(err).__name__}: {describe_error(err)}")
+    try:
+        files.write_json_atomic(files.join(out, MANIFEST), m)
+    except OSError as write_err:
+        get_logger("stage").warning("could not record %s in %s (%s)", m["status"], files.join(out, MANIFEST),
+                                    write_err)
 
 
 def status_of(err: BaseException) -> str:

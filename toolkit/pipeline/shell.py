@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from toolkit.core.config import option
 from toolkit.core.log import get_logger
-from toolkit.core.procs import child_preexec
+from toolkit.core.procs import GroupReaper, child_preexec
 from toolkit.core.stage import StageResult, stage_run
 
 KIND = "shell"
@@ -69,8 +69,10 @@ def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     proc = subprocess.Popen(["bash", "-c", cfg.cmd], cwd=cfg.cwd or None, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
                             preexec_fn=child_preexec())  # bash dies with the pipeline, even on SIGKILL
+    reaper = GroupReaper(proc.pid)  # and so does what bash started (`sleep 1000`), which PDEATHSIG misses
     try:
         stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
+        reaper.release()  # a normal end: what the command left running on purpose stays
     except subprocess.TimeoutExpired as err:
         _kill_group(proc)
         proc.communicate()
@@ -82,6 +84,7 @@ def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     finally:
         if proc.poll() is None:
             _kill_group(proc)
+        reaper.kill_now()  # a no-op after release()
     return proc.returncode, stdout, stderr
 
 
