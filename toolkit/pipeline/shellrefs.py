@@ -66,8 +66,9 @@ def _heredoc(cmd: str, i: int) -> tuple[int, tuple[str, str, bool]]:
     return end, (re.sub(r"['\"\\]", "", word), "qheredoc" if quoted else "heredoc", strip)
 
 
-def _step(cmd: str, i: int, stack: list, pending: list) -> int:
-    """Advance the scanner by one token at ``i``; returns the next index (updates ``stack``, ``pending``)."""
+def _step_literal(cmd: str, i: int, stack: list) -> int | None:
+    """Inside '...', a comment or a here-document body: the next index, or None where a here-document's
+    body expands (``\\``, ``$``, a backtick: :func:`_step_expansion` reads it)."""
     top, c = stack[-1][0], cmd[i]
     if top == "sq":
         if c == "'":
@@ -78,22 +79,25 @@ def _step(cmd: str, i: int, stack: list, pending: list) -> int:
             stack.pop()
             return i  # the newline itself ends the command line (here-documents start after it)
         return i + 1
-    if top in ("heredoc", "qheredoc"):
-        delim, strip = stack[-1][1], stack[-1][2]
-        if i == 0 or cmd[i - 1] == "\n":
-            line = cmd[i:].split("\n", 1)[0]
-            if (line.lstrip("\t") if strip else line) == delim:
-                stack.pop()
-                return i + len(line) + 1
-        if top == "qheredoc" or c not in "\\$`":
-            return i + 1
+    delim, strip = stack[-1][1], stack[-1][2]
+    if i == 0 or cmd[i - 1] == "\n":
+        line = cmd[i:].split("\n", 1)[0]
+        if (line.lstrip("\t") if strip else line) == delim:
+            stack.pop()
+            return i + len(line) + 1
+    return i + 1 if top == "qheredoc" or c not in "\\$`" else None
+
+
+def _step_expansion(cmd: str, i: int, stack: list) -> int | None:
+    """Escapes, ``$'...'``'s end, ``$((``, ``$(``, backticks and the end of "...": the next index, or None."""
+    top, c = stack[-1][0], cmd[i]
     if c == "\\":
         return i + 2
     if top == "ansi":
         if c == "'":
             stack.pop()
         return i + 1
-    if cmd.startswith("$((", i) and top != "sq":
+    if cmd.startswith("$((", i):
         stack.append(["arith", 0])
         return i + 3
     if cmd.startswith("$(", i):
@@ -105,12 +109,16 @@ def _step(cmd: str, i: int, stack: list, pending: list) -> int:
         else:
             stack.append(["bt"])
         return i + 1
-    if top == "dq":
-        if c == '"':
+    if top in ("dq", "heredoc"):
+        if c == '"' and top == "dq":
             stack.pop()
         return i + 1
-    if top == "heredoc":
-        return i + 1
+    return None
+
+
+def _step_code(cmd: str, i: int, stack: list, pending: list) -> int:
+    """Bare code, ``$(...)``, backticks, ``$((...))``: parentheses, quotes, comments, here-documents."""
+    top, c = stack[-1][0], cmd[i]
     if top in ("cmd", "arith") and c in "()":
         if c == "(":
             stack[-1][1] += 1
@@ -139,6 +147,16 @@ def _step(cmd: str, i: int, stack: list, pending: list) -> int:
         stack.extend([kind, delim, strip] for delim, kind, strip in reversed(pending))
         pending.clear()
     return i + 1
+
+
+def _step(cmd: str, i: int, stack: list, pending: list) -> int:
+    """Advance the scanner by one token at ``i``; returns the next index (updates ``stack``, ``pending``)."""
+    if stack[-1][0] in ("sq", "comment", "heredoc", "qheredoc"):
+        nxt = _step_literal(cmd, i, stack)
+        if nxt is not None:
+            return nxt
+    nxt = _step_expansion(cmd, i, stack)
+    return nxt if nxt is not None else _step_code(cmd, i, stack, pending)
 
 
 def contexts(cmd: str, spans: list[tuple[int, int]]) -> list[str]:

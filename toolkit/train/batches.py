@@ -16,7 +16,8 @@ from typing import NamedTuple
 import torch
 
 from toolkit.data.augment import pixel_transform, resize_crops
-from toolkit.data.trainset.format import REF_ROLES, TrainDataset, check_claims
+from toolkit.data.trainset.format import REF_ROLES, TrainDataset
+from toolkit.data.trainset.integrity import check_claims
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
 from toolkit.train.config import TrainConfig

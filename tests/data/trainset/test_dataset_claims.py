@@ -13,7 +13,8 @@ from datakit import good_samples, precompute, write_raw_shard
 from typer.testing import CliRunner
 
 from toolkit.cli.main import app
-from toolkit.data.trainset.format import TrainDataset, check_claims
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.integrity import check_claims
 
 
 @pytest.fixture(scope="module")
