@@ -103,3 +103,35 @@ def test_recursive_alias_and_deep_nesting_refused():
         safeyaml.load("a: &a [1, *a]\n")
     with pytest.raises(safeyaml.YamlTooLarge, match="nests too deeply"):
         safeyaml.load("[" * 20000 + "]" * 20000)
+
+
+def test_duplicate_keys_are_refused_naming_file_line_and_key(tmp_path):
+    """Before: `steps: 2` then `steps: 5` trained 5 steps without a word (issue 43 item 10)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 2\nloss:\n  kind: fastclip\n  fastclip: {version: v3, version: v1}\nsteps: 5\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:4: loss.fastclip.version: duplicate key 'loss.fastclip.version' "
+                                          r"at line 4 \(first given at line 4\)"):
+        read_yaml(path)
+    path.write_text("steps: 2\nmodel: x\nsteps: 5\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:3: steps: duplicate key 'steps' at line 3 \(first given at line 1\)"):
+        read_yaml(path)
+    # a merge key's values may be overridden: that is what merging is for
+    path.write_text("base: &b {steps: 2, model: x}\nrun:\n  <<: *b\n  steps: 5\n")
+    assert read_yaml(path)["run"] == {"steps": 5, "model": "x"}
+    with pytest.raises(ConfigError, match="duplicate key 'a'"):
+        from toolkit.core.config import parse_override
+        parse_override("vars={a: 1, a: 2}")
+
+
+def test_duplicate_keys_in_a_config_and_a_pipeline_exit_2(tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text("steps: 2\nbatch_size: 8\nsteps: 5\n")
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--data", str(tmp_path), "--out",
+                                      str(tmp_path / "run")])
+    assert result.exit_code == 2 and f"{config}:3: steps: duplicate key" in result.output, result.output
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: a\n    kind: shell\n    config: {{cmd: 'true'}}\n"
+                    f"    config: {{cmd: 'touch {tmp_path}/F'}}\nrun_dir: {tmp_path}/other\n")
+    result = CliRunner().invoke(app, ["pipeline", "run", str(pipe)])
+    assert result.exit_code == 2 and f"{pipe}:6: stages[0].config: duplicate key" in result.output, result.output
+    assert not (tmp_path / "F").exists() and not (tmp_path / "run").exists()

@@ -152,3 +152,37 @@ def test_a_trickling_server_meets_the_total_download_deadline(tmp_path, drip_ser
 
     errors = pq.read_table(next(out.glob("*.parquet"))).column("error_message").to_pylist()
     assert all("total deadline of 30 s" in e for e in errors), errors
+
+
+@pytest.mark.timeout(200)
+def test_sigkill_of_pipeline_run_takes_the_shell_commands_children(tmp_path):
+    """Before: SIGKILL of `pipeline run` left the shell stage's `sleep` running (bash died by PR_SET_PDEATHSIG,
+    its child was re-parented to init; issue 43 item 5)."""
+    path = tmp_path / "p.yaml"
+    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: wait\n    kind: shell\n    config:\n"
+                    f"      cmd: 'sleep 300 & echo $! > {tmp_path}/sleep.pid; wait'\n")
+    proc = start(["pipeline", "run", str(path)], tmp_path)
+    wait_for(lambda: (tmp_path / "sleep.pid").exists() and (tmp_path / "sleep.pid").read_text().strip(), 90,
+             "the shell command to start")
+    sleeper = int((tmp_path / "sleep.pid").read_text())
+    children = descendants(proc.pid) | {sleeper}
+    proc.kill()
+    proc.communicate(timeout=60)
+    wait_for(lambda: not any(alive(p) for p in children), 20, f"children {children} to exit")
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_of_fetch_takes_img2datasets_processes(tmp_path, drip_server):
+    """Before: SIGKILL of `data fetch --processes 2` left img2dataset's spawned workers and resource tracker
+    (parent 1) writing into the output for 87 s (issue 43 item 5)."""
+    port = drip_server.server_address[1]
+    urls = tmp_path / "urls.csv"
+    urls.write_text("url,caption\n" + "".join(f"http://127.0.0.1:{port}/{i}.png,pic {i}\n" for i in range(4)))
+    proc = start(["data", "fetch", "--urls", str(urls), "--out", str(tmp_path / "out"), "--processes", "2",
+                  "--threads", "2", "--samples-per-shard", "2", "--image-size", "16", "--timeout", "60"], tmp_path)
+    wait_for(lambda: sum(drip_server.request_counts.values()) > 0, 120, "the first download to start")
+    children = descendants(proc.pid)
+    assert len(children) >= 3, children  # the worker, img2dataset's pool (and its resource tracker)
+    proc.kill()
+    proc.communicate(timeout=60)
+    wait_for(lambda: not any(alive(p) for p in children), 20, f"children {children} to exit")

@@ -135,7 +135,8 @@ def test_jsonl_logs_record_stage_output(pipe, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "pipeline.log.jsonl").read_text().splitlines()]
     assert any("stage use (shell): running" in r["message"] for r in records)
     stage_log = [json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()]
-    assert any(r["message"].startswith("$ echo hello") for r in stage_log)
+    assert any(r["message"].startswith('$ echo "${CLIPTK_VAR_greeting}"') and "CLIPTK_VAR_greeting='hello'" in
+               r["message"] for r in stage_log)  # the command as run, and the values of its ${...}
     assert {"time", "level", "logger", "message"} <= set(stage_log[0])
 
 

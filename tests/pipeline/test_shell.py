@@ -36,6 +36,38 @@ def test_set_value_reaches_the_command_as_text(tmp_path, cmd):
     assert said.strip() == (f"name: {value}" if "'name: " in cmd else value)
 
 
+@pytest.mark.parametrize("cmd", [
+    "echo \"$(printf '%s' ${vars.name})\" > $STAGE_OUT/said.txt",  # inside "$(...)"
+    "echo \"`printf '%s' ${vars.name}`\" > $STAGE_OUT/said.txt",  # inside "`...`"
+    "echo \"$(printf '%s' \"${vars.name}\")\" > $STAGE_OUT/said.txt",  # "..." inside "$(...)"
+    "echo \"$(printf '%s' '${vars.name}')\" > $STAGE_OUT/said.txt",  # '...' inside "$(...)"
+    "cat > $STAGE_OUT/said.txt <<EOF\n${vars.name}\nEOF",  # a here-document's body
+    "# it's a comment with ${vars.name}\nprintf '%s\\n' ${vars.name} > $STAGE_OUT/said.txt",
+])
+def test_set_value_is_text_in_substitutions_and_here_documents(tmp_path, cmd):
+    """Before: in "$(...)" and "`...`" the value was escaped as in a plain "..." string, so `touch F` ran;
+    in a here-document it arrived with literal quote marks."""
+    path = tmp_path / "p.yaml"
+    write_pipeline(path, tmp_path / "run", cmd)
+    value = f"x; touch {tmp_path}/F ; $(touch {tmp_path}/G) 'q' \"d\" `touch {tmp_path}/H` $HOME \\"
+    result = invoke("run", str(path), "--set", f"vars.name={value}")
+    assert result.exit_code == 0, result.output
+    assert not any((tmp_path / name).exists() for name in "FGH")
+    assert (tmp_path / "run" / "say" / "said.txt").read_text().strip() == value
+
+
+@pytest.mark.parametrize("cmd, where", [
+    ("cat > $STAGE_OUT/s.txt <<'EOF'\n${vars.name}\nEOF", "here-document whose delimiter is quoted"),
+    ("echo $((${vars.name} + 1))", "arithmetic"),
+])
+def test_a_reference_where_no_value_can_be_text_is_refused(tmp_path, cmd, where):
+    path = tmp_path / "p.yaml"
+    write_pipeline(path, tmp_path / "run", cmd)
+    result = invoke("run", str(path))
+    assert result.exit_code == 2, result.output
+    assert "stages.say.config.cmd" in result.output and where in result.output and "env:" in result.output
+
+
 def test_run_dir_with_a_space_and_stage_outputs(tmp_path):
     run_dir = tmp_path / "my runs"
     path = tmp_path / "p.yaml"

@@ -118,3 +118,28 @@ def test_ema_is_checkpointed_resumed_exactly_evaluated_and_saved(demo_train, tmp
     model, _, _ = create_model_and_transforms(f"local-dir:{tmp_path / 'whole' / 'model-ema'}")
     assert eval_fn(model.eval(), None, None, 4)["eval/probe/cosine"] == pytest.approx(
         last["eval_ema/probe/cosine"], abs=1e-6)
+
+
+def test_an_unlocked_count_that_locks_nothing_is_refused(demo_train, tmp_path):
+    """Before: --lock-image-unlocked-groups 99 / --lock-text-unlocked-layers 99 trained the whole tower without
+    a word (issue 43 item 11)."""
+    from toolkit.train.plan.memprobe import build_tower_model
+    from toolkit.train.towers import prepare
+
+    for over, want in (({"lock_image": True, "lock_image_unlocked_groups": 99}, r"lock_image_unlocked_groups 99: "
+                        r"the image tower has (\d+) layer groups .*nothing is locked; use at most \d+"),
+                       ({"lock_text": True, "lock_text_unlocked_layers": 99}, r"lock_text_unlocked_layers 99: "
+                        r"the text tower has (\d+) layer groups .*nothing is locked; use at most \d+")):
+        with pytest.raises(ValueError, match=want) as err:
+            prepare(build_tower_model(MODEL), train_cfg(demo_train, tmp_path, **over))
+        most = int(str(err.value).rsplit("at most ", 1)[1].split()[0])
+        key = next(k for k in over if "unlocked" in k)
+        model = build_tower_model(MODEL)  # the largest count allowed still locks something
+        prepare(model, train_cfg(demo_train, tmp_path, **{**over, key: most}))
+        assert any(not p.requires_grad for p in model.clip.parameters())
+
+
+@pytest.mark.parametrize("key", ["lock_image_unlocked_groups", "lock_text_unlocked_layers"])
+def test_an_unlocked_count_without_its_lock_is_refused(demo_train, tmp_path, key):
+    with pytest.raises(ValueError, match=f"{key} 2 does nothing without lock_"):
+        train_cfg(demo_train, tmp_path, **{key: 2})

@@ -97,7 +97,10 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
     except ImportError as err:  # an optional package a path or option needs (fsspec names it: "Install s3fs")
         fail(f"{type(err).__name__}: {err}", code=2)
     except (OSError, RuntimeError, ValueError) as err:
-        fail(f"{type(err).__name__}: {err}", code=1)
+        from toolkit.core.procs import exit_code
+
+        signum = getattr(err, "signum", None)  # a StageInterrupted that knows its signal: 128 + it
+        fail(f"{type(err).__name__}: {err}", code=exit_code(err) if signum else 1)
     except KeyboardInterrupt as err:
         from toolkit.core.procs import exit_code
 

@@ -13,7 +13,8 @@ from toolkit.cli.common import fail
 def export(
     ctx: typer.Context,
     run: Annotated[Path, typer.Argument(metavar="RUN", help="The training run directory (toolkit train --out).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The folder to write (replaced if it exists).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The folder to write: new, empty or an earlier "
+                                   "export's (replaced); never RUN, a folder holding it or inside it.")],
     weights: Annotated[str, typer.Option("--weights", help="raw: RUN/model (default); ema: RUN/model-ema "
                                          "(runs trained with --ema-decay).")] = "raw",
 ) -> None:

@@ -245,7 +245,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError("--set", text, "empty key")
     try:
         value = safeyaml.load(raw) if raw.strip() else ""
-    except safeyaml.YamlTooLarge as err:
+    except (safeyaml.YamlTooLarge, safeyaml.DuplicateKey) as err:
         raise ConfigError("--set", key.strip(), f"invalid YAML value: {err}") from None
     except yaml.YAMLError:
         value = raw
@@ -288,6 +288,8 @@ def read_yaml(path: str | Path) -> dict:
             data = safeyaml.load(fh)
     except FileNotFoundError as err:
         raise ConfigError(str(path), "", "file not found") from err
+    except safeyaml.DuplicateKey as err:
+        raise ConfigError(f"{path}:{err.line}", err.key, str(err)) from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), "", f"invalid YAML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:

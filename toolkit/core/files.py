@@ -18,6 +18,12 @@ from typing import Any
 import fsspec
 
 HASH_CHUNK_BYTES = 1 << 22  # file_sha256's reads: 4 MiB, so a weights file never sits in memory whole
+# How long an http(s):// open or read waits for the server (connecting, and between received bytes) before it
+# fails: fsspec's aiohttp client otherwise waits 300 s per request, which read as about 5 silent minutes and
+# then an empty FSTimeoutError when a server serving an index set stopped answering (issue 43 item 6). A live
+# server answers a range request in well under a second; 60 s leaves room for a slow link. The environment
+# variable CLIPTK_HTTP_TIMEOUT_S sets it (seconds).
+HTTP_TIMEOUT_S = float(os.environ.get("CLIPTK_HTTP_TIMEOUT_S", "60"))
 
 
 def is_local(path: str) -> bool:
@@ -37,7 +43,17 @@ def open_file(path: str, mode: str = "rb", **kwargs: Any):
         if "r" in mode:
             check_regular(local_path(path))
         return open(local_path(path), mode, **kwargs)
-    return fsspec.open(path, mode, **kwargs).open()
+    return fsspec.open(path, mode, **{**http_options(path), **kwargs}).open()
+
+
+def http_options(path: str) -> dict[str, Any]:
+    """fsspec options that bound an http(s) URL's waits by :data:`HTTP_TIMEOUT_S` (read when called), or {}."""
+    if not str(path).lower().startswith(("http://", "https://")):
+        return {}
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_TIMEOUT_S, sock_read=HTTP_TIMEOUT_S)
+    return {"client_kwargs": {"timeout": timeout}}
 
 
 def open_ranges(path: str):

@@ -245,7 +245,7 @@ def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training
             proc = subprocess.Popen([sys.executable, "-m", "toolkit.core.agent", result, *argv], env=_agent_env(),
                                     start_new_session=True, preexec_fn=child_preexec())
             supervisor = Supervisor(proc, signals, describe_wait(launch), launch.rendezvous_timeout_s)
-            supervisor.watch = watch
+            supervisor.watch, supervisor.what = watch, what
             code = supervisor.wait()
             outcome = _read_outcome(result)
         finally:
@@ -264,9 +264,11 @@ def _read_outcome(path: str) -> dict:
 
 
 def _report(outcome: dict, code: int, supervisor: Supervisor, what: str) -> None:
+    resume = "resume from the newest checkpoint" if what == "training" else "resume (finished work is kept)"
     if "failed" in outcome and supervisor.forwarded is not None:  # e.g. a worker signalled while starting up
         raise StageInterrupted(f"interrupted by {signal.Signals(supervisor.forwarded).name}: the workers stopped "
-                               f"({outcome['failed']}); rerun the same command to resume from the newest checkpoint")
+                               f"({outcome['failed']}); rerun the same command to {resume}",
+                               None if what == "training" else supervisor.forwarded)  # train's launcher: exit 1
     if "failed" in outcome:
         raise RuntimeError(f"{what} workers failed: {outcome['failed']}")
     if "error" in outcome and not supervisor.workers_started:
@@ -274,8 +276,8 @@ def _report(outcome: dict, code: int, supervisor: Supervisor, what: str) -> None
     if "error" in outcome:
         raise RuntimeError(f"torchrun's agent failed: {outcome['error']}")
     if "signal" in outcome:  # the agent itself got SIGINT/SIGHUP/SIGQUIT and stopped the workers
-        get_logger("launch").warning("torchrun's agent received %s; the workers stopped after a checkpoint",
-                                    outcome["signal"])
+        get_logger("launch").warning("torchrun's agent received %s; the workers stopped%s", outcome["signal"],
+                                     " after a checkpoint" if what == "training" else "; rerun to " + resume)
     elif code != 0:
         raise RuntimeError(f"torchrun's agent exited with code {code} (see its log above)")
 

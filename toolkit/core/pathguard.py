@@ -4,7 +4,8 @@ Comparing the strings the user typed is not enough: ``r``, ``./r/``, ``$PWD/r``,
 symlink to ``r`` and a bind mount of ``r`` all name the same folder, and a stage that writes there
 destroys what it reads (precompute replaced its raw shards; train replaced the precompute's manifest).
 Local paths are compared twice: as resolved paths (symlinks followed, ``..`` folded) and by filesystem
-identity (device and inode of the path and each of its existing ancestors, which also catches bind mounts).
+identity (device and inode of the path and each of its existing ancestors, which also catches bind mounts);
+a file directly in the output folder that is an input file under another name (a hard link) counts too.
 fsspec URLs are compared by protocol and normalised path. Called by :func:`toolkit.core.stage.stage_run`
 on the process that owns the output, before anything is written.
 """
@@ -60,6 +61,26 @@ def _within(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
+def _file_ids(path: str) -> dict[tuple[int, int], str]:
+    """(device, inode) -> name of ``path`` if a file, else of the files directly in folder ``path``."""
+    if os.path.isfile(path):
+        return {_id(path): os.path.basename(path)}
+    try:
+        with os.scandir(path) as entries:
+            return {(e.stat().st_dev, e.stat().st_ino): e.name for e in entries if e.is_file()}
+    except OSError:
+        return {}
+
+
+def _linked(out: str, inp: str) -> str | None:
+    """The name of a file directly in folder ``out`` that is a file of ``inp`` under another name (a hard
+    link): a stage replacing or deleting its own files by name there would touch the input's data."""
+    if not os.path.isdir(out):
+        return None
+    ours = _file_ids(out)
+    return next((ours[i] for i in _file_ids(inp) if i in ours), None) if ours else None
+
+
 def _local_relation(out: str, inp: str) -> str | None:
     """'is', 'holds' or 'lies inside' when local ``out`` and ``inp`` overlap, else None."""
     out_real, in_real = os.path.realpath(out), os.path.realpath(inp)
@@ -70,7 +91,8 @@ def _local_relation(out: str, inp: str) -> str | None:
         return "holds"
     if _within(out_real, in_real) or (in_id is not None and in_id in _chain(out_real)[1:]):
         return "lies inside"
-    return None
+    link = _linked(out_real, in_real)
+    return f"holds {link}, the same file (a hard link) as a file of" if link else None
 
 
 def _remote_key(url: str) -> tuple[str, str]:

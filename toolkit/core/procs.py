@@ -10,6 +10,8 @@
 - :func:`die_with_parent` asks Linux to SIGKILL the calling process when its parent dies
   (``PR_SET_PDEATHSIG``), even when the parent is SIGKILLed and can clean up nothing. Children call it
   first thing (a ``preexec_fn`` or a pool initializer).
+- :class:`GroupReaper` kills a child's whole process group when this process dies, even by SIGKILL: the
+  grandchildren that ``PR_SET_PDEATHSIG`` cannot reach (img2dataset's pool, a shell command's ``sleep``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -79,6 +82,56 @@ def child_preexec(parent_pid: int | None = None):
     if sys.platform.startswith("linux"):
         _libc()
     return lambda: die_with_parent(signal.SIGKILL, parent_pid)
+
+
+# The reaper's whole program: wait for EOF on stdin (the parent's end closes when the parent exits, however it
+# exits); unless the parent wrote "keep" first, SIGKILL the process group named by argv[1].
+_REAPER = ("import os, signal, sys\n"
+           "if sys.stdin.buffer.read() != b'keep':\n"
+           "    try:\n        os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
+           "    except OSError:\n        pass\n")
+
+
+class GroupReaper:
+    """Kills process group ``pgid`` when this process dies, even by SIGKILL.
+
+    ``PR_SET_PDEATHSIG`` reaches only a direct child: the processes *it* starts (img2dataset's spawn pool and
+    resource tracker under the fetch worker, a shell stage's ``sleep 1000`` under bash) are re-parented to
+    init and run on. So a small reaper process, in a session of its own, holds the read end of a pipe whose
+    write end only this process holds; the kernel closes it when this process exits, the reaper reads EOF
+    and SIGKILLs the group. ``release()`` (a normal end) tells it to leave the group alone: background
+    processes a command started on purpose live on, as before. Called by the process that started the group.
+    """
+
+    def __init__(self, pgid: int):
+        read_fd, self._write_fd = os.pipe()  # not inheritable: no other child holds the write end
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", _REAPER, str(pgid)], stdin=read_fd,
+                                         stdout=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(read_fd)
+
+    def release(self) -> None:
+        """The group ended normally: the reaper exits without killing anything."""
+        self._close(b"keep")
+
+    def kill_now(self) -> None:
+        """Kill the group now (and end the reaper)."""
+        self._close(b"")
+
+    def _close(self, message: bytes) -> None:
+        if self._write_fd < 0:
+            return
+        try:
+            if message:
+                os.write(self._write_fd, message)
+        finally:
+            os.close(self._write_fd)
+            self._write_fd = -1
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 _LIBC: list = []

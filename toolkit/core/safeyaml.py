@@ -8,6 +8,10 @@ at 1.6 GB while seven levels made a 34 MB error message (issue 15 item 1). So th
 is measured first, counting a node once per path that reaches it, and a document that would expand
 beyond :data:`MAX_EXPANDED_NODES` nodes or :data:`MAX_EXPANDED_CHARS` scalar characters is refused
 before anything is constructed. The measurement is linear in the number of distinct nodes.
+
+PyYAML keeps the last of two equal keys in one mapping (``steps: 2`` ... ``steps: 5`` gives 5), so a
+key given twice by mistake changes a run without a word; :func:`check_duplicate_keys` refuses it, naming
+both lines and the key path (merge keys ``<<: *base`` may still be overridden: they are not duplicates).
 """
 
 from __future__ import annotations
@@ -24,6 +28,42 @@ MAX_EXPANDED_CHARS = 10_000_000
 
 class YamlTooLarge(yaml.YAMLError):
     """The document's aliases expand beyond the limits, refer to themselves or nest too deeply."""
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A mapping gives the same key twice; ``key`` is its dotted path, ``line`` the second one (1-based)."""
+
+    def __init__(self, key: str, line: int, first_line: int):
+        self.key, self.line, self.first_line = key, line, first_line
+        super().__init__(f"duplicate key {key!r} at line {line} (first given at line {first_line}); "
+                         "YAML would keep only the last value: remove one")
+
+
+def check_duplicate_keys(root: yaml.Node) -> None:
+    """Raise :class:`DuplicateKey` for the scalar key given twice in one mapping of ``root`` whose second
+    occurrence comes first in the document. Each node is visited once (aliases share nodes); iterative."""
+    found: list[DuplicateKey] = []
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                name = f"{path}.{key.value}" if path else str(key.value)
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if (key.tag, key.value) in first:
+                        found.append(DuplicateKey(name, line, first[(key.tag, key.value)]))
+                    first[(key.tag, key.value)] = line
+                stack.append((value, name))
+    if found:
+        raise min(found, key=lambda err: err.line)
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -66,9 +106,11 @@ def expanded_size(root: yaml.Node, max_nodes: int = MAX_EXPANDED_NODES,
 
 
 def load(stream: str | IO[str]) -> Any:
-    """Like ``yaml.safe_load`` (None for an empty document), refusing alias bombs and recursive aliases.
+    """Like ``yaml.safe_load`` (None for an empty document), refusing alias bombs, recursive aliases and
+    duplicate keys.
 
-    Raises :class:`YamlTooLarge` (a ``yaml.YAMLError``) or PyYAML's own errors; messages quote no values."""
+    Raises :class:`YamlTooLarge`, :class:`DuplicateKey` (``yaml.YAMLError``s) or PyYAML's own errors;
+    messages quote no values."""
     loader = yaml.SafeLoader(stream)
     try:
         try:
@@ -78,6 +120,7 @@ def load(stream: str | IO[str]) -> Any:
         if node is None:
             return None
         expanded_size(node)
+        check_duplicate_keys(node)
         return loader.construct_document(node)
     finally:
         loader.dispose()

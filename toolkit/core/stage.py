@@ -16,6 +16,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import time
 import traceback
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 from toolkit import __version__
 from toolkit.core import files
-from toolkit.core.config import config_hash, dump_yaml, input_paths, to_dict
+from toolkit.core.config import ConfigError, config_hash, dump_yaml, input_paths, to_dict
 from toolkit.core.leftovers import remove_dead_temps
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.outlock import output_lock
@@ -34,6 +35,9 @@ from toolkit.core.pathguard import check_output_apart, check_url_schemes
 MANIFEST = "manifest.json"
 # Directory fingerprints stat at most this many files: enough for shard folders, bounded for huge trees.
 MAX_FINGERPRINT_FILES = 100_000
+# Stage kinds whose output folder a stage may take over: fetch --overwrite replaces a data.shard's shards
+# (fetch checks its own cases first). Any other stage's manifest in --out means another stage's folder.
+_MAY_TAKE_OVER = {"data.fetch": ("data.shard",)}
 # Path -> fingerprint inside a ``fingerprints_once()`` block (None outside one: always measure).
 _MEASURED: ContextVar[dict[str, str] | None] = ContextVar("toolkit_fingerprints", default=None)
 
@@ -163,8 +167,61 @@ class StageRecorder:
         return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details), self.status)
 
 
+class OutputNotOurs(ConfigError):
+    """The output folder holds another stage's output or files the stage did not write (exit code 2)."""
+
+
+def check_out_owner(kind: str, out: str, owned: re.Pattern[str] | None = None) -> None:
+    """Refuse (:class:`OutputNotOurs`, naming the folder and the culprit) an ``out`` whose manifest.json is
+    another stage kind's (a raw set, a training set, a run: its manifest, config.yaml and log.jsonl would be
+    overwritten) or not a stage manifest at all, and one without a manifest of ``kind`` that holds file
+    names matching ``owned`` (the names the stage writes and deletes, e.g. precompute's ``NNNNN.tar``):
+    they are someone else's. Called by :func:`stage_run` before anything is written (``owned`` from stages
+    that delete or replace files by name)."""
+    if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
+        return
+    local = files.local_path(out)
+    m, has_manifest = read_manifest(out), os.path.lexists(os.path.join(local, MANIFEST))
+    found = m.get("kind") if isinstance(m, dict) else None
+    if has_manifest and found != kind and found not in _MAY_TAKE_OVER.get(kind, ()):
+        who = f"the output of a {found!r} stage" if found else "a manifest.json no cliptk stage wrote"
+        raise OutputNotOurs(kind, "out", f"{out} holds {who} ({os.path.join(local, MANIFEST)}); writing a "
+                            f"{kind} here would overwrite its manifest, config and log: choose another folder")
+    if found == kind or owned is None:
+        return
+    theirs = sorted(n for n in os.listdir(local) if owned.fullmatch(n))
+    if theirs:
+        raise OutputNotOurs(kind, "out", f"{out} holds {len(theirs)} file(s) named like {kind}'s output (e.g. "
+                            f"{theirs[0]}) but no {kind} manifest: they are not {kind}'s to replace or delete; "
+                            "choose an empty folder or move them away")
+
+
+class UnfinishedInput(ConfigError):
+    """An input folder's own manifest says the stage that wrote it did not finish (exit code 2)."""
+
+
+def check_input_finished(kind: str, key: str, path: str, allow_flag: str, allowed: bool = False) -> None:
+    """Refuse (:class:`UnfinishedInput`) input folder ``path`` when its manifest.json says the stage that
+    wrote it did not finish (failed, interrupted, running): reading it would silently use part of the set.
+    ``allow_flag`` is the option that accepts it (``allowed``: given; then a warning says what is used)."""
+    if not files.is_local(path) or not os.path.isdir(files.local_path(path)):
+        return  # a file, a glob or a URL: the shards were chosen one by one
+    m = read_manifest(path)
+    status = m.get("status") if isinstance(m, dict) else None
+    if status is None or status == "done":
+        return
+    error = str(m.get("error") or "").splitlines()[0][:200] if m.get("error") else ""
+    what = (f"{path}: its manifest.json says the {m.get('kind', 'stage')} that wrote it is {status!r}"
+            + (f" ({error})" if error else ""))
+    if allowed:
+        get_logger("stage").warning("%s: %s; only what it finished is read (%s)", kind, what, allow_flag)
+        return
+    raise UnfinishedInput(kind, key, f"{what}, so only part of its samples are there; rerun that stage to finish "
+                                     f"it, or pass {allow_flag} to use what it finished")
+
+
 @contextmanager
-def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
+def stage_run(kind: str, cfg: Any, out: str, owned: re.Pattern[str] | None = None) -> Iterator[StageRecorder]:
     """Wrap a stage body: writes config.yaml and a running manifest, then done or failed (re-raising).
 
     Called by every stage's ``run(cfg)`` on the process that owns ``out`` (rank 0 in distributed runs).
@@ -172,10 +229,13 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
     same folder raises :class:`~toolkit.core.outlock.OutputLocked` before anything is written, naming the
     run that holds it. ``rec.lock_fd`` is the lock's descriptor, for worker processes that must hold it too.
     An ``out`` that is one of the config's inputs, holds one or lies inside one is refused first
-    (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled.
+    (:class:`~toolkit.core.pathguard.OutputIsInput`), however either is spelled, and so is an ``out`` that
+    holds another stage's manifest, or files named as in ``owned`` without a manifest of ``kind``
+    (:func:`check_out_owner`).
     """
     check_url_schemes(kind, {**input_paths(cfg), "out": out})
     check_output_apart(kind, out, input_paths(cfg))
+    check_out_owner(kind, out, owned)
     files.makedirs(out)
     with output_lock(out) as lock_fd:
         if lock_fd is not None:  # the lock is ours: temps of writers that are gone are a killed run's
@@ -196,7 +256,31 @@ def stage_run(kind: str, cfg: Any, out: str) -> Iterator[StageRecorder]:
 
 class StageInterrupted(RuntimeError):
     """A stage stopped on a signal (SIGTERM, SIGINT, SLURM's SIGUSR1); its manifest says "interrupted", not
-    "failed", and the message says what was kept and how to continue."""
+    "failed", and the message says what was kept and how to continue. ``signum``: the signal, when known
+    (the command then exits 128 + it, as a shell expects)."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+
+
+def settle_manifest(out: str, err: BaseException) -> None:
+    """After a job's processes ended with ``err``: a manifest in ``out`` that still says running (its writer
+    was killed, or stopped by torchrun inside a collective, before it could record why), or interrupted while
+    the job failed (another rank's failure), says failed or interrupted with ``err``. Called by a launcher
+    (precompute's), which outlives its ranks."""
+    m = read_manifest(out)
+    status = m.get("status") if isinstance(m, dict) else None
+    # a rank that torchrun stopped with SIGTERM because another rank failed recorded "interrupted": the
+    # launcher knows better
+    if not (status == "running" or (status == "interrupted" and status_of(err) == "failed")):
+        return
+    m.update(status=status_of(err), finished_at=_now(), error=f"{type(err).__name__}: {describe_error(err)}")
+    try:
+        files.write_json_atomic(files.join(out, MANIFEST), m)
+    except OSError as write_err:
+        get_logger("stage").warning("could not record %s in %s (%s)", m["status"], files.join(out, MANIFEST),
+                                    write_err)
 
 
 def status_of(err: BaseException) -> str:

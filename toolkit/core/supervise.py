@@ -137,6 +137,8 @@ class Supervisor:
         self.workers_started = False
         self.forwarded: int | None = None  # the signal passed on to the workers, if any
         self.watch = None  # a toolkit.core.watchdog.Watch: stops a job whose ranks stalled, naming the rank
+        self.what = "training"  # the job, as messages name it: training checkpoints; another job (precompute) keeps
+        # its finished work its own way
 
     def wait(self) -> int:
         """Block until the agent exits; returns its exit code. Raises StageInterrupted or RendezvousTimeout
@@ -164,18 +166,23 @@ class Supervisor:
         name = signal.Signals(sig).name
         log = get_logger("train")
         workers = worker_pids(self.proc.pid)
+        training = self.what == "training"
+        resume = "resume from the newest checkpoint" if training else "resume (finished work is kept)"
+        signum = None if training else sig  # exit 128 + sig; the trainer's launcher keeps its exit code 1
         if not workers and self.workers_started:
             raise StageInterrupted(f"interrupted by {name} while the agent was restarting its workers; rerun the "
-                                   "same command to resume from the newest checkpoint")
+                                   f"same command to {resume}", signum)
         if not workers:
             raise StageInterrupted(f"interrupted by {name} while waiting for {self.waiting_for}; "
-                                   "no worker had started, nothing was trained")
+                                   f"no worker had started, nothing was {'trained' if training else 'done'}", signum)
         if self.forwarded is not None:
-            raise StageInterrupted(f"interrupted by a second signal ({name}): the workers were stopped at once, "
-                                   "without a checkpoint; rerun the same command to resume from the newest one")
+            raise StageInterrupted(f"interrupted by a second signal ({name}): the workers were stopped at once"
+                                   + (", without a checkpoint; rerun the same command to resume from the newest one"
+                                      if training else f"; rerun the same command to {resume}"), signum)
         passed = signal.SIGTERM if sig == getattr(signal, "SIGHUP", None) else sig
-        log.warning("launcher received %s: passing it to the %d worker(s), which finish their step, write a "
-                    "checkpoint and exit (send it again to stop them at once)", name, len(workers))
+        log.warning("launcher received %s: passing it to the %d worker(s), which %s (send it again to stop them "
+                    "at once)", name, len(workers), "finish their step, write a checkpoint and exit" if training
+                    else f"stop and exit ({self.what}: finished work is kept)")
         for pid in workers:
             with suppress(ProcessLookupError):
                 os.kill(pid, passed)

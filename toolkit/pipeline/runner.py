@@ -32,7 +32,7 @@ from toolkit.core import files
 from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, short, suggest
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
-from toolkit.pipeline import shell
+from toolkit.pipeline import shellrefs
 from toolkit.pipeline.kinds import KINDS
 
 _REF = re.compile(r"\$\{([^}]+)\}")
@@ -73,19 +73,38 @@ class Pipeline:
 
 def _substitute(value: Any, lookup, source: str, key: str, shell_key: str = "") -> Any:
     """Replace ``${...}`` in strings (recursively) using ``lookup(ref, key) -> value``; the string at
-    ``shell_key`` (a shell stage's cmd) gets each value quoted for the shell (``shell.substitute_cmd``)."""
+    the string at ``shell_key`` (a shell stage's cmd) gets environment variables instead (:func:`_shell_cmd`)."""
     if isinstance(value, dict):
-        return {k: _substitute(v, lookup, source, f"{key}.{k}", shell_key) for k, v in value.items()}
+        out = {k: _substitute(v, lookup, source, f"{key}.{k}", shell_key) for k, v in value.items()
+               if f"{key}.{k}" != shell_key}
+        if shell_key == f"{key}.cmd" and "cmd" in value:
+            out["cmd"] = _shell_cmd(value["cmd"], out, lambda ref: lookup(ref, shell_key), source, shell_key)
+        return out
     if isinstance(value, list):
         return [_substitute(v, lookup, source, f"{key}[{i}]", shell_key) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
-    if key == shell_key:
-        return shell.substitute_cmd(value, _REF, lambda ref: lookup(ref, key))
     whole = _REF.fullmatch(value)
     if whole:
         return lookup(whole.group(1).strip(), key)
     return _REF.sub(lambda m: str(lookup(m.group(1).strip(), key)), value)
+
+
+def _shell_cmd(cmd: Any, config: dict, lookup, source: str, key: str) -> Any:
+    """A shell stage's cmd with each reference as an environment variable whose value joins ``config``'s
+    env (``shellrefs.substitute_cmd``): values never reach bash as shell text."""
+    if not isinstance(cmd, str) or "${" not in cmd:
+        return cmd
+    try:
+        text, env = shellrefs.substitute_cmd(cmd, _REF, lookup)
+    except shellrefs.ShellRefError as err:
+        raise ConfigError(source, key, str(err)) from None
+    if env:
+        user_env = config.get("env") or {}
+        if not isinstance(user_env, dict):
+            return text  # the config's own check names env's type
+        config["env"] = {**user_env, **env}
+    return text
 
 
 def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, Stage], refs: set[str],

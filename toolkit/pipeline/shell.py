@@ -1,25 +1,22 @@
 """The ``shell`` stage: any command line as a pipeline stage, with the same manifest bookkeeping.
 
-Values reach the command as data: the runner inserts each ``${...}`` in ``cmd`` through
-:func:`substitute_cmd`, quoted for the place it stands in (bare, inside '...' or inside "..."), so
-``--set 'vars.name=x; touch F'`` passes the text ``x; touch F`` and a ``run_dir`` with a space stays one
-word. ``quote_refs: false`` inserts the raw text for the shell to parse, for values you wrote yourself.
+Values reach the command as data: the runner replaces each ``${...}`` in ``cmd`` by a quoted environment
+variable (``"${CLIPTK_VAR_name}"``) whose value goes into ``env`` (:mod:`toolkit.pipeline.shellrefs`), so
+``--set 'vars.name=x; touch F'`` passes the text ``x; touch F`` wherever the reference stands (``$(...)``,
+backticks and here-documents included) and a ``run_dir`` with a space stays one word. ``quote_refs: false``
+inserts the raw text for the shell to parse, for values you wrote yourself.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import signal
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from toolkit.core.config import option
 from toolkit.core.log import get_logger
-from toolkit.core.procs import child_preexec
+from toolkit.core.procs import GroupReaper, child_preexec
 from toolkit.core.stage import StageResult, stage_run
 
 KIND = "shell"
@@ -36,7 +33,8 @@ class ShellStageError(RuntimeError):
 @dataclass(frozen=True)
 class ShellConfig:
     cmd: str = option(doc="Command line, run with `bash -c`; $STAGE_OUT holds the output directory. Each ${...} "
-                          "is inserted as literal text, quoted for where it stands (see quote_refs).")
+                          "becomes a quoted environment variable holding its value as text, e.g. "
+                          "\"${CLIPTK_VAR_name}\" (see quote_refs).")
     out: str = option(doc="Output directory; manifest.json, config.yaml and log.jsonl are written here.")
     inputs: list[str] = option(factory=list, is_input=True,
                                doc="Paths the command reads; a change to any of them reruns the stage.")
@@ -46,48 +44,9 @@ class ShellConfig:
     cwd: str = option("", doc="Working directory (default: the current one).")
     timeout_s: float | None = option(None, gt=0, doc="Kill the command and every process it started after this "
                                                      "many seconds (default: none).")
-    quote_refs: bool = option(True, doc="Quote each ${...} value in cmd so the shell sees it as text; false "
-                                        "inserts it raw, to be parsed as shell syntax (only for values you trust).")
-
-
-def _quote_state(text: str, state: str) -> str:
-    """The quoting context ('' bare, "'" or '"') after ``text``, starting in ``state``; backslash escapes
-    count outside single quotes. ``$(...)``, backticks and here-documents are not tracked (bare)."""
-    escaped = False
-    for char in text:
-        if escaped:
-            escaped = False
-        elif char == "\\" and state != "'":
-            escaped = True
-        elif state == "" and char in "'\"":
-            state = char
-        elif char == state:
-            state = ""
-    return state
-
-
-def _quote(text: str, state: str) -> str:
-    if state == "'":
-        return text.replace("'", "'\\''")  # close, escaped quote, reopen
-    if state == '"':
-        return re.sub(r'([\\"$`])', r"\\\1", text)
-    return shlex.quote(text)
-
-
-def substitute_cmd(cmd: str, pattern: re.Pattern, lookup: Callable[[str], Any], quote: bool = True) -> str:
-    """``cmd`` with every ``pattern`` match (``${ref}``) replaced by ``str(lookup(ref))``, shell-quoted for
-    its context unless ``quote`` is false. A lookup that returns the reference itself (resolved later)
-    is kept as it is."""
-    out, pos, state = [], 0, ""
-    for match in pattern.finditer(cmd):
-        state = _quote_state(cmd[pos:match.start()], state)
-        ref = match.group(1).strip()
-        text = str(lookup(ref))
-        if quote and text != "${" + ref + "}":
-            text = _quote(text, state)
-        out += [cmd[pos:match.start()], text]
-        pos = match.end()
-    return "".join(out) + cmd[pos:]
+    quote_refs: bool = option(True, doc="Pass each ${...} in cmd as an environment variable, so the shell sees "
+                                        "its value as text; false inserts it raw, to be parsed as shell syntax "
+                                        "(only for values you trust).")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -110,8 +69,10 @@ def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     proc = subprocess.Popen(["bash", "-c", cfg.cmd], cwd=cfg.cwd or None, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
                             preexec_fn=child_preexec())  # bash dies with the pipeline, even on SIGKILL
+    reaper = GroupReaper(proc.pid)  # and so does what bash started (`sleep 1000`), which PDEATHSIG misses
     try:
         stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
+        reaper.release()  # a normal end: what the command left running on purpose stays
     except subprocess.TimeoutExpired as err:
         _kill_group(proc)
         proc.communicate()
@@ -123,6 +84,7 @@ def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     finally:
         if proc.poll() is None:
             _kill_group(proc)
+        reaper.kill_now()  # a no-op after release()
     return proc.returncode, stdout, stderr
 
 
@@ -131,7 +93,8 @@ def run(cfg: ShellConfig) -> StageResult:
     log = get_logger("shell")
     with stage_run(KIND, cfg, cfg.out) as rec:
         env = {**os.environ, **cfg.env, "STAGE_OUT": cfg.out}
-        log.info("$ %s", cfg.cmd)
+        refs = {k: v for k, v in cfg.env.items() if k.startswith("CLIPTK_")}  # the ${...} values (shellrefs)
+        log.info("$ %s%s", cfg.cmd, f"  [{', '.join(f'{k}={v!r}' for k, v in refs.items())}]" if refs else "")
         code, stdout, stderr = _run_command(cfg, env)
         for stream, text in (("stdout", stdout), ("stderr", stderr)):
             for line in text.splitlines():

@@ -233,6 +233,11 @@ class TrainConfig:
         unknown = sorted(set(self.report_to) - set(REPORT_SINKS))
         if unknown:
             raise ValueError(f"report_to: unknown sink(s) {', '.join(unknown)}; choose from {', '.join(REPORT_SINKS)}")
+        for count, key, needs in ((self.lock_image_unlocked_groups, "lock_image_unlocked_groups", "lock_image"),
+                                  (self.lock_text_unlocked_layers, "lock_text_unlocked_layers", "lock_text")):
+            if count and not getattr(self, needs):  # it only says what a lock leaves trainable
+                raise ValueError(f"{key} {count} does nothing without {needs}: set {needs} true "
+                                 f"(--{needs.replace('_', '-')}) or drop {key}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")
 

@@ -34,7 +34,8 @@ class ExportConfig:
     """``toolkit export``: one finished training run to a shareable open_clip folder."""
 
     run: str = option(is_input=True, doc="The training run directory (`toolkit train --out RUN`).")
-    out: str = option(doc="The folder to write (replaced if it exists).")
+    out: str = option(doc="The folder to write: new, empty, or an earlier export's (replaced); never the run "
+                          "or a folder holding it or inside it, nor a non-empty folder export did not write.")
     weights: Literal["raw", "ema"] = option("raw", doc="raw: RUN/model; ema: RUN/model-ema (--ema-decay runs).")
 
 
@@ -102,8 +103,32 @@ def model_card(facts: dict[str, Any], config_yaml: str) -> str:
     return "\n".join(lines)
 
 
+def _written_by_export(out: Path) -> bool:
+    """Whether folder ``out`` is an earlier export's: its model_card.json holds the facts export writes."""
+    try:
+        card = json.loads((out / "model_card.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(card, dict) and {"weights", "dataset", "training", "toolkit_version"} <= set(card)
+
+
+def check_out(run_dir: Path, out: Path) -> None:
+    """Refuse an ``out`` that export would destroy by replacing it: the run itself, a folder holding it (its
+    parent holds other runs too) or inside it, a file, or a non-empty folder an earlier export did not write
+    (a user's folder). OutputIsInput (exit 2) or ValueError, naming both paths."""
+    from toolkit.core.pathguard import check_output_apart
+
+    check_output_apart("export", str(out), {"run": str(run_dir)})
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"--out {out}: not a folder (export replaces its folder whole); choose a new folder")
+    if out.is_dir() and any(out.iterdir()) and not _written_by_export(out):
+        raise ValueError(f"--out {out}: a non-empty folder that no earlier export wrote (it has no export's "
+                         "model_card.json); export replaces its folder whole, so choose a new or empty folder")
+
+
 def run(cfg: ExportConfig) -> dict[str, Any]:
-    """Write cfg.out (module docstring); returns the model card's facts. Refuses an unfinished run."""
+    """Write cfg.out (module docstring); returns the model card's facts. Refuses an unfinished run and an
+    out it would destroy (:func:`check_out`)."""
     from toolkit.core.files import replacing_dir
 
     run_dir = Path(cfg.run)
@@ -111,6 +136,7 @@ def run(cfg: ExportConfig) -> dict[str, Any]:
     if manifest.get("kind") != "train" or manifest.get("status") != "done":
         raise ValueError(f"{run_dir}: not a finished training run (its manifest.json says kind "
                          f"{manifest.get('kind')!r}, status {manifest.get('status')!r}); export needs one")
+    check_out(run_dir, Path(cfg.out))
     model_dir = run_dir / WEIGHT_FOLDERS[cfg.weights]
     if not (model_dir / "open_clip_config.json").is_file():
         raise FileNotFoundError(f"{model_dir}: no open_clip model here"

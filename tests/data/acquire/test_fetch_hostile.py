@@ -254,3 +254,20 @@ def test_urls_with_spaces_and_non_ascii_characters_are_percent_encoded(tmp_path)
     assert result.counts["failed_by_reason"] == {} and result.counts["num_success"] == 5
     stored = {json.loads(s["json"])["url"] for s in read_tar(tmp_path / "out" / "00000.tar").values()}
     assert server.url + "fotos/ü ñ.png" in stored  # the list's own spelling is what the shard records
+
+
+def test_a_url_list_that_is_a_fifo_is_refused_instead_of_waiting(tmp_path):
+    """Before: `data fetch --urls FIFO` with no writer waited forever, printing nothing (issue 43 item 7)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = tmp_path / "urls.csv"
+    os.mkfifo(fifo)
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(fifo), "--out",
+                           str(tmp_path / "out")], cwd=root, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == 1 and f"{fifo} is a FIFO, not a regular file" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

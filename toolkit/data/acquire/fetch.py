@@ -213,6 +213,8 @@ def run(cfg: FetchConfig) -> StageResult:
     image was downloaded at all or shards are left unfinished (rerun to resume them).
     """
     _check_distributor(cfg.distributor)
+    if files.is_local(cfg.urls):  # a FIFO without a writer would block the first read forever, silently
+        files.check_regular(files.local_path(cfg.urls))
     fmt = detect_format(cfg.urls, cfg.input_format)
     caption_col = check_url_list(cfg.urls, fmt, cfg.url_col, cfg.caption_col)
     out = layout.absolute(cfg.out)

@@ -15,7 +15,7 @@ from typing import Any
 
 import toolkit
 from toolkit.core.log import get_logger, progress
-from toolkit.core.procs import child_preexec
+from toolkit.core.procs import GroupReaper, child_preexec
 
 log = get_logger("data.fetch")
 # Lines of worker output kept for the error message when the worker fails.
@@ -42,6 +42,9 @@ class WorkerRun:
             # the worker holds the output lock too: if this process dies first, the folder stays locked
             # until the worker writing into it is gone as well
             pass_fds=(lock_fd,) if lock_fd is not None else ())
+        # img2dataset's spawned pool and resource tracker are the worker's children, out of PDEATHSIG's reach:
+        # they die with this process too, whatever kills it
+        self.reaper = GroupReaper(self.proc.pid)
         self.tail: collections.deque[str] = collections.deque(maxlen=ERROR_TAIL_LINES)
         self.timed_out = False
         self.timer = threading.Timer(run_timeout_s, self._on_timeout) if run_timeout_s else None
@@ -103,6 +106,7 @@ class WorkerRun:
                 code = self.proc.wait()
         else:
             code = self.proc.returncode
+        self.reaper.kill_now()  # whatever the finished worker left in its group
         os.unlink(self.spec_path)
         return code
 

@@ -176,6 +176,7 @@ class TrainDataset:
                              "precompute the folder again") from None
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
+        integrity.check_shard_entries(shards, path)
         check_reference_fields(ds, path)
         return ds
 

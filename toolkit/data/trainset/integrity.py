@@ -19,6 +19,8 @@ are not verified (``toolkit data precompute`` again writes the checksums).
 
 from __future__ import annotations
 
+import os
+from stat import S_ISREG
 from typing import Any
 
 import numpy as np
@@ -155,3 +157,42 @@ def tokenizer_vocab_size(tok: Any) -> int:
     if getattr(tok, "vocab_size", None):
         return int(tok.vocab_size)
     return len(tok.tokenizer)
+
+
+def check_shard_entries(shards: list[Any], path: str) -> None:
+    """ValueError naming dataset.json and the key: a shard name that is not a plain file name in the set's
+    folder (``../../other/00001.tar`` would be read from elsewhere), a negative count, ids not dense. Called by
+    ``TrainDataset.open`` (``shards``: its ShardInfo list)."""
+    next_id = 0
+    for i, s in enumerate(shards):
+        name = str(s.name)
+        if not name or "/" in name or "\\" in name or name in (".", "..") or "://" in name:
+            raise ValueError(f"{path}: shards[{i}].name {name[:80]!r} is not a file name in the set's folder; "
+                             "shards are read from that folder only: precompute the folder again")
+        if not isinstance(s.num_samples, int) or s.num_samples < 0 or s.first_id != next_id:
+            raise ValueError(f"{path}: shards[{i}]: num_samples {s.num_samples!r}, first_id {s.first_id!r}: "
+                             f"counts must be >= 0 and ids dense (first_id {next_id} expected)")
+        next_id += s.num_samples
+
+
+def check_claims(ds: Any) -> None:
+    """ValueError naming dataset.json, the shard's key and its file when a local shard file is too short for
+    the samples dataset.json says it holds (a damaged or edited dataset.json claiming 10**12 samples made the
+    trainer allocate per-sample tables of terabytes). One stat per shard; URLs are not checked. Called by the
+    trainer's ``open_data`` (``data verify`` reports short shards itself, sample by sample)."""
+    if not files.is_local(ds.root):
+        return
+    path = files.join(ds.root, "dataset.json")
+    for i, s in enumerate(ds.shards):
+        try:
+            st = os.stat(files.local_path(ds.url(s)))
+        except OSError:
+            continue  # a missing shard: the reader names it when it gets there
+        if not S_ISREG(st.st_mode):
+            continue  # a FIFO or device: the reader refuses it, naming what it is
+        size = st.st_size
+        if s.num_samples * ds.sample_bytes > size:
+            raise ValueError(f"{path}: shards[{i}].num_samples says {s.num_samples} samples of {ds.sample_bytes} "
+                             f"bytes, but {ds.url(s)} holds {size} bytes ({size // ds.sample_bytes} samples at "
+                             "most): dataset.json does not describe these files; run `toolkit data verify` or "
+                             "precompute the folder again")

@@ -48,8 +48,12 @@ class VerifyResult:
 
 
 def run(cfg: VerifyConfig) -> VerifyResult:
-    """Verify ``cfg.input``; FileNotFoundError/ValueError if dataset.json itself is missing or malformed."""
+    """Verify ``cfg.input``; FileNotFoundError/ValueError if dataset.json itself is missing or malformed, or
+    says the set holds no sample (there is nothing intact to report, nor to train on)."""
     ds = TrainDataset.open(cfg.input)
+    if ds.num_samples == 0:
+        raise ValueError(f"{files.join(cfg.input, 'dataset.json')}: num_samples is 0: the set holds no sample to "
+                         "verify or train on; precompute it again from raw shards that hold samples")
     mode = storage.of(ds)
     checksums = all(s.sums for s in ds.shards)
     from toolkit.data.trainset.reference import bytes_per_sample

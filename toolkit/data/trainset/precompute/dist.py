@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from toolkit.core.launch import apply_slurm_env, is_worker, launch_job
-from toolkit.core.stage import StageResult, read_manifest
+from toolkit.core.stage import StageResult, read_manifest, settle_manifest
 
 ENTRY = "toolkit.data.trainset.precompute.rank"  # what torchrun runs in each rank
 
@@ -96,7 +96,12 @@ def check_counts(gathered: dict[int, int], loaded: dict[int, int], urls: list[st
 def launch(cfg) -> StageResult:
     """The launcher: start the job's ranks through torchrun on this node and wait; node 0 reports rank 0's
     stage books, other nodes a summary."""
-    launch_job(cfg.launch, cfg, ENTRY, "precompute")
+    try:
+        launch_job(cfg.launch, cfg, ENTRY, "precompute")
+    except BaseException as err:
+        if cfg.launch.node_rank == 0:  # rank 0 may have died (or been stopped in a collective) mid-record
+            settle_manifest(cfg.out, err)
+        raise
     manifest = read_manifest(cfg.out) if cfg.launch.node_rank == 0 else None
     if manifest is None:  # another node: rank 0 (on node 0) writes the output and its manifest
         return StageResult(cfg.out, {"train": cfg.out}, {}, "", {}, "done")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from toolkit.core.config import option
 from toolkit.core.launch import LaunchConfig
 from toolkit.core.log import counter, get_logger, progress
 from toolkit.core.outlock import output_lock
-from toolkit.core.stage import StageResult, stage_run
+from toolkit.core.stage import StageResult, check_input_finished, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.captions import check_caption_ext
 from toolkit.data.raw.reader import list_shards, promised_samples, shard_names
@@ -40,6 +41,9 @@ from toolkit.data.trainset.truncation import check_some_kept, check_truncation, 
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
+# The files precompute replaces and deletes by name (writer.remove_stale_shards): in an --out without a
+# precompute manifest they are someone else's (a raw set's shards, a user's 00001.tar), so it is refused.
+OWNED_FILES = re.compile(r"\d{5}\.(tar|meta\.jsonl|xxh3|idx|jpgs)")
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
 
@@ -100,6 +104,10 @@ class PrecomputeConfig:
                                         doc="Fail, naming the shards, when more than this share of the samples read "
                                             "is lost to truncated or unreadable raw shards (a fetch cut short); "
                                             "1: keep whatever is left.")
+    allow_unfinished_input: bool = option(False, affects_output=False,
+                                          doc="Precompute a raw folder whose manifest says its fetch (or shard) "
+                                              "did not finish (failed, interrupted, running): only the shards it "
+                                              "finished are read. Default: refused, naming the status.")
     launch: LaunchConfig = option(factory=LaunchConfig, doc="Processes and nodes (torchrun, as `toolkit train`): "
                                                             "rank r of K processes raw shards r, r+K, ...; the "
                                                             "output is the same as one process's.")
@@ -189,9 +197,11 @@ def run(cfg: PrecomputeConfig) -> StageResult:
     """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input).
 
     A rerun after a run was killed, interrupted or failed reuses the raw shards it finished
-    (:mod:`.resume`); the output is the same as an uninterrupted run's.
+    (:mod:`.resume`); the output is the same as an uninterrupted run's. A raw folder whose own
+    manifest says it is unfinished is refused unless ``allow_unfinished_input``.
     """
     log = get_logger("data.precompute")
+    check_input_finished(KIND, "input", cfg.input, "--allow-unfinished-input", cfg.allow_unfinished_input)
     if wants_launch(cfg):
         return launch(cfg)  # torchrun starts the ranks, which come back here (.dist)
     ranks = Ranks.join(cfg.launch)
@@ -216,7 +226,7 @@ def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
 
 def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     """One process, or rank 0 of a job: the stage books, ids and the training shards (module docstring)."""
-    with stage_run(KIND, cfg, cfg.out) as rec:
+    with stage_run(KIND, cfg, cfg.out, owned=OWNED_FILES) as rec:
         urls = list_shards(cfg.input)
         job = prepare(cfg)
         resume.remove_stale_scratch(cfg, log)

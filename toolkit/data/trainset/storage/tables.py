@@ -90,6 +90,9 @@ def load_table(ds: Any, part: int) -> np.ndarray:
         else:
             with files.open_file(url, "rb") as fh:
                 data = fh.read()
+    except TimeoutError as err:  # fsspec's FSTimeoutError has no text at all
+        raise TimeoutError(f"{url}: no answer within {files.HTTP_TIMEOUT_S:g} s (CLIPTK_HTTP_TIMEOUT_S) while reading "
+                           f"part {part}'s table: the server stopped answering") from err
     except FileNotFoundError as err:
         raise integrity.DataIntegrityError(f"{url}: missing (part {part} of {len(ds.shards)} in dataset.json); "
                                            "restore it or precompute this dataset again") from err
@@ -153,11 +156,18 @@ class RefReader:
         return self._open[file]
 
     def image_bytes(self, part: int, position: int, rec: Any) -> bytes:
-        """The checked encoded bytes of record ``rec`` (sample ``position`` of part ``part``)."""
-        fh = self._file(int(rec["file"]))
-        fh.seek(int(rec["offset"]))
-        data = fh.read(int(rec["length"]))
+        """The checked encoded bytes of record ``rec`` (sample ``position`` of part ``part``); TimeoutError
+        naming the URL and the sample when a server stops answering (``files.HTTP_TIMEOUT_S``)."""
         url = self.data_url(int(rec["file"]))
+        try:
+            fh = self._file(int(rec["file"]))
+            fh.seek(int(rec["offset"]))
+            data = fh.read(int(rec["length"]))
+        except TimeoutError as err:  # fsspec's FSTimeoutError has no text at all
+            shard = self.ds.shards[part]
+            raise TimeoutError(f"{url}: no answer within {files.HTTP_TIMEOUT_S:g} s (CLIPTK_HTTP_TIMEOUT_S) while "
+                               f"reading sample {position} of {shard.name} (id {shard.first_id + position}): the "
+                               "server stopped answering") from err
         if len(data) != int(rec["length"]):
             raise damaged_ref(self.ds, part, position, url, rec, f"the file ends after {len(data)} of them")
         if xxhash.xxh3_64_intdigest(data) != int(rec["hash"]):
