@@ -225,6 +225,7 @@ def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
         if name in data:
             kwargs[name] = _coerce(hints[name], data[name], source, key)
             _check_range(f, kwargs[name], source, key)
+            _check_not_empty(f, data[name], source, key)  # the raw value: Path("") reads as "."
         elif f.default is MISSING and f.default_factory is MISSING:
             raise ConfigError(source, key, f"missing required value ({f.metadata.get('doc', '')})")
     try:
@@ -236,6 +237,14 @@ def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
         if sep and name.split(".")[0] in fields:
             raise ConfigError(source, f"{prefix}.{name}" if prefix else name, message) from err
         raise ConfigError(source, prefix, str(err)) from err
+
+
+def _check_not_empty(f: dataclasses.Field, value: Any, source: str, key: str) -> None:
+    """A required text field (a path, a URL list, a model name) given as '' or blanks is refused by name:
+    an empty `--data ''` used to become the path '/dataset.json' and `--out ''` "No such file: ''"."""
+    required = f.default is MISSING and f.default_factory is MISSING
+    if required and isinstance(value, (str, Path)) and not str(value).strip():
+        raise ConfigError(source, key, f"is empty; give a value ({f.metadata.get('doc', '')})")
 
 
 # ---------------------------------------------------------------- merging sources
