@@ -96,13 +96,34 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
         fail(str(err))
     except ImportError as err:  # an optional package a path or option needs (fsspec names it: "Install s3fs")
         fail(f"{type(err).__name__}: {err}", code=2)
-    except (OSError, RuntimeError, ValueError) as err:
+    except OSError as err:
+        fail(f"{type(err).__name__}: {err}{_full_disk_text(err, cfg)}", code=1)
+    except (RuntimeError, ValueError) as err:
         fail(f"{type(err).__name__}: {err}", code=1)
     except KeyboardInterrupt as err:
         from toolkit.core.procs import exit_code
 
         fail(str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
              code=exit_code(err))
+
+
+def _full_disk_text(err: OSError, cfg: Any) -> str:
+    """For a full disk that the error does not place (a write() names no file: a bare "[Errno 28] No space
+    left on device"), where: the stage's output folder and the space left on its filesystem."""
+    import errno
+    import shutil
+
+    out = str(getattr(cfg, "out", "") or "")
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT) or err.filename or not out or "://" in out:
+        return ""
+    folder = Path(out).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = f"{shutil.disk_usage(folder).free:,} bytes free there"
+    except OSError:
+        free = "its free space unreadable"
+    return f" (while writing --out {out}: {free}); free space on that filesystem or choose another --out"
 
 
 def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]:

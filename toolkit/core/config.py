@@ -302,6 +302,8 @@ def read_yaml(path: str | Path) -> dict:
             data = safeyaml.load(fh)
     except FileNotFoundError as err:
         raise ConfigError(str(path), "", "file not found") from err
+    except OSError as err:  # a FIFO (check_regular), a folder, no permission: one line naming the file
+        raise ConfigError(str(path), "", err.strerror or str(err).removeprefix(f"{path} ")) from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), "", f"invalid YAML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:
