@@ -105,6 +105,29 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
 
         fail(str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
              code=exit_code(err))
+    except Exception as err:  # noqa: BLE001 - only an HTTP client's error is turned into a line, others go up
+        if not _network_error(err):
+            raise
+        fail(_unreachable_text(err, cfg), code=1)
+
+
+def _network_error(err: BaseException) -> bool:
+    from toolkit.core.files import is_network_error
+
+    return is_network_error(err)
+
+
+def _unreachable_text(err: BaseException, cfg: Any) -> str:
+    """One line for an HTTP client's error that escaped a stage: the URLs of the stage's config (the
+    client's own message names a host at best: "Connection refused")."""
+    import dataclasses
+
+    from toolkit.core.config import input_paths
+    from toolkit.core.files import unreachable
+
+    paths = {**input_paths(cfg), "out": str(getattr(cfg, "out", "") or "")} if dataclasses.is_dataclass(cfg) else {}
+    urls = [f"{key} {value}" for key, value in paths.items() if "://" in value and not value.startswith("file://")]
+    return f"ConnectionError: {unreachable(', '.join(urls) or 'a URL', err)}"
 
 
 def _full_disk_text(err: OSError, cfg: Any) -> str:

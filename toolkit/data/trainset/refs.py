@@ -146,6 +146,8 @@ class RefReader:
             try:  # remote: each read one range request of exactly the image
                 self._open[file] = files.open_ranges(url)
             except FileNotFoundError as err:
+                if (cause := files.network_cause(err)) is not None:  # the server is gone, not the file
+                    raise files.unreachable(url, cause) from err
                 raise integrity.DataIntegrityError(
                     f"{url}: missing (data file {file} of {self.ds.root}); restore it, or keep the data next to "
                     f"the dataset as data_root {self.ds.data_root!r} says") from err
