@@ -199,6 +199,55 @@ def _choices_text(tp: Any) -> str:
     return " One of: " + ", ".join(str(a) for a in typing.get_args(tp)) + "."
 
 
+def config_keys(cls: type, prefix: str = "", instance: Any = None) -> list[tuple[str, str, str]]:
+    """(dotted key, doc, default text) of every key of config class ``cls``, a section's keys after its own
+    line (``augment``, then ``augment.scale_min`` ...): what `toolkit pipeline kinds KIND` and `toolkit train
+    --help` list. A key's default is the one its section's default holds (``instance``), where it has one."""
+    import dataclasses
+    import typing
+
+    hints, rows = typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        value = _field_default(f) if instance is None else getattr(instance, f.name)
+        section = dataclasses.is_dataclass(tp)
+        shown = "section" if section else "required" if value is dataclasses.MISSING else \
+            "empty" if value in ("", [], (), {}) else repr(value)
+        rows.append((key, f.metadata.get("doc", ""), shown))
+        if section:
+            rows += config_keys(tp, key + ".", None if value is dataclasses.MISSING else value)
+    return rows
+
+
+def _field_default(f: Any) -> Any:
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def nested_keys_help(cls: type, flags: Mapping[str, Any], width: int = 76) -> str:
+    """Help text (an epilog) naming every key of ``cls`` in a section that has no option of its own (the
+    keys in ``flags`` have one), section by section with its default: `toolkit train --help` showed none
+    of optim.*, augment.*, ... Lines are wrapped here and kept by click (``\\b``)."""
+    import textwrap
+
+    sections: dict[str, list[str]] = {}
+    for key, _, shown in config_keys(cls):
+        head, _, name = key.rpartition(".")
+        if shown != "section" and key not in flags:
+            sections.setdefault(head, []).append(f"{name}={shown}")
+    lines = []
+    for head, names in sections.items():
+        lines += textwrap.wrap((f"{head}.* : " if head else "top level: ") + ", ".join(names), width,
+                               subsequent_indent="    ", break_on_hyphens=False)
+    return ("Keys without an option, set with --set KEY=VALUE or in --config FILE.yaml (each key's doc: "
+            "`toolkit pipeline kinds train`):\n\n\b\n" + "\n".join(lines))
+
+
 def config_field(cls: type, key: str) -> tuple[Any, Any]:
     """(dataclasses.Field, resolved type) of dotted ``key`` in config class ``cls``; TypeError if none."""
     import dataclasses

@@ -12,6 +12,7 @@ from toolkit.cli.common import (
     config_parameters,
     fail,
     load_cli_config,
+    nested_keys_help,
     with_parameters,
 )
 from toolkit.train.config import TrainConfig
@@ -52,7 +53,7 @@ def _loss_help() -> str:
             f"counts as short), from the convergence evidence: {describe()})")
 
 
-@app.callback(invoke_without_command=True)
+@app.callback(invoke_without_command=True, epilog=nested_keys_help(TrainConfig, FLAGS))
 @with_parameters(config_parameters(TrainConfig, FLAGS))
 def train(
     ctx: typer.Context,
