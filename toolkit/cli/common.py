@@ -80,6 +80,22 @@ def parameter_labels(ctx: typer.Context, keys: list[str]) -> dict[str, str]:
     return labels
 
 
+def score_lines(run_dir: str) -> list[str]:
+    """The scores a training run's last evaluation computed, one line per set (`toolkit train` ended
+    without them: they were only in metrics.jsonl)."""
+    from toolkit.train.metrics import final_scores
+
+    step, scores = final_scores(run_dir)
+    by_set: dict[str, list[str]] = {}
+    for key, value in scores.items():
+        name, _, metric = key.rpartition("/")
+        by_set.setdefault(name, []).append(f"{metric} {value:.4f}")
+    if not by_set:
+        return []
+    return [f"zero-shot scores at step {step} (also in {run_dir}/metrics.jsonl):",
+            *(f"  {name}: {', '.join(values)}" for name, values in by_set.items())]
+
+
 def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
     """Call a stage's run(cfg); config errors exit 2, other failures exit 1 with the message."""
     import dataclasses

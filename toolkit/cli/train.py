@@ -13,6 +13,7 @@ from toolkit.cli.common import (
     fail,
     load_cli_config,
     nested_keys_help,
+    score_lines,
     with_parameters,
 )
 from toolkit.train.config import TrainConfig
@@ -90,6 +91,8 @@ def train(
                f"rank(s), {c.get('skipped_steps')} skipped")
     if "model" in result.outputs:
         typer.echo(f"model: {result.outputs['model']}  (toolkit eval zeroshot --model {result.outputs['model']} ...)")
+    for line in score_lines(cfg.out):
+        typer.echo(line)
 
 
 def _micro(value: str | None) -> int | str | None:
