@@ -11,6 +11,7 @@ Unlike the loader, which stops at the first damaged sample, verify reads on and 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,8 +63,9 @@ def run(cfg: VerifyConfig) -> VerifyResult:
     if not checksums:
         get_logger("data").warning("%s: no checksums recorded (precomputed before the toolkit wrote them): "
                                    "checking the layout and token ids only", cfg.input)
+    tally: dict[int, list[int]] = {}  # jpeg/index: data file -> [records checked, checksum mismatches]
     with counter(ds.num_samples, desc="verify", unit="samples") as count:
-        check = _verify_shard if ds.storage == "pixels" else _verify_part
+        check = _verify_shard if ds.storage == "pixels" else functools.partial(_verify_part, tally=tally)
         for index, shard in enumerate(ds.shards):
             found = check(ds, index, result.vocab_size, count)
             if found:
@@ -73,7 +75,27 @@ def run(cfg: VerifyConfig) -> VerifyResult:
                 if len(found) > cfg.max_listed:
                     result.problems.append(f"{ds.url(shard)}: {len(found) - cfg.max_listed} more damaged "
                                            "samples not listed")
+    other = _other_files_line(ds, tally)
+    if other:
+        result.problems.insert(0, other)
     return result
+
+
+def _other_files_line(ds: TrainDataset, tally: dict[int, list[int]]) -> str | None:
+    """One line when data files match none of the checksums the index recorded for their samples: they are
+    other files than were indexed (an index copied beside another raw folder with the same file names
+    read as every sample "damaged: checksum does not match", never saying why)."""
+    other = sorted(f for f, (checked, wrong) in tally.items() if checked and wrong == checked)
+    if not other:
+        return None
+    from toolkit.data.trainset import refs
+
+    names = ", ".join(ds.data_files[f] for f in other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+    where = refs.resolve_data_root(ds.root, ds.data_root)
+    return (f"{where}: {len(other)} of the {len(ds.data_files)} data files ({names}) match none of the checksums "
+            f"recorded for their samples: they are not the files this set indexed (same names, other contents; "
+            f"was the set copied beside another raw folder?); point data_root in {ds.root}/dataset.json at the "
+            "indexed files or precompute again")
 
 
 def _verify_shard(ds: TrainDataset, index: int, vocab: int | None, count) -> list[tuple[str, bool]]:
@@ -109,9 +131,11 @@ def _verify_shard(ds: TrainDataset, index: int, vocab: int | None, count) -> lis
     return found
 
 
-def _verify_part(ds: TrainDataset, index: int, vocab: int | None, count) -> list[tuple[str, bool]]:
+def _verify_part(ds: TrainDataset, index: int, vocab: int | None, count,
+                 tally: dict[int, list[int]] | None = None) -> list[tuple[str, bool]]:
     """(message, is a sample problem) for every problem of one jpeg/index part: its table against
-    dataset.json, then every record's image bytes (length, xxh3-64, decodable) and token ids."""
+    dataset.json, then every record's image bytes (length, xxh3-64, decodable) and token ids. ``tally``
+    counts, per data file, the records checked and those whose checksum did not match."""
     from toolkit.data.trainset import refs
 
     reader = refs.RefReader(ds, vocab)
@@ -123,11 +147,14 @@ def _verify_part(ds: TrainDataset, index: int, vocab: int | None, count) -> list
         return [(str(err), False)]
     try:
         for position, rec in enumerate(table):
+            seen = (tally if tally is not None else {}).setdefault(int(rec["file"]), [0, 0])
+            seen[0] += 1
             try:
                 data = reader.image_bytes(index, position, rec)
                 refs.decode_image(data, reader.side, reader.resize_mode)
                 integrity.check_tokens(ds, index, position, rec["tokens"][None], vocab)
             except integrity.DataIntegrityError as err:
+                seen[1] += refs.CHECKSUM_MISMATCH in str(err)
                 found.append((str(err).split("; run `toolkit data verify")[0], True))
             except ValueError as err:  # ImageError: the bytes match the index but no longer decode
                 found.append((f"{reader.data_url(int(rec['file']))}: sample {position} of {shard.name} (id "
