@@ -87,8 +87,8 @@ def _closed_port() -> int:
      "hf://datasets/someone/set/urls.csv"),
 ])
 def test_an_unreachable_hf_path_is_one_line(tmp_path, args, url):
-    """Item 13: `hf://` paths without network ended in 138 (train) and 127 (fetch) lines of traceback. The hub's
-    endpoint is a closed port on 127.0.0.1, so nothing leaves the machine."""
+    """Item 13: `hf://` paths without network ended in 138 (train) and 127 (fetch) lines of traceback. The
+    hub's endpoint is a closed port on 127.0.0.1, so nothing leaves the machine."""
     hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"}
     line = _one_error([str(tmp_path / a) if a == "RUN" else a for a in args], tmp_path, hub)
     assert url in line and "cannot read it from its server" in line and "Connection refused" in line, line

@@ -1,5 +1,5 @@
-"""`toolkit eval build-set --source shards` (issue 43 item 21): held-out raw webdataset shards (a folder, a glob
-of tars) become an evaluation set directly; a user had to untar a shard and write a CSV. Real tars written
+"""`toolkit eval build-set --source shards` (issue 43 item 21): held-out raw webdataset shards (a folder, a
+glob of tars) become an evaluation set directly; a user had to untar a shard and write a CSV. Real tars written
 the img2dataset way, read with the training data's robust reader: a damaged tar and incomplete samples are
 counted, not silently dropped."""
 
@@ -44,7 +44,8 @@ def test_retrieval_set_from_a_glob_of_raw_shards(tmp_path):
     members = _read_set(tmp_path / "sets", "held")
     assert sum(m.endswith(".jpg") for m in members) == 8 and sum(m.endswith(".txt") for m in members) == 8
     manifest = json.loads((tmp_path / "sets" / "held" / "manifest.json").read_text())
-    assert manifest["counts"]["left_out"] == {"sample without a txt caption": 1, "image that does not decode": 1}
+    left_out = {"sample without a txt caption": 1, "image that does not decode": 1}
+    assert manifest["counts"]["left_out"] == left_out
 
 
 def test_classification_from_a_json_field_and_limit(tmp_path):

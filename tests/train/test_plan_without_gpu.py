@@ -1,5 +1,5 @@
-"""`toolkit plan` for a GPU job on a machine without a GPU (issue 43 item 18): it stopped after 48 s asking for
---measure, and `--measure` failed with "Found no NVIDIA driver"; on the CPU `--measure` printed nothing
+"""`toolkit plan` for a GPU job on a machine without a GPU (issue 43 item 18): it stopped after 48 s asking
+for --measure, and `--measure` failed with "Found no NVIDIA driver"; on the CPU `--measure` printed nothing
 for minutes. Now a CUDA plan without measured figures uses an estimate calibrated on the H100 run's
 measured peak, and says so; `--measure` without a GPU fails at once in one line; measuring shows progress."""
 
@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 from toolkit.cli.main import app
-
 from toolkit.core.config import build
 from toolkit.train.plan import estimate
 from toolkit.train.plan import planner as plan
@@ -63,7 +62,7 @@ def test_measuring_on_the_cpu_shows_progress(caplog):
                                        "--set", "measure_sizes=[2, 4]"])
     assert res.exit_code == 0, res.output
     for i, m in ((1, 2), (2, 4)):
-        assert f"measuring the activations of cliptk-tiny (fp32, cpu) at micro-batch {m} ({i} of 2) in a fresh " \
-               "process" in caplog.text, caplog.text
+        assert f"measuring the activations of cliptk-tiny (fp32, cpu) at micro-batch {m} ({i} of 2) in a " \
+               "fresh process" in caplog.text, caplog.text
         assert f"micro-batch {m}: peak " in caplog.text, caplog.text
     assert "(measured [" in res.output

@@ -141,8 +141,11 @@ def _unreachable_text(err: BaseException, cfg: Any) -> str:
     from toolkit.core.config import input_paths
     from toolkit.core.files import unreachable
 
-    paths = {**input_paths(cfg), "out": str(getattr(cfg, "out", "") or "")} if dataclasses.is_dataclass(cfg) else {}
-    urls = [f"{key} {value}" for key, value in paths.items() if "://" in value and not value.startswith("file://")]
+    paths = {}
+    if dataclasses.is_dataclass(cfg):
+        paths = {**input_paths(cfg), "out": str(getattr(cfg, "out", "") or "")}
+    urls = [f"{key} {value}" for key, value in paths.items()
+            if "://" in value and not value.startswith("file://")]
     return f"ConnectionError: {unreachable(', '.join(urls) or 'a URL', err)}"
 
 

@@ -90,5 +90,6 @@ def kinds_cmd(kind: Annotated[str | None, typer.Argument(help="Show this kind's 
     rows = config_keys(KINDS[kind].load("config"))  # a section's keys follow it: augment, augment.scale_min
     width = max(len(key) for key, _, _ in rows)
     for key, doc, shown in rows:
-        typer.echo(f"{key:{width}} {doc} ({shown if shown in ('required', 'section') else 'default ' + shown})")
+        default = shown if shown in ("required", "section") else "default " + shown
+        typer.echo(f"{key:{width}} {doc} ({default})")
     typer.echo(f"outputs: {', '.join(KINDS[kind].outputs)}")

@@ -114,8 +114,8 @@ def network_cause(err: BaseException) -> BaseException | None:
         return None
     if isinstance(err, FileNotFoundError):
         cause = err.__cause__
-        found = cause is not None and is_network_error(cause) and getattr(cause, "status", None) not in (404, 410)
-        return cause if found else None
+        not_found = getattr(cause, "status", None) in (404, 410)
+        return cause if cause is not None and is_network_error(cause) and not not_found else None
     return err if is_network_error(err) else None
 
 

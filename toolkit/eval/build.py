@@ -28,12 +28,12 @@ class BuildSetConfig:
     source: Literal["folder", "csv", "fashion-mnist", "openmoji", "shards"] = option(
         doc="folder: one subfolder per class; csv: image,label / image,caption rows; fashion-mnist: the "
             "Debian package's files; openmoji: the held-out drawings of `toolkit data demo`; shards: raw "
-            "webdataset shards (img2dataset's .tar files: a folder, one .tar, a glob or dir/{00000..00009}.tar), "
-            "captions or class names from the caption_ext member.")
+            "webdataset shards (img2dataset's .tar files: a folder, one .tar, a glob or "
+            "dir/{00000..00009}.tar), captions or class names from the caption_ext member.")
     out: str = option(doc="Directory of the new set (ROOT/NAME); its parent is `--root` for eval zeroshot.")
     input: str = option("", is_input=True, doc="Folder, CSV file, Fashion-MNIST folder (default "
-                                               "/usr/share/datasets/fashion-mnist), demo output folder, or the "
-                                               "raw shards (source shards).")
+                                               "/usr/share/datasets/fashion-mnist), demo output folder, or "
+                                               "the raw shards (source shards).")
     task: Literal["classification", "retrieval"] = option(
         "classification", doc="classification (labels) or retrieval (captions); folder and fashion-mnist "
                               "are classification only.")
@@ -41,9 +41,9 @@ class BuildSetConfig:
     label_column: str = option("label", doc="CSV column with class labels (classification).")
     caption_column: str = option("caption", doc="CSV column with captions (retrieval; repeat a row per "
                                                 "extra caption of the same image).")
-    caption_ext: str = option("txt", doc="shards: the member holding each sample's caption (retrieval) or class "
-                                         "name (classification): txt, cls, ... or json:FIELD (a string or a "
-                                         "list of captions).")
+    caption_ext: str = option("txt", doc="shards: the member holding each sample's caption (retrieval) or "
+                                         "class name (classification): txt, cls, ... or json:FIELD (a string "
+                                         "or a list of captions).")
     classnames: str = option("", is_input=True, doc="File with one class name per line (default: folder "
                                                     "names / sorted CSV labels / the source's own).")
     templates: str = option("", is_input=True, doc="File with prompt templates containing {c}, one per line "

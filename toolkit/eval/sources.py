@@ -310,7 +310,8 @@ def from_shards(source: str, kind: str, caption_ext: str, classnames: list[str] 
     if unknown:
         raise DatasetError(f"{source}: class name(s) {unknown[:5]} of the {caption_ext} members are not in "
                            f"classnames ({len(out.classnames)} names)")
-    out.samples = [(data, ext, index[label]) for (data, ext, _), label in zip(out.samples, labels, strict=True)]
+    out.samples = [(data, ext, index[label])
+                   for (data, ext, _), label in zip(out.samples, labels, strict=True)]
     return out
 
 

@@ -23,7 +23,6 @@ from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import report
 from toolkit.eval.datasets import SPLIT, DatasetError, EvalSet, make_eval_loader, open_eval_set
 
-
 KIND = "eval.zeroshot"
 
 
@@ -336,7 +335,8 @@ def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, title: str, model: Any, eval
         return metrics, None
     path = files.join(cfg.out, f"gallery_{eval_set.name}.png")
     drawn = gallery.write_gallery(recorder, eval_set, path, cfg.gallery_queries,
-                                  title=f"{eval_set.name}: {title}, text -> image top 5 (right image in green)")
+                                  title=f"{eval_set.name}: {title}, text -> image top 5 (right image in "
+                                        "green)")
     return metrics, {"set": eval_set.name, "path": path, **drawn}
 
 

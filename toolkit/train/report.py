@@ -57,7 +57,8 @@ class Window:
         busy, steps = max(self.busy_s, 1e-9), max(self.steps, 1)
         comm = D.LEDGER.step()
         rate = self.steps * batch_size / busy
-        out = {"samples_per_s": rate, "samples_per_s_per_device": rate / world_size, "step_time_s": busy / steps,
+        out = {"samples_per_s": rate, "samples_per_s_per_device": rate / world_size,
+               "step_time_s": busy / steps,
                "data_wait_s": self.data_wait_s / steps, "comm_bytes": comm["comm/total/sent_bytes"] / steps,
                "peak_mem_bytes": peak_memory_bytes(device)}
         self.steps, self.data_wait_s, self.busy_s = 0, 0.0, 0.0
@@ -117,8 +118,8 @@ class Reporter:
         self.writer.write({"step": state.step, "epoch": epoch, "samples_seen": state.samples_seen,
                            "skipped_steps": state.skipped_steps, **metrics})
         if not quiet and self.progress is not None:
-            self.progress.update(state.step, metrics.get("loss", float("nan")), metrics.get("samples_per_s", 0.0),
-                                 metrics.get("step_time_s"))
+            self.progress.update(state.step, metrics.get("loss", float("nan")),
+                                 metrics.get("samples_per_s", 0.0), metrics.get("step_time_s"))
 
     def plots(self) -> None:
         """Rank 0: OUT/plots from metrics.jsonl (after each checkpoint and at the end)."""

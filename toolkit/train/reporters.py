@@ -80,9 +80,9 @@ class WandbSink:
         problem = server_problem() if self.mode == "online" else None
         if problem is not None:  # one line, then a local run that `wandb sync` uploads later
             self.mode = "offline"
-            get_logger("train").warning("wandb: %s within %g s: logging offline into %s instead; upload it later "
-                                        "with `wandb sync %s/offline-run-*`", problem, SERVER_CHECK_TIMEOUT_S,
-                                        folder, folder)
+            get_logger("train").warning("wandb: %s within %g s: logging offline into %s instead; upload it "
+                                        "later with `wandb sync %s/offline-run-*`", problem,
+                                        SERVER_CHECK_TIMEOUT_S, folder, folder)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "cliptk"), name=Path(run_dir).name,
                               id=id_file.read_text().strip(), resume="allow", dir=str(Path(run_dir)),
                               mode=self.mode, config=config)

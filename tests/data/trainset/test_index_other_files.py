@@ -22,16 +22,17 @@ def test_an_index_beside_other_shards_of_the_same_names_says_so(tmp_path):
     for base, seed in ((first, 0), (second, 1)):
         (base / "raw").mkdir(parents=True)
         for shard in range(2):
-            write_raw_shard(base / "raw" / f"0000{shard}.tar", good_samples(np.random.default_rng(seed * 10 + shard),
-                                                                            f"s{shard}", 4))
+            rng = np.random.default_rng(seed * 10 + shard)
+            write_raw_shard(base / "raw" / f"0000{shard}.tar", good_samples(rng, f"s{shard}", 4))
     precompute(first / "raw", first / "index", storage="index", num_workers=1)
     assert _verify(first / "index").ok
     shutil.copytree(first / "index", second / "index")  # data_root ../raw: now the second folder's shards
     result = _verify(second / "index")
     assert result.num_damaged_samples == 8
     line = result.problems[0]
-    assert line.startswith(f"{second / 'raw'}: 2 of the 2 data files (00000.tar, 00001.tar) match none of the "
-                           "checksums recorded for their samples: they are not the files this set indexed"), line
+    assert line.startswith(f"{second / 'raw'}: 2 of the 2 data files (00000.tar, 00001.tar) match none of "
+                           "the checksums recorded for their samples: they are not the files this set "
+                           "indexed"), line
     assert sum("not the files this set indexed" in p for p in result.problems) == 1
 
 

@@ -90,12 +90,13 @@ def _other_files_line(ds: TrainDataset, tally: dict[int, list[int]]) -> str | No
         return None
     from toolkit.data.trainset import refs
 
-    names = ", ".join(ds.data_files[f] for f in other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+    names = ", ".join(ds.data_files[f] for f in other[:3])
+    names += f" and {len(other) - 3} more" if len(other) > 3 else ""
     where = refs.resolve_data_root(ds.root, ds.data_root)
-    return (f"{where}: {len(other)} of the {len(ds.data_files)} data files ({names}) match none of the checksums "
-            f"recorded for their samples: they are not the files this set indexed (same names, other contents; "
-            f"was the set copied beside another raw folder?); point data_root in {ds.root}/dataset.json at the "
-            "indexed files or precompute again")
+    return (f"{where}: {len(other)} of the {len(ds.data_files)} data files ({names}) match none of the "
+            "checksums recorded for their samples: they are not the files this set indexed (same names, "
+            "other contents; was the set copied beside another raw folder?); point data_root in "
+            f"{ds.root}/dataset.json at the indexed files or precompute again")
 
 
 def _verify_shard(ds: TrainDataset, index: int, vocab: int | None, count) -> list[tuple[str, bool]]:

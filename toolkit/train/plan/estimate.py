@@ -22,7 +22,7 @@ GiB = 1024**3
 # The H100 measurement the estimate is calibrated on (module docstring).
 H100_MODEL, H100_PRECISION, H100_BATCH, H100_LOSS = "ViT-B-32", "bf16", 512, "openclip"
 H100_PEAK_BYTES = 11.719682216644287 * GiB  # gpu_check_h100_trainer.json, rows[1].peak_gib
-H100_TEXT_TOKENS = 12  # the longest caption of the run's synthetic data (benchmarks/gpu/data.py), in BPE tokens
+H100_TEXT_TOKENS = 12  # the longest caption of the run's synthetic data (benchmarks/gpu/data.py), BPE tokens
 SOURCE = ("estimate, no GPU here: the H100 run's measured ViT-B-32 bf16 peak (benchmarks/gpu/results/"
           "gpu_check_h100.md) scaled by layers x tokens x width; `--measure` on a GPU machine measures it")
 
@@ -31,7 +31,8 @@ def tower_units(model_cfg: dict[str, Any], text_tokens: int = 0) -> tuple[int, i
     """(layers x tokens x width summed over both towers, the largest single layer's tokens x width) of a
     ViT + text-transformer config; ``text_tokens`` 0: the full context. ValueError for other towers."""
     vision, text = model_cfg.get("vision_cfg", {}), model_cfg.get("text_cfg", {})
-    if not isinstance(vision.get("layers"), int) or "patch_size" not in vision or vision.get("timm_model_name"):
+    vit = isinstance(vision.get("layers"), int) and "patch_size" in vision
+    if not vit or vision.get("timm_model_name"):
         raise ValueError("no estimate for an image tower that is not a ViT (a ResNet or timm tower): run "
                          "`toolkit plan --measure` on a machine with the GPU")
     side = vision["image_size"] if isinstance(vision["image_size"], int) else vision["image_size"][0]

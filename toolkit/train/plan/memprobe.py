@@ -192,8 +192,9 @@ def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), prec
     threads = threads or torch.get_num_threads()
     runs = []
     for i, m in enumerate(sizes):  # on the CPU each takes a minute or more (ViT-B-32: ~1 min): say so
+        where = "" if device.startswith("cuda") else " in a fresh process"
         log.info("measuring the activations of %s (%s, %s) at micro-batch %d (%d of %d)%s ...", model_spec,
-                 precision, device, m, i + 1, len(sizes), "" if device.startswith("cuda") else " in a fresh process")
+                 precision, device, m, i + 1, len(sizes), where)
         start = time.monotonic()
         if device.startswith("cuda"):
             runs.append(probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing))

@@ -227,7 +227,8 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
         h100 = PlanConfig(model=E.H100_MODEL, batch_size=E.H100_BATCH, loss=E.H100_LOSS, mode="gather",
                           precision=E.H100_PRECISION, device="cuda")
         others = sum(memory_rows(h100, model_shape(E.H100_MODEL), 0.0, 0.0).values())
-        return E.estimated_constants(cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing, others)
+        return E.estimated_constants(cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing,
+                                     others)
     if cfg.text_tokens and not cfg.measure:
         raise ValueError(f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
                          "--measure to measure them at that caption length")
@@ -239,9 +240,9 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     from toolkit.train.plan.memprobe import measure_activations
 
     if cfg.device == "cuda" and not _cuda_available():
-        raise ValueError("--measure with device cuda measures on this machine's GPU, and it has none: drop "
-                         "--measure (the plan then uses an estimate from the H100 run, labelled as such) or run "
-                         "it on the GPU machine")
+        raise ValueError("--measure with device cuda measures on this machine's GPU, and it has none: "
+                         "drop --measure (the plan then uses an estimate from the H100 run, labelled as "
+                         "such) or run it on the GPU machine")
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
                               text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing)
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
