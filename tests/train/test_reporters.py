@@ -61,3 +61,28 @@ def test_report_to_chooses_the_sinks(demo_train, tmp_path):
     assert not (tmp_path / "tb" / "wandb").exists()
     with pytest.raises(ValueError, match="unknown sink"):
         train_cfg(demo_train, tmp_path / "bad", report_to=["jsonl", "mlflow"])
+
+
+def test_wandb_with_credentials_and_no_reachable_server_goes_offline_with_one_warning(demo_train, tmp_path,
+                                                                                     monkeypatch, caplog):
+    """Issue 43 item 14: ~110 s before step 1, then 161 lines with two tracebacks. The server is a closed
+    port on 127.0.0.1, so nothing leaves the machine."""
+    import logging
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="toolkit"):
+        run(train_cfg(demo_train, out, steps=2, report_to=["jsonl", "wandb"]))
+    warnings = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage()]
+    assert len(warnings) == 1 and f"cannot reach http://127.0.0.1:{port}" in warnings[0], warnings
+    assert "logging offline" in warnings[0] and "wandb sync" in warnings[0]
+    assert [r["_step"] for r in _wandb_history(out)] == [1, 2]

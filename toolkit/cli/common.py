@@ -80,6 +80,22 @@ def parameter_labels(ctx: typer.Context, keys: list[str]) -> dict[str, str]:
     return labels
 
 
+def score_lines(run_dir: str) -> list[str]:
+    """The scores a training run's last evaluation computed, one line per set (`toolkit train` ended
+    without them: they were only in metrics.jsonl)."""
+    from toolkit.train.metrics import final_scores
+
+    step, scores = final_scores(run_dir)
+    by_set: dict[str, list[str]] = {}
+    for key, value in scores.items():
+        name, _, metric = key.rpartition("/")
+        by_set.setdefault(name, []).append(f"{metric} {value:.4f}")
+    if not by_set:
+        return []
+    return [f"zero-shot scores at step {step} (also in {run_dir}/metrics.jsonl):",
+            *(f"  {name}: {', '.join(values)}" for name, values in by_set.items())]
+
+
 def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
     """Call a stage's run(cfg); config errors exit 2, other failures exit 1 with the message."""
     import dataclasses
@@ -100,12 +116,58 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
         from toolkit.core.procs import exit_code
 
         signum = getattr(err, "signum", None)  # a StageInterrupted that knows its signal: 128 + it
-        fail(f"{type(err).__name__}: {err}", code=exit_code(err) if signum else 1)
+        disk = _full_disk_text(err, cfg) if isinstance(err, OSError) else ""
+        fail(f"{type(err).__name__}: {err}{disk}", code=exit_code(err) if signum else 1)
     except KeyboardInterrupt as err:
         from toolkit.core.procs import exit_code
 
         fail(str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
              code=exit_code(err))
+    except Exception as err:  # noqa: BLE001 - only an HTTP client's error is turned into a line, others go up
+        if not _network_error(err):
+            raise
+        fail(_unreachable_text(err, cfg), code=1)
+
+
+def _network_error(err: BaseException) -> bool:
+    from toolkit.core.files import is_network_error
+
+    return is_network_error(err)
+
+
+def _unreachable_text(err: BaseException, cfg: Any) -> str:
+    """One line for an HTTP client's error that escaped a stage: the URLs of the stage's config (the
+    client's own message names a host at best: "Connection refused")."""
+    import dataclasses
+
+    from toolkit.core.config import input_paths
+    from toolkit.core.files import unreachable
+
+    paths = {}
+    if dataclasses.is_dataclass(cfg):
+        paths = {**input_paths(cfg), "out": str(getattr(cfg, "out", "") or "")}
+    urls = [f"{key} {value}" for key, value in paths.items()
+            if "://" in value and not value.startswith("file://")]
+    return f"ConnectionError: {unreachable(', '.join(urls) or 'a URL', err)}"
+
+
+def _full_disk_text(err: OSError, cfg: Any) -> str:
+    """For a full disk that the error does not place (a write() names no file: a bare "[Errno 28] No space
+    left on device"), where: the stage's output folder and the space left on its filesystem."""
+    import errno
+    import shutil
+
+    out = str(getattr(cfg, "out", "") or "")
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT) or err.filename or not out or "://" in out:
+        return ""
+    folder = Path(out).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = f"{shutil.disk_usage(folder).free:,} bytes free there"
+    except OSError:
+        free = "its free space unreadable"
+    return f" (while writing --out {out}: {free}); free space on that filesystem or choose another --out"
 
 
 def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]:
@@ -156,6 +218,55 @@ def _choices_text(tp: Any) -> str:
     if typing.get_origin(tp) is not Literal:
         return ""
     return " One of: " + ", ".join(str(a) for a in typing.get_args(tp)) + "."
+
+
+def config_keys(cls: type, prefix: str = "", instance: Any = None) -> list[tuple[str, str, str]]:
+    """(dotted key, doc, default text) of every key of config class ``cls``, a section's keys after its own
+    line (``augment``, then ``augment.scale_min`` ...): what `toolkit pipeline kinds KIND` and `toolkit train
+    --help` list. A key's default is the one its section's default holds (``instance``), where it has one."""
+    import dataclasses
+    import typing
+
+    hints, rows = typing.get_type_hints(cls), []
+    for f in dataclasses.fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        value = _field_default(f) if instance is None else getattr(instance, f.name)
+        section = dataclasses.is_dataclass(tp)
+        shown = "section" if section else "required" if value is dataclasses.MISSING else \
+            "empty" if value in ("", [], (), {}) else repr(value)
+        rows.append((key, f.metadata.get("doc", ""), shown))
+        if section:
+            rows += config_keys(tp, key + ".", None if value is dataclasses.MISSING else value)
+    return rows
+
+
+def _field_default(f: Any) -> Any:
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def nested_keys_help(cls: type, flags: Mapping[str, Any], width: int = 76) -> str:
+    """Help text (an epilog) naming every key of ``cls`` in a section that has no option of its own (the
+    keys in ``flags`` have one), section by section with its default: `toolkit train --help` showed none
+    of optim.*, augment.*, ... Lines are wrapped here and kept by click (``\\b``)."""
+    import textwrap
+
+    sections: dict[str, list[str]] = {}
+    for key, _, shown in config_keys(cls):
+        head, _, name = key.rpartition(".")
+        if shown != "section" and key not in flags:
+            sections.setdefault(head, []).append(f"{name}={shown}")
+    lines = []
+    for head, names in sections.items():
+        lines += textwrap.wrap((f"{head}.* : " if head else "top level: ") + ", ".join(names), width,
+                               subsequent_indent="    ", break_on_hyphens=False)
+    return ("Keys without an option, set with --set KEY=VALUE or in --config FILE.yaml (each key's doc: "
+            "`toolkit pipeline kinds train`):\n\n\b\n" + "\n".join(lines))
 
 
 def config_field(cls: type, key: str) -> tuple[Any, Any]:

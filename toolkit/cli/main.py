@@ -15,6 +15,7 @@ app = typer.Typer(
     help="cliptk: train CLIP models on limited hardware and evaluate them zero-shot.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(data.app, name="data")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import fail
+from toolkit.cli.common import config_keys, fail
 
 app = typer.Typer(help="Run and check YAML pipelines of toolkit stages.", no_args_is_help=True)
 
@@ -79,8 +79,6 @@ def validate_cmd(file: PipelineFile, overrides: SetOverrides = None) -> None:
 @app.command("kinds")
 def kinds_cmd(kind: Annotated[str | None, typer.Argument(help="Show this kind's config keys.")] = None) -> None:
     """List the stage kinds a pipeline may use, or one kind's config keys with their docs."""
-    import dataclasses
-
     from toolkit.pipeline.kinds import KINDS
 
     if kind is None:
@@ -89,8 +87,9 @@ def kinds_cmd(kind: Annotated[str | None, typer.Argument(help="Show this kind's 
         return
     if kind not in KINDS:
         fail(f"unknown stage kind {kind!r}; known: {', '.join(KINDS)}")
-    for f in dataclasses.fields(KINDS[kind].load("config")):
-        default = "required" if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING \
-            else f"default {f.default!r}" if f.default is not dataclasses.MISSING else "default empty"
-        typer.echo(f"{f.name:20} {f.metadata.get('doc', '')} ({default})")
+    rows = config_keys(KINDS[kind].load("config"))  # a section's keys follow it: augment, augment.scale_min
+    width = max(len(key) for key, _, _ in rows)
+    for key, doc, shown in rows:
+        default = shown if shown in ("required", "section") else "default " + shown
+        typer.echo(f"{key:{width}} {doc} ({default})")
     typer.echo(f"outputs: {', '.join(KINDS[kind].outputs)}")

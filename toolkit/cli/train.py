@@ -13,6 +13,8 @@ from toolkit.cli.common import (
     config_parameters,
     fail,
     load_cli_config,
+    nested_keys_help,
+    score_lines,
     with_parameters,
 )
 from toolkit.train.config import TrainConfig
@@ -71,7 +73,7 @@ def _loss_help() -> str:
             f"counts as short), from the convergence evidence: {describe()})")
 
 
-@app.callback(invoke_without_command=True)
+@app.callback(invoke_without_command=True, epilog=nested_keys_help(TrainConfig, FLAGS))
 @with_parameters(config_parameters(TrainConfig, FLAGS))
 def train(
     ctx: typer.Context,
@@ -108,6 +110,8 @@ def train(
                f"rank(s), {c.get('skipped_steps')} skipped")
     if "model" in result.outputs:
         typer.echo(f"model: {result.outputs['model']}  (toolkit eval zeroshot --model {result.outputs['model']} ...)")
+    for line in score_lines(cfg.out):
+        typer.echo(line)
 
 
 def _micro(value: str | None) -> int | str | None:

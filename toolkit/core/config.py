@@ -220,6 +220,7 @@ def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
         if name in data:
             kwargs[name] = _coerce(hints[name], data[name], source, key)
             _check_range(f, kwargs[name], source, key)
+            _check_not_empty(f, data[name], source, key)  # the raw value: Path("") reads as "."
         elif f.default is MISSING and f.default_factory is MISSING:
             raise ConfigError(source, key, f"missing required value ({f.metadata.get('doc', '')})")
     try:
@@ -231,6 +232,14 @@ def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
         if sep and name.split(".")[0] in fields:
             raise ConfigError(source, f"{prefix}.{name}" if prefix else name, message) from err
         raise ConfigError(source, prefix, str(err)) from err
+
+
+def _check_not_empty(f: dataclasses.Field, value: Any, source: str, key: str) -> None:
+    """A required text field (a path, a URL list, a model name) given as '' or blanks is refused by name:
+    an empty `--data ''` used to become the path '/dataset.json' and `--out ''` "No such file: ''"."""
+    required = f.default is MISSING and f.default_factory is MISSING
+    if required and isinstance(value, (str, Path)) and not str(value).strip():
+        raise ConfigError(source, key, f"is empty; give a value ({f.metadata.get('doc', '')})")
 
 
 # ---------------------------------------------------------------- merging sources
@@ -290,6 +299,8 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(str(path), "", "file not found") from err
     except safeyaml.DuplicateKey as err:
         raise ConfigError(f"{path}:{err.line}", err.key, str(err)) from None
+    except OSError as err:  # a FIFO (check_regular), a folder, no permission: one line naming the file
+        raise ConfigError(str(path), "", err.strerror or str(err).removeprefix(f"{path} ")) from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), "", f"invalid YAML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:

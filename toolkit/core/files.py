@@ -92,10 +92,58 @@ def file_sha256(path: str | os.PathLike, chunk_bytes: int = HASH_CHUNK_BYTES,
 
 
 def exists(path: str) -> bool:
+    """Whether ``path`` exists; on a URL, a server that cannot be reached raises ConnectionError naming the
+    URL (fsspec's ``exists`` answers False to every error, so a dead server read as "dataset.json: not
+    found", and huggingface_hub's connection errors went up as 138-line tracebacks)."""
     if is_local(path):
         return os.path.exists(local_path(path))
     fs, p = fsspec.core.url_to_fs(path)
-    return fs.exists(p)
+    try:
+        fs.info(p)
+    except Exception as err:  # noqa: BLE001 - each backend has its own (aiohttp, httpx, botocore...)
+        cause = network_cause(err)
+        if cause is not None:
+            raise unreachable(path, cause) from err
+        if isinstance(err, FileNotFoundError):
+            return False
+        raise
+    return True
+
+
+# Modules whose exceptions mean "the server did not answer": fsspec backends raise their HTTP client's own
+# errors (aiohttp for http(s)://, httpx for hf://, requests/urllib3 elsewhere), none of them an OSError.
+NETWORK_MODULES = ("aiohttp", "httpx", "httpcore", "requests", "urllib3", "huggingface_hub", "botocore")
+
+
+def is_network_error(err: BaseException) -> bool:
+    """Whether ``err`` is an HTTP client's connection or transport error (see NETWORK_MODULES)."""
+    if isinstance(err, (ConnectionError, TimeoutError)):
+        return True
+    return any(cls.__module__.split(".")[0].startswith(NETWORK_MODULES) for cls in type(err).__mro__[:-2])
+
+
+def network_cause(err: BaseException) -> BaseException | None:
+    """The HTTP client's error behind ``err`` (itself, or the cause of fsspec's FileNotFoundError: its http
+    backend turns every failure into one, a refused connection too), None for a real "not found" (404) and
+    for other errors. An :class:`Unreachable` already names its URL: None."""
+    if isinstance(err, Unreachable):
+        return None
+    if isinstance(err, FileNotFoundError):
+        cause = err.__cause__
+        not_found = getattr(cause, "status", None) in (404, 410)
+        return cause if cause is not None and is_network_error(cause) and not not_found else None
+    return err if is_network_error(err) else None
+
+
+class Unreachable(ConnectionError):
+    """A URL's server did not answer; the message names the URL (and what was being read)."""
+
+
+def unreachable(url: str, err: BaseException) -> Unreachable:
+    """The one-line error for a URL whose server did not answer (connection refused, timeout, DNS, 5xx)."""
+    detail = " ".join(str(err).split()) or "no answer"
+    return Unreachable(f"{url}: cannot read it from its server ({type(err).__name__}: {detail}); check the "
+                           "network and that the server is up")
 
 
 def makedirs(path: str) -> None:

@@ -1,8 +1,9 @@
 """``eval.build-set``: write an evaluation set in clip-benchmark's local ``wds/`` layout.
 
 Sources (``source``): ``folder`` (one subfolder of images per class), ``csv`` (image,label or
-image,caption rows), ``fashion-mnist`` (Debian ``dataset-fashion-mnist``) and ``openmoji`` (the held-out
-drawings that ``toolkit data demo`` writes). The output directory ``out`` is one set: pass its parent as
+image,caption rows), ``fashion-mnist`` (Debian ``dataset-fashion-mnist``), ``openmoji`` (the held-out
+drawings that ``toolkit data demo`` writes) and ``shards`` (raw webdataset shards, e.g. held-out
+img2dataset output). The output directory ``out`` is one set: pass its parent as
 ``--root`` and its folder name in ``--datasets`` to ``toolkit eval zeroshot``.
 """
 
@@ -24,12 +25,15 @@ KIND = "eval.build-set"
 
 @dataclass(frozen=True)
 class BuildSetConfig:
-    source: Literal["folder", "csv", "fashion-mnist", "openmoji"] = option(
+    source: Literal["folder", "csv", "fashion-mnist", "openmoji", "shards"] = option(
         doc="folder: one subfolder per class; csv: image,label / image,caption rows; fashion-mnist: the "
-            "Debian package's files; openmoji: the held-out drawings of `toolkit data demo`.")
+            "Debian package's files; openmoji: the held-out drawings of `toolkit data demo`; shards: raw "
+            "webdataset shards (img2dataset's .tar files: a folder, one .tar, a glob or "
+            "dir/{00000..00009}.tar), captions or class names from the caption_ext member.")
     out: str = option(doc="Directory of the new set (ROOT/NAME); its parent is `--root` for eval zeroshot.")
     input: str = option("", is_input=True, doc="Folder, CSV file, Fashion-MNIST folder (default "
-                                               "/usr/share/datasets/fashion-mnist) or demo output folder.")
+                                               "/usr/share/datasets/fashion-mnist), demo output folder, or "
+                                               "the raw shards (source shards).")
     task: Literal["classification", "retrieval"] = option(
         "classification", doc="classification (labels) or retrieval (captions); folder and fashion-mnist "
                               "are classification only.")
@@ -37,6 +41,9 @@ class BuildSetConfig:
     label_column: str = option("label", doc="CSV column with class labels (classification).")
     caption_column: str = option("caption", doc="CSV column with captions (retrieval; repeat a row per "
                                                 "extra caption of the same image).")
+    caption_ext: str = option("txt", doc="shards: the member holding each sample's caption (retrieval) or "
+                                         "class name (classification): txt, cls, ... or json:FIELD (a string "
+                                         "or a list of captions).")
     classnames: str = option("", is_input=True, doc="File with one class name per line (default: folder "
                                                     "names / sorted CSV labels / the source's own).")
     templates: str = option("", is_input=True, doc="File with prompt templates containing {c}, one per line "
@@ -53,7 +60,7 @@ class BuildSetConfig:
     def __post_init__(self) -> None:
         if self.task == "retrieval" and self.source in ("folder", "fashion-mnist"):
             raise ValueError(f"task: source {self.source!r} gives classification sets only")
-        if self.source in ("folder", "csv", "openmoji") and not self.input:
+        if self.source in ("folder", "csv", "openmoji", "shards") and not self.input:
             raise ValueError(f"input: source {self.source!r} needs an input path")
 
 
@@ -66,6 +73,8 @@ def collect(cfg: BuildSetConfig) -> sources.EvalSamples:
         found = sources.from_csv(cfg.input, cfg.task, cfg.image_column, cfg.label_column, cfg.caption_column, names)
     elif cfg.source == "fashion-mnist":
         found = sources.from_fashion_mnist(cfg.input, cfg.split, cfg.limit)  # encodes only what is kept
+    elif cfg.source == "shards":  # read only as far as --limit: held-out shards can be large
+        found = sources.from_shards(cfg.input, cfg.task, cfg.caption_ext, names, cfg.limit)
     else:
         found = sources.from_openmoji(cfg.input, cfg.task)
     if names and cfg.source in ("fashion-mnist", "openmoji"):

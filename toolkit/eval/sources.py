@@ -53,11 +53,15 @@ class EvalSamples:
 
 def read_image(path: Path, where: str) -> tuple[bytes, str]:
     """Bytes + wds extension of an image file, re-encoded as PNG when its format is not png/jpg/webp."""
-    from PIL import Image
-
     if not path.is_file():
         raise DatasetError(f"{where}: image file not found: {path}")
-    data = path.read_bytes()
+    return image_bytes(path.read_bytes(), where, str(path))
+
+
+def image_bytes(data: bytes, where: str, path: str) -> tuple[bytes, str]:
+    """``data`` (an image file's bytes, ``path`` naming it in errors) as ``read_image`` returns it."""
+    from PIL import Image
+
     try:
         with Image.open(io.BytesIO(data)) as img:
             pixels = img.width * img.height
@@ -258,3 +262,71 @@ def from_openmoji(demo_dir: str, kind: str) -> EvalSamples:
             continue
         out.samples.append((*read_image(csv_path.parent / row["path"], f"{csv_path}: row {i + 2}"), index[slug]))
     return out
+
+
+def from_shards(source: str, kind: str, caption_ext: str, classnames: list[str] | None,
+                limit: int = 0) -> EvalSamples:
+    """Held-out raw webdataset shards (img2dataset's layout; a folder, one .tar, a glob or a brace pattern):
+    each sample's image, and its caption (retrieval) or class name (classification) from the member
+    ``caption_ext`` (``txt``, ``cls``, or ``json:FIELD``). Read with the training data's robust reader: a
+    damaged tar gives what it holds and a warning; a sample without an image or caption, or whose image does
+    not decode, is counted as left out with the reason. ``limit``: stop after that many samples."""
+    from toolkit.data.raw.reader import RawShardReader, list_shards, shard_basename
+
+    try:
+        urls = list_shards(source)
+    except FileNotFoundError as err:
+        raise DatasetError(f"input: {err}") from None
+    member, _, json_field = caption_ext.partition(":")
+    out, texts = EvalSamples(kind, []), []
+    for url in urls:
+        if limit and len(out.samples) >= limit:
+            break
+        reader = RawShardReader(url, caption_ext)
+        for sample in reader.samples():
+            if limit and len(out.samples) >= limit:
+                break
+            found = sample.image()
+            text = _member_text(sample.files.get(member), json_field)
+            if found is None or not text:
+                _count_left_out(out, "sample without an image member" if found is None else
+                                f"sample without a {caption_ext} caption", 1)
+                continue
+            try:
+                data, ext = image_bytes(found[1], shard_basename(url), f"{url}#{sample.key}.{found[0]}")
+            except DatasetError:
+                _count_left_out(out, "image that does not decode", 1)
+                continue
+            out.samples.append((data, ext, text))
+            texts.append(text)
+        if reader.error is not None:
+            _count_left_out(out, f"the rest of a damaged tar ({reader.error_kind}: {shard_basename(url)})", 1)
+    if kind == "retrieval":
+        return out
+    labels = [t[0].strip() for t in texts]
+    out.classnames = classnames or sorted(set(labels))
+    index = {name: i for i, name in enumerate(out.classnames)}
+    unknown = sorted(set(labels) - set(index))
+    if unknown:
+        raise DatasetError(f"{source}: class name(s) {unknown[:5]} of the {caption_ext} members are not in "
+                           f"classnames ({len(out.classnames)} names)")
+    out.samples = [(data, ext, index[label])
+                   for (data, ext, _), label in zip(out.samples, labels, strict=True)]
+    return out
+
+
+def _member_text(raw: bytes | None, json_field: str) -> list[str]:
+    """The caption(s) in a member: its UTF-8 text, or a JSON field (a string or a list of strings)."""
+    if raw is None:
+        return []
+    text = raw.decode("utf-8", errors="replace")
+    if json_field:
+        import json
+
+        try:
+            value = json.loads(text).get(json_field)
+        except (ValueError, AttributeError):
+            return []
+        values = value if isinstance(value, list) else [value]
+        return [str(v).strip() for v in values if v is not None and str(v).strip()]
+    return [text.strip()] if text.strip() else []

@@ -9,10 +9,11 @@ mean per-class recall; ``zeroshot_retrieval.evaluate``: R@k both ways) on sets i
 from __future__ import annotations
 
 import contextlib
-import os
+import json
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from toolkit.core import files
@@ -21,10 +22,6 @@ from toolkit.core.log import get_logger, progress
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import report
 from toolkit.eval.datasets import SPLIT, DatasetError, EvalSet, make_eval_loader, open_eval_set
-
-# clip-benchmark draws its own tqdm bars; tqdm reads TQDM_* variables when it is first imported, so this
-# only takes effect if nothing imported tqdm before. Our progress bar (toolkit.core.log) is the one we show.
-os.environ.setdefault("TQDM_DISABLE", "1")
 
 KIND = "eval.zeroshot"
 
@@ -105,7 +102,7 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
     wrapped = _LoaderView(batches, loader.dataset)
     if eval_set.kind == "classification":
-        with _metric_warnings(eval_set):
+        with _metric_warnings(eval_set), _no_tqdm_bars():
             metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
                                                        list(eval_set.templates), device, amp=amp)
         return report.clean_metrics(metrics)
@@ -113,12 +110,35 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     if len(usable) < len(recall_k):
         get_logger("eval").warning("%s: R@k undefined for k > %d images: %s", eval_set.name,
                                    eval_set.num_samples, [k for k in recall_k if k not in usable])
-    with _metric_warnings(eval_set):
+    with _metric_warnings(eval_set), _no_tqdm_bars():
         metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
     for k in recall_k:
         metrics.setdefault(f"image_retrieval_recall@{k}", None)
         metrics.setdefault(f"text_retrieval_recall@{k}", None)
     return report.clean_metrics(metrics)
+
+
+def _no_bar(iterable: Any, *args: Any, **kwargs: Any) -> Any:
+    return iterable
+
+
+@contextlib.contextmanager
+def _no_tqdm_bars():
+    """clip-benchmark wraps its loops in tqdm bars, which off a TTY wrote raw bar text into the training log
+    at every in-training evaluation (`0%|  | 0/2 [00:00<?, ?it/s]...`); our progress (toolkit.core.log) is the
+    one shown. TQDM_DISABLE cannot do it: tqdm reads it when first imported, which open_clip does before.
+    So its modules' ``tqdm`` name passes the iterable through while they score."""
+    from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
+
+    modules = (zeroshot_classification, zeroshot_retrieval)
+    saved = [m.tqdm for m in modules]
+    for m in modules:
+        m.tqdm = _no_bar
+    try:
+        yield
+    finally:
+        for m, bar in zip(modules, saved, strict=True):
+            m.tqdm = bar
 
 
 # sklearn's balanced_accuracy_score (clip-benchmark's mean per-class recall) warns when the model predicts a
@@ -190,7 +210,7 @@ def run(cfg: ZeroShotConfig) -> StageResult:
         device = resolve_device(cfg.device)
         loaded = load_model(cfg.model, weights=cfg.weights or None, device=device, precision=cfg.precision,
                             seed=cfg.seed)
-        model = loaded.model
+        model, title = loaded.model, model_title(cfg.model, loaded.name)
         if cfg.precision != "fp32":
             import open_clip
 
@@ -201,9 +221,9 @@ def run(cfg: ZeroShotConfig) -> StageResult:
         records, galleries = [], []
         for eval_set in sets:
             start = time.monotonic()
-            metrics, gallery = _evaluate_one(cfg, loaded, model, eval_set, device, frozen, rec)
+            metrics, gallery = _evaluate_one(cfg, loaded, title, model, eval_set, device, frozen, rec)
             galleries += [gallery] if gallery else []
-            record = report.make_record(eval_set.name, loaded.name, loaded.weights, eval_set.task, metrics,
+            record = report.make_record(eval_set.name, title, loaded.weights, eval_set.task, metrics,
                                         cfg.language)
             records.append(record)
             files.write_json_atomic(files.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
@@ -212,7 +232,7 @@ def run(cfg: ZeroShotConfig) -> StageResult:
                      ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
                      extra={"data": record})
         counts = {s.name: s.num_samples for s in sets}
-        data = report.write_results(files.join(cfg.out, "results.json"), loaded.name, loaded.weights, records)
+        data = report.write_results(files.join(cfg.out, "results.json"), title, loaded.weights, records)
         chance = {s.name: report.chance_level(s.kind, s.num_samples, len(s.classnames)) for s in sets}
         table = report.markdown_table(data, counts, cfg.recall_k, chance)
         if missing:
@@ -226,8 +246,32 @@ def run(cfg: ZeroShotConfig) -> StageResult:
                            chart=files.join(cfg.out, "results.png"), per_dataset=per_dataset,
                            **{f"gallery_{g['set']}": g["path"] for g in galleries})
         rec.counts.update(num_datasets=len(sets), num_samples=counts)
-        rec.details.update(not_evaluated=missing, chance=chance, average=data["average"], model=loaded.name, weights=loaded.weights, device=device)
+        rec.details.update(not_evaluated=missing, chance=chance, average=data["average"], model=title,
+                           weights=loaded.weights, device=device)
     return rec.result()
+
+
+def model_title(model: str, name: str) -> str:
+    """The model's name in results, reports and galleries: a training run's model (RUN/model, RUN/model-ema,
+    RUN/checkpoints/step-N) by the run's folder name, which open_clip's name of the folder ("model") did not
+    say; any other model by its own ``name``."""
+    if not files.is_local(model):
+        return name
+    path = Path(files.local_path(model)).absolute()
+    places = {path.parent: {"model": "", "model-ema": " (EMA weights)"}.get(path.name),
+              path.parent.parent: f" step {path.name.removeprefix('step-').lstrip('0') or 0}"
+              if path.parent.name == "checkpoints" and path.name.startswith("step-") else None}
+    for run, suffix in places.items():
+        if suffix is not None and _is_training_run(run):
+            return run.name + suffix
+    return name
+
+
+def _is_training_run(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "manifest.json").read_text()).get("kind") == "train"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _frozen_context(cfg: ZeroShotConfig, loaded: Any, model: Any, device: str, rec: Any) -> Any:
@@ -268,8 +312,8 @@ def evaluate_frozen(frozen: Any, eval_set: EvalSet, transform: Any, *, batch_siz
     return metrics, finish(), recorder
 
 
-def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSet, device: str, frozen: Any,
-                  rec: Any) -> tuple[dict[str, float | None], dict[str, Any] | None]:
+def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, title: str, model: Any, eval_set: EvalSet, device: str,
+                  frozen: Any, rec: Any) -> tuple[dict[str, float | None], dict[str, Any] | None]:
     """Metrics of one set (through the feature cache for a frozen-tower model) and its gallery record."""
     from toolkit.eval import gallery
 
@@ -291,7 +335,8 @@ def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSe
         return metrics, None
     path = files.join(cfg.out, f"gallery_{eval_set.name}.png")
     drawn = gallery.write_gallery(recorder, eval_set, path, cfg.gallery_queries,
-                                  title=f"{eval_set.name}: {loaded.name}, text -> image top 5 (right image in green)")
+                                  title=f"{eval_set.name}: {title}, text -> image top 5 (right image in "
+                                        "green)")
     return metrics, {"set": eval_set.name, "path": path, **drawn}
 
 

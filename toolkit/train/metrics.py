@@ -152,6 +152,29 @@ def write_plots(run_dir: str) -> list[str]:
     return written
 
 
+def format_duration(seconds: float) -> str:
+    """'42s', '3m05s', '2h07m': a time estimate as a progress line shows it."""
+    total = max(int(round(seconds)), 0)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def final_scores(run_dir: str) -> tuple[int, dict[str, float]]:
+    """(step, {"<dataset>/<metric>": value}) of the last metrics record holding evaluation results (the
+    evaluation at the end of a run; the EMA weights' as "ema <dataset>/<metric>"), (0, {}) when the run
+    evaluated nothing."""
+    names = {"eval/": "", "eval_ema/": "ema "}
+    for record in reversed(read_metrics(run_dir)):
+        scores = {names[prefix] + k.removeprefix(prefix): v for k, v in record.items() for prefix in names
+                  if k.startswith(prefix) and isinstance(v, (int, float))}
+        if scores:
+            return record["step"], scores
+    return 0, {}
+
+
 class Progress:
     """A rich progress bar with samples/s, loss and ETA on a TTY; a log line every ~10 s otherwise."""
 
@@ -175,7 +198,9 @@ class Progress:
             self.bar.start()
             self.task = self.bar.add_task("train", total=total_steps, completed=start_step, info="")
 
-    def update(self, step: int, loss: float, samples_per_s: float) -> None:
+    def update(self, step: int, loss: float, samples_per_s: float, step_time_s: float | None = None) -> None:
+        """``step_time_s``: the mean time of a recent step, for the log line's time estimate (the bar makes
+        its own)."""
         info = f"loss {loss:.4f}  {samples_per_s:,.0f} samples/s"
         if self.bar is not None:
             self.bar.update(self.task, completed=step, info=info)
@@ -183,6 +208,8 @@ class Progress:
         now = time.monotonic()
         if now - self.last_log >= PROGRESS_LOG_INTERVAL_S or step == self.total:
             self.last_log = now
+            if step_time_s is not None and step < self.total:
+                info += f"  eta {format_duration((self.total - step) * step_time_s)} (steps only)"
             self.log.info("step %d/%d: %s", step, self.total, info)
 
     def close(self) -> None:

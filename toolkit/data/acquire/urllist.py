@@ -50,7 +50,11 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
         import pyarrow.parquet as pq
 
         with fsspec.open(path, "rb") as fh:
-            return list(pq.read_schema(fh).names)
+            try:
+                return list(pq.read_schema(fh).names)
+            except ValueError as err:  # pyarrow's ArrowInvalid names no file ("Parquet magic bytes ...")
+                raise ValueError(f"{path}: not a readable parquet file ({err}); give the list's real format "
+                                 "by its extension (.csv, .tsv, .jsonl, .json, .txt)") from None
     if base not in ("csv", "tsv", "jsonl"):
         return None
     with fsspec.open(path, "rb", compression=compression) as fh:

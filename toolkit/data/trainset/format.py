@@ -291,6 +291,8 @@ def open_shard(ds: TrainDataset, shard: int):
     try:  # remote: a read is one range request of exactly its run of samples
         return files.open_ranges(url)
     except FileNotFoundError as err:
+        if (cause := files.network_cause(err)) is not None:  # the server is gone, not the file
+            raise files.unreachable(url, cause) from err
         raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
                                            "restore it or precompute this dataset again") from err
 

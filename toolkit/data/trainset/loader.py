@@ -123,7 +123,7 @@ class GlobalBatchStream(IterableDataset):
         try:
             for t in range(self.start_step + worker, self.start_step + self.num_steps, num_workers):
                 ids = self.order.batch_ids(t, self.rank, self.world_size)
-                arrays = reader.read(ids)
+                arrays = _read_batch(reader, self.ds, ids, t)
                 image = arrays.pop("image") if self.image_transform is not None and "image" in arrays else None
                 batch = to_tensors(arrays)
                 if image is not None:
@@ -137,6 +137,22 @@ class GlobalBatchStream(IterableDataset):
             yield WorkerFailure(err, worker)  # in batch order: the main process raises it at step t
         finally:
             reader.close()
+
+
+def _read_batch(reader: Any, ds: TrainDataset, ids: np.ndarray, step: int) -> dict[str, np.ndarray]:
+    """``reader.read(ids)``; a server that stopped answering mid-run is named with the batch being read (the
+    HTTP client says only "Cannot connect to host", fsspec's http "FileNotFoundError")."""
+    try:
+        return reader.read(ids)
+    except Exception as err:
+        first = ", ".join(str(i) for i in ids[:3].tolist()) + (", ..." if len(ids) > 3 else "")
+        where = f"the batch of step {step}: samples {first}"
+        if isinstance(err, files.Unreachable):  # a shard's URL already named
+            raise files.Unreachable(f"{err} (while reading {where})") from err
+        cause = files.network_cause(err)
+        if cause is None:
+            raise
+        raise files.unreachable(f"{ds.root} ({where})", cause) from err
 
 
 class TrainLoader(DataLoader):

@@ -63,9 +63,10 @@ def run(cfg: VerifyConfig) -> VerifyResult:
     if not checksums:
         get_logger("data").warning("%s: no checksums recorded (precomputed before the toolkit wrote them): "
                                    "checking the layout and token ids only", cfg.input)
+    notes: dict = {}  # what the mode gathers across parts for its set-wide lines (verify_lines)
     with counter(ds.num_samples, desc="verify", unit="samples") as count:
         for index, shard in enumerate(ds.shards):
-            found = mode.verify_part(ds, index, result.vocab_size, count)
+            found = mode.verify_part(ds, index, result.vocab_size, count, notes)
             if found:
                 result.damaged_shards.append(shard.name)
                 result.num_damaged_samples += sum(1 for _, sample in found if sample)
@@ -73,4 +74,5 @@ def run(cfg: VerifyConfig) -> VerifyResult:
                 if len(found) > cfg.max_listed:
                     result.problems.append(f"{ds.url(shard)}: {len(found) - cfg.max_listed} more damaged "
                                            "samples not listed")
+    result.problems[:0] = mode.verify_lines(ds, notes)
     return result

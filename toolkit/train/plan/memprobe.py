@@ -26,8 +26,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
+
+from toolkit.core.log import get_logger
+
+log = get_logger("plan")
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
@@ -185,11 +190,19 @@ def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), prec
     if len(sizes) != 2 or not 0 < sizes[0] < sizes[1]:
         raise ValueError(f"need two micro-batch sizes 0 < m1 < m2, got {sizes}")
     threads = threads or torch.get_num_threads()
-    if device.startswith("cuda"):
-        runs = [probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing) for m in sizes]
-    else:
-        runs = [probe_subprocess(model_spec, m, precision, threads, text_tokens, grad_checkpointing=grad_checkpointing)
-                for m in sizes]
+    runs = []
+    for i, m in enumerate(sizes):  # on the CPU each takes a minute or more (ViT-B-32: ~1 min): say so
+        where = "" if device.startswith("cuda") else " in a fresh process"
+        log.info("measuring the activations of %s (%s, %s) at micro-batch %d (%d of %d)%s ...", model_spec,
+                 precision, device, m, i + 1, len(sizes), where)
+        start = time.monotonic()
+        if device.startswith("cuda"):
+            runs.append(probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing))
+        else:
+            runs.append(probe_subprocess(model_spec, m, precision, threads, text_tokens,
+                                         grad_checkpointing=grad_checkpointing))
+        log.info("micro-batch %d: peak %.1f MiB above the baseline (%.0f s)", m, runs[-1][0] / 2**20,
+                 time.monotonic() - start)
     (m1, m2), ((b1, o1), (b2, o2)) = sizes, runs
     per_sample = max((b2 - b1) / (m2 - m1), 0.0)
     return ActivationFit(model_spec, precision, "cuda" if device.startswith("cuda") else "cpu",

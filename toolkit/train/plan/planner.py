@@ -223,11 +223,20 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
 def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
     key = (cfg.model, cfg.precision, cfg.device)
+    table, table_name = ((MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing
+                         else (MEASURED, "MEASURED"))
+    if not cfg.measure and cfg.device == "cuda" and (cfg.text_tokens or key not in table):
+        # planning a GPU job happens on a laptop: an estimate from the H100 run, labelled (plan/estimate.py)
+        from toolkit.train.plan import estimate as E
+
+        h100 = PlanConfig(model=E.H100_MODEL, batch_size=E.H100_BATCH, loss=E.H100_LOSS, mode="gather",
+                          precision=E.H100_PRECISION, device="cuda")
+        others = sum(memory_rows(h100, model_shape(E.H100_MODEL), 0.0, 0.0).values())
+        return E.estimated_constants(cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing,
+                                     others)
     if cfg.text_tokens and not cfg.measure:
         raise ValueError(f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
                          "--measure to measure them at that caption length")
-    table, table_name = ((MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing
-                         else (MEASURED, "MEASURED"))
     if not cfg.measure and key in table:
         return (*table[key], "table")
     if not cfg.measure:
@@ -235,9 +244,19 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
                          f"(known: {sorted(table)}); pass --measure to measure them now")
     from toolkit.train.plan.memprobe import measure_activations
 
+    if cfg.device == "cuda" and not _cuda_available():
+        raise ValueError("--measure with device cuda measures on this machine's GPU, and it has none: "
+                         "drop --measure (the plan then uses an estimate from the H100 run, labelled as "
+                         "such) or run it on the GPU machine")
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
                               text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing)
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def largest_fit(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float,

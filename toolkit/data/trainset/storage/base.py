@@ -95,9 +95,15 @@ class StorageMode(ABC):
         """Samples of ``seg`` in order as {role: array, 'index': id, 'valid': bool} (inspect's sheet)."""
 
     @abstractmethod
-    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any) -> list[tuple[str, bool]]:
+    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any,
+                    notes: dict) -> list[tuple[str, bool]]:
         """(message, is a sample problem) for every problem of part ``index``, all of them (not the first
-        only); advances ``count`` by the part's samples."""
+        only); advances ``count`` by the part's samples. ``notes``: one dict per verify run, where a mode
+        gathers what its :meth:`verify_lines` reports after the last part."""
+
+    def verify_lines(self, ds: TrainDataset, notes: dict) -> list[str]:
+        """Problems of the whole set that no single part shows, from the parts' ``notes``; none by default."""
+        return []
 
     @abstractmethod
     def stored_files(self, ds: TrainDataset) -> list[str]:

@@ -70,7 +70,8 @@ class PixelsMode(StorageMode):
     def read_segment(self, ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
         return read_segment(ds, seg)
 
-    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any) -> list[tuple[str, bool]]:
+    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any,
+                    notes: dict) -> list[tuple[str, bool]]:
         return _verify_shard(ds, index, vocab, count)
 
     def stored_files(self, ds: TrainDataset) -> list[str]:

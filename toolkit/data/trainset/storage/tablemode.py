@@ -14,7 +14,14 @@ import xxhash
 from toolkit.data.trainset import integrity
 from toolkit.data.trainset.format import Field, Segment, TrainDataset, ref_dtype
 from toolkit.data.trainset.storage.base import MAX_OPEN_FILES, REF_ROW, ImageRows, StorageMode
-from toolkit.data.trainset.storage.tables import RefReader, RefShardWriter, decode_image, iter_segment
+from toolkit.data.trainset.storage.tables import (
+    CHECKSUM_MISMATCH,
+    RefReader,
+    RefShardWriter,
+    decode_image,
+    iter_segment,
+    resolve_data_root,
+)
 
 
 class TableMode(StorageMode):
@@ -71,9 +78,11 @@ class TableMode(StorageMode):
     def read_segment(self, ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
         return iter_segment(ds, seg.shard, seg.start, seg.count, seg.valid)
 
-    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any) -> list[tuple[str, bool]]:
+    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any,
+                    notes: dict) -> list[tuple[str, bool]]:
         """Its table against dataset.json, then every record's image bytes (length, xxh3-64, decodable) and
-        token ids."""
+        token ids. ``notes["files"]``: per data file, [records checked, checksum mismatches]."""
+        tally = notes.setdefault("files", {})
         reader = RefReader(ds, vocab)
         shard, found = ds.shards[index], []
         try:
@@ -83,11 +92,14 @@ class TableMode(StorageMode):
             return [(str(err), False)]
         try:
             for position, rec in enumerate(table):
+                seen = tally.setdefault(int(rec["file"]), [0, 0])
+                seen[0] += 1
                 try:
                     data = reader.image_bytes(index, position, rec)
                     decode_image(data, reader.side, reader.resize_mode)
                     integrity.check_tokens(ds, index, position, rec["tokens"][None], vocab)
                 except integrity.DataIntegrityError as err:
+                    seen[1] += CHECKSUM_MISMATCH in str(err)
                     found.append((str(err).split("; run `toolkit data verify")[0], True))
                 except ValueError as err:  # ImageError: the bytes match the index but no longer decode
                     url = reader.data_url(int(rec["file"]))
@@ -97,6 +109,22 @@ class TableMode(StorageMode):
         finally:
             reader.close()
         return found
+
+    def verify_lines(self, ds: TrainDataset, notes: dict) -> list[str]:
+        """One line when data files match none of the checksums recorded for their samples: they are other
+        files than were indexed (an index copied beside another raw folder with the same file names read as
+        every sample "damaged: checksum does not match", never saying why)."""
+        files_ = notes.get("files", {})
+        other = sorted(f for f, (checked, wrong) in files_.items() if checked and wrong == checked)
+        if not other:
+            return []
+        names = ", ".join(ds.data_files[f] for f in other[:3])
+        names += f" and {len(other) - 3} more" if len(other) > 3 else ""
+        where = resolve_data_root(ds.root, ds.data_root)
+        return [f"{where}: {len(other)} of the {len(ds.data_files)} data files ({names}) match none of the "
+                "checksums recorded for their samples: they are not the files this set indexed (same names, "
+                "other contents; was the set copied beside another raw folder?); point data_root in "
+                f"{ds.root}/dataset.json at the indexed files or precompute again"]
 
     def stored_files(self, ds: TrainDataset) -> list[str]:
         return list(ds.data_files) if self.data_ext else []

@@ -103,6 +103,11 @@ def load_table(ds: Any, part: int) -> np.ndarray:
     return np.frombuffer(data, dtype)
 
 
+# What a record whose bytes changed says (verify counts these per data file: all of a file's records failing
+# means the file is another one than was indexed).
+CHECKSUM_MISMATCH = "their checksum does not match the index's"
+
+
 def decode_image(data: bytes, side: int, resize_mode: str) -> np.ndarray:
     """Encoded image bytes -> uint8 [side, side, 3], exactly as precompute's pixels mode would store it.
 
@@ -150,6 +155,8 @@ class RefReader:
             try:  # remote: each read one range request of exactly the image
                 self._open[file] = files.open_ranges(url)
             except FileNotFoundError as err:
+                if (cause := files.network_cause(err)) is not None:  # the server is gone, not the file
+                    raise files.unreachable(url, cause) from err
                 raise integrity.DataIntegrityError(
                     f"{url}: missing (data file {file} of {self.ds.root}); restore it, or keep the data next to "
                     f"the dataset as data_root {self.ds.data_root!r} says") from err
@@ -171,7 +178,7 @@ class RefReader:
         if len(data) != int(rec["length"]):
             raise damaged_ref(self.ds, part, position, url, rec, f"the file ends after {len(data)} of them")
         if xxhash.xxh3_64_intdigest(data) != int(rec["hash"]):
-            raise damaged_ref(self.ds, part, position, url, rec, "their checksum does not match the index's")
+            raise damaged_ref(self.ds, part, position, url, rec, CHECKSUM_MISMATCH)
         return data
 
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
