@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
+from toolkit.core import files
 from toolkit.data.trainset import integrity, storage
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.order import BatchOrder

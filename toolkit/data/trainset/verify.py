@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.log import counter, get_logger
 from toolkit.data.trainset import integrity, storage

@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     from toolkit.core.agent import write_error_file
     from toolkit.core.config import build, read_yaml
     from toolkit.core.log import setup_logging
-    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
     from toolkit.core.procs import SignalInterrupt, die_with_parent, exit_code, stop_on_signals
+    from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     if os.environ.get("CLIPTK_AGENT_PID"):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
         die_with_parent(parent_pid=int(os.environ["CLIPTK_AGENT_PID"]))
