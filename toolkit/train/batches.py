@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from toolkit.data.augment import pixel_transform, resize_crops
+from toolkit.data.trainset import storage
 from toolkit.data.trainset.format import REF_ROLES, TrainDataset
 from toolkit.data.trainset.integrity import check_claims
 from toolkit.data.trainset.loader import make_loader
@@ -60,7 +61,7 @@ def open_data(cfg: DataPlan, loss: LossConfig, world_size: int | None) -> TrainD
     by every rank that did not get the preflight's set (an elastic job learns its world size only at
     rendezvous; the ranks of the user's own torchrun or srun had no preflight)."""
     dataset = TrainDataset.open(cfg.data)
-    check_claims(dataset)  # before per-sample tables are sized by what dataset.json claims
+    check_claims(dataset, storage.of(dataset).sample_bytes(dataset))  # before per-sample tables are sized by what dataset.json claims
     order = BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block)  # batch <= data
     if world_size is not None:
         order.batch_ids(0, 0, world_size)  # a global batch the ranks divide

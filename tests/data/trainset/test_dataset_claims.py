@@ -66,8 +66,10 @@ def test_a_count_the_files_cannot_hold_is_refused_naming_the_key(small_set, tmp_
     path = _edited(small_set, tmp_path, claim)
     with pytest.raises(ValueError, match=r"dataset.json: shards\[0\].num_samples says 1000000000000 samples .* "
                                          r"holds \d+ bytes \(\d samples at most\)"):
-        check_claims(TrainDataset.open(path))
-    check_claims(TrainDataset.open(str(small_set)))  # the real set passes
+        ds = TrainDataset.open(path)
+        check_claims(ds, ds.sample_bytes)  # a pixels set: a part holds sample_bytes per sample
+    real = TrainDataset.open(str(small_set))
+    check_claims(real, real.sample_bytes)  # the real set passes
     result = CliRunner().invoke(app, ["--quiet", "train", "--data", path, "--out", str(tmp_path / "run"),
                                       "--model", "cliptk-tiny", "--steps", "1", "--batch-size", "2"])
     assert result.exit_code == 1 and "shards[0].num_samples" in result.output, result.output

@@ -175,9 +175,10 @@ def check_shard_entries(shards: list[Any], path: str) -> None:
         next_id += s.num_samples
 
 
-def check_claims(ds: Any) -> None:
+def check_claims(ds: Any, part_bytes: int) -> None:
     """ValueError naming dataset.json, the shard's key and its file when a local shard file is too short for
-    the samples dataset.json says it holds (a damaged or edited dataset.json claiming 10**12 samples made the
+    the samples dataset.json says it holds (``part_bytes`` per sample in a part: the storage mode's
+    ``sample_bytes``) (a damaged or edited dataset.json claiming 10**12 samples made the
     trainer allocate per-sample tables of terabytes). One stat per shard; URLs are not checked. Called by the
     trainer's ``open_data`` (``data verify`` reports short shards itself, sample by sample)."""
     if not files.is_local(ds.root):
@@ -191,8 +192,8 @@ def check_claims(ds: Any) -> None:
         if not S_ISREG(st.st_mode):
             continue  # a FIFO or device: the reader refuses it, naming what it is
         size = st.st_size
-        if s.num_samples * ds.sample_bytes > size:
-            raise ValueError(f"{path}: shards[{i}].num_samples says {s.num_samples} samples of {ds.sample_bytes} "
-                             f"bytes, but {ds.url(s)} holds {size} bytes ({size // ds.sample_bytes} samples at "
+        if s.num_samples * part_bytes > size:
+            raise ValueError(f"{path}: shards[{i}].num_samples says {s.num_samples} samples of {part_bytes} "
+                             f"bytes, but {ds.url(s)} holds {size} bytes ({size // part_bytes} samples at "
                              "most): dataset.json does not describe these files; run `toolkit data verify` or "
                              "precompute the folder again")
