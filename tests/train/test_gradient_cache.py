@@ -31,16 +31,15 @@ def test_micro_batches_give_the_full_batch_gradient(loss, micro):
 
 def test_without_replay_the_dropout_masks_would_differ(monkeypatch):
     """The dropout check is meaningful: other masks in the second pass change the gradient."""
-    import toolkit.train.step as step
+    from toolkit.core import seeds
 
     calls = {"n": 0}
-    original = step.stream_seed
+    original = seeds.stream_seed
 
     def drifting(seed, s, rank, i):  # a different seed every call: the second pass draws other masks
         calls["n"] += 1
         return original(seed, s, rank, i) + calls["n"]
 
-    monkeypatch.setattr(step, "stream_seed", drifting)
     import gradcache_jobs
 
     monkeypatch.setattr(gradcache_jobs, "_seed", lambda rank: lambda i: drifting(3, 0, rank, i))
