@@ -152,9 +152,6 @@ def test_no_import_cycles():
     assert found == [], "import cycles between these modules:\n" + "\n".join(found)
 
 
-# Arrows back inside data/ that the storage branch removes (precompute -> augment -> trainset.order._mix,
-# inspect -> trainset.precompute_worker): removed by the storage branch; the lead deletes this list at merge.
-STORAGE_BRANCH_ARROWS = {("toolkit.data", ("toolkit.data.augment", "toolkit.data.trainset"))}
 # losses/ is the one package whose parts are plug-ins: LossConfig (losses/config.py) holds each objective folder's
 # section (fastclip/config.py, ...) and each folder's loss reads LossConfig and the shared base and modes; the
 # folders and the shared modules form one unit, whose modules are still checked for cycles one by one.
@@ -182,7 +179,7 @@ def part_cycles(graph: dict[str, set[str]]) -> list[tuple[str, tuple[str, ...]]]
 def test_no_arrow_runs_back_between_the_parts_of_a_package():
     graph = import_graph()
     found = [f"{package}: {', '.join(parts)}" for package, parts in part_cycles(graph)
-             if (package, parts) not in STORAGE_BRANCH_ARROWS and package not in PLUGIN_PACKAGES]
+             if package not in PLUGIN_PACKAGES]
     assert found == [], "parts of a package that import each other (make one of them the lower one):\n" + "\n".join(found)
 
 
