@@ -146,7 +146,8 @@ def train_step(p: Parts, state: TrainState, batch: dict):
         raise RuntimeError(f"data loader out of order: expected global batch {t}, got {int(batch['step'])}")
     lr = p.update.begin(t, p.data.steps_per_epoch)
     reference = p.data.reference_to_device(batch) if p.loss_fn.reads_reference else None
-    inputs = StepInputs(*p.data.to_device(batch, p.built.model.trim_tokens), reference=reference)
+    inputs = StepInputs(*p.data.to_device(batch, p.built.model.trim_tokens), reference=reference,
+                        patch_seed=stream_seed(cfg.seed, t, 0, 0) if cfg.patch_dropout else None)
     forward_backward(p.model, p.loss_fn, inputs, micro_batch_size=p.micro_batch_size,
                      seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i), autocast=p.rt.autocast(cfg.precision),
                      scale=p.update.scale, poison=t in cfg.nonfinite_test_steps, offload_features=p.data.offloaded)

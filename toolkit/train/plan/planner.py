@@ -79,6 +79,8 @@ class PlanConfig:
     text_tokens: int = option(0, ge=0, doc="Tokens per caption the text tower runs on: the trainer cuts each "
                               "batch after its longest caption, so give your data's longest caption (with "
                               "--measure); 0: the model's full context, the worst case.")
+    patch_dropout: float = option(0.0, ge=0, doc="Activations with `toolkit train --patch-dropout P` (the image "
+                                                 "tower on a (1-P) share of its patches; with --measure).")
 
     def __post_init__(self) -> None:
         from toolkit.train.losses import registry
@@ -218,6 +220,9 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
 def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
     key = (cfg.model, cfg.precision, cfg.device)
+    if cfg.patch_dropout and not cfg.measure:
+        raise ValueError(f"patch_dropout={cfg.patch_dropout}: MEASURED holds activations without patch dropout; "
+                         "pass --measure to measure them with it")
     if cfg.text_tokens and not cfg.measure:
         raise ValueError(f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
                          "--measure to measure them at that caption length")
@@ -231,7 +236,8 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     from toolkit.train.plan.memprobe import measure_activations
 
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
-                              text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing)
+                              text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing,
+                              patch_dropout=cfg.patch_dropout)
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
 
 
