@@ -112,6 +112,7 @@ class Plan:
     traffic: dict[str, dict[str, float]]  # mode -> category -> sent bytes per rank per step
     fit: dict[str, int | None] = field(default_factory=dict)
     source: str = ""  # where the activation constants came from
+    flops: dict[str, float] = field(default_factory=dict)  # counted tower FLOPs (tower_flops_rows)
 
     @property
     def total(self) -> float:
@@ -289,7 +290,27 @@ def run(cfg: PlanConfig) -> Plan:
     if cfg.device == "cpu":
         rows["FastCLIP tables (host, per node)"] = table_bytes(cfg)
     fit = largest_fit(cfg, shape, fixed, per_sample, overhead) if cfg.device_memory_gb else {}
-    return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source)
+    return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source,
+                tower_flops_rows(cfg))
+
+
+def tower_flops_rows(cfg: PlanConfig) -> dict[str, float]:
+    """Counted tower FLOPs (models/flops.py) of one training step at cfg's patch dropout and caption length:
+    per sample forward, per rank and per global step (forward + backward, the cache's extra forward); {} for
+    towers it does not count (ResNets, timm, Hugging Face text)."""
+    from toolkit.models.factory import resolve_spec
+    from toolkit.models.flops import step_flops, tower_flops
+
+    try:
+        per = tower_flops(resolve_spec(cfg.model).model_cfg, text_tokens=cfg.text_tokens or None,
+                          patch_dropout=cfg.patch_dropout)
+    except ValueError:
+        return {}
+    b = local_batch(cfg)
+    cached = 0 < cfg.micro_batch_size < b
+    return {"image forward per sample": per.image, "text forward per sample": per.text,
+            "towers per rank per step": step_flops(per, b, cached),
+            "towers per global step": step_flops(per, cfg.batch_size, cached)}
 
 
 def _size(nbytes: float) -> str:
@@ -318,6 +339,9 @@ def format_plan(plan: Plan) -> str:
         lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]
         for name, row in plan.traffic.items():
             lines.append(f"{name:<24}" + "".join(f"{_size(row.get(k, 0.0)):>15}" for k in cats))
+    if plan.flops:
+        lines += ["", f"{'tower FLOPs (counted)':<36}{'GFLOP':>14}"]
+        lines += [f"{name:<36}{v / 1e9:>14.3f}" for name, v in plan.flops.items()]
     if plan.fit:
         f = plan.fit
         lines += ["", f"fits in {c.device_memory_gb:g} GiB per device:",
