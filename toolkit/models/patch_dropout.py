@@ -50,14 +50,18 @@ def _mix(v: Tensor) -> Tensor:
     return v ^ _shr(v, 31)
 
 
+def sample_noise(seed: int, ids: Tensor, n: int) -> Tensor:
+    """Uniform noise [b, n] in [0, 1), float64, a hash of (seed, ids[r], column): no generator state."""
+    sample = _mix(ids.to(torch.int64).view(-1, 1) ^ _signed(seed ^ _TAG))  # [b, 1]
+    column = torch.arange(n, device=ids.device, dtype=torch.int64).view(1, -1) * _signed(_GOLDEN)
+    return _shr(_mix(sample + column), 11).to(torch.float64) * 2.0**-53  # 53 bits: exact, no ties in practice
+
+
 def keep_indices(seed: int, ids: Tensor, num_patches: int, prob: float) -> Tensor:
     """Sorted indices [b, k] of the patches each sample keeps, k = max(1, int(n·(1-prob))): the top k of
     per-patch noise hash(seed, id, patch). ``ids``: global sample ids [b] (any integer dtype, any device)."""
     k = max(1, int(num_patches * (1.0 - prob)))
-    sample = _mix(ids.to(torch.int64).view(-1, 1) ^ _signed(seed ^ _TAG))  # [b, 1]
-    patch = torch.arange(num_patches, device=ids.device, dtype=torch.int64).view(1, -1) * _signed(_GOLDEN)
-    noise = _shr(_mix(sample + patch), 11).to(torch.float64)  # 53 random bits: exact in float64, no ties in practice
-    return noise.topk(k, dim=1).indices.sort(dim=1).values
+    return sample_noise(seed, ids, num_patches).topk(k, dim=1).indices.sort(dim=1).values
 
 
 class SeededPatchDropout(nn.Module):
