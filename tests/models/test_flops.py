@@ -90,3 +90,17 @@ def test_toolkit_plan_reports_the_counted_step_flops():
     per = tower_flops(resolve_spec("cliptk-tiny").model_cfg)
     assert plan.flops["towers per global step"] == step_flops(per, 64, gradient_cache=True)
     assert "tower FLOPs (counted)" in planner.format_plan(plan)
+
+
+def test_toolkit_plan_counts_a_stage_plan():
+    from toolkit.train.plan import planner
+
+    cfg = resolve_spec("cliptk-tiny").model_cfg
+    plan = planner.run(planner.PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64,
+                                          stages="16px,8tok:0.75;:0.25", steps=100))
+    low = step_flops(tower_flops(cfg, image_size=16, text_tokens=8), 64)
+    full = step_flops(tower_flops(cfg), 64)
+    assert plan.flops["stage 1 (16 px, 8 tok) per step"] == low
+    assert plan.flops["stage 2 (full px, full tok) per step"] == full
+    share = (75 * low + 25 * full) / (100 * full)
+    assert plan.flops[f"run of 100 steps ({share:.2f} x full size)"] == pytest.approx(75 * low + 25 * full)

@@ -81,6 +81,9 @@ class PlanConfig:
                               "--measure); 0: the model's full context, the worst case.")
     patch_dropout: float = option(0.0, ge=0, doc="Activations with `toolkit train --patch-dropout P` (the image "
                                                  "tower on a (1-P) share of its patches; with --measure).")
+    stages: str = option("", doc="A `toolkit train --stages` plan: tower FLOPs per step of each stage and over the "
+                                 "run (per global batch); memory is the table's, the full-size stage's (the peak).")
+    steps: int = option(0, ge=0, doc="Steps of the run, for the FLOPs over a stage plan (0: per step only).")
 
     def __post_init__(self) -> None:
         from toolkit.train.losses import registry
@@ -308,9 +311,32 @@ def tower_flops_rows(cfg: PlanConfig) -> dict[str, float]:
         return {}
     b = local_batch(cfg)
     cached = 0 < cfg.micro_batch_size < b
-    return {"image forward per sample": per.image, "text forward per sample": per.text,
+    rows = {"image forward per sample": per.image, "text forward per sample": per.text,
             "towers per rank per step": step_flops(per, b, cached),
             "towers per global step": step_flops(per, cfg.batch_size, cached)}
+    return rows | (stage_flops_rows(cfg, cached) if cfg.stages else {})
+
+
+def stage_flops_rows(cfg: PlanConfig, cached: bool) -> dict[str, float]:
+    """Per global step of each stage of ``cfg.stages`` and, given ``cfg.steps``, summed over the run and as a
+    share of the same run at full size."""
+    from toolkit.models.factory import resolve_spec
+    from toolkit.models.flops import step_flops, tower_flops
+    from toolkit.train.stages import parse, schedule
+
+    model_cfg = resolve_spec(cfg.model).model_cfg
+    rows, total = {}, 0.0
+    stages = schedule(parse(cfg.stages), cfg.steps or 1000)
+    for i, s in enumerate(stages, 1):
+        per = tower_flops(model_cfg, image_size=s.image_px or None, text_tokens=s.text_tokens or cfg.text_tokens or None,
+                          patch_dropout=cfg.patch_dropout)
+        step = step_flops(per, cfg.batch_size, cached)
+        rows[f"stage {i} ({s.image_px or 'full'} px, {s.text_tokens or 'full'} tok) per step"] = step
+        total += step * (s.stop - s.start)
+    if cfg.steps:
+        full = step_flops(tower_flops(model_cfg, text_tokens=cfg.text_tokens or None), cfg.batch_size, cached)
+        rows[f"run of {cfg.steps} steps ({total / (full * cfg.steps):.2f} x full size)"] = total
+    return rows
 
 
 def _size(nbytes: float) -> str:
