@@ -101,6 +101,7 @@ def measure(args: argparse.Namespace) -> dict:
     from toolkit.models.factory import resolve_spec
 
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     model_cfg = resolve_spec(args.model).model_cfg
     built = {name: build_setting(model_cfg, d, s, args.batch_size) for name, (d, s) in SETTINGS.items()}
     times: dict[str, dict[str, list[float]]] = {name: {"tower": [], "step": []} for name in SETTINGS}
@@ -119,7 +120,7 @@ def measure(args: argparse.Namespace) -> dict:
                      "image_fwd_gflops": flops["image_fwd"] / 1e9, "step_gflops": flops["step"] / 1e9,
                      "samples_per_s": args.batch_size / med["step"]})
     return {"model": args.model, "batch_size": args.batch_size, "rounds": args.rounds, "threads": args.threads,
-            "load_before": os.getloadavg(), "load_after": None, "torch": torch.__version__,
+            "load_before": load_before, "load_after": None, "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "rows": rows,
             "targets": {"dropout 0.5 tower speedup >=": 1.7, "dropout 0.5 step speedup >=": 1.3}}
 
