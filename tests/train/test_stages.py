@@ -112,3 +112,18 @@ def test_kill_and_resume_equals_the_uninterrupted_staged_run(demo_train, whole, 
     want, got = weights(whole), weights(out)
     assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-6
     assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(whole)], rel=1e-6)
+
+
+@pytest.mark.dist
+def test_two_ranks_train_the_staged_run_of_one_process(demo_train, tmp_path):
+    """Random caption subsets and the resolution switch follow the step and the sample ids, not the rank."""
+    args = ["--steps", "4", "--set", "optim.name=sgd", "--set", "optim.lr=0.1", "--checkpoint-every", "0"]
+    one = run_cli([*_args(demo_train, tmp_path / "one"), *args, "--stages", "16px,8tok:0.5;:0.5"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_cli([*_args(demo_train, tmp_path / "two"), *args, "--stages", "16px,8tok:0.5;:0.5",
+                   "--nproc-per-node", "2", "--micro-batch-size", "3"])
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert [r["loss"] for r in metrics(tmp_path / "two")] == pytest.approx(
+        [r["loss"] for r in metrics(tmp_path / "one")], rel=1e-5)
+    want, got = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-5
