@@ -127,3 +127,32 @@ def test_two_ranks_train_the_staged_run_of_one_process(demo_train, tmp_path):
         [r["loss"] for r in metrics(tmp_path / "one")], rel=1e-5)
     want, got = weights(tmp_path / "one"), weights(tmp_path / "two")
     assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-5
+
+
+PIPELINE = """
+run_dir: {run_dir}
+stages:
+  - name: train
+    kind: train
+    config: {{data: "{data}", batch_size: 16, steps: 4, log_every: 1, tensorboard: false, loader: {{num_workers: 0}},
+              patch_dropout: 0.5, stages: "16px,8tok:0.5;:0.5", stage_text: random, launch: {{nproc_per_node: 2}}}}
+"""
+
+
+@pytest.mark.dist
+def test_both_levers_train_through_a_pipeline_stage_on_two_ranks(demo_train, tmp_path):
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    path, run_dir = tmp_path / "p.yaml", tmp_path / "run"
+    path.write_text(PIPELINE.format(run_dir=run_dir, data=demo_train))
+    result = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(path)])
+    assert result.exit_code == 0, result.output
+    assert [r["step"] for r in metrics(run_dir / "train")] == [1, 2, 3, 4]
+    assert (run_dir / "train" / "model" / "open_clip_model.safetensors").is_file()
+    import yaml
+
+    written = yaml.safe_load((run_dir / "train" / "config.yaml").read_text())
+    assert (written["patch_dropout"], written["stages"], written["launch"]["nproc_per_node"]) == (
+        0.5, "16px,8tok:0.5;:0.5", 2)
