@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives"]
+SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives", "token budgets"]
 
 
 @pytest.mark.timeout(1500)
@@ -48,3 +48,7 @@ def test_dry_run_runs_every_section(tmp_path):
     assert {"torchvision decode_jpeg (libjpeg-turbo)", "PIL Image.open + convert RGB"} <= decoders
     ops = {(r["op"], r["backend"]) for r in sections["collectives"]["rows"]}
     assert ops == {("all_gather", "gloo"), ("all_reduce", "gloo")}
+    tokens = sections["token budgets"]["rows"]
+    assert [r["setting"] for r in tokens] == ["full", "dropout 0.5", "dropout 0.75", "half resolution"], tokens
+    assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in tokens), tokens
+    assert tokens[3]["image_px"] == 16 and tokens[1]["step_tflop"] < tokens[0]["step_tflop"]

@@ -36,7 +36,8 @@ from pathlib import Path
 # trainer: 4,096 synthetic samples made and precomputed in ~20 s, then ~12 runs of ~15 s start-up + steps)
 BUDGETS_S = (("environment", "env", 5), ("kernels", "kernels", 100), ("trainer", "trainer", 230),
              ("open_clip_train", "openclip_train", 70), ("jpeg decoding", "decode", 30),
-             ("collectives", "collectives", 20))
+             ("collectives", "collectives", 20),
+             ("token budgets", "tokens", 60))  # 4 ViT-B-16 settings x 7 steps of batch 256 + builds
 DRY_BUDGET_S = 240  # per section on a 2-core CPU: the dry run checks the code paths, not speed
 
 

@@ -60,7 +60,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "grad_checkpointing": ("--grad-checkpointing",), "compile": ("--compile",), "report_to": ("--report-to",),
     "lock_image": ("--lock-image",), "lock_image_unlocked_groups": ("--lock-image-unlocked-groups",),
     "lock_text": ("--lock-text",), "lock_text_unlocked_layers": ("--lock-text-unlocked-layers",),
-    "ema_decay": ("--ema-decay",),
+    "ema_decay": ("--ema-decay",), "patch_dropout": ("--patch-dropout",), "stages": ("--stages",),
 }
 
 

@@ -148,6 +148,21 @@ class TrainConfig:
     grad_checkpointing: bool = option(False, affects_output=False,
                                       doc="Recompute the towers' transformer blocks in the backward (open_clip's "
                                           "set_grad_checkpointing): less activation memory, one more forward.")
+    patch_dropout: float = option(
+        0.0, absent_means=0.0, ge=0, doc="Patch dropout (FLIP): the fraction of each image's patch tokens dropped in "
+                                         "training, in [0, 1) (the class token stays; none at evaluation); "
+                                         "open_clip ViTs only. Masks follow from the step and the sample id.")
+    stages: str = option(
+        "", absent_means="", doc="Resolution and text-length stages (CLIPA): 'SETTINGS:FRACTION;...', SETTINGS "
+                                 "a comma list of <N>px and <K>tok (left out: the model's own), FRACTION the share "
+                                 "of the steps; e.g. '112px,16tok:0.9;:0.1' (empty: no stages; docs/training.md).")
+    stage_lr: Literal["run", "stage"] = option(
+        "run", absent_means="run", doc="With stages: one lr schedule over the whole run (run), or warmup and "
+                                       "cosine restarted over each stage's steps (stage).")
+    stage_text: Literal["first", "random"] = option(
+        "first", absent_means="first", doc="How a text stage shortens captions: the first K-1 tokens and the "
+                                           "end-of-text token (CLIPA's truncation), or a random ordered subset "
+                                           "between the start and end tokens (drawn per step and sample).")
     compile: bool = option(False, affects_output=False, doc="torch.compile the towers (inductor; the first "
                                                             "steps pay the compile time).")
     lock_image: bool = option(
@@ -228,6 +243,12 @@ class TrainConfig:
         self.launch.node_range()  # refuses a malformed nodes value
         if self.eval.every_steps and not (self.eval.root and self.eval.datasets):
             raise ValueError("eval.every_steps is set: give eval.root and eval.datasets too")
+        if self.stages:
+            from toolkit.train.stages import parse
+
+            parse(self.stages)  # a malformed plan is refused before any process starts
+        if self.patch_dropout >= 1:
+            raise ValueError(f"patch_dropout must be below 1 (0: none), got {self.patch_dropout}")
         if self.ema_decay >= 1:
             raise ValueError(f"ema_decay must be below 1 (0: no EMA), got {self.ema_decay}")
         unknown = sorted(set(self.report_to) - set(REPORT_SINKS))

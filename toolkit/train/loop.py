@@ -28,6 +28,7 @@ from toolkit.core.watchdog import Heartbeat
 from toolkit.data.trainset.format import TrainDataset
 from toolkit.train import ema as ema_lib
 from toolkit.train import model as model_lib
+from toolkit.train import stages as stages_lib
 from toolkit.train import towers
 from toolkit.train.batches import TrainData, open_data, step_counts
 from toolkit.train.checkpoint.state import StateIO, sync_buffers
@@ -65,6 +66,7 @@ class Parts:
     io: StateIO
     micro_batch_size: int
     ema: ema_lib.EMA | None = None  # --ema-decay: the averaged weights (train/ema.py)
+    stages: stages_lib.StagePlan | None = None  # --stages: resolution and text-length stages (train/stages.py)
 
 
 def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
@@ -77,6 +79,7 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     built = model_lib.build(cfg.model, cfg.init, dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
                             cfg.seed, logit_bias=cfg.loss.init_logit_bias)
     built.model.to(rt.device).train()
+    stage_plan = stages_lib.build(cfg, built.model, built.model_cfg, steps.total)  # before compile and DDP
     towers.prepare(built.model, cfg)  # locks, checkpointing, compile: before the optimiser and DDP see it
     cuda = rt.device.type == "cuda"
     model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
@@ -91,7 +94,7 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     io = StateIO(cfg, rt, steps, built, update, loss_fn)
     io.ema = ema_lib.build(built.model.clip, cfg.ema_decay)  # starts at the initial weights; resume loads its own
     D.LEDGER.reset()
-    return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro, io.ema)
+    return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro, io.ema, stage_plan)
 
 
 def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
@@ -148,8 +151,13 @@ def train_step(p: Parts, state: TrainState, batch: dict):
     if int(batch["step"]) != t:
         raise RuntimeError(f"data loader out of order: expected global batch {t}, got {int(batch['step'])}")
     lr = p.update.begin(t, p.data.steps_per_epoch)
+    trim = p.built.model.trim_tokens
+    if p.stages is not None:
+        lr = p.stages.begin(t, p.built.model, p.update, lr)
+        trim = p.stages.tokens_fn(t, p.built.model, batch["index"])
     reference = p.data.reference_to_device(batch) if p.loss_fn.reads_reference else None
-    inputs = StepInputs(*p.data.to_device(batch, p.built.model.trim_tokens), reference=reference)
+    inputs = StepInputs(*p.data.to_device(batch, trim), reference=reference,
+                        patch_seed=stream_seed(cfg.seed, t, 0, 0) if cfg.patch_dropout else None)
     forward_backward(p.model, p.loss_fn, inputs, micro_batch_size=p.micro_batch_size,
                      seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i), autocast=p.rt.autocast(cfg.precision),
                      scale=p.update.scale, poison=t in cfg.nonfinite_test_steps, offload_features=p.data.offloaded)

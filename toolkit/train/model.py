@@ -48,6 +48,7 @@ class TrainModel(nn.Module):
         self.clip, self.image_role, self.text_role = clip, image_role, text_role
         # token batches are cut after their last pooled position (models/text_trim: same features and grads)
         self.trims_text = text_role == "tokens" and text_trim.trimmable(clip)
+        self.image_px = 0  # a resolution stage's image side (train/stages.py); 0: the pixels as they come
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
 
@@ -55,6 +56,10 @@ class TrainModel(nn.Module):
         if self.image_role == "image_features":
             return frozen.head_forward(self.clip, "image", image.float())  # stored as float16
         pixels = image.permute(0, 3, 1, 2).float().div_(255.0)
+        if self.image_px:
+            from toolkit.models.resolution import resize_pixels
+
+            pixels = resize_pixels(pixels, self.image_px)
         return self.clip.encode_image((pixels - self.mean) / self.std)
 
     def encode_text(self, text: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from toolkit.models.patch_dropout import keyed
 from toolkit.train.ddp import grad_sync
 
 if TYPE_CHECKING:
@@ -37,12 +38,14 @@ if TYPE_CHECKING:
 class StepInputs:
     """This rank's slice of one global batch: image [b, ...], text [b, ...] (on the host when offloaded:
     pinned on CUDA), sample ids [b] (on the device), and for an objective that reads them (``reads_reference``)
-    a reference model's (ref_image [b, d_ref], ref_text [b, d_ref]) on the device."""
+    a reference model's (ref_image [b, d_ref], ref_text [b, d_ref]) on the device. ``patch_seed``: the step's
+    seed of the patch-dropout masks (equal on every rank; each sample's mask follows from it and its id)."""
 
     image: Tensor
     text: Tensor
     index: Tensor
     reference: tuple[Tensor, Tensor] | None = None
+    patch_seed: int | None = None
 
 
 class _Mover:
@@ -75,6 +78,11 @@ class _Mover:
                 self.pending[i + 1] = self._copy(i + 1)
         return chunk
 
+    def masks(self, model: nn.Module, i: int) -> contextlib.AbstractContextManager:
+        """The patch-dropout keys of micro-batch i (models/patch_dropout.py): same masks in both passes."""
+        start, stop = self.ranges[i]
+        return keyed(model, self.inputs.patch_seed, self.inputs.index[start:stop])
+
 
 @contextlib.contextmanager
 def _frozen_norm_buffers(model: nn.Module) -> Iterator[None]:
@@ -104,7 +112,8 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
     with torch.no_grad(), _frozen_norm_buffers(model), autocast():
         for i, (start, stop) in enumerate(ranges):
             torch.manual_seed(seed_of(i))
-            out = model(*mover.get(i))
+            with mover.masks(model, i):
+                out = model(*mover.get(i))
             x, y, scalars = out.image_features, out.text_features, out.scalars()
             if x_all is None:
                 host = offload and device.type == "cuda"
@@ -143,7 +152,7 @@ def forward_backward(model: nn.Module, loss_fn: TrainingLoss, inputs: StepInputs
     mover = _Mover(inputs, ranges, device)
     if len(ranges) == 1:
         torch.manual_seed(seed_of(0))
-        with autocast():
+        with autocast(), mover.masks(model, 0):
             out = model(*mover.get(0))
         x, y, scalars = out.image_features, out.text_features, out.scalars()
         share = _loss(loss_fn, x, y, scalars, inputs, poison)
@@ -163,7 +172,7 @@ def forward_backward(model: nn.Module, loss_fn: TrainingLoss, inputs: StepInputs
         last = i == len(ranges) - 1
         with grad_sync(model, enabled=last):
             torch.manual_seed(seed_of(i))
-            with autocast():
+            with autocast(), mover.masks(model, i):
                 out = model(*mover.get(i))
             x, y, scalars = out.image_features, out.text_features, out.scalars()
             outputs, grads = [x, y], [dx[start:stop], dy[start:stop]]

@@ -3,6 +3,8 @@
 Every rank calls :func:`prepare` on its freshly built model, before the optimiser is built (locked
 parameters get no optimiser group) and before DDP wraps it (DDP registers only trainable parameters).
 
+- ``patch_dropout``: open_clip's ViT ``visual.patch_dropout`` replaced by ``models.patch_dropout``'s seeded one
+  (masks from the step and the sample id, so world size, micro-batches and resume see the same masks).
 - Locking uses open_clip's own ``lock_image_tower(unlocked_groups)`` / ``lock_text_tower(unlocked_layers)``,
   so a count means what it means in ``open_clip_train --lock-image-unlocked-groups N``: the last N layer
   groups (image) or layers (text, with the final LayerNorm and projection) stay trainable.
@@ -77,6 +79,11 @@ def prepare(model: Any, cfg: Any) -> None:
     """Apply ``cfg``'s locks, checkpointing and compile to ``model`` (a ``TrainModel``) in place; every
     rank, before the optimiser and DDP are built."""
     clip = model.clip
+    if cfg.patch_dropout:  # before compile: the blocks compiled then see the shorter sequence
+        from toolkit.models.patch_dropout import install
+
+        install(clip, cfg.patch_dropout)
+        get_logger("train").info("patch dropout %.2f: seeded per step and sample id", cfg.patch_dropout)
     lock(clip, cfg.lock_image, cfg.lock_image_unlocked_groups, cfg.lock_text, cfg.lock_text_unlocked_layers)
     if cfg.lock_image or cfg.lock_text:
         trainable = sum(p.numel() for p in clip.parameters() if p.requires_grad)

@@ -32,7 +32,7 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
                               "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": cfg.loss.name,
                               "precision": cfg.precision, "optimizer": cfg.optim.name, "grad_dtype": cfg.grad_dtype,
                               "device": device, "num_samples": num_samples,
-                              "grad_checkpointing": cfg.grad_checkpointing})
+                              "grad_checkpointing": cfg.grad_checkpointing, "patch_dropout": cfg.patch_dropout})
 
 
 def host_budget_bytes(local_world: int) -> float:
@@ -49,13 +49,13 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
 
     key = (pcfg.model, pcfg.precision, "cpu")
     table = plan.MEASURED_CHECKPOINTED if pcfg.grad_checkpointing else plan.MEASURED
-    if key in table:
+    if key in table and not pcfg.patch_dropout:  # the table holds full-sequence activations
         fixed, per_sample, overhead = table[key]
     else:
         from toolkit.train.plan.memprobe import measure_activations
 
         fit = measure_activations(pcfg.model, (16, 64), pcfg.precision, "cpu", threads=torch.get_num_threads(),
-                                  grad_checkpointing=pcfg.grad_checkpointing)
+                                  grad_checkpointing=pcfg.grad_checkpointing, patch_dropout=pcfg.patch_dropout)
         fixed, per_sample, overhead = fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes
     shape = plan.model_shape(pcfg.model)
     tables = plan.table_bytes(pcfg)

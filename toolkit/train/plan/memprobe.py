@@ -104,16 +104,22 @@ def tower_inputs(model: Any, micro: int, device: Any, text_tokens: int = 0) -> t
 
 def tower_pass(model: Any, micro: int, autocast: Any, device: Any, text_tokens: int = 0) -> None:
     """One training-mode forward of both towers and the backward of their features (gradients accumulate
-    into ``.grad`` as the trainer's do)."""
+    into ``.grad`` as the trainer's do); a model with patch dropout keeps its share of the patches (masks of
+    seed 0: only their number matters here)."""
+    import torch
+
+    from toolkit.models.patch_dropout import keyed
+
     image, text = tower_inputs(model, micro, device, text_tokens)
-    with autocast():
+    with autocast(), keyed(model, 0, torch.arange(micro, device=device)):
         x, y, a, _ = model(image, text)  # Towers(x, y, a, bias)
     (x.float().sum() + y.float().sum() + a.float().sum()).backward()
 
 
-def build_tower_model(model_spec: str, grad_checkpointing: bool = False) -> Any:
+def build_tower_model(model_spec: str, grad_checkpointing: bool = False, patch_dropout: float = 0.0) -> Any:
     """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg`` attached;
-    ``grad_checkpointing``: open_clip's activation checkpointing on, as ``--grad-checkpointing`` trains."""
+    ``grad_checkpointing``: open_clip's activation checkpointing on, as ``--grad-checkpointing`` trains;
+    ``patch_dropout``: the seeded patch dropout installed, as ``--patch-dropout`` trains."""
     import torch
 
     from toolkit.models.factory import build_model, resolve_spec
@@ -128,11 +134,15 @@ def build_tower_model(model_spec: str, grad_checkpointing: bool = False) -> Any:
     model.model_cfg = spec.model_cfg
     if grad_checkpointing:
         clip.set_grad_checkpointing(True)
+    if patch_dropout:
+        from toolkit.models.patch_dropout import install
+
+        install(clip, patch_dropout)
     return model
 
 
 def probe_here(model_spec: str, micro: int, precision: str, device: str, text_tokens: int = 0,
-               grad_checkpointing: bool = False) -> tuple[int, int]:
+               grad_checkpointing: bool = False, patch_dropout: float = 0.0) -> tuple[int, int]:
     """(peak bytes of one tower pass of ``micro`` samples above the memory before it, overhead): on the
     CPU the overhead is what building the model and its first pass left resident beyond the weights and
     gradients (Python objects, the allocator's and oneDNN's buffers, autograd's threads: ~36 MiB for
@@ -145,7 +155,7 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str, text_to
 
     cpu = not device.startswith("cuda")
     start = rss_bytes() if cpu else 0
-    model = build_tower_model(model_spec, grad_checkpointing)
+    model = build_tower_model(model_spec, grad_checkpointing, patch_dropout)
     dev = torch.device(device)
     model.to(dev)
     autocast = runtime_autocast(precision, dev.type)
@@ -166,11 +176,12 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str, text_to
 
 
 def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, text_tokens: int = 0,
-                     timeout_s: float = 600, grad_checkpointing: bool = False) -> tuple[int, int]:
+                     timeout_s: float = 600, grad_checkpointing: bool = False,
+                     patch_dropout: float = 0.0) -> tuple[int, int]:
     """``probe_here`` on the CPU in a fresh Python process (module docstring)."""
     cmd = [sys.executable, "-m", "toolkit.train.plan.memprobe", "--model", model_spec, "--micro", str(micro),
            "--precision", precision, "--threads", str(threads), "--text-tokens", str(text_tokens),
-           *(["--grad-checkpointing"] if grad_checkpointing else [])]
+           *(["--grad-checkpointing"] if grad_checkpointing else []), "--patch-dropout", str(patch_dropout)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
@@ -182,9 +193,10 @@ def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, 
 
 def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), precision: str = "fp32",
                         device: str = "cpu", threads: int | None = None, text_tokens: int = 0,
-                        grad_checkpointing: bool = False) -> ActivationFit:
+                        grad_checkpointing: bool = False, patch_dropout: float = 0.0) -> ActivationFit:
     """Fit activations(m) from tower passes at two micro-batch sizes (module docstring for how), with token
-    batches of ``text_tokens`` positions (0: the model's context), with or without ``grad_checkpointing``."""
+    batches of ``text_tokens`` positions (0: the model's context), with or without ``grad_checkpointing``, at
+    ``patch_dropout`` (the image tower's shorter sequence)."""
     import torch
 
     if len(sizes) != 2 or not 0 < sizes[0] < sizes[1]:
@@ -197,10 +209,12 @@ def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), prec
                  precision, device, m, i + 1, len(sizes), where)
         start = time.monotonic()
         if device.startswith("cuda"):
-            runs.append(probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing))
+            runs.append(probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing,
+                                         patch_dropout))
         else:
             runs.append(probe_subprocess(model_spec, m, precision, threads, text_tokens,
-                                         grad_checkpointing=grad_checkpointing))
+                                         grad_checkpointing=grad_checkpointing,
+                                             patch_dropout=patch_dropout))
         log.info("micro-batch %d: peak %.1f MiB above the baseline (%.0f s)", m, runs[-1][0] / 2**20,
                  time.monotonic() - start)
     (m1, m2), ((b1, o1), (b2, o2)) = sizes, runs
@@ -220,12 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--text-tokens", type=int, default=0)
     parser.add_argument("--grad-checkpointing", action="store_true")
+    parser.add_argument("--patch-dropout", type=float, default=0.0)
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
     nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device, args.text_tokens,
-                                  args.grad_checkpointing)
+                                  args.grad_checkpointing, args.patch_dropout)
     print(json.dumps({"bytes": nbytes, "overhead": overhead, **vars(args)}))
 
 

@@ -81,6 +81,11 @@ class PlanConfig:
                               "--measure); 0: the model's full context, the worst case.")
     storage: str = option("pixels", doc="Storage mode of the training set (precompute --storage: pixels, jpeg, "
                                         "index) whose disk per sample and for num_samples is shown.")
+    patch_dropout: float = option(0.0, ge=0, doc="Activations with `toolkit train --patch-dropout P` (the image "
+                                                 "tower on a (1-P) share of its patches; with --measure).")
+    stages: str = option("", doc="A `toolkit train --stages` plan: tower FLOPs per step of each stage and over the "
+                                 "run (per global batch); memory is the table's, the full-size stage's (the peak).")
+    steps: int = option(0, ge=0, doc="Steps of the run, for the FLOPs over a stage plan (0: per step only).")
 
     def __post_init__(self) -> None:
         from toolkit.data.trainset import storage
@@ -115,6 +120,7 @@ class Plan:
     fit: dict[str, int | None] = field(default_factory=dict)
     source: str = ""  # where the activation constants came from
     disk_bytes_per_sample: float = 0.0  # the training set's, in cfg.storage (precompute's defaults)
+    flops: dict[str, float] = field(default_factory=dict)  # counted tower FLOPs (tower_flops_rows)
 
     @property
     def total(self) -> float:
@@ -223,6 +229,9 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
 def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
     key = (cfg.model, cfg.precision, cfg.device)
+    if cfg.patch_dropout and not cfg.measure:
+        raise ValueError(f"patch_dropout={cfg.patch_dropout}: MEASURED holds activations without patch dropout; "
+                         "pass --measure to measure them with it")
     table, table_name = ((MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing
                          else (MEASURED, "MEASURED"))
     if not cfg.measure and cfg.device == "cuda" and (cfg.text_tokens or key not in table):
@@ -249,7 +258,8 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
                          "drop --measure (the plan then uses an estimate from the H100 run, labelled as "
                          "such) or run it on the GPU machine")
     fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
-                              text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing)
+                              text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing,
+                              patch_dropout=cfg.patch_dropout)
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
 
 
@@ -308,7 +318,7 @@ def run(cfg: PlanConfig) -> Plan:
         rows["FastCLIP tables (host, per node)"] = table_bytes(cfg)
     fit = largest_fit(cfg, shape, fixed, per_sample, overhead) if cfg.device_memory_gb else {}
     return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source,
-                disk_bytes(cfg))
+                disk_bytes(cfg), tower_flops_rows(cfg))
 
 
 def disk_bytes(cfg: PlanConfig) -> float:
@@ -322,6 +332,48 @@ def disk_bytes(cfg: PlanConfig) -> float:
     model_cfg = resolve_spec(cfg.model).model_cfg
     side = stored_side(config_image_size(model_cfg), 0.9)
     return float(storage.get(cfg.storage).disk_bytes_per_sample(side, config_context_length(model_cfg)))
+
+
+def tower_flops_rows(cfg: PlanConfig) -> dict[str, float]:
+    """Counted tower FLOPs (models/flops.py) of one training step at cfg's patch dropout and caption length:
+    per sample forward, per rank and per global step (forward + backward, the cache's extra forward); {} for
+    towers it does not count (ResNets, timm, Hugging Face text)."""
+    from toolkit.models.factory import resolve_spec
+    from toolkit.models.flops import step_flops, tower_flops
+
+    try:
+        per = tower_flops(resolve_spec(cfg.model).model_cfg, text_tokens=cfg.text_tokens or None,
+                          patch_dropout=cfg.patch_dropout)
+    except ValueError:
+        return {}
+    b = local_batch(cfg)
+    cached = 0 < cfg.micro_batch_size < b
+    rows = {"image forward per sample": per.image, "text forward per sample": per.text,
+            "towers per rank per step": step_flops(per, b, cached),
+            "towers per global step": step_flops(per, cfg.batch_size, cached)}
+    return rows | (stage_flops_rows(cfg, cached) if cfg.stages else {})
+
+
+def stage_flops_rows(cfg: PlanConfig, cached: bool) -> dict[str, float]:
+    """Per global step of each stage of ``cfg.stages`` and, given ``cfg.steps``, summed over the run and as a
+    share of the same run at full size."""
+    from toolkit.models.factory import resolve_spec
+    from toolkit.models.flops import step_flops, tower_flops
+    from toolkit.train.stages import parse, schedule
+
+    model_cfg = resolve_spec(cfg.model).model_cfg
+    rows, total = {}, 0.0
+    stages = schedule(parse(cfg.stages), cfg.steps or 1000)
+    for i, s in enumerate(stages, 1):
+        per = tower_flops(model_cfg, image_size=s.image_px or None, text_tokens=s.text_tokens or cfg.text_tokens or None,
+                          patch_dropout=cfg.patch_dropout)
+        step = step_flops(per, cfg.batch_size, cached)
+        rows[f"stage {i} ({s.image_px or 'full'} px, {s.text_tokens or 'full'} tok) per step"] = step
+        total += step * (s.stop - s.start)
+    if cfg.steps:
+        full = step_flops(tower_flops(model_cfg, text_tokens=cfg.text_tokens or None), cfg.batch_size, cached)
+        rows[f"run of {cfg.steps} steps ({total / (full * cfg.steps):.2f} x full size)"] = total
+    return rows
 
 
 def _size(nbytes: float) -> str:
@@ -354,6 +406,9 @@ def format_plan(plan: Plan) -> str:
         lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]
         for name, row in plan.traffic.items():
             lines.append(f"{name:<24}" + "".join(f"{_size(row.get(k, 0.0)):>15}" for k in cats))
+    if plan.flops:
+        lines += ["", f"{'tower FLOPs (counted)':<36}{'GFLOP':>14}"]
+        lines += [f"{name:<36}{v / 1e9:>14.3f}" for name, v in plan.flops.items()]
     if plan.fit:
         f = plan.fit
         lines += ["", f"fits in {c.device_memory_gb:g} GiB per device:",
