@@ -54,7 +54,7 @@ def _mix(v: Tensor) -> Tensor:
 def sample_noise(seed: int, ids: Tensor, n: int) -> Tensor:
     """Uniform noise [b, n] in [0, 1), float64, a hash of (seed, ids[r], column): no generator state."""
     sample = _mix(ids.to(torch.int64).view(-1, 1) ^ _signed(seed ^ _TAG))  # [b, 1]
-    column = torch.arange(n, device=ids.device, dtype=torch.int64).view(1, -1) * _signed(_GOLDEN)
+    column = torch.arange(n, device=ids.device, dtype=torch.int64).view(1, -1) * _signed(GAMMA)
     return _shr(_mix(sample + column), 11).to(torch.float64) * 2.0**-53  # 53 bits: exact, no ties in practice
 
 
