@@ -85,7 +85,8 @@ def _tower(model, image, index) -> float:
 
 def time_step(model, opt, loss, image, text, index, t: int, autocast=contextlib.nullcontext) -> float:
     """Seconds of one optimiser step (forward_backward + AdamW); the caller drains a CUDA queue."""
-    from toolkit.train.step import StepInputs, forward_backward, stream_seed
+    from toolkit.core.seeds import stream_seed
+    from toolkit.train.step import StepInputs, forward_backward
 
     start = time.perf_counter()
     forward_backward(model, loss, StepInputs(image, text, index, patch_seed=stream_seed(0, t, 0, 0)),

@@ -13,9 +13,10 @@ import torch
 from gradcache_jobs import LOSSES, _setup
 from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, weights
 
+from toolkit.core.seeds import stream_seed
 from toolkit.models.patch_dropout import SeededPatchDropout, install, keep_indices, keyed
 from toolkit.train.run import run
-from toolkit.train.step import StepInputs, forward_backward, stream_seed
+from toolkit.train.step import StepInputs, forward_backward
 
 
 def test_a_samples_mask_depends_on_its_id_and_the_seed_only():

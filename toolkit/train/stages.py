@@ -113,8 +113,8 @@ class StagePlan:
         k = self.at(step).text_tokens
         if not k:
             return model.trim_tokens
+        from toolkit.core.seeds import stream_seed
         from toolkit.models.resolution import shorten_tokens
-        from toolkit.train.step import stream_seed
 
         clip = model.clip
         seed = stream_seed(self.seed, step, 0, 1)
