@@ -14,8 +14,8 @@ from datakit import good_samples, precompute, write_raw_shard
 
 from toolkit.core import files
 from toolkit.data.acquire.serve import QuietHandler
-from toolkit.data.trainset import refs
 from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.storage import tables as refs
 
 
 class StallingHandler(QuietHandler):

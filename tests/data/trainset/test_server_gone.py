@@ -9,7 +9,8 @@ import pytest
 
 from toolkit.data.acquire.serve import serve
 from toolkit.data.trainset.format import TrainDataset
-from toolkit.data.trainset.loader import SampleReader, make_loader
+from toolkit.data.trainset.loader import make_loader
+from toolkit.data.trainset.storage.pixels import SampleReader
 
 
 def test_a_dead_server_is_named_not_a_missing_file(small_train):
