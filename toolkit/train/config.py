@@ -151,6 +151,13 @@ class TrainConfig:
                                           "set_grad_checkpointing): less activation memory, one more forward.")
     compile: bool = option(False, affects_output=False, doc="torch.compile the towers (inductor; the first "
                                                             "steps pay the compile time).")
+    fsdp: bool = option(False, affects_output=False,
+                        doc="Shard parameters, gradients and optimiser states over the ranks (FSDP2, per "
+                            "transformer block) instead of replicating them (DDP); checkpoints become sharded "
+                            "(docs/distributed.md).")
+    fsdp_cpu_offload: bool = option(False, affects_output=False,
+                                    doc="With fsdp: keep the shards and the optimiser step in host memory "
+                                        "(FSDP2's CPUOffloadPolicy): least device memory, slower steps.")
     lock_image: bool = option(
         False, absent_means=False, doc="Freeze the image tower (LiT) except its last lock_image_unlocked_groups "
                                        "layer groups (open_clip's lock_image_tower).")
@@ -225,3 +232,7 @@ class TrainConfig:
             raise ValueError(f"report_to: unknown sink(s) {', '.join(unknown)}; choose from {', '.join(REPORT_SINKS)}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")
+        from toolkit.train.fsdp_rules import refusal
+
+        if (why := refusal(self)) is not None:
+            raise ValueError(why)
