@@ -43,14 +43,17 @@ from toolkit.core import dist as D
 PARAMS = "params"  # ledger category of the parameter all-gathers
 
 
-def ensure_group(device: torch.device) -> None:
+def ensure_group(device: torch.device) -> bool:
     """A one-process group when the job has none (a plain ``toolkit train --fsdp``): the device mesh and
-    the sharded checkpoints then run unchanged at world size 1."""
+    the sharded checkpoints then run unchanged at world size 1. Returns whether it made one
+    (``Sharded.close`` leaves it again)."""
     import torch.distributed as dist
 
-    if not D.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if D.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
 
 
 def _blocks(tower: nn.Module) -> list[nn.Module]:
@@ -82,6 +85,7 @@ class Sharded:
 
     def __init__(self, model: nn.Module, world_size: int):
         self.model, self.world_size = model, world_size
+        self.owns_group = False  # the one-process group ensure_group made, left by close()
         self.replicated = [p for p in model.parameters() if p.ndim == 0]
         # (module, its own parameters' bytes, resharded after the forward)
         self.units: list[tuple[nn.Module, int, bool]] = []
@@ -103,6 +107,12 @@ class Sharded:
             calls = 2 if reshard and torch.is_grad_enabled() else 1
             D.LEDGER.record("all_gather", unit_bytes // self.world_size, PARAMS, self.world_size, calls)
         return hook
+
+    def close(self) -> None:
+        """Leave the one-process group made for this run (a later run in the same process starts clean)."""
+        if self.owns_group:
+            D.destroy()
+            self.owns_group = False
 
     def finish_backward(self) -> None:
         """After the step's backward (every rank): the mean of the replicated scalars' gradients, and the
@@ -233,7 +243,7 @@ def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.dev
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-    ensure_group(device)
+    owns_group = ensure_group(device)
     world = dist.get_world_size()
     kwargs: dict[str, Any] = {"mesh": init_device_mesh(device.type, (world,))}
     if precision == "bf16":
@@ -241,6 +251,7 @@ def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.dev
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     sharded, taken = Sharded(model, world), set()
+    sharded.owns_group = owns_group
     towers = _towers(model)
     for tower in towers:
         for block in _blocks(tower):

@@ -148,6 +148,8 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
         raise
     finally:
         report.close()
+        if p.sharded is not None:
+            p.sharded.close()
 
 
 def train_step(p: Parts, state: TrainState, batch: dict):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -136,6 +137,8 @@ def consolidate(path: str) -> tuple[torch.nn.Module, dict[str, Any], dict[str, A
     info = json.loads(ckpt.read_bytes(path, MODEL_JSON))
     clip = build_model(info["model_cfg"])
     state = {"model": {f"clip.{k}": v for k, v in clip.state_dict().items()}}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(files.local_path(path)), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=dcp.FileSystemReader(files.local_path(path)), no_dist=True)
     clip.load_state_dict({k.removeprefix("clip."): v for k, v in state["model"].items()})
     return clip.eval(), info["model_cfg"], info["preprocess_cfg"]
