@@ -81,9 +81,16 @@ def test_fsdp_composes_with_the_other_modes_checkpointing_locked_towers_and_ema(
         run(train_cfg(demo_train, want, **over))
         assert rel(weights(got[name]), weights(want)) <= 1e-6, name
     assert rel(weights(got["parts"], "model-ema"), weights(tmp_path / "one-parts", "model-ema")) <= 1e-6
-    frozen = "visual.transformer.resblocks.0.attn.in_proj_weight"  # locked: not moved, not in the optimiser
-    start = weights(tmp_path / "one-parts" / "checkpoints" / "step-00000003")
+    import torch
+
+    from toolkit.models.factory import build_model, resolve_spec
+
+    torch.manual_seed(0)  # the trainer's init (seed 0): a locked block ends where it started
+    start = build_model(resolve_spec("cliptk-tiny").model_cfg).state_dict()
+    frozen = "visual.transformer.resblocks.0.attn.in_proj_weight"
     assert (weights(got["parts"])[frozen] == start[frozen]).all()
+    moved = "visual.proj"
+    assert not (weights(got["parts"])[moved] == start[moved]).all()
 
 
 @pytest.mark.parametrize(("over", "words"), [
@@ -202,3 +209,24 @@ def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrup
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stderr + result.stdout
     assert rel(weights(out), weights(whole)) <= 1e-6
+
+
+def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it():
+    from toolkit.core.config import build
+    from toolkit.train.plan.automicro import _cpu
+    from toolkit.train.plan.planner import PlanConfig, format_plan
+    from toolkit.train.plan.planner import run as plan
+
+    base = {"model": "cliptk-tiny", "batch_size": 256, "nproc_per_node": 4, "device": "cpu", "micro_batch_size": 16}
+    ddp, fsdp = plan(build(PlanConfig, base)), plan(build(PlanConfig, {**base, "fsdp": True}))
+    p, k = ddp.shape.num_params, 4
+    assert fsdp.rows["parameters (shards)"] == 4 * p / k
+    assert fsdp.rows["optimizer state (adamw) (shards)"] == ddp.rows["optimizer state (adamw)"] / k
+    assert fsdp.rows["gathered gradients (whole: cache)"] == 4 * p  # accumulated whole, reduce-scattered once
+    assert fsdp.ddp_total == pytest.approx(ddp.total)
+    assert "total with DDP" in format_plan(fsdp)
+    # micro-batch auto: the same budget fits a larger micro-batch when the states are sharded
+    budget = ddp.total - ddp.rows["activations (micro-batch 16)"] + 20 * ddp.per_sample_bytes + ddp.fixed_bytes
+    ddp_cfg = build(PlanConfig, {**base, "micro_batch_size": 0})
+    fsdp_cfg = build(PlanConfig, {**base, "micro_batch_size": 0, "fsdp": True})
+    assert _cpu(fsdp_cfg, 64, budget)[0] > _cpu(ddp_cfg, 64, budget)[0]

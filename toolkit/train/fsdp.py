@@ -56,7 +56,7 @@ def ensure_group(device: torch.device) -> bool:
     return True
 
 
-def _blocks(tower: nn.Module) -> list[nn.Module]:
+def blocks_of(tower: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a tower: open_clip's ``transformer.resblocks`` / ``resblocks``, timm's
     ``trunk.blocks`` / ``blocks``; [] for a tower of another shape (it is sharded whole)."""
     for path in ("transformer.resblocks", "resblocks", "trunk.blocks", "blocks"):
@@ -254,7 +254,7 @@ def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.dev
     sharded.owns_group = owns_group
     towers = _towers(model)
     for tower in towers:
-        for block in _blocks(tower):
+        for block in blocks_of(tower):
             sharded.wrap(block, kwargs, True, taken)
     for tower in towers:
         sharded.wrap(tower, kwargs, True, taken)
