@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives"]
+SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives", "fsdp"]
 
 
 @pytest.mark.timeout(1500)
@@ -48,3 +48,7 @@ def test_dry_run_runs_every_section(tmp_path):
     assert {"torchvision decode_jpeg (libjpeg-turbo)", "PIL Image.open + convert RGB"} <= decoders
     ops = {(r["op"], r["backend"]) for r in sections["collectives"]["rows"]}
     assert ops == {("all_gather", "gloo"), ("all_reduce", "gloo")}
+    fsdp = {r["case"]: r for r in sections["fsdp"]["rows"]}
+    assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in fsdp.values()), fsdp
+    unwrapped, sharded = fsdp["unwrapped (DDP's per-rank model)"], fsdp["fsdp"]
+    assert sharded["state_mib_cpu"] == pytest.approx(unwrapped["state_mib_cpu"], rel=1e-3)  # a mesh of one: whole

@@ -8,8 +8,9 @@ world size):
    ``blocks``) - the unit whose parameters are all-gathered just before its forward and freed after it
    (``reshard_after_forward``), so one block's full weights are alive at a time;
 2. each tower (``clip.visual``; the text trunk ``clip.transformer`` or ``clip.text``): its remaining
-   parameters (patch embedding, final norm, projection);
-3. the ``TrainModel`` (the root): the rest (token and positional embeddings, ``ln_final``,
+   parameters (patch embedding, final norm, projection); and open_clip's token embedding, gathered only while
+   it looks the tokens up (a vocabulary of 49,408 rows is most of a small model's parameters);
+3. the ``TrainModel`` (the root): the rest (positional embedding, ``ln_final``,
    ``text_projection``); not resharded after the forward, as the backward needs them at once.
 
 Parameters, gradients and optimiser states are then ``DTensor`` shards (dim 0 over the ranks): a rank
@@ -258,5 +259,9 @@ def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.dev
             sharded.wrap(block, kwargs, True, taken)
     for tower in towers:
         sharded.wrap(tower, kwargs, True, taken)
+    # open_clip's [vocab, width] token table: the largest unit of small models (6.3 of cliptk-tiny's 8.0 M)
+    embedding = getattr(model.clip, "token_embedding", None)
+    if model.text_role == "tokens" and isinstance(embedding, nn.Module):
+        sharded.wrap(embedding, kwargs, True, taken)
     sharded.wrap(model, kwargs, False, taken)
     return sharded

@@ -7,7 +7,7 @@ bf16 precision on CUDA, else 4):
 | row | bytes |
 |---|---|
 | parameters (shards) | 4·P/K (fp32 master shards; CPU offload: in host memory) |
-| gathered parameters | p·(root + largest tower's own + 2 × largest block): the root stays gathered through the step, a tower's own unit while its blocks run, and a block beside the next one prefetched |
+| gathered parameters | p·(root + largest tower's own (or the token embedding) + 2 × largest block): the root stays gathered through the step, a tower's own unit while its blocks run, and a block beside the next one prefetched |
 | gradients (shards) | 4·T/K |
 | gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the micro-batches and reduce-scattered once (``set_requires_gradient_sync(False)``) |
 | optimizer state | 4·T·slots/K (CPU offload: in host memory) |
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 class Units:
     """Parameter counts of FSDP's units in the model (``train/fsdp.py``'s wrapping)."""
 
-    root: int  # parameters of neither tower (token/positional embeddings, ln_final, text projection)
-    tower: int  # the largest tower's own parameters (outside its blocks)
+    root: int  # parameters of neither tower (positional embedding, ln_final, text projection)
+    tower: int  # the largest tower's own parameters (outside its blocks), or the token embedding
     block: int  # the largest transformer block
     num_blocks: int
 
@@ -46,6 +46,10 @@ def units_of(clip) -> Units:
         own.append(sum(p.numel() for p in tower.parameters()) - sum(sizes))
         block, count = max([block, *sizes]), count + len(blocks)
     root = total - sum(sum(p.numel() for p in t.parameters()) for t in towers)
+    embedding = getattr(clip, "token_embedding", None)  # its own unit (train/fsdp.py)
+    if embedding is not None:
+        size = sum(p.numel() for p in embedding.parameters())
+        root, own = root - size, [*own, size]
     return Units(root, max(own, default=0), block, count)
 
 
