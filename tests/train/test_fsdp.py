@@ -230,3 +230,16 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     ddp_cfg = build(PlanConfig, {**base, "micro_batch_size": 0})
     fsdp_cfg = build(PlanConfig, {**base, "micro_batch_size": 0, "fsdp": True})
     assert _cpu(fsdp_cfg, 64, budget)[0] > _cpu(ddp_cfg, 64, budget)[0]
+
+
+@pytest.mark.dist
+def test_the_cache_reduce_scatters_once_per_step_and_gives_ddps_gradients(tmp_path):
+    """Local batch 5 in micro-batches of 2 (3 backward passes): FSDP2 issues the reduce-scatters of one pass
+    (one per unit), not three, and the gradients are DDP's (fsdp_cache_jobs.py)."""
+    ranks = run_rank_script(str(Path(__file__).with_name("fsdp_cache_jobs.py")), 2, tmp_path)
+    for got in ranks:
+        assert got[2]["calls"] == got[0]["calls"] > 0
+        for micro in (0, 2):
+            want = got[micro]["ddp"]
+            assert got[micro]["sharded"].keys() == want.keys()
+            assert rel(got[micro]["sharded"], want) <= 1e-6, micro
