@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives", "token budgets"]
+SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives", "token budgets", "fsdp"]
 
 
 @pytest.mark.timeout(1500)
@@ -52,3 +52,7 @@ def test_dry_run_runs_every_section(tmp_path):
     assert [r["setting"] for r in tokens] == ["full", "dropout 0.5", "dropout 0.75", "half resolution"], tokens
     assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in tokens), tokens
     assert tokens[3]["image_px"] == 16 and tokens[1]["step_tflop"] < tokens[0]["step_tflop"]
+    fsdp = {r["case"]: r for r in sections["fsdp"]["rows"]}
+    assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in fsdp.values()), fsdp
+    unwrapped, sharded = fsdp["unwrapped (DDP's per-rank model)"], fsdp["fsdp"]
+    assert sharded["state_mib_cpu"] == pytest.approx(unwrapped["state_mib_cpu"], rel=1e-3)  # a mesh of one: whole

@@ -1,7 +1,7 @@
 """One check of every CUDA path of cliptk, for the minutes a GPU is lent: prints a table per section and
 writes JSON (after every section, so a run stopped early keeps what it measured).
 
-    python -m benchmarks.gpu.check --out gpu_check.json          # on a CUDA machine, <= 8 min
+    python -m benchmarks.gpu.check --out gpu_check.json          # on a CUDA machine, <= 9 min
     python -m benchmarks.gpu.check --dry-run --out /tmp/dry.json   # every section, tiny, on the CPU
 
 Run from the repository root (``-m`` puts it on the import path; no PYTHONPATH needed).
@@ -16,9 +16,11 @@ Sections, in order, each stopped at its time budget (what it could not run is li
    `toolkit plan`'s prediction;
 4. open_clip_train on the same model, data and batch;
 5. JPEG decoding: libjpeg-turbo and PIL per CPU core, nvJPEG batched on the GPU, the loader's decoder;
-6. nccl all_gather / all_reduce bytes and bandwidth, when the machine has two or more GPUs.
+6. nccl all_gather / all_reduce bytes and bandwidth, when the machine has two or more GPUs;
+7. fsdp: a ViT-B-16 step with `--fsdp`'s wrapping (bf16 policy, with and without CPU offload) beside the
+   unwrapped model: step time and peak memory.
 No internet is needed (random-init models, synthetic data). The budgets below are estimates for one
-H100 (80 GB) with 16 CPU cores; they sum to 455 s, inside the 8 minutes the check is sized for.
+H100 (80 GB) with 16 CPU cores; they sum to 515 s, inside the 9 minutes the check is sized for.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from pathlib import Path
 BUDGETS_S = (("environment", "env", 5), ("kernels", "kernels", 100), ("trainer", "trainer", 230),
              ("open_clip_train", "openclip_train", 70), ("jpeg decoding", "decode", 30),
              ("collectives", "collectives", 20),
-             ("token budgets", "tokens", 60))  # 4 ViT-B-16 settings x 7 steps of batch 256 + builds
+             ("token budgets", "tokens", 60),  # 4 ViT-B-16 settings x 7 steps of batch 256 + builds
+             ("fsdp", "fsdp", 60))
 DRY_BUDGET_S = 240  # per section on a 2-core CPU: the dry run checks the code paths, not speed
 
 

@@ -165,6 +165,13 @@ class TrainConfig:
                                            "between the start and end tokens (drawn per step and sample).")
     compile: bool = option(False, affects_output=False, doc="torch.compile the towers (inductor; the first "
                                                             "steps pay the compile time).")
+    fsdp: bool = option(False, affects_output=False,
+                        doc="Shard parameters, gradients and optimiser states over the ranks (FSDP2, per "
+                            "transformer block) instead of replicating them (DDP); checkpoints become sharded "
+                            "(docs/distributed.md).")
+    fsdp_cpu_offload: bool = option(False, affects_output=False,
+                                    doc="With fsdp: keep the shards and the optimiser step in host memory "
+                                        "(FSDP2's CPUOffloadPolicy): least device memory, slower steps.")
     lock_image: bool = option(
         False, absent_means=False, doc="Freeze the image tower (LiT) except its last lock_image_unlocked_groups "
                                        "layer groups (open_clip's lock_image_tower).")
@@ -261,6 +268,10 @@ class TrainConfig:
                                  f"(--{needs.replace('_', '-')}) or drop {key}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("fp16 needs CUDA (a GradScaler); use bf16 on the CPU")
+        from toolkit.train.fsdp_rules import refusal
+
+        if (why := refusal(self)) is not None:
+            raise ValueError(why)
 
 
 @dataclass(frozen=True)

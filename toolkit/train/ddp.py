@@ -75,9 +75,18 @@ def grad_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
     (no all_reduce: accumulation micro-steps) and the next synced backward averages the sum.
 
     Usage: ``with grad_sync(model, enabled=(micro + 1 == num_micro)): loss.backward()`` — the forward
-    must be inside the block too, as DDP decides at forward time. No-op for a plain module.
+    must be inside the block too, as DDP decides at forward time. No-op for a plain module. An FSDP2 module
+    (``train/fsdp.py``) accumulates its unsharded gradients instead of reduce-scattering them.
     """
-    if enabled or not isinstance(module, DistributedDataParallel):
+    from torch.distributed.fsdp import FSDPModule
+
+    if not enabled and isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    elif enabled or not isinstance(module, DistributedDataParallel):
         yield
     else:
         with module.no_sync():

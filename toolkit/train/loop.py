@@ -67,6 +67,7 @@ class Parts:
     micro_batch_size: int
     ema: ema_lib.EMA | None = None  # --ema-decay: the averaged weights (train/ema.py)
     stages: stages_lib.StagePlan | None = None  # --stages: resolution and text-length stages (train/stages.py)
+    sharded: Any = None  # --fsdp: train/fsdp.Sharded (the model is FSDP2-sharded instead of DDP-wrapped)
 
 
 def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
@@ -81,10 +82,17 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     built.model.to(rt.device).train()
     stage_plan = stages_lib.build(cfg, built.model, built.model_cfg, steps.total)  # before compile and DDP
     towers.prepare(built.model, cfg)  # locks, checkpointing, compile: before the optimiser and DDP see it
-    cuda = rt.device.type == "cuda"
-    model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
+    cuda, sharded = rt.device.type == "cuda", None
+    if cfg.fsdp:
+        from toolkit.train import fsdp
+
+        sharded, model = fsdp.shard(built.model, cfg.precision, cfg.fsdp_cpu_offload, rt.device), built.model
+    else:
+        model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
     loss_fn = build_loss(cfg.loss, data_size=dataset.num_samples, check_sizes=False)
     update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, steps.total, cfg.precision)
+    if sharded is not None:
+        update.clip_grad_norm = sharded.clip_grad_norm
     micro = cfg.micro_batch_size
     if micro == "auto":
         from toolkit.train.plan import automicro
@@ -92,9 +100,12 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
         micro = automicro.choose(cfg, built.model, rt, dataset.num_samples)
     data = TrainData(plan, rt, dataset, micro)
     io = StateIO(cfg, rt, steps, built, update, loss_fn)
-    io.ema = ema_lib.build(built.model.clip, cfg.ema_decay)  # starts at the initial weights; resume loads its own
+    # the average starts at the initial weights; resume loads its own
+    io.ema = (ema_lib.build(built.model.clip, cfg.ema_decay) if sharded is None
+              else fsdp.build_ema(built, cfg.ema_decay))
+    io.sharded = sharded
     D.LEDGER.reset()
-    return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro, io.ema, stage_plan)
+    return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro, io.ema, stage_plan, sharded)
 
 
 def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
@@ -143,6 +154,8 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
         raise
     finally:
         report.close()
+        if p.sharded is not None:
+            p.sharded.close()
 
 
 def train_step(p: Parts, state: TrainState, batch: dict):
@@ -161,6 +174,8 @@ def train_step(p: Parts, state: TrainState, batch: dict):
     forward_backward(p.model, p.loss_fn, inputs, micro_batch_size=p.micro_batch_size,
                      seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i), autocast=p.rt.autocast(cfg.precision),
                      scale=p.update.scale, poison=t in cfg.nonfinite_test_steps, offload_features=p.data.offloaded)
+    if p.sharded is not None:
+        p.sharded.finish_backward()  # the replicated scalars' gradients averaged
     outcome = p.update.finish(p.loss_fn.global_value())  # global_value: collective, equal on every rank
     state.step += 1
     state.samples_seen += cfg.batch_size
@@ -184,14 +199,18 @@ def evaluate(p: Parts, eval_fn: EvalFn | None, step: int) -> dict[str, float]:
     """Zero-shot evaluation on rank 0 through the callback (other ranks wait); {} without a callback."""
     sync_buffers(p.built.model.clip, p.rt.world_size)
     out: dict[str, float] = {}
+    built, ema = p.built, p.ema
+    if p.sharded is not None and eval_fn is not None:  # rank 0 evaluates whole models: gathered (collective)
+        built, ema = p.sharded.gathered(p.built, p.ema)
     if p.rt.rank == 0 and eval_fn is not None:
-        clip = p.built.model.clip
+        clip = built.model.clip
         clip.eval()
         try:
             with torch.no_grad():
                 out = eval_fn(clip, p.built.model_cfg, p.built.preprocess_cfg, step)
-                if p.ema is not None:  # the averaged weights beside the raw ones
-                    out.update(ema_lib.prefixed(eval_fn(p.ema.model, p.built.model_cfg, p.built.preprocess_cfg, step)))
+                if ema is not None:  # the averaged weights beside the raw ones
+                    ema_out = eval_fn(ema.model, p.built.model_cfg, p.built.preprocess_cfg, step)
+                    out.update(ema_lib.prefixed(ema_out))
         finally:
             clip.train()
     D.barrier()
@@ -208,9 +227,12 @@ def finish(p: Parts, report: Reporter, state: TrainState, preempted: bool) -> di
     """Rank 0 writes OUT/model (unless preempted) and the plots (once: matplotlib's import and two
     figures are ~1.4 s, 2% of a 40-step benchmark run); every rank returns the same summary."""
     p.io.close()
-    model_dir = None if preempted else report.final_model(p.built)
-    if p.ema is not None and not preempted and p.rt.rank == 0:
-        p.ema.save_model(p.cfg.out, p.built.model_cfg, p.built.preprocess_cfg)
+    built, ema = p.built, p.ema
+    if p.sharded is not None and not preempted:  # rank 0 writes whole models: gathered (collective)
+        built, ema = p.sharded.gathered(p.built, p.ema)
+    model_dir = None if preempted else report.final_model(built)
+    if ema is not None and not preempted and p.rt.rank == 0:
+        ema.save_model(p.cfg.out, p.built.model_cfg, p.built.preprocess_cfg)
     report.plots()
     D.barrier()
     return {"step": state.step, "total_steps": p.data.total_steps, "samples_seen": state.samples_seen,

@@ -61,6 +61,7 @@ class Update:
         # listed once: walking a LiT model's frozen trunks (hundreds of modules) every step was 15% of a
         # heads-only step's CPU time (cProfile, benchmarks/objectives/convergence/, batch 32)
         self.params = [p for p in clip.parameters() if p.requires_grad]
+        self.clip_grad_norm = torch.nn.utils.clip_grad_norm_  # --fsdp: train/fsdp.py's, over sharded grads
 
     def begin(self, step: int, steps_per_epoch: int) -> float:
         """Before the forward of step ``step`` (0-based): every learning rate and the objective's own
@@ -82,7 +83,7 @@ class Update:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.params if p.grad is not None]
-        grad_norm = (torch.nn.utils.clip_grad_norm_(params, self.max_norm) if params
+        grad_norm = (self.clip_grad_norm(params, self.max_norm) if params
                      else torch.zeros((), device=value.device))
         applied = bool(torch.isfinite(value) & torch.isfinite(grad_norm.to(value.device)))
         if applied:

@@ -63,6 +63,7 @@ class StateIO:
         self.last_step: int | None = None
         self.writer = ckpt.AsyncWriter()
         self.ema = None  # train/ema.EMA when --ema-decay is set: saved and loaded with the rest
+        self.sharded = None  # train/fsdp.Sharded with --fsdp: checkpoints are sharded (checkpoint/sharded.py)
 
     @property
     def data(self) -> dict:
@@ -106,14 +107,15 @@ class StateIO:
     def _load(self, path: str, same_data: bool = True) -> None:
         from safetensors.torch import load
 
-        local, temporary = ckpt.local_file(path, weights.WEIGHTS_NAME)
-        try:
-            weights.load_weights(self.built.model.clip, local)
-        finally:
-            if temporary:
-                os.unlink(local)
-        raw = ckpt.read_bytes(path, ckpt.OPTIMIZER)
-        self.update.load_state_dict(torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True))
+        from toolkit.train.checkpoint import sharded
+
+        if sharded.is_sharded(path):  # an --fsdp checkpoint, loaded at this run's world size and wrapping
+            sharded.load(self, path)
+        elif self.sharded is not None:
+            raise ValueError(f"{path} was written without --fsdp: resume it without --fsdp, or start from "
+                             f"its weights with --init {path}")
+        else:
+            self._load_whole(path)
         try:
             state = load(ckpt.read_bytes(path, ckpt.LOSS_STATE))
         except FileNotFoundError:
@@ -123,9 +125,20 @@ class StateIO:
                                         "per-sample state of %s is not loaded; it starts afresh", path)
         elif state is not None:
             self.loss_fn.load_state_dict(state)
-        if self.ema is not None:
+        if self.ema is not None and not sharded.is_sharded(path):
             self._load_ema(path)
         D.barrier()  # shared tables: every local rank sees local rank 0's loaded copy before step 1
+
+    def _load_whole(self, path: str) -> None:
+        """The model's and the optimiser's state from a checkpoint of whole tensors (rank 0 wrote it)."""
+        local, temporary = ckpt.local_file(path, weights.WEIGHTS_NAME)
+        try:
+            weights.load_weights(self.built.model.clip, local)
+        finally:
+            if temporary:
+                os.unlink(local)
+        raw = ckpt.read_bytes(path, ckpt.OPTIMIZER)
+        self.update.load_state_dict(torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True))
 
     def save(self, state: TrainState) -> bool:
         """Checkpoint ``state.step`` unless it is the newest already; rank 0 serialises now and writes on
@@ -133,26 +146,37 @@ class StateIO:
         self.loss_fn.sync_state()
         sync_buffers(self.built.model.clip, self.world_size)
         fresh = self.last_step != state.step
-        if self.rank == 0 and fresh:
+        if fresh and self.sharded is not None:  # every rank writes its shards (checkpoint/sharded.py)
+            from toolkit.train.checkpoint import sharded
+
+            sharded.save(self, state)
+        elif self.rank == 0 and fresh:
             self.writer.submit(self.dir, state.step, self._blobs(state), self.cfg.checkpoint.keep)
         self.last_step = state.step
         D.barrier()
         return fresh
 
-    def _blobs(self, state: TrainState) -> dict[str, bytes]:
+    def trainer_blobs(self, state: TrainState) -> dict[str, bytes]:
+        """trainer.json and the objective's state (when it has one), serialised (rank 0)."""
         from safetensors.torch import save
 
         meta = {"state": asdict(state), "config_hash": output_hash(self.cfg), "config": output_config(self.cfg),
                 "world_size": self.world_size, "total_steps": self.total_steps,
                 "steps_per_epoch": self.steps_per_epoch, "model": self.built.name, "data": self.data}
-        blobs = weights.model_files(self.built.model.clip, self.built.model_cfg, self.built.preprocess_cfg)
-        blobs[ckpt.TRAINER] = json.dumps(meta, indent=2).encode()
-        buf = io.BytesIO()
-        torch.save(self.update.state_dict(), buf)
-        blobs[ckpt.OPTIMIZER] = buf.getvalue()
+        blobs = {ckpt.TRAINER: json.dumps(meta, indent=2).encode()}
         loss_state = {k: v.contiguous() for k, v in self.loss_fn.state_dict().items()}
         if loss_state:
             blobs[ckpt.LOSS_STATE] = save(loss_state)
+        return blobs
+
+    def _blobs(self, state: TrainState) -> dict[str, bytes]:
+        from safetensors.torch import save
+
+        blobs = weights.model_files(self.built.model.clip, self.built.model_cfg, self.built.preprocess_cfg)
+        blobs.update(self.trainer_blobs(state))
+        buf = io.BytesIO()
+        torch.save(self.update.state_dict(), buf)
+        blobs[ckpt.OPTIMIZER] = buf.getvalue()
         if self.ema is not None:
             from toolkit.train.ema import FILE
 

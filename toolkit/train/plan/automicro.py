@@ -32,7 +32,8 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
                               "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": cfg.loss.name,
                               "precision": cfg.precision, "optimizer": cfg.optim.name, "grad_dtype": cfg.grad_dtype,
                               "device": device, "num_samples": num_samples,
-                              "grad_checkpointing": cfg.grad_checkpointing, "patch_dropout": cfg.patch_dropout})
+                              "grad_checkpointing": cfg.grad_checkpointing, "fsdp": cfg.fsdp, "patch_dropout": cfg.patch_dropout,
+                              "fsdp_cpu_offload": cfg.fsdp_cpu_offload})
 
 
 def host_budget_bytes(local_world: int) -> float:

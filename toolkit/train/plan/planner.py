@@ -20,6 +20,9 @@ without the gradient cache), embedding dim E, P parameters (T trainable):
 | loss tiles | tiled.py's backward: 4 strips of rows × n columns fp32, rows = min(b, 2^21 / n), n = B (b for ring); plus LSE vectors 4·4·n |
 | FastCLIP tables | per node, N samples × columns × 4 (2 columns; v2: 10), in host memory shared by the node's ranks |
 
+With ``fsdp`` (``toolkit.train.plan.fsdp_memory``) the parameter, gradient and optimizer rows are sharded over
+the ranks, beside the units FSDP gathers; the DDP total is printed next to it.
+
 Traffic per rank per step comes from ``toolkit.train.plan.traffic`` (the ledger's own formula). The
 predictions leave out the framework's own resident memory (the CUDA context, torch's libraries), which
 the device must hold too.
@@ -76,6 +79,9 @@ class PlanConfig:
     measure_sizes: list[int] = option(factory=lambda: [16, 64], doc="The two micro-batch sizes measured.")
     grad_checkpointing: bool = option(False, doc="Activations with `toolkit train --grad-checkpointing` (each "
                                                  "transformer block recomputed in the backward).")
+    fsdp: bool = option(False, doc="Plan `toolkit train --fsdp`: parameters, gradients and optimizer state "
+                                   "sharded over the ranks (FSDP2), beside DDP's total.")
+    fsdp_cpu_offload: bool = option(False, doc="With fsdp: the shards in host memory (`--fsdp-cpu-offload`).")
     text_tokens: int = option(0, ge=0, doc="Tokens per caption the text tower runs on: the trainer cuts each "
                               "batch after its longest caption, so give your data's longest caption (with "
                               "--measure); 0: the model's full context, the worst case.")
@@ -106,6 +112,7 @@ class ModelShape:
     num_trainable: int
     embed_dim: int
     sample_bytes: int  # uint8 pixels + int64 tokens of one pair, as the loader hands them over
+    units: object = None  # fsdp_memory.Units: FSDP's units (plan --fsdp)
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,7 @@ class Plan:
     source: str = ""  # where the activation constants came from
     disk_bytes_per_sample: float = 0.0  # the training set's, in cfg.storage (precompute's defaults)
     flops: dict[str, float] = field(default_factory=dict)  # counted tower FLOPs (tower_flops_rows)
+    ddp_total: float = 0.0  # plan --fsdp: the same run's total per device with DDP
 
     @property
     def total(self) -> float:
@@ -137,10 +145,12 @@ def model_shape(model_spec: str) -> ModelShape:
     spec = resolve_spec(model_spec)
     with torch.device("meta"):
         clip = build_model(spec.model_cfg)
+    from toolkit.train.plan.fsdp_memory import units_of
+
     n = sum(p.numel() for p in clip.parameters())
     size = config_image_size(spec.model_cfg)
     return ModelShape(spec.name, n, n, int(spec.model_cfg["embed_dim"]),
-                      size * size * 3 + 8 * config_context_length(spec.model_cfg))
+                      size * size * 3 + 8 * config_context_length(spec.model_cfg), units_of(clip))
 
 
 def local_batch(cfg: PlanConfig, batch_size: int | None = None) -> int:
@@ -178,7 +188,7 @@ def memory_rows(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: fl
     m = m if cached else b
     e, t = shape.embed_dim, shape.num_trainable
     on_device_inputs = 2 * m if cached and cfg.device == "cuda" else b
-    return {
+    rows = {
         "parameters": 4.0 * shape.num_params,
         "gradients": 4.0 * t,
         f"optimizer state ({cfg.optimizer})": 4.0 * t * OPTIMIZER_SLOTS[cfg.optimizer],
@@ -189,6 +199,18 @@ def memory_rows(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: fl
         "loss features": loss_feature_bytes(cfg.mode, big_b, b, e, cfg.world),
         "loss tiles + LSE vectors": loss_tile_bytes(cfg.mode, big_b, b),
     }
+    if not cfg.fsdp:
+        return rows
+    from toolkit.train.plan.fsdp_memory import sharded_rows
+
+    return sharded_rows(rows, num_params=shape.num_params, num_trainable=t, slots=OPTIMIZER_SLOTS[cfg.optimizer],
+                        world=cfg.world, units=shape.units, param_bytes=_param_bytes(cfg), cached=cached,
+                        offload=cfg.fsdp_cpu_offload and cfg.device == "cuda")
+
+
+def _param_bytes(cfg: PlanConfig) -> int:
+    """Bytes of an all-gathered parameter under --fsdp: bf16 with precision bf16 (train/fsdp.py's policy)."""
+    return 2 if cfg.precision == "bf16" else 4
 
 
 def objective(cfg: PlanConfig):
@@ -216,6 +238,13 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
     out = {f"openclip/{mode}": sent_bytes(step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable,
                                                        feature_bytes=feat, grad_bytes=grad), cfg.world)
            for mode in MODES}
+    if cfg.fsdp:  # the parameter traffic FSDP adds (its gradient reduce-scatter replaces DDP's all_reduce)
+        from toolkit.train.plan.fsdp_memory import traffic as fsdp_traffic
+
+        m = cfg.micro_batch_size
+        out["fsdp (parameters)"] = fsdp_traffic(num_params=shape.num_params, num_trainable=shape.num_trainable,
+                                                units=shape.units, world=cfg.world, param_bytes=_param_bytes(cfg),
+                                                num_micro=-(-b // m) if 0 < m < b else 0)
     spec, fields = objective(cfg)
     if spec.kind != "openclip":
         variant = {k: v for k, v in fields.items() if k != "kind"}
@@ -317,8 +346,11 @@ def run(cfg: PlanConfig) -> Plan:
     if cfg.device == "cpu":
         rows["FastCLIP tables (host, per node)"] = table_bytes(cfg)
     fit = largest_fit(cfg, shape, fixed, per_sample, overhead) if cfg.device_memory_gb else {}
+    ddp = sum(memory_rows(replace(cfg, fsdp=False), shape, fixed, per_sample, overhead).values()) if cfg.fsdp else 0.0
+    if cfg.fsdp and cfg.device == "cpu":
+        ddp += rows["FastCLIP tables (host, per node)"]
     return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source,
-                disk_bytes(cfg), tower_flops_rows(cfg))
+                disk_bytes(cfg), tower_flops_rows(cfg), ddp)
 
 
 def disk_bytes(cfg: PlanConfig) -> float:
@@ -375,7 +407,6 @@ def stage_flops_rows(cfg: PlanConfig, cached: bool) -> dict[str, float]:
         rows[f"run of {cfg.steps} steps ({total / (full * cfg.steps):.2f} x full size)"] = total
     return rows
 
-
 def _size(nbytes: float) -> str:
     for unit, scale in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(nbytes) >= scale:
@@ -395,6 +426,14 @@ def format_plan(plan: Plan) -> str:
              + (f" ({plan.source})" if plan.source else ""), "", f"{'memory per device':<36}{'bytes':>14}"]
     lines += [f"{name:<36}{_size(v):>14}" for name, v in plan.rows.items()]
     lines.append(f"{'total':<36}{_size(plan.total):>14}")
+    if c.fsdp:
+        lines.append(f"{'total with DDP (for comparison)':<36}{_size(plan.ddp_total):>14}")
+        if c.fsdp_cpu_offload and c.device == "cuda":
+            from toolkit.train.plan.fsdp_memory import host_rows
+
+            for name, v in host_rows(num_params=s.num_params, num_trainable=s.num_trainable,
+                                     slots=OPTIMIZER_SLOTS[c.optimizer], world=c.world).items():
+                lines.append(f"{name:<36}{_size(v):>14}")
     if plan.table_bytes_per_node and c.device != "cpu":
         lines.append(f"{'FastCLIP tables (host, per node)':<36}{_size(plan.table_bytes_per_node):>14}")
     if plan.disk_bytes_per_sample:
@@ -402,7 +441,7 @@ def format_plan(plan: Plan) -> str:
                      f"per sample, {_size(plan.disk_bytes_per_sample * c.num_samples)} for {c.num_samples:,} "
                      "(meta lines not counted)")
     if plan.traffic:
-        cats = ("features", "feature_grads", "scalars", "param_grads", "total")
+        cats = ("features", "feature_grads", "scalars", "param_grads", "total") + (("params",) if c.fsdp else ())
         lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]
         for name, row in plan.traffic.items():
             lines.append(f"{name:<24}" + "".join(f"{_size(row.get(k, 0.0)):>15}" for k in cats))

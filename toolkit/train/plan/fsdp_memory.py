@@ -1,0 +1,90 @@
+"""``toolkit plan --fsdp``: the per-device memory and traffic of a run with FSDP2 sharding (``train/fsdp.py``).
+
+With K ranks and the wrapping of ``train/fsdp.py`` (units: every transformer block, each tower's remaining
+parameters, the root's), per device, P parameters (T trainable), p = bytes of an all-gathered parameter (2 with
+bf16 precision on CUDA, else 4):
+
+| row | bytes |
+|---|---|
+| parameters (shards) | 4·P/K (fp32 master shards; CPU offload: in host memory) |
+| gathered parameters | p·(root + largest tower's own (or the token embedding) + 2 × largest block): the root stays gathered through the step, a tower's own unit while its blocks run, and a block beside the next one prefetched |
+| gradients (shards) | 4·T/K |
+| gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the micro-batches and reduce-scattered once (``set_requires_gradient_sync(False)``) |
+| optimizer state | 4·T·slots/K (CPU offload: in host memory) |
+
+The other rows (activations, inputs, cached features, the loss's) are DDP's. Traffic per rank per step:
+all_gather (K-1)/K·p·P for every forward of a unit (the cache: n graph-free forwards and n with a graph) and
+again in the backward of each resharded unit (every unit but the root); reduce_scatter (K-1)/K·4·T once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Units:
+    """Parameter counts of FSDP's units in the model (``train/fsdp.py``'s wrapping)."""
+
+    root: int  # parameters of neither tower (positional embedding, ln_final, text projection)
+    tower: int  # the largest tower's own parameters (outside its blocks), or the token embedding
+    block: int  # the largest transformer block
+    num_blocks: int
+
+
+def units_of(clip) -> Units:
+    """``Units`` of an open_clip model (built on the meta device by the planner)."""
+    from toolkit.train.fsdp import blocks_of
+
+    towers = [t for t in (getattr(clip, "visual", None), getattr(clip, "text", None) or
+                          getattr(clip, "transformer", None)) if t is not None]
+    total = sum(p.numel() for p in clip.parameters() if p.ndim > 0)
+    own, block, count = [], 0, 0
+    for tower in towers:
+        blocks = blocks_of(tower)
+        sizes = [sum(p.numel() for p in b.parameters()) for b in blocks]
+        own.append(sum(p.numel() for p in tower.parameters()) - sum(sizes))
+        block, count = max([block, *sizes]), count + len(blocks)
+    root = total - sum(sum(p.numel() for p in t.parameters()) for t in towers)
+    embedding = getattr(clip, "token_embedding", None)  # its own unit (train/fsdp.py)
+    if embedding is not None:
+        size = sum(p.numel() for p in embedding.parameters())
+        root, own = root - size, [*own, size]
+    return Units(root, max(own, default=0), block, count)
+
+
+def gathered_bytes(units: Units, param_bytes: int) -> float:
+    return float(param_bytes * (units.root + units.tower + 2 * units.block))
+
+
+def sharded_rows(rows: dict[str, float], *, num_params: int, num_trainable: int, slots: int, world: int,
+                 units: Units, param_bytes: int, cached: bool, offload: bool) -> dict[str, float]:
+    """DDP's ``rows`` (planner.memory_rows) with the parameter, gradient and optimiser rows sharded (module
+    docstring); offloaded shards leave the device's rows (``host_rows`` lists them)."""
+    out = {k: v for k, v in rows.items() if not k.startswith(("parameters", "gradients", "optimizer"))}
+    optimizer = next(k for k in rows if k.startswith("optimizer"))
+    head = {} if offload else {"parameters (shards)": 4.0 * num_params / world,
+                               "gradients (shards)": 4.0 * num_trainable / world,
+                               f"{optimizer} (shards)": 4.0 * num_trainable * slots / world}
+    head["gathered parameters"] = gathered_bytes(units, param_bytes)
+    head["gathered gradients" + (" (whole: cache)" if cached else "")] = (
+        4.0 * num_trainable if cached else 4.0 * 2 * units.block)
+    return {**head, **out}
+
+
+def host_rows(*, num_params: int, num_trainable: int, slots: int, world: int) -> dict[str, float]:
+    """What ``--fsdp-cpu-offload`` keeps in host memory per rank."""
+    return {"host: parameter, gradient, optimizer shards": 4.0 * (num_params + num_trainable * (1 + slots)) / world}
+
+
+def traffic(*, num_params: int, num_trainable: int, units: Units, world: int, param_bytes: int,
+            num_micro: int) -> dict[str, float]:
+    """Bytes one rank sends per step (ring algorithms): {"params": all-gathers, "param_grads": the
+    reduce-scatter, "total"}; ``num_micro`` 0: no gradient cache."""
+    k = world
+    gathers_fwd = 2 * num_micro if num_micro else 1  # the cache: graph-free + with-graph forward of each micro
+    with_graph = num_micro or 1
+    resharded = num_params - units.root  # every unit but the root is gathered again in its backward
+    params = (k - 1) / k * param_bytes * (gathers_fwd * num_params + with_graph * resharded)
+    grads = (k - 1) / k * 4.0 * num_trainable
+    return {"params": params, "param_grads": grads, "total": params + grads}
