@@ -24,16 +24,18 @@ def _step_case(model_name: str, batch: int, steps: int, device, precision: str, 
 
     from benchmarks.trainer.fsdp_memory import _state_bytes
     from toolkit.core.config import build
+    from toolkit.core.seeds import stream_seed
     from toolkit.train import fsdp as fsdp_lib
     from toolkit.train.losses import LossConfig, build_loss
     from toolkit.train.optim import OptimConfig
     from toolkit.train.plan.memprobe import build_tower_model, tower_inputs
     from toolkit.train.runtime import autocast
-    from toolkit.train.step import StepInputs, forward_backward, stream_seed
+    from toolkit.train.step import StepInputs, forward_backward
     from toolkit.train.update import Update
 
     cuda = device.type == "cuda"
     if cuda:
+        torch.zeros(1, device=device)  # a CUDA context first: resetting the stats before one is an error
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     model = build_tower_model(model_name).to(device).train()

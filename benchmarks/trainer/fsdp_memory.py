@@ -64,11 +64,12 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
 
     from toolkit.core import dist as D
     from toolkit.core.config import build
+    from toolkit.core.seeds import stream_seed
     from toolkit.train.ddp import wrap_ddp
     from toolkit.train.losses import LossConfig, build_loss
     from toolkit.train.optim import OptimConfig
     from toolkit.train.plan.memprobe import build_tower_model, peak_rss_bytes, reset_peak_rss, rss_bytes
-    from toolkit.train.step import StepInputs, forward_backward, stream_seed
+    from toolkit.train.step import StepInputs, forward_backward
     from toolkit.train.update import Update
 
     before = rss_bytes()

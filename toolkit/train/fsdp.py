@@ -86,6 +86,7 @@ class Sharded:
 
     def __init__(self, model: nn.Module, world_size: int):
         self.model, self.world_size = model, world_size
+        self.device = torch.device("cpu")  # where the step computes (shard sets it); offloaded shards aside
         self.owns_group = False  # the one-process group ensure_group made, left by close()
         self.replicated = [p for p in model.parameters() if p.ndim == 0]
         # (module, its own parameters' bytes, resharded after the forward)
@@ -136,17 +137,22 @@ class Sharded:
         grads = [p.grad for p in params if p.grad is not None]
         shards = [g.to_local() for g in grads if isinstance(g, DTensor)]
         whole = [g for g in grads if not isinstance(g, DTensor)]
-        device = (shards or whole)[0].device
-        sq = torch.zeros((), dtype=torch.float32, device=device)
+        # summed on the compute device: with --fsdp-cpu-offload the shards' gradients live in host memory
+        # while the replicated scalars' stay on the GPU, and nccl reduces device tensors only
+        sq = torch.zeros((), dtype=torch.float32, device=self.device)
         for g in shards:
-            sq += g.detach().float().pow(2).sum()
+            sq += g.detach().float().pow(2).sum().to(self.device)
         D.all_reduce_sum(sq, category=D.CHECKS)
         for g in whole:
-            sq += g.detach().float().pow(2).sum()
+            sq += g.detach().float().pow(2).sum().to(self.device)
         norm = sq.sqrt()
         if math.isfinite(max_norm):
             coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_([*shards, *whole], coef)
+            by_device: dict[torch.device, list[Tensor]] = {}
+            for g in [*shards, *whole]:
+                by_device.setdefault(g.device, []).append(g)
+            for dev, group in by_device.items():
+                torch._foreach_mul_(group, coef.to(dev))
         return norm
 
     def full_state(self) -> dict[str, Tensor]:
@@ -252,6 +258,7 @@ def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.dev
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     sharded, taken = Sharded(model, world), set()
+    sharded.device = device
     sharded.owns_group = owns_group
     towers = _towers(model)
     for tower in towers:
