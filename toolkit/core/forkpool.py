@@ -100,18 +100,23 @@ def _collect(workers: list[_Worker], pending: list, on_result: Callable[[Any], N
     busy = [w for w in workers if w.task is not None]
     ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=POLL_S))
     for w in busy:
-        if w.conn in ready or w.conn.poll():
-            ok, payload = w.conn.recv()
-            if not ok:
-                raise payload
-            w.task = None
-            on_result(payload)
-            _give(w, pending)
-        elif w.process.sentinel in ready:
-            w.process.join(JOIN_TIMEOUT_S)  # its pipe closes just before it can be reaped
+        if w.conn not in ready and w.process.sentinel not in ready:
+            continue
+        try:
+            answer = w.conn.recv() if w.conn.poll() else None
+        except EOFError:  # its end of the pipe closed without an answer: it died
+            answer = None
+        if answer is None:
+            w.process.join(JOIN_TIMEOUT_S)  # the pipe closes just before the process can be reaped
             task = getattr(w.task, "url", w.task)
             raise RuntimeError(f"a worker process (pid {w.process.pid}) died with exit code "
                                f"{w.process.exitcode} while processing {task} (killed for lack of memory?)")
+        ok, payload = answer
+        if not ok:
+            raise payload
+        w.task = None
+        on_result(payload)
+        _give(w, pending)
 
 
 def _end(workers: list[_Worker], name: str, terminate: bool) -> None:

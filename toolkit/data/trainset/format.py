@@ -124,8 +124,11 @@ class TrainDataset:
 
     @property
     def sample_bytes(self) -> int:
-        """Bytes per sample of a pixels shard: its members with their headers and padding (the tar layout
-        above; the table modes' record is :attr:`table_dtype`)."""
+        """Bytes per sample of the files readers seek in: a pixels shard's sample (its members with their
+        headers and padding, the tar layout above), or one table record (:attr:`table_dtype`) in a set whose
+        images lie in ``data_files`` (the table modes of toolkit.data.trainset.storage: jpeg, index)."""
+        if self.data_files:
+            return self.table_dtype.itemsize
         return sum(f.padded_bytes for f in self.fields)
 
     @property

@@ -70,7 +70,7 @@ class TableMode(StorageMode):
         return ".", data_files
 
     def sample_bytes(self, ds: TrainDataset) -> int:
-        return ds.table_dtype.itemsize
+        return ds.table_dtype.itemsize  # also ds.sample_bytes: its data_files make it a table set
 
     def reader(self, ds: TrainDataset, vocab_size: int | None) -> RefReader:
         return RefReader(ds, vocab_size, MAX_OPEN_FILES)
