@@ -1,7 +1,7 @@
-"""pipelines/glyphs.yaml: it plans, and a scaled-down copy runs the whole chain (the 60 characters that at least
-12 styles draw, 3 steps from random init): the glyph set, the training list without the held-out and
-validation styles, shards, precompute, the held-out retrieval set, training with the default objective and
-the zero-shot score of the held-out style."""
+"""pipelines/glyphs.yaml: it plans, and a scaled-down copy runs the whole chain (60 characters that at
+least 12 styles draw, 3 steps from random init): the glyph set, the training list without the held-out
+and validation styles, shards, precompute, the held-out retrieval set, training with the default
+objective and the zero-shot score of the held-out style."""
 
 from __future__ import annotations
 

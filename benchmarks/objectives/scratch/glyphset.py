@@ -1,4 +1,4 @@
-"""The from-scratch benchmark's data: the glyph set split by font style, as the trainer and the evaluator read it.
+"""The from-scratch benchmark's data: the glyph set split by font style, as the trainer and evaluator read it.
 
 Built once per ``--cache`` (and rebuilt when its options change) by the project's own stages:
 ``toolkit data glyphs`` (``--min-fonts``, ``--size``), then the training styles' rows through

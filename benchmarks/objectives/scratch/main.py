@@ -59,7 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tune-seeds", type=int, default=1, help="seeds per grid point on validation")
     p.add_argument("--no-tune", action="store_true", help="no search: every knob at the middle of its grid "
                    "(reported as untuned)")
-    p.add_argument("--max-extensions", type=int, default=1, help="grid steps past a winning end, per knob and end")
+    p.add_argument("--untuned", nargs="*", default=[], help="methods run at the trainer's defaults of their "
+                   "knobs instead of searched (reported as untuned; cheaper)")
+    p.add_argument("--max-extensions", type=int, default=1, help="grid steps past a winning end, per knob "
+                   "and end")
     p.add_argument("--methods", nargs="*", default=None, help=f"method names (default: "
                    f"{', '.join(sm.DEFAULT_METHODS)}); known: {', '.join(m.name for m in sm.METHODS)}")
     p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (wd 0.1, 10%% warmup, cosine)")
@@ -69,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
     p.add_argument("--cached-only", action="store_true", help="train nothing: report finished runs only")
     p.add_argument("--quick", action="store_true", help="smoke run: 60 characters in >= 12 styles, batch 32, "
-                   "1 epoch, 1 seed, the learnable-τ OpenCLIP and the drift-corrected v3, untuned (--no-tune)")
+                   "1 epoch, 1 seed, the learnable-τ OpenCLIP and the drift-corrected v3, untuned "
+                   "(--no-tune)")
     p.add_argument("--out", default="benchmarks/objectives/results/scratch.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -79,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.methods = args.methods or list(sm.DEFAULT_METHODS)
     if args.tune_seeds > args.seeds:
         p.error("--tune-seeds must not exceed --seeds")
-    unknown = set(args.methods) - {m.name for m in sm.METHODS}
+    unknown = set(args.methods + args.untuned) - {m.name for m in sm.METHODS}
     if unknown:
         p.error(f"unknown method(s) {sorted(unknown)}; known: {[m.name for m in sm.METHODS]}")
     if not any(m.is_openclip for m in sm.METHODS if m.name in args.methods):
@@ -93,7 +97,7 @@ def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
     for regime in args.regimes:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
         for batch in args.batches:
-            per_epoch = max(1, num_train // batch)  # the trainer's steps per epoch (last partial batch dropped)
+            per_epoch = max(1, num_train // batch)  # the trainer's steps per epoch (no partial batch)
             cells.append({"regime": regime, "batch": batch, "epochs": epochs, "steps_per_epoch": per_epoch,
                           "steps": epochs * per_epoch,
                           "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION))})
@@ -104,9 +108,11 @@ def run_cell(args: argparse.Namespace, runner: Runner, cell: dict, methods: list
     """Tune every method of one cell on validation, run the chosen settings on every seed; the summary, or
     None when its OpenCLIP reference is unfinished (``--cached-only``, failed runs)."""
     searches = {(0, m.name): (cell, m, cm.Search(m, max_extensions=args.max_extensions)) for m in methods}
-    if args.no_tune:
-        for _, _, search in searches.values():
+    for _, m, search in searches.values():
+        if args.no_tune:
             search.adopt(dict(search.best), "not tuned (--no-tune: each grid's middle value)")
+        elif m.name in args.untuned:
+            search.adopt({}, "not tuned (--untuned: the trainer's defaults)")
     unfinished = convergence_main.tune(args, runner, searches)
     final = {k: [runner.task(c, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
              for k, (c, m, s) in searches.items() if k not in unfinished}
@@ -122,7 +128,7 @@ def run_cell(args: argparse.Namespace, runner: Runner, cell: dict, methods: list
 
 
 def write_runs(runner: Runner, path: Path) -> None:
-    """Every finished run of the cache so far, final numbers only (rewritten after each run: partial results)."""
+    """Every finished run of the cache so far, final numbers only (rewritten after each run)."""
     rows = []
     for line in runner.path.read_text().splitlines():
         try:

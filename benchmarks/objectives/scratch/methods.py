@@ -15,8 +15,8 @@ from benchmarks.objectives.convergence.methods import Method
 TAUS = (0.03, 0.05, 0.1)
 METHODS: tuple[Method, ...] = (
     Method("openclip (learnable τ)", {"kind": "openclip", "mode": "gather", "learn_tau": True},
-           is_openclip=True, note="what users run by default: τ starts at 0.07, learned at the trainer's default "
-                                  "lr_tau (the model's lr); not tuned"),
+           is_openclip=True, note="what users run by default: τ starts at 0.07, learned at the trainer's "
+                                  "default lr_tau (the model's lr); not tuned"),
     Method("openclip (fixed τ)", {"kind": "openclip", "mode": "gather", "learn_tau": False},
            {"tau_init": TAUS}, is_openclip=True, note="τ tuned"),
     Method("fastclip-v3", {"kind": "fastclip", "fastclip.version": "v3"}, {"tau_init": TAUS},
@@ -28,7 +28,7 @@ METHODS: tuple[Method, ...] = (
     Method("neuclip", {"kind": "neuclip", "mode": "fastclip", "neuclip.num_prototypes": 256},
            {"neuclip.lr": (1e-3, 1e-2, 1e-1)}, inherits=("fastclip-v3", ("tau_init",)),
            note="v3's loss with v3's tuned initial τ of the cell; 256 prototypes; the network's lr tuned"),
-    Method("trainer default", {}, note="no loss given: `toolkit train` picks the objective from the run's global "
-                                       "batch and planned epochs (choice.py); nothing tuned"),
+    Method("trainer default", {}, note="no loss given: `toolkit train` picks the objective from the run's "
+                                       "global batch and planned epochs (choice.py); nothing tuned"),
 )
 DEFAULT_METHODS = ("openclip (learnable τ)", "openclip (fixed τ)", "fastclip-v3", "fastclip-v3 (u_drift)")

@@ -62,8 +62,9 @@ def _pm(s: dict[str, float], scale: float = 100.0, digits: int = 2) -> str:
 
 
 def table(cells: list[dict]) -> str:
-    lines = ["| budget | batch | epochs (steps) | method | tuned on validation | seeds | val R@1 | held-out R@1 | "
-             "Δ vs best OpenCLIP | R@10 | median rank | R@1 w/o look-alikes | Δ w/o look-alikes | min per run |",
+    lines = ["| budget | batch | epochs (steps) | method | tuned on validation | seeds | val R@1 | "
+             "held-out R@1 | Δ vs best OpenCLIP | R@10 | median rank | R@1 w/o look-alikes | "
+             "Δ w/o look-alikes | min per run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         for name, r in cell["rows"].items():
@@ -73,6 +74,8 @@ def table(cells: list[dict]) -> str:
             ddelta = "—" if best else f"{100 * dd['mean']:+.2f} ± {100 * dd['std']:.2f}"
             tuned = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in r["tuning"]["chosen"].items()) or "—"
+            if r["tuning"].get("adopted_from"):
+                tuned += f" ({r['tuning']['adopted_from'].split(' (')[0]})"
             if r["tuning"]["ends_at_best"]:
                 tuned += " (grid end: " + ", ".join(r["tuning"]["ends_at_best"]) + ")"
             lines.append(f"| {cell['regime']} | {cell['batch']} | {cell['epochs']} ({cell['steps']}) | {name}"
@@ -84,7 +87,7 @@ def table(cells: list[dict]) -> str:
 
 
 def plot(cells: list[dict], path: Path) -> None:
-    """Held-out R@1 (seed mean) against samples seen (top) and training seconds (bottom), a column per cell."""
+    """Held-out R@1 (seed mean) against samples seen (top) and training seconds (bottom), a column a cell."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,13 +112,15 @@ def plot(cells: list[dict], path: Path) -> None:
 def markdown(report: dict, stem: str) -> str:
     c = report["config"]
     parts = ["# From scratch on Unicode glyphs: which objective trains the towers best", "",
-             f"{c['model']} from random init on {len(c['train_styles'])} font styles ({c['num_train_pairs']} pairs of "
-             f"{c['num_characters']} characters); tuned on {c['val_style']} ({c['num_val_pairs']} drawings); scored "
-             f"on {c['heldout_style']} ({c['num_held_pairs']} drawings; {c['num_held_distinct_pairs']} without "
+             f"{c['model']} from random init on {len(c['train_styles'])} font styles ({c['num_train_pairs']} "
+             f"pairs of {c['num_characters']} characters); tuned on {c['val_style']} ({c['num_val_pairs']} "
+             f"drawings); scored on {c['heldout_style']} ({c['num_held_pairs']} drawings; "
+             f"{c['num_held_distinct_pairs']} without "
              f"look-alikes), never trained or tuned on. AdamW lr {c['lr']:g} (wd 0.1, 10% warmup, cosine); "
-             f"{c['seeds']} paired seeds per tuned setting (tuning: {c['tune_seeds']} seed per grid point). R@1 and "
-             "R@10 in %, the mean of image→text and text→image, mean ± std over seeds; Δ: paired difference vs "
-             "the best OpenCLIP (± std of the per-seed differences); median rank of the true pair (1 = first). "
+             f"{c['seeds']} paired seeds per tuned setting (tuning: {c['tune_seeds']} seed per grid point). "
+             "R@1 and R@10 in %, the mean of image→text and text→image, mean ± std over seeds; Δ: paired "
+             "difference vs the best OpenCLIP (± std of the per-seed differences); median rank of the true pair "
+             "(1 = first). "
              f"Wall time {c['wall_s'] / 60:.0f} min with {c['workers']} run(s) at a time.", ""]
     missing = [x for x in c["cells_planned"] if x not in c["cells_done"]]
     if missing:

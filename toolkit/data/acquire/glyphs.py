@@ -96,7 +96,8 @@ def font_styles(cfg: GlyphsConfig) -> list[Style]:
     names = [s.name for s in styles]
     for s in styles:
         if names.count(s.name) > 1:
-            raise ValueError(f"fonts: {s.label}: style name {s.name!r} is taken by another font file; rename it")
+            raise ValueError(f"fonts: {s.label}: style name {s.name!r} is taken by another font file; "
+                             "rename it")
     if not styles:
         raise ValueError("fonts: no font styles (builtin_fonts is off and no fonts were given)")
     return styles
