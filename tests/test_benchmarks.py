@@ -6,6 +6,7 @@ child that allocates a known amount: seconds in all.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -146,4 +147,32 @@ def test_convergence_quick_end_to_end(tmp_path, capsys, torch_threads):
     again = convergence.main(argv)
     assert "s in all)" not in capsys.readouterr().out  # nothing retrained
     assert len((tmp_path / "cache" / "runs.jsonl").read_text().splitlines()) == len(lines)
+    assert again["results"][0]["rows"] == cell["rows"]
+
+
+def test_scratch_quick_end_to_end(tmp_path, capsys):
+    """--quick of the from-scratch benchmark with one method: a real glyph set (60 characters), real shards,
+    one `toolkit train` run from random init with its zero-shot evaluations; the table, PNG and JSON; a second
+    call retrains nothing (CACHE/runs.jsonl)."""
+    from benchmarks.objectives.scratch import main as scratch
+
+    out = tmp_path / "res" / "scratch.json"
+    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out),
+            "--methods", "openclip (learnable τ)"]
+    report = scratch.main(argv)
+    (cell,) = report["results"]
+    assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 1)
+    assert cell["steps"] == report["config"]["num_train_pairs"] // 32
+    row = cell["rows"]["openclip (learnable τ)"]
+    assert cell["best_openclip"] == "openclip (learnable τ)" and row["num_seeds"] == 1
+    assert 0.0 <= row["heldout_r1"]["mean"] <= row["heldout_r10"]["mean"] <= 1.0
+    assert 1 <= row["heldout_median_rank"]["mean"] <= report["config"]["num_held_pairs"]
+    assert row["curve_samples"][-1] == cell["steps"] * 32 and len(row["curve_train_s"]) == len(row["curve_heldout"])
+    assert report["config"]["num_held_distinct_pairs"] <= report["config"]["num_held_pairs"]
+    assert "| short | 32 | 1 (" in out.with_suffix(".md").read_text()
+    assert (out.parent / "scratch.png").stat().st_size > 0
+    assert len(json.loads((out.parent / "scratch_runs.json").read_text())) == 1
+    capsys.readouterr()
+    again = scratch.main(argv)
+    assert "s in all)" not in capsys.readouterr().out  # nothing retrained
     assert again["results"][0]["rows"] == cell["rows"]

@@ -27,6 +27,7 @@ FETCH = ConfigOptions("toolkit.data.acquire.fetch:FetchConfig", flags={
     "keep_duplicates": ("--keep-duplicates/--skip-duplicates",)})
 SHARD = ConfigOptions("toolkit.data.acquire.shard:ShardConfig", flags={"num_threads": ("--threads",)})
 DEMO = ConfigOptions("toolkit.data.acquire.demo:DemoConfig")
+GLYPHS = ConfigOptions("toolkit.data.acquire.glyphs:GlyphsConfig")
 PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute.stage:PrecomputeConfig", flags={
     "input": ("--in",), "num_workers": ("--workers",),
     # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed precompute)
@@ -36,7 +37,7 @@ PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute.stage:PrecomputeCon
 # the folder is an argument; inspect's report folder defaults to one beside it (the command decides that)
 INSPECT = ConfigOptions("toolkit.data.inspect:InspectConfig", exclude=("input", "out"))
 VERIFY = ConfigOptions("toolkit.data.trainset.verify:VerifyConfig", exclude=("input",))
-COMMANDS = {"fetch": FETCH, "shard": SHARD, "demo": DEMO, "precompute": PRECOMPUTE, "inspect": INSPECT,
+COMMANDS = {"fetch": FETCH, "shard": SHARD, "demo": DEMO, "glyphs": GLYPHS, "precompute": PRECOMPUTE, "inspect": INSPECT,
             "verify": VERIFY}
 
 
@@ -79,6 +80,21 @@ def demo_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverri
                f"{result.outputs['root']}")
     for key in ("train_urls", "eval_urls", "train_csv", "eval_csv"):
         typer.echo(f"  {key}: {result.outputs[key]}")
+
+
+@app.command("glyphs", cls=config_command(GLYPHS))
+def glyphs_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides = None) -> None:
+    """Draw Unicode characters in many fonts (matplotlib's and --fonts) as PNGs with their Unicode names."""
+    from toolkit.data.acquire.glyphs import GlyphsConfig, run
+
+    cfg = load_cli_config(ctx, GlyphsConfig, config, overrides, **GLYPHS.values(ctx))
+    result = run_stage(run, cfg)
+    c = result.counts
+    typer.echo(f"{c['num_characters']} characters, {c['num_pairs']} pairs in {c['num_styles']} styles "
+               f"({c['num_lookalike_characters']} characters drawn identically to another by some style): "
+               f"{result.outputs['root']}")
+    for style, n in result.details["styles"].items():
+        typer.echo(f"  {style}: {n}")
 
 
 @app.command("serve")

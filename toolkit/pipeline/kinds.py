@@ -55,4 +55,7 @@ KINDS: dict[str, StageKind] = {
     "data.demo": StageKind("toolkit.data.acquire.demo:DemoConfig", "toolkit.data.acquire.demo:run",
                            ("train_urls", "eval_urls", "train_csv", "eval_csv", "root"),
                            "Emoji demo set: Twemoji (train) and OpenMoji (held-out artist), URL lists and CSVs."),
+    "data.glyphs": StageKind("toolkit.data.acquire.glyphs:GlyphsConfig", "toolkit.data.acquire.glyphs:run",
+                             ("root", "styles", "lookalikes", "characters"),
+                             "Unicode characters drawn by many fonts (PNGs + one path,caption CSV per style)."),
 }

@@ -152,6 +152,7 @@ class Search:
     ends_at_best: list[str] = field(default_factory=list)  # knobs whose best stayed at a grid end (limit hit)
     adopted_from: str = ""  # knobs taken from another cell's tuning instead of searched here
     inherited: dict[str, Any] = field(default_factory=dict)  # knobs fixed from another method's search
+    max_extensions: int = MAX_EXTENSIONS  # per knob and end (the from-scratch benchmark lowers it: runs cost minutes)
 
     def __post_init__(self) -> None:
         self.grids = {k: tuple(sorted(v)) for k, v in self.method.grid.items()}
@@ -182,7 +183,7 @@ class Search:
             best = tied[len(tied) // 2]  # a tie is no reason to extend: the middle of the tied values
             self.best[name] = best
             at_end = len(values) > 1 and best in (values[0], values[-1])
-            if at_end and self.extensions.get(name, 0) < MAX_EXTENSIONS:
+            if at_end and self.extensions.get(name, 0) < self.max_extensions:
                 nxt = _extend(values, best == values[-1], self.method.bounds.get(name))
                 if nxt is not None:
                     self.extensions[name] = self.extensions.get(name, 0) + 1

@@ -1,0 +1,90 @@
+"""The from-scratch benchmark's data: the glyph set split by font style, as the trainer and evaluator read it.
+
+Built once per ``--cache`` (and rebuilt when its options change) by the project's own stages:
+``toolkit data glyphs`` (``--min-fonts``, ``--size``), then the training styles' rows through
+``data shard`` and ``data precompute`` for ``--model`` (the training shards), and three retrieval sets
+through ``eval build-set``: ``val`` (the validation style: tuning only), ``held`` (the held-out style: the
+figures) and ``held_distinct`` (the held-out style without the characters that some style draws
+pixel-identically to another: lookalikes.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+EVAL_SETS = ("val", "held", "held_distinct")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(("path", "caption"))
+        writer.writerows(rows)
+
+
+class GlyphSet:
+    """Paths of the built set: ``train`` (precompute output), ``evalsets`` (root of val/held/held_distinct),
+    ``counts`` (pairs per split, characters, styles)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        spec = {"min_fonts": args.min_fonts, "size": args.size, "scripts": args.scripts, "limit": args.limit,
+                "val": args.val_style, "held": args.heldout_style, "model": args.model, "version": 1}
+        self.signature = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+        self.root = Path(args.cache).resolve() / f"set-{self.signature}"
+        self.glyphs, self.train, self.evalsets = self.root / "glyphs", self.root / "train", self.root / "evalsets"
+        done = self.root / "counts.json"
+        if not done.is_file():
+            self._build(spec)
+            done.write_text(json.dumps(self._counts, indent=1) + "\n")
+        self.counts = json.loads(done.read_text())
+
+    def _build(self, spec: dict) -> None:
+        from toolkit.data.acquire.glyphs import GlyphsConfig
+        from toolkit.data.acquire.glyphs import run as glyphs
+        from toolkit.data.acquire.shard import ShardConfig
+        from toolkit.data.acquire.shard import run as shard
+        from toolkit.data.trainset.precompute import PrecomputeConfig
+        from toolkit.data.trainset.precompute import run as precompute
+        from toolkit.eval.build import BuildSetConfig
+        from toolkit.eval.build import run as build_set
+
+        a = self.args
+        self.root.mkdir(parents=True, exist_ok=True)
+        glyphs(GlyphsConfig(out=str(self.glyphs), size=a.size, min_fonts=a.min_fonts, scripts=list(a.scripts),
+                            limit=a.limit))
+        styles = [s["name"] for s in json.loads((self.glyphs / "styles.json").read_text())["styles"]]
+        for role, style in (("--val-style", a.val_style), ("--heldout-style", a.heldout_style)):
+            if style not in styles:
+                raise SystemExit(f"{role} {style!r}: not a style of the set; styles: {', '.join(styles)}")
+        if a.val_style == a.heldout_style:
+            raise SystemExit("--val-style and --heldout-style must differ")
+        alike = {r["codepoint"] for r in _rows(self.glyphs / "characters.csv") if r["lookalike"] == "1"}
+
+        def pairs(style: str, distinct: bool = False) -> list[tuple[str, str]]:
+            return [(str(self.glyphs / r["path"]), r["caption"]) for r in _rows(self.glyphs / f"{style}.csv")
+                    if not (distinct and r["codepoint"] in alike)]
+
+        train_styles = [s for s in styles if s not in (a.val_style, a.heldout_style)]
+        lists = {"train": [p for s in train_styles for p in pairs(s)], "val": pairs(a.val_style),
+                 "held": pairs(a.heldout_style), "held_distinct": pairs(a.heldout_style, distinct=True)}
+        for name, rows in lists.items():
+            _write_csv(self.root / f"{name}.csv", rows)
+        shard(ShardConfig(source=str(self.root / "train.csv"), out=str(self.root / "raw"), image_size=a.size,
+                          resize_mode="no", num_threads=1))
+        precompute(PrecomputeConfig(input=str(self.root / "raw"), out=str(self.train), model=a.model))
+        for name in EVAL_SETS:
+            build_set(BuildSetConfig(source="csv", task="retrieval", input=str(self.root / f"{name}.csv"),
+                                     image_column="path", out=str(self.evalsets / name)))
+        self._counts = {"num_characters": len(_rows(self.glyphs / "characters.csv")), "train_styles": train_styles,
+                        "val_style": a.val_style, "heldout_style": a.heldout_style,
+                        **{f"num_{k}_pairs": len(v) for k, v in lists.items()}, "spec": spec}
