@@ -45,26 +45,77 @@ def build_trainset(out: Path, num_concepts: int) -> Path:
     from toolkit.data.trainset import precompute
 
     result = demo.run(build(demo.DemoConfig, {"out": str(out / "demo"), "limit": num_concepts}))
-    shard.run(build(shard.ShardConfig, {"source": result.outputs["train_csv"], "out": str(out / "raw"),
-                                        "image_size": 64, "samples_per_shard": 50}))
-    precompute.run(build(precompute.PrecomputeConfig, {"input": str(out / "raw"), "out": str(out / "train"),
-                                                       "model": "cliptk-tiny", "samples_per_shard": 50,
-                                                       "num_workers": 1}))
+    shard.run(
+        build(
+            shard.ShardConfig,
+            {
+                "source": result.outputs["train_csv"],
+                "out": str(out / "raw"),
+                "image_size": 64,
+                "samples_per_shard": 50,
+            },
+        )
+    )
+    precompute.run(
+        build(
+            precompute.PrecomputeConfig,
+            {
+                "input": str(out / "raw"),
+                "out": str(out / "train"),
+                "model": "cliptk-tiny",
+                "samples_per_shard": 50,
+                "num_workers": 1,
+            },
+        )
+    )
     return out / "train"
 
 
 def train_argv(data: Path, out: Path, args: argparse.Namespace, nproc: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "toolkit", "train", "--data", str(data), "--out", str(out),
-            "--loss", args.loss, "--mode", "fastclip", "--batch-size", str(args.batch_size),
-            "--steps", str(args.steps), "--workers", "1", "--log-every", "1",
-            "--checkpoint-every", str(args.checkpoint_every), "--nproc-per-node", str(nproc),
-            "--set", "tensorboard=false", "--set", "audit_samples=true", "--set", "optim.warmup_steps=4",
-            *[x for kv in args.set for x in ("--set", kv)], *extra]
+    return [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--loss",
+        args.loss,
+        "--mode",
+        "fastclip",
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--workers",
+        "1",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        str(args.checkpoint_every),
+        "--nproc-per-node",
+        str(nproc),
+        "--set",
+        "tensorboard=false",
+        "--set",
+        "audit_samples=true",
+        "--set",
+        "optim.warmup_steps=4",
+        *[x for kv in args.set for x in ("--set", kv)],
+        *extra,
+    ]
 
 
 def env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+    )
 
 
 def children(pid: int) -> list[int]:
@@ -122,19 +173,30 @@ def kill_job(proc: subprocess.Popen) -> None:
 def chaos_run(data: Path, out: Path, args: argparse.Namespace, rng: random.Random) -> list[dict]:
     """The interrupted run (module docstring, step 3). Returns one record per kill."""
     kill_steps = sorted(rng.sample(range(2, args.steps - 4), args.kills + 1))
-    proc = subprocess.Popen(train_argv(data, out, args, 2, "--max-restarts", str(args.kills)), cwd=ROOT, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        train_argv(data, out, args, 2, "--max-restarts", str(args.kills)),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     kills = []
     try:
         for i, step in enumerate(kill_steps):
-            wait_until(lambda s=step: last_step(out) >= s and len(workers(proc.pid)) == 2, proc, f"step {step}")
+            wait_until(
+                lambda s=step: last_step(out) >= s and len(workers(proc.pid)) == 2, proc, f"step {step}"
+            )
             if i < args.kills:
                 victim = rng.choice(workers(proc.pid))
                 os.kill(victim, signal.SIGKILL)
                 kills.append({"kind": "worker", "at_step": last_step(out), "pid": victim})
                 print(f"chaos: SIGKILL worker {victim} at step {kills[-1]['at_step']}", flush=True)
-                wait_until(lambda v=victim: v not in workers(proc.pid) and len(workers(proc.pid)) == 2, proc,
-                           "the restart")
+                wait_until(
+                    lambda v=victim: v not in workers(proc.pid) and len(workers(proc.pid)) == 2,
+                    proc,
+                    "the restart",
+                )
             else:
                 kills.append({"kind": "job", "at_step": last_step(out)})
                 print(f"chaos: SIGKILL the whole job at step {kills[-1]['at_step']}", flush=True)
@@ -143,10 +205,17 @@ def chaos_run(data: Path, out: Path, args: argparse.Namespace, rng: random.Rando
     finally:
         if proc.poll() is None:
             kill_job(proc)
-    resumed = subprocess.run(train_argv(data, out, args, args.resume_nproc, "--resume", "latest"), cwd=ROOT,
-                             env=env(), capture_output=True, text=True)
+    resumed = subprocess.run(
+        train_argv(data, out, args, args.resume_nproc, "--resume", "latest"),
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     if resumed.returncode != 0:
-        raise SystemExit(f"chaos: the resumed job failed (code {resumed.returncode}):\n{resumed.stderr[-3000:]}")
+        raise SystemExit(
+            f"chaos: the resumed job failed (code {resumed.returncode}):\n{resumed.stderr[-3000:]}"
+        )
     return kills
 
 
@@ -169,8 +238,10 @@ def final_tensors(run_dir: Path) -> tuple[dict, dict]:
     newest = ckpt.latest_valid(str(run_dir / ckpt.CHECKPOINTS))
     if newest is None:
         raise SystemExit(f"chaos: {run_dir} has no complete checkpoint")
-    return (load_file(str(run_dir / "model" / "open_clip_model.safetensors")),
-            load_file(str(Path(newest) / ckpt.LOSS_STATE)))
+    return (
+        load_file(str(run_dir / "model" / "open_clip_model.safetensors")),
+        load_file(str(Path(newest) / ckpt.LOSS_STATE)),
+    )
 
 
 def accounting(got: dict[int, list[int]], want: dict[int, list[int]], steps_per_epoch: int) -> dict:
@@ -184,27 +255,47 @@ def accounting(got: dict[int, list[int]], want: dict[int, list[int]], steps_per_
         seen = Counter(i for t in span for i in got.get(t, []))
         duplicates += sum(n - 1 for n in seen.values() if n > 1)
         skipped += len({i for t in span for i in want[t]} - set(seen))
-    return {"samples_seen_twice": duplicates, "samples_skipped": skipped,
-            "batches_differing": sum(got.get(t) != ids for t, ids in want.items())}
+    return {
+        "samples_seen_twice": duplicates,
+        "samples_skipped": skipped,
+        "batches_differing": sum(got.get(t) != ids for t, ids in want.items()),
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("--out", type=Path, default=Path("runs/chaos"), help="Work folder (default runs/chaos).")
     p.add_argument("--data", type=Path, help="Training shards to use instead of building the demo's.")
     p.add_argument("--num-concepts", type=int, default=160, help="Demo pairs to build (default 160).")
     p.add_argument("--kills", type=int, default=3, help="Random worker SIGKILLs (default 3).")
     p.add_argument("--steps", type=int, default=48, help="Training steps (default 48, = 5 epochs of 160).")
     p.add_argument("--batch-size", type=int, default=16, help="Global batch (default 16).")
-    p.add_argument("--checkpoint-every", type=int, default=4, help="Checkpoint interval in steps (default 4).")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=4, help="Checkpoint interval in steps (default 4)."
+    )
     p.add_argument("--resume-nproc", type=int, default=1, help="Processes of the resumed job (default 1).")
     p.add_argument("--seed", type=int, default=0, help="Seed of the kill schedule (default 0).")
-    p.add_argument("--loss", default="fastclip-v3", help="Objective of every run (default fastclip-v3; any\n"
-                   "objective of the fastclip mode: fastclip-v0..v3, neuclip).")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="Config override passed to every run (repeatable), e.g.\nloss.neuclip.restart_every_steps=8.")
-    p.add_argument("--max-rel-diff", type=float, default=1e-5,
-                   help="Largest accepted relative difference of the weights and of the loss state\n(default 1e-5).")
+    p.add_argument(
+        "--loss",
+        default="fastclip-v3",
+        help="Objective of every run (default fastclip-v3; any\n"
+        "objective of the fastclip mode: fastclip-v0..v3, neuclip).",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Config override passed to every run (repeatable), e.g.\nloss.neuclip.restart_every_steps=8.",
+    )
+    p.add_argument(
+        "--max-rel-diff",
+        type=float,
+        default=1e-5,
+        help="Largest accepted relative difference of the weights and of the loss state\n(default 1e-5).",
+    )
     return p.parse_args(argv)
 
 
@@ -228,17 +319,28 @@ def main(argv: list[str] | None = None) -> int:
     weights_abs, weights_rel = max_diff(w_got, w_want)
     tables_abs, tables_rel = max_diff(t_got, t_want)
     steps_per_epoch = TrainDataset.open(str(data)).num_samples // args.batch_size
-    report = {"loss": args.loss, "kills": kills, "kills_survived": len(kills), "resume_nproc": args.resume_nproc,
-              "weights_max_abs_diff": weights_abs, "weights_rel_diff": weights_rel,
-              "tables_max_abs_diff": tables_abs, "tables_rel_diff": tables_rel,
-              **accounting(read_audit(str(out)), read_audit(str(ref)), steps_per_epoch)}
+    report = {
+        "loss": args.loss,
+        "kills": kills,
+        "kills_survived": len(kills),
+        "resume_nproc": args.resume_nproc,
+        "weights_max_abs_diff": weights_abs,
+        "weights_rel_diff": weights_rel,
+        "tables_max_abs_diff": tables_abs,
+        "tables_rel_diff": tables_rel,
+        **accounting(read_audit(str(out)), read_audit(str(ref)), steps_per_epoch),
+    }
     (args.out / "chaos_report.json").write_text(json.dumps(report, indent=2) + "\n")
     for key, value in report.items():
         if key != "kills":
             print(f"{key:>22}: {value:.3g}" if isinstance(value, float) else f"{key:>22}: {value}")
-    ok = (report["samples_seen_twice"] == 0 and report["samples_skipped"] == 0
-          and report["batches_differing"] == 0 and weights_rel <= args.max_rel_diff
-          and tables_rel <= args.max_rel_diff)
+    ok = (
+        report["samples_seen_twice"] == 0
+        and report["samples_skipped"] == 0
+        and report["batches_differing"] == 0
+        and weights_rel <= args.max_rel_diff
+        and tables_rel <= args.max_rel_diff
+    )
     print("chaos: PASS" if ok else "chaos: FAIL", f"(report: {args.out / 'chaos_report.json'})")
     return 0 if ok else 1
 

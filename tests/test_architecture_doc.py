@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _rows() -> list[tuple[str, str]]:
     """(package, modules cell) of each row of the doc's file table."""
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    table = doc[doc.index("## Where each file lives"):doc.index("## The loss interface")]
+    table = doc[doc.index("## Where each file lives") : doc.index("## The loss interface")]
     rows = []
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -75,8 +75,10 @@ def test_the_check_itself_catches_a_module_missing_from_the_table():
     assert not _placed("train/losses/fastclip", "nonexistent.py", rows)
     assert not _placed("train", "tables.py", rows)  # a name is placed only under its own package
     assert not _placed("kernels/siglip", "ed.py", rows)  # whole names: not a substring of `tiled.py`
-    assert _paths("data", "`acquire/urllist.py`, `urlrows.py`") == {"data/acquire/urllist.py",
-                                                                   "data/acquire/urlrows.py"}
+    assert _paths("data", "`acquire/urllist.py`, `urlrows.py`") == {
+        "data/acquire/urllist.py",
+        "data/acquire/urlrows.py",
+    }
 
 
 def test_every_file_the_doc_names_exists():

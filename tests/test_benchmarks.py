@@ -41,19 +41,26 @@ def test_memory_args_snap_to_micro_batch_times_workers(tmp_path):
 
 
 def test_open_clip_log_parsing():
-    log = ("2026-11-23,12:37:51 | INFO | Train Epoch: 0 [ 256/2048 (12%)] Data (t): 0.711 Batch (t): 2.845, "
-           "89.9957/s, 89.9957/s/gpu LR: 0.000500 Logit Scale: 14.286 Loss: 5.6861 (5.6861)\n"
-           "2026-11-23,12:37:52 | INFO | Train Epoch: 0 [ 512/2048 (25%)] Data (t): 0.005 Batch (t): 1.436, "
-           "178.265/s, 178.265/s/gpu LR: 0.001000\n")
+    log = (
+        "2026-11-23,12:37:51 | INFO | Train Epoch: 0 [ 256/2048 (12%)] Data (t): 0.711 Batch (t): 2.845, "
+        "89.9957/s, 89.9957/s/gpu LR: 0.000500 Logit Scale: 14.286 Loss: 5.6861 (5.6861)\n"
+        "2026-11-23,12:37:52 | INFO | Train Epoch: 0 [ 512/2048 (25%)] Data (t): 0.005 Batch (t): 1.436, "
+        "178.265/s, 178.265/s/gpu LR: 0.001000\n"
+    )
     steps = tb.open_clip_steps(log)
     assert [s["samples_done"] for s in steps] == [256, 512]
     assert [s["step_time_s"] for s in steps] == [2.845, 1.436]
-    assert tb.steady_samples_per_s([s["step_time_s"] for s in steps], 256, skip=1) == pytest.approx(256 / 1.436)
+    assert tb.steady_samples_per_s([s["step_time_s"] for s in steps], 256, skip=1) == pytest.approx(
+        256 / 1.436
+    )
 
 
 def test_run_tree_measures_and_enforces_memory():
-    grow = [sys.executable, "-c", "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
-            "time.sleep(0.5)"]
+    grow = [
+        sys.executable,
+        "-c",
+        "import time; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.5)",
+    ]
     ok = tb.run_tree(grow, tb.env_with_repo(), timeout_s=60, poll_s=0.05)
     assert ok.status == "ok" and ok.returncode == 0
     assert 300 * MB <= ok.peak_main_rss_bytes < 400 * MB  # exact peak from the rusage wrapper
@@ -71,16 +78,33 @@ def test_tower_speed_summary_table_and_bare_rate(tmp_path):
 
     a = tower_speed.parse_args(["--num-images", "16", "--repeats", "1", "--out", str(tmp_path / "t")])
     assert (a.num_images, a.repeats, a.threads) == (16, 1, 2)
-    rates = {"bare eager": [10.0, 12.0], "bare fast": [20.0, 20.0], "precompute": [17.0, 18.0],
-             "precompute (wall)": [8.0, 9.0], "eval cold": [15.0, 15.0], "eval cached": [400.0, 600.0]}
+    rates = {
+        "bare eager": [10.0, 12.0],
+        "bare fast": [20.0, 20.0],
+        "precompute": [17.0, 18.0],
+        "precompute (wall)": [8.0, 9.0],
+        "eval cold": [15.0, 15.0],
+        "eval cached": [400.0, 600.0],
+    }
     summary = tower_speed.summarise(rates)
     assert summary["vs_bare_fast"]["precompute"] == pytest.approx(17.5 / 20)
     assert summary["fast_vs_eager"] == pytest.approx(20 / 11)
     assert summary["cached_speedup"] == pytest.approx(500 / 15)
     targets = summary["targets"]
     assert targets["precompute_vs_bare"]["met"] and not targets["eval_cold_vs_bare"]["met"]
-    text = tower_speed.table(summary, rates, {"num_images": 16, "batch_size": 8, "threads": 2, "repeats": 2,
-                                              "loadavg_at_start": 1.0, "torch": "x", "cpu_count": 2})
+    text = tower_speed.table(
+        summary,
+        rates,
+        {
+            "num_images": 16,
+            "batch_size": 8,
+            "threads": 2,
+            "repeats": 2,
+            "loadavg_at_start": 1.0,
+            "torch": "x",
+            "cpu_count": 2,
+        },
+    )
     assert "| eval cached | 500.0 | 400.0, 600.0 | 25.00x |" in text
     assert "eval_cold_vs_bare: 0.75 (target >= 0.8): missed by 0.05" in text
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
@@ -98,13 +122,21 @@ def _synthetic_artists(cache: Path, num_concepts: int = 120) -> None:
     codes = np.asarray([f"c{i}" for i in range(num_concepts)])
     (cache / "features").mkdir(parents=True)
     text = latent @ rng.standard_normal((16, 384)) + 3.0 * rng.standard_normal((num_concepts, 384))
-    np.savez(cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32))
+    np.savez(
+        cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32)
+    )
     shared = rng.standard_normal((16, 1280))
-    for artist, keep in (("twemoji", num_concepts), ("noto", num_concepts - 7), ("fluent", num_concepts),
-                         ("openmoji", num_concepts)):
+    for artist, keep in (
+        ("twemoji", num_concepts),
+        ("noto", num_concepts - 7),
+        ("fluent", num_concepts),
+        ("openmoji", num_concepts),
+    ):
         own = shared + 0.5 * rng.standard_normal((16, 1280))
         image = latent[:keep] @ own + 12.0 * rng.standard_normal((keep, 1280))
-        np.savez(cache / "features" / f"{artist}.npz", codepoints=codes[:keep], image=image.astype(np.float32))
+        np.savez(
+            cache / "features" / f"{artist}.npz", codepoints=codes[:keep], image=image.astype(np.float32)
+        )
 
 
 @pytest.fixture
@@ -125,8 +157,21 @@ def test_convergence_quick_end_to_end(tmp_path, capsys, torch_threads):
 
     _synthetic_artists(tmp_path / "cache")
     out = tmp_path / "res" / "convergence.json"
-    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out),
-            "--methods", "openclip (learnable τ)", "openclip (fixed τ)", "fastclip-v3", "neuclip", "siglip"]
+    argv = [
+        "--quick",
+        "--workers",
+        "1",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+        "--methods",
+        "openclip (learnable τ)",
+        "openclip (fixed τ)",
+        "fastclip-v3",
+        "neuclip",
+        "siglip",
+    ]
     report = convergence.main(argv)
     (cell,) = report["results"]
     assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 2)
@@ -135,7 +180,9 @@ def test_convergence_quick_end_to_end(tmp_path, capsys, torch_threads):
     for name, row in cell["rows"].items():
         assert len(row["paired_diff_vs_best_openclip"]["per_seed"]) == 2, name
         grids, chosen = row["tuning"]["grids"], row["tuning"]["chosen"]
-        for knob in grids:  # a grid end wins only when the extension limit says so (inherited knobs: not searched)
+        for (
+            knob
+        ) in grids:  # a grid end wins only when the extension limit says so (inherited knobs: not searched)
             value = chosen[knob]
             assert value not in (grids[knob][0], grids[knob][-1]) or knob in row["tuning"]["ends_at_best"]
         for knob, value in row["tuning"]["inherited"].items():  # NeuCLIP starts from v3's tuned knobs
@@ -157,8 +204,17 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     from benchmarks.objectives.scratch import main as scratch
 
     out = tmp_path / "res" / "scratch.json"
-    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out),
-            "--methods", "openclip (learnable τ)"]
+    argv = [
+        "--quick",
+        "--workers",
+        "1",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+        "--methods",
+        "openclip (learnable τ)",
+    ]
     report = scratch.main(argv)
     (cell,) = report["results"]
     assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 1)
@@ -167,7 +223,9 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     assert cell["best_openclip"] == "openclip (learnable τ)" and row["num_seeds"] == 1
     assert 0.0 <= row["heldout_r1"]["mean"] <= row["heldout_r10"]["mean"] <= 1.0
     assert 1 <= row["heldout_median_rank"]["mean"] <= report["config"]["num_held_pairs"]
-    assert row["curve_samples"][-1] == cell["steps"] * 32 and len(row["curve_train_s"]) == len(row["curve_heldout"])
+    assert row["curve_samples"][-1] == cell["steps"] * 32 and len(row["curve_train_s"]) == len(
+        row["curve_heldout"]
+    )
     assert report["config"]["num_held_distinct_pairs"] <= report["config"]["num_held_pairs"]
     assert "| short | 32 | 1 (" in out.with_suffix(".md").read_text()
     assert (out.parent / "scratch.png").stat().st_size > 0

@@ -28,7 +28,11 @@ def test_gamma_methods_build_and_decay_over_the_right_epochs(tmp_path):
     by = {m.name: m for m in cm.METHODS}
     for name in (DRRHO, SCENT, DRIFT, "fastclip-v1", "fastclip-v3"):
         assert cm.unavailable(by[name]) == "", name
-    for name in (DRIFT, "fastclip-v1", "fastclip-v3"):  # the moving average's γ is searched like the other knobs
+    for name in (
+        DRIFT,
+        "fastclip-v1",
+        "fastclip-v3",
+    ):  # the moving average's γ is searched like the other knobs
         assert "gamma_min" in by[name].grid and by[name].bounds["gamma_min"][1] == 1.0
     _synthetic_artists(tmp_path / "cache")
     args = convergence.parse_args(["--cache", str(tmp_path / "cache"), "--long-epochs", "30"])
@@ -40,7 +44,7 @@ def test_gamma_methods_build_and_decay_over_the_right_epochs(tmp_path):
     cfg = cm.loss_config(drrho, DRRHO)
     from toolkit.train.losses.fastclip.schedules import final_gamma
 
-    assert final_gamma(cfg.fastclip) == pytest.approx(min(1.0, 4.177 * 30 ** -0.7265))
+    assert final_gamma(cfg.fastclip) == pytest.approx(min(1.0, 4.177 * 30**-0.7265))
     assert runner.task(cell, by[DRIFT], {"gamma_min": 0.3}, 0)["fields"]["gamma_decay_epochs"] == 15
 
 
@@ -49,8 +53,20 @@ def test_gamma_methods_tuned_and_run(tmp_path, torch_threads):
     corrected v3's tuning run at γ_min = 1 with the same τ, lr_tau and ρ, bit for bit; SCENT's γ_s is searched."""
     _synthetic_artists(tmp_path / "cache")
     out = tmp_path / "res" / "convergence.json"
-    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--out", str(out),
-            "--methods", "openclip (fixed τ)", DRIFT, DRRHO, SCENT]
+    argv = [
+        "--quick",
+        "--workers",
+        "1",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+        "--methods",
+        "openclip (fixed τ)",
+        DRIFT,
+        DRRHO,
+        SCENT,
+    ]
     report = convergence.main(argv)
     (cell,) = report["results"]
     rows = cell["rows"]

@@ -25,9 +25,18 @@ def test_glyphs_pipeline_plans():
 
 def test_glyphs_pipeline_runs_scaled_down(tmp_path):
     run_dir = tmp_path / "glyphs"
-    sets = {"run_dir": str(run_dir), "vars.min_fonts": 12, "stages.glyphs.limit": 60, "vars.heldout": "DejaVuSansMono",
-            "vars.batch_size": 16, "vars.epochs": 1, "stages.train.steps": 3, "stages.train.optim.warmup_steps": 1,
-            "stages.train.eval.every_steps": 0, "stages.precompute.num_workers": 1}
+    sets = {
+        "run_dir": str(run_dir),
+        "vars.min_fonts": 12,
+        "stages.glyphs.limit": 60,
+        "vars.heldout": "DejaVuSansMono",
+        "vars.batch_size": 16,
+        "vars.epochs": 1,
+        "stages.train.steps": 3,
+        "stages.train.optim.warmup_steps": 1,
+        "stages.train.eval.every_steps": 0,
+        "stages.precompute.num_workers": 1,
+    }
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     result = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(GLYPHS), *args])
     assert result.exit_code == 0, result.output

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ["environment", "kernels", "trainer", "open_clip_train", "jpeg decoding", "collectives", "token budgets", "fsdp"]
+SECTIONS = [
+    "environment",
+    "kernels",
+    "trainer",
+    "open_clip_train",
+    "jpeg decoding",
+    "collectives",
+    "token budgets",
+    "fsdp",
+]
 
 
 @pytest.mark.timeout(1500)
@@ -21,9 +30,23 @@ def test_dry_run_runs_every_section(tmp_path):
     env = os.environ | {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     env.pop("PYTHONPATH", None)  # the one command from a fresh checkout: `-m` from the repository root
     env.pop("TRITON_INTERPRET", None)  # the script sets it itself for --dry-run
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu.check", "--dry-run", "--out", str(out),
-                           "--work", str(tmp_path / "work")], capture_output=True, text=True, env=env, timeout=1400,
-                          cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu.check",
+            "--dry-run",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1400,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     sections = {s["name"]: s for s in report["sections"]}
@@ -33,8 +56,9 @@ def test_dry_run_runs_every_section(tmp_path):
 
     kernels = sections["kernels"]["rows"]
     ran = [r for r in kernels if r["status"] == "ok"]
-    assert {(r["loss"], r["method"]) for r in ran} >= {(k, m) for k in ("clip", "sigmoid")
-                                                       for m in ("triton", "torch", "naive")}
+    assert {(r["loss"], r["method"]) for r in ran} >= {
+        (k, m) for k in ("clip", "sigmoid") for m in ("triton", "torch", "naive")
+    }
     for r in ran:  # against the float64 oracle: fp32 to fp32 rounding, bf16 inputs to bf16 accumulation
         tol = 1e-5 if r["dtype"] == "fp32" else 3e-2
         assert r["grad_rel_err"] < tol and r["fwd_ms"] > 0, r
@@ -49,10 +73,14 @@ def test_dry_run_runs_every_section(tmp_path):
     ops = {(r["op"], r["backend"]) for r in sections["collectives"]["rows"]}
     assert ops == {("all_gather", "gloo"), ("all_reduce", "gloo")}
     tokens = sections["token budgets"]["rows"]
-    assert [r["setting"] for r in tokens] == ["full", "dropout 0.5", "dropout 0.75", "half resolution"], tokens
+    assert [r["setting"] for r in tokens] == ["full", "dropout 0.5", "dropout 0.75", "half resolution"], (
+        tokens
+    )
     assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in tokens), tokens
     assert tokens[3]["image_px"] == 16 and tokens[1]["step_tflop"] < tokens[0]["step_tflop"]
     fsdp = {r["case"]: r for r in sections["fsdp"]["rows"]}
     assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in fsdp.values()), fsdp
     unwrapped, sharded = fsdp["unwrapped (DDP's per-rank model)"], fsdp["fsdp"]
-    assert sharded["state_mib_cpu"] == pytest.approx(unwrapped["state_mib_cpu"], rel=1e-3)  # a mesh of one: whole
+    assert sharded["state_mib_cpu"] == pytest.approx(
+        unwrapped["state_mib_cpu"], rel=1e-3
+    )  # a mesh of one: whole

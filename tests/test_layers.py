@@ -24,8 +24,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "toolkit"
 # Higher number = higher layer. Modules of the same number but different layers are siblings.
-LAYER = {"core": 0, "kernels": 0, "models": 2, "data": 3, "train": 4, "eval": 4, "trainval": 5, "pipeline": 6,
-         "cli": 7, "__init__": 0, "__main__": 8}
+LAYER = {
+    "core": 0,
+    "kernels": 0,
+    "models": 2,
+    "data": 3,
+    "train": 4,
+    "eval": 4,
+    "trainval": 5,
+    "pipeline": 6,
+    "cli": 7,
+    "__init__": 0,
+    "__main__": 8,
+}
 BUILD_OUTPUT_NAMES = {"dist", "build", "out"}
 
 
@@ -58,7 +69,7 @@ def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 package = _package_of(module, path).split(".")
-                package = package[:len(package) - (node.level - 1)]
+                package = package[: len(package) - (node.level - 1)]
                 base = ".".join(package + ([node.module] if node.module else []))
             if base.split(".")[0] != "toolkit":
                 continue
@@ -164,28 +175,40 @@ def part_cycles(graph: dict[str, set[str]]) -> list[tuple[str, tuple[str, ...]]]
     packages = {m.rpartition(".")[0] for m in graph if "." in m} | {m for m in graph if m != "toolkit"}
     found = []
     for package in sorted(packages):
+
         def part(module: str, package: str = package) -> str | None:
-            rest = module[len(package) + 1:] if module.startswith(package + ".") else ""
+            rest = module[len(package) + 1 :] if module.startswith(package + ".") else ""
             return f"{package}.{rest.split('.')[0]}" if rest else None
 
         parts: dict[str, set[str]] = {}
         for src, targets in graph.items():
             if part(src) is not None:
-                parts.setdefault(part(src), set()).update(t for t in map(part, targets) if t not in (None, part(src)))
+                parts.setdefault(part(src), set()).update(
+                    t for t in map(part, targets) if t not in (None, part(src))
+                )
         found += [(package, tuple(c)) for c in cycles(parts)]
     return found
 
 
 def test_no_arrow_runs_back_between_the_parts_of_a_package():
     graph = import_graph()
-    found = [f"{package}: {', '.join(parts)}" for package, parts in part_cycles(graph)
-             if package not in PLUGIN_PACKAGES]
-    assert found == [], "parts of a package that import each other (make one of them the lower one):\n" + "\n".join(found)
+    found = [
+        f"{package}: {', '.join(parts)}"
+        for package, parts in part_cycles(graph)
+        if package not in PLUGIN_PACKAGES
+    ]
+    assert found == [], (
+        "parts of a package that import each other (make one of them the lower one):\n" + "\n".join(found)
+    )
 
 
 def test_part_cycles_find_an_arrow_back_between_sub_packages():
-    graph = {"toolkit.t.runtime": {"toolkit.t.plan.hostmem"}, "toolkit.t.plan.hostmem": set(),
-             "toolkit.t.plan.memprobe": {"toolkit.t.runtime"}, "toolkit.t.loop": {"toolkit.t.runtime"}}
+    graph = {
+        "toolkit.t.runtime": {"toolkit.t.plan.hostmem"},
+        "toolkit.t.plan.hostmem": set(),
+        "toolkit.t.plan.memprobe": {"toolkit.t.runtime"},
+        "toolkit.t.loop": {"toolkit.t.runtime"},
+    }
     assert part_cycles(graph) == [("toolkit.t", ("toolkit.t.plan", "toolkit.t.runtime"))]
     del graph["toolkit.t.runtime"]
     assert part_cycles({**graph, "toolkit.t.runtime": set()}) == []
@@ -194,20 +217,38 @@ def test_part_cycles_find_an_arrow_back_between_sub_packages():
 def test_cycle_finder_reports_the_modules_of_a_cycle():
     graph = {"a": {"b"}, "b": {"c", "a"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"a"}}
     assert cycles(graph) == [["a", "b", "c"], ["e"]]
-    assert example_cycle(["a", "b", "c"], graph) == ["a", "b", "a"] and example_cycle(["e"], graph) == ["e", "e"]
+    assert example_cycle(["a", "b", "c"], graph) == ["a", "b", "a"] and example_cycle(["e"], graph) == [
+        "e",
+        "e",
+    ]
 
 
 def test_from_import_of_a_submodule_and_relative_imports_are_edges(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("def f():\n    from toolkit.data import images\n    from . import fetch\n"
-                    "    from ..raw.layout import shard_stem\n")
-    known = {"toolkit.data", "toolkit.data.images", "toolkit.data.acquire", "toolkit.data.acquire.fetch",
-             "toolkit.data.raw.layout", "toolkit.data.acquire.m"}
+    path.write_text(
+        "def f():\n    from toolkit.data import images\n    from . import fetch\n"
+        "    from ..raw.layout import shard_stem\n"
+    )
+    known = {
+        "toolkit.data",
+        "toolkit.data.images",
+        "toolkit.data.acquire",
+        "toolkit.data.acquire.fetch",
+        "toolkit.data.raw.layout",
+        "toolkit.data.acquire.m",
+    }
     assert imported_modules("toolkit.data.acquire.m", path, known) == {
-        "toolkit.data.images", "toolkit.data.acquire.fetch", "toolkit.data.raw.layout"}
+        "toolkit.data.images",
+        "toolkit.data.acquire.fetch",
+        "toolkit.data.raw.layout",
+    }
 
 
 def test_no_folder_named_like_a_build_output():
-    bad = [str(p.relative_to(REPO)) for top in (ROOT, REPO / "tests") for p in top.rglob("*")
-           if p.is_dir() and p.name in BUILD_OUTPUT_NAMES]
+    bad = [
+        str(p.relative_to(REPO))
+        for top in (ROOT, REPO / "tests")
+        for p in top.rglob("*")
+        if p.is_dir() and p.name in BUILD_OUTPUT_NAMES
+    ]
     assert bad == [], f"rename these folders (.gitignore / ruff's default excludes hide them): {bad}"

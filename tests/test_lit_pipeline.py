@@ -30,8 +30,15 @@ def lit_run(tmp_path_factory) -> Path:
     from _launch import free_port
 
     run_dir = tmp_path_factory.mktemp("lit")
-    sets = {"run_dir": str(run_dir), "vars.num_concepts": 24, "vars.port": free_port(), "vars.steps": 4,
-            "vars.batch_size": 8, "stages.train.optim.warmup_steps": 1, "stages.precompute.num_workers": 1}
+    sets = {
+        "run_dir": str(run_dir),
+        "vars.num_concepts": 24,
+        "vars.port": free_port(),
+        "vars.steps": 4,
+        "vars.batch_size": 8,
+        "stages.train.optim.warmup_steps": 1,
+        "stages.precompute.num_workers": 1,
+    }
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     result = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(LIT), *args])
     assert result.exit_code == 0, result.output
@@ -39,11 +46,20 @@ def lit_run(tmp_path_factory) -> Path:
 
 
 def test_lit_pipeline_runs_scaled_down(lit_run):
-    for folder in ("precompute", "evalsets/openmoji_retrieval", "evalsets/openmoji_groups", "train", "zeroshot"):
+    for folder in (
+        "precompute",
+        "evalsets/openmoji_retrieval",
+        "evalsets/openmoji_groups",
+        "train",
+        "zeroshot",
+    ):
         assert json.loads((lit_run / folder / "manifest.json").read_text())["status"] == "done", folder
     data = json.loads((lit_run / "precompute" / "dataset.json").read_text())
     assert [f["role"] for f in data["fields"]] == ["image_features", "text_features"]
-    assert data["extra"]["image_tower"]["kind"] == "efficientnet_lite0" and data["extra"]["text_tower"]["kind"] == "minilm"
+    assert (
+        data["extra"]["image_tower"]["kind"] == "efficientnet_lite0"
+        and data["extra"]["text_tower"]["kind"] == "minilm"
+    )
     results = json.loads((lit_run / "zeroshot" / "results.json").read_text())["results"]
     metrics = next(r["metrics"] for r in results if r["dataset"] == "wds/openmoji_retrieval")
     assert 0 <= metrics["image_retrieval_recall@1"] <= 1 and 0 <= metrics["text_retrieval_recall@1"] <= 1
@@ -83,9 +99,15 @@ def test_saved_lit_model_encodes_raw_input_like_its_heads(lit_run):
 def _zeroshot(lit_run: Path, out: Path, cache: Path, **extra):
     from toolkit.eval.zeroshot import ZeroShotConfig, run
 
-    cfg = ZeroShotConfig(model=str(lit_run / "train" / "model"), datasets=["openmoji_retrieval", "openmoji_groups"],
-                         root=str(lit_run / "evalsets"), out=str(out), device="cpu", feature_cache=str(cache),
-                         **extra)
+    cfg = ZeroShotConfig(
+        model=str(lit_run / "train" / "model"),
+        datasets=["openmoji_retrieval", "openmoji_groups"],
+        root=str(lit_run / "evalsets"),
+        out=str(out),
+        device="cpu",
+        feature_cache=str(cache),
+        **extra,
+    )
     result = run(cfg)
     manifest = json.loads((out / "manifest.json").read_text())
     return json.loads((out / "results.json").read_text())["results"], manifest, result
@@ -113,7 +135,9 @@ def test_cached_reevaluation_gives_the_cold_metrics(lit_run, tmp_path):
     loaded = load_model(str(lit_run / "train" / "model"), device="cpu")
     for record in cold:
         name = record["dataset"].removeprefix("wds/")
-        plain = evaluate_set(loaded.model, loaded.tokenizer, loaded.preprocess, open_eval_set(lit_run / "evalsets", name))
+        plain = evaluate_set(
+            loaded.model, loaded.tokenizer, loaded.preprocess, open_eval_set(lit_run / "evalsets", name)
+        )
         for key, value in record["metrics"].items():
             assert value == pytest.approx(plain[key], abs=1e-9), (name, key)
 
@@ -132,7 +156,9 @@ def test_a_changed_image_or_tower_misses_the_cache(lit_run, tmp_path):
     assert len(labels) == len(digests) == eval_set.num_samples == len(set(digests))
     other = tmp_path / "sets"
     shutil.copytree(lit_run / "evalsets" / "openmoji_retrieval", other / "openmoji_retrieval")
-    assert read_labels_and_digests(open_eval_set(other, "openmoji_retrieval"))[1] == digests  # content, not path
+    assert (
+        read_labels_and_digests(open_eval_set(other, "openmoji_retrieval"))[1] == digests
+    )  # content, not path
     loaded = load_model(str(lit_run / "train" / "model"), device="cpu")
     split = split_frozen(loaded.model, loaded.tokenizer)
     before = tower_fingerprint(split, loaded.preprocess_cfg)
@@ -145,7 +171,9 @@ def test_a_changed_image_or_tower_misses_the_cache(lit_run, tmp_path):
 def test_report_shows_gallery_and_training_curves(lit_run, tmp_path):
     from PIL import Image
 
-    _, manifest, _ = _zeroshot(lit_run, tmp_path / "z", tmp_path / "cache", training_run=str(lit_run / "train"))
+    _, manifest, _ = _zeroshot(
+        lit_run, tmp_path / "z", tmp_path / "cache", training_run=str(lit_run / "train")
+    )
     report = (tmp_path / "z" / "report.md").read_text()
     assert "![openmoji_retrieval retrieval gallery](gallery_openmoji_retrieval.png)" in report
     assert "![training curves](training_curves.png)" in report
@@ -153,8 +181,14 @@ def test_report_shows_gallery_and_training_curves(lit_run, tmp_path):
         assert img.width > 600 and img.height > 5 * 96
     with Image.open(tmp_path / "z" / "training_curves.png") as img:
         assert img.width >= 800
-    ranks = [int(line.rsplit("|", 2)[1]) for line in report.splitlines() if line.startswith("| ") and
-             line.rstrip().endswith("|") and line.rsplit("|", 2)[1].strip().isdigit() and "caption" not in line]
+    ranks = [
+        int(line.rsplit("|", 2)[1])
+        for line in report.splitlines()
+        if line.startswith("| ")
+        and line.rstrip().endswith("|")
+        and line.rsplit("|", 2)[1].strip().isdigit()
+        and "caption" not in line
+    ]
     assert len(ranks) == 5 and all(1 <= r <= 24 for r in ranks)
 
 
@@ -170,17 +204,30 @@ def test_neuclip_trains_lit_heads_with_the_gradient_cache_as_without(lit_run, tm
     from toolkit.train.run import run
 
     def train(out, micro):
-        cfg = {"data": str(lit_run / "precompute"), "out": str(out), "model": "cliptk-small", "batch_size": 8,
-               "steps": 4, "micro_batch_size": micro, "log_every": 1, "tensorboard": False,
-               "loader": {"num_workers": 0}, "optim": {"name": "sgd", "lr": 0.1},
-               "loss": {"kind": "neuclip", "neuclip": {"num_prototypes": 20, "restart_every_steps": 3}}}
+        cfg = {
+            "data": str(lit_run / "precompute"),
+            "out": str(out),
+            "model": "cliptk-small",
+            "batch_size": 8,
+            "steps": 4,
+            "micro_batch_size": micro,
+            "log_every": 1,
+            "tensorboard": False,
+            "loader": {"num_workers": 0},
+            "optim": {"name": "sgd", "lr": 0.1},
+            "loss": {"kind": "neuclip", "neuclip": {"num_prototypes": 20, "restart_every_steps": 3}},
+        }
         run(build(TrainConfig, cfg))
-        return (load_file(str(out / "model" / "open_clip_model.safetensors")),
-                load_file(str(out / "checkpoints" / "step-00000004" / "loss_state.safetensors")))
+        return (
+            load_file(str(out / "model" / "open_clip_model.safetensors")),
+            load_file(str(out / "checkpoints" / "step-00000004" / "loss_state.safetensors")),
+        )
 
     (w_plain, n_plain), (w_cached, n_cached) = train(tmp_path / "plain", 0), train(tmp_path / "cached", 3)
     for got, want in ((w_cached, w_plain), (n_cached, n_plain)):
         assert got.keys() == want.keys()
         for key in want:
             torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
-    assert int(n_plain["network.filled"][0]) == 8  # 8 rows at the start, 16, 20, then the restart at step 3: 8
+    assert (
+        int(n_plain["network.filled"][0]) == 8
+    )  # 8 rows at the start, 16, 20, then the restart at step 3: 8

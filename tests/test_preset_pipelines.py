@@ -80,11 +80,22 @@ def test_preset_pipeline_runs_scaled_down(name, demo, tmp_path):
     eval_folder, classnames = _eval_folder(tmp_path, demo_root, pairs)
     with serve(str(demo_root)) as server:
         urls = _url_list(name, tmp_path, server.url, pairs)
-        sets = {"run_dir": str(tmp_path / "run"), "vars.url_list": str(urls), "vars.model": "cliptk-tiny",
-                "vars.image_size": 64, "vars.num_processes": 1, "vars.num_threads": 4, "vars.nproc_per_node": 1,
-                "vars.device": "cpu", "vars.eval_folder": str(eval_folder), "vars.eval_classnames": str(classnames),
-                "stages.train.batch_size": 8, "stages.train.steps": 2, "stages.train.loader.num_workers": 0,
-                "stages.train.tensorboard": "false"}
+        sets = {
+            "run_dir": str(tmp_path / "run"),
+            "vars.url_list": str(urls),
+            "vars.model": "cliptk-tiny",
+            "vars.image_size": 64,
+            "vars.num_processes": 1,
+            "vars.num_threads": 4,
+            "vars.nproc_per_node": 1,
+            "vars.device": "cpu",
+            "vars.eval_folder": str(eval_folder),
+            "vars.eval_classnames": str(classnames),
+            "stages.train.batch_size": 8,
+            "stages.train.steps": 2,
+            "stages.train.loader.num_workers": 0,
+            "stages.train.tensorboard": "false",
+        }
         args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
         result = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(PRESETS / f"{name}.yaml"), *args])
     assert result.exit_code == 0, result.output

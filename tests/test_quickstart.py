@@ -39,15 +39,39 @@ def test_quickstart_end_to_end_small(tmp_path):
 
     path = PIPELINES[[p.name for p in PIPELINES].index("quickstart.yaml")]
     num = 64
-    args = ["--quiet", "pipeline", "run", str(path), "--set", f"run_dir={tmp_path}", "--set",
-            f"vars.num_concepts={num}", "--set", f"vars.port={free_port()}", "--set", "vars.steps=30", "--set",
-            "vars.batch_size=32", "--set", "stages.train.optim.warmup_steps=5",
-            # no npm download in tests: the demo leaves the Noto artist out (missing_ok), Twemoji alone trains
-            "--set", "stages.npm_artist.cmd=echo no npm download in tests"]
+    args = [
+        "--quiet",
+        "pipeline",
+        "run",
+        str(path),
+        "--set",
+        f"run_dir={tmp_path}",
+        "--set",
+        f"vars.num_concepts={num}",
+        "--set",
+        f"vars.port={free_port()}",
+        "--set",
+        "vars.steps=30",
+        "--set",
+        "vars.batch_size=32",
+        "--set",
+        "stages.train.optim.warmup_steps=5",
+        # no npm download in tests: the demo leaves the Noto artist out (missing_ok), Twemoji alone trains
+        "--set",
+        "stages.npm_artist.cmd=echo no npm download in tests",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    folders = {"npm_artist": "npm_artist", "demo": "demo", "fetch": "raw", "precompute": "precompute", "retrieval_set": "evalsets/openmoji_retrieval",
-               "groups_set": "evalsets/openmoji_groups", "train": "train", "zeroshot": "zeroshot"}
+    folders = {
+        "npm_artist": "npm_artist",
+        "demo": "demo",
+        "fetch": "raw",
+        "precompute": "precompute",
+        "retrieval_set": "evalsets/openmoji_retrieval",
+        "groups_set": "evalsets/openmoji_groups",
+        "train": "train",
+        "zeroshot": "zeroshot",
+    }
     for name, folder in folders.items():
         assert json.loads((tmp_path / folder / "manifest.json").read_text())["status"] == "done", name
     precompute = json.loads((tmp_path / "precompute" / "manifest.json").read_text())

@@ -20,19 +20,32 @@ def _synthetic_artists(cache: Path, num_concepts: int = 90) -> None:
     codes = np.asarray([f"c{i}" for i in range(num_concepts)])
     (cache / "features").mkdir(parents=True)
     text = latent @ rng.standard_normal((16, 384)) + 3.0 * rng.standard_normal((num_concepts, 384))
-    np.savez(cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32))
+    np.savez(
+        cache / "features" / "captions.npz", codepoints=codes, captions=codes, text=text.astype(np.float32)
+    )
     shared = rng.standard_normal((16, 1280))
     for artist in ("twemoji", "noto", "fluent", "openmoji"):
-        image = latent @ (shared + 0.5 * rng.standard_normal((16, 1280))) + 12.0 * rng.standard_normal((num_concepts, 1280))
+        image = latent @ (shared + 0.5 * rng.standard_normal((16, 1280))) + 12.0 * rng.standard_normal(
+            (num_concepts, 1280)
+        )
         np.savez(cache / "features" / f"{artist}.npz", codepoints=codes, image=image.astype(np.float32))
 
 
 def _knobs(path: Path) -> None:
     """A convergence result's short batch-32 cell: the best OpenCLIP and FastCLIP v3's tuned knobs."""
-    rows = {"openclip (fixed τ)": {"tuning": {"chosen": {"tau_init": 0.07}}},
-            "fastclip-v3": {"tuning": {"chosen": {"tau_init": 0.07, "lr_tau": 2e-4, "rho": 6.5}}}}
-    path.write_text(json.dumps({"results": [{"regime": "short", "batch": 32, "best_openclip": "openclip (fixed τ)",
-                                             "rows": rows}]}))
+    rows = {
+        "openclip (fixed τ)": {"tuning": {"chosen": {"tau_init": 0.07}}},
+        "fastclip-v3": {"tuning": {"chosen": {"tau_init": 0.07, "lr_tau": 2e-4, "rho": 6.5}}},
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "results": [
+                    {"regime": "short", "batch": 32, "best_openclip": "openclip (fixed τ)", "rows": rows}
+                ]
+            }
+        )
+    )
 
 
 @pytest.fixture
@@ -49,12 +62,25 @@ def test_reference_quick_end_to_end(tmp_path, capsys, torch_threads):
     _synthetic_artists(tmp_path / "cache")
     _knobs(tmp_path / "knobs.json")
     out = tmp_path / "res" / "reference.json"
-    argv = ["--quick", "--workers", "1", "--cache", str(tmp_path / "cache"), "--knobs-from", str(tmp_path / "knobs.json"),
-            "--out", str(out), "--methods", "drrho"]
+    argv = [
+        "--quick",
+        "--workers",
+        "1",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--knobs-from",
+        str(tmp_path / "knobs.json"),
+        "--out",
+        str(out),
+        "--methods",
+        "drrho",
+    ]
     report = reference.main(argv)
     ref = report["reference"]
     # the reference saw Twemoji's training pairs only: about a third of the students' pairs
-    assert ref["artists"] == ["twemoji"] and 0 < ref["num_train_pairs"] < report["config"]["num_train_pairs"] / 2
+    assert (
+        ref["artists"] == ["twemoji"] and 0 < ref["num_train_pairs"] < report["config"]["num_train_pairs"] / 2
+    )
     assert ref["num_pass_pairs"] == report["config"]["num_train_pairs"] and ref["heads_pass_s"] > 0
     embeddings = np.load(tmp_path / "cache" / "reference_twemoji_b32_e2.npz")
     assert embeddings["image"].shape == (report["config"]["num_train_pairs"], ref["d_ref"])
@@ -64,8 +90,10 @@ def test_reference_quick_end_to_end(tmp_path, capsys, torch_threads):
     assert cell["rows"][rm.CONTROL]["tuning"]["chosen"]["drrho.ref_weight"] == 0.0
     # β > 0 reads the reference: its runs differ from the control's (same seeds, same other knobs)
     assert cell["rows"]["drrho"]["tuning"]["chosen"]["drrho.ref_weight"] > 0
-    assert cell["rows"]["drrho"]["paired_diff_vs_best_openclip"]["per_seed"] != \
-        cell["rows"][rm.CONTROL]["paired_diff_vs_best_openclip"]["per_seed"]
+    assert (
+        cell["rows"]["drrho"]["paired_diff_vs_best_openclip"]["per_seed"]
+        != cell["rows"][rm.CONTROL]["paired_diff_vs_best_openclip"]["per_seed"]
+    )
     (target,) = report["targets"]
     assert target["method"] == "drrho" and "met" in target
     text = out.with_suffix(".md").read_text()
@@ -83,7 +111,9 @@ def test_distill_by_registry_name(tmp_path):
     if why:
         assert "unknown loss kind 'distill'" in why
         with pytest.raises(SystemExit, match="unknown loss kind 'distill'"):
-            reference.main(["--methods", "distill", "--cache", str(tmp_path / "none"), "--out", str(tmp_path / "r.json")])
+            reference.main(
+                ["--methods", "distill", "--cache", str(tmp_path / "none"), "--out", str(tmp_path / "r.json")]
+            )
     else:
         assert rm.choose(["distill"]) == (["distill"], {})
     with pytest.raises(SystemExit, match="unknown method"):
@@ -115,11 +145,16 @@ def test_run_keys_name_the_reference(tmp_path):
     num_train = len(data.pairs["train"])
     (cell, _) = make_cells(args, num_train)
     plain = Runner(args, data)
-    runners = {who: RefRunner(args, data, _reference(num_train, seed, artists), False, rm.READS_REFERENCE)
-               for who, seed, artists in (("one", 1, ["twemoji"]), ("two", 2, ["twemoji", "noto"]))}
+    runners = {
+        who: RefRunner(args, data, _reference(num_train, seed, artists), False, rm.READS_REFERENCE)
+        for who, seed, artists in (("one", 1, ["twemoji"]), ("two", 2, ["twemoji", "noto"]))
+    }
     openclip = next(m for m in cm.METHODS if m.is_openclip)
-    students = [(rm.drrho(False), {"drrho.ref_weight": 0.5}), (rm.control(), {}),
-                (rm.distill(openclip.fields, 0.07), {"distill.weight": 0.25})]
+    students = [
+        (rm.drrho(False), {"drrho.ref_weight": 0.5}),
+        (rm.control(), {}),
+        (rm.distill(openclip.fields, 0.07), {"distill.weight": 0.25}),
+    ]
     for method, knobs in students:
         keys = {who: r.task(cell, method, knobs, 0)["key"] for who, r in runners.items()}
         assert keys["one"] != keys["two"] and plain.task(cell, method, knobs, 0)["key"] not in keys.values()
@@ -137,25 +172,62 @@ def test_scratch_cell_tunes_distill_on_its_own_split(tmp_path, torch_threads):
     rng = np.random.default_rng(1)
     for artist in ("twemoji", "noto", "fluent", "openmoji"):  # the 32 px drawings, as load_pixels caches them
         codes = np.load(cache / "features" / f"{artist}.npz")["codepoints"]
-        np.savez(cache / "features" / f"{artist}_px32.npz", codepoints=codes,
-                 pixels=rng.integers(0, 256, (len(codes), 32, 32, 3), dtype=np.uint8))
+        np.savez(
+            cache / "features" / f"{artist}_px32.npz",
+            codepoints=codes,
+            pixels=rng.integers(0, 256, (len(codes), 32, 32, 3), dtype=np.uint8),
+        )
     _knobs(tmp_path / "knobs.json")
     knobs = json.loads((tmp_path / "knobs.json").read_text())
     knobs["results"].append({**knobs["results"][0], "batch": 64})
     (tmp_path / "knobs.json").write_text(json.dumps(knobs))
     report = reference.main(
-        ["--workers", "1", "--cache", str(cache), "--knobs-from", str(tmp_path / "knobs.json"),
-         "--out", str(tmp_path / "r.json"), "--methods", "distill", "--batches", "32", "--short-epochs", "1",
-         "--seeds", "1", "--reference-batch", "32", "--reference-epochs", "1", "--eval-points", "1",
-         "--tower-timing-pairs", "0", "--scratch-seeds", "1", "--scratch-epochs", "1", "--scratch-methods", "distill",
-         "--scratch-tune", "distill.weight", "distill.teacher_tau"])
+        [
+            "--workers",
+            "1",
+            "--cache",
+            str(cache),
+            "--knobs-from",
+            str(tmp_path / "knobs.json"),
+            "--out",
+            str(tmp_path / "r.json"),
+            "--methods",
+            "distill",
+            "--batches",
+            "32",
+            "--short-epochs",
+            "1",
+            "--seeds",
+            "1",
+            "--reference-batch",
+            "32",
+            "--reference-epochs",
+            "1",
+            "--eval-points",
+            "1",
+            "--tower-timing-pairs",
+            "0",
+            "--scratch-seeds",
+            "1",
+            "--scratch-epochs",
+            "1",
+            "--scratch-methods",
+            "distill",
+            "--scratch-tune",
+            "distill.weight",
+            "distill.teacher_tau",
+        ]
+    )
     lit, scratch = report["results"]
     assert scratch["regime"] == "scratch" and set(scratch["rows"]) == {"openclip (fixed τ)", "distill"}
     assert scratch["rows"]["openclip (fixed τ)"]["tuning"]["adopted_from"]
     tuning = scratch["rows"]["distill"]["tuning"]
     assert not tuning["adopted_from"]
     tau = round(report["reference"]["final_tau"], 5)
-    assert set(rm.SCRATCH_WEIGHTS) <= set(tuning["grids"]["distill.weight"]) and max(tuning["grids"]["distill.weight"]) == 1.0
+    assert (
+        set(rm.SCRATCH_WEIGHTS) <= set(tuning["grids"]["distill.weight"])
+        and max(tuning["grids"]["distill.weight"]) == 1.0
+    )
     assert set(tuning["grids"]["distill.teacher_tau"]) >= {round(tau / 2, 5), tau, round(2 * tau, 5)}
     scored = {(s["distill.weight"], s["distill.teacher_tau"]): s["val_r1"] for s in tuning["scores"]}
     assert {w for w, t in scored if t == tau} >= set(rm.SCRATCH_WEIGHTS)  # λ swept at the reference's τ

@@ -17,14 +17,20 @@ def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
     venv, calls = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
-    python.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n")
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
     python.chmod(0o755)
     return venv, calls
 
 
 def _run(venv: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=dict(os.environ, VENV=str(venv)),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(SCRIPT)],
+        cwd=ROOT,
+        env=dict(os.environ, VENV=str(venv)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_setup_says_each_step_and_lets_pip_speak(tmp_path):

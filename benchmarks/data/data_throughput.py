@@ -42,7 +42,10 @@ def make_raw(root: str, num_samples: int, per_shard: int, side: int = 256) -> li
                 noisy = np.clip(np.asarray(img, np.int16) + rng.integers(-12, 13, (side, side, 3)), 0, 255)
                 buf = io.BytesIO()
                 Image.fromarray(noisy.astype(np.uint8)).save(buf, "JPEG", quality=90)
-                for ext, data in (("jpg", buf.getvalue()), ("txt", f"a generated picture number {i}".encode())):
+                for ext, data in (
+                    ("jpg", buf.getvalue()),
+                    ("txt", f"a generated picture number {i}".encode()),
+                ):
                     info = tarfile.TarInfo(f"{i:09d}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -74,8 +77,13 @@ def on_the_fly_loader(urls: list[str], size: int, model: str, batch_size: int, w
     from toolkit.models.registry import tokenizer
 
     tok = tokenizer(model)
-    tv = transforms.Compose([transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC),
-                             transforms.CenterCrop(size), transforms.ToTensor()])
+    tv = transforms.Compose(
+        [
+            transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(size),
+            transforms.ToTensor(),
+        ]
+    )
 
     def image(data: bytes):
         if style == "decode_rgb":
@@ -83,11 +91,17 @@ def on_the_fly_loader(urls: list[str], size: int, model: str, batch_size: int, w
         return tv(Image.open(io.BytesIO(data)).convert("RGB"))
 
     def collate(samples):
-        return {"image": torch.stack([image(s["jpg"]) for s in samples]),
-                "tokens": tok([s["txt"].decode() for s in samples])}
+        return {
+            "image": torch.stack([image(s["jpg"]) for s in samples]),
+            "tokens": tok([s["txt"].decode() for s in samples]),
+        }
 
-    ds = wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_worker, wds.tarfile_to_samples(),
-                          wds.batched(batch_size, collation_fn=collate, partial=True))
+    ds = wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.batched(batch_size, collation_fn=collate, partial=True),
+    )
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
 
 
@@ -97,19 +111,35 @@ def bench_size(raw: str, urls: list[str], work: str, size: int, args) -> dict:
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     out = os.path.join(work, f"train{size}")
-    cfg = build(PrecomputeConfig, {"input": raw, "out": out, "model": args.model, "image_size": size,
-                                   "num_workers": args.workers, "samples_per_shard": args.per_shard})
+    cfg = build(
+        PrecomputeConfig,
+        {
+            "input": raw,
+            "out": out,
+            "model": args.model,
+            "image_size": size,
+            "num_workers": args.workers,
+            "samples_per_shard": args.per_shard,
+        },
+    )
     start = time.perf_counter()
     result = run(cfg)
     pre_s = time.perf_counter() - start
-    row = {"size": size, "samples": result.counts["num_samples"],
-           "precompute_samples_per_s": result.counts["num_read"] / pre_s}
+    row = {
+        "size": size,
+        "samples": result.counts["num_samples"],
+        "precompute_samples_per_s": result.counts["num_read"] / pre_s,
+    }
     for name, make in [
         ("loader", lambda: make_loader(out, batch_size=args.batch_size, num_workers=args.workers)),
-        ("decode_rgb", lambda: on_the_fly_loader(urls, size, args.model, args.batch_size, args.workers,
-                                                 "decode_rgb")),
-        ("torchvision", lambda: on_the_fly_loader(urls, size, args.model, args.batch_size, args.workers,
-                                                  "torchvision")),
+        (
+            "decode_rgb",
+            lambda: on_the_fly_loader(urls, size, args.model, args.batch_size, args.workers, "decode_rgb"),
+        ),
+        (
+            "torchvision",
+            lambda: on_the_fly_loader(urls, size, args.model, args.batch_size, args.workers, "torchvision"),
+        ),
     ]:
         best = None
         for _ in range(args.repeats):
@@ -142,15 +172,21 @@ def main() -> None:
         rows = [bench_size(raw, urls, work, size, args) for size in args.sizes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{args.num_samples} generated 256 px JPEGs, {args.workers} workers, batch {args.batch_size}, "
-          f"{os.cpu_count()} CPUs (samples/s after the first batch, best of {args.repeats})\n")
-    print("| model res | precompute | training-shard loader | on-the-fly decode_rgb | on-the-fly torchvision "
-          "| loader / decode_rgb | loader / torchvision |")
+    print(
+        f"\n{args.num_samples} generated 256 px JPEGs, {args.workers} workers, batch {args.batch_size}, "
+        f"{os.cpu_count()} CPUs (samples/s after the first batch, best of {args.repeats})\n"
+    )
+    print(
+        "| model res | precompute | training-shard loader | on-the-fly decode_rgb | on-the-fly torchvision "
+        "| loader / decode_rgb | loader / torchvision |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['size']} | {r['precompute_samples_per_s']:.0f} | {r['loader_samples_per_s']:.0f} | "
-              f"{r['decode_rgb_samples_per_s']:.0f} | {r['torchvision_samples_per_s']:.0f} | "
-              f"{r['speedup_vs_decode_rgb']:.1f}x | {r['speedup_vs_torchvision']:.1f}x |")
+        print(
+            f"| {r['size']} | {r['precompute_samples_per_s']:.0f} | {r['loader_samples_per_s']:.0f} | "
+            f"{r['decode_rgb_samples_per_s']:.0f} | {r['torchvision_samples_per_s']:.0f} | "
+            f"{r['speedup_vs_decode_rgb']:.1f}x | {r['speedup_vs_torchvision']:.1f}x |"
+        )
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump({"args": vars(args), "rows": rows}, fh, indent=2)

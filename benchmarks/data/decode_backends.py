@@ -41,7 +41,9 @@ def pil_plain(data: list[bytes], size: int) -> None:
         img = Image.open(io.BytesIO(d)).convert("RGB")
         side = min(img.size)
         left, top = (img.width - side) // 2, (img.height - side) // 2
-        np.asarray(img.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side)))
+        np.asarray(
+            img.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side))
+        )
 
 
 def time_it(fn, repeats: int) -> float:
@@ -55,7 +57,9 @@ def time_it(fn, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sides", type=int, nargs="+", default=[256, 512, 1024], help="Source image widths (px).")
+    ap.add_argument(
+        "--sides", type=int, nargs="+", default=[256, 512, 1024], help="Source image widths (px)."
+    )
     ap.add_argument("--size", type=int, default=224, help="Output side (px).")
     ap.add_argument("--num-images", type=int, default=64, help="Images per source side.")
     ap.add_argument("--repeats", type=int, default=3, help="Timed repeats; the best is kept.")
@@ -71,25 +75,36 @@ def main(argv: list[str] | None = None) -> None:
         data = photo_like(rng, side, args.num_images)
         row = {"source_side": side, "mean_kib": round(sum(map(len, data)) / len(data) / 1024, 1)}
         for name in ("torchvision", "pil", "auto"):
-            row[name] = round(len(data) / time_it(lambda n=name, d=data: decode_batch(d, args.size, backend=n),
-                                                    args.repeats), 1)
+            row[name] = round(
+                len(data)
+                / time_it(lambda n=name, d=data: decode_batch(d, args.size, backend=n), args.repeats),
+                1,
+            )
         row["pil_plain"] = round(len(data) / time_it(lambda d=data: pil_plain(d, args.size), args.repeats), 1)
         rows.append(row)
     head = "| source px | KiB | torchvision img/s | pil (draft) img/s | auto img/s | pil plain img/s |"
     lines = [head, "|---|---|---|---|---|---|"] + [
         f"| {r['source_side']} | {r['mean_kib']} | {r['torchvision']} | {r['pil']} | {r['auto']} | {r['pil_plain']} |"
-        for r in rows]
+        for r in rows
+    ]
     table = "\n".join(lines)
     print(table)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    meta = {"size": args.size, "num_images": args.num_images, "threads": 1, "load_avg": os.getloadavg()[0],
-            "torch": torch.__version__}
+    meta = {
+        "size": args.size,
+        "num_images": args.num_images,
+        "threads": 1,
+        "load_avg": os.getloadavg()[0],
+        "torch": torch.__version__,
+    }
     with open(args.out + ".json", "w") as fh:
         json.dump({"meta": meta, "rows": rows}, fh, indent=1)
     with open(args.out + ".md", "w") as fh:
-        fh.write(f"# CPU JPEG decode to {args.size} px, one thread (images/s, best of {args.repeats})\n\n"
-                 f"Command: `python -m benchmarks.data.decode_backends {' '.join(sys.argv[1:])}`; load average "
-                 f"{meta['load_avg']:.1f} on a 2-core machine.\n\n{table}\n")
+        fh.write(
+            f"# CPU JPEG decode to {args.size} px, one thread (images/s, best of {args.repeats})\n\n"
+            f"Command: `python -m benchmarks.data.decode_backends {' '.join(sys.argv[1:])}`; load average "
+            f"{meta['load_avg']:.1f} on a 2-core machine.\n\n{table}\n"
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def make_raw(root: str, num_samples: int, per_shard: int, side: int) -> list[str
         with tarfile.open(url, "w") as tar:
             for i in range(shard * per_shard, min(num_samples, (shard + 1) * per_shard)):
                 low = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
-                img = np.asarray(Image.fromarray(low).resize((side, side * 3 // 4), Image.Resampling.BICUBIC),
-                                 np.int16)
+                img = np.asarray(
+                    Image.fromarray(low).resize((side, side * 3 // 4), Image.Resampling.BICUBIC), np.int16
+                )
                 img = np.clip(img + rng.integers(-12, 13, img.shape), 0, 255).astype(np.uint8)
                 buf = io.BytesIO()
                 Image.fromarray(img).save(buf, "JPEG", quality=90)
@@ -86,12 +87,37 @@ def open_clip_rate(urls: list[str], args: argparse.Namespace) -> float:
     env = dict(os.environ)
     if tuple(int(x) for x in version("webdataset").split(".")[:3]) > (0, 2, 86):
         if not os.path.isdir(os.path.join(DEPS, "webdataset")):
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", DEPS,
-                            f"webdataset=={OPEN_CLIP_WEBDATASET}"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--no-deps",
+                    "--target",
+                    DEPS,
+                    f"webdataset=={OPEN_CLIP_WEBDATASET}",
+                ],
+                check=True,
+            )
         env["PYTHONPATH"] = os.pathsep.join([DEPS, os.getcwd(), env.get("PYTHONPATH", "")])
-    child = [sys.executable, __file__, "--open-clip-child", "::".join(urls), "--num-samples", str(args.num_samples),
-             "--size", str(args.size), "--batch-size", str(args.batch_size), "--model", args.model,
-             "--repeats", str(args.repeats)]
+    child = [
+        sys.executable,
+        __file__,
+        "--open-clip-child",
+        "::".join(urls),
+        "--num-samples",
+        str(args.num_samples),
+        "--size",
+        str(args.size),
+        "--batch-size",
+        str(args.batch_size),
+        "--model",
+        args.model,
+        "--repeats",
+        str(args.repeats),
+    ]
     out = subprocess.run(child, env=env, check=True, capture_output=True, text=True).stdout
     return float(out.strip().splitlines()[-1])
 
@@ -102,9 +128,17 @@ def open_clip_loader(urls: str, num_samples: int, size: int, batch_size: int, mo
 
     from toolkit.models.registry import tokenizer
 
-    args = SimpleNamespace(train_data=urls, train_num_samples=num_samples, dataset_resampled=False,
-                           train_data_upsampling_factors=None, seed=0, batch_size=batch_size, workers=0,
-                           world_size=1, distributed=False)
+    args = SimpleNamespace(
+        train_data=urls,
+        train_num_samples=num_samples,
+        dataset_resampled=False,
+        train_data_upsampling_factors=None,
+        seed=0,
+        batch_size=batch_size,
+        workers=0,
+        world_size=1,
+        distributed=False,
+    )
     preprocess = open_clip.image_transform(size, is_train=True)
     return get_wds_dataset(args, preprocess, is_train=True, tokenizer=tokenizer(model)).dataloader
 
@@ -150,8 +184,9 @@ class JpegIndexLoader:
                 fh.close()
 
 
-def pixels_loader(raw: str, work: str, size: int, batch_size: int, model: str, margin: bool,
-                  on_device: bool = False):
+def pixels_loader(
+    raw: str, work: str, size: int, batch_size: int, model: str, margin: bool, on_device: bool = False
+):
     from toolkit.core.config import build
     from toolkit.data.augment import AugmentConfig, DeviceCrop, PixelTransform
     from toolkit.data.trainset.loader import make_loader
@@ -159,8 +194,19 @@ def pixels_loader(raw: str, work: str, size: int, batch_size: int, model: str, m
 
     out = os.path.join(work, f"pixels-{margin}")
     if not os.path.exists(os.path.join(out, "dataset.json")):
-        run(build(PrecomputeConfig, {"input": raw, "out": out, "model": model, "image_size": size,
-                                     "crop_scale_min": 0.9 if margin else 1.0, "samples_per_shard": 1000}))
+        run(
+            build(
+                PrecomputeConfig,
+                {
+                    "input": raw,
+                    "out": out,
+                    "model": model,
+                    "image_size": size,
+                    "crop_scale_min": 0.9 if margin else 1.0,
+                    "samples_per_shard": 1000,
+                },
+            )
+        )
     transform = (DeviceCrop if on_device else PixelTransform)(size, 0, AugmentConfig()) if margin else None
     return make_loader(out, batch_size=batch_size, num_workers=0, image_transform=transform)
 
@@ -187,10 +233,22 @@ def index_loader(raw: str, work: str, size: int, batch_size: int, model: str):
 
     out = os.path.join(work, "index")
     if not os.path.exists(os.path.join(out, "dataset.json")):
-        run(build(PrecomputeConfig, {"input": raw, "out": out, "model": model, "image_size": size,
-                                     "storage": "index", "samples_per_shard": 1000}))
-    return make_loader(out, batch_size=batch_size, num_workers=0, image_transform=PixelTransform(size, 0,
-                                                                                                  AugmentConfig()))
+        run(
+            build(
+                PrecomputeConfig,
+                {
+                    "input": raw,
+                    "out": out,
+                    "model": model,
+                    "image_size": size,
+                    "storage": "index",
+                    "samples_per_shard": 1000,
+                },
+            )
+        )
+    return make_loader(
+        out, batch_size=batch_size, num_workers=0, image_transform=PixelTransform(size, 0, AugmentConfig())
+    )
 
 
 class PillowOnly:
@@ -227,8 +285,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-samples", type=int, default=2048, help="Generated image-text pairs.")
     ap.add_argument("--per-shard", type=int, default=512, help="Samples per raw shard.")
-    ap.add_argument("--source-side", type=int, default=341, help="Width of the generated JPEGs (img2dataset's "
-                                                                 "keep_ratio at 256 gives 341 x 256).")
+    ap.add_argument(
+        "--source-side",
+        type=int,
+        default=341,
+        help="Width of the generated JPEGs (img2dataset's keep_ratio at 256 gives 341 x 256).",
+    )
     ap.add_argument("--size", type=int, default=224, help="Model input side (px).")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--model", default="cliptk-tiny", help="Tokenizer source.")
@@ -244,8 +306,13 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     if args.open_clip_child:
-        make = lambda: open_clip_loader(args.open_clip_child, args.num_samples, args.size,  # noqa: E731
-                                        args.batch_size, args.model)
+        make = lambda: open_clip_loader(  # noqa: E731
+            args.open_clip_child,
+            args.num_samples,
+            args.size,
+            args.batch_size,
+            args.model,
+        )
         print(time_loader(make, args.repeats)[0])
         return
     work = tempfile.mkdtemp(prefix="loader-decode-")
@@ -258,8 +325,9 @@ def main(argv: list[str] | None = None) -> None:
             "cliptk_jpeg": lambda: JpegIndexLoader(urls, args.size, args.batch_size, args.model),
             "pixels_crop": lambda: pixels_loader(raw, work, args.size, args.batch_size, args.model, True),
             "pixels": lambda: pixels_loader(raw, work, args.size, args.batch_size, args.model, False),
-            "pixels_device_crop": lambda: pixels_loader(raw, work, args.size, args.batch_size, args.model, True,
-                                                        on_device=True),
+            "pixels_device_crop": lambda: pixels_loader(
+                raw, work, args.size, args.batch_size, args.model, True, on_device=True
+            ),
         }
         makers["cliptk_index"] = lambda: index_loader(raw, work, args.size, args.batch_size, args.model)
         for name, make in makers.items():
@@ -268,28 +336,35 @@ def main(argv: list[str] | None = None) -> None:
         with PillowOnly():
             rates["cliptk_index_pil"], _ = time_loader(makers["cliptk_index"], args.repeats)
         rates["device_resize_cpu"] = device_resize_rate(
-            pixels_loader(raw, work, args.size, args.batch_size, args.model, True, on_device=True), args.size)
+            pixels_loader(raw, work, args.size, args.batch_size, args.model, True, on_device=True), args.size
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(args, rates)
 
 
 def report(args: argparse.Namespace, rates: dict[str, float]) -> None:
-    ratios = {"cliptk_jpeg / open_clip": rates["cliptk_jpeg"] / rates["open_clip"],
-              "cliptk_index / open_clip": rates["cliptk_index"] / rates["open_clip"],
-              "cliptk_index_pil / open_clip": rates["cliptk_index_pil"] / rates["open_clip"],
-              "pixels_crop / cliptk_jpeg": rates["pixels_crop"] / rates["cliptk_jpeg"],
-              "pixels_device_crop / cliptk_jpeg": rates["pixels_device_crop"] / rates["cliptk_jpeg"],
-              "pixels / cliptk_jpeg": rates["pixels"] / rates["cliptk_jpeg"]}
+    ratios = {
+        "cliptk_jpeg / open_clip": rates["cliptk_jpeg"] / rates["open_clip"],
+        "cliptk_index / open_clip": rates["cliptk_index"] / rates["open_clip"],
+        "cliptk_index_pil / open_clip": rates["cliptk_index_pil"] / rates["open_clip"],
+        "pixels_crop / cliptk_jpeg": rates["pixels_crop"] / rates["cliptk_jpeg"],
+        "pixels_device_crop / cliptk_jpeg": rates["pixels_device_crop"] / rates["cliptk_jpeg"],
+        "pixels / cliptk_jpeg": rates["pixels"] / rates["cliptk_jpeg"],
+    }
     lines = ["| loader | samples/s per core |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in rates.items()]
-    lines += ["", "| ratio | value | target |", "|---|---|---|",
-              f"| cliptk_jpeg / open_clip | {ratios['cliptk_jpeg / open_clip']:.2f}x | >= 1.5x |",
-              f"| cliptk_index / open_clip | {ratios['cliptk_index / open_clip']:.2f}x | >= 1.5x |",
-              f"| cliptk_index_pil / open_clip | {ratios['cliptk_index_pil / open_clip']:.2f}x | (before) |",
-              f"| pixels_crop / cliptk_jpeg | {ratios['pixels_crop / cliptk_jpeg']:.2f}x | >= 10x |",
-              f"| pixels_device_crop / cliptk_jpeg | {ratios['pixels_device_crop / cliptk_jpeg']:.2f}x | >= 10x |",
-              f"| pixels / cliptk_jpeg | {ratios['pixels / cliptk_jpeg']:.2f}x | >= 10x |"]
+    lines += [
+        "",
+        "| ratio | value | target |",
+        "|---|---|---|",
+        f"| cliptk_jpeg / open_clip | {ratios['cliptk_jpeg / open_clip']:.2f}x | >= 1.5x |",
+        f"| cliptk_index / open_clip | {ratios['cliptk_index / open_clip']:.2f}x | >= 1.5x |",
+        f"| cliptk_index_pil / open_clip | {ratios['cliptk_index_pil / open_clip']:.2f}x | (before) |",
+        f"| pixels_crop / cliptk_jpeg | {ratios['pixels_crop / cliptk_jpeg']:.2f}x | >= 10x |",
+        f"| pixels_device_crop / cliptk_jpeg | {ratios['pixels_device_crop / cliptk_jpeg']:.2f}x | >= 10x |",
+        f"| pixels / cliptk_jpeg | {ratios['pixels / cliptk_jpeg']:.2f}x | >= 10x |",
+    ]
     table = "\n".join(lines)
     print(table)
     meta = {**vars(args), "threads": 1, "workers": 0, "load_avg": os.getloadavg()[0]}
@@ -297,11 +372,13 @@ def report(args: argparse.Namespace, rates: dict[str, float]) -> None:
     with open(args.out + ".json", "w") as fh:
         json.dump({"meta": meta, "samples_per_s": rates, "ratios": ratios}, fh, indent=1)
     with open(args.out + ".md", "w") as fh:
-        fh.write(f"# Loader samples/s per CPU core, {args.source_side} px JPEG sources -> {args.size} px, batch "
-                 f"{args.batch_size}, {args.num_samples} samples (best of {args.repeats} passes)\n\n"
-                 f"Command: `python -m benchmarks.data.loader_decode {' '.join(sys.argv[1:])}`; one process, "
-                 f"one torch thread, "
-                 f"load average {meta['load_avg']:.1f} on a 2-core machine.\n\n{table}\n")
+        fh.write(
+            f"# Loader samples/s per CPU core, {args.source_side} px JPEG sources -> {args.size} px, batch "
+            f"{args.batch_size}, {args.num_samples} samples (best of {args.repeats} passes)\n\n"
+            f"Command: `python -m benchmarks.data.loader_decode {' '.join(sys.argv[1:])}`; one process, "
+            f"one torch thread, "
+            f"load average {meta['load_avg']:.1f} on a 2-core machine.\n\n{table}\n"
+        )
 
 
 if __name__ == "__main__":

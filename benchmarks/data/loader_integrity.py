@@ -70,9 +70,24 @@ def time_arm(root: str, path: str, args) -> float:
     # run by path, not -m: -m would put the working directory (this checkout's toolkit) before ``root``;
     # REPO after ``root`` only supplies the benchmarks package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, REPO]), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", path, "--workers", str(args.workers),
-                           "--batch-size", str(args.batch_size), "--steps", str(steps)],
-                          env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            path,
+            "--workers",
+            str(args.workers),
+            "--batch-size",
+            str(args.batch_size),
+            "--steps",
+            str(steps),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(proc.stdout.strip().splitlines()[-1])
 
 
@@ -92,22 +107,39 @@ def bench_size(raw: str, work: str, base: str, size: int, args) -> dict:
 
     after = os.path.join(work, f"train{size}")
     before = after + "-old"
-    run(build(PrecomputeConfig, {"input": raw, "out": after, "model": args.model, "image_size": size,
-                                 "num_workers": 2, "samples_per_shard": args.per_shard}))
+    run(
+        build(
+            PrecomputeConfig,
+            {
+                "input": raw,
+                "out": after,
+                "model": args.model,
+                "image_size": size,
+                "num_workers": 2,
+                "samples_per_shard": args.per_shard,
+            },
+        )
+    )
     strip_checksums(after, before)
     # after_unverified: this tree on the old folder (no checksums to verify; token ids still bounded)
     arms = {"before": (base, before), "after": (REPO, after), "after_unverified": (REPO, before)}
     rates: dict[str, list[float]] = {name: [] for name in arms}
     for r in range(args.rounds):
-        for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+        for name in list(arms) if r % 2 == 0 else list(arms)[::-1]:
             rates[name].append(time_arm(*arms[name], args))
-    row = {"size": size, "sample_bytes": TrainDataset.open(after).sample_bytes,
-           **{f"{k}_samples_per_s": statistics.median(v) for k, v in rates.items()}, "rounds": rates}
+    row = {
+        "size": size,
+        "sample_bytes": TrainDataset.open(after).sample_bytes,
+        **{f"{k}_samples_per_s": statistics.median(v) for k, v in rates.items()},
+        "rounds": rates,
+    }
     # the median of per-round ratios: each pair ran back to back, under about the same load
-    row["slowdown_pct"] = 100 * (1 - statistics.median(a / b for a, b in zip(rates["after"], rates["before"],
-                                                                             strict=True)))
-    row["checksum_cost_pct"] = 100 * (1 - statistics.median(
-        a / b for a, b in zip(rates["after"], rates["after_unverified"], strict=True)))
+    row["slowdown_pct"] = 100 * (
+        1 - statistics.median(a / b for a, b in zip(rates["after"], rates["before"], strict=True))
+    )
+    row["checksum_cost_pct"] = 100 * (
+        1 - statistics.median(a / b for a, b in zip(rates["after"], rates["after_unverified"], strict=True))
+    )
     shutil.rmtree(after), shutil.rmtree(before)
     return row
 
@@ -140,16 +172,22 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     unit = "samples per CPU-second of the reading process" if args.workers == 0 else "samples/s (wall)"
-    print(f"\n{args.num_samples} samples, {args.workers} workers, batch {args.batch_size}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}: median {unit} of {args.rounds} interleaved rounds; slowdown: median of "
-          f"the rounds' after/before ratios; before = {args.base}\n")
-    print("| model res | sample bytes | before (no checks) | after (checksums + token bound) | slowdown | "
-          "after, old folder (token bound only) | cost of the checksums |")
+    print(
+        f"\n{args.num_samples} samples, {args.workers} workers, batch {args.batch_size}, {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f}: median {unit} of {args.rounds} interleaved rounds; slowdown: median of "
+        f"the rounds' after/before ratios; before = {args.base}\n"
+    )
+    print(
+        "| model res | sample bytes | before (no checks) | after (checksums + token bound) | slowdown | "
+        "after, old folder (token bound only) | cost of the checksums |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['size']} | {r['sample_bytes']} | {r['before_samples_per_s']:.0f} | "
-              f"{r['after_samples_per_s']:.0f} | {r['slowdown_pct']:+.1f} % | "
-              f"{r['after_unverified_samples_per_s']:.0f} | {r['checksum_cost_pct']:+.1f} % |")
+        print(
+            f"| {r['size']} | {r['sample_bytes']} | {r['before_samples_per_s']:.0f} | "
+            f"{r['after_samples_per_s']:.0f} | {r['slowdown_pct']:+.1f} % | "
+            f"{r['after_unverified_samples_per_s']:.0f} | {r['checksum_cost_pct']:+.1f} % |"
+        )
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump({"args": vars(args), "rows": rows}, fh, indent=2)

@@ -32,14 +32,20 @@ MODELS = {"tiny": "cliptk-tiny", "vit-b-32": "ViT-B-32"}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="references to time")
+    p.add_argument(
+        "--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="references to time"
+    )
     p.add_argument("--num-samples", type=int, default=1000, help="samples for the tiny reference")
     p.add_argument("--vit-samples", type=int, default=64, help="samples for ViT-B-32")
     p.add_argument("--workers", type=int, default=2, help="precompute worker processes")
     p.add_argument("--repeats", type=int, default=1, help="interleaved repeats (without, with)")
     p.add_argument("--work", type=Path, default=Path("runs/bench/reference_pass"), help="scratch folder")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/data/results/reference_pass"),
-                   help="writes OUT.json and OUT.md")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/data/results/reference_pass"),
+        help="writes OUT.json and OUT.md",
+    )
     return p.parse_args(argv)
 
 
@@ -54,8 +60,12 @@ def make_raw(folder: Path, num_samples: int, per_shard: int = 250) -> Path:
         with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
             for i in range(shard * per_shard, min(num_samples, (shard + 1) * per_shard)):
                 buf = io.BytesIO()
-                smooth = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)  # upscaled: JPEG-sized like a photo
-                Image.fromarray(smooth).resize((256, 192), Image.Resampling.BICUBIC).save(buf, "JPEG", quality=90)
+                smooth = rng.integers(
+                    0, 256, (12, 16, 3), dtype=np.uint8
+                )  # upscaled: JPEG-sized like a photo
+                Image.fromarray(smooth).resize((256, 192), Image.Resampling.BICUBIC).save(
+                    buf, "JPEG", quality=90
+                )
                 for ext, data in (("jpg", buf.getvalue()), ("txt", f"a photo of thing {i}".encode())):
                     info = tarfile.TarInfo(f"{i:08d}.{ext}")
                     info.size = len(data)
@@ -76,8 +86,17 @@ def precompute_s(raw: Path, out: Path, workers: int, storage: str, reference: st
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
     shutil.rmtree(out, ignore_errors=True)
-    cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": "cliptk-tiny", "storage": storage,
-                                   "num_workers": workers, "reference_model": reference})
+    cfg = build(
+        PrecomputeConfig,
+        {
+            "input": str(raw),
+            "out": str(out),
+            "model": "cliptk-tiny",
+            "storage": storage,
+            "num_workers": workers,
+            "reference_model": reference,
+        },
+    )
     result = run(cfg)
     return float(result.details["throughput"]["process_s"]), json.loads((out / "dataset.json").read_text())
 
@@ -100,10 +119,18 @@ def measure(a, key: str) -> dict:
     dim = pixels.fields[2].shape[0]
     added["jpeg/index"] = 4 * dim  # two float16 [d] columns in the table record
     base, refd = statistics.median(without), statistics.median(with_ref)
-    return {"reference": MODELS[key], "d_ref": dim, "image_size": ds["extra"]["reference"]["preprocess"]["size"],
-            "num_samples": n, "workers": a.workers, "process_s_without": round(base, 2),
-            "process_s_with": round(refd, 2), "wall_s_with": round(wall, 2),
-            "reference_s_per_1000": round(1000 * (refd - base) / n, 2), "bytes_added_per_sample": added}
+    return {
+        "reference": MODELS[key],
+        "d_ref": dim,
+        "image_size": ds["extra"]["reference"]["preprocess"]["size"],
+        "num_samples": n,
+        "workers": a.workers,
+        "process_s_without": round(base, 2),
+        "process_s_with": round(refd, 2),
+        "wall_s_with": round(wall, 2),
+        "reference_s_per_1000": round(1000 * (refd - base) / n, 2),
+        "bytes_added_per_sample": added,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,14 +139,20 @@ def main(argv: list[str] | None = None) -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     rows = [measure(a, key) for key in a.models]
     load = os.getloadavg()[0]
-    lines = [f"# Reference pass of `toolkit data precompute` (CPU, {os.cpu_count()} cores, load {load:.1f})", "",
-             "| reference | d_ref | px | samples | process s without / with | reference s per 1,000 | "
-             "bytes added per sample (pixels; jpeg/index) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Reference pass of `toolkit data precompute` (CPU, {os.cpu_count()} cores, load {load:.1f})",
+        "",
+        "| reference | d_ref | px | samples | process s without / with | reference s per 1,000 | "
+        "bytes added per sample (pixels; jpeg/index) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         b = r["bytes_added_per_sample"]
-        lines.append(f"| {r['reference']} | {r['d_ref']} | {r['image_size']} | {r['num_samples']} | "
-                     f"{r['process_s_without']} / {r['process_s_with']} | **{r['reference_s_per_1000']}** | "
-                     f"{b['pixels']:,}; {b['jpeg/index']:,} |")
+        lines.append(
+            f"| {r['reference']} | {r['d_ref']} | {r['image_size']} | {r['num_samples']} | "
+            f"{r['process_s_without']} / {r['process_s_with']} | **{r['reference_s_per_1000']}** | "
+            f"{b['pixels']:,}; {b['jpeg/index']:,} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     a.out.parent.mkdir(parents=True, exist_ok=True)

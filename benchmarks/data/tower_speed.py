@@ -45,12 +45,18 @@ ROWS = ("bare eager", "bare fast", "precompute", "precompute (wall)", "eval cold
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-images", type=int, default=256, help="images per measurement (demo concepts)")
-    p.add_argument("--batch-size", type=int, default=0, help="bare forward batch; 0: the toolkit's IMAGE_BATCH")
+    p.add_argument(
+        "--batch-size", type=int, default=0, help="bare forward batch; 0: the toolkit's IMAGE_BATCH"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch threads of the bare forwards")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every measurement")
     p.add_argument("--work", type=Path, default=Path("runs/bench/tower_speed"), help="scratch folder")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/data/results/tower_speed"),
-                   help="writes OUT.json and OUT.md")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/data/results/tower_speed"),
+        help="writes OUT.json and OUT.md",
+    )
     return p.parse_args(argv)
 
 
@@ -63,20 +69,66 @@ def prepare(a) -> dict:
     raw, count = tb.raw_shards(work, 224, 500)
     sets = work / "evalsets"
     if not (sets / "openmoji_retrieval" / "test").exists():
-        tb.check_run(tb.toolkit_cmd("eval", "build-set", "--source", "openmoji", "--task", "retrieval",
-                                    "--input", str(demo), "--out", str(sets / "openmoji_retrieval")), "build-set")
+        tb.check_run(
+            tb.toolkit_cmd(
+                "eval",
+                "build-set",
+                "--source",
+                "openmoji",
+                "--task",
+                "retrieval",
+                "--input",
+                str(demo),
+                "--out",
+                str(sets / "openmoji_retrieval"),
+            ),
+            "build-set",
+        )
     train, model = work / "train", work / "run" / "model"
     if not (model / "open_clip_config.json").exists():
         tb.check_run(precompute_cmd(raw, train), "precompute")
-        tb.check_run(tb.toolkit_cmd("train", "--data", str(train), "--out", str(work / "run"), "--model",
-                                    "cliptk-small", "--batch-size", "8", "--steps", "1", "--workers", "0",
-                                    "--resume", "none", "--device", "cpu"), "train (1 step)")
+        tb.check_run(
+            tb.toolkit_cmd(
+                "train",
+                "--data",
+                str(train),
+                "--out",
+                str(work / "run"),
+                "--model",
+                "cliptk-small",
+                "--batch-size",
+                "8",
+                "--steps",
+                "1",
+                "--workers",
+                "0",
+                "--resume",
+                "none",
+                "--device",
+                "cpu",
+            ),
+            "train (1 step)",
+        )
     return {"raw": raw, "count": count, "sets": sets, "model": model}
 
 
 def precompute_cmd(raw: Path, out: Path) -> list[str]:
-    return tb.toolkit_cmd("data", "precompute", "--in", str(raw), "--out", str(out), "--model", "cliptk-small",
-                          "--samples-per-shard", "500", "--image-tower", "efficientnet_lite0", "--text-tower", "minilm")
+    return tb.toolkit_cmd(
+        "data",
+        "precompute",
+        "--in",
+        str(raw),
+        "--out",
+        str(out),
+        "--model",
+        "cliptk-small",
+        "--samples-per-shard",
+        "500",
+        "--image-tower",
+        "efficientnet_lite0",
+        "--text-tower",
+        "minilm",
+    )
 
 
 def bare_inputs(raw: Path, n: int):
@@ -120,7 +172,7 @@ def bare_rate(trunk, x, batch: int, channels_last: bool) -> float:
         trunk(prep(x[:batch]))
         start = time.perf_counter()
         for i in range(0, len(x), batch):
-            trunk(prep(x[i:i + batch]))
+            trunk(prep(x[i : i + batch]))
     return len(x) / (time.perf_counter() - start)
 
 
@@ -133,9 +185,25 @@ def precompute_rates(ctx: dict, out: Path) -> tuple[float, float]:
 
 def eval_rate(ctx: dict, out: Path, cache: Path) -> float:
     shutil.rmtree(out, ignore_errors=True)
-    tb.check_run(tb.toolkit_cmd("eval", "zeroshot", "--model", str(ctx["model"]), "--datasets",
-                                "openmoji_retrieval", "--root", str(ctx["sets"]), "--out", str(out), "--device",
-                                "cpu", "--set", f"feature_cache={cache}"), "eval zeroshot")
+    tb.check_run(
+        tb.toolkit_cmd(
+            "eval",
+            "zeroshot",
+            "--model",
+            str(ctx["model"]),
+            "--datasets",
+            "openmoji_retrieval",
+            "--root",
+            str(ctx["sets"]),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--set",
+            f"feature_cache={cache}",
+        ),
+        "eval zeroshot",
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     seconds = manifest["details"]["duration_s"]["openmoji_retrieval"]
     return manifest["counts"]["num_samples"]["openmoji_retrieval"] / seconds
@@ -163,8 +231,11 @@ def measure(a, ctx: dict) -> dict[str, list[float]]:
         shutil.rmtree(cache, ignore_errors=True)
         rates["eval cold"].append(eval_rate(ctx, a.work / "eval_cold", cache))
         rates["eval cached"].append(eval_rate(ctx, a.work / "eval_cached", cache))
-        print(f"[tower_speed] {json.dumps({k: round(v[-1], 2) for k, v in rates.items()})}", file=sys.stderr,
-              flush=True)
+        print(
+            f"[tower_speed] {json.dumps({k: round(v[-1], 2) for k, v in rates.items()})}",
+            file=sys.stderr,
+            flush=True,
+        )
     return rates
 
 
@@ -174,25 +245,41 @@ def summarise(rates: dict[str, list[float]]) -> dict:
     bare = med["bare fast"]
     ratios = {k: v / bare for k, v in med.items()}
     cached = med["eval cached"] / med["eval cold"]
-    targets = {"precompute_vs_bare": [ratios["precompute"], TARGET_VS_BARE],
-               "eval_cold_vs_bare": [ratios["eval cold"], TARGET_VS_BARE],
-               "eval_cached_vs_cold": [cached, TARGET_CACHED]}
-    return {"median_images_per_s": med, "vs_bare_fast": ratios, "fast_vs_eager": bare / med["bare eager"],
-            "cached_speedup": cached, "targets": {k: {"value": v, "target": t, "met": v >= t}
-                                                   for k, (v, t) in targets.items()}}
+    targets = {
+        "precompute_vs_bare": [ratios["precompute"], TARGET_VS_BARE],
+        "eval_cold_vs_bare": [ratios["eval cold"], TARGET_VS_BARE],
+        "eval_cached_vs_cold": [cached, TARGET_CACHED],
+    }
+    return {
+        "median_images_per_s": med,
+        "vs_bare_fast": ratios,
+        "fast_vs_eager": bare / med["bare eager"],
+        "cached_speedup": cached,
+        "targets": {k: {"value": v, "target": t, "met": v >= t} for k, (v, t) in targets.items()},
+    }
 
 
 def table(summary: dict, rates: dict[str, list[float]], meta: dict) -> str:
-    lines = [f"# Frozen-tower speed: EfficientNet-Lite0 at 224 px, {meta['num_images']} images, batch "
-             f"{meta['batch_size']}, {meta['threads']} threads (bare), {meta['repeats']} interleaved repeats", "",
-             f"load average at start {meta['loadavg_at_start']}, torch {meta['torch']}, {meta['cpu_count']} CPUs", "",
-             "| measurement | images/s (median) | each repeat | vs bare fast forward |", "|---|---:|---|---:|"]
+    lines = [
+        f"# Frozen-tower speed: EfficientNet-Lite0 at 224 px, {meta['num_images']} images, batch "
+        f"{meta['batch_size']}, {meta['threads']} threads (bare), {meta['repeats']} interleaved repeats",
+        "",
+        f"load average at start {meta['loadavg_at_start']}, torch {meta['torch']}, {meta['cpu_count']} CPUs",
+        "",
+        "| measurement | images/s (median) | each repeat | vs bare fast forward |",
+        "|---|---:|---|---:|",
+    ]
     for row in ROWS:
         each = ", ".join(f"{v:.1f}" for v in rates[row])
-        lines.append(f"| {row} | {summary['median_images_per_s'][row]:.1f} | {each} | "
-                     f"{summary['vs_bare_fast'][row]:.2f}x |")
-    lines += ["", f"- bare fast / bare eager: {summary['fast_vs_eager']:.2f}x",
-              f"- eval cached / eval cold: {summary['cached_speedup']:.1f}x"]
+        lines.append(
+            f"| {row} | {summary['median_images_per_s'][row]:.1f} | {each} | "
+            f"{summary['vs_bare_fast'][row]:.2f}x |"
+        )
+    lines += [
+        "",
+        f"- bare fast / bare eager: {summary['fast_vs_eager']:.2f}x",
+        f"- eval cached / eval cold: {summary['cached_speedup']:.1f}x",
+    ]
     for name, t in summary["targets"].items():
         verdict = "met" if t["met"] else f"missed by {t['target'] - t['value']:.2f}"
         lines.append(f"- {name}: {t['value']:.2f} (target >= {t['target']:g}): {verdict}")
@@ -203,9 +290,14 @@ def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     from toolkit.models.inference import IMAGE_BATCH
 
-    meta = tb.machine_meta() | {"num_images": a.num_images, "batch_size": a.batch_size or IMAGE_BATCH,
-                                "threads": a.threads, "repeats": a.repeats, "loadavg_at_start": tb.loadavg(),
-                                "command": " ".join(sys.argv)}
+    meta = tb.machine_meta() | {
+        "num_images": a.num_images,
+        "batch_size": a.batch_size or IMAGE_BATCH,
+        "threads": a.threads,
+        "repeats": a.repeats,
+        "loadavg_at_start": tb.loadavg(),
+        "command": " ".join(sys.argv),
+    }
     ctx = prepare(a)
     if ctx["count"] < a.num_images:
         raise SystemExit(f"only {ctx['count']} raw samples for --num-images {a.num_images}")

@@ -36,11 +36,16 @@ from pathlib import Path
 
 # section name, module, seconds on one H100 (estimate: kernels ~64 cases of <= 1 s plus the float64 oracles;
 # trainer: 4,096 synthetic samples made and precomputed in ~20 s, then ~12 runs of ~15 s start-up + steps)
-BUDGETS_S = (("environment", "env", 5), ("kernels", "kernels", 100), ("trainer", "trainer", 230),
-             ("open_clip_train", "openclip_train", 70), ("jpeg decoding", "decode", 30),
-             ("collectives", "collectives", 20),
-             ("token budgets", "tokens", 60),  # 4 ViT-B-16 settings x 7 steps of batch 256 + builds
-             ("fsdp", "fsdp", 60))
+BUDGETS_S = (
+    ("environment", "env", 5),
+    ("kernels", "kernels", 100),
+    ("trainer", "trainer", 230),
+    ("open_clip_train", "openclip_train", 70),
+    ("jpeg decoding", "decode", 30),
+    ("collectives", "collectives", 20),
+    ("token budgets", "tokens", 60),  # 4 ViT-B-16 settings x 7 steps of batch 256 + builds
+    ("fsdp", "fsdp", 60),
+)
 DRY_BUDGET_S = 240  # per section on a 2-core CPU: the dry run checks the code paths, not speed
 
 
@@ -54,16 +59,33 @@ def _overran(signum, frame):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dry-run", action="store_true", help="every section at tiny sizes on the CPU (Triton under "
-                   "TRITON_INTERPRET=1); what CI runs")
-    p.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="JSON results (default gpu_check.json)")
-    p.add_argument("--work", type=Path, default=None, help="scratch folder for data and runs (default: a new "
-                   "temporary folder)")
-    p.add_argument("--only", nargs="+", default=None, choices=[m for _, m, _ in BUDGETS_S],
-                   help="run only these sections (modules named as listed)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="every section at tiny sizes on the CPU (Triton under TRITON_INTERPRET=1); what CI runs",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("gpu_check.json"), help="JSON results (default gpu_check.json)"
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="scratch folder for data and runs (default: a new temporary folder)",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        choices=[m for _, m, _ in BUDGETS_S],
+        help="run only these sections (modules named as listed)",
+    )
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time budget")
-    p.add_argument("--open-clip-deps", default=None, help="folder holding webdataset<=0.2.86 for "
-                   "open_clip_train (put first on its PYTHONPATH only)")
+    p.add_argument(
+        "--open-clip-deps",
+        default=None,
+        help="folder holding webdataset<=0.2.86 for open_clip_train (put first on its PYTHONPATH only)",
+    )
     return p.parse_args(argv)
 
 
@@ -78,12 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.gpu.common import Context, Section, print_section, write_json
 
     if not a.dry_run and not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here; run with --dry-run for the CPU check of the code paths",
-              file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device here; run with --dry-run for the CPU check of the code paths",
+            file=sys.stderr,
+        )
         return 2
     work = a.work or Path(tempfile.mkdtemp(prefix="gpu_check_"))
-    ctx = Context(work=work.resolve(), device="cpu" if a.dry_run else "cuda", dry_run=a.dry_run,
-                  open_clip_deps=a.open_clip_deps)
+    ctx = Context(
+        work=work.resolve(),
+        device="cpu" if a.dry_run else "cuda",
+        dry_run=a.dry_run,
+        open_clip_deps=a.open_clip_deps,
+    )
     start, done = time.perf_counter(), []
     for name, module, budget in BUDGETS_S:
         if a.only and module not in a.only:
@@ -104,8 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         sec.wall_s = time.perf_counter() - sec.started
         done.append(sec)
         print_section(sec)
-        write_json(a.out, {"dry_run": a.dry_run, "work": str(ctx.work), "wall_s": time.perf_counter() - start,
-                           "sections": [s.to_json() for s in done]})
+        write_json(
+            a.out,
+            {
+                "dry_run": a.dry_run,
+                "work": str(ctx.work),
+                "wall_s": time.perf_counter() - start,
+                "sections": [s.to_json() for s in done],
+            },
+        )
     total = time.perf_counter() - start
     print(f"\ngpu_check: {len(done)} sections in {total:.0f} s; JSON in {a.out}")
     return 1 if any(s.error for s in done) else 0

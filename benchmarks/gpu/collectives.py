@@ -38,8 +38,10 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], ou
     for numel in sizes:
         t = torch.ones(numel, device=device)
         gathered = torch.empty(world * numel, device=device)
-        for op, fn in (("all_gather", lambda g=gathered, t=t: dist.all_gather_into_tensor(g, t)),
-                       ("all_reduce", lambda t=t: dist.all_reduce(t))):
+        for op, fn in (
+            ("all_gather", lambda g=gathered, t=t: dist.all_gather_into_tensor(g, t)),
+            ("all_reduce", lambda t=t: dist.all_reduce(t)),
+        ):
             fn()  # warm-up
             dist.barrier()
             start = time.perf_counter()
@@ -49,8 +51,15 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], ou
             elapsed = time.perf_counter() - start
             # bytes each rank sends in a ring: (K-1)·n for all_gather, 2(K-1)/K·n for all_reduce (nccl-tests' bus bytes)
             nbytes = (world - 1) * numel * 4 * (1 if op == "all_gather" else 2 / world)
-            rows.append({"op": op, "numel": numel, "bytes_per_rank": int(nbytes), "ms": elapsed * 1e3,
-                         "bus_gb_per_s": nbytes / elapsed / 1e9})
+            rows.append(
+                {
+                    "op": op,
+                    "numel": numel,
+                    "bytes_per_rank": int(nbytes),
+                    "ms": elapsed * 1e3,
+                    "bus_gb_per_s": nbytes / elapsed / 1e9,
+                }
+            )
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
@@ -69,7 +78,9 @@ def run(ctx: Context, sec: Section) -> None:
     ctx_mp = mp.get_context("spawn")
     queue = ctx_mp.Queue()
     port = _free_port()
-    procs = [ctx_mp.Process(target=_worker, args=(r, world, port, backend, sizes, queue)) for r in range(world)]
+    procs = [
+        ctx_mp.Process(target=_worker, args=(r, world, port, backend, sizes, queue)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     rows = queue.get(timeout=max(sec.left_s(), 30))

@@ -55,15 +55,19 @@ class Section:
 
 def env_with_repo(extra: str | None = None) -> dict[str, str]:
     """A child's environment: this checkout first on PYTHONPATH (``extra`` before it), no hub access."""
-    return tb.env_with_repo(extra) | {"HF_HUB_OFFLINE": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled")}
+    return tb.env_with_repo(extra) | {
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"),
+    }
 
 
 def run_cmd(cmd: list[str], timeout_s: float, log: Path, env: dict | None = None) -> tuple[int | None, float]:
     """Run ``cmd`` with its output in ``log``; (exit code or None when it ran past ``timeout_s``, wall s)."""
     start = time.perf_counter()
     with log.open("w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or env_with_repo(),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env or env_with_repo(), start_new_session=True
+        )
         try:
             code: int | None = proc.wait(timeout=max(timeout_s, 1.0))
         except subprocess.TimeoutExpired:

@@ -15,8 +15,28 @@ from pathlib import Path
 
 from benchmarks.gpu.common import Context, Section, run_cmd, tail, toolkit_cmd
 
-WORDS = ("red", "green", "blue", "small", "large", "striped", "round", "square", "dog", "cat", "car", "tree",
-         "house", "boat", "bird", "flower", "at night", "in snow", "on grass", "near water")
+WORDS = (
+    "red",
+    "green",
+    "blue",
+    "small",
+    "large",
+    "striped",
+    "round",
+    "square",
+    "dog",
+    "cat",
+    "car",
+    "tree",
+    "house",
+    "boat",
+    "bird",
+    "flower",
+    "at night",
+    "in snow",
+    "on grass",
+    "near water",
+)
 
 
 def caption(i: int) -> str:
@@ -43,7 +63,7 @@ def write_raw_shards(images: list[Path], raw: Path, per_shard: int) -> None:
     raw.mkdir(parents=True, exist_ok=True)
     for start in range(0, len(images), per_shard):
         with tarfile.open(raw / f"{start // per_shard:05d}.tar", "w") as tar:
-            for i, path in enumerate(images[start:start + per_shard], start):
+            for i, path in enumerate(images[start : start + per_shard], start):
                 tar.add(path, arcname=f"{i:09d}.jpg")
                 tar.add(path.with_suffix(".txt"), arcname=f"{i:09d}.txt")
 
@@ -58,8 +78,22 @@ def prepare(ctx: Context, sec: Section, num_samples: int, raw_px: int, model: st
         paths = list(pool.map(_write_image, [(images, i, raw_px) for i in range(num_samples)]))
     write_raw_shards(paths, raw, 512)
     log = ctx.work / "data_precompute.log"
-    code, wall = run_cmd(toolkit_cmd("data", "precompute", "--in", str(raw), "--out", str(train), "--model", model,
-                                     "--samples-per-shard", "1024"), max(sec.left_s(), 60.0), log)
+    code, wall = run_cmd(
+        toolkit_cmd(
+            "data",
+            "precompute",
+            "--in",
+            str(raw),
+            "--out",
+            str(train),
+            "--model",
+            model,
+            "--samples-per-shard",
+            "1024",
+        ),
+        max(sec.left_s(), 60.0),
+        log,
+    )
     if code != 0:
         sec.error = f"toolkit data precompute failed ({code}): {tail(log)}"
         return False

@@ -43,11 +43,22 @@ def _cpu_rows(blobs: list[bytes]) -> list[dict]:
     torch.set_num_threads(1)  # per core
     tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
     try:
-        rows = [{"decoder": "torchvision decode_jpeg (libjpeg-turbo)", "device": "cpu, 1 thread",
-                 "images_per_s": _rate(lambda: [tio.decode_jpeg(t) for t in tensors], len(blobs), "cpu")},
-                {"decoder": "PIL Image.open + convert RGB", "device": "cpu, 1 thread",
-                 "images_per_s": _rate(lambda: [Image.open(io.BytesIO(b)).convert("RGB").load() for b in blobs],
-                                       len(blobs), "cpu")}]
+        rows = [
+            {
+                "decoder": "torchvision decode_jpeg (libjpeg-turbo)",
+                "device": "cpu, 1 thread",
+                "images_per_s": _rate(lambda: [tio.decode_jpeg(t) for t in tensors], len(blobs), "cpu"),
+            },
+            {
+                "decoder": "PIL Image.open + convert RGB",
+                "device": "cpu, 1 thread",
+                "images_per_s": _rate(
+                    lambda: [Image.open(io.BytesIO(b)).convert("RGB").load() for b in blobs],
+                    len(blobs),
+                    "cpu",
+                ),
+            },
+        ]
     finally:
         torch.set_num_threads(threads)
     return rows
@@ -58,18 +69,29 @@ def _gpu_rows(blobs: list[bytes]) -> list[dict]:
     import torchvision.io as tio
 
     tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
-    batches = [tensors[i:i + GPU_BATCH] for i in range(0, len(tensors), GPU_BATCH)]
+    batches = [tensors[i : i + GPU_BATCH] for i in range(0, len(tensors), GPU_BATCH)]
 
     def decode_resize():
         for batch in batches:
             images = tio.decode_jpeg(batch, device="cuda")
-            torch.nn.functional.interpolate(torch.stack(images).float(), size=(224, 224), mode="bicubic",
-                                            antialias=True)
+            torch.nn.functional.interpolate(
+                torch.stack(images).float(), size=(224, 224), mode="bicubic", antialias=True
+            )
 
-    return [{"decoder": "nvJPEG decode_jpeg(list, device=cuda)", "device": f"cuda, batch {GPU_BATCH}",
-             "images_per_s": _rate(lambda: [tio.decode_jpeg(b, device="cuda") for b in batches], len(blobs), "cuda")},
-            {"decoder": "nvJPEG + bicubic resize to 224", "device": f"cuda, batch {GPU_BATCH}",
-             "images_per_s": _rate(decode_resize, len(blobs), "cuda")}]
+    return [
+        {
+            "decoder": "nvJPEG decode_jpeg(list, device=cuda)",
+            "device": f"cuda, batch {GPU_BATCH}",
+            "images_per_s": _rate(
+                lambda: [tio.decode_jpeg(b, device="cuda") for b in batches], len(blobs), "cuda"
+            ),
+        },
+        {
+            "decoder": "nvJPEG + bicubic resize to 224",
+            "device": f"cuda, batch {GPU_BATCH}",
+            "images_per_s": _rate(decode_resize, len(blobs), "cuda"),
+        },
+    ]
 
 
 def _loader_rows(blobs: list[bytes], devices: list[str], sec: Section) -> list[dict]:
@@ -83,10 +105,17 @@ def _loader_rows(blobs: list[bytes], devices: list[str], sec: Section) -> list[d
     for device in devices:
         try:
             rate = _rate(lambda d=device: decode_batch(blobs, 224, None, d), len(blobs), device)
-            rows.append({"decoder": "toolkit.data.decode.decode_batch", "device": device, "images_per_s": rate})
+            rows.append(
+                {"decoder": "toolkit.data.decode.decode_batch", "device": device, "images_per_s": rate}
+            )
         except Exception as err:  # reported, not fatal: the other rows still stand
-            rows.append({"decoder": "toolkit.data.decode.decode_batch", "device": device,
-                         "status": f"error: {type(err).__name__}: {str(err)[:160]}"})
+            rows.append(
+                {
+                    "decoder": "toolkit.data.decode.decode_batch",
+                    "device": device,
+                    "status": f"error: {type(err).__name__}: {str(err)[:160]}",
+                }
+            )
     return rows
 
 
@@ -96,7 +125,9 @@ def _crop_rows(devices: list[str], count: int, sec: Section) -> list[dict]:
     try:
         from toolkit.data.augment import AugmentConfig, crop_boxes, crop_draws, resize_crops
     except ImportError:
-        sec.notes.append("toolkit.data.augment.resize_crops is not in this tree: the device crop is not timed")
+        sec.notes.append(
+            "toolkit.data.augment.resize_crops is not in this tree: the device crop is not timed"
+        )
         return []
     import numpy as np
     import torch
@@ -107,8 +138,13 @@ def _crop_rows(devices: list[str], count: int, sec: Section) -> list[dict]:
         boxes = torch.from_numpy(crop_boxes(249, 249, crop_draws(AugmentConfig(), 0, 0, np.arange(n)), n))
         images = torch.randint(0, 256, (n, 249, 249, 3), dtype=torch.uint8, device=device)
         rate = _rate(lambda i=images, b=boxes: resize_crops(i, b, 224), n, device)
-        rows.append({"decoder": "toolkit.data.augment.resize_crops (249 -> 224 crops)", "device": device,
-                     "images_per_s": rate})
+        rows.append(
+            {
+                "decoder": "toolkit.data.augment.resize_crops (249 -> 224 crops)",
+                "device": device,
+                "images_per_s": rate,
+            }
+        )
     return rows
 
 

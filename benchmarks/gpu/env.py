@@ -26,10 +26,17 @@ def run(ctx: Context, sec: Section) -> None:
     row["cuda"] = torch.version.cuda
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        row |= {"gpu": props.name, "gpus": torch.cuda.device_count(), "gpu_mem_gib": round(props.total_memory / GiB, 1),
-                "sms": props.multi_processor_count, "capability": f"{props.major}.{props.minor}",
-                "cudnn": torch.backends.cudnn.version()}
+        row |= {
+            "gpu": props.name,
+            "gpus": torch.cuda.device_count(),
+            "gpu_mem_gib": round(props.total_memory / GiB, 1),
+            "sms": props.multi_processor_count,
+            "capability": f"{props.major}.{props.minor}",
+            "cudnn": torch.backends.cudnn.version(),
+        }
     else:
         row["gpu"] = None
-        sec.notes.append("no CUDA device: the dry run's tiny sizes on the CPU (Triton under TRITON_INTERPRET=1)")
+        sec.notes.append(
+            "no CUDA device: the dry run's tiny sizes on the CPU (Triton under TRITON_INTERPRET=1)"
+        )
     sec.rows.append(row)

@@ -15,11 +15,16 @@ import time
 
 from benchmarks.gpu.common import Context, Section
 
-CASES = (("unwrapped (DDP's per-rank model)", False, False), ("fsdp", True, False),
-         ("fsdp + cpu offload", True, True))
+CASES = (
+    ("unwrapped (DDP's per-rank model)", False, False),
+    ("fsdp", True, False),
+    ("fsdp + cpu offload", True, True),
+)
 
 
-def _step_case(model_name: str, batch: int, steps: int, device, precision: str, fsdp: bool, offload: bool) -> dict:
+def _step_case(
+    model_name: str, batch: int, steps: int, device, precision: str, fsdp: bool, offload: bool
+) -> dict:
     import torch
 
     from benchmarks.trainer.fsdp_memory import _state_bytes
@@ -53,8 +58,14 @@ def _step_case(model_name: str, batch: int, steps: int, device, precision: str, 
         for t in range(steps):
             start = time.perf_counter()
             update.begin(t, steps)
-            forward_backward(model, loss_fn, StepInputs(image, text, index), micro_batch_size=0,
-                             seed_of=lambda i, t=t: stream_seed(0, t, 0, i), autocast=cast)
+            forward_backward(
+                model,
+                loss_fn,
+                StepInputs(image, text, index),
+                micro_batch_size=0,
+                seed_of=lambda i, t=t: stream_seed(0, t, 0, i),
+                autocast=cast,
+            )
             if sharded is not None:
                 sharded.finish_backward()
             if t == 1:  # gradients and optimiser state both exist
@@ -63,15 +74,23 @@ def _step_case(model_name: str, batch: int, steps: int, device, precision: str, 
             if cuda:
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)
-        on_device = sum(p.to_local().numel() * p.to_local().element_size() if hasattr(p, "to_local")
-                        else p.numel() * p.element_size() for p in model.clip.parameters()
-                        if (p.to_local() if hasattr(p, "to_local") else p).device.type == device.type)
+        on_device = sum(
+            p.to_local().numel() * p.to_local().element_size()
+            if hasattr(p, "to_local")
+            else p.numel() * p.element_size()
+            for p in model.clip.parameters()
+            if (p.to_local() if hasattr(p, "to_local") else p).device.type == device.type
+        )
     finally:
         if sharded is not None:
             sharded.close()
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
-    return {"step_ms": statistics.median(times[1:]) * 1e3, "peak_gib": peak / 2**30,
-            "params_on_device_mib": on_device / 2**20, "state_mib_cpu": state / 2**20}
+    return {
+        "step_ms": statistics.median(times[1:]) * 1e3,
+        "peak_gib": peak / 2**30,
+        "params_on_device_mib": on_device / 2**20,
+        "state_mib_cpu": state / 2**20,
+    }
 
 
 def run(ctx: Context, sec: Section) -> None:
@@ -89,8 +108,9 @@ def run(ctx: Context, sec: Section) -> None:
             continue
         try:
             row = _step_case(model, batch, steps, device, precision, fsdp, offload)
-            sec.rows.append({"case": name, "model": model, "batch": batch, "precision": precision,
-                             "status": "ok", **row})
+            sec.rows.append(
+                {"case": name, "model": model, "batch": batch, "precision": precision, "status": "ok", **row}
+            )
         except torch.cuda.OutOfMemoryError as err:
             sec.rows.append({"case": name, "model": model, "status": f"out of memory: {err}"[:200]})
     base = next((r for r in sec.rows if r["case"] == CASES[0][0] and r["status"] == "ok"), None)

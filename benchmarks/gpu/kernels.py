@@ -47,7 +47,9 @@ def _loss(kind: str, method: str):
     if method == "inf_cl":
         from inf_cl import cal_inf_loss  # its scale's backward all_reduces: pass it detached (no d_scale)
 
-        return lambda x, y, s: 0.5 * (cal_inf_loss(x, y, scale=s[0].detach()) + cal_inf_loss(y, x, scale=s[0].detach()))
+        return lambda x, y, s: (
+            0.5 * (cal_inf_loss(x, y, scale=s[0].detach()) + cal_inf_loss(y, x, scale=s[0].detach()))
+        )
     if kind == "clip":
         return lambda x, y, s: kernels.clip_loss(x, y, s[0], backend=method)
     return lambda x, y, s: kernels.siglip_loss(x, y, s[0], s[1], backend=method)
@@ -78,8 +80,13 @@ def _measure(fn, x, y, scalars, device: str, repeats: int) -> dict:
         fwd.append(timed_ms(lambda h=holder: h.update(r=_forward_backward(fn, x, y, scalars)), device))
         bwd.append(timed_ms(lambda h=holder: h["r"][1].backward(), device))
     grads = [xs.grad, ys.grad] + [s.grad for s in ss]
-    return {"fwd_ms": statistics.median(fwd), "bwd_ms": statistics.median(bwd), "peak_gib": peak,
-            "loss": float(loss.detach()), "grads": grads}
+    return {
+        "fwd_ms": statistics.median(fwd),
+        "bwd_ms": statistics.median(bwd),
+        "peak_gib": peak,
+        "loss": float(loss.detach()),
+        "grads": grads,
+    }
 
 
 def _rel(a, b) -> float | None:
@@ -92,8 +99,9 @@ def _oracle(kind: str, x, y, scalars) -> dict:
     """The float64 oracle: the torch backend on the inputs upcast to float64 (tiled, so it fits at 65,536)."""
     import torch
 
-    (xs, ys, ss), loss = _forward_backward(_loss(kind, "torch"), x.to(torch.float64), y.to(torch.float64),
-                                           [s.to(torch.float64) for s in scalars])
+    (xs, ys, ss), loss = _forward_backward(
+        _loss(kind, "torch"), x.to(torch.float64), y.to(torch.float64), [s.to(torch.float64) for s in scalars]
+    )
     loss.backward()
     return {"loss": float(loss.detach()), "grads": [xs.grad, ys.grad] + [s.grad for s in ss]}
 
@@ -101,8 +109,11 @@ def _oracle(kind: str, x, y, scalars) -> dict:
 def _parity(got: dict, ref: dict) -> dict:
     feats = [_rel(g, r) for g, r in zip(got["grads"][:2], ref["grads"][:2], strict=True)]
     scal = [_rel(g, r) for g, r in zip(got["grads"][2:], ref["grads"][2:], strict=True) if g is not None]
-    return {"loss_abs_err": abs(got["loss"] - ref["loss"]), "grad_rel_err": max(feats),
-            "scale_grad_rel_err": max(scal) if scal else None}
+    return {
+        "loss_abs_err": abs(got["loss"] - ref["loss"]),
+        "grad_rel_err": max(feats),
+        "scale_grad_rel_err": max(scal) if scal else None,
+    }
 
 
 def _case(kind, method, b, d, dtype_name, ctx, ref, dead: set) -> dict:
@@ -148,12 +159,17 @@ def run(ctx: Context, sec: Section) -> None:
                 ref = _oracle(kind, x, y, scalars) | {"inputs": (x, y, scalars)}
                 for method in METHODS[kind]:
                     if method == "triton" and name == "fp32" and b > FP32_TRITON_MAX_B and not ctx.dry_run:
-                        sec.skip(f"{kind} fp32 B={b} triton", f"fp32 Triton is measured at B <= {FP32_TRITON_MAX_B} only")
+                        sec.skip(
+                            f"{kind} fp32 B={b} triton",
+                            f"fp32 Triton is measured at B <= {FP32_TRITON_MAX_B} only",
+                        )
                         continue
                     row = _case(kind, method, b, d, name, ctx, ref, dead.setdefault(kind + name, set()))
                     sec.rows.append(row)
                     progress(sec.name, row)
                 del ref, x, y
     if not ctx.dry_run:
-        sec.notes.append("peak_gib: device memory above the inputs during forward+backward; errors against a "
-                         "float64 oracle (torch backend on the upcast inputs)")
+        sec.notes.append(
+            "peak_gib: device memory above the inputs during forward+backward; errors against a "
+            "float64 oracle (torch backend on the upcast inputs)"
+        )

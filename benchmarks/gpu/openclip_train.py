@@ -20,12 +20,41 @@ DRY_RUNS = [(16, False)]
 
 def _args(ctx: Context, batch: int, gc: bool, name: str) -> list[str]:
     # resampled shards and as many samples as the trainer section's run of this batch: the same steps
-    args = ["--train-data", tb.shard_pattern(ctx.shared["raw"]), "--train-num-samples",
-            str(batch * steps_for(batch)), "--dataset-resampled", "--dataset-type", "webdataset",
-            "--batch-size", str(batch), "--precision", "fp32" if ctx.dry_run else "amp_bf16",
-            "--workers", "2" if ctx.dry_run else "8", "--epochs", "1", "--lr", "1e-4", "--warmup", "1",
-            "--log-every-n-steps", "1", "--save-frequency", "0", "--logs", str(ctx.work / "open_clip_logs"),
-            "--name", name, "--report-to", "", "--seed", "0", "--device", ctx.device]
+    args = [
+        "--train-data",
+        tb.shard_pattern(ctx.shared["raw"]),
+        "--train-num-samples",
+        str(batch * steps_for(batch)),
+        "--dataset-resampled",
+        "--dataset-type",
+        "webdataset",
+        "--batch-size",
+        str(batch),
+        "--precision",
+        "fp32" if ctx.dry_run else "amp_bf16",
+        "--workers",
+        "2" if ctx.dry_run else "8",
+        "--epochs",
+        "1",
+        "--lr",
+        "1e-4",
+        "--warmup",
+        "1",
+        "--log-every-n-steps",
+        "1",
+        "--save-frequency",
+        "0",
+        "--logs",
+        str(ctx.work / "open_clip_logs"),
+        "--name",
+        name,
+        "--report-to",
+        "",
+        "--seed",
+        "0",
+        "--device",
+        ctx.device,
+    ]
     return args + (["--grad-checkpointing"] if gc else [])
 
 
@@ -45,11 +74,23 @@ def run(ctx: Context, sec: Section) -> None:
         cmd = tb.open_clip_cmd(ctx.shared["model"], _args(ctx, batch, gc, name))
         code, wall = run_cmd(cmd, sec.left_s(), log, env_with_repo(deps))
         steps = tb.open_clip_steps(log.read_text(errors="replace"))
-        row = {"trainer": "open_clip_train", "B": batch, "grad_ckpt": gc, "model": ctx.shared["model"],
-               "steps": len(steps), "wall_s": wall}
+        row = {
+            "trainer": "open_clip_train",
+            "B": batch,
+            "grad_ckpt": gc,
+            "model": ctx.shared["model"],
+            "steps": len(steps),
+            "wall_s": wall,
+        }
         if code != 0 or not steps:
             sec.rows.append(row | {"status": f"failed ({code}): {tail(log, 2)}"})
             continue
         times = [r["step_time_s"] for r in steps]
-        sec.rows.append(row | {"samples_per_s": tb.steady_samples_per_s(times, batch, skip=1 if len(times) > 1 else 0),
-                               "median_step_s": statistics.median(times), "status": "ok"})
+        sec.rows.append(
+            row
+            | {
+                "samples_per_s": tb.steady_samples_per_s(times, batch, skip=1 if len(times) > 1 else 0),
+                "median_step_s": statistics.median(times),
+                "status": "ok",
+            }
+        )

@@ -20,8 +20,10 @@ def _samples_per_s(ctx: Context, setting: tuple, batch: int, warm: int, timed: i
     model, opt, loss, (image, text, index), _ = setting
     for t in range(warm):
         time_step(model, opt, loss, image, text, index, t, autocast)
-    ms = sorted(timed_ms(lambda t=t: time_step(model, opt, loss, image, text, index, warm + t, autocast), ctx.device)
-                for t in range(timed))
+    ms = sorted(
+        timed_ms(lambda t=t: time_step(model, opt, loss, image, text, index, warm + t, autocast), ctx.device)
+        for t in range(timed)
+    )
     return batch / (ms[len(ms) // 2] / 1e3)
 
 
@@ -32,8 +34,7 @@ def run(ctx: Context, sec: Section) -> None:
 
     model_name, batch, warm, timed = DRY if ctx.dry_run else GPU
     model_cfg = resolve_spec(model_name).model_cfg
-    autocast = (contextlib.nullcontext if ctx.dry_run
-                else lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    autocast = contextlib.nullcontext if ctx.dry_run else lambda: torch.autocast("cuda", dtype=torch.bfloat16)
     base = None
     for name, (dropout, shrink) in SETTINGS.items():
         if sec.left_s() < 10:
@@ -42,9 +43,19 @@ def run(ctx: Context, sec: Section) -> None:
         setting = build_setting(model_cfg, dropout, shrink, batch, ctx.device)
         per_s = _samples_per_s(ctx, setting, batch, warm, timed, autocast)
         base = base or per_s
-        sec.rows.append({"setting": name, "model": model_name, "image_px": setting[3][0].shape[1], "batch": batch,
-                         "precision": "fp32" if ctx.dry_run else "bf16", "samples_per_s": per_s,
-                         "speedup": per_s / base, "step_tflop": setting[4]["step"] / 1e12, "status": "ok"})
+        sec.rows.append(
+            {
+                "setting": name,
+                "model": model_name,
+                "image_px": setting[3][0].shape[1],
+                "batch": batch,
+                "precision": "fp32" if ctx.dry_run else "bf16",
+                "samples_per_s": per_s,
+                "speedup": per_s / base,
+                "step_tflop": setting[4]["step"] / 1e12,
+                "status": "ok",
+            }
+        )
         progress(sec.name, sec.rows[-1])
         del setting
         if ctx.device == "cuda":

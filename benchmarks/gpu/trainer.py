@@ -29,16 +29,25 @@ from benchmarks.shared import trainer_bench as tb
 # first. The chunked torch kernels in most runs: a fresh process pays Triton's autotuning of every flag
 # combination it meets (see the kernels section for the Triton kernels themselves); one run takes the
 # default (Triton) to show the CUDA path through the trainer.
-GPU_RUNS = [("fastclip-v3", 512, 0, False, "torch"), ("openclip", 512, 0, False, "torch"),
-            ("fastclip-v3", 4096, 512, False, "torch"), ("fastclip-v3", 4096, 512, True, "torch"),
-            ("fastclip-v3", 512, 0, False, "auto"), ("openclip", 4096, 512, False, "torch"),
-            ("fastclip-v3", 4096, 0, True, "torch"), ("fastclip-v3", 512, 0, True, "torch"),
-            ("fastclip-v3", 4096, 0, False, "torch"), ("openclip", 4096, 512, True, "torch")]
+GPU_RUNS = [
+    ("fastclip-v3", 512, 0, False, "torch"),
+    ("openclip", 512, 0, False, "torch"),
+    ("fastclip-v3", 4096, 512, False, "torch"),
+    ("fastclip-v3", 4096, 512, True, "torch"),
+    ("fastclip-v3", 512, 0, False, "auto"),
+    ("openclip", 4096, 512, False, "torch"),
+    ("fastclip-v3", 4096, 0, True, "torch"),
+    ("fastclip-v3", 512, 0, True, "torch"),
+    ("fastclip-v3", 4096, 0, False, "torch"),
+    ("openclip", 4096, 512, True, "torch"),
+]
 DRY_RUNS = [("fastclip-v3", 16, 0, False, "auto"), ("openclip", 32, 8, True, "torch")]
 GPU_DATA = (4096, 256, "ViT-B-32", "bf16")  # samples, raw image px, model, precision
 DRY_DATA = (64, 40, "cliptk-tiny", "fp32")  # fp32: the plan has measured CPU constants for it
 MAX_PLANNED = 8  # plan --measure builds the model per configuration (~3 s on CUDA): only the likely-run ones
-RUN_START_S = 25.0  # a run's start-up before its first step (imports, model build, first batch): H100 estimate
+RUN_START_S = (
+    25.0  # a run's start-up before its first step (imports, model build, first batch): H100 estimate
+)
 
 
 def steps_for(batch: int) -> int:
@@ -67,12 +76,22 @@ print(json.dumps(out))
 
 def plan_predictions(ctx: Context, runs: list[tuple], model: str, precision: str, timeout_s: float) -> list:
     """``toolkit plan``'s total bytes per device for each run (one subprocess for all); Nones on failure."""
-    spec = {"model": model, "precision": precision, "device": ctx.device, "num_samples": ctx.shared["num_samples"],
-            "captions": [data.caption(i) for i in range(ctx.shared["num_samples"])][-64:],
-            "configs": [{"loss": r[0], "B": r[1], "micro": r[2], "gc": r[3]} for r in runs[:MAX_PLANNED]]}
+    spec = {
+        "model": model,
+        "precision": precision,
+        "device": ctx.device,
+        "num_samples": ctx.shared["num_samples"],
+        "captions": [data.caption(i) for i in range(ctx.shared["num_samples"])][-64:],
+        "configs": [{"loss": r[0], "B": r[1], "micro": r[2], "gc": r[3]} for r in runs[:MAX_PLANNED]],
+    }
     try:
-        proc = subprocess.run([PY, "-c", _PLAN_CODE, json.dumps(spec)], capture_output=True, text=True,
-                              env=env_with_repo(), timeout=timeout_s)
+        proc = subprocess.run(
+            [PY, "-c", _PLAN_CODE, json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            env=env_with_repo(),
+            timeout=timeout_s,
+        )
         if proc.returncode == 0:
             found = json.loads(proc.stdout.strip().splitlines()[-1])
             return found + [None] * (len(runs) - len(found))
@@ -92,11 +111,37 @@ def train_row(ctx: Context, run: tuple, precision: str, timeout_s: float) -> dic
     loss, batch, micro, gc, backend = run
     name = f"{loss}_b{batch}_m{micro}_gc{int(gc)}_{backend}"
     out = ctx.work / "runs" / name
-    cmd = toolkit_cmd("train", "--data", str(ctx.shared["train"]), "--out", str(out), "--model", ctx.shared["model"],
-                      "--precision", precision, "--device", ctx.device, "--batch-size", str(batch), "--steps",
-                      str(steps_for(batch)), "--loss", loss, "--micro-batch-size", str(micro), "--log-every", "1",
-                      "--workers", "2" if ctx.dry_run else "8", "--resume", "none", "--lr", "1e-4",
-                      "--set", f"loss.backend={backend}")
+    cmd = toolkit_cmd(
+        "train",
+        "--data",
+        str(ctx.shared["train"]),
+        "--out",
+        str(out),
+        "--model",
+        ctx.shared["model"],
+        "--precision",
+        precision,
+        "--device",
+        ctx.device,
+        "--batch-size",
+        str(batch),
+        "--steps",
+        str(steps_for(batch)),
+        "--loss",
+        loss,
+        "--micro-batch-size",
+        str(micro),
+        "--log-every",
+        "1",
+        "--workers",
+        "2" if ctx.dry_run else "8",
+        "--resume",
+        "none",
+        "--lr",
+        "1e-4",
+        "--set",
+        f"loss.backend={backend}",
+    )
     if gc:
         cmd.append("--grad-checkpointing")
     log = ctx.work / f"train_{name}.log"
@@ -107,8 +152,12 @@ def train_row(ctx: Context, run: tuple, precision: str, timeout_s: float) -> dic
     steps = tb.cliptk_steps(out)
     per_s = tb.steady_samples_per_s([r["step_time_s"] for r in steps], batch, skip=1 if len(steps) > 1 else 0)
     peak = max((r.get("peak_mem_bytes") or 0) for r in steps)
-    return row | {"samples_per_s": per_s, "per_device": per_s, "peak_gib": peak / GiB if ctx.device == "cuda" else None,
-                  "status": "ok"}
+    return row | {
+        "samples_per_s": per_s,
+        "per_device": per_s,
+        "peak_gib": peak / GiB if ctx.device == "cuda" else None,
+        "status": "ok",
+    }
 
 
 def run(ctx: Context, sec: Section) -> None:
@@ -125,8 +174,15 @@ def run(ctx: Context, sec: Section) -> None:
     device_bytes = _device_bytes(ctx)
     for r, plan_bytes in zip(runs, predicted, strict=True):
         case = f"{r[0]} B={r[1]} micro={r[2]} gc={r[3]} kernels={r[4]}"
-        row = {"loss": r[0], "B": r[1], "micro": r[2], "grad_ckpt": r[3], "kernels": r[4], "precision": precision,
-               "plan_gib": None if plan_bytes is None else plan_bytes / GiB}
+        row = {
+            "loss": r[0],
+            "B": r[1],
+            "micro": r[2],
+            "grad_ckpt": r[3],
+            "kernels": r[4],
+            "precision": precision,
+            "plan_gib": None if plan_bytes is None else plan_bytes / GiB,
+        }
         if plan_bytes and device_bytes and plan_bytes > 1.1 * device_bytes:
             sec.rows.append(row | {"status": f"not run: plan predicts {plan_bytes / GiB:.1f} GiB > device"})
             continue

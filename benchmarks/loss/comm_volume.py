@@ -44,8 +44,10 @@ def _model(name: str):
 
 def _batch(rank: int, b: int, image_size: int, context: int):
     g = torch.Generator().manual_seed(100 + rank)
-    return (torch.randn(b, 3, image_size, image_size, generator=g),
-            torch.randint(1, 49407, (b, context), generator=g))
+    return (
+        torch.randn(b, 3, image_size, image_size, generator=g),
+        torch.randint(1, 49407, (b, context), generator=g),
+    )
 
 
 def _step(model, mode: str, batch) -> tuple[float, dict, float]:
@@ -74,8 +76,14 @@ def _step(model, mode: str, batch) -> tuple[float, dict, float]:
 def _worker(rank: int, args, port: int, out_dir: str) -> None:
     """Configurations run round-robin (one step of each per round) so that load changes on the shared
     CPU hit every mode alike; one DDP model per gradient dtype serves all modes."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(args.world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(args.world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(args.threads)
     from toolkit.core import dist as D
     from toolkit.models.registry import context_length, image_size
@@ -84,7 +92,11 @@ def _worker(rank: int, args, port: int, out_dir: str) -> None:
     D.init_from_env(backend="gloo", timeout_s=1800)
     batch = _batch(rank, args.batch, image_size(args.model), context_length(args.model))
     models = {gd: wrap_ddp(_model(args.model), grad_dtype=gd) for gd in args.grad_dtypes}
-    res = {f"{m}/{gd}": {"time_s": [], "loss_s": [], "ledger": None} for m in args.modes for gd in args.grad_dtypes}
+    res = {
+        f"{m}/{gd}": {"time_s": [], "loss_s": [], "ledger": None}
+        for m in args.modes
+        for gd in args.grad_dtypes
+    }
     for rnd in range(args.warmup + args.steps):
         for mode in args.modes:
             for gd in args.grad_dtypes:
@@ -111,27 +123,40 @@ def _row(key: str, per_rank: list[dict], base: dict) -> dict:
 
     feature = cat("features") + cat("feature_grads")
     mode, grad_dtype = key.split("/")
-    return {"mode": mode, "grad_dtype": grad_dtype, "feature_bytes": feature, "scalar_bytes": cat("scalars"),
-            "param_grad_bytes": cat("param_grads"), "check_bytes": cat("checks"),
-            "total_bytes": led["comm/total/sent_bytes"], "calls": led["comm/total/calls"],
-            "time_s": max(statistics.mean(r[key]["time_s"]) for r in per_rank),
-            "time_min_s": max(min(r[key]["time_s"]) for r in per_rank),
-            "loss_s": max(statistics.median(r[key]["loss_s"]) for r in per_rank),
-            "time_s_per_rank": [r[key]["time_s"] for r in per_rank],
-            "feature_vs_gather": feature / base["feature"], "total_vs_gather_fp32": led["comm/total/sent_bytes"] / base["total"],
-            "ledger": led}
+    return {
+        "mode": mode,
+        "grad_dtype": grad_dtype,
+        "feature_bytes": feature,
+        "scalar_bytes": cat("scalars"),
+        "param_grad_bytes": cat("param_grads"),
+        "check_bytes": cat("checks"),
+        "total_bytes": led["comm/total/sent_bytes"],
+        "calls": led["comm/total/calls"],
+        "time_s": max(statistics.mean(r[key]["time_s"]) for r in per_rank),
+        "time_min_s": max(min(r[key]["time_s"]) for r in per_rank),
+        "loss_s": max(statistics.median(r[key]["loss_s"]) for r in per_rank),
+        "time_s_per_rank": [r[key]["time_s"] for r in per_rank],
+        "feature_vs_gather": feature / base["feature"],
+        "total_vs_gather_fp32": led["comm/total/sent_bytes"] / base["total"],
+        "ledger": led,
+    }
 
 
 def _table(rows: list[dict]) -> str:
     mb = 1e6
-    lines = ["| mode | grad all_reduce | feature MB | scalar KB | param-grad MB | total MB | calls | s/step mean "
-             "| s/step min | loss fwd+bwd ms | feature vs gather | total vs gather+fp32 |", "|" + "---|" * 12]
+    lines = [
+        "| mode | grad all_reduce | feature MB | scalar KB | param-grad MB | total MB | calls | s/step mean "
+        "| s/step min | loss fwd+bwd ms | feature vs gather | total vs gather+fp32 |",
+        "|" + "---|" * 12,
+    ]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['grad_dtype']} | {r['feature_bytes'] / mb:.3f} | "
-                     f"{(r['scalar_bytes'] + r['check_bytes']) / 1e3:.2f} | {r['param_grad_bytes'] / mb:.2f} | "
-                     f"{r['total_bytes'] / mb:.2f} | {r['calls']:.0f} | {r['time_s']:.2f} | {r['time_min_s']:.2f} | "
-                     f"{r['loss_s'] * 1e3:.0f} | "
-                     f"{r['feature_vs_gather']:.3f} | {r['total_vs_gather_fp32']:.3f} |")
+        lines.append(
+            f"| {r['mode']} | {r['grad_dtype']} | {r['feature_bytes'] / mb:.3f} | "
+            f"{(r['scalar_bytes'] + r['check_bytes']) / 1e3:.2f} | {r['param_grad_bytes'] / mb:.2f} | "
+            f"{r['total_bytes'] / mb:.2f} | {r['calls']:.0f} | {r['time_s']:.2f} | {r['time_min_s']:.2f} | "
+            f"{r['loss_s'] * 1e3:.0f} | "
+            f"{r['feature_vs_gather']:.3f} | {r['total_vs_gather_fp32']:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -141,12 +166,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64, help="local batch per rank")
     p.add_argument("--model", default="cliptk-small", help="open_clip / cliptk model config name")
     p.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per configuration (DDP rebuilds buckets)")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed steps per configuration (DDP rebuilds buckets)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--grad-dtypes", nargs="+", default=list(GRAD_DTYPES), choices=GRAD_DTYPES)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/comm_volume.json"),
-                   help="JSON output")
+    p.add_argument(
+        "--out", type=Path, default=Path("benchmarks/loss/results/comm_volume.json"), help="JSON output"
+    )
     args = p.parse_args()
     if "gather" not in args.modes or "fp32" not in args.grad_dtypes:
         p.error("gather with fp32 is the baseline of the ratios: keep it in --modes/--grad-dtypes")
@@ -163,10 +191,15 @@ def main() -> None:
     for r, res in enumerate(per_rank[1:], 1):
         for key in res:
             if res[key]["ledger"] != per_rank[0][key]["ledger"]:
-                raise RuntimeError(f"{key}: rank {r} sent different bytes from rank 0 (the modes are symmetric)")
+                raise RuntimeError(
+                    f"{key}: rank {r} sent different bytes from rank 0 (the modes are symmetric)"
+                )
     gather = per_rank[0]["gather/fp32"]["ledger"]
-    base = {"feature": gather.get("comm/category/features/sent_bytes", 0.0)
-            + gather.get("comm/category/feature_grads/sent_bytes", 0.0), "total": gather["comm/total/sent_bytes"]}
+    base = {
+        "feature": gather.get("comm/category/features/sent_bytes", 0.0)
+        + gather.get("comm/category/feature_grads/sent_bytes", 0.0),
+        "total": gather["comm/total/sent_bytes"],
+    }
     rows = [_row(key, per_rank, base) for key in per_rank[0]]
     table = _table(rows)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

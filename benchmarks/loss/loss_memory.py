@@ -80,13 +80,17 @@ def _loss_fn(method: str, b: int = 0, d: int = 0, device: str = "cpu"):
         return lambda x, y, a: kernels.clip_loss(x, y, a, backend=method)
     if method == "open_clip":
         from open_clip.loss import ClipLoss
+
         return ClipLoss()
     if method == "inf_cl":
         # pip inf-cl 1.2.1: cal_inf_loss(q, k, scale=...) is the mean one-sided CE with diagonal labels,
         # so the symmetric loss takes two calls (6 QKᵀ passes). Its scale goes through a Function whose
         # backward all_reduces unconditionally, which fails without a process group: pass it detached.
         from inf_cl import cal_inf_loss
-        return lambda x, y, a: 0.5 * (cal_inf_loss(x, y, scale=a.detach()) + cal_inf_loss(y, x, scale=a.detach()))
+
+        return lambda x, y, a: (
+            0.5 * (cal_inf_loss(x, y, scale=a.detach()) + cal_inf_loss(y, x, scale=a.detach()))
+        )
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -117,15 +121,37 @@ def worker(method: str, b: int, d: int, repeats: int, budget_bytes: int) -> dict
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"status": "ok", "time_s": statistics.median(times), "times_s": times, "peak_bytes": peak,
-            "extra_bytes": peak - baseline, "loss": loss.item(), "threads": torch.get_num_threads()}
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    return {
+        "status": "ok",
+        "time_s": statistics.median(times),
+        "times_s": times,
+        "peak_bytes": peak,
+        "extra_bytes": peak - baseline,
+        "loss": loss.item(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_case(method: str, b: int, d: int, repeats: int, budget_bytes: int, timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.loss.loss_memory", "--worker", method, str(b), "--dim", str(d),
-           "--repeats", str(repeats),
-           "--budget-bytes", str(budget_bytes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.loss.loss_memory",
+        "--worker",
+        method,
+        str(b),
+        "--dim",
+        str(d),
+        "--repeats",
+        str(repeats),
+        "--budget-bytes",
+        str(budget_bytes),
+    ]
     root = str(Path(__file__).resolve().parents[2])  # the worker imports toolkit, benchmarks from here
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
@@ -152,9 +178,11 @@ def sweep(methods, sizes, d: int, repeats: int, budget_bytes: int, timeout_s: in
             last = prev.get(method)
             predicted = last[1] * (b / last[0]) ** 2 if last else None
             if method not in ("torch", "triton") and predicted and predicted > budget_bytes:
-                row |= {"status": f"does not fit: predicted {predicted / 2**30:.1f} GiB "
-                                  f"(from B={last[0]}) > budget {budget_bytes / 2**30:.1f} GiB",
-                        "predicted_extra_bytes": predicted}
+                row |= {
+                    "status": f"does not fit: predicted {predicted / 2**30:.1f} GiB "
+                    f"(from B={last[0]}) > budget {budget_bytes / 2**30:.1f} GiB",
+                    "predicted_extra_bytes": predicted,
+                }
             else:
                 print(f"[loss_memory] {method} B={b} ...", file=sys.stderr, flush=True)
                 row |= run_case(method, b, d, repeats_for(b, repeats), budget_bytes, timeout_s)
@@ -174,43 +202,69 @@ def targets(rows) -> list[str]:
     out = []
     ours = _get(rows, "torch", 65536)
     if ours:
-        out.append(f"B=65536: torch extra {ours['extra_bytes'] / 2**30:.2f} GiB (target < 1 GiB): "
-                   f"{'met' if ours['extra_bytes'] < 2**30 else 'MISSED'}")
+        out.append(
+            f"B=65536: torch extra {ours['extra_bytes'] / 2**30:.2f} GiB (target < 1 GiB): "
+            f"{'met' if ours['extra_bytes'] < 2**30 else 'MISSED'}"
+        )
     ours, naive = _get(rows, "torch", 16384), _get(rows, "naive", 16384)
     if ours and naive:
         ratio = ours["extra_bytes"] / naive["extra_bytes"]
-        out.append(f"B=16384: torch/naive extra memory {ratio:.4f} (target <= 0.05): "
-                   f"{'met' if ratio <= 0.05 else 'MISSED'}")
+        out.append(
+            f"B=16384: torch/naive extra memory {ratio:.4f} (target <= 0.05): "
+            f"{'met' if ratio <= 0.05 else 'MISSED'}"
+        )
     ours, naive = _get(rows, "torch", 8192), _get(rows, "naive", 8192)
     if ours and naive:
         ratio = ours["time_s"] / naive["time_s"]
-        out.append(f"B=8192: torch/naive time {ratio:.2f} (target <= 1.4): {'met' if ratio <= 1.4 else 'MISSED'}")
+        out.append(
+            f"B=8192: torch/naive time {ratio:.2f} (target <= 1.4): {'met' if ratio <= 1.4 else 'MISSED'}"
+        )
     return out
 
 
 def markdown(rows) -> str:
-    lines = ["| method | B | median time (s) | peak RSS (MiB) | extra (MiB) | status |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| method | B | median time (s) | peak RSS (MiB) | extra (MiB) | status |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         ok = r["status"] == "ok"
-        lines.append("| {} | {} | {} | {} | {} | {} |".format(
-            r["method"], r["B"], f"{r['time_s']:.3f}" if ok else "-",
-            f"{r['peak_bytes'] / 2**20:.0f}" if ok else "-", f"{r['extra_bytes'] / 2**20:.0f}" if ok else "-",
-            r["status"]))
+        lines.append(
+            "| {} | {} | {} | {} | {} | {} |".format(
+                r["method"],
+                r["B"],
+                f"{r['time_s']:.3f}" if ok else "-",
+                f"{r['peak_bytes'] / 2**20:.0f}" if ok else "-",
+                f"{r['extra_bytes'] / 2**20:.0f}" if ok else "-",
+                r["status"],
+            )
+        )
     return "\n".join(lines + [""] + [f"- {t}" for t in targets(rows)])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="batch sizes B")
     parser.add_argument("--dim", type=int, default=512, help="feature dim d")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per case (1 at B >= 16384)")
-    parser.add_argument("--methods", nargs="+", default=None, help="default: naive open_clip torch (+ GPU ones)")
-    parser.add_argument("--budget-bytes", type=int, default=None,
-                        help="memory a case may use; default 70%% of MemAvailable at start")
+    parser.add_argument(
+        "--methods", nargs="+", default=None, help="default: naive open_clip torch (+ GPU ones)"
+    )
+    parser.add_argument(
+        "--budget-bytes",
+        type=int,
+        default=None,
+        help="memory a case may use; default 70%% of MemAvailable at start",
+    )
     parser.add_argument("--timeout-s", type=int, default=1800, help="wall limit per case")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/loss_memory"),
-                        help="writes OUT.json and OUT.md")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/loss/results/loss_memory"),
+        help="writes OUT.json and OUT.md",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "B"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     budget = args.budget_bytes or int(0.7 * _mem_available_bytes())
@@ -218,6 +272,7 @@ def main() -> None:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.dim, args.repeats, budget)))
         return
     import torch
+
     methods = args.methods or list(CPU_METHODS) + (list(GPU_METHODS) if torch.cuda.is_available() else [])
     rows = sweep(methods, args.sizes, args.dim, args.repeats, budget, args.timeout_s)
     table = markdown(rows)

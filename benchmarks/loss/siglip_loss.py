@@ -48,8 +48,10 @@ def _loss_fn(method: str):
     """(image [B, d], text [B, d], t 0-d, b 0-d) -> scalar loss."""
     if method == "open_clip":
         from open_clip.loss import SigLipLoss
+
         return SigLipLoss()
     from toolkit import kernels
+
     return lambda x, y, t, b: kernels.siglip_loss(x, y, t, b, backend=method)
 
 
@@ -81,15 +83,36 @@ def worker(method: str, b: int, d: int, budget_bytes: int) -> dict:
     if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"status": "ok", "time_s": elapsed, "peak_bytes": peak, "extra_bytes": peak - baseline,
-            "loss": loss.item(), "grad_t": t.grad.item(), "grad_b": bias.grad.item(),
-            "threads": torch.get_num_threads()}
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    return {
+        "status": "ok",
+        "time_s": elapsed,
+        "peak_bytes": peak,
+        "extra_bytes": peak - baseline,
+        "loss": loss.item(),
+        "grad_t": t.grad.item(),
+        "grad_b": bias.grad.item(),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_case(method: str, b: int, d: int, budget_bytes: int, timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.loss.siglip_loss", "--worker", method, str(b), "--dim", str(d),
-           "--budget-bytes", str(budget_bytes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.loss.siglip_loss",
+        "--worker",
+        method,
+        str(b),
+        "--dim",
+        str(d),
+        "--budget-bytes",
+        str(budget_bytes),
+    ]
     root = str(Path(__file__).resolve().parents[2])  # the worker imports toolkit, benchmarks from here
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     try:
@@ -113,8 +136,12 @@ def _merge(runs: list[dict]) -> dict:
     if bad:
         return bad
     out = dict(runs[0])
-    out |= {"time_s": statistics.median(r["time_s"] for r in runs), "times_s": [r["time_s"] for r in runs],
-            "extra_bytes": max(r["extra_bytes"] for r in runs), "peak_bytes": max(r["peak_bytes"] for r in runs)}
+    out |= {
+        "time_s": statistics.median(r["time_s"] for r in runs),
+        "times_s": [r["time_s"] for r in runs],
+        "extra_bytes": max(r["extra_bytes"] for r in runs),
+        "peak_bytes": max(r["peak_bytes"] for r in runs),
+    }
     return out
 
 
@@ -134,15 +161,20 @@ def sweep(methods, sizes, d: int, rounds: int, budget: int, timeout_s: int) -> l
         for m in methods:
             too_big = None if m in ("torch", "triton") else _predicted_too_big(prev.get(m), b, budget)
             if too_big:
-                skipped[m] = {"status": f"does not fit: predicted {too_big / 2**30:.1f} GiB (from B={prev[m][0]}) "
-                                        f"> budget {budget / 2**30:.1f} GiB", "predicted_extra_bytes": too_big}
+                skipped[m] = {
+                    "status": f"does not fit: predicted {too_big / 2**30:.1f} GiB (from B={prev[m][0]}) "
+                    f"> budget {budget / 2**30:.1f} GiB",
+                    "predicted_extra_bytes": too_big,
+                }
         for _ in range(rounds_for(b, rounds)):
             for m in methods:
                 if m not in skipped and not (runs[m] and runs[m][-1]["status"] != "ok"):
                     print(f"[siglip_loss] {m} B={b} ...", file=sys.stderr, flush=True)
                     runs[m].append(run_case(m, b, d, budget, timeout_s))
         for m in methods:
-            row = {"method": m, "B": b, "d": d, "grad_bytes": 2 * b * d * 4} | (skipped.get(m) or _merge(runs[m]))
+            row = {"method": m, "B": b, "d": d, "grad_bytes": 2 * b * d * 4} | (
+                skipped.get(m) or _merge(runs[m])
+            )
             if row["status"] == "ok":
                 prev[m] = (b, row["extra_bytes"])
             rows.append(row)
@@ -157,45 +189,73 @@ def targets(rows) -> list[str]:
     if ours and ref:
         whole = ours["extra_bytes"] / ref["extra_bytes"]
         own = (ours["extra_bytes"] - ours["grad_bytes"]) / (ref["extra_bytes"] - ref["grad_bytes"])
-        out.append(f"B=16384: torch/open_clip extra memory {whole:.4f} with the feature gradients, {own:.4f} "
-                   f"without them (target <= 0.01): {'met' if own <= 0.01 else 'MISSED'} for the loss's own "
-                   f"memory, {'met' if whole <= 0.01 else 'missed'} counting the gradients")
+        out.append(
+            f"B=16384: torch/open_clip extra memory {whole:.4f} with the feature gradients, {own:.4f} "
+            f"without them (target <= 0.01): {'met' if own <= 0.01 else 'MISSED'} for the loss's own "
+            f"memory, {'met' if whole <= 0.01 else 'missed'} counting the gradients"
+        )
     ours, ref = _get(rows, "torch", 8192), _get(rows, "open_clip", 8192)
     if ours and ref:
         ratio = ours["time_s"] / ref["time_s"]
-        out.append(f"B=8192: torch/open_clip forward+backward time {ratio:.2f} (target <= 1.2): "
-                   f"{'met' if ratio <= 1.2 else 'MISSED'}")
+        out.append(
+            f"B=8192: torch/open_clip forward+backward time {ratio:.2f} (target <= 1.2): "
+            f"{'met' if ratio <= 1.2 else 'MISSED'}"
+        )
     largest = max((r["B"] for r in rows if r["method"] == "open_clip" and r["status"] == "ok"), default=None)
     if largest:
-        out.append(f"open_clip's SigLipLoss ran up to B={largest} here; cliptk's up to "
-                   f"B={max((r['B'] for r in rows if r['method'] == 'torch' and r['status'] == 'ok'), default='-')}")
+        out.append(
+            f"open_clip's SigLipLoss ran up to B={largest} here; cliptk's up to "
+            f"B={max((r['B'] for r in rows if r['method'] == 'torch' and r['status'] == 'ok'), default='-')}"
+        )
     return out
 
 
 def markdown(rows) -> str:
-    lines = ["| method | B | median time (s) | peak RSS (MiB) | extra (MiB) | grads (MiB) | extra − grads (MiB) | status |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| method | B | median time (s) | peak RSS (MiB) | extra (MiB) | grads (MiB) | extra − grads (MiB) | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         ok = r["status"] == "ok"
         mib = (lambda v: f"{v / 2**20:.0f}") if ok else (lambda v: "-")
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["method"], r["B"], f"{r['time_s']:.3f}" if ok else "-", mib(r.get("peak_bytes", 0)),
-            mib(r.get("extra_bytes", 0)), f"{r['grad_bytes'] / 2**20:.0f}",
-            mib(r.get("extra_bytes", 0) - r["grad_bytes"]), r["status"]))
+        lines.append(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                r["method"],
+                r["B"],
+                f"{r['time_s']:.3f}" if ok else "-",
+                mib(r.get("peak_bytes", 0)),
+                mib(r.get("extra_bytes", 0)),
+                f"{r['grad_bytes'] / 2**20:.0f}",
+                mib(r.get("extra_bytes", 0) - r["grad_bytes"]),
+                r["status"],
+            )
+        )
     return "\n".join(lines + [""] + [f"- {t}" for t in targets(rows)])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="batch sizes B")
     parser.add_argument("--dim", type=int, default=512, help="feature dim d")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size (1 at B >= 16384)")
-    parser.add_argument("--methods", nargs="+", default=None, help="default: open_clip torch (+ triton on CUDA)")
-    parser.add_argument("--budget-bytes", type=int, default=None,
-                        help="memory a case may use; default 70%% of MemAvailable at start")
+    parser.add_argument(
+        "--methods", nargs="+", default=None, help="default: open_clip torch (+ triton on CUDA)"
+    )
+    parser.add_argument(
+        "--budget-bytes",
+        type=int,
+        default=None,
+        help="memory a case may use; default 70%% of MemAvailable at start",
+    )
     parser.add_argument("--timeout-s", type=int, default=3600, help="wall limit per case")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/loss/results/siglip_loss"),
-                        help="writes OUT.json and OUT.md")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/loss/results/siglip_loss"),
+        help="writes OUT.json and OUT.md",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "B"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     budget = args.budget_bytes or int(0.7 * _mem_available_bytes())
@@ -203,12 +263,18 @@ def main() -> None:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.dim, budget)))
         return
     import torch
+
     methods = args.methods or list(CPU_METHODS) + (list(GPU_METHODS) if torch.cuda.is_available() else [])
     rows = sweep(methods, args.sizes, args.dim, args.rounds, budget, args.timeout_s)
     table = markdown(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"budget_bytes": budget, "cpu_count": os.cpu_count(), "torch": torch.__version__, "d": args.dim,
-            "load_avg_at_end": os.getloadavg()}
+    meta = {
+        "budget_bytes": budget,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "d": args.dim,
+        "load_avg_at_end": os.getloadavg(),
+    }
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     args.out.with_suffix(".md").write_text(table + "\n")
     print(table)

@@ -38,8 +38,11 @@ def load(root: str):
     for batch in make_loader(root, batch_size=512, shuffle=False):
         images.append(batch["image_features"].float())
         texts.append(batch["text_features"].float())
-    captions = [json.loads(line)["caption"] for p in sorted(Path(root).glob("*.meta.jsonl"))
-                for line in p.read_text().splitlines()]
+    captions = [
+        json.loads(line)["caption"]
+        for p in sorted(Path(root).glob("*.meta.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     return torch.cat(images), torch.cat(texts), captions
 
 
@@ -50,8 +53,10 @@ def recall_at_1(image_emb, text_emb) -> tuple[float, float]:
     a = torch.nn.functional.normalize(image_emb, dim=1)
     b = torch.nn.functional.normalize(text_emb, dim=1)
     sims, target = a @ b.T, torch.arange(len(a))
-    return (100 * (sims.argmax(1) == target).float().mean().item(),
-            100 * (sims.argmax(0) == target).float().mean().item())
+    return (
+        100 * (sims.argmax(1) == target).float().mean().item(),
+        100 * (sims.argmax(0) == target).float().mean().item(),
+    )
 
 
 def train_heads(images, texts, steps: int, lr: float, wd: float, batch: int, warmup: int, seed: int):
@@ -63,8 +68,13 @@ def train_heads(images, texts, steps: int, lr: float, wd: float, batch: int, war
     image_head = torch.nn.Linear(images.shape[1], 512, bias=False)
     text_head = torch.nn.Linear(texts.shape[1], 512)
     scale = torch.nn.Parameter(torch.tensor(math.log(1 / 0.07)))
-    opt = torch.optim.AdamW([*image_head.parameters(), *text_head.parameters(), scale], lr=lr, weight_decay=wd,
-                            betas=(0.9, 0.98), eps=1e-6)
+    opt = torch.optim.AdamW(
+        [*image_head.parameters(), *text_head.parameters(), scale],
+        lr=lr,
+        weight_decay=wd,
+        betas=(0.9, 0.98),
+        eps=1e-6,
+    )
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr * min(1, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
@@ -73,7 +83,10 @@ def train_heads(images, texts, steps: int, lr: float, wd: float, batch: int, war
         b = torch.nn.functional.normalize(text_head(texts[rows]), dim=1)
         logits = scale.exp().clamp(max=100) * a @ b.T
         target = torch.arange(len(rows))
-        loss = (torch.nn.functional.cross_entropy(logits, target) + torch.nn.functional.cross_entropy(logits.T, target)) / 2
+        loss = (
+            torch.nn.functional.cross_entropy(logits, target)
+            + torch.nn.functional.cross_entropy(logits.T, target)
+        ) / 2
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -88,7 +101,7 @@ def evaluate(data: dict, setting: dict) -> dict:
     if s["val"] is None:  # concepts protocol on the first training artist
         images, texts, _ = data[s["train"][0]]
         perm = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
-        held, kept = perm[: len(images) // 5], perm[len(images) // 5:]
+        held, kept = perm[: len(images) // 5], perm[len(images) // 5 :]
         train_i, train_t, val_i, val_t = images[kept], texts[kept], images[held], texts[held]
     else:
         train_i = torch.cat([data[a][0] for a in s["train"]])

@@ -75,8 +75,13 @@ def train_one(args, ds, train, val, loss_cfg: LossConfig, seed: int) -> dict:
     loss_fn = build_loss(loss_cfg, data_size=num_train)
     optimizer = build_optimizer(clip, optim_cfg, loss_cfg.lr_tau)
     group = logit_scale_group(optimizer)
-    tau_ctl = None if group is None else TemperatureControl(
-        clip.logit_scale, group, lr_tau=loss_cfg.lr_tau or args.lr, schedule=loss_cfg.lr_tau_schedule)
+    tau_ctl = (
+        None
+        if group is None
+        else TemperatureControl(
+            clip.logit_scale, group, lr_tau=loss_cfg.lr_tau or args.lr, schedule=loss_cfg.lr_tau_schedule
+        )
+    )
     order = BatchOrder(num_train, args.batch, seed)
     curve = []
     for t in range(args.steps):
@@ -85,8 +90,14 @@ def train_one(args, ds, train, val, loss_cfg: LossConfig, seed: int) -> dict:
         if tau_ctl is not None and loss_cfg.lr_tau_schedule != "cosine":
             tau_ctl.before_step(t)
         ids = torch.from_numpy(order.batch_ids(t))
-        forward_backward(built.model, loss_fn, StepInputs(train[0][ids], train[1][ids], ids), micro_batch_size=0,
-                         seed_of=lambda i, t=t: stream_seed(seed, t, 0, i), autocast=contextlib.nullcontext)
+        forward_backward(
+            built.model,
+            loss_fn,
+            StepInputs(train[0][ids], train[1][ids], ids),
+            micro_batch_size=0,
+            seed_of=lambda i, t=t: stream_seed(seed, t, 0, i),
+            autocast=contextlib.nullcontext,
+        )
         optimizer.step()
         loss_fn.end_step(True)
         if tau_ctl is not None:
@@ -94,13 +105,19 @@ def train_one(args, ds, train, val, loss_cfg: LossConfig, seed: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if (t + 1) % args.eval_every == 0 or t + 1 == args.steps:
             curve.append((t + 1, val_r1(built, val)))
-    return {"curve": curve, "val_r1": curve[-1][1], "tau": loss_fn.temperature(clip.logit_scale.detach().exp()),
-            **{k: v for k, v in loss_fn.metrics().items()}}
+    return {
+        "curve": curve,
+        "val_r1": curve[-1][1],
+        "tau": loss_fn.temperature(clip.logit_scale.detach().exp()),
+        **{k: v for k, v in loss_fn.metrics().items()},
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("methods", nargs="+", help="NAME=JSON of LossConfig fields; the first is the reference")
+    parser.add_argument(
+        "methods", nargs="+", help="NAME=JSON of LossConfig fields; the first is the reference"
+    )
     parser.add_argument("--run-dir", default="runs/lit", help="the lit pipeline's run folder")
     parser.add_argument("--heads", default="cliptk-small")
     parser.add_argument("--batch", type=int, default=32)
@@ -120,21 +137,34 @@ def main() -> None:
         cfg = build(LossConfig, fields)
         results[name] = [train_one(args, ds, train, val, cfg, seed) for seed in range(args.seeds)]
         finals = [r["val_r1"] for r in results[name]]
-        print(f"{name}: val R@1 {100 * statistics.fmean(finals):.2f} ({time.monotonic() - start:.0f} s)", flush=True)
+        print(
+            f"{name}: val R@1 {100 * statistics.fmean(finals):.2f} ({time.monotonic() - start:.0f} s)",
+            flush=True,
+        )
     ref = [r["val_r1"] for r in results[next(iter(methods))]]
-    lines = [f"batch {args.batch}, {args.steps} steps ({args.steps / math.ceil(train[0].shape[0] / args.batch):.1f} "
-             f"epochs), {args.seeds} seeds; validation mean R@1 (%), paired Δ vs {next(iter(methods))}",
-             "| method | val R@1 | Δ | τ |", "|---|---|---|---|"]
+    lines = [
+        f"batch {args.batch}, {args.steps} steps ({args.steps / math.ceil(train[0].shape[0] / args.batch):.1f} "
+        f"epochs), {args.seeds} seeds; validation mean R@1 (%), paired Δ vs {next(iter(methods))}",
+        "| method | val R@1 | Δ | τ |",
+        "|---|---|---|---|",
+    ]
     for name, rs in results.items():
-        v, d = [100 * r["val_r1"] for r in rs], [100 * (r["val_r1"] - b) for r, b in zip(rs, ref, strict=True)]
+        v, d = (
+            [100 * r["val_r1"] for r in rs],
+            [100 * (r["val_r1"] - b) for r, b in zip(rs, ref, strict=True)],
+        )
         sd = lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0  # noqa: E731
-        lines.append(f"| {name} | {statistics.fmean(v):.2f} ± {sd(v):.2f} | {statistics.fmean(d):+.2f} ± {sd(d):.2f} "
-                     f"| {statistics.fmean(r['tau'] for r in rs):.3f} |")
+        lines.append(
+            f"| {name} | {statistics.fmean(v):.2f} ± {sd(v):.2f} | {statistics.fmean(d):+.2f} ± {sd(d):.2f} "
+            f"| {statistics.fmean(r['tau'] for r in rs):.3f} |"
+        )
     print("\n".join(lines))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "methods": methods, "results": results, "table": lines},
-                              indent=1) + "\n")
+    out.write_text(
+        json.dumps({"args": vars(args), "methods": methods, "results": results, "table": lines}, indent=1)
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -88,8 +88,21 @@ def raw_shards(work: Path, image_size: int, samples_per_shard: int, num_samples:
                     os.link(path, link)
                 path = link
             writer.writerow([str(path), row["caption"] + (f" (copy {copy})" if copy else "")])
-    check_run(toolkit_cmd("data", "shard", "--source", str(source), "--out", str(out), "--image-size",
-                          str(image_size), "--samples-per-shard", str(samples_per_shard)), "toolkit data shard")
+    check_run(
+        toolkit_cmd(
+            "data",
+            "shard",
+            "--source",
+            str(source),
+            "--out",
+            str(out),
+            "--image-size",
+            str(image_size),
+            "--samples-per-shard",
+            str(samples_per_shard),
+        ),
+        "toolkit data shard",
+    )
     count = sum(json.loads(p.read_text())["successes"] for p in out.glob("*_stats.json"))
     if count != total:  # an empty shard would also hang an open_clip_train data worker
         raise RuntimeError(f"toolkit data shard kept {count} of {total} rows in {out}; see its *_stats.json")
@@ -112,10 +125,25 @@ def open_clip_pythonpath(work: Path) -> str | None:
         return None
     target = work / "open_clip_deps"
     if not (target / "webdataset").exists():
-        print(f"[bench] webdataset {'.'.join(map(str, installed))} breaks open_clip_train; installing "
-              f"webdataset=={OPEN_CLIP_WEBDATASET} into {target} (open_clip's PYTHONPATH only)", file=sys.stderr)
-        check_run([PY, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                   f"webdataset=={OPEN_CLIP_WEBDATASET}"], "pip install webdataset for open_clip_train")
+        print(
+            f"[bench] webdataset {'.'.join(map(str, installed))} breaks open_clip_train; installing "
+            f"webdataset=={OPEN_CLIP_WEBDATASET} into {target} (open_clip's PYTHONPATH only)",
+            file=sys.stderr,
+        )
+        check_run(
+            [
+                PY,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(target),
+                f"webdataset=={OPEN_CLIP_WEBDATASET}",
+            ],
+            "pip install webdataset for open_clip_train",
+        )
     return str(target)
 
 
@@ -134,6 +162,7 @@ def open_clip_cmd(model: str, args: list[str]) -> list[str]:
 
 
 # --- the process tree's memory ------------------------------------------------------------------------
+
 
 def _children(pid: int) -> list[int]:
     out = []
@@ -188,8 +217,14 @@ class TreeRun:
         return max(self.peak_pss_bytes, self.peak_main_rss_bytes)
 
 
-def run_tree(cmd: list[str], env: dict, timeout_s: float, budget_bytes: int | None = None,
-             poll_s: float = 0.05, cwd: str | None = None) -> TreeRun:
+def run_tree(
+    cmd: list[str],
+    env: dict,
+    timeout_s: float,
+    budget_bytes: int | None = None,
+    poll_s: float = 0.05,
+    cwd: str | None = None,
+) -> TreeRun:
     """Run ``cmd`` in its own session; poll the tree's memory every ``poll_s``; SIGKILL the whole session
     when the summed PSS exceeds ``budget_bytes`` (status "over budget") or after ``timeout_s``."""
     import tempfile
@@ -197,8 +232,9 @@ def run_tree(cmd: list[str], env: dict, timeout_s: float, budget_bytes: int | No
     out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
     start = time.perf_counter()
     # Through the "rusage" wrapper: it prints the tree's exact ru_maxrss (largest single process) at the end.
-    proc = subprocess.Popen([*SELF, "rusage", *cmd], env=env, cwd=cwd,
-                            stdout=out_f, stderr=err_f, start_new_session=True)
+    proc = subprocess.Popen(
+        [*SELF, "rusage", *cmd], env=env, cwd=cwd, stdout=out_f, stderr=err_f, start_new_session=True
+    )
     peak_pss = peak_rss = 0
     status = None
     while proc.poll() is None:
@@ -241,8 +277,16 @@ _OC_STEP = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/(\d+) .*?Batch \(t\): ([0-
 def open_clip_steps(log_text: str) -> list[dict]:
     """Per-step records from open_clip_train's log (--log-every-n-steps 1): samples done so far in the
     epoch, the step's wall seconds (data wait included) and its samples/s."""
-    return [{"epoch": int(m[1]), "samples_done": int(m[2]), "epoch_samples": int(m[3]),
-             "step_time_s": float(m[4]), "samples_per_s": float(m[5])} for m in _OC_STEP.finditer(log_text)]
+    return [
+        {
+            "epoch": int(m[1]),
+            "samples_done": int(m[2]),
+            "epoch_samples": int(m[3]),
+            "step_time_s": float(m[4]),
+            "samples_per_s": float(m[5]),
+        }
+        for m in _OC_STEP.finditer(log_text)
+    ]
 
 
 def cliptk_steps(run_dir: Path) -> list[dict]:
@@ -262,9 +306,14 @@ def machine_meta() -> dict:
 
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
-    return {"cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "loadavg_at_start": [float(x) for x in load], "time_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "loadavg_at_start": [float(x) for x in load],
+        "time_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
 
 
 def loadavg() -> float:
@@ -296,5 +345,7 @@ if __name__ == "__main__":
     elif len(sys.argv) > 2 and sys.argv[1] == "rusage":
         _rusage_main(sys.argv[2:])
     else:
-        sys.exit("usage: python -m benchmarks.shared.trainer_bench open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... "
-                 "| rusage CMD...")
+        sys.exit(
+            "usage: python -m benchmarks.shared.trainer_bench open-clip CONFIG.json OPEN_CLIP_TRAIN_ARGS... "
+            "| rusage CMD..."
+        )

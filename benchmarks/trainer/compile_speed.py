@@ -36,28 +36,79 @@ def demo_trainset(base: Path, model: str) -> Path:
     from toolkit.data.trainset.precompute import stage as precompute
 
     result = demo.run(build(demo.DemoConfig, {"out": str(base / "demo")}))
-    shard.run(build(shard.ShardConfig, {"source": result.outputs["train_csv"], "out": str(base / "raw"),
-                                        "image_size": 64, "samples_per_shard": 500}))
-    precompute.run(build(precompute.PrecomputeConfig, {"input": str(base / "raw"), "out": str(base / "train"),
-                                                       "model": model, "samples_per_shard": 500, "num_workers": 1}))
+    shard.run(
+        build(
+            shard.ShardConfig,
+            {
+                "source": result.outputs["train_csv"],
+                "out": str(base / "raw"),
+                "image_size": 64,
+                "samples_per_shard": 500,
+            },
+        )
+    )
+    precompute.run(
+        build(
+            precompute.PrecomputeConfig,
+            {
+                "input": str(base / "raw"),
+                "out": str(base / "train"),
+                "model": model,
+                "samples_per_shard": 500,
+                "num_workers": 1,
+            },
+        )
+    )
     return base / "train"
 
 
 def train_run(data: Path, out: Path, args: argparse.Namespace, compiled: bool) -> dict:
-    cmd = [sys.executable, "-m", "toolkit", "--quiet", "train", "--data", str(data), "--out", str(out), "--model",
-           args.model, "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--loss", args.loss,
-           "--log-every", "1", "--workers", "0", "--set", "tensorboard=false", *(["--compile"] if compiled else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "--quiet",
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        args.model,
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--loss",
+        args.loss,
+        "--log-every",
+        "1",
+        "--workers",
+        "0",
+        "--set",
+        "tensorboard=false",
+        *(["--compile"] if compiled else []),
+    ]
     start = time.monotonic()
     # a fresh inductor cache: the compile time is a cold start's, not a reuse of an earlier run's kernels
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads),
-               TORCHINDUCTOR_CACHE_DIR=str(out.parent / "inductor-cache"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS=str(args.threads),
+        TORCHINDUCTOR_CACHE_DIR=str(out.parent / "inductor-cache"),
+    )
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     steps = [json.loads(line)["step_time_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steady = statistics.median(steps[len(steps) // 2:])
-    return {"wall_s": round(time.monotonic() - start, 1), "first_step_s": steps[0], "steady_step_s": steady,
-            "extra_s": sum(s - steady for s in steps), "step_times_s": steps}
+    steady = statistics.median(steps[len(steps) // 2 :])
+    return {
+        "wall_s": round(time.monotonic() - start, 1),
+        "first_step_s": steps[0],
+        "steady_step_s": steady,
+        "extra_s": sum(s - steady for s in steps),
+        "step_times_s": steps,
+    }
 
 
 def main() -> None:
@@ -73,20 +124,36 @@ def main() -> None:
         data = demo_trainset(Path(tmp), args.model)
         eager = train_run(data, Path(tmp) / "eager", args, compiled=False)
         compiled = train_run(data, Path(tmp) / "compiled", args, compiled=True)
-    row = {"model": args.model, "batch_size": args.batch_size, "loss": args.loss, "steps": args.steps,
-           "compile_s": compiled["first_step_s"] - eager["first_step_s"], "compiled_extra_s": compiled["extra_s"],
-           "speedup": eager["steady_step_s"] / compiled["steady_step_s"], "eager": eager, "compiled": compiled,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_1min": os.getloadavg()[0],
-                       "threads": args.threads}}
-    text = ("| model | batch | loss | eager step | compiled step | speed-up | compile time | all compile overhead |\n"
-            "|---|---|---|---|---|---|---|---|\n"
-            f"| {args.model} | {args.batch_size} | {args.loss} | {eager['steady_step_s']:.3f} s | "
-            f"{compiled['steady_step_s']:.3f} s | {row['speedup']:.2f}x | {row['compile_s']:.1f} s | "
-            f"{row['compiled_extra_s']:.1f} s |")
+    row = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "loss": args.loss,
+        "steps": args.steps,
+        "compile_s": compiled["first_step_s"] - eager["first_step_s"],
+        "compiled_extra_s": compiled["extra_s"],
+        "speedup": eager["steady_step_s"] / compiled["steady_step_s"],
+        "eager": eager,
+        "compiled": compiled,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_1min": os.getloadavg()[0],
+            "threads": args.threads,
+        },
+    }
+    text = (
+        "| model | batch | loss | eager step | compiled step | speed-up | compile time | all compile overhead |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        f"| {args.model} | {args.batch_size} | {args.loss} | {eager['steady_step_s']:.3f} s | "
+        f"{compiled['steady_step_s']:.3f} s | {row['speedup']:.2f}x | {row['compile_s']:.1f} s | "
+        f"{row['compiled_extra_s']:.1f} s |"
+    )
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(row, indent=2) + "\n")
-    Path(args.out).with_suffix(".md").write_text(text + f"\n\nload (1 min) at the end: {os.getloadavg()[0]:.1f}\n")
+    Path(args.out).with_suffix(".md").write_text(
+        text + f"\n\nload (1 min) at the end: {os.getloadavg()[0]:.1f}\n"
+    )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def _synthetic(model, batch: int, seed: int):
 
 def _state_bytes(clip, optimizer) -> int:
     """Parameters, gradients and optimiser state this rank holds (local shards of DTensors)."""
+
     def local(t):
         return t.to_local() if hasattr(t, "to_local") else t
 
@@ -54,8 +55,11 @@ def _state_bytes(clip, optimizer) -> int:
         if p.grad is not None:
             total += local(p.grad).numel() * local(p.grad).element_size()
     for state in optimizer.state.values():
-        total += sum(local(v).numel() * local(v).element_size() for v in state.values() if hasattr(v, "numel")
-                     and v.dim() > 0)
+        total += sum(
+            local(v).numel() * local(v).element_size()
+            for v in state.values()
+            if hasattr(v, "numel") and v.dim() > 0
+        )
     return total
 
 
@@ -93,28 +97,47 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
     for t in range(args.steps):
         start = time.perf_counter()
         update.begin(t, args.steps)
-        forward_backward(wrapped, loss_fn, StepInputs(image[mine], text[mine], index[mine]),
-                         micro_batch_size=args.micro, seed_of=lambda i, t=t: stream_seed(0, t, rank, i),
-                         autocast=contextlib.nullcontext)
+        forward_backward(
+            wrapped,
+            loss_fn,
+            StepInputs(image[mine], text[mine], index[mine]),
+            micro_batch_size=args.micro,
+            seed_of=lambda i, t=t: stream_seed(0, t, rank, i),
+            autocast=contextlib.nullcontext,
+        )
         if sharded is not None:
             sharded.finish_backward()
         if t == 1:
-            state = _state_bytes(model.clip, update.optimizer)  # gradients still there, before finish zeroes them
+            state = _state_bytes(
+                model.clip, update.optimizer
+            )  # gradients still there, before finish zeroes them
         update.finish(loss_fn.global_value())
         times.append(time.perf_counter() - start)
         comm.append(D.LEDGER.step()["comm/total/sent_bytes"])
         if t == 0:
             reset_peak_rss()
-    return {"state_bytes": state, "step_s": statistics.median(times[2:]) if len(times) > 2 else times[-1],
-            "comm_bytes_per_step": statistics.median(comm[1:]), "peak_bytes": peak_rss_bytes() - before}
+    return {
+        "state_bytes": state,
+        "step_s": statistics.median(times[2:]) if len(times) > 2 else times[-1],
+        "comm_bytes_per_step": statistics.median(comm[1:]),
+        "peak_bytes": peak_rss_bytes() - before,
+    }
 
 
 def _job(rank: int, world: int, port: int, args, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+        }
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     results = {kind: _run(kind, args, rank, world) for kind in ("ddp", "fsdp")}
@@ -137,16 +160,29 @@ def run_world(args, world: int, work: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     mp.spawn(_job, args=(world, port, args, str(folder)), nprocs=world, join=True)
     ranks = [torch.load(folder / f"rank{r}.pt") for r in range(world)]
-    return {kind: {key: max(r[kind][key] for r in ranks) for key in ranks[0][kind]} for kind in ("ddp", "fsdp")}
+    return {
+        kind: {key: max(r[kind][key] for r in ranks) for key in ranks[0][kind]} for kind in ("ddp", "fsdp")
+    }
 
 
 def planned(args, world: int, fsdp: bool) -> float:
     from toolkit.core.config import build
     from toolkit.train.plan.planner import PlanConfig, run
 
-    plan = run(build(PlanConfig, {"model": args.model, "batch_size": args.batch, "nproc_per_node": world,
-                                  "device": "cpu", "micro_batch_size": args.micro, "fsdp": fsdp,
-                                  "num_samples": args.batch}))
+    plan = run(
+        build(
+            PlanConfig,
+            {
+                "model": args.model,
+                "batch_size": args.batch,
+                "nproc_per_node": world,
+                "device": "cpu",
+                "micro_batch_size": args.micro,
+                "fsdp": fsdp,
+                "num_samples": args.batch,
+            },
+        )
+    )
     return plan.total
 
 
@@ -173,11 +209,20 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {
         "state_ratio": mem["fsdp"]["state_bytes"] / mem["ddp"]["state_bytes"],
         "time_ratio": tim["fsdp"]["step_s"] / tim["ddp"]["step_s"],
-        "plan_error": {f"{kind}@{w}": rows[w][kind]["planned_bytes"] / rows[w][kind]["peak_bytes"] - 1
-                       for w in rows for kind in ("ddp", "fsdp")},
+        "plan_error": {
+            f"{kind}@{w}": rows[w][kind]["planned_bytes"] / rows[w][kind]["peak_bytes"] - 1
+            for w in rows
+            for kind in ("ddp", "fsdp")
+        },
     }
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "summary": summary,
-              "targets": TARGETS, "loadavg": os.getloadavg()[0], "wall_s": time.time() - started}
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+        "summary": summary,
+        "targets": TARGETS,
+        "loadavg": os.getloadavg()[0],
+        "wall_s": time.time() - started,
+    }
     table = format_table(result)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,22 +233,31 @@ def main(argv: list[str] | None = None) -> dict:
 
 def format_table(result: dict) -> str:
     mib = 2**20
-    lines = [f"model {result['args']['model']}, global batch {result['args']['batch']}, micro-batch "
-             f"{result['args']['micro']}, AdamW fp32, gloo CPU, 1 thread per rank, load {result['loadavg']:.1f}", "",
-             "| ranks | trainer | state MiB/rank | step s | sent MiB/step | peak MiB | plan MiB | plan/peak - 1 |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"model {result['args']['model']}, global batch {result['args']['batch']}, micro-batch "
+        f"{result['args']['micro']}, AdamW fp32, gloo CPU, 1 thread per rank, load {result['loadavg']:.1f}",
+        "",
+        "| ranks | trainer | state MiB/rank | step s | sent MiB/step | peak MiB | plan MiB | plan/peak - 1 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for world, kinds in result["rows"].items():
         for kind, r in kinds.items():
-            lines.append(f"| {world} | {kind} | {r['state_bytes'] / mib:.1f} | {r['step_s']:.3f} | "
-                         f"{r['comm_bytes_per_step'] / mib:.1f} | {r['peak_bytes'] / mib:.1f} | "
-                         f"{r['planned_bytes'] / mib:.1f} | {r['planned_bytes'] / r['peak_bytes'] - 1:+.1%} |")
+            lines.append(
+                f"| {world} | {kind} | {r['state_bytes'] / mib:.1f} | {r['step_s']:.3f} | "
+                f"{r['comm_bytes_per_step'] / mib:.1f} | {r['peak_bytes'] / mib:.1f} | "
+                f"{r['planned_bytes'] / mib:.1f} | {r['planned_bytes'] / r['peak_bytes'] - 1:+.1%} |"
+            )
     s = result["summary"]
-    lines += ["", f"state FSDP/DDP at {result['args']['memory_world']} ranks: {s['state_ratio']:.3f} "
-                  f"(target <= {TARGETS['state_ratio']})",
-              f"step time FSDP/DDP at {result['args']['time_world']} ranks: {s['time_ratio']:.3f} "
-              f"(target <= {TARGETS['time_ratio']})",
-              "plan vs measured peak: " + ", ".join(f"{k} {v:+.1%}" for k, v in s["plan_error"].items())
-              + f" (target within {TARGETS['plan_error']:.0%})"]
+    lines += [
+        "",
+        f"state FSDP/DDP at {result['args']['memory_world']} ranks: {s['state_ratio']:.3f} "
+        f"(target <= {TARGETS['state_ratio']})",
+        f"step time FSDP/DDP at {result['args']['time_world']} ranks: {s['time_ratio']:.3f} "
+        f"(target <= {TARGETS['time_ratio']})",
+        "plan vs measured peak: "
+        + ", ".join(f"{k} {v:+.1%}" for k, v in s["plan_error"].items())
+        + f" (target within {TARGETS['plan_error']:.0%})",
+    ]
     return "\n".join(lines)
 
 

@@ -69,8 +69,7 @@ def build_setting(model_cfg: dict, dropout: float, shrink: int, batch: int, devi
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     flops = tower_flops(cfg, patch_dropout=dropout)
     inputs = tuple(t.to(device) for t in (image, text, torch.arange(batch)))
-    return model, opt, loss, inputs, {"image_fwd": flops.image,
-                                                                   "step": step_flops(flops, batch)}
+    return model, opt, loss, inputs, {"image_fwd": flops.image, "step": step_flops(flops, batch)}
 
 
 def _tower(model, image, index) -> float:
@@ -89,8 +88,14 @@ def time_step(model, opt, loss, image, text, index, t: int, autocast=contextlib.
     from toolkit.train.step import StepInputs, forward_backward
 
     start = time.perf_counter()
-    forward_backward(model, loss, StepInputs(image, text, index, patch_seed=stream_seed(0, t, 0, 0)),
-                     micro_batch_size=0, seed_of=lambda i: stream_seed(0, t, 0, i), autocast=autocast)
+    forward_backward(
+        model,
+        loss,
+        StepInputs(image, text, index, patch_seed=stream_seed(0, t, 0, 0)),
+        micro_batch_size=0,
+        seed_of=lambda i: stream_seed(0, t, 0, i),
+        autocast=autocast,
+    )
     opt.step()
     opt.zero_grad(set_to_none=True)
     return time.perf_counter() - start
@@ -116,24 +121,48 @@ def measure(args: argparse.Namespace) -> dict:
     base = {k: statistics.median(times["full"][k]) for k in ("tower", "step")}
     for name, (*_, flops) in built.items():
         med = {k: statistics.median(times[name][k]) for k in ("tower", "step")}
-        rows.append({"setting": name, "tower_s": med["tower"], "step_s": med["step"],
-                     "tower_speedup": base["tower"] / med["tower"], "step_speedup": base["step"] / med["step"],
-                     "image_fwd_gflops": flops["image_fwd"] / 1e9, "step_gflops": flops["step"] / 1e9,
-                     "samples_per_s": args.batch_size / med["step"]})
-    return {"model": args.model, "batch_size": args.batch_size, "rounds": args.rounds, "threads": args.threads,
-            "load_before": load_before, "load_after": None, "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "rows": rows,
-            "targets": {"dropout 0.5 tower speedup >=": 1.7, "dropout 0.5 step speedup >=": 1.3}}
+        rows.append(
+            {
+                "setting": name,
+                "tower_s": med["tower"],
+                "step_s": med["step"],
+                "tower_speedup": base["tower"] / med["tower"],
+                "step_speedup": base["step"] / med["step"],
+                "image_fwd_gflops": flops["image_fwd"] / 1e9,
+                "step_gflops": flops["step"] / 1e9,
+                "samples_per_s": args.batch_size / med["step"],
+            }
+        )
+    return {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "load_before": load_before,
+        "load_after": None,
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "rows": rows,
+        "targets": {"dropout 0.5 tower speedup >=": 1.7, "dropout 0.5 step speedup >=": 1.3},
+    }
 
 
 def table(result: dict) -> str:
-    head = (f"{result['model']}, batch {result['batch_size']}, {result['threads']} thread(s), median of "
-            f"{result['rounds']} rounds, load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}")
-    lines = [head, "", "| setting | image fwd GFLOP/sample | tower fwd+bwd s | x | step s | x | samples/s |",
-             "|---|---|---|---|---|---|---|"]
+    head = (
+        f"{result['model']}, batch {result['batch_size']}, {result['threads']} thread(s), median of "
+        f"{result['rounds']} rounds, load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}"
+    )
+    lines = [
+        head,
+        "",
+        "| setting | image fwd GFLOP/sample | tower fwd+bwd s | x | step s | x | samples/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['setting']} | {r['image_fwd_gflops']:.4f} | {r['tower_s']:.3f} | {r['tower_speedup']:.2f} "
-                     f"| {r['step_s']:.3f} | {r['step_speedup']:.2f} | {r['samples_per_s']:.1f} |")
+        lines.append(
+            f"| {r['setting']} | {r['image_fwd_gflops']:.4f} | {r['tower_s']:.3f} | {r['tower_speedup']:.2f} "
+            f"| {r['step_s']:.3f} | {r['step_speedup']:.2f} | {r['samples_per_s']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -147,8 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(f"# Token-budget levers: speed\n\n`python -m benchmarks.trainer."
-                                      f"token_budget_speed --model {args.model}`\n\n{text}\n")
+    out.with_suffix(".md").write_text(
+        f"# Token-budget levers: speed\n\n`python -m benchmarks.trainer."
+        f"token_budget_speed --model {args.model}`\n\n{text}\n"
+    )
 
 
 if __name__ == "__main__":

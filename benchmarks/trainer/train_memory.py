@@ -53,8 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="cliptk-tiny")
     p.add_argument("--budget-gb", type=float, default=2.0, help="peak resident memory budget (10^9 bytes)")
-    p.add_argument("--predict-gb", type=float, default=8.0, help="budget the fitted curves are also solved for")
-    p.add_argument("--micro-batch-size", type=int, default=64, help="m: samples per forward pass, both trainers")
+    p.add_argument(
+        "--predict-gb", type=float, default=8.0, help="budget the fitted curves are also solved for"
+    )
+    p.add_argument(
+        "--micro-batch-size", type=int, default=64, help="m: samples per forward pass, both trainers"
+    )
     p.add_argument("--workers", type=int, default=2, help="data-loader processes, both")
     p.add_argument("--start", type=int, default=2048, help="first global batch tried")
     p.add_argument("--cap", type=int, default=32768, help="largest global batch tried (and data set size)")
@@ -62,16 +66,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trial-timeout-s", type=int, default=600, help="wall limit of one trial")
     p.add_argument("--deadline-s", type=int, default=900, help="no new trial of a trainer after this long")
     p.add_argument("--poll-s", type=float, default=0.25, help="memory polling period")
-    p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra environment of both trainers' trials, e.g. MALLOC_MMAP_THRESHOLD_=65536 (glibc "
-                        "then returns freed activation blocks to the OS: with the cached features preallocated, "
-                        "cliptk-tiny B=2048 peaked at 1.16 GB instead of 1.31 GB)")
+    p.add_argument(
+        "--env",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment of both trainers' trials, e.g. MALLOC_MMAP_THRESHOLD_=65536 (glibc "
+        "then returns freed activation blocks to the OS: with the cached features preallocated, "
+        "cliptk-tiny B=2048 peaked at 1.16 GB instead of 1.31 GB)",
+    )
     p.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
     p.add_argument("--raw-image-size", type=int, default=64, help="side of the raw JPEGs")
     p.add_argument("--samples-per-shard", type=int, default=2000)
     p.add_argument("--work", type=Path, default=Path("runs/bench/train_memory"), help="scratch folder")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/trainer/results/train_memory"),
-                   help="writes OUT.json, OUT.md and OUT.png")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/trainer/results/train_memory"),
+        help="writes OUT.json, OUT.md and OUT.png",
+    )
     return p.parse_args(argv)
 
 
@@ -81,19 +94,73 @@ def batch_step(a) -> int:
 
 
 def cliptk_cmd(a, train_dir: Path, b: int, run_dir: Path) -> list[str]:
-    return tb.toolkit_cmd("train", "--data", str(train_dir), "--out", str(run_dir), "--model", a.model,
-                          "--batch-size", str(b), "--micro-batch-size", str(a.micro_batch_size), "--steps", "1",
-                          "--loss", "openclip", "--mode", "gather", "--workers", str(a.workers), "--device", "cpu",
-                          "--precision", "fp32", "--resume", "none", "--log-every", "1")
+    return tb.toolkit_cmd(
+        "train",
+        "--data",
+        str(train_dir),
+        "--out",
+        str(run_dir),
+        "--model",
+        a.model,
+        "--batch-size",
+        str(b),
+        "--micro-batch-size",
+        str(a.micro_batch_size),
+        "--steps",
+        "1",
+        "--loss",
+        "openclip",
+        "--mode",
+        "gather",
+        "--workers",
+        str(a.workers),
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--resume",
+        "none",
+        "--log-every",
+        "1",
+    )
 
 
 def open_clip_cmd(a, raw: Path, b: int, run_dir: Path) -> list[str]:
-    return tb.open_clip_cmd(a.model, [
-        "--train-data", tb.shard_pattern(raw), "--dataset-type", "webdataset", "--train-num-samples", str(b),
-        "--batch-size", str(a.micro_batch_size), "--accum-freq", str(b // a.micro_batch_size), "--epochs", "1",
-        "--workers", str(a.workers), "--precision", "fp32", "--device", "cpu", "--warmup", "1",
-        "--log-every-n-steps", "1", "--save-frequency", "0", "--logs", str(run_dir.parent),
-        "--name", run_dir.name, "--seed", "0"])
+    return tb.open_clip_cmd(
+        a.model,
+        [
+            "--train-data",
+            tb.shard_pattern(raw),
+            "--dataset-type",
+            "webdataset",
+            "--train-num-samples",
+            str(b),
+            "--batch-size",
+            str(a.micro_batch_size),
+            "--accum-freq",
+            str(b // a.micro_batch_size),
+            "--epochs",
+            "1",
+            "--workers",
+            str(a.workers),
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--log-every-n-steps",
+            "1",
+            "--save-frequency",
+            "0",
+            "--logs",
+            str(run_dir.parent),
+            "--name",
+            run_dir.name,
+            "--seed",
+            "0",
+        ],
+    )
 
 
 def stepped(trainer: str, run_dir: Path) -> bool:
@@ -124,12 +191,24 @@ def trial(a, ctx: dict, trainer: str, b: int, timeout_s: float) -> dict:
     if status == "failed":
         tail = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("[rusage]")]
         status = "failed: " + (tail[-1][:200] if tail else f"exit {r.returncode}")
-    row = {"trainer": trainer, "B": b, "status": status, "fits": status == "ok", "wall_s": r.wall_s,
-           "peak_bytes": r.peak_bytes, "peak_tree_pss_bytes": r.peak_pss_bytes,
-           "peak_tree_rss_bytes": r.peak_rss_bytes, "peak_largest_process_rss_bytes": r.peak_main_rss_bytes,
-           "loadavg_before": load, "command": " ".join(cmd)}
-    print(f"[train_memory] {json.dumps({k: v for k, v in row.items() if k != 'command'})}", file=sys.stderr,
-          flush=True)
+    row = {
+        "trainer": trainer,
+        "B": b,
+        "status": status,
+        "fits": status == "ok",
+        "wall_s": r.wall_s,
+        "peak_bytes": r.peak_bytes,
+        "peak_tree_pss_bytes": r.peak_pss_bytes,
+        "peak_tree_rss_bytes": r.peak_rss_bytes,
+        "peak_largest_process_rss_bytes": r.peak_main_rss_bytes,
+        "loadavg_before": load,
+        "command": " ".join(cmd),
+    }
+    print(
+        f"[train_memory] {json.dumps({k: v for k, v in row.items() if k != 'command'})}",
+        file=sys.stderr,
+        flush=True,
+    )
     shutil.rmtree(run_dir, ignore_errors=True)
     return row
 
@@ -171,9 +250,15 @@ def search(a, ctx: dict, trainer: str) -> dict:
             break
         lo, hi = (b, hi) if row["fits"] else (lo, b)
     exact = hi is not None and not note
-    return {"trainer": trainer, "max_fit_B": lo, "first_miss_B": hi, "exact": exact,
-            "note": note or f"largest fit {lo}, smallest miss {hi}", "trials": rows,
-            "search_s": time.monotonic() - start}
+    return {
+        "trainer": trainer,
+        "max_fit_B": lo,
+        "first_miss_B": hi,
+        "exact": exact,
+        "note": note or f"largest fit {lo}, smallest miss {hi}",
+        "trials": rows,
+        "search_s": time.monotonic() - start,
+    }
 
 
 def fit(rows: list[dict], trainer: str, budgets_gb: list[float]) -> dict | None:
@@ -181,8 +266,11 @@ def fit(rows: list[dict], trainer: str, budgets_gb: list[float]) -> dict | None:
     it predicts at each budget: a prediction from measured points, not a measurement."""
     import numpy as np
 
-    pts = [(r["B"], r["peak_bytes"]) for r in rows if r["status"] == "ok" or r["status"] == "over budget"
-           and r["peak_largest_process_rss_bytes"]]
+    pts = [
+        (r["B"], r["peak_bytes"])
+        for r in rows
+        if r["status"] == "ok" or r["status"] == "over budget" and r["peak_largest_process_rss_bytes"]
+    ]
     pts = [(b, p) for b, p in pts if p]
     deg = 1 if trainer == "cliptk" else 2
     if len({b for b, _ in pts}) < deg + 1:
@@ -206,11 +294,21 @@ def plot(results: list[dict], budget_gb: float, path: Path) -> None:
     for res, color in zip(results, ("tab:red", "tab:blue"), strict=False):
         ok = sorted((r["B"], r["peak_bytes"] / GB) for r in res["trials"] if r["status"] == "ok")
         miss = [(r["B"], r["peak_bytes"] / GB) for r in res["trials"] if r["status"] == "over budget"]
-        label = "open_clip_train --accum-freq" if res["trainer"] == "open_clip" else "toolkit train (gradient cache)"
+        label = (
+            "open_clip_train --accum-freq"
+            if res["trainer"] == "open_clip"
+            else "toolkit train (gradient cache)"
+        )
         if ok:
             ax.plot(*zip(*ok, strict=True), "o-", color=color, label=f"{label}: finished")
         if miss:
-            ax.plot(*zip(*miss, strict=True), "x", color=color, markersize=9, label=f"{label}: over budget (killed, or finished above it)")
+            ax.plot(
+                *zip(*miss, strict=True),
+                "x",
+                color=color,
+                markersize=9,
+                label=f"{label}: over budget (killed, or finished above it)",
+            )
     ax.axhline(budget_gb, color="gray", ls="--", label=f"budget {budget_gb:g} GB")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch B")
@@ -223,25 +321,35 @@ def plot(results: list[dict], budget_gb: float, path: Path) -> None:
 
 
 def markdown(results: list[dict], meta: dict) -> str:
-    lines = [f"{meta['model']}, micro-batch {meta['micro_batch_size']}, {meta['workers']} loader workers, fp32 CPU, "
-             f"budget {meta['budget_gb']:g} GB peak resident memory (process tree), cap {meta['cap']}; load "
-             f"average at start {meta['loadavg_at_start']}", "",
-             "| trainer | B | status | peak (GB) | tree PSS (GB) | tree RSS (GB) | largest process RSS (GB) "
-             "| wall (s) | load avg |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{meta['model']}, micro-batch {meta['micro_batch_size']}, {meta['workers']} loader workers, fp32 CPU, "
+        f"budget {meta['budget_gb']:g} GB peak resident memory (process tree), cap {meta['cap']}; load "
+        f"average at start {meta['loadavg_at_start']}",
+        "",
+        "| trainer | B | status | peak (GB) | tree PSS (GB) | tree RSS (GB) | largest process RSS (GB) "
+        "| wall (s) | load avg |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for res in results:
         for r in sorted(res["trials"], key=lambda r: r["B"]):
-            lines.append(f"| {res['trainer']} | {r['B']} | {r['status']} | {r['peak_bytes'] / GB:.2f} | "
-                         f"{r['peak_tree_pss_bytes'] / GB:.2f} | {r['peak_tree_rss_bytes'] / GB:.2f} | "
-                         f"{r['peak_largest_process_rss_bytes'] / GB:.2f} | {r['wall_s']:.0f} | "
-                         f"{r['loadavg_before']:.1f} |")
+            lines.append(
+                f"| {res['trainer']} | {r['B']} | {r['status']} | {r['peak_bytes'] / GB:.2f} | "
+                f"{r['peak_tree_pss_bytes'] / GB:.2f} | {r['peak_tree_rss_bytes'] / GB:.2f} | "
+                f"{r['peak_largest_process_rss_bytes'] / GB:.2f} | {r['wall_s']:.0f} | "
+                f"{r['loadavg_before']:.1f} |"
+            )
     lines.append("")
     for res in results:
         lines.append(f"- {res['trainer']}: largest global batch that fits {res['max_fit_B']} ({res['note']})")
         if res.get("fit"):
-            pred = ", ".join(f"{g} GB -> {v if v is not None else 'none (the fit does not reach it)'}"
-                             for g, v in res["fit"]["predicted_max_B"].items())
-            lines.append(f"  - fitted curve (degree {res['fit']['degree']}, {res['fit']['points']} points) "
-                         f"predicts: {pred} (prediction, not measured)")
+            pred = ", ".join(
+                f"{g} GB -> {v if v is not None else 'none (the fit does not reach it)'}"
+                for g, v in res["fit"]["predicted_max_B"].items()
+            )
+            lines.append(
+                f"  - fitted curve (degree {res['fit']['degree']}, {res['fit']['points']} points) "
+                f"predicts: {pred} (prediction, not measured)"
+            )
     lines.append(f"- {summary(results)}")
     return "\n".join(lines)
 
@@ -253,9 +361,13 @@ def summary(results: list[dict]) -> str:
     ours, theirs = by["cliptk"], by["open_clip"]
     ratio = ours["max_fit_B"] / theirs["max_fit_B"]
     bound = "" if ours["exact"] else ">= "
-    verdict = "met" if ratio >= TARGET else ("MISSED" if ours["exact"] else "not shown (lower bound below target)")
-    return (f"measured ratio cliptk / open_clip: {bound}{ratio:.1f}x (target >= {TARGET}x: {verdict}); "
-            f"{ours['max_fit_B']} vs {theirs['max_fit_B']}")
+    verdict = (
+        "met" if ratio >= TARGET else ("MISSED" if ours["exact"] else "not shown (lower bound below target)")
+    )
+    return (
+        f"measured ratio cliptk / open_clip: {bound}{ratio:.1f}x (target >= {TARGET}x: {verdict}); "
+        f"{ours['max_fit_B']} vs {theirs['max_fit_B']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -270,8 +382,19 @@ def main(argv: list[str] | None = None) -> None:
     if "cliptk" in a.trainers:
         ctx["train_dir"] = a.work / f"train_{a.model}_{n}"
         if not (ctx["train_dir"] / "dataset.json").exists():
-            tb.check_run(tb.toolkit_cmd("data", "precompute", "--in", str(ctx["raw"]), "--out",
-                                        str(ctx["train_dir"]), "--model", a.model), "toolkit data precompute")
+            tb.check_run(
+                tb.toolkit_cmd(
+                    "data",
+                    "precompute",
+                    "--in",
+                    str(ctx["raw"]),
+                    "--out",
+                    str(ctx["train_dir"]),
+                    "--model",
+                    a.model,
+                ),
+                "toolkit data precompute",
+            )
     meta["num_samples"] = n
     results = []
     for trainer in a.trainers:
@@ -281,8 +404,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[train_memory] {trainer}: {res['note']}", file=sys.stderr, flush=True)
     table = markdown(results, meta)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results,
-                                                      "summary": summary(results)}, indent=2))
+    a.out.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": results, "summary": summary(results)}, indent=2)
+    )
     a.out.with_suffix(".md").write_text(table + "\n")
     plot(results, a.budget_gb, a.out.with_suffix(".png"))
     print(table)

@@ -22,8 +22,12 @@ PHASES: dict[str, list[tuple[str, str]]] = {
     "backward": [("~", "<method 'run_backward' of 'torch._C._EngineBase' objects>")],
     "optimizer step": [("torch/optim/adam.py", "step"), ("torch/optim/adamw.py", "step")],
     "model forward (towers)": [("torch/nn/modules/module.py", "_call_impl")],
-    "checkpoint and final model": [("toolkit/train/checkpoint/state.py", "save"), ("toolkit/train/checkpoint/state.py", "close"),
-                                   ("toolkit/train/report.py", "final_model"), ("torch/serialization.py", "save")],
+    "checkpoint and final model": [
+        ("toolkit/train/checkpoint/state.py", "save"),
+        ("toolkit/train/checkpoint/state.py", "close"),
+        ("toolkit/train/report.py", "final_model"),
+        ("torch/serialization.py", "save"),
+    ],
     "plots": [("toolkit/train/metrics.py", "write_plots")],
 }
 

@@ -44,8 +44,9 @@ def test_every_config_field_is_an_option_with_its_doc_and_default(group, name):
     spec = GROUPS[group][name]
     command = _command([group] if group == name else [group, name])
     options, cls = _options(command), spec.cls()
-    fields = {f.name for f in dataclasses.fields(cls)
-              if not dataclasses.is_dataclass(config_field(cls, f.name)[1])} - set(spec.exclude)
+    fields = {
+        f.name for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(config_field(cls, f.name)[1])
+    } - set(spec.exclude)
     assert fields and fields <= set(options), sorted(fields - set(options))
     for key, flags in spec.all_flags().items():
         field, _ = config_field(cls, key)

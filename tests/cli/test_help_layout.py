@@ -44,8 +44,15 @@ def test_train_help_names_every_key_without_an_option():
 def test_pipeline_kinds_lists_the_sub_keys_of_each_section():
     result = CliRunner().invoke(app, ["pipeline", "kinds", "train"])
     listed = {line.split()[0] for line in result.output.splitlines() if line.strip()}
-    for key in ("augment", "augment.scale_min", "augment.crop_on", "optim.warmup_steps", "loss.fastclip.gamma_min",
-                "launch.timeout_s", "eval.feature_cache"):
+    for key in (
+        "augment",
+        "augment.scale_min",
+        "augment.crop_on",
+        "optim.warmup_steps",
+        "loss.fastclip.gamma_min",
+        "launch.timeout_s",
+        "eval.feature_cache",
+    ):
         assert key in listed, key
     assert {key for key, _, _ in config_keys(TrainConfig)} <= listed
 
@@ -61,7 +68,11 @@ def test_no_option_name_is_cut_at_80_columns():
         for param in command.get_params(ctx):
             for flag in [*param.opts, *param.secondary_opts]:
                 if flag.startswith("--"):
-                    assert re.search(rf"(^|[\s,/]){re.escape(flag)}([\s,=]|$)", text, re.M), (path, flag, text)
+                    assert re.search(rf"(^|[\s,/]){re.escape(flag)}([\s,=]|$)", text, re.M), (
+                        path,
+                        flag,
+                        text,
+                    )
         assert max(len(line) for line in text.splitlines()) <= 80, (path, text)
 
 

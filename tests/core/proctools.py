@@ -13,13 +13,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled",
-                **extra)
+    return dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+        **extra,
+    )
 
 
 def start(args: list[str], cwd: Path, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "toolkit", *args], cwd=cwd, env=env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit", *args],
+        cwd=cwd,
+        env=env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _children() -> dict[int, list[int]]:

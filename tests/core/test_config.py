@@ -62,15 +62,18 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path):
         load_config(RunConfig, path)
 
 
-@pytest.mark.parametrize(("override", "key", "words"), [
-    ("num_steps=abc", "num_steps", "expected an integer"),
-    ("num_steps=0", "num_steps", "must be >= 1"),
-    ("optim.lr=-1", "optim.lr", "must be > 0"),
-    ("optim.name=adam", "optim.name", "did you mean 'adamw'"),
-    ("optim.betas=0.9", "optim.betas", "expected a list"),
-    ("extra.a=x", "extra.a", "expected an integer"),
-    ("optim.nope=1", "optim.nope", "unknown key"),
-])
+@pytest.mark.parametrize(
+    ("override", "key", "words"),
+    [
+        ("num_steps=abc", "num_steps", "expected an integer"),
+        ("num_steps=0", "num_steps", "must be >= 1"),
+        ("optim.lr=-1", "optim.lr", "must be > 0"),
+        ("optim.name=adam", "optim.name", "did you mean 'adamw'"),
+        ("optim.betas=0.9", "optim.betas", "expected a list"),
+        ("extra.a=x", "extra.a", "expected an integer"),
+        ("optim.nope=1", "optim.nope", "unknown key"),
+    ],
+)
 def test_bad_override_names_set_and_key(tmp_path, override, key, words):
     path = write(tmp_path, "data: x\n")
     with pytest.raises(ConfigError) as err:
@@ -94,7 +97,9 @@ def test_hash_stable_and_ignores_fields_that_do_not_affect_output():
     b = load_config(RunConfig, None, ["data=x", "num_workers=7"])
     c = load_config(RunConfig, None, ["data=x", "num_steps=5"])
     assert config_hash(a) == config_hash(b) != config_hash(c)
-    assert len(config_hash(a)) == 16 and config_hash(a) == config_hash(load_config(RunConfig, None, ["data=x"]))
+    assert len(config_hash(a)) == 16 and config_hash(a) == config_hash(
+        load_config(RunConfig, None, ["data=x"])
+    )
     assert to_dict(a)["optim"] == {"lr": 1e-3, "name": "adamw", "betas": [0.9, 0.98]}
     assert input_paths(a) == {"data": "x"}
 

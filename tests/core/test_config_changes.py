@@ -49,7 +49,8 @@ def test_a_record_without_a_sectioned_field_reads_as_its_absence_meant():
     assert changed_keys(_old_record(same), output_dict(same), absent_values(same)) == []
     other = build(Run, {"gamma": {"rule": "linear"}})
     assert changed_keys(_old_record(same), output_dict(other), absent_values(other)) == [
-        ("gamma.rule", "constant", "linear")]
+        ("gamma.rule", "constant", "linear")
+    ]
 
 
 def test_keys_the_new_record_omits_are_no_change():
@@ -59,4 +60,5 @@ def test_keys_the_new_record_omits_are_no_change():
     assert changed_keys(_old_record(cfg), output_dict(cfg), absent_values(cfg)) == []
     weighted = build(Run, {"gamma": {"rule": "constant"}, "extra": {"weight": 0.5}})
     assert changed_keys(_old_record(cfg), output_dict(weighted), absent_values(weighted)) == [
-        ("extra.weight", 0.0, 0.5)]
+        ("extra.weight", 0.0, 0.5)
+    ]

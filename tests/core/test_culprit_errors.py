@@ -14,8 +14,14 @@ from proctools import env
 
 
 def _one_error(args: list[str], cwd, extra_env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run([sys.executable, "-m", "toolkit", *args], cwd=cwd, env={**env(), **(extra_env or {})},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit", *args],
+        cwd=cwd,
+        env={**env(), **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (1, 2), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -23,12 +29,18 @@ def _one_error(args: list[str], cwd, extra_env: dict[str, str] | None = None) ->
     return errors[0]
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["train", "--data", "", "--out", "RUN"], "option --data: data: is empty"),
-    (["train", "--set", "data=", "--out", "RUN"], "--set data=: data: is empty"),
-    (["train", "--data", "D", "--out", ""], "option --out: out: is empty"),
-    (["data", "precompute", "--in", " ", "--out", "RUN", "--model", "cliptk-tiny"], "option --in: input: is empty"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["train", "--data", "", "--out", "RUN"], "option --data: data: is empty"),
+        (["train", "--set", "data=", "--out", "RUN"], "--set data=: data: is empty"),
+        (["train", "--data", "D", "--out", ""], "option --out: out: is empty"),
+        (
+            ["data", "precompute", "--in", " ", "--out", "RUN", "--model", "cliptk-tiny"],
+            "option --in: input: is empty",
+        ),
+    ],
+)
 def test_an_empty_path_option_is_named(tmp_path, args, words):
     """Item 16: `--data ''` said "/dataset.json: not found; is  a precompute output directory?"."""
     args = [str(tmp_path / a) if a in ("RUN", "D") else a for a in args]
@@ -40,7 +52,9 @@ def test_a_config_file_that_is_a_fifo_is_named(tmp_path):
     """Item 15: `--config FIFO` ended in a 55-line traceback."""
     fifo = tmp_path / "cfg.yaml"
     os.mkfifo(fifo)
-    line = _one_error(["train", "--config", str(fifo), "--data", "D", "--out", str(tmp_path / "run")], tmp_path)
+    line = _one_error(
+        ["train", "--config", str(fifo), "--data", "D", "--out", str(tmp_path / "run")], tmp_path
+    )
     assert f"{fifo}: is a FIFO" in line, line
 
 
@@ -53,8 +67,10 @@ def test_a_parquet_url_list_that_is_not_parquet_is_named(tmp_path):
 
 
 def _unshare_works() -> bool:
-    return shutil.which("unshare") is not None and \
-        subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0
+    )
 
 
 @pytest.mark.skipif(not _unshare_works(), reason="no unprivileged user+mount namespaces (unshare -rm) here")
@@ -64,10 +80,13 @@ def test_a_full_out_folder_is_named(tmp_path):
     full = tmp_path / "full"
     full.mkdir()
     cmd = f"{sys.executable} -m toolkit data demo --out {full}/demo --limit 2"
-    script = (f"mount -t tmpfs -o size=64k tmpfs {full} && (head -c 1048576 /dev/zero > {full}/filler; "
-              f"{cmd}; echo rc=$?)")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env(), capture_output=True, text=True,
-                          timeout=120)
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {full} && (head -c 1048576 /dev/zero > {full}/filler; "
+        f"{cmd}; echo rc=$?)"
+    )
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], env=env(), capture_output=True, text=True, timeout=120
+    )
     assert "rc=1" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr
@@ -81,11 +100,19 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize(("args", "url"), [
-    (["train", "--data", "hf://datasets/someone/set", "--out", "RUN"], "hf://datasets/someone/set/dataset.json"),
-    (["data", "fetch", "--urls", "hf://datasets/someone/set/urls.csv", "--out", "RUN"],
-     "hf://datasets/someone/set/urls.csv"),
-])
+@pytest.mark.parametrize(
+    ("args", "url"),
+    [
+        (
+            ["train", "--data", "hf://datasets/someone/set", "--out", "RUN"],
+            "hf://datasets/someone/set/dataset.json",
+        ),
+        (
+            ["data", "fetch", "--urls", "hf://datasets/someone/set/urls.csv", "--out", "RUN"],
+            "hf://datasets/someone/set/urls.csv",
+        ),
+    ],
+)
 def test_an_unreachable_hf_path_is_one_line(tmp_path, args, url):
     """Item 13: `hf://` paths without network ended in 138 (train) and 127 (fetch) lines of traceback. The
     hub's endpoint is a closed port on 127.0.0.1, so nothing leaves the machine."""

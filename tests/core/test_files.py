@@ -17,7 +17,9 @@ def test_replacing_dir_swaps_whole_folder_and_cleans_up(tmp_path):
     (target / "stale.txt").write_text("from the first run")
     with files.replacing_dir(str(target)) as tmp:
         (tmp / "0.tar").write_bytes(b"second")
-    assert sorted(p.name for p in target.iterdir()) == ["0.tar"] and (target / "0.tar").read_bytes() == b"second"
+    assert (
+        sorted(p.name for p in target.iterdir()) == ["0.tar"] and (target / "0.tar").read_bytes() == b"second"
+    )
     assert sorted(p.name for p in target.parent.iterdir()) == ["test"]  # no temp or old folders left
     umask = os.umask(0o022)
     os.umask(umask)
@@ -52,4 +54,6 @@ def test_write_bytes_atomic_follows_the_umask_like_open(tmp_path, umask):
     finally:
         os.umask(old)
     assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~umask
-    assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == (tmp_path / "plain.tar").stat().st_mode & 0o777
+    assert (tmp_path / "manifest.json").stat().st_mode & 0o777 == (
+        tmp_path / "plain.tar"
+    ).stat().st_mode & 0o777

@@ -66,8 +66,9 @@ BLOCKED = textwrap.dedent("""
 
 def test_a_worker_blocked_on_a_lock_when_the_pool_fails_is_ended():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", BLOCKED], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("raised task 0 failed"), done.stdout + done.stderr[-2000:]
     assert "did not exit" not in done.stderr  # SIGTERM ended it: no kill after the deadline was needed

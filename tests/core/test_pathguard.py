@@ -17,12 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+    return dict(
+        os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled"
+    )
 
 
 def _digests(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_spellings_of_the_same_folder_are_the_same(tmp_path, monkeypatch):
@@ -34,7 +39,9 @@ def test_spellings_of_the_same_folder_are_the_same(tmp_path, monkeypatch):
         assert relation(spelling, "r") == "is", spelling
     assert relation(str(raw / "train"), "r") == "lies inside"
     assert relation(str(tmp_path), "r/00000.tar") == "holds"
-    assert relation(str(tmp_path / "link"), str(raw / "{00000..00003}.tar")) == "is"  # a brace pattern's folder
+    assert (
+        relation(str(tmp_path / "link"), str(raw / "{00000..00003}.tar")) == "is"
+    )  # a brace pattern's folder
     assert relation(str(tmp_path / "rr"), "r") is None  # a name that only starts like the input
     assert relation("memory://a/b/", "memory:///a/b") == "is"
     assert relation("memory://a/b/c", "memory://a/b") == "lies inside"
@@ -62,9 +69,28 @@ def test_precompute_refuses_its_input_spelled_another_way(tmp_path):
     raw.mkdir()
     write_raw_shard(raw / "00000.tar", good_samples(np.random.default_rng(0), "k", 4))
     before = _digests(raw)
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "precompute", "--in", "r", "--out", str(raw),
-                           "--model", "cliptk-tiny", "--workers", "1"], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "precompute",
+            "--in",
+            "r",
+            "--out",
+            str(raw),
+            "--model",
+            "cliptk-tiny",
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "must differ from input input (r)" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -16,7 +16,7 @@ from toolkit.core.config import SHORT_REPR_CHARS, ConfigError, read_yaml
 
 def billion_laughs(levels: int, key: str = "source") -> str:
     """``levels`` anchors of nine aliases each (9**levels strings) and ``key`` holding the last one."""
-    lines = ['anchors:', '  - &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines = ["anchors:", '  - &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"  - &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
     return "\n".join(lines) + f"\n{key}: *l{levels - 1}\n"
 
@@ -24,8 +24,10 @@ def billion_laughs(levels: int, key: str = "source") -> str:
 @pytest.fixture
 def deadline():
     """Fail instead of hanging: the unfixed loader spent > 30 s and 1.6 GB on nine levels."""
+
     def expire(signum, frame):
         raise TimeoutError("YAML load did not finish within 20 s")
+
     old = signal.signal(signal.SIGALRM, expire)
     signal.alarm(20)
     yield
@@ -60,7 +62,7 @@ def test_cli_refuses_bomb_in_one_line(tmp_path, deadline, command):
 def test_set_override_bomb_refused(deadline):
     from toolkit.core.config import parse_override
 
-    parts = ['l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]']
+    parts = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     parts += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
     with pytest.raises(ConfigError) as err:
         parse_override("vars.x={" + ", ".join(parts) + "}")
@@ -89,13 +91,18 @@ def test_long_values_are_cut_in_errors(tmp_path):
     path.write_text("source: [" + ", ".join(["word"] * 5000) + "]\n")  # 5000 nodes: within the limits
     with pytest.raises(ConfigError) as err:
         load_config(Small, path)
-    assert len(str(err.value)) < len(str(path)) + SHORT_REPR_CHARS + 100 and "(40,000 characters)" in str(err.value)
+    assert len(str(err.value)) < len(str(path)) + SHORT_REPR_CHARS + 100 and "(40,000 characters)" in str(
+        err.value
+    )
 
 
 def test_ordinary_documents_and_anchors_still_load(tmp_path):
     assert safeyaml.load("a: &x {b: 1}\nc: *x\n") == {"a": {"b": 1}, "c": {"b": 1}}
     assert safeyaml.load("") is None
-    assert safeyaml.expanded_size(safeyaml.yaml.compose(billion_laughs(4))) < (safeyaml.MAX_EXPANDED_NODES, 10**6)
+    assert safeyaml.expanded_size(safeyaml.yaml.compose(billion_laughs(4))) < (
+        safeyaml.MAX_EXPANDED_NODES,
+        10**6,
+    )
 
 
 def test_recursive_alias_and_deep_nesting_refused():
@@ -109,29 +116,40 @@ def test_duplicate_keys_are_refused_naming_file_line_and_key(tmp_path):
     """Before: `steps: 2` then `steps: 5` trained 5 steps without a word (issue 43 item 10)."""
     path = tmp_path / "c.yaml"
     path.write_text("steps: 2\nloss:\n  kind: fastclip\n  fastclip: {version: v3, version: v1}\nsteps: 5\n")
-    with pytest.raises(ConfigError, match=rf"^{path}:4: loss.fastclip.version: duplicate key 'loss.fastclip.version' "
-                                          r"at line 4 \(first given at line 4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{path}:4: loss.fastclip.version: duplicate key 'loss.fastclip.version' "
+        r"at line 4 \(first given at line 4\)",
+    ):
         read_yaml(path)
     path.write_text("steps: 2\nmodel: x\nsteps: 5\n")
-    with pytest.raises(ConfigError, match=rf"^{path}:3: steps: duplicate key 'steps' at line 3 \(first given at line 1\)"):
+    with pytest.raises(
+        ConfigError, match=rf"^{path}:3: steps: duplicate key 'steps' at line 3 \(first given at line 1\)"
+    ):
         read_yaml(path)
     # a merge key's values may be overridden: that is what merging is for
     path.write_text("base: &b {steps: 2, model: x}\nrun:\n  <<: *b\n  steps: 5\n")
     assert read_yaml(path)["run"] == {"steps": 5, "model": "x"}
     with pytest.raises(ConfigError, match="duplicate key 'a'"):
         from toolkit.core.config import parse_override
+
         parse_override("vars={a: 1, a: 2}")
 
 
 def test_duplicate_keys_in_a_config_and_a_pipeline_exit_2(tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text("steps: 2\nbatch_size: 8\nsteps: 5\n")
-    result = CliRunner().invoke(app, ["train", "--config", str(config), "--data", str(tmp_path), "--out",
-                                      str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(config), "--data", str(tmp_path), "--out", str(tmp_path / "run")]
+    )
     assert result.exit_code == 2 and f"{config}:3: steps: duplicate key" in result.output, result.output
     pipe = tmp_path / "p.yaml"
-    pipe.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: a\n    kind: shell\n    config: {{cmd: 'true'}}\n"
-                    f"    config: {{cmd: 'touch {tmp_path}/F'}}\nrun_dir: {tmp_path}/other\n")
+    pipe.write_text(
+        f"run_dir: {tmp_path}/run\nstages:\n  - name: a\n    kind: shell\n    config: {{cmd: 'true'}}\n"
+        f"    config: {{cmd: 'touch {tmp_path}/F'}}\nrun_dir: {tmp_path}/other\n"
+    )
     result = CliRunner().invoke(app, ["pipeline", "run", str(pipe)])
-    assert result.exit_code == 2 and f"{pipe}:6: stages[0].config: duplicate key" in result.output, result.output
+    assert result.exit_code == 2 and f"{pipe}:6: stages[0].config: duplicate key" in result.output, (
+        result.output
+    )
     assert not (tmp_path / "F").exists() and not (tmp_path / "run").exists()

@@ -34,11 +34,16 @@ def _stopped_cleanly(proc, out, sig: int, children: set[int]) -> str:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_pipeline_shell_command_does_not_survive(tmp_path, sig):
     path = tmp_path / "p.yaml"
-    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: wait\n    kind: shell\n    config:\n"
-                    f"      cmd: 'echo $$ > {tmp_path}/bash.pid; sleep 300 & echo $! > {tmp_path}/sleep.pid; wait'\n")
+    path.write_text(
+        f"run_dir: {tmp_path}/run\nstages:\n  - name: wait\n    kind: shell\n    config:\n"
+        f"      cmd: 'echo $$ > {tmp_path}/bash.pid; sleep 300 & echo $! > {tmp_path}/sleep.pid; wait'\n"
+    )
     proc = start(["pipeline", "run", str(path)], tmp_path)
-    wait_for(lambda: (tmp_path / "sleep.pid").exists() and (tmp_path / "sleep.pid").read_text().strip(), 90,
-             "the shell command to start")
+    wait_for(
+        lambda: (tmp_path / "sleep.pid").exists() and (tmp_path / "sleep.pid").read_text().strip(),
+        90,
+        "the shell command to start",
+    )
     children = descendants(proc.pid) | {int((tmp_path / n).read_text()) for n in ("bash.pid", "sleep.pid")}
     proc.send_signal(sig)
     _stopped_cleanly(proc, tmp_path / "run" / "wait", sig, children)
@@ -97,8 +102,22 @@ def test_fetch_worker_does_not_survive_sigterm_and_rerun_resumes(tmp_path, drip_
     urls = tmp_path / "urls.csv"
     urls.write_text("url,caption\n" + "".join(f"http://127.0.0.1:{port}/{i}.png,pic {i}\n" for i in range(4)))
     out = tmp_path / "out"
-    args = ["data", "fetch", "--urls", str(urls), "--out", str(out), "--processes", "1", "--threads", "2",
-            "--image-size", "16", "--timeout", "60"]
+    args = [
+        "data",
+        "fetch",
+        "--urls",
+        str(urls),
+        "--out",
+        str(out),
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        "--image-size",
+        "16",
+        "--timeout",
+        "60",
+    ]
     proc = start(args, tmp_path)
     wait_for(lambda: sum(drip_server.request_counts.values()) > 0, 120, "the first download to start")
     children = descendants(proc.pid)
@@ -122,8 +141,20 @@ def test_precompute_pool_stops_quietly_and_rerun_resumes(tmp_path):
     for i in range(16):  # large images: the pool is still busy when the signal comes, even on a fast machine
         write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"s{i}_", 40, size=(800, 600)))
     out = tmp_path / "out"
-    args = ["data", "precompute", "--in", str(raw), "--out", str(out), "--model", "cliptk-tiny", "--workers", "2",
-            "--samples-per-shard", "100"]
+    args = [
+        "data",
+        "precompute",
+        "--in",
+        str(raw),
+        "--out",
+        str(out),
+        "--model",
+        "cliptk-tiny",
+        "--workers",
+        "2",
+        "--samples-per-shard",
+        "100",
+    ]
     proc = start(args, tmp_path)
     wait_for(lambda: len(descendants(proc.pid)) >= 2, 120, "the pool's workers")
     time.sleep(0.3)
@@ -144,8 +175,25 @@ def test_a_trickling_server_meets_the_total_download_deadline(tmp_path, drip_ser
     urls = tmp_path / "urls.csv"
     urls.write_text("url,caption\n" + "".join(f"http://127.0.0.1:{port}/{i}.png,pic {i}\n" for i in range(2)))
     out = tmp_path / "out"
-    proc = start(["data", "fetch", "--urls", str(urls), "--out", str(out), "--processes", "1", "--threads", "2",
-                  "--image-size", "16", "--timeout", "3"], tmp_path)
+    proc = start(
+        [
+            "data",
+            "fetch",
+            "--urls",
+            str(urls),
+            "--out",
+            str(out),
+            "--processes",
+            "1",
+            "--threads",
+            "2",
+            "--image-size",
+            "16",
+            "--timeout",
+            "3",
+        ],
+        tmp_path,
+    )
     _, stderr = proc.communicate(timeout=200)  # the drip alone would last 1,000 s
     assert proc.returncode == 1 and "timeout: 2" in stderr, stderr
     import pyarrow.parquet as pq
@@ -159,11 +207,16 @@ def test_sigkill_of_pipeline_run_takes_the_shell_commands_children(tmp_path):
     """Before: SIGKILL of `pipeline run` left the shell stage's `sleep` running (bash died by PR_SET_PDEATHSIG,
     its child was re-parented to init; issue 43 item 5)."""
     path = tmp_path / "p.yaml"
-    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: wait\n    kind: shell\n    config:\n"
-                    f"      cmd: 'sleep 300 & echo $! > {tmp_path}/sleep.pid; wait'\n")
+    path.write_text(
+        f"run_dir: {tmp_path}/run\nstages:\n  - name: wait\n    kind: shell\n    config:\n"
+        f"      cmd: 'sleep 300 & echo $! > {tmp_path}/sleep.pid; wait'\n"
+    )
     proc = start(["pipeline", "run", str(path)], tmp_path)
-    wait_for(lambda: (tmp_path / "sleep.pid").exists() and (tmp_path / "sleep.pid").read_text().strip(), 90,
-             "the shell command to start")
+    wait_for(
+        lambda: (tmp_path / "sleep.pid").exists() and (tmp_path / "sleep.pid").read_text().strip(),
+        90,
+        "the shell command to start",
+    )
     sleeper = int((tmp_path / "sleep.pid").read_text())
     children = descendants(proc.pid) | {sleeper}
     proc.kill()
@@ -178,8 +231,27 @@ def test_sigkill_of_fetch_takes_img2datasets_processes(tmp_path, drip_server):
     port = drip_server.server_address[1]
     urls = tmp_path / "urls.csv"
     urls.write_text("url,caption\n" + "".join(f"http://127.0.0.1:{port}/{i}.png,pic {i}\n" for i in range(4)))
-    proc = start(["data", "fetch", "--urls", str(urls), "--out", str(tmp_path / "out"), "--processes", "2",
-                  "--threads", "2", "--samples-per-shard", "2", "--image-size", "16", "--timeout", "60"], tmp_path)
+    proc = start(
+        [
+            "data",
+            "fetch",
+            "--urls",
+            str(urls),
+            "--out",
+            str(tmp_path / "out"),
+            "--processes",
+            "2",
+            "--threads",
+            "2",
+            "--samples-per-shard",
+            "2",
+            "--image-size",
+            "16",
+            "--timeout",
+            "60",
+        ],
+        tmp_path,
+    )
     wait_for(lambda: sum(drip_server.request_counts.values()) > 0, 120, "the first download to start")
     children = descendants(proc.pid)
     assert len(children) >= 3, children  # the worker, img2dataset's pool (and its resource tracker)

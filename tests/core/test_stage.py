@@ -49,11 +49,14 @@ def _start_holder(tmp_path, out):
     import time
 
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(ready)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out), str(ready)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     deadline = time.monotonic() + 60
     while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "slow"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stdout.read() if proc.poll() else "slow"
+        )
         time.sleep(0.05)
     return proc
 
@@ -73,7 +76,9 @@ def test_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_pat
         with pytest.raises(OutputLocked) as err, stage.stage_run("shell", cfg, cfg.out):
             raise AssertionError("the body of a second run must not start")
         message = str(err.value)
-        assert f"{out} is in use by another run (pid {holder.pid} on {socket.gethostname()}, since " in message
+        assert (
+            f"{out} is in use by another run (pid {holder.pid} on {socket.gethostname()}, since " in message
+        )
         assert "running: " in message and "hold" in message and "\n" not in message
         assert (out / "manifest.json").read_text() == manifest  # nothing of the holder's was touched
         assert "cmd: hold" in (out / "config.yaml").read_text()
@@ -87,12 +92,19 @@ def test_second_run_into_a_locked_folder_fails_at_once_naming_the_holder(tmp_pat
     assert stage.read_manifest(str(out))["status"] == "done"
 
 
-@pytest.mark.parametrize(("error", "words", "status"), [
-    (KeyboardInterrupt(), "interrupted (Ctrl-C or SIGINT)", "interrupted"),
-    (stage.StageInterrupted("interrupted by SIGTERM while waiting"), "interrupted by SIGTERM", "interrupted"),
-    (RuntimeError(""), "RuntimeError (no message)", "failed"),
-    (ValueError("bad row 3"), "bad row 3", "failed"),
-])
+@pytest.mark.parametrize(
+    ("error", "words", "status"),
+    [
+        (KeyboardInterrupt(), "interrupted (Ctrl-C or SIGINT)", "interrupted"),
+        (
+            stage.StageInterrupted("interrupted by SIGTERM while waiting"),
+            "interrupted by SIGTERM",
+            "interrupted",
+        ),
+        (RuntimeError(""), "RuntimeError (no message)", "failed"),
+        (ValueError("bad row 3"), "bad row 3", "failed"),
+    ],
+)
 def test_failure_message_is_never_empty(tmp_path, caplog, error, words, status):
     """Issue 15 item 9: Ctrl-C logged 'data.fetch failed: ' and recorded 'KeyboardInterrupt: '. A signal is
     recorded as interrupted, not failed (issue 25 item 2)."""
@@ -116,5 +128,6 @@ def test_cli_ctrl_c_is_one_line_and_exit_130(capsys):
     with pytest.raises(typer.Exit) as exit_info:
         run_stage(interrupted, None)
     assert exit_info.value.exit_code == 130
-    assert capsys.readouterr().err.strip() == ("error: interrupted (Ctrl-C); finished work is kept, rerun the same "
-                                               "command to resume")
+    assert capsys.readouterr().err.strip() == (
+        "error: interrupted (Ctrl-C); finished work is kept, rerun the same command to resume"
+    )

@@ -30,8 +30,9 @@ def small_raw(tmp_path_factory) -> Path:
 def bad_train(bad_raw, tmp_path_factory):
     """The bad-input fixture set precomputed with a pool of 2 workers."""
     out = tmp_path_factory.mktemp("bad_train")
-    return out, precompute(bad_raw[0], out, num_workers=2, samples_per_shard=7,
-                           max_truncated_share=1)  # its damaged tars are the point: keep what is left
+    return out, precompute(
+        bad_raw[0], out, num_workers=2, samples_per_shard=7, max_truncated_share=1
+    )  # its damaged tars are the point: keep what is left
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,12 @@ def random_image(rng: np.random.Generator, width: int, height: int, mode: str = 
     return Image.fromarray(arr[..., 0] if channels == 1 else arr, mode)
 
 
-def write_raw_shard(path: Path, samples: list[tuple[str, dict[str, bytes]]], parquet_keys: list[str] | None = None,
-                    successes: int | None = None) -> Path:
+def write_raw_shard(
+    path: Path,
+    samples: list[tuple[str, dict[str, bytes]]],
+    parquet_keys: list[str] | None = None,
+    successes: int | None = None,
+) -> Path:
     """A raw shard with members in sample order; sidecars list ``parquet_keys`` (default: all keys)."""
     with tarfile.open(path, "w") as tar:
         for key, files in samples:
@@ -42,8 +46,9 @@ def write_raw_shard(path: Path, samples: list[tuple[str, dict[str, bytes]]], par
                 tar.addfile(info, io.BytesIO(data))
     keys = [k for k, _ in samples] if parquet_keys is None else parquet_keys
     stem = str(path)[: -len(".tar")]
-    Path(stem + "_stats.json").write_text(json.dumps({"successes": successes if successes is not None
-                                                      else len(keys), "count": len(keys)}))
+    Path(stem + "_stats.json").write_text(
+        json.dumps({"successes": successes if successes is not None else len(keys), "count": len(keys)})
+    )
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -63,10 +68,17 @@ def read_tar(path) -> dict[str, dict[str, bytes]]:
 
 def good_samples(rng: np.random.Generator, prefix: str, count: int, size=(48, 40)) -> list:
     """``count`` JPEG samples with distinct captions; keys prefix + 4 digits."""
-    return [(f"{prefix}{i:04d}", {"jpg": encode(random_image(rng, *size), "JPEG", quality=90),
-                                   "txt": f"photo number {i} of {prefix}".encode(),
-                                   "json": json.dumps({"key": f"{prefix}{i:04d}"}).encode()})
-            for i in range(count)]
+    return [
+        (
+            f"{prefix}{i:04d}",
+            {
+                "jpg": encode(random_image(rng, *size), "JPEG", quality=90),
+                "txt": f"photo number {i} of {prefix}".encode(),
+                "json": json.dumps({"key": f"{prefix}{i:04d}"}).encode(),
+            },
+        )
+        for i in range(count)
+    ]
 
 
 def _special_images(rng: np.random.Generator) -> dict:
@@ -82,17 +94,35 @@ def _special_images(rng: np.random.Generator) -> dict:
     sixteen = np.full((32, 32), 65535, np.uint16)
     sixteen[16:] = 32896  # 32896 * 255 / 65535 = 128
     return {
-        "thirds": (encode(Image.fromarray(thirds), "PNG"), np.broadcast_to(np.array([0, 255, 0], np.uint8),
-                                                                          (32, 32, 3))),
+        "thirds": (
+            encode(Image.fromarray(thirds), "PNG"),
+            np.broadcast_to(np.array([0, 255, 0], np.uint8), (32, 32, 3)),
+        ),
         "exact": (encode(exact, "PNG"), np.asarray(exact)),
-        "rgba": (encode(Image.fromarray(rgba, "RGBA"), "PNG"),
-                 np.concatenate([np.full((32, 16, 3), 255, np.uint8),
-                                 np.broadcast_to(np.array([200, 10, 10], np.uint8), (32, 16, 3))], axis=1)),
-        "palette": (encode(palette, "PNG", transparency=0),
-                    np.concatenate([np.broadcast_to(np.array([10, 200, 30], np.uint8), (16, 32, 3)),
-                                    np.full((16, 32, 3), 255, np.uint8)], axis=0)),
-        "sixteen": (encode(Image.fromarray(sixteen), "PNG"),
-                    np.concatenate([np.full((16, 32, 3), 255, np.uint8), np.full((16, 32, 3), 128, np.uint8)])),
+        "rgba": (
+            encode(Image.fromarray(rgba, "RGBA"), "PNG"),
+            np.concatenate(
+                [
+                    np.full((32, 16, 3), 255, np.uint8),
+                    np.broadcast_to(np.array([200, 10, 10], np.uint8), (32, 16, 3)),
+                ],
+                axis=1,
+            ),
+        ),
+        "palette": (
+            encode(palette, "PNG", transparency=0),
+            np.concatenate(
+                [
+                    np.broadcast_to(np.array([10, 200, 30], np.uint8), (16, 32, 3)),
+                    np.full((16, 32, 3), 255, np.uint8),
+                ],
+                axis=0,
+            ),
+        ),
+        "sixteen": (
+            encode(Image.fromarray(sixteen), "PNG"),
+            np.concatenate([np.full((16, 32, 3), 255, np.uint8), np.full((16, 32, 3), 128, np.uint8)]),
+        ),
     }
 
 
@@ -132,17 +162,46 @@ def build_bad_inputs(root: Path) -> dict:
     path.write_bytes(data[:cut])
     (root / "00003.tar").write_bytes(rng.integers(0, 256, 3000, dtype=np.uint8).tobytes())
     return {
-        "kept": {"a0000", "a0001", "a0002", "b_thirds", "b_exact", "c_gray", "c_cmyk", "c_palette", "c_rgba",
-                 "c_la", "c_16bit", "c_webp", "f0000", "f0001", "f0002", "f0003", "g0000", "g0001", "g0002"},
-        "skipped": {"corrupt_image": {"d_corrupt", "d_truncimg"}, "decompression_bomb": {"d_bomb"},
-                    "empty_caption": {"e_empty", "e_space"}, "non_utf8_caption": {"e_nonutf8"},
-                    "missing_caption": {"e_nocap"}, "missing_image": {"e_noimg"},
-                    "duplicate_key": {"a0001", "a0000"}, "truncated_tar": {"g0003", "g0004", "g0005"},
-                    "unreadable_tar": {"*"}},
+        "kept": {
+            "a0000",
+            "a0001",
+            "a0002",
+            "b_thirds",
+            "b_exact",
+            "c_gray",
+            "c_cmyk",
+            "c_palette",
+            "c_rgba",
+            "c_la",
+            "c_16bit",
+            "c_webp",
+            "f0000",
+            "f0001",
+            "f0002",
+            "f0003",
+            "g0000",
+            "g0001",
+            "g0002",
+        },
+        "skipped": {
+            "corrupt_image": {"d_corrupt", "d_truncimg"},
+            "decompression_bomb": {"d_bomb"},
+            "empty_caption": {"e_empty", "e_space"},
+            "non_utf8_caption": {"e_nonutf8"},
+            "missing_caption": {"e_nocap"},
+            "missing_image": {"e_noimg"},
+            "duplicate_key": {"a0001", "a0000"},
+            "truncated_tar": {"g0003", "g0004", "g0005"},
+            "unreadable_tar": {"*"},
+        },
         "converted": {"L": 1, "CMYK": 1, "P+alpha": 1, "RGBA": 1, "LA": 1, "I;16": 1},
-        "pixels": {"b_thirds": special["thirds"][1], "b_exact": special["exact"][1],
-                   "c_rgba": special["rgba"][1], "c_palette": special["palette"][1],
-                   "c_16bit": special["sixteen"][1]},
+        "pixels": {
+            "b_thirds": special["thirds"][1],
+            "b_exact": special["exact"][1],
+            "c_rgba": special["rgba"][1],
+            "c_palette": special["palette"][1],
+            "c_16bit": special["sixteen"][1],
+        },
         "captions": {"b_exact": "caf\u00e9 au lait", "b_thirds": "three stripes"},
     }
 
@@ -154,8 +213,10 @@ def precompute(raw, out, **overrides):
     from toolkit.core.config import build
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
-    cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": MODEL, "crop_scale_min": 1.0,
-                                   **overrides})
+    cfg = build(
+        PrecomputeConfig,
+        {"input": str(raw), "out": str(out), "model": MODEL, "crop_scale_min": 1.0, **overrides},
+    )
     return run(cfg)
 
 

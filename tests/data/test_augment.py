@@ -55,7 +55,9 @@ def test_draws_depend_on_seed_step_and_id_only():
     ids = np.array([5, 900, 3, 77])
     a = crop_draws(cfg, 1, 10, ids)
     assert np.array_equal(a[1:3], crop_draws(cfg, 1, 10, ids[1:3]))  # another slice: the same per-id draws
-    assert not np.array_equal(a, crop_draws(cfg, 1, 11, ids)) and not np.array_equal(a, crop_draws(cfg, 2, 10, ids))
+    assert not np.array_equal(a, crop_draws(cfg, 1, 11, ids)) and not np.array_equal(
+        a, crop_draws(cfg, 2, 10, ids)
+    )
     assert (a[:, 0] >= 0.9).all() and (a[:, 0] <= 1.0).all()
     assert (a[:, 1] >= 0.75).all() and (a[:, 1] <= 4 / 3).all()
     big = crop_draws(cfg, 0, 0, np.arange(100000))
@@ -88,21 +90,29 @@ def test_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
     # an id seen again in a later pass is cropped differently: augmentation, not a fixed crop per sample
     later = _batches(margin_train, start_step=5, num_steps=8)
     first = {int(i): img for _, ids, imgs in one for i, img in zip(ids, imgs, strict=True)}
-    again = [(first[int(i)], img) for _, ids, imgs in later for i, img in zip(ids, imgs, strict=True)
-             if int(i) in first]
+    again = [
+        (first[int(i)], img)
+        for _, ids, imgs in later
+        for i, img in zip(ids, imgs, strict=True)
+        if int(i) in first
+    ]
     assert again and sum(not torch.equal(a, b) for a, b in again) >= len(again) // 2
 
 
 def test_crop_matches_pillow_on_the_stored_pixels(margin_train):
     ds = TrainDataset.open(str(margin_train))
-    loader = make_loader(ds, batch_size=8, seed=4, num_steps=1, image_transform=PixelTransform(SIZE, 4, AugmentConfig()))
+    loader = make_loader(
+        ds, batch_size=8, seed=4, num_steps=1, image_transform=PixelTransform(SIZE, 4, AugmentConfig())
+    )
     batch = next(iter(loader))
     stored = make_loader(ds, batch_size=8, seed=4, num_steps=1)
     raw = next(iter(stored))["image"].numpy()
     draws = crop_draws(AugmentConfig(), 4, 0, batch["index"].numpy())
     for k in range(8):
         left, top, w, h = crop_box(36, 36, draws[k])
-        ref = Image.fromarray(raw[k]).resize((SIZE, SIZE), Image.Resampling.BICUBIC, box=(left, top, left + w, top + h))
+        ref = Image.fromarray(raw[k]).resize(
+            (SIZE, SIZE), Image.Resampling.BICUBIC, box=(left, top, left + w, top + h)
+        )
         diff = np.abs(batch["image"][k].numpy().astype(int) - np.asarray(ref, int))
         assert diff.mean() < 0.5 and diff.max() <= 4  # torch's antialiased bicubic is Pillow's filter
 
@@ -131,8 +141,9 @@ def test_trainer_crops_by_default_and_not_for_features(margin_train):
     from toolkit.train.config import TrainConfig
     from toolkit.train.runtime import Runtime
 
-    cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
-                              "steps": 2})
+    cfg = build(
+        TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8, "steps": 2}
+    )
     rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
     data = TrainData(cfg.data_plan(), rt, TrainDataset.open(str(margin_train)))
     assert data.image_transform == PixelTransform(SIZE, cfg.seed, AugmentConfig())
@@ -149,7 +160,10 @@ def _device_batches(data, **kw):
     loader = make_loader(str(data), batch_size=8, seed=4, image_transform=transform, **kw)
     out = []
     for b in loader:
-        assert b["image"].shape == (len(b["index"]), 36, 36, 3) and b["crop_box"].shape == (len(b["index"]), 4)
+        assert b["image"].shape == (len(b["index"]), 36, 36, 3) and b["crop_box"].shape == (
+            len(b["index"]),
+            4,
+        )
         out.append((b["step"], b["index"].clone(), augment.resize_crops(b["image"], b["crop_box"], SIZE)))
     return out
 
@@ -159,7 +173,9 @@ def test_device_crop_equals_the_loader_crop(margin_train):
     for (s1, i1, img1), (s2, i2, img2) in zip(loader, device, strict=True):
         assert s1 == s2 and torch.equal(i1, i2) and img2.shape == img1.shape and img2.dtype == torch.uint8
         diff = (img1.int() - img2.int()).abs()
-        assert diff.max() <= 2 and diff.float().mean() < 0.05  # torch's uint8 path: 16-bit fixed-point weights
+        assert (
+            diff.max() <= 2 and diff.float().mean() < 0.05
+        )  # torch's uint8 path: 16-bit fixed-point weights
 
 
 @pytest.mark.parametrize(("stored", "size", "scale_min"), [(249, 224, 0.9), (36, 32, 0.3), (20, 32, 0.9)])
@@ -189,11 +205,13 @@ def _resize_per_chunk(images: torch.Tensor, boxes: np.ndarray, size: int) -> tor
     """resize_crops with each chunk's taps built from that chunk's boxes alone (how it was first written)."""
     out = []
     for lo in range(0, len(boxes), augment.RESIZE_CHUNK):
-        part = boxes[lo:lo + augment.RESIZE_CHUNK]
+        part = boxes[lo : lo + augment.RESIZE_CHUNK]
         cols, rows = (augment.resize_taps(part[:, axis], part[:, axis + 2], size)[:2] for axis in (0, 1))
-        chw = images[lo:lo + augment.RESIZE_CHUNK].permute(0, 3, 1, 2).float()
+        chw = images[lo : lo + augment.RESIZE_CHUNK].permute(0, 3, 1, 2).float()
         done = augment._resize_last(chw, torch.from_numpy(cols[0]), torch.from_numpy(cols[1]).float())
-        done = augment._resize_last(done.transpose(2, 3), torch.from_numpy(rows[0]), torch.from_numpy(rows[1]).float())
+        done = augment._resize_last(
+            done.transpose(2, 3), torch.from_numpy(rows[0]), torch.from_numpy(rows[1]).float()
+        )
         out.append(done.to(torch.uint8).permute(0, 3, 2, 1))
     return torch.cat(out)
 
@@ -211,9 +229,11 @@ def test_batch_taps_equal_per_chunk_taps(n):
     idx, w, used = augment.resize_taps(boxes[:, 0], boxes[:, 2], size)
     assert used.max() == idx.shape[2] and (n == 1 or used.min() < used.max())
     for k in range(n):
-        alone_idx, alone_w, alone_used = augment.resize_taps(boxes[k:k + 1, 0], boxes[k:k + 1, 2], size)
-        assert alone_used[0] == used[k] == alone_w.shape[2] and not w[k, :, used[k]:].any()
-        assert np.array_equal(alone_w[0], w[k, :, :used[k]]) and np.array_equal(alone_idx[0], idx[k, :, :used[k]])
+        alone_idx, alone_w, alone_used = augment.resize_taps(boxes[k : k + 1, 0], boxes[k : k + 1, 2], size)
+        assert alone_used[0] == used[k] == alone_w.shape[2] and not w[k, :, used[k] :].any()
+        assert np.array_equal(alone_w[0], w[k, :, : used[k]]) and np.array_equal(
+            alone_idx[0], idx[k, :, : used[k]]
+        )
 
 
 def test_device_crop_one_process_two_ranks_and_resume_see_the_same_pixels(margin_train):
@@ -226,8 +246,17 @@ def test_trainer_crops_on_the_device_when_asked_and_never_features_or_offloaded(
     from toolkit.train.config import TrainConfig
     from toolkit.train.runtime import Runtime
 
-    cfg = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
-                              "steps": 2, "augment": {"crop_on": "device"}})
+    cfg = build(
+        TrainConfig,
+        {
+            "data": str(margin_train),
+            "out": "unused",
+            "model": MODEL,
+            "batch_size": 8,
+            "steps": 2,
+            "augment": {"crop_on": "device"},
+        },
+    )
     rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
     data = TrainData(cfg.data_plan(), rt, TrainDataset.open(str(margin_train)))
     assert data.image_transform == augment.DeviceCrop(SIZE, cfg.seed, cfg.augment)
@@ -235,8 +264,9 @@ def test_trainer_crops_on_the_device_when_asked_and_never_features_or_offloaded(
     assert "crop_box" in batch and batch["image"].shape == (8, 36, 36, 3)  # the stored pixels travel
     image, _, index = data.to_device(batch)
     assert image.shape == (8, SIZE, SIZE, 3) and image.dtype == torch.uint8
-    on_cpu = build(TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8,
-                                 "steps": 2})  # auto: the loader crops on a CPU device
+    on_cpu = build(
+        TrainConfig, {"data": str(margin_train), "out": "unused", "model": MODEL, "batch_size": 8, "steps": 2}
+    )  # auto: the loader crops on a CPU device
     cropped = next(TrainData(on_cpu.data_plan(), rt, TrainDataset.open(str(margin_train))).batches(0))
     assert torch.equal(cropped["index"], index)
     assert (cropped["image"].int() - image.int()).abs().max() <= 2

@@ -47,7 +47,9 @@ def test_torchvision_decode_matches_pillow_centre_square(dims):
 def test_crops_follow_the_draws():
     rng = np.random.default_rng(3)
     data = [encode(photo(rng, 120, 90), "JPEG", quality=95) for _ in range(4)]
-    draws = np.array([[0.9, 0.8, 0.0, 0.0], [1.0, 1.3, 0.99, 0.5], [0.95, 1.0, 0.3, 0.7], [0.9, 4 / 3, 0.5, 0.5]])
+    draws = np.array(
+        [[0.9, 0.8, 0.0, 0.0], [1.0, 1.3, 0.99, 0.5], [0.95, 1.0, 0.3, 0.7], [0.9, 4 / 3, 0.5, 0.5]]
+    )
     out = decode.decode_batch(data, 24, draws, backend="torchvision")
     for i, d in enumerate(data):
         diff = np.abs(hwc(out, i).astype(int) - pil_reference(d, 24, draws[i]))
@@ -60,7 +62,12 @@ def test_crop_box_stays_inside_and_keeps_area():
     rng = np.random.default_rng(0)
     for _ in range(500):
         w, h = (int(v) for v in rng.integers(1, 400, 2))
-        draw = [rng.uniform(0.9, 1.0), np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))), rng.random(), rng.random()]
+        draw = [
+            rng.uniform(0.9, 1.0),
+            np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))),
+            rng.random(),
+            rng.random(),
+        ]
         left, top, cw, ch = decode.crop_box(w, h, draw)
         assert 0 <= left and left + cw <= w and 0 <= top and top + ch <= h and cw >= 1 and ch >= 1
         if min(w, h) >= 50:  # rounding aside, the area fraction is the draw's
@@ -70,7 +77,9 @@ def test_crop_box_stays_inside_and_keeps_area():
 
 def test_png_with_alpha_goes_through_pillow_like_precompute():
     rng = np.random.default_rng(5)
-    rgba = np.concatenate([np.asarray(photo(rng, 40, 30)), rng.integers(0, 256, (30, 40, 1), dtype=np.uint8)], 2)
+    rgba = np.concatenate(
+        [np.asarray(photo(rng, 40, 30)), rng.integers(0, 256, (30, 40, 1), dtype=np.uint8)], 2
+    )
     data = encode(Image.fromarray(rgba, "RGBA"), "PNG")
     webp = encode(photo(rng, 33, 41), "WEBP", lossless=True)
     out = decode.decode_batch([data, webp], 16)

@@ -62,12 +62,16 @@ def test_cli_inspect_prints_summary(bad_train, tmp_path):
     from toolkit.cli.main import app
 
     out, _ = bad_train
-    res = CliRunner().invoke(app, ["data", "inspect", str(out), "--out", str(tmp_path / "r"), "--num-contact", "4"])
+    res = CliRunner().invoke(
+        app, ["data", "inspect", str(out), "--out", str(tmp_path / "r"), "--num-contact", "4"]
+    )
     assert res.exit_code == 0, res.output
     assert "19 samples" in res.output and "truncated_tar 3" in res.output and "caption length" in res.output
 
 
-@pytest.mark.filterwarnings("ignore:value is deprecated:DeprecationWarning")  # img2dataset's resizer, not ours
+@pytest.mark.filterwarnings(
+    "ignore:value is deprecated:DeprecationWarning"
+)  # img2dataset's resizer, not ours
 def test_cli_inspect_of_raw_shards_prints_skip_reasons_and_compressed_tars(tmp_path):
     import io as _io
 
@@ -109,7 +113,20 @@ def test_cli_precompute_names_the_mode_of_converted_images(tmp_path):
     raw.mkdir()
     bilevel = encode(Image.fromarray(np.eye(16, dtype=bool)), "PNG")  # mode '1'
     write_raw_shard(raw / "00000.tar", [("k0", {"png": bilevel, "txt": b"a diagonal"})])
-    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "t"),
-                                   "--model", MODEL, "--workers", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(raw),
+            "--out",
+            str(tmp_path / "t"),
+            "--model",
+            MODEL,
+            "--workers",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "converted to RGB: 1 from mode '1'" in res.output and "converted: 1 1" not in res.output

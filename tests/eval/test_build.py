@@ -42,8 +42,15 @@ def test_csv_classification_with_classnames_and_templates(tmp_path):
     (tmp_path / "data.csv").write_text("file,kind\n0.png,cat\n1.png,dog\n2.png,cat\n")
     (tmp_path / "names.txt").write_text("dog\ncat\nbird\n")
     (tmp_path / "tpl.txt").write_text("a drawing of a {c}.\n")
-    build_set("csv", tmp_path / "data.csv", tmp_path / "s" / "pets", image_column="file", label_column="kind",
-              classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "tpl.txt"))
+    build_set(
+        "csv",
+        tmp_path / "data.csv",
+        tmp_path / "s" / "pets",
+        image_column="file",
+        label_column="kind",
+        classnames=str(tmp_path / "names.txt"),
+        templates=str(tmp_path / "tpl.txt"),
+    )
     s = open_eval_set(tmp_path / "s", "pets")
     assert s.classnames == ("dog", "cat", "bird") and s.templates == ("a drawing of a {c}.",)
     with tarfile.open(s.shards[0]) as tar:
@@ -63,8 +70,14 @@ def test_csv_errors_name_row_and_column(tmp_path):
 def _openmoji_demo(root: Path) -> Path:
     """A small DIR/openmoji.csv like `toolkit data demo` writes (path,caption,group,subgroup,codepoints)."""
     root.mkdir(parents=True, exist_ok=True)
-    rows = [("smileys-emotion", "grinning face"), ("Animals & Nature", "dog face"), ("animals-nature", "cat face"),
-            ("Flags", "chequered flag"), ("extras-openmoji", "openmoji logo"), ("Food & Drink", "red apple")]
+    rows = [
+        ("smileys-emotion", "grinning face"),
+        ("Animals & Nature", "dog face"),
+        ("animals-nature", "cat face"),
+        ("Flags", "chequered flag"),
+        ("extras-openmoji", "openmoji logo"),
+        ("Food & Drink", "red apple"),
+    ]
     with (root / "openmoji.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["path", "caption", "group", "subgroup", "codepoints"])
@@ -87,8 +100,12 @@ def test_openmoji_retrieval_and_group_classification(tmp_path):
     assert cls.classnames == ("smileys and emotion", "animals and nature", "food and drink", "flags")
     assert cls.num_samples == 5
     assert result.counts["left_out"] == {"group 'extras-openmoji' is not a Unicode emoji group": 1}
-    assert result.details["per_class"] == {"smileys and emotion": 1, "animals and nature": 2,
-                                           "food and drink": 1, "flags": 1}
+    assert result.details["per_class"] == {
+        "smileys and emotion": 1,
+        "animals and nature": 2,
+        "food and drink": 1,
+        "flags": 1,
+    }
 
 
 def test_openmoji_missing_csv_says_how_to_make_it(tmp_path):
@@ -103,8 +120,10 @@ def test_fashion_mnist_missing_files_error(tmp_path):
         build_set("fashion-mnist", tmp_path / "in", tmp_path / "o")
 
 
-@pytest.mark.skipif(not all((Path(FASHION_MNIST_DIR) / f).is_file() for f in FASHION_MNIST_FILES["test"]),
-                    reason="Debian package dataset-fashion-mnist not installed (apt-get install dataset-fashion-mnist)")
+@pytest.mark.skipif(
+    not all((Path(FASHION_MNIST_DIR) / f).is_file() for f in FASHION_MNIST_FILES["test"]),
+    reason="Debian package dataset-fashion-mnist not installed (apt-get install dataset-fashion-mnist)",
+)
 def test_fashion_mnist_real_files(tmp_path):
     from PIL import Image
 
@@ -131,10 +150,25 @@ def test_decompression_bomb_png_is_named_not_a_traceback(tmp_path, side):
     make_folder(tmp_path / "in", [1, 1])
     bomb = tmp_path / "in" / "object_#0" / "bomb.png"
     Image.new("1", (side, side)).save(bomb)  # a few kB on disk, side*side pixels decoded
-    result = CliRunner().invoke(app, ["--quiet", "eval", "build-set", "--source", "folder", "--input",
-                                      str(tmp_path / "in"), "--out", str(tmp_path / "set")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "--quiet",
+            "eval",
+            "build-set",
+            "--source",
+            "folder",
+            "--input",
+            str(tmp_path / "in"),
+            "--out",
+            str(tmp_path / "set"),
+        ],
+    )
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
-    assert f"error: DatasetError: {tmp_path / 'in' / 'object_#0'}" in result.output and str(bomb) in result.output
+    assert (
+        f"error: DatasetError: {tmp_path / 'in' / 'object_#0'}" in result.output
+        and str(bomb) in result.output
+    )
 
 
 def test_alpha_and_16bit_images_read_as_training_reads_them(tmp_path):
@@ -150,8 +184,11 @@ def test_alpha_and_16bit_images_read_as_training_reads_them(tmp_path):
 
     rgba = np.zeros((8, 8, 4), np.uint8)
     rgba[2:6, 2:6] = (255, 0, 0, 255)  # an opaque red square, the rest transparent black
-    paths = {"a_alpha": tmp_path / "in" / "a_alpha" / "a.png", "b_grey16": tmp_path / "in" / "b_grey16" / "g.png",
-             "c_tiff16": tmp_path / "in" / "c_tiff16" / "t.tif"}
+    paths = {
+        "a_alpha": tmp_path / "in" / "a_alpha" / "a.png",
+        "b_grey16": tmp_path / "in" / "b_grey16" / "g.png",
+        "c_tiff16": tmp_path / "in" / "c_tiff16" / "t.tif",
+    }
     for p in paths.values():
         p.parent.mkdir(parents=True)
     Image.fromarray(rgba, "RGBA").save(paths["a_alpha"])
@@ -178,8 +215,10 @@ def test_folder_hidden_folders_are_not_classes_and_stray_files_are_counted(tmp_p
     result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
     assert (tmp_path / "sets" / "s" / "classnames.txt").read_text().splitlines() == ["object #0", "object #1"]
     assert result.counts["num_samples"] == 3
-    assert result.counts["left_out"] == {"hidden folder": 1,
-                                         f"file outside the class folders of {tmp_path / 'in'}": 1}
+    assert result.counts["left_out"] == {
+        "hidden folder": 1,
+        f"file outside the class folders of {tmp_path / 'in'}": 1,
+    }
 
 
 def test_retrieval_csv_rows_naming_one_image_by_different_paths_are_one_sample(tmp_path):
@@ -187,8 +226,10 @@ def test_retrieval_csv_rows_naming_one_image_by_different_paths_are_one_sample(t
     two equally right images, and R@1 depended on the order of ties."""
     for k in range(2):
         solid_png(tmp_path / "img" / f"{k}.png", k)
-    (tmp_path / "pairs.csv").write_text("image,caption\nimg/0.png,a zero\n./img/0.png,another zero\n"
-                                        f"{tmp_path / 'img' / '0.png'},zero again\nimg/../img/1.png,a one\n")
+    (tmp_path / "pairs.csv").write_text(
+        "image,caption\nimg/0.png,a zero\n./img/0.png,another zero\n"
+        f"{tmp_path / 'img' / '0.png'},zero again\nimg/../img/1.png,a one\n"
+    )
     result = build_set("csv", tmp_path / "pairs.csv", tmp_path / "sets" / "r", task="retrieval")
     assert result.counts["num_samples"] == 2
     with tarfile.open(tmp_path / "sets" / "r" / "test" / "0.tar") as tar:
@@ -202,7 +243,9 @@ def test_empty_class_folder_stays_a_class_with_a_warning(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         result = build_set("folder", tmp_path / "in", tmp_path / "sets" / "s")
     assert result.details["per_class"] == {"object #0": 1, "object #1": 2, "zz nothing": 0}
-    assert "1 class(es) without an image: 'zz nothing'; they stay classes the model can predict" in caplog.text
+    assert (
+        "1 class(es) without an image: 'zz nothing'; they stay classes the model can predict" in caplog.text
+    )
 
 
 def test_csv_integer_labels_with_classnames_are_line_numbers(tmp_path):
@@ -212,15 +255,24 @@ def test_csv_integer_labels_with_classnames_are_line_numbers(tmp_path):
         solid_png(tmp_path / f"{k}.png", k)
     (tmp_path / "labels.csv").write_text("image,label\n0.png,2\n1.png,0\n2.png,2\n")
     (tmp_path / "names.txt").write_text("cat\ndog\nbird\n")
-    result = build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "idx", classnames=str(tmp_path / "names.txt"))
+    result = build_set(
+        "csv", tmp_path / "labels.csv", tmp_path / "sets" / "idx", classnames=str(tmp_path / "names.txt")
+    )
     assert result.details["per_class"] == {"cat": 1, "dog": 0, "bird": 2}
     (tmp_path / "labels.csv").write_text("image,label\n0.png,2\n1.png,3\n")
-    with pytest.raises(DatasetError, match=r"row 3: label '3': no label is a class name, so labels are line "
-                                         r"numbers of the class names, which has 3 \(0..2\)"):
-        build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "bad", classnames=str(tmp_path / "names.txt"))
+    with pytest.raises(
+        DatasetError,
+        match=r"row 3: label '3': no label is a class name, so labels are line "
+        r"numbers of the class names, which has 3 \(0..2\)",
+    ):
+        build_set(
+            "csv", tmp_path / "labels.csv", tmp_path / "sets" / "bad", classnames=str(tmp_path / "names.txt")
+        )
     (tmp_path / "digits.txt").write_text("1\n0\n")  # names that are digits are names, not line numbers
     (tmp_path / "labels.csv").write_text("image,label\n0.png,0\n1.png,1\n")
-    result = build_set("csv", tmp_path / "labels.csv", tmp_path / "sets" / "dig", classnames=str(tmp_path / "digits.txt"))
+    result = build_set(
+        "csv", tmp_path / "labels.csv", tmp_path / "sets" / "dig", classnames=str(tmp_path / "digits.txt")
+    )
     assert result.details["per_class"] == {"1": 1, "0": 1}
     with tarfile.open(tmp_path / "sets" / "dig" / "test" / "0.tar") as tar:
         assert [tar.extractfile(m).read() for m in tar if m.name.endswith(".cls")] == [b"1", b"0"]
@@ -241,4 +293,6 @@ def test_spreadsheet_exports_bom_and_utf16_and_bad_bytes_are_handled(tmp_path):
         build_set("csv", tmp_path / "u16.csv", tmp_path / "sets" / "u16")
     (tmp_path / "latin1.txt").write_bytes("kitty\npuppé\n".encode("latin-1"))
     with pytest.raises(DatasetError, match=r"latin1.txt: line 2: not UTF-8 \(classnames\)"):
-        build_set("csv", tmp_path / "bom.csv", tmp_path / "sets" / "l1", classnames=str(tmp_path / "latin1.txt"))
+        build_set(
+            "csv", tmp_path / "bom.csv", tmp_path / "sets" / "l1", classnames=str(tmp_path / "latin1.txt")
+        )

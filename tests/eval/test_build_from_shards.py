@@ -52,10 +52,20 @@ def test_classification_from_a_json_field_and_limit(tmp_path):
     rng = np.random.default_rng(1)
     raw = tmp_path / "raw"
     raw.mkdir()
-    samples = [(f"k{i:04d}", {"png": encode(random_image(rng, 24, 24), "PNG"),
-                              "json": json.dumps({"label": ["cat", "dog"][i % 2]}).encode()}) for i in range(6)]
+    samples = [
+        (
+            f"k{i:04d}",
+            {
+                "png": encode(random_image(rng, 24, 24), "PNG"),
+                "json": json.dumps({"label": ["cat", "dog"][i % 2]}).encode(),
+            },
+        )
+        for i in range(6)
+    ]
     write_raw_shard(raw / "00000.tar", samples)
-    _invoke(["-i", str(raw), "-o", str(tmp_path / "sets" / "pets"), "--caption-ext", "json:label", "--limit", "4"])
+    _invoke(
+        ["-i", str(raw), "-o", str(tmp_path / "sets" / "pets"), "--caption-ext", "json:label", "--limit", "4"]
+    )
     eval_set = open_eval_set(tmp_path / "sets", "pets")
     assert list(eval_set.classnames) == ["cat", "dog"] and eval_set.num_samples == 4
 
@@ -66,7 +76,7 @@ def test_a_damaged_tar_is_counted(tmp_path):
     raw.mkdir()
     tar = write_raw_shard(raw / "00000.tar", good_samples(rng, "a", 6))
     data = tar.read_bytes()
-    tar.write_bytes(data[:len(data) // 2])  # cut in the middle, as a killed download leaves it
+    tar.write_bytes(data[: len(data) // 2])  # cut in the middle, as a killed download leaves it
     _invoke(["-i", str(raw), "-o", str(tmp_path / "sets" / "cut"), "--task", "retrieval"])
     manifest = json.loads((tmp_path / "sets" / "cut" / "manifest.json").read_text())
     assert manifest["counts"]["left_out"] == {"the rest of a damaged tar (truncated_tar: 00000.tar)": 1}

@@ -17,6 +17,7 @@ def copy_set(sets_root, tmp_path):
     def copy(name: str):
         shutil.copytree(sets_root / name, tmp_path / name)
         return tmp_path / name
+
     return copy
 
 
@@ -25,12 +26,15 @@ def test_missing_directory_names_it_and_lists_sets(sets_root):
         open_eval_set(sets_root, "nope")
 
 
-@pytest.mark.parametrize("victim, message", [
-    ("test/nshards.txt", r"test/nshards.txt: missing"),
-    ("test/0.tar", r"test/0.tar: missing \(1 of 1 shards"),
-    ("classnames.txt", r"classnames.txt: missing"),
-    ("zeroshot_classification_templates.txt", r"zeroshot_classification_templates.txt: missing"),
-])
+@pytest.mark.parametrize(
+    "victim, message",
+    [
+        ("test/nshards.txt", r"test/nshards.txt: missing"),
+        ("test/0.tar", r"test/0.tar: missing \(1 of 1 shards"),
+        ("classnames.txt", r"classnames.txt: missing"),
+        ("zeroshot_classification_templates.txt", r"zeroshot_classification_templates.txt: missing"),
+    ],
+)
 def test_missing_file_is_named(copy_set, victim, message):
     path = copy_set("cls7")
     (path / victim).unlink()
@@ -38,14 +42,21 @@ def test_missing_file_is_named(copy_set, victim, message):
         open_eval_set(path.parent, path.name)
 
 
-@pytest.mark.parametrize("file, text, message", [
-    ("test/nshards.txt", "two\n", r"nshards.txt: expected a positive integer, got 'two'"),
-    ("test/nshards.txt", "2\n", r"test/1.tar: missing \(1 of 2 shards"),
-    ("zeroshot_classification_templates.txt", "a photo of a {c}.\na photo.\n", r"template 'a photo.' has no \{c\}"),
-    ("classnames.txt", "", r"classnames.txt: empty"),
-    ("dataset_type.txt", "segmentation\n", r"unsupported dataset type 'segmentation'"),
-    ("test/0.tar", "not a tar", r"0.tar: not a readable tar file"),
-])
+@pytest.mark.parametrize(
+    "file, text, message",
+    [
+        ("test/nshards.txt", "two\n", r"nshards.txt: expected a positive integer, got 'two'"),
+        ("test/nshards.txt", "2\n", r"test/1.tar: missing \(1 of 2 shards"),
+        (
+            "zeroshot_classification_templates.txt",
+            "a photo of a {c}.\na photo.\n",
+            r"template 'a photo.' has no \{c\}",
+        ),
+        ("classnames.txt", "", r"classnames.txt: empty"),
+        ("dataset_type.txt", "segmentation\n", r"unsupported dataset type 'segmentation'"),
+        ("test/0.tar", "not a tar", r"0.tar: not a readable tar file"),
+    ],
+)
 def test_malformed_file_is_named(copy_set, file, text, message):
     path = copy_set("cls7")
     (path / file).write_text(text)
@@ -85,13 +96,16 @@ def test_retrieval_sample_without_captions(copy_set, sets_root):
         evaluate_set(TiedModel(9), tied_tokenizer, to_tensor, open_eval_set(path.parent, path.name))
 
 
-@pytest.mark.parametrize("template, message", [
-    ("a {c} emoji :-}", r"line 2: template 'a \{c\} emoji :-\}' cannot be filled in .*Single '\}'"),
-    ("a {c} in {place}", r"line 2: template 'a \{c\} in \{place\}' cannot be filled in .*KeyError"),
-    ("a {c} {}", r"line 2: .*IndexError"),
-    ("a {c} and {{c}}", None),  # a literal brace written as {{ }} is fine beside a real {c}
-    ("a {{c}}", r"line 2: template 'a \{\{c\}\}' never inserts the class name"),
-])
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("a {c} emoji :-}", r"line 2: template 'a \{c\} emoji :-\}' cannot be filled in .*Single '\}'"),
+        ("a {c} in {place}", r"line 2: template 'a \{c\} in \{place\}' cannot be filled in .*KeyError"),
+        ("a {c} {}", r"line 2: .*IndexError"),
+        ("a {c} and {{c}}", None),  # a literal brace written as {{ }} is fine beside a real {c}
+        ("a {{c}}", r"line 2: template 'a \{\{c\}\}' never inserts the class name"),
+    ],
+)
 def test_template_that_cannot_be_filled_in_is_named(copy_set, template, message):
     """clip-benchmark fills templates with str.format(c=name): a stray brace failed mid-evaluation with
     'ValueError: Single '}' encountered in format string', naming neither the file nor the template."""
@@ -109,5 +123,7 @@ def test_build_set_refuses_template_that_cannot_be_filled_in(tmp_path):
 
     make_folder(tmp_path / "in", [1, 1])
     (tmp_path / "tpl.txt").write_text("a photo of a {c}.\na {c} emoji :-}\n")
-    with pytest.raises(DatasetError, match=r"tpl.txt: line 2: template 'a \{c\} emoji :-\}' cannot be filled in"):
+    with pytest.raises(
+        DatasetError, match=r"tpl.txt: line 2: template 'a \{c\} emoji :-\}' cannot be filled in"
+    ):
         build_set("folder", tmp_path / "in", tmp_path / "sets" / "s", templates=str(tmp_path / "tpl.txt"))

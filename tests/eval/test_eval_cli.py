@@ -23,9 +23,19 @@ def workspace(tmp_path_factory):
     runner = CliRunner()
     make_folder(tmp / "folder", [2, 1, 2, 1, 2, 1])
     make_caption_csv(tmp / "csv", 7)
-    for args in (["--source", "folder", "--input", str(tmp / "folder"), "--out", str(tmp / "sets" / "six")],
-                 ["--source", "csv", "--task", "retrieval", "--input", str(tmp / "csv" / "pairs.csv"),
-                  "--out", str(tmp / "sets" / "pairs")]):
+    for args in (
+        ["--source", "folder", "--input", str(tmp / "folder"), "--out", str(tmp / "sets" / "six")],
+        [
+            "--source",
+            "csv",
+            "--task",
+            "retrieval",
+            "--input",
+            str(tmp / "csv" / "pairs.csv"),
+            "--out",
+            str(tmp / "sets" / "pairs"),
+        ],
+    ):
         result = runner.invoke(app, ["eval", "build-set", *args])
         assert result.exit_code == 0, result.output
         assert "evaluate with: toolkit eval zeroshot --root" in result.output
@@ -36,9 +46,25 @@ def workspace(tmp_path_factory):
 
 def test_zeroshot_cli_on_checkpoint(workspace):
     out = workspace / "run"
-    result = CliRunner().invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets",
-                                      "six,pairs", "--root", str(workspace / "sets"), "--out", str(out),
-                                      "--batch-size", "3", "--device", "cpu"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "zeroshot",
+            "--model",
+            str(workspace / "ckpt"),
+            "--datasets",
+            "six,pairs",
+            "--root",
+            str(workspace / "sets"),
+            "--out",
+            str(out),
+            "--batch-size",
+            "3",
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| six | 9 |" in result.output and "| pairs | 7 |" in result.output
     data = report.read_results(str(out / "results.json"))
@@ -61,9 +87,25 @@ def test_zeroshot_cli_writes_to_an_fsspec_url(workspace):
     import fsspec
 
     out = "memory://cliptk-eval-cli/run"
-    result = CliRunner().invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets", "six",
-                                      "--root", str(workspace / "sets"), "--set", f"out={out}",
-                                      "--batch-size", "4", "--device", "cpu"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "zeroshot",
+            "--model",
+            str(workspace / "ckpt"),
+            "--datasets",
+            "six",
+            "--root",
+            str(workspace / "sets"),
+            "--set",
+            f"out={out}",
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| six | 9 |" in result.output and f"results: {out}/results.json" in result.output
     fs = fsspec.filesystem("memory")
@@ -73,12 +115,36 @@ def test_zeroshot_cli_writes_to_an_fsspec_url(workspace):
 
 def test_zeroshot_cli_errors(workspace):
     runner = CliRunner()
-    result = runner.invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets", "six,nope",
-                                 "--root", str(workspace / "sets"), "--out", str(workspace / "bad")])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "zeroshot",
+            "--model",
+            str(workspace / "ckpt"),
+            "--datasets",
+            "six,nope",
+            "--root",
+            str(workspace / "sets"),
+            "--out",
+            str(workspace / "bad"),
+        ],
+    )
     assert result.exit_code == 1
     assert "nope: dataset directory not found" in result.output
-    result = runner.invoke(app, ["eval", "zeroshot", "--datasets", "six", "--root", str(workspace / "sets"),
-                                 "--out", str(workspace / "bad")])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "zeroshot",
+            "--datasets",
+            "six",
+            "--root",
+            str(workspace / "sets"),
+            "--out",
+            str(workspace / "bad"),
+        ],
+    )
     assert result.exit_code == 2 and "model: missing required value" in result.output
 
 
@@ -87,8 +153,21 @@ def test_zeroshot_dataset_name_is_not_a_path(workspace, name):
     """Issue 15 item 14: sets/deep/er/../../six was evaluated and its JSON written outside --out."""
     (workspace / "sets" / "deep" / "er").mkdir(parents=True, exist_ok=True)
     out = workspace / "escape" / "out"
-    result = CliRunner().invoke(app, ["eval", "zeroshot", "--model", str(workspace / "ckpt"), "--datasets", name,
-                                      "--root", str(workspace / "sets" / "deep" / "er"), "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "zeroshot",
+            "--model",
+            str(workspace / "ckpt"),
+            "--datasets",
+            name,
+            "--root",
+            str(workspace / "sets" / "deep" / "er"),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "is not a set name" in result.output and "datasets" in result.output
     assert not (workspace / "escape").exists()
@@ -105,8 +184,18 @@ def test_pipeline_kinds_registered():
 def test_help_lists_every_option():
     result = CliRunner().invoke(app, ["eval", "zeroshot", "--help"])
     assert result.exit_code == 0
-    for option in ("--model", "--datasets", "--root", "--out", "--weights", "--batch-size", "--workers",
-                   "--device", "--amp", "--precision"):
+    for option in (
+        "--model",
+        "--datasets",
+        "--root",
+        "--out",
+        "--weights",
+        "--batch-size",
+        "--workers",
+        "--device",
+        "--amp",
+        "--precision",
+    ):
         assert option in result.output
 
 
@@ -127,7 +216,8 @@ stages:
     report_ = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
     assert [action for _, action, _ in report_] == ["ran", "ran"]
     data = report.read_results(report_[1][2].outputs["results"])
-    assert set(data["results"][0]["metrics"]) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text")
-                                                   for k in (1, 2)}
+    assert set(data["results"][0]["metrics"]) == {
+        f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 2)
+    }
     again = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
     assert [action for _, action, _ in again] == ["skipped", "skipped"]

@@ -23,8 +23,13 @@ def test_gallery_images_match_their_captions_with_several_loader_workers(tmp_pat
     """Two DataLoader workers interleave their shards' batches; the gallery fetched thumbnails by position
     in the tars, so with several workers and shards it drew other images than the ones the model ranked
     (the green 'right image' was a wrong one)."""
-    build_set("csv", make_caption_csv(tmp_path / "csv", 9), tmp_path / "sets" / "ret", task="retrieval",
-              max_per_shard=2)
+    build_set(
+        "csv",
+        make_caption_csv(tmp_path / "csv", 9),
+        tmp_path / "sets" / "ret",
+        task="retrieval",
+        max_per_shard=2,
+    )
     eval_set = open_eval_set(tmp_path / "sets", "ret")
     assert len(eval_set.shards) == 5
     recorder = Recorder(TiedModel(9))

@@ -57,7 +57,9 @@ def test_round_trip_and_open_clip_local_dir(tiny, tiny_dir):
     assert config["model_cfg"] == tiny.model_cfg and config["preprocess_cfg"]["size"] == 32
     back = load_model(str(tiny_dir))
     assert back.name == "tiny" and back.weights == str(tiny_dir / WEIGHTS_NAME)
-    for x, y in zip(_features(tiny.model, tiny.tokenizer), _features(back.model, back.tokenizer), strict=True):
+    for x, y in zip(
+        _features(tiny.model, tiny.tokenizer), _features(back.model, back.tokenizer), strict=True
+    ):
         assert torch.equal(x, y)
     oc_model, _, oc_preprocess = open_clip.create_model_and_transforms(f"local-dir:{tiny_dir}")
     oc_model.eval()
@@ -76,7 +78,9 @@ def test_failed_save_leaves_old_checkpoint(tiny, tiny_dir, tmp_path):
 
     with pytest.raises(OSError, match="disk full"):
         save_model(load_model("cliptk-tiny", seed=5).model, tiny.model_cfg, out, write_extra=explode)
-    assert (out / WEIGHTS_NAME).read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert (out / WEIGHTS_NAME).read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "ck"
+    ]
 
 
 def test_save_replaces_whole_dir_and_unwraps_wrappers(tiny, tmp_path):
@@ -86,7 +90,9 @@ def test_save_replaces_whole_dir_and_unwraps_wrappers(tiny, tmp_path):
     other = load_model("cliptk-tiny", seed=3)
     wrapper = torch.nn.Module()
     wrapper.module = other.model  # what DistributedDataParallel looks like
-    save_model(wrapper, other.model_cfg, out, write_extra=lambda d: (d / "trainer_state.pt").write_bytes(b"s"))
+    save_model(
+        wrapper, other.model_cfg, out, write_extra=lambda d: (d / "trainer_state.pt").write_bytes(b"s")
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temp or old folders left
     assert not (out / "stale.txt").exists() and (out / "trainer_state.pt").read_bytes() == b"s"
     assert is_checkpoint_dir(out) and find_weights(out).name == WEIGHTS_NAME
@@ -134,7 +140,9 @@ def test_errors_name_the_missing_file(tiny_dir, tmp_path):
         load_model(f"local-dir:{tmp_path / 'gone'}")
     with pytest.raises(ValueError, match=r"unknown model 'cliptk-huge'.*cliptk-tiny"):
         load_model("cliptk-huge")
-    with pytest.raises(ValueError, match=r"open_clip_model.safetensors: weights do not match the model config"):
+    with pytest.raises(
+        ValueError, match=r"open_clip_model.safetensors: weights do not match the model config"
+    ):
         load_model("cliptk-small", weights=str(tiny_dir / WEIGHTS_NAME))
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         load_model("cliptk-tiny", precision="fp8")
@@ -148,6 +156,9 @@ def test_bf16_precision_casts_matmul_weights(tiny_dir):
 
 def test_a_checkpoint_directory_given_as_weights_says_to_pass_it_as_the_model(tiny_dir):
     """`--model cliptk-tiny --weights CKPT_DIR` said 'weights file not found: CKPT_DIR', which exists."""
-    with pytest.raises(CheckpointError, match=r"weights: .*tiny is a directory, not a weights file; a checkpoint "
-                                              r"directory is a model: pass it as the model itself \(--model DIR\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"weights: .*tiny is a directory, not a weights file; a checkpoint "
+        r"directory is a model: pass it as the model itself \(--model DIR\)",
+    ):
         load_model("cliptk-tiny", weights=str(tiny_dir))

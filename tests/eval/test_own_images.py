@@ -29,8 +29,12 @@ def _images(folder) -> dict[str, tuple[int, int, int]]:
     Image.fromarray(deep).save(folder / "c_deep.png")
     Image.fromarray(deep).save(folder / "d_deep.tif")  # not png/jpg/webp: build-set re-encodes it
     grey = round(30000 * 255 / 65535)
-    return {"a_rgba.png": (255, 255, 255), "b_palette.png": (255, 255, 255), "c_deep.png": (grey,) * 3,
-            "d_deep.tif": (grey,) * 3}
+    return {
+        "a_rgba.png": (255, 255, 255),
+        "b_palette.png": (255, 255, 255),
+        "c_deep.png": (grey,) * 3,
+        "d_deep.tif": (grey,) * 3,
+    }
 
 
 def test_eval_images_get_trainings_conversions(tmp_path):
@@ -40,10 +44,17 @@ def test_eval_images_get_trainings_conversions(tmp_path):
     for name, rgb in expected.items():  # the oracle agrees with precompute's decoder on every file
         pixels, _ = decode_rgb((source / name).read_bytes(), SIDE, "center_crop")
         assert (pixels == rgb).all(), name
-    run(build(BuildSetConfig, {"source": "folder", "input": str(tmp_path / "photos"), "out": str(tmp_path / "sets" / "mine")}))
+    run(
+        build(
+            BuildSetConfig,
+            {"source": "folder", "input": str(tmp_path / "photos"), "out": str(tmp_path / "sets" / "mine")},
+        )
+    )
     eval_set = open_eval_set(tmp_path / "sets", "mine")
     loader = make_eval_loader(eval_set, lambda img: np.asarray(img).copy(), batch_size=len(expected))
     images, _labels = next(iter(loader))
     assert images.shape == (len(expected), SIDE, SIDE, 3)
-    for image, rgb in zip(images.numpy(), expected.values(), strict=True):  # build-set keeps sorted file order
+    for image, rgb in zip(
+        images.numpy(), expected.values(), strict=True
+    ):  # build-set keeps sorted file order
         assert (image == rgb).all(), (image[0, 0], rgb)

@@ -12,13 +12,32 @@ from toolkit.eval import report
 
 def _records():
     return [
-        report.make_record("cls7", "cliptk-tiny", None, "zeroshot_classification",
-                           {"acc1": 0.5, "acc5": float("nan"), "mean_per_class_recall": 0.25}),
-        report.make_record("fm", "cliptk-tiny", None, "zeroshot_classification",
-                           {"acc1": 0.25, "acc5": 0.75, "mean_per_class_recall": 0.5}),
-        report.make_record("ret9", "cliptk-tiny", None, "zeroshot_retrieval",
-                           {"image_retrieval_recall@1": 0.2, "text_retrieval_recall@1": 0.4,
-                            "image_retrieval_recall@10": math.nan, "text_retrieval_recall@10": None}),
+        report.make_record(
+            "cls7",
+            "cliptk-tiny",
+            None,
+            "zeroshot_classification",
+            {"acc1": 0.5, "acc5": float("nan"), "mean_per_class_recall": 0.25},
+        ),
+        report.make_record(
+            "fm",
+            "cliptk-tiny",
+            None,
+            "zeroshot_classification",
+            {"acc1": 0.25, "acc5": 0.75, "mean_per_class_recall": 0.5},
+        ),
+        report.make_record(
+            "ret9",
+            "cliptk-tiny",
+            None,
+            "zeroshot_retrieval",
+            {
+                "image_retrieval_recall@1": 0.2,
+                "text_retrieval_recall@1": 0.4,
+                "image_retrieval_recall@10": math.nan,
+                "text_retrieval_recall@10": None,
+            },
+        ),
     ]
 
 
@@ -40,10 +59,13 @@ def test_round_trip_keeps_clip_benchmark_schema(tmp_path):
     assert avg["primary"] == pytest.approx((0.5 + 0.25 + 0.3) / 3) and avg["num_datasets"] == 3
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda r: r.pop("task"), r"results\[1\]: missing key\(s\) task"),
-    (lambda r: r.update(metrics={"acc1": "high"}), r"results\[1\]: 'metrics' must map names to numbers"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r: r.pop("task"), r"results\[1\]: missing key\(s\) task"),
+        (lambda r: r.update(metrics={"acc1": "high"}), r"results\[1\]: 'metrics' must map names to numbers"),
+    ],
+)
 def test_read_rejects_broken_records(tmp_path, mutate, message):
     data = {"model": "m", "pretrained": None, "results": _records()}
     mutate(data["results"][1])
@@ -56,7 +78,10 @@ def test_markdown_and_chart(tmp_path):
     from PIL import Image
 
     data = report.write_results(str(tmp_path / "r.json"), "cliptk-tiny", "w.safetensors", _records())
-    chance = {"cls7": report.chance_level("classification", 14, 7), "ret9": report.chance_level("retrieval", 9, 0)}
+    chance = {
+        "cls7": report.chance_level("classification", 14, 7),
+        "ret9": report.chance_level("retrieval", 9, 0),
+    }
     md = report.markdown_table(data, {"cls7": 14, "fm": 20, "ret9": 9}, [1, 10], chance)
     assert "| cls7 | 14 | 14.29 | 50.00 | – | 25.00 |" in md  # chance of top-1 with 7 classes: 1/7
     assert "| ret9 | 9 | 11.11 | 40.00 | – | 20.00 | – |" in md  # chance of R@1 among 9 pairs: 1/9

@@ -34,7 +34,9 @@ def test_tied_retrieval_scores_100(sets_root, batch_size):
     metrics = evaluate_set(TiedModel(9), tied_tokenizer, to_tensor, eval_set, batch_size=batch_size)
     assert set(metrics) == {f"{d}_retrieval_recall@{k}" for d in ("image", "text") for k in (1, 5, 10)}
     # R@10 with 9 images is undefined: reported as None, not computed on too few candidates.
-    assert metrics.pop("image_retrieval_recall@10") is None and metrics.pop("text_retrieval_recall@10") is None
+    assert (
+        metrics.pop("image_retrieval_recall@10") is None and metrics.pop("text_retrieval_recall@10") is None
+    )
     assert all(v == 1.0 for v in metrics.values()), metrics
 
 
@@ -57,8 +59,18 @@ def test_run_with_bf16_model_weights(sets_root, tmp_path):
     from toolkit.core.config import build
     from toolkit.eval.zeroshot import ZeroShotConfig, run
 
-    cfg = build(ZeroShotConfig, {"model": "cliptk-tiny", "datasets": ["cls7", "ret3"], "root": str(sets_root),
-                                 "out": str(tmp_path), "precision": "bf16", "device": "cpu", "batch_size": 5})
+    cfg = build(
+        ZeroShotConfig,
+        {
+            "model": "cliptk-tiny",
+            "datasets": ["cls7", "ret3"],
+            "root": str(sets_root),
+            "out": str(tmp_path),
+            "precision": "bf16",
+            "device": "cpu",
+            "batch_size": 5,
+        },
+    )
     result = run(cfg)
     assert result.counts == {"num_datasets": 2, "num_samples": {"cls7": 14, "ret3": 3}}
     avg = result.details["average"]
@@ -84,11 +96,20 @@ def test_optional_sets_missing_are_reported_not_fatal(sets_root, tmp_path):
     with pytest.raises(DatasetError, match="no-fashion-mnist"):
         build_set(build(BuildSetConfig, {**spec, "out": str(tmp_path / "other")}))
     (tmp_path / "sets" / "cls7").symlink_to(sets_root / "cls7")
-    cfg = {"model": "cliptk-tiny", "datasets": ["cls7", "fashion_mnist"], "root": str(tmp_path / "sets"),
-           "out": str(tmp_path / "zs"), "device": "cpu"}
+    cfg = {
+        "model": "cliptk-tiny",
+        "datasets": ["cls7", "fashion_mnist"],
+        "root": str(tmp_path / "sets"),
+        "out": str(tmp_path / "zs"),
+        "device": "cpu",
+    }
     result = run(build(ZeroShotConfig, {**cfg, "skip_missing": True}))
-    assert result.counts["num_samples"] == {"cls7": 14} and result.details["not_evaluated"] == ["fashion_mnist"]
+    assert result.counts["num_samples"] == {"cls7": 14} and result.details["not_evaluated"] == [
+        "fashion_mnist"
+    ]
     report_md = (tmp_path / "zs" / "report.md").read_text()
-    assert "Not evaluated" in report_md and "fashion_mnist" in report_md and "| cls7 | 14 | 14.29 |" in report_md
+    assert (
+        "Not evaluated" in report_md and "fashion_mnist" in report_md and "| cls7 | 14 | 14.29 |" in report_md
+    )
     with pytest.raises(DatasetError, match="fashion_mnist"):
         run(build(ZeroShotConfig, {**cfg, "out": str(tmp_path / "zs2")}))

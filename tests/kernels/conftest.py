@@ -54,8 +54,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     seed = getattr(item, "kernel_seed", None)
     if seed is not None and report.failed:
-        report.sections.append(("kernel seed", f"seed {seed}; replay: {SEED_ENV}={seed} python -m pytest "
-                                               f"'{item.nodeid}'"))
+        report.sections.append(
+            ("kernel seed", f"seed {seed}; replay: {SEED_ENV}={seed} python -m pytest '{item.nodeid}'")
+        )
 
 
 @pytest.fixture

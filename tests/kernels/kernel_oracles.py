@@ -36,7 +36,9 @@ def clip_floors(b: int, value: float) -> tuple[float, float, float, float]:
 
 def unit_rows(n: int, d: int, gen: torch.Generator, dtype=torch.float32) -> Tensor:
     """L2-normalised random rows (CLIP features), rounded to ``dtype``."""
-    return torch.nn.functional.normalize(torch.randn(n, d, generator=gen, dtype=torch.float64), dim=1).to(dtype)
+    return torch.nn.functional.normalize(torch.randn(n, d, generator=gen, dtype=torch.float64), dim=1).to(
+        dtype
+    )
 
 
 def make_scale(kind: str, n: int, value: float, gen: torch.Generator) -> Tensor:
@@ -46,8 +48,21 @@ def make_scale(kind: str, n: int, value: float, gen: torch.Generator) -> Tensor:
     return value * (0.5 + 0.5 * torch.rand(n, generator=gen, dtype=torch.float64))
 
 
-def check_lse_case(backend: str, m: int, n: int, d: int, diag_offset, row_kind: str, col_kind: str,
-                   value: float, block_size, dtype, tol: float, gen: torch.Generator, device: str = "cpu") -> None:
+def check_lse_case(
+    backend: str,
+    m: int,
+    n: int,
+    d: int,
+    diag_offset,
+    row_kind: str,
+    col_kind: str,
+    value: float,
+    block_size,
+    dtype,
+    tol: float,
+    gen: torch.Generator,
+    device: str = "cpu",
+) -> None:
     """Forward LSEs and all four backward outputs of ``backend`` (inputs on ``device``) vs the float64
     naive oracle on CPU, with random upstream weights on both sides (the oracle sees the same
     dtype-rounded inputs)."""
@@ -56,31 +71,56 @@ def check_lse_case(backend: str, m: int, n: int, d: int, diag_offset, row_kind: 
     x64, y64 = x.double(), y.double()
     ref = K.lse_forward(x64, y64, rs, cs, diag_offset, backend="naive")
     dev = {"device": device}
-    out = K.lse_forward(x.to(**dev), y.to(**dev), rs.float().to(**dev), cs.float().to(**dev), diag_offset,
-                        backend=backend, block_size=block_size)
+    out = K.lse_forward(
+        x.to(**dev),
+        y.to(**dev),
+        rs.float().to(**dev),
+        cs.float().to(**dev),
+        diag_offset,
+        backend=backend,
+        block_size=block_size,
+    )
     for name, o, r in zip(("row_lse", "col_lse"), out, ref, strict=True):
         assert o.dtype == torch.float32
         err = rel_err(o, r)
         assert err <= tol, f"{backend} {name} rel err {err:.2e} > {tol}"
-    g_r, g_c = torch.randn(m, generator=gen, dtype=torch.float64), torch.randn(n, generator=gen, dtype=torch.float64)
+    g_r, g_c = (
+        torch.randn(m, generator=gen, dtype=torch.float64),
+        torch.randn(n, generator=gen, dtype=torch.float64),
+    )
     ref_b = K.lse_backward(x64, y64, rs, cs, ref[0], ref[1], g_r, g_c, diag_offset, backend="naive")
     args = [t.float().to(**dev) for t in (rs, cs, ref[0], ref[1], g_r, g_c)]
-    out_b = K.lse_backward(x.to(**dev), y.to(**dev), *args, diag_offset, backend=backend, block_size=block_size)
+    out_b = K.lse_backward(
+        x.to(**dev), y.to(**dev), *args, diag_offset, backend=backend, block_size=block_size
+    )
     for name, o, r in zip(("dx", "dy", "d_row_scale", "d_col_scale"), out_b, ref_b, strict=True):
         assert o.dtype == torch.float32 and o.shape == r.shape, (name, o.dtype, o.shape)
         err = rel_err(o, r)
         assert err <= tol, f"{backend} {name} rel err {err:.2e} > {tol}"
 
 
-def check_clip_loss(backend: str, b: int, d: int, value: float, block_size, dtype, tol: float,
-                    gen: torch.Generator, device: str = "cpu") -> None:
+def check_clip_loss(
+    backend: str,
+    b: int,
+    d: int,
+    value: float,
+    block_size,
+    dtype,
+    tol: float,
+    gen: torch.Generator,
+    device: str = "cpu",
+) -> None:
     """clip_loss value and gradients (features and logit_scale) vs the float64 naive loss."""
     x, y = unit_rows(b, d, gen, dtype), unit_rows(b, d, gen, dtype)
     grads = []
-    for feats, scale, kw in (((x.double(), y.double()), torch.tensor(value, dtype=torch.float64),
-                              dict(backend="naive")),
-                             ((x.to(device), y.to(device)), torch.tensor(value, device=device),
-                              dict(backend=backend, block_size=block_size))):
+    for feats, scale, kw in (
+        ((x.double(), y.double()), torch.tensor(value, dtype=torch.float64), dict(backend="naive")),
+        (
+            (x.to(device), y.to(device)),
+            torch.tensor(value, device=device),
+            dict(backend=backend, block_size=block_size),
+        ),
+    ):
         xi, yi = (f.clone().requires_grad_() for f in feats)
         a = scale.clone().requires_grad_()
         loss = K.clip_loss(xi, yi, a, **kw)

@@ -19,15 +19,21 @@ def test_naive_exports_still_importable():
     from toolkit.kernels import naive_clip_loss, naive_lse_backward, naive_lse_forward  # noqa: F401
 
 
-@pytest.mark.parametrize("bad,match", [
-    (lambda x, y, a: K.lse_forward(x, y[:, :3], a, a), "same feature dim"),
-    (lambda x, y, a: K.lse_forward(x[0], y, a, a), "must be 2-d"),
-    (lambda x, y, a: K.lse_forward(x, y, torch.ones(2), a), r"row_scale must be 0-d or \[5\]"),
-    (lambda x, y, a: K.lse_forward(x, y, a, torch.ones(5)), r"col_scale must be 0-d or \[6\]"),
-    (lambda x, y, a: K.lse_backward(x, y, a, a, None, None, torch.ones(5), None), "grad_row given without"),
-    (lambda x, y, a: K.clip_loss(x, y[:5], torch.ones(1)), "logit_scale must be 0-d"),
-    (lambda x, y, a: K.clip_loss(x, y, a), "same shape"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (lambda x, y, a: K.lse_forward(x, y[:, :3], a, a), "same feature dim"),
+        (lambda x, y, a: K.lse_forward(x[0], y, a, a), "must be 2-d"),
+        (lambda x, y, a: K.lse_forward(x, y, torch.ones(2), a), r"row_scale must be 0-d or \[5\]"),
+        (lambda x, y, a: K.lse_forward(x, y, a, torch.ones(5)), r"col_scale must be 0-d or \[6\]"),
+        (
+            lambda x, y, a: K.lse_backward(x, y, a, a, None, None, torch.ones(5), None),
+            "grad_row given without",
+        ),
+        (lambda x, y, a: K.clip_loss(x, y[:5], torch.ones(1)), "logit_scale must be 0-d"),
+        (lambda x, y, a: K.clip_loss(x, y, a), "same shape"),
+    ],
+)
 def test_bad_input_errors(bad, match, gen):
     x, y = unit_rows(5, 4, gen), unit_rows(6, 4, gen)
     with pytest.raises(ValueError, match=match):
@@ -41,7 +47,11 @@ def test_clip_loss_matches_open_clip(b, d, value, gen):
     x, y = unit_rows(b, d, gen), unit_rows(b, d, gen)
     out = []
     for fn in (lambda i, t, a: ClipLoss()(i, t, a), lambda i, t, a: K.clip_loss(i, t, a, backend="torch")):
-        xi, yi, a = x.clone().requires_grad_(), y.clone().requires_grad_(), torch.tensor(value, requires_grad=True)
+        xi, yi, a = (
+            x.clone().requires_grad_(),
+            y.clone().requires_grad_(),
+            torch.tensor(value, requires_grad=True),
+        )
         loss = fn(xi, yi, a)
         loss.backward()
         out.append((loss, xi.grad, yi.grad, a.grad))
@@ -76,7 +86,12 @@ def test_backward_skips_a_side_on_request(backend, gen, poisoned):
     assert x_side[1] is None and x_side[3] is None and y_side[0] is None and y_side[2] is None
     for got, want in ((x_side[0], full[0]), (x_side[2], full[2]), (y_side[1], full[1]), (y_side[3], full[3])):
         assert torch.equal(got, want)
-    assert K.lse_backward(*args, backend=backend, compute_dx=False, compute_dy=False) == (None, None, None, None)
+    assert K.lse_backward(*args, backend=backend, compute_dx=False, compute_dy=False) == (
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def test_auto_backend_keeps_ieee_fp32_off_triton_on_cuda():

@@ -12,14 +12,14 @@ import sys
 import zlib
 from pathlib import Path
 
-FAILING = '''
+FAILING = """
 import torch
 
 
 def test_draws(gen):
     print("drew", torch.randint(0, 2**30, (1,), generator=gen).item())
     assert False
-'''
+"""
 
 
 def _run(tmp_path: Path, seed: str | None) -> tuple[int, int]:
@@ -27,8 +27,14 @@ def _run(tmp_path: Path, seed: str | None) -> tuple[int, int]:
     env = {k: v for k, v in os.environ.items() if k != "CLIPTK_KERNEL_SEED"}
     if seed is not None:
         env["CLIPTK_KERNEL_SEED"] = seed
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_draws.py"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_draws.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     replay = r"seed (\d+); replay: CLIPTK_KERNEL_SEED=(\d+) python -m pytest 'test_draws.py::test_draws'"
     reported = re.search(replay, out)
     drew = re.search(r"drew (\d+)", out)

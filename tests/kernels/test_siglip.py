@@ -23,7 +23,12 @@ def _loss_and_grads(fn, x, y, t, b):
 def _inputs(b: int, d: int, gen, t: float = 10.0, bias: float = -10.0):
     x, y = unit_rows(b, d, gen, torch.float64), unit_rows(b, d, gen, torch.float64)
     jitter = torch.rand(2, generator=gen, dtype=torch.float64)  # off the round init values
-    return x, y, torch.tensor(t, dtype=torch.float64) + jitter[0], torch.tensor(bias, dtype=torch.float64) + jitter[1]
+    return (
+        x,
+        y,
+        torch.tensor(t, dtype=torch.float64) + jitter[0],
+        torch.tensor(bias, dtype=torch.float64) + jitter[1],
+    )
 
 
 @pytest.mark.parametrize("backend,block", [("naive", None), ("torch", None), ("torch", 3), ("torch", 16)])
@@ -46,7 +51,9 @@ def test_large_logits_stay_exact(t, bias, gen):
     got = _loss_and_grads(lambda *a: K.siglip_loss(*a, backend="torch", block_size=8), x, y, tt, bb)
     for g, w in zip(got, want, strict=True):
         assert torch.isfinite(g).all() and rel_err(g, w) <= 1e-9
-    got32 = _loss_and_grads(lambda *a: K.siglip_loss(*a, backend="torch"), x.float(), y.float(), tt.float(), bb.float())
+    got32 = _loss_and_grads(
+        lambda *a: K.siglip_loss(*a, backend="torch"), x.float(), y.float(), tt.float(), bb.float()
+    )
     for g, w in zip(got32, want, strict=True):
         assert g.dtype == torch.float32 and torch.isfinite(g).all() and rel_err(g, w) <= 1e-4
 
@@ -76,7 +83,10 @@ def test_gradient_subsets_no_grad_and_no_bias(gen):
     assert rel_err(dt, full[3]) <= 1e-12
     with torch.no_grad():
         assert rel_err(K.siglip_loss(x, y, t, b, backend="torch"), full[0]) <= 1e-12
-    assert rel_err(K.siglip_loss(x, y, t, None), K.siglip_loss(x, y, t, torch.zeros((), dtype=torch.float64))) == 0
+    assert (
+        rel_err(K.siglip_loss(x, y, t, None), K.siglip_loss(x, y, t, torch.zeros((), dtype=torch.float64)))
+        == 0
+    )
     assert rel_err(K.siglip_loss(x, y, t, None), SigLipLoss()(x, y, t, None)) <= 1e-12
 
 
@@ -119,8 +129,16 @@ def test_triton_block_sums(m, n, offset, gen, poisoned):
     pytest.importorskip("triton")
     x, y = unit_rows(m, 24, gen), unit_rows(n, 24, gen)
     t, b = torch.tensor(12.5), torch.tensor(-9.0)
-    want = K.sigmoid_sums(x.double(), y.double(), t.double(), b.double(), offset, compute_dx=True, compute_dy=True,
-                          backend="naive")
+    want = K.sigmoid_sums(
+        x.double(),
+        y.double(),
+        t.double(),
+        b.double(),
+        offset,
+        compute_dx=True,
+        compute_dy=True,
+        backend="naive",
+    )
     dev = [v.to(DEVICE) for v in (x, y, t, b)]
     for dx, dy in ((True, True), (False, True)):
         got = K.sigmoid_sums(*dev, offset, compute_dx=dx, compute_dy=dy, backend="triton", block_size=16)

@@ -10,12 +10,12 @@ from toolkit import kernels as K
 
 # (M, N, D, diag_offset, row scale kind, col scale kind, scale value, block_size)
 LSE_CASES = [
-    (1, 1, 72, None, "scalar", "scalar", 1.0, None),     # batch 1
-    (3, 3, 96, 0, "scalar", "scalar", 100.0, 2),         # B=3, strips of 2 (uneven last strip)
-    (37, 37, 72, 0, "per_row", "per_row", 100.0, 8),     # individual temperatures, B % block != 0
-    (50, 23, 96, -5, "per_row", "scalar", 30.0, 16),     # rectangular, negative offset
-    (23, 50, 72, 7, "scalar", "per_row", 1.0, None),     # rectangular, ring-style offset
-    (40, 40, 96, 45, "scalar", "scalar", 100.0, 7),      # offset past the end: nothing masked
+    (1, 1, 72, None, "scalar", "scalar", 1.0, None),  # batch 1
+    (3, 3, 96, 0, "scalar", "scalar", 100.0, 2),  # B=3, strips of 2 (uneven last strip)
+    (37, 37, 72, 0, "per_row", "per_row", 100.0, 8),  # individual temperatures, B % block != 0
+    (50, 23, 96, -5, "per_row", "scalar", 30.0, 16),  # rectangular, negative offset
+    (23, 50, 72, 7, "scalar", "per_row", 1.0, None),  # rectangular, ring-style offset
+    (40, 40, 96, 45, "scalar", "scalar", 100.0, 7),  # offset past the end: nothing masked
 ]
 
 
@@ -54,16 +54,25 @@ def test_arbitrary_normalisers_in_backward(gen):
     m, d = 21, 72
     x, y = unit_rows(m, d, gen).double(), unit_rows(m, d, gen).double()
     a = torch.tensor(14.0, dtype=torch.float64)
-    norm_r, norm_c = torch.randn(m, generator=gen, dtype=torch.float64), torch.randn(m, generator=gen, dtype=torch.float64)
-    g_r, g_c = torch.rand(m, generator=gen, dtype=torch.float64), torch.rand(m, generator=gen, dtype=torch.float64)
+    norm_r, norm_c = (
+        torch.randn(m, generator=gen, dtype=torch.float64),
+        torch.randn(m, generator=gen, dtype=torch.float64),
+    )
+    g_r, g_c = (
+        torch.rand(m, generator=gen, dtype=torch.float64),
+        torch.rand(m, generator=gen, dtype=torch.float64),
+    )
     ref = K.lse_backward(x, y, a, a, norm_r, norm_c, g_r, g_c, 0, backend="naive")
-    out = K.lse_backward(x.float(), y.float(), a, a, norm_r, norm_c, g_r, g_c, 0, backend="torch", block_size=5)
+    out = K.lse_backward(
+        x.float(), y.float(), a, a, norm_r, norm_c, g_r, g_c, 0, backend="torch", block_size=5
+    )
     for o, r in zip(out, ref, strict=True):
         assert rel_err(o, r) <= 1e-5
 
 
-@pytest.mark.parametrize("b,d,value,block", [(1, 72, 1.0, None), (3, 96, 100.0, 2), (37, 72, 100.0, 8),
-                                             (64, 96, 1.0, 16)])
+@pytest.mark.parametrize(
+    "b,d,value,block", [(1, 72, 1.0, None), (3, 96, 100.0, 2), (37, 72, 100.0, 8), (64, 96, 1.0, 16)]
+)
 def test_clip_loss_matches_oracle(b, d, value, block, gen, poisoned):
     check_clip_loss("torch", b, d, value, block, torch.float32, 1e-5, gen)
 
@@ -86,7 +95,9 @@ def test_gradcheck_clip_loss(gen):
     x = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     y = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     a = torch.tensor(2.5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, y, a: K.clip_loss(x, y, a, backend="torch", block_size=3), (x, y, a))
+    assert torch.autograd.gradcheck(
+        lambda x, y, a: K.clip_loss(x, y, a, backend="torch", block_size=3), (x, y, a)
+    )
 
 
 @pytest.mark.parametrize("diag_offset", [None, 1])
@@ -102,7 +113,9 @@ def test_shared_scale_underflow_lines_are_recomputed(diag_offset, gen):
     x, y = torch.nn.functional.normalize(x, dim=1), torch.nn.functional.normalize(y, dim=1)
     a = torch.tensor(100.0, dtype=torch.float64)
     ref = K.lse_forward(x, y, a, a, diag_offset, backend="naive")
-    out = K.lse_forward(x.float(), y.float(), a.float(), a.float(), diag_offset, backend="torch", block_size=4)
+    out = K.lse_forward(
+        x.float(), y.float(), a.float(), a.float(), diag_offset, backend="torch", block_size=4
+    )
     for o, r in zip(out, ref, strict=True):
         assert rel_err(o, r) <= 1e-5
 

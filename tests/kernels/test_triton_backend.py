@@ -14,11 +14,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # (M, N, D, diag_offset, row scale kind, col scale kind, scale value, block_size)
 LSE_CASES = [
-    (1, 1, 72, None, "scalar", "scalar", 1.0, 16),       # batch 1 (tiles mostly masked)
-    (3, 3, 96, 0, "scalar", "scalar", 100.0, 16),        # B=3, fully masked rows of the tile
-    (37, 37, 72, 0, "per_row", "per_row", 100.0, 16),    # B % block != 0, individual temperatures
-    (50, 23, 96, -5, "per_row", "scalar", 30.0, 16),     # rectangular, negative offset
-    (23, 70, 72, 7, "scalar", "per_row", 1.0, 32),       # rectangular, ring-style offset
+    (1, 1, 72, None, "scalar", "scalar", 1.0, 16),  # batch 1 (tiles mostly masked)
+    (3, 3, 96, 0, "scalar", "scalar", 100.0, 16),  # B=3, fully masked rows of the tile
+    (37, 37, 72, 0, "per_row", "per_row", 100.0, 16),  # B % block != 0, individual temperatures
+    (50, 23, 96, -5, "per_row", "scalar", 30.0, 16),  # rectangular, negative offset
+    (23, 70, 72, 7, "scalar", "per_row", 1.0, 32),  # rectangular, ring-style offset
 ]
 
 
@@ -67,6 +67,7 @@ def test_no_square_buffer(gen, monkeypatch):
             t = _real(*args, **kw)
             sizes.append(t.numel())
             return t
+
         monkeypatch.setattr(torch, name, spy)
     x, y = unit_rows(b, d, gen).to(DEVICE), unit_rows(b, d, gen).to(DEVICE)
     a, ones = torch.tensor(10.0, device=DEVICE), torch.ones(b, device=DEVICE)
@@ -113,6 +114,7 @@ def test_kernels_compile_for_cuda():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

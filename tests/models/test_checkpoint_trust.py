@@ -21,17 +21,23 @@ def _write(tmp_path, poison: bool = False):
         with torch.no_grad():
             model.logit_scale.fill_(float("nan"))
             next(model.visual.parameters()).view(-1)[0] = float("inf")
-    return ckpt.write_blobs(str(tmp_path / "checkpoints"), 4, model_files(model, cfg, default_preprocess_cfg(cfg)), 3)
+    return ckpt.write_blobs(
+        str(tmp_path / "checkpoints"), 4, model_files(model, cfg, default_preprocess_cfg(cfg)), 3
+    )
 
 
 def test_a_checkpoint_whose_bytes_changed_is_refused_naming_the_file(tmp_path):
     path = _write(tmp_path)
     load_model(path)  # intact: loads
-    weights = next(p for p in (tmp_path / "checkpoints" / "step-00000004").iterdir() if p.suffix == ".safetensors")
+    weights = next(
+        p for p in (tmp_path / "checkpoints" / "step-00000004").iterdir() if p.suffix == ".safetensors"
+    )
     data = bytearray(weights.read_bytes())
     data[-3] ^= 0xFF  # a flipped byte in the tensor data: safetensors itself still reads it
     weights.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=rf"{weights}: sha256 differs from the one .*checkpoint.json recorded"):
+    with pytest.raises(
+        CheckpointError, match=rf"{weights}: sha256 differs from the one .*checkpoint.json recorded"
+    ):
         load_model(path)
 
 

@@ -16,9 +16,18 @@ from toolkit.models.patch_dropout import install, keyed
 from toolkit.train.model import TrainModel
 
 # an odd shape beside cliptk-tiny: other widths, MLP ratio, depth, patch and context
-ODD = {"embed_dim": 24, "vision_cfg": {"image_size": 24, "layers": 3, "width": 48, "head_width": 16,
-                                       "patch_size": 6, "mlp_ratio": 2.5},
-       "text_cfg": {"context_length": 11, "vocab_size": 100, "width": 40, "heads": 2, "layers": 2}}
+ODD = {
+    "embed_dim": 24,
+    "vision_cfg": {
+        "image_size": 24,
+        "layers": 3,
+        "width": 48,
+        "head_width": 16,
+        "patch_size": 6,
+        "mlp_ratio": 2.5,
+    },
+    "text_cfg": {"context_length": 11, "vocab_size": 100, "width": 40, "heads": 2, "layers": 2},
+}
 
 
 def _model(cfg: dict, patch_dropout: float) -> TrainModel:
@@ -65,9 +74,16 @@ def test_the_gradient_cache_adds_one_forward_and_the_loss_is_apart():
     for micro in (0, 3):
         model = _model(cfg, 0.5)
         loss = build_loss(build(LossConfig, {"kind": "openclip", "mode": "gather"}), data_size=b)
-        counts[micro] = _counted(lambda m=model, lo=loss, mi=micro: forward_backward(
-            m, lo, StepInputs(image, text, index, patch_seed=3), micro_batch_size=mi, seed_of=lambda i: i,
-            autocast=contextlib.nullcontext))
+        counts[micro] = _counted(
+            lambda m=model, lo=loss, mi=micro: forward_backward(
+                m,
+                lo,
+                StepInputs(image, text, index, patch_seed=3),
+                micro_batch_size=mi,
+                seed_of=lambda i: i,
+                autocast=contextlib.nullcontext,
+            )
+        )
     per_sample = tower_flops(cfg, patch_dropout=0.5)
     extra = step_flops(per_sample, b, gradient_cache=True) - step_flops(per_sample, b)
     assert counts[3] - counts[0] == extra == b * per_sample.total
@@ -86,7 +102,9 @@ def test_fewer_tokens_fewer_flops_and_other_towers_are_refused():
 def test_toolkit_plan_reports_the_counted_step_flops():
     from toolkit.train.plan import planner
 
-    plan = planner.run(planner.PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64, micro_batch_size=16))
+    plan = planner.run(
+        planner.PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64, micro_batch_size=16)
+    )
     per = tower_flops(resolve_spec("cliptk-tiny").model_cfg)
     assert plan.flops["towers per global step"] == step_flops(per, 64, gradient_cache=True)
     assert "tower FLOPs (counted)" in planner.format_plan(plan)
@@ -96,8 +114,11 @@ def test_toolkit_plan_counts_a_stage_plan():
     from toolkit.train.plan import planner
 
     cfg = resolve_spec("cliptk-tiny").model_cfg
-    plan = planner.run(planner.PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64,
-                                          stages="16px,8tok:0.75;:0.25", steps=100))
+    plan = planner.run(
+        planner.PlanConfig(
+            model="cliptk-tiny", device="cpu", batch_size=64, stages="16px,8tok:0.75;:0.25", steps=100
+        )
+    )
     low = step_flops(tower_flops(cfg, image_size=16, text_tokens=8), 64)
     full = step_flops(tower_flops(cfg), 64)
     assert plan.flops["stage 1 (16 px, 8 tok) per step"] == low

@@ -30,7 +30,9 @@ def test_folded_channels_last_lite0_equals_eager(batch):
     from toolkit.models.inference import IMAGE_BATCH, fold_batchnorm, prepare_image_trunk, to_channels_last
 
     torch.manual_seed(batch)
-    net = _randomised_bn(timm.create_model("efficientnet_lite0", pretrained=False, num_classes=0), batch).eval()
+    net = _randomised_bn(
+        timm.create_model("efficientnet_lite0", pretrained=False, num_classes=0), batch
+    ).eval()
     fast = prepare_image_trunk(copy.deepcopy(net))
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fast.modules())
     x = torch.randn(batch, 3, 49, 49)  # odd size: the stride-2 convs round
@@ -50,8 +52,9 @@ def test_fold_keeps_a_conv_bias_and_plain_batchnorm():
     from toolkit.models.inference import fold_batchnorm
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, bias=True), torch.nn.BatchNorm2d(5), torch.nn.ReLU(),
-                              torch.nn.BatchNorm2d(5))  # the second BN follows a ReLU: not folded
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 5, 3, bias=True), torch.nn.BatchNorm2d(5), torch.nn.ReLU(), torch.nn.BatchNorm2d(5)
+    )  # the second BN follows a ReLU: not folded
     _randomised_bn(net, 1).eval()
     fast = copy.deepcopy(net)
     assert fold_batchnorm(fast) == 1
@@ -69,7 +72,9 @@ def test_packaged_lite0_tower_matches_the_eager_trunk():
     eager = frozen._lite0_trunk()
     eager.load_state_dict(frozen._lite0_state("", eager.state_dict()))
     eager.eval()
-    images = np.random.default_rng(3).integers(0, 256, (11, 224, 224, 3), dtype=np.uint8)  # 8 + 3: two batches
+    images = np.random.default_rng(3).integers(
+        0, 256, (11, 224, 224, 3), dtype=np.uint8
+    )  # 8 + 3: two batches
     x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
     mean, std = torch.tensor(tower.mean).view(1, 3, 1, 1), torch.tensor(tower.std).view(1, 3, 1, 1)
     with torch.inference_mode():
@@ -84,10 +89,14 @@ def test_trimmed_padding_gives_the_same_minilm_features():
     from toolkit.models.inference import trimmed_tokens
 
     tower = load_text_tower("minilm")
-    captions = ["flag: Saint Helena, Ascension and Tristan da Cunha", "ox", "woman scientist: medium skin tone"]
+    captions = [
+        "flag: Saint Helena, Ascension and Tristan da Cunha",
+        "ox",
+        "woman scientist: medium skin tone",
+    ]
     tokens = tower.tokenize(captions)
     short = trimmed_tokens(tokens, tower.pad_id)
-    assert short.shape[1] < tokens.shape[1] and (tokens[:, short.shape[1]:] == tower.pad_id).all()
+    assert short.shape[1] < tokens.shape[1] and (tokens[:, short.shape[1] :] == tower.pad_id).all()
     with torch.inference_mode():
         full, cut = tower.forward(tokens), tower.forward(short)
     torch.testing.assert_close(cut, full, rtol=1e-4, atol=1e-5)

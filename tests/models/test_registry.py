@@ -12,7 +12,9 @@ from toolkit.models import registry
 CAPTIONS = ["grinning face", "a photo of a cat, Ünïcode & <html>", "", "word " * 60]
 
 
-@pytest.mark.parametrize("name", ["cliptk-tiny", "cliptk-small", "cliptk-glyph", "ViT-B-32", "RN50", "ViT-L-14-336"])
+@pytest.mark.parametrize(
+    "name", ["cliptk-tiny", "cliptk-small", "cliptk-glyph", "ViT-B-32", "RN50", "ViT-L-14-336"]
+)
 def test_light_tokenizer_and_config_equal_open_clips(name):
     import open_clip
 
@@ -23,7 +25,9 @@ def test_light_tokenizer_and_config_equal_open_clips(name):
     assert registry.model_config(name) == open_clip.get_model_config(name)
 
 
-@pytest.mark.parametrize("name", ["ViT-B-16-SigLIP", "hf-hub:org/model", "local-dir:/nowhere", "no-such-model"])
+@pytest.mark.parametrize(
+    "name", ["ViT-B-16-SigLIP", "hf-hub:org/model", "local-dir:/nowhere", "no-such-model"]
+)
 def test_names_open_clip_must_resolve_take_the_full_path(name):
     assert registry._light_tokenizer(name) is None
 
@@ -34,9 +38,11 @@ def test_unknown_name_still_named_in_the_error():
 
 
 def test_tokenizing_for_a_bundled_config_does_not_import_open_clip():
-    code = ("import sys; from toolkit.models.registry import tokenizer, image_size, context_length; "
-            "t = tokenizer('cliptk-tiny')(['a cat']); assert t.shape == (1, context_length('cliptk-tiny')); "
-            "assert image_size('ViT-B-32') == 224; assert 'open_clip' not in sys.modules, 'open_clip imported'")
+    code = (
+        "import sys; from toolkit.models.registry import tokenizer, image_size, context_length; "
+        "t = tokenizer('cliptk-tiny')(['a cat']); assert t.shape == (1, context_length('cliptk-tiny')); "
+        "assert image_size('ViT-B-32') == 224; assert 'open_clip' not in sys.modules, 'open_clip imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

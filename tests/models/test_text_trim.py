@@ -16,8 +16,11 @@ def make_clip(seed: int = 0, **text_cfg):
 
     torch.manual_seed(seed)
     text = {"context_length": CONTEXT, "vocab_size": VOCAB, "width": 32, "heads": 4, "layers": 2, **text_cfg}
-    clip = open_clip.CLIP(embed_dim=24, vision_cfg={"image_size": 8, "layers": 1, "width": 32, "head_width": 16, "patch_size": 4},
-                          text_cfg=text)
+    clip = open_clip.CLIP(
+        embed_dim=24,
+        vision_cfg={"image_size": 8, "layers": 1, "width": 32, "head_width": 16, "patch_size": 4},
+        text_cfg=text,
+    )
     return clip.double()
 
 
@@ -27,7 +30,7 @@ def captions(lengths: list[int], end: int = EOT, seed: int = 0) -> torch.Tensor:
     out = torch.zeros(len(lengths), CONTEXT, dtype=torch.long)
     for row, n in enumerate(lengths):
         out[row, 0] = 1
-        out[row, 1:n - 1] = torch.randint(3, EOT - 1, (n - 2,), generator=g)
+        out[row, 1 : n - 1] = torch.randint(3, EOT - 1, (n - 2,), generator=g)
         out[row, n - 1] = end
     return out
 
@@ -58,7 +61,9 @@ def test_cut_batch_equals_full_context(lengths, text_cfg):
         torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("text_cfg", [{"no_causal_mask": True}, {"pool_type": "last"}, {"pool_type": "first"}])
+@pytest.mark.parametrize(
+    "text_cfg", [{"no_causal_mask": True}, {"pool_type": "last"}, {"pool_type": "first"}]
+)
 def test_towers_where_padding_matters_are_not_cut(text_cfg):
     assert not text_trim.trimmable(make_clip(**text_cfg))
 

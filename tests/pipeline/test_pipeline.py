@@ -54,7 +54,9 @@ def test_run_then_rerun_is_a_noop(pipe, tmp_path):
     m = manifest(tmp_path, "use")
     assert m["status"] == "done" and m["kind"] == "shell" and m["outputs"]["out"] == f"{tmp_path}/run/use"
     assert list(m["inputs"].values())[0]["path"] == f"{tmp_path}/run/make/data.txt"
-    assert (tmp_path / "run" / "use" / "config.yaml").exists() and (tmp_path / "run" / "use" / "log.jsonl").exists()
+    assert (tmp_path / "run" / "use" / "config.yaml").exists() and (
+        tmp_path / "run" / "use" / "log.jsonl"
+    ).exists()
     again = invoke("run", str(pipe))
     assert again.exit_code == 0 and "make: skipped" in again.output and "use: skipped" in again.output
     assert lines(tmp_path / "make_calls.txt") == ["hello"] and lines(tmp_path / "use_calls.txt") == ["hello"]
@@ -95,21 +97,31 @@ def test_dry_run_before_the_first_run_plans_every_stage(pipe, tmp_path):
     dry = invoke("run", str(pipe), "--dry-run")
     assert dry.exit_code == 0, dry.output  # 'use' reads outputs 'make' has not written yet
     assert "make: run: no manifest" in dry.output and "use: run: after make" in dry.output
-    assert lines(tmp_path / "make_calls.txt") == [] and not (tmp_path / "run" / "make" / "manifest.json").exists()
+    assert (
+        lines(tmp_path / "make_calls.txt") == []
+        and not (tmp_path / "run" / "make" / "manifest.json").exists()
+    )
     assert invoke("run", str(pipe)).exit_code == 0
     changed = invoke("run", str(pipe), "--dry-run", "--set", "vars.greeting=bye")
     assert "make: run: config changed" in changed.output and "use: run: after make" in changed.output
 
 
-@pytest.mark.parametrize(("old", "new", "words"), [
-    ("      inputs:", "      inptus:", "stages.use.config.inptus: unknown key; did you mean 'inputs'"),
-    ("kind: shell\n    config:\n      cmd: '[", "kind: shel\n    config:\n      cmd: '[", "unknown stage kind 'shel'"),
-    ("${{stages.make.outputs.data}} >>", "${{stages.use.outputs.out}} >>", "must name an earlier stage"),
-    ("${{stages.make.outputs.data}} >>", "${{stages.make.outputs.dta}} >>", "has no output 'dta'"),
-    ("echo ${{vars.greeting}} >", "echo ${{vars.greting}} >", "unknown variable"),
-    ("name: use", "name: make", "duplicate stage name"),
-    ("run_dir:", "rundir:", "unknown key; did you mean 'run_dir'"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        ("      inputs:", "      inptus:", "stages.use.config.inptus: unknown key; did you mean 'inputs'"),
+        (
+            "kind: shell\n    config:\n      cmd: '[",
+            "kind: shel\n    config:\n      cmd: '[",
+            "unknown stage kind 'shel'",
+        ),
+        ("${{stages.make.outputs.data}} >>", "${{stages.use.outputs.out}} >>", "must name an earlier stage"),
+        ("${{stages.make.outputs.data}} >>", "${{stages.make.outputs.dta}} >>", "has no output 'dta'"),
+        ("echo ${{vars.greeting}} >", "echo ${{vars.greting}} >", "unknown variable"),
+        ("name: use", "name: make", "duplicate stage name"),
+        ("run_dir:", "rundir:", "unknown key; did you mean 'run_dir'"),
+    ],
+)
 def test_validation_fails_before_anything_runs(tmp_path, old, new, words):
     path = tmp_path / "bad.yaml"
     text = PIPELINE.replace(old, new, 1)
@@ -123,8 +135,10 @@ def test_validation_fails_before_anything_runs(tmp_path, old, new, words):
 
 def test_whole_value_reference_keeps_type_and_shell_timeout(tmp_path):
     path = tmp_path / "t.yaml"
-    path.write_text(f"run_dir: {tmp_path}/r\nvars: {{t: 0.2}}\nstages:\n"
-                    "  - {name: slow, kind: shell, config: {cmd: 'sleep 5', timeout_s: '${vars.t}'}}\n")
+    path.write_text(
+        f"run_dir: {tmp_path}/r\nvars: {{t: 0.2}}\nstages:\n"
+        "  - {name: slow, kind: shell, config: {cmd: 'sleep 5', timeout_s: '${vars.t}'}}\n"
+    )
     result = invoke("run", str(path))
     assert result.exit_code == 1 and "timed out after 0.2 s" in result.output
     assert json.loads((tmp_path / "r" / "slow" / "manifest.json").read_text())["status"] == "failed"
@@ -132,11 +146,18 @@ def test_whole_value_reference_keeps_type_and_shell_timeout(tmp_path):
 
 def test_jsonl_logs_record_stage_output(pipe, tmp_path):
     assert invoke("run", str(pipe)).exit_code == 0
-    records = [json.loads(line) for line in (tmp_path / "run" / "pipeline.log.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "pipeline.log.jsonl").read_text().splitlines()
+    ]
     assert any("stage use (shell): running" in r["message"] for r in records)
-    stage_log = [json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()]
-    assert any(r["message"].startswith('$ echo "${CLIPTK_VAR_greeting}"') and "CLIPTK_VAR_greeting='hello'" in
-               r["message"] for r in stage_log)  # the command as run, and the values of its ${...}
+    stage_log = [
+        json.loads(line) for line in (tmp_path / "run" / "make" / "log.jsonl").read_text().splitlines()
+    ]
+    assert any(
+        r["message"].startswith('$ echo "${CLIPTK_VAR_greeting}"')
+        and "CLIPTK_VAR_greeting='hello'" in r["message"]
+        for r in stage_log
+    )  # the command as run, and the values of its ${...}
     assert {"time", "level", "logger", "message"} <= set(stage_log[0])
 
 
@@ -147,8 +168,10 @@ def test_changed_input_folder_is_walked_once_and_recorded(tmp_path, monkeypatch)
     folder.mkdir()
     (folder / "a.txt").write_text("a")
     path = tmp_path / "p.yaml"
-    path.write_text(f"run_dir: {tmp_path}/run\nstages:\n  - name: read\n    kind: shell\n    config:\n"
-                    f"      cmd: 'ls {folder} > $STAGE_OUT/ls.txt'\n      inputs: ['{folder}']\n")
+    path.write_text(
+        f"run_dir: {tmp_path}/run\nstages:\n  - name: read\n    kind: shell\n    config:\n"
+        f"      cmd: 'ls {folder} > $STAGE_OUT/ls.txt'\n      inputs: ['{folder}']\n"
+    )
     assert invoke("run", str(path)).exit_code == 0
     (folder / "b.txt").write_text("b")
     measured: list[str] = []
@@ -182,16 +205,19 @@ def test_unwritable_run_dir_is_one_line(pipe, tmp_path):
     assert f"cannot write to {tmp_path}/afile/run" in result.output and str(pipe) in result.output
 
 
-@pytest.mark.parametrize(("override", "source_words"), [
-    ("vars.greting=x", "defines no variable 'greting'; did you mean 'greeting'"),
-    ("run_dir=", "run_dir: expected a non-empty string"),
-    ("name.x=1", "name.x: use vars.NAME=V"),
-    ("run_dir.x=1", "run_dir.x: use vars.NAME=V"),
-    ("vars.greeting.x=1", "vars.greeting.x: use vars.NAME=V"),
-    ("stages.mkae.cmd=true", "no such stage; did you mean 'make'"),
-    ("stages.make.timeout_s=-1", "stages.make.config.timeout_s: must be > 0"),
-    ("stages.make.cmdd=true", "stages.make.config.cmdd: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("override", "source_words"),
+    [
+        ("vars.greting=x", "defines no variable 'greting'; did you mean 'greeting'"),
+        ("run_dir=", "run_dir: expected a non-empty string"),
+        ("name.x=1", "name.x: use vars.NAME=V"),
+        ("run_dir.x=1", "run_dir.x: use vars.NAME=V"),
+        ("vars.greeting.x=1", "vars.greeting.x: use vars.NAME=V"),
+        ("stages.mkae.cmd=true", "no such stage; did you mean 'make'"),
+        ("stages.make.timeout_s=-1", "stages.make.config.timeout_s: must be > 0"),
+        ("stages.make.cmdd=true", "stages.make.config.cmdd: unknown key"),
+    ],
+)
 def test_set_errors_name_the_set_text(pipe, override, source_words):
     """Issue 15 item 13: --set errors were blamed on the YAML file, and some were accepted silently."""
     result = invoke("validate", str(pipe), "--set", override)
@@ -201,10 +227,15 @@ def test_set_errors_name_the_set_text(pipe, override, source_words):
 
 def test_bad_var_value_from_set_is_blamed_on_set(tmp_path):
     path = tmp_path / "t.yaml"
-    path.write_text(f"run_dir: {tmp_path}/r\nvars: {{t: 1}}\nstages:\n"
-                    "  - {name: slow, kind: shell, config: {cmd: 'true', timeout_s: '${vars.t}'}}\n")
+    path.write_text(
+        f"run_dir: {tmp_path}/r\nvars: {{t: 1}}\nstages:\n"
+        "  - {name: slow, kind: shell, config: {cmd: 'true', timeout_s: '${vars.t}'}}\n"
+    )
     result = invoke("validate", str(path), "--set", "vars.t=-5")
-    assert result.exit_code == 2 and "--set vars.t=-5: stages.slow.config.timeout_s: must be > 0" in result.output
+    assert (
+        result.exit_code == 2
+        and "--set vars.t=-5: stages.slow.config.timeout_s: must be > 0" in result.output
+    )
     path.write_text(path.read_text().replace("t: 1", "t: -1"))
     result = invoke("validate", str(path))
     assert result.exit_code == 2 and f"{path}: stages.slow.config.timeout_s: must be > 0" in result.output

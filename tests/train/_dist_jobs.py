@@ -59,7 +59,7 @@ def global_features(b: int, world: int) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def _local(t: torch.Tensor, rank: int, b: int) -> torch.Tensor:
-    return t[rank * b:(rank + 1) * b]
+    return t[rank * b : (rank + 1) * b]
 
 
 def _model_step(mode: str, rank: int, world: int, grad_dtype: str = "fp32") -> dict:
@@ -71,8 +71,11 @@ def _model_step(mode: str, rank: int, world: int, grad_dtype: str = "fp32") -> d
     loss = contrastive_loss(i, t, s, mode=mode)
     loss.backward()
     ledger = D.LEDGER.step()
-    return {"loss": mean_over_ranks(loss).item(), "ledger": ledger,
-            "grads": {n: p.grad.clone() for n, p in model.module.named_parameters()}}
+    return {
+        "loss": mean_over_ranks(loss).item(),
+        "ledger": ledger,
+        "grads": {n: p.grad.clone() for n, p in model.module.named_parameters()},
+    }
 
 
 def _feature_step(mode: str, rank: int, world: int, b: int, group=None) -> dict:
@@ -133,7 +136,13 @@ def _subgroups(rank: int, world: int) -> dict:
             al = a.clone().requires_grad_()
             loss = contrastive_loss(xl, yl, al, mode=mode, group=group)
             dx, dy, da = torch.autograd.grad(loss, (xl, yl, al))
-            out[(size, mode)] = {"loss": loss.item(), "dx": dx, "dy": dy, "da": da.item(), "sub_rank": sub_rank}
+            out[(size, mode)] = {
+                "loss": loss.item(),
+                "dx": dx,
+                "dy": dy,
+                "da": da.item(),
+                "sub_rank": sub_rank,
+            }
     return out
 
 
@@ -142,11 +151,14 @@ def _job(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     D.init_from_env(backend="gloo", timeout_s=120)
     # An exception ends this rank; mp.spawn then terminates the others and re-raises with the traceback.
-    res = {"model": {m: _model_step(m, rank, world) for m in MODES},
-           "model_bf16": {m: _model_step(m, rank, world, "bf16") for m in ("gather", "fastclip")},
-           "features": {(b, m): _feature_step(m, rank, world, b) for b in FEATURE_BATCHES for m in MODES},
-           "no_sync": _no_sync_steps(rank, world), "unequal": _unequal(rank, world),
-           "subgroups": _subgroups(rank, world)}
+    res = {
+        "model": {m: _model_step(m, rank, world) for m in MODES},
+        "model_bf16": {m: _model_step(m, rank, world, "bf16") for m in ("gather", "fastclip")},
+        "features": {(b, m): _feature_step(m, rank, world, b) for b in FEATURE_BATCHES for m in MODES},
+        "no_sync": _no_sync_steps(rank, world),
+        "unequal": _unequal(rank, world),
+        "subgroups": _subgroups(rank, world),
+    }
     torch.save(res, Path(out_dir) / f"rank{rank}.pt")
     D.destroy()
 

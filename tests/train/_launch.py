@@ -25,13 +25,20 @@ def rank_env(rank: int, world: int, port: int, local_world: int | None = None) -
     """torchrun's variables for ``rank`` of ``world`` on 127.0.0.1:``port``, with ``local_world`` ranks per
     node (default: one node holding every rank)."""
     local_world = world if local_world is None else local_world
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "LOCAL_RANK": str(rank % local_world), "LOCAL_WORLD_SIZE": str(local_world),
-            "GROUP_RANK": str(rank // local_world)}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "LOCAL_RANK": str(rank % local_world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(rank // local_world),
+    }
 
 
-def run_rank_script(script: str, num_ranks: int, out_dir: Path, *, local_world: int | None = None,
-                    timeout_s: float = 240) -> list[Any]:
+def run_rank_script(
+    script: str, num_ranks: int, out_dir: Path, *, local_world: int | None = None, timeout_s: float = 240
+) -> list[Any]:
     """Start test module ``script`` as ``num_ranks`` gloo ranks on 127.0.0.1 (``python script OUT_DIR``, each
     rank writing ``OUT_DIR/rank{r}.pt``) and return what every rank wrote, in rank order. A rank that fails
     fails the test with the end of its log; one that hangs past ``timeout_s`` is killed, as are the others."""
@@ -41,10 +48,22 @@ def run_rank_script(script: str, num_ranks: int, out_dir: Path, *, local_world: 
     helpers = Path(__file__).resolve().parent  # tests/train: this module and the oracles
     procs = []
     for rank in range(num_ranks):
-        env = dict(os.environ, **rank_env(rank, num_ranks, port, local_world), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(root), str(helpers), os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, script, str(out_dir)], env=env, cwd=root,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            **rank_env(rank, num_ranks, port, local_world),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(root), str(helpers), os.environ.get("PYTHONPATH", "")]),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, script, str(out_dir)],
+                env=env,
+                cwd=root,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     try:
         logs = [p.communicate(timeout=timeout_s)[0] for p in procs]
     finally:

@@ -35,5 +35,10 @@ def inputs(b: int, d: int, d_ref: int, seed: int) -> tuple[torch.Tensor, ...]:
     x = unit_rows(b, d, gen)
     u = unit_rows(b, d_ref, gen)
     y, v = unit_rows(b, d, gen, near=x), unit_rows(b, d_ref, gen, near=u)
-    return x, y, u, v, torch.tensor(2.64, dtype=torch.float64) + 0.1 * torch.randn((), generator=gen,
-                                                                                   dtype=torch.float64)
+    return (
+        x,
+        y,
+        u,
+        v,
+        torch.tensor(2.64, dtype=torch.float64) + 0.1 * torch.randn((), generator=gen, dtype=torch.float64),
+    )

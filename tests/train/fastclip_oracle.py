@@ -38,8 +38,20 @@ class Oracle:
     """Reference-semantics FastCLIP over ``n`` samples; ``step`` returns (value, value_pre) and leaves
     .grad on the given leaf tensors. Tables: u_im, u_tt (+ v2: tau_*, bound_*, m_*, v_*), float64."""
 
-    def __init__(self, version, n, *, rho=8.0, eps=1e-14, tau_init=0.07, lr_tau=1e-2, beta1=0.9, beta2=0.999,
-                 eps_tau=1e-8, dtype=torch.float64):
+    def __init__(
+        self,
+        version,
+        n,
+        *,
+        rho=8.0,
+        eps=1e-14,
+        tau_init=0.07,
+        lr_tau=1e-2,
+        beta1=0.9,
+        beta2=0.999,
+        eps_tau=1e-8,
+        dtype=torch.float64,
+    ):
         self.version, self.rho, self.eps = version, rho, eps
         self.lr_tau, self.beta1, self.beta2, self.eps_tau = lr_tau, beta1, beta2, eps_tau
         z = torch.zeros(n, dtype=dtype)
@@ -84,14 +96,16 @@ class Oracle:
         a = p.exp() if self.version != "v1" else p.detach().exp()
         local = [self._local(k, b, X, Y, idx, a) for k in range(num_ranks)]
         for k, (_, _, u_im, u_tt, _, _) in enumerate(local):
-            self.u_im[idx[k * b:(k + 1) * b]] = u_im
-            self.u_tt[idx[k * b:(k + 1) * b]] = u_tt
+            self.u_im[idx[k * b : (k + 1) * b]] = u_im
+            self.u_tt[idx[k * b : (k + 1) * b]] = u_tt
         ru_im, ru_tt = torch.cat([t[2] for t in local]), torch.cat([t[3] for t in local])
         total, pre = 0.0, 0.0
         for k, (l1_im, l1_tt, u_im, u_tt, sim_im, sim_tt) in enumerate(local):
             l2_im, l2_tt = self._loss2(k, b, X, Y, sim_im, sim_tt, a, a)
-            loss = ((l1_im / (u_im + self.eps) + l1_tt / (u_tt + self.eps)).mean()
-                    + (l2_im / (ru_im + self.eps) + l2_tt / (ru_tt + self.eps)).mean()) / 2
+            loss = (
+                (l1_im / (u_im + self.eps) + l1_tt / (u_tt + self.eps)).mean()
+                + (l2_im / (ru_im + self.eps) + l2_tt / (ru_tt + self.eps)).mean()
+            ) / 2
             if self.version == "v3":
                 loss = loss / a.detach() + self.rho / a + (torch.log(u_im) + torch.log(u_tt)).mean() / 2 / a
             total = total + loss / num_ranks
@@ -115,8 +129,12 @@ class Oracle:
             e = torch.exp(diff - b_new[:, None]) * _mask(b, B, k * b)
             l1 = e.sum(1) / (B - 1)
             u = _ema(getattr(self, f"u_{side}")[ids], l1.detach(), self.gamma, torch.exp(b_old - b_new))
-            grad = (-(e * (diff - b_new[:, None] + b_new[:, None])).sum(1).detach() / (u + self.eps) / (B - 1)
-                    + torch.log(u + self.eps) + b_new + self.rho).clamp(-5.0, 5.0)
+            grad = (
+                -(e * (diff - b_new[:, None] + b_new[:, None])).sum(1).detach() / (u + self.eps) / (B - 1)
+                + torch.log(u + self.eps)
+                + b_new
+                + self.rho
+            ).clamp(-5.0, 5.0)
             b1, b2 = (self.beta1, self.beta2) if self.epoch > 0 else (0.0, 0.0)
             m = b1 * getattr(self, f"m_{side}")[ids] + (1 - b1) * grad
             v = b2 * getattr(self, f"v_{side}")[ids] + (1 - b2) * grad**2
@@ -130,16 +148,28 @@ class Oracle:
         b = B // num_ranks
         local = [self._local_v2(k, b, X, Y, idx) for k in range(num_ranks)]
         for k, loc in enumerate(local):
-            ids = idx[k * b:(k + 1) * b]
+            ids = idx[k * b : (k + 1) * b]
             for side in ("im", "tt"):
                 for name in ("u", "tau", "bound", "m", "v"):
                     getattr(self, f"{name}_{side}")[ids] = loc[side][name].detach()
-        allv = {f"{n}_{s}": torch.cat([loc[s][n] for loc in local]) for n in ("u", "tau", "bound") for s in ("im", "tt")}
+        allv = {
+            f"{n}_{s}": torch.cat([loc[s][n] for loc in local])
+            for n in ("u", "tau", "bound")
+            for s in ("im", "tt")
+        }
         total, pre = 0.0, 0.0
         for k, loc in enumerate(local):
-            l2_im, l2_tt = self._loss2(k, b, X, Y, loc["sim_im"], loc["sim_tt"], (1.0 / allv["tau_im"])[:, None],
-                                       (1.0 / allv["tau_tt"])[:, None],
-                                       bounds=(allv["bound_im"][:, None], allv["bound_tt"][:, None]))
+            l2_im, l2_tt = self._loss2(
+                k,
+                b,
+                X,
+                Y,
+                loc["sim_im"],
+                loc["sim_tt"],
+                (1.0 / allv["tau_im"])[:, None],
+                (1.0 / allv["tau_tt"])[:, None],
+                bounds=(allv["bound_im"][:, None], allv["bound_tt"][:, None]),
+            )
             p1 = loc["im"]["l1"] / (loc["im"]["u"] + self.eps) + loc["tt"]["l1"] / (loc["tt"]["u"] + self.eps)
             p2 = l2_im / (allv["u_im"] + self.eps) + l2_tt / (allv["u_tt"] + self.eps)
             total = total + (p1.mean() + p2.mean()) / 2 / num_ranks
@@ -157,8 +187,15 @@ def make_batch(gen, b, d, dtype=torch.float64, spread=1.0):
     return x.to(dtype), y.to(dtype)
 
 
-def make_loss(version: str, data_size: int, *, group=None, table_dtype=torch.float32, share_tables: bool = True,
-              **loss_fields):
+def make_loss(
+    version: str,
+    data_size: int,
+    *,
+    group=None,
+    table_dtype=torch.float32,
+    share_tables: bool = True,
+    **loss_fields,
+):
     """Our FastCLIPLoss for ``version`` with ``LossConfig`` keys ``loss_fields`` (the tests' one constructor;
     FastCLIP's knobs such as ``gamma_min`` by name, put into the ``fastclip`` section: trainkit.fastclip_section)."""
     from trainkit import fastclip_section
@@ -167,6 +204,9 @@ def make_loss(version: str, data_size: int, *, group=None, table_dtype=torch.flo
     from toolkit.train.losses.config import LossConfig
     from toolkit.train.losses.fastclip.loss import FastCLIPLoss
 
-    cfg = build(LossConfig, fastclip_section({"kind": "fastclip", "version": version, **loss_fields}),
-                source="make_loss")
+    cfg = build(
+        LossConfig,
+        fastclip_section({"kind": "fastclip", "version": version, **loss_fields}),
+        source="make_loss",
+    )
     return FastCLIPLoss(cfg, data_size, group, table_dtype=table_dtype, share_tables=share_tables)

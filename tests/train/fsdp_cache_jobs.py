@@ -29,7 +29,7 @@ def _sharded_grads(loss_name: str, micro: int, rank: int, world: int) -> tuple[d
     model.clip.logit_scale.requires_grad_(cfg.learns_logit_scale)
     loss = build_loss(cfg, data_size=40)
     b = GLOBAL_BATCH // world
-    images, tokens, index = (t[rank * b:(rank + 1) * b] for t in _batch())
+    images, tokens, index = (t[rank * b : (rank + 1) * b] for t in _batch())
     sharded = fsdp.shard(model, "fp32", False, torch.device("cpu"))
     calls, real = [0], dist.reduce_scatter_single
 
@@ -39,13 +39,22 @@ def _sharded_grads(loss_name: str, micro: int, rank: int, world: int) -> tuple[d
 
     dist.reduce_scatter_single = counted
     try:
-        forward_backward(model, loss, StepInputs(images, tokens, index), micro_batch_size=micro,
-                         seed_of=_seed(rank), autocast=contextlib.nullcontext)
+        forward_backward(
+            model,
+            loss,
+            StepInputs(images, tokens, index),
+            micro_batch_size=micro,
+            seed_of=_seed(rank),
+            autocast=contextlib.nullcontext,
+        )
     finally:
         dist.reduce_scatter_single = real
     sharded.finish_backward()
-    grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-             for n, p in model.clip.named_parameters() if p.grad is not None}
+    grads = {
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for n, p in model.clip.named_parameters()
+        if p.grad is not None
+    }
     return grads, calls[0]
 
 
@@ -55,7 +64,11 @@ def _job(world: int, k: int, rank: int) -> dict:
     out = {}
     for micro in (0, 2):
         sharded, calls = _sharded_grads("fastclip-v3", micro, rank, world)
-        out[micro] = {"sharded": sharded, "calls": calls, "ddp": grads("fastclip-v3", micro, rank, world, False)}
+        out[micro] = {
+            "sharded": sharded,
+            "calls": calls,
+            "ddp": grads("fastclip-v3", micro, rank, world, False),
+        }
     return out
 
 

@@ -18,15 +18,19 @@ import torch
 
 GLOBAL_BATCH = 10
 # patch_dropout draws a random patch subset in every forward: exactness needs the replayed random state
-CFG = {"embed_dim": 16,
-       "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "head_width": 16, "patch_size": 4},
-       "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1}}
+CFG = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "head_width": 16, "patch_size": 4},
+    "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1},
+}
 PATCH_DROPOUT = 0.4
-LOSSES = {"openclip-gather": {"kind": "openclip", "mode": "gather"},
-          "fastclip-v1": {"kind": "fastclip", "fastclip": {"version": "v1"}},
-          "fastclip-v3": {"kind": "fastclip", "fastclip": {"version": "v3"}},
-          "siglip-ring": {"kind": "siglip", "mode": "ring"},  # the model has a learnable logit bias
-          "neuclip": {"kind": "neuclip"}}
+LOSSES = {
+    "openclip-gather": {"kind": "openclip", "mode": "gather"},
+    "fastclip-v1": {"kind": "fastclip", "fastclip": {"version": "v1"}},
+    "fastclip-v3": {"kind": "fastclip", "fastclip": {"version": "v3"}},
+    "siglip-ring": {"kind": "siglip", "mode": "ring"},  # the model has a learnable logit bias
+    "neuclip": {"kind": "neuclip"},
+}
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -72,15 +76,23 @@ def _seed(rank: int):
     return lambda i: stream_seed(3, 0, rank, i)
 
 
-def grads(loss_name: str, micro: int, rank: int = 0, world: int = 1, dropout: bool = True) -> dict[str, torch.Tensor]:
+def grads(
+    loss_name: str, micro: int, rank: int = 0, world: int = 1, dropout: bool = True
+) -> dict[str, torch.Tensor]:
     """Parameter gradients after one cached (or plain, micro 0) step of this rank (module docstring)."""
     import contextlib
 
     from toolkit.train.step import StepInputs, forward_backward
 
     model, ddp, loss, images, tokens, index = _setup(loss_name, rank, world, dropout)
-    forward_backward(ddp, loss, StepInputs(images, tokens, index), micro_batch_size=micro,
-                     seed_of=_seed(rank), autocast=contextlib.nullcontext)
+    forward_backward(
+        ddp,
+        loss,
+        StepInputs(images, tokens, index),
+        micro_batch_size=micro,
+        seed_of=_seed(rank),
+        autocast=contextlib.nullcontext,
+    )
     return {n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None}
 
 
@@ -90,7 +102,7 @@ def reference(loss_name: str, micro: int, dropout: bool = True) -> dict[str, tor
     seed_of, feats = _seed(0), []
     for i, start in enumerate(range(0, GLOBAL_BATCH, micro)):
         torch.manual_seed(seed_of(i))
-        feats.append(model(images[start:start + micro], tokens[start:start + micro]))
+        feats.append(model(images[start : start + micro], tokens[start : start + micro]))
     x, y, scalars = torch.cat([f[0] for f in feats]), torch.cat([f[1] for f in feats]), feats[-1][2:]
     loss(x, y, scalars[0], index, logit_bias=scalars[1] if len(scalars) > 1 else None).backward()
     return {n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None}
@@ -101,8 +113,9 @@ def _worker(out_dir: str) -> None:
 
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = {(name, micro): grads(name, micro, rank, world, dropout=False) for name in LOSSES
-               for micro in (0, 2)}
+    results = {
+        (name, micro): grads(name, micro, rank, world, dropout=False) for name in LOSSES for micro in (0, 2)
+    }
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -46,8 +46,19 @@ def alphas(w, x, y, a, eps):
 
 
 class Oracle:
-    def __init__(self, num_prototypes, *, lr=0.05, inner_steps=2, restart_every_steps=0, rho=6.5,
-                 eps=1e-6, adagrad_eps=1e-10, learn_tau=True, fit_order="before"):
+    def __init__(
+        self,
+        num_prototypes,
+        *,
+        lr=0.05,
+        inner_steps=2,
+        restart_every_steps=0,
+        rho=6.5,
+        eps=1e-6,
+        adagrad_eps=1e-10,
+        learn_tau=True,
+        fit_order="before",
+    ):
         self.m, self.lr, self.inner, self.restart = num_prototypes, lr, inner_steps, restart_every_steps
         self.before = fit_order == "before"
         self.rho, self.eps, self.adagrad_eps, self.learn_tau = rho, eps, adagrad_eps, learn_tau
@@ -65,7 +76,7 @@ class Oracle:
         num = min(self.m - self.filled, x.shape[0])
         if num > 0:
             rows = draw_rows(num, x.shape[0], step)
-            self.w[:, self.filled:self.filled + num] = torch.stack([y.detach()[rows], x.detach()[rows]])
+            self.w[:, self.filled : self.filled + num] = torch.stack([y.detach()[rows], x.detach()[rows]])
             self.filled += num
 
     def step(self, x, y, p, step):
@@ -78,7 +89,7 @@ class Oracle:
         self._last = (x.detach(), y.detach(), a.detach(), lg1.detach(), lg2.detach(), step)
         if self.before:  # the paper's order: the network first fits this batch
             self.fit()
-        a1, a2 = alphas(self.w[:, :self.filled], x.detach(), y.detach(), a.detach(), self.eps)
+        a1, a2 = alphas(self.w[:, : self.filled], x.detach(), y.detach(), a.detach(), self.eps)
         eps, tau, big_b = self.eps, 1 / a, x.shape[0]
         terms = (eps + lg1.exp()) * torch.exp(-a1) + a1 - 1 + (eps + lg2.exp()) * torch.exp(-a2) + a2 - 1
         value = tau * terms.sum() / (2 * big_b) + self.rho * tau
@@ -101,16 +112,21 @@ class Oracle:
         targets = [torch.log(self.eps + lg.exp()) for lg in (lg1, lg2)]
         for _ in range(self.inner):
             w = self.w[:, used].clone().requires_grad_()
-            j = sum(((t - al).exp() + al).sum() for t, al in zip(targets, alphas(w, x, y, a, self.eps), strict=True))
+            j = sum(
+                ((t - al).exp() + al).sum()
+                for t, al in zip(targets, alphas(w, x, y, a, self.eps), strict=True)
+            )
             (j / x.shape[0]).backward()
-            self.sumsq[:, used] += w.grad ** 2
+            self.sumsq[:, used] += w.grad**2
             self.w[:, used] -= self.lr * w.grad / (self.sumsq[:, used].sqrt() + self.adagrad_eps)
 
 
 def unit_pairs(size, dim, gen, noise=0.8):
     """Correlated unit pairs (x, y) [size, dim] float64."""
     x = torch.nn.functional.normalize(torch.randn(size, dim, generator=gen, dtype=torch.float64), dim=1)
-    y = torch.nn.functional.normalize(x + noise * torch.randn(size, dim, generator=gen, dtype=torch.float64), dim=1)
+    y = torch.nn.functional.normalize(
+        x + noise * torch.randn(size, dim, generator=gen, dtype=torch.float64), dim=1
+    )
     return x, y
 
 

@@ -22,8 +22,15 @@ from toolkit.train.plan.memprobe import peak_rss_bytes, reset_peak_rss, rss_byte
 
 def main(data: str, out: str, batch: int, micro: int) -> None:
     torch.set_num_threads(1)
-    cfg = train_cfg(data, out, batch_size=batch, steps=3, micro_batch_size=micro, loss={"kind": "fastclip",
-                    "version": "v3", "mode": "fastclip"}, checkpoint={"resume": "none"})
+    cfg = train_cfg(
+        data,
+        out,
+        batch_size=batch,
+        steps=3,
+        micro_batch_size=micro,
+        loss={"kind": "fastclip", "version": "v3", "mode": "fastclip"},
+        checkpoint={"resume": "none"},
+    )
     before = rss_bytes()
     parts = loop.build_parts(cfg)
     state = loop.TrainState()

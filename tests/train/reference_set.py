@@ -38,19 +38,26 @@ def add_reference(src: Path, dst: Path, seed: int = 1) -> Path:
     size = ds.extra.get("image_size") or rows["image"].shape[1]
     images = PixelTransform(size)(rows["image"], np.arange(ds.num_samples), 0)
     with torch.no_grad():
-        towers = built.model.eval()(torch.as_tensor(np.ascontiguousarray(images)),
-                                    torch.from_numpy(rows["tokens"].astype(np.int64)))
+        towers = built.model.eval()(
+            torch.as_tensor(np.ascontiguousarray(images)), torch.from_numpy(rows["tokens"].astype(np.int64))
+        )
     ref_image = towers.image_features.to(torch.float16).numpy()
     ref_text = towers.text_features.to(torch.float16).numpy()
     d_ref = ref_image.shape[1]
-    fields = [*ds.fields, Field("ref_image", "ref_img.f16", "float16", (d_ref,)),
-              Field("ref_text", "ref_txt.f16", "float16", (d_ref,))]
+    fields = [
+        *ds.fields,
+        Field("ref_image", "ref_img.f16", "float16", (d_ref,)),
+        Field("ref_text", "ref_txt.f16", "float16", (d_ref,)),
+    ]
     dst.mkdir(parents=True)
     writer = TrainShardWriter(str(dst), fields, ds.samples_per_shard)
     for i in range(ds.num_samples):
         payloads = [np.ascontiguousarray(rows[f.role][i]).astype(f.dtype).tobytes() for f in ds.fields]
         writer.add(i, [*payloads, ref_image[i].tobytes(), ref_text[i].tobytes()], {})
-    extra = {**ds.extra, "reference": {"model": f"{REFERENCE_MODEL} (random init, seed {seed})", "dim": d_ref}}
+    extra = {
+        **ds.extra,
+        "reference": {"model": f"{REFERENCE_MODEL} (random init, seed {seed})", "dim": d_ref},
+    }
     out = dataclasses.replace(ds, fields=fields, shards=writer.close(), extra=extra, root=str(dst))
     files.write_json_atomic(str(dst / DATASET_JSON), out.to_json())
     return dst

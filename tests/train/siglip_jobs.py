@@ -34,12 +34,24 @@ def global_inputs(b: int, world: int) -> tuple[torch.Tensor, ...]:
 
 def _grads(fn, rank: int, world: int, b: int) -> dict:
     x, y, t, bias = global_inputs(b, world)
-    leaves = [x[rank * b:(rank + 1) * b].clone(), y[rank * b:(rank + 1) * b].clone(), t.clone(), bias.clone()]
+    leaves = [
+        x[rank * b : (rank + 1) * b].clone(),
+        y[rank * b : (rank + 1) * b].clone(),
+        t.clone(),
+        bias.clone(),
+    ]
     leaves = [v.requires_grad_() for v in leaves]
     D.LEDGER.reset()
     loss = fn(*leaves)
     dx, dy, dt, db = torch.autograd.grad(loss, leaves)
-    return {"loss": loss.item(), "dx": dx, "dy": dy, "dt": dt.item(), "db": db.item(), "ledger": D.LEDGER.step()}
+    return {
+        "loss": loss.item(),
+        "dx": dx,
+        "dy": dy,
+        "dt": dt.item(),
+        "db": db.item(),
+        "ledger": D.LEDGER.step(),
+    }
 
 
 def _job(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -54,10 +66,16 @@ def _job(rank: int, world: int, port: int, out_dir: str) -> None:
     res = {}
     for b in LOCAL_BATCHES:
         for mode in MODES:
-            res[(b, mode)] = _grads(lambda x, y, t, c, m=mode: sigmoid_loss(x, y, t, c, mode=m), rank, world, b)
+            res[(b, mode)] = _grads(
+                lambda x, y, t, c, m=mode: sigmoid_loss(x, y, t, c, mode=m), rank, world, b
+            )
             objective = build_loss(LossConfig(kind="siglip", mode=mode))
             res[(b, f"objective_{mode}")] = _grads(
-                lambda x, y, t, c, o=objective: o(x, y, t, torch.arange(x.shape[0]), logit_bias=c), rank, world, b)
+                lambda x, y, t, c, o=objective: o(x, y, t, torch.arange(x.shape[0]), logit_bias=c),
+                rank,
+                world,
+                b,
+            )
         for impl in ("bidir", "gather"):
             oc = SigLipLoss(rank=rank, world_size=world, dist_impl=impl)
             res[(b, f"open_clip_{impl}")] = _grads(oc, rank, world, b)

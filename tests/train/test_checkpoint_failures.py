@@ -27,17 +27,38 @@ CKPT_BYTES_FREE = 150 * 2**20  # one cliptk-tiny checkpoint (92 MiB: weights + A
 
 
 def _train_args(data, out, ckpt_dir) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--steps", "6", "--batch-size", "16", "--workers", "0",
-            "--log-every", "1", "--checkpoint-every", "2", "--keep-checkpoints", "1", "--set", "tensorboard=false",
-            "--set", f"checkpoint.dir={ckpt_dir}"]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        "6",
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "1",
+        "--set",
+        "tensorboard=false",
+        "--set",
+        f"checkpoint.dir={ckpt_dir}",
+    ]
 
 
 def _assert_stopped_at_the_next_step(out: Path, ckpt_dir: Path, stderr: str) -> None:
     """Step 2's checkpoint fits, step 4's fails; training stops after step 5 (it went on to step 6, the next
     checkpoint, before), naming step 4's folder and the step-2 checkpoint it kept."""
     target = ckpt_dir / "step-00000004"
-    assert f"writing checkpoint step 4 to {target} failed: OSError: [Errno 28] No space left on device" in stderr, \
-        stderr[-3000:]
+    assert (
+        f"writing checkpoint step 4 to {target} failed: OSError: [Errno 28] No space left on device" in stderr
+    ), stderr[-3000:]
     assert f"the previous checkpoints are kept (newest: {ckpt_dir / 'step-00000002'})" in stderr
     assert max(r["step"] for r in metrics(out)) == 4  # step 5 ran, the error stopped it before its log line
     assert "Traceback" not in stderr
@@ -45,11 +66,19 @@ def _assert_stopped_at_the_next_step(out: Path, ckpt_dir: Path, stderr: str) -> 
 
 def test_a_full_disk_stops_training_at_the_next_step_naming_the_checkpoint(demo_train, tmp_path):
     out, ckpt_dir = tmp_path / "run", tmp_path / "ckpt"
-    boot = (f"import sys; sys.argv[0] = 'toolkit'; import _diskfull; _diskfull.install({str(ckpt_dir)!r}, "
-            f"{CKPT_BYTES_FREE}); from toolkit.cli.main import main; main()")
+    boot = (
+        f"import sys; sys.argv[0] = 'toolkit'; import _diskfull; _diskfull.install({str(ckpt_dir)!r}, "
+        f"{CKPT_BYTES_FREE}); from toolkit.cli.main import main; main()"
+    )
     child_env = dict(env(), PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env()["PYTHONPATH"]]))
-    result = subprocess.run([sys.executable, "-c", boot, *_train_args(demo_train, out, ckpt_dir)], cwd=ROOT,
-                            env=child_env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", boot, *_train_args(demo_train, out, ckpt_dir)],
+        cwd=ROOT,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     _assert_stopped_at_the_next_step(out, ckpt_dir, result.stderr)
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step-00000002"]  # no half-written folder left
@@ -68,11 +97,19 @@ def test_a_real_full_tmpfs_stops_training_at_the_next_step(demo_train, tmp_path)
     out, ckpt_dir = tmp_path / "run", tmp_path / "ckpt"
     ckpt_dir.mkdir()
     args = " ".join(_train_args(demo_train, out, ckpt_dir))
-    script = (f"mount -t tmpfs -o size={CKPT_BYTES_FREE} tmpfs {ckpt_dir} && {sys.executable} -m toolkit {args}; "
-              f"echo rc=$?; ls -a {ckpt_dir}; {sys.executable} -c 'from toolkit.train.checkpoint.format import verify; "
-              f"verify(\"{ckpt_dir}/step-00000002\"); print(\"verified\")'")
-    result = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=env(), capture_output=True,
-                            text=True, timeout=600)
+    script = (
+        f"mount -t tmpfs -o size={CKPT_BYTES_FREE} tmpfs {ckpt_dir} && {sys.executable} -m toolkit {args}; "
+        f"echo rc=$?; ls -a {ckpt_dir}; {sys.executable} -c 'from toolkit.train.checkpoint.format import verify; "
+        f'verify("{ckpt_dir}/step-00000002"); print("verified")\''
+    )
+    result = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "rc=1" in result.stdout, result.stderr[-3000:]
     _assert_stopped_at_the_next_step(out, ckpt_dir, result.stderr)
     listed = result.stdout.split("rc=1", 1)[1].split()
@@ -114,15 +151,25 @@ def _without_dac_override() -> None:
 
 def test_an_unreadable_checkpoint_folder_is_named_as_such_and_replaced_without_leftovers(tmp_path):
     root = tmp_path / "ckpt"
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(UNREADABLE), str(root)], cwd=ROOT, env=env(),
-                            capture_output=True, text=True, timeout=120,
-                            preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(UNREADABLE), str(root)],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_without_dac_override if os.geteuid() == 0 else None,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
-    assert lines["VERIFY"].startswith(f"{root / 'step-00000004'}: unreadable (Permission denied)"), result.stdout
+    assert lines["VERIFY"].startswith(f"{root / 'step-00000004'}: unreadable (Permission denied)"), (
+        result.stdout
+    )
     assert "missing" not in lines["VERIFY"]
     assert lines["LATEST"] == str(root / "step-00000002")
-    assert lines["LEFT"] == "['step-00000002', 'step-00000004']", result.stdout  # no hidden .step-*.old-* left
+    assert lines["LEFT"] == "['step-00000002', 'step-00000004']", (
+        result.stdout
+    )  # no hidden .step-*.old-* left
 
 
 def test_resume_from_a_folder_that_does_not_exist_says_not_found(demo_train, tmp_path):
@@ -141,13 +188,22 @@ def test_a_nonfinite_abort_keeps_and_names_the_last_checkpoint_before_it(demo_tr
     from toolkit.train.run import run
 
     out = tmp_path / "run"
-    cfg = train_cfg(demo_train, out, steps=6, max_nonfinite_steps=2, nonfinite_test_steps=[2, 3],
-                    checkpoint={"every_steps": 1, "keep": 1})
+    cfg = train_cfg(
+        demo_train,
+        out,
+        steps=6,
+        max_nonfinite_steps=2,
+        nonfinite_test_steps=[2, 3],
+        checkpoint={"every_steps": 1, "keep": 1},
+    )
     with pytest.raises(TrainingAborted) as info:
         run(cfg)
     ckpts = out / "checkpoints"
     message = str(info.value)
-    assert f"the last checkpoint written before the first non-finite step (3) is {ckpts / 'step-00000002'}" in message
+    assert (
+        f"the last checkpoint written before the first non-finite step (3) is {ckpts / 'step-00000002'}"
+        in message
+    )
     assert f"--init {ckpts / 'step-00000002'}" in message
     assert f"set aside, written after it: {ckpts / 'step-00000003.nonfinite'}" in message
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-00000002", "step-00000003.nonfinite"]

@@ -19,8 +19,24 @@ from toolkit.train.metrics import read_audit
 from toolkit.train.run import run
 
 STEPS = 24
-ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--checkpoint-every", "4",
-        "--set", "tensorboard=false", "--set", "audit_samples=true", "--set", "optim.warmup_steps=4"]
+ARGS = [
+    "--batch-size",
+    "16",
+    "--loss",
+    "fastclip-v3",
+    "--workers",
+    "0",
+    "--log-every",
+    "1",
+    "--checkpoint-every",
+    "4",
+    "--set",
+    "tensorboard=false",
+    "--set",
+    "audit_samples=true",
+    "--set",
+    "optim.warmup_steps=4",
+]
 
 
 def _args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -63,10 +79,18 @@ def two_proc_reference(demo_train, tmp_path_factory) -> Path:
 
 
 @pytest.mark.dist
-def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(demo_train, two_proc_reference, tmp_path):
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(
+    demo_train, two_proc_reference, tmp_path
+):
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out), "--nproc-per-node", "2", "--max-restarts", "1"),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_args(demo_train, out), "--nproc-per-node", "2", "--max-restarts", "1"),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait(lambda: (out / "checkpoints" / "step-00000008" / "checkpoint.json").is_file(), proc)
     agents = _children(proc.pid)  # the launcher's one child is torchrun's agent; its children are the workers
     assert len(agents) == 1, agents
@@ -84,7 +108,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(demo_
 
 @pytest.mark.dist
 @pytest.mark.parametrize("first,second", [(1, 2), (2, 1)])
-def test_resume_at_another_world_size_reads_the_same_batches(demo_train, two_proc_reference, tmp_path, first, second):
+def test_resume_at_another_world_size_reads_the_same_batches(
+    demo_train, two_proc_reference, tmp_path, first, second
+):
     source = two_proc_reference if first == 2 else tmp_path / "one"
     if first == 1:
         assert run_cli(_args(demo_train, source)).returncode == 0
@@ -106,10 +132,28 @@ def test_sigterm_to_one_node_stops_every_rank_after_one_checkpoint(demo_train, t
     out = tmp_path / "run"
     port, procs = str(free_port()), []
     for node in (0, 1):
-        procs.append(subprocess.Popen(
-            toolkit_cmd(*_args(demo_train, out), "--steps", "400", "--nodes", "2", "--node-rank", str(node),
-                        "--master-addr", "127.0.0.1", "--master-port", port),
-            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                toolkit_cmd(
+                    *_args(demo_train, out),
+                    "--steps",
+                    "400",
+                    "--nodes",
+                    "2",
+                    "--node-rank",
+                    str(node),
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    port,
+                ),
+                cwd=ROOT,
+                env=env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     _wait(lambda: (out / "metrics.jsonl").is_file() and len(metrics(out)) >= 3, procs[0])
     procs[1].send_signal(signal.SIGTERM)
     logs = [p.communicate(timeout=180)[0] for p in procs]
@@ -132,7 +176,11 @@ def test_checkpoints_on_an_fsspec_url_resume_exactly(demo_train, tmp_path):
     assert fs.isfile("/cliptk-ckpt-test/run/step-00000006/checkpoint.json")
     reference = weights(tmp_path / "a")
     fs.rm("/cliptk-ckpt-test/run/step-00000006/checkpoint.json")  # the last write never completed
-    run(train_cfg(demo_train, tmp_path / "a", steps=6, checkpoint={"every_steps": 3, "dir": url, "resume": "latest"}))
+    run(
+        train_cfg(
+            demo_train, tmp_path / "a", steps=6, checkpoint={"every_steps": 3, "dir": url, "resume": "latest"}
+        )
+    )
     for key, value in weights(tmp_path / "a").items():
         assert torch.equal(value, reference[key]), key
     fs.rm("/cliptk-ckpt-test", recursive=True)
@@ -143,8 +191,14 @@ def test_sigusr1_to_a_launcher_reaches_its_workers(demo_train, tmp_path):
     """SLURM's --signal=USR1 aimed at a torchrun launcher: passed on to the workers, which checkpoint and
     exit 0 (the signal's default action used to kill the launcher and orphan them)."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out), "--steps", "400", "--nproc-per-node", "2"),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_args(demo_train, out), "--steps", "400", "--nproc-per-node", "2"),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait(lambda: (out / "metrics.jsonl").is_file() and len(metrics(out)) >= 3, proc)
     proc.send_signal(signal.SIGUSR1)
     output, _ = proc.communicate(timeout=180)
@@ -157,8 +211,16 @@ def test_sigusr1_to_a_launcher_reaches_its_workers(demo_train, tmp_path):
 # summation-order noise (1e-7) flips the sign of near-zero gradients and moves those coordinates by 2·lr
 # (measured: 5e-4 relative on the network with eps 1e-10, while the weights agree to 1e-5); a larger ε
 # makes those updates proportional to g. float64 exactness at any world size: losses/test_neuclip_dist.py.
-NEUCLIP = ["--loss", "neuclip", "--set", "loss.neuclip.num_prototypes=48", "--set", "loss.neuclip.restart_every_steps=6",
-           "--set", "loss.neuclip.adagrad_eps=1e-4"]
+NEUCLIP = [
+    "--loss",
+    "neuclip",
+    "--set",
+    "loss.neuclip.num_prototypes=48",
+    "--set",
+    "loss.neuclip.restart_every_steps=6",
+    "--set",
+    "loss.neuclip.adagrad_eps=1e-4",
+]
 
 
 @pytest.mark.dist
@@ -168,7 +230,10 @@ def test_neuclip_resumes_exactly_at_another_world_size(demo_train, tmp_path):
     from safetensors.torch import load_file
 
     source, out = tmp_path / "two", tmp_path / "resumed"
-    assert run_cli([*_args(demo_train, source), *NEUCLIP, "--nproc-per-node", "2"], timeout_s=600).returncode == 0
+    assert (
+        run_cli([*_args(demo_train, source), *NEUCLIP, "--nproc-per-node", "2"], timeout_s=600).returncode
+        == 0
+    )
     (out / "checkpoints").mkdir(parents=True)
     shutil.copytree(source / "checkpoints" / "step-00000016", out / "checkpoints" / "step-00000016")
     result = run_cli([*_args(demo_train, out), *NEUCLIP, "--resume", "latest"], timeout_s=600)
@@ -181,4 +246,5 @@ def test_neuclip_resumes_exactly_at_another_world_size(demo_train, tmp_path):
     assert _rel(net_got, net_want) <= 1e-5
     losses = {r["step"]: r["loss"] for r in metrics(out)}
     assert [losses[s] for s in range(17, STEPS + 1)] == pytest.approx(
-        [r["loss"] for r in metrics(source) if r["step"] > 16], rel=1e-5)
+        [r["loss"] for r in metrics(source) if r["step"] > 16], rel=1e-5
+    )

@@ -22,8 +22,16 @@ def test_export_loads_offline_in_open_clip_with_the_same_features(demo_train, tm
     from toolkit.models.registry import tokenizer
 
     out = tmp_path / "run"
-    run(train_cfg(demo_train, out, steps=2, ema_decay=0.5,
-                  eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["probe"]}), eval_fn=_probe)
+    run(
+        train_cfg(
+            demo_train,
+            out,
+            steps=2,
+            ema_decay=0.5,
+            eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["probe"]},
+        ),
+        eval_fn=_probe,
+    )
     for weights, folder in (("raw", "model"), ("ema", "model-ema")):
         shared = tmp_path / f"shared-{weights}"
         result = run_cli(["export", str(out), "--out", str(shared), "--weights", weights])
@@ -38,7 +46,9 @@ def test_export_loads_offline_in_open_clip_with_the_same_features(demo_train, tm
             assert torch.equal(model.eval().encode_image(image), ours.model.eval().encode_image(image))
             assert torch.equal(model.encode_text(tok(texts)), ours.model.encode_text(tok(texts)))
         card = json.loads((shared / "model_card.json").read_text())
-        assert card["dataset"]["num_samples"] == 160 and card["dataset"]["fingerprint"].startswith("manifest:")
+        assert card["dataset"]["num_samples"] == 160 and card["dataset"]["fingerprint"].startswith(
+            "manifest:"
+        )
         assert card["training"]["step"] == 2 and card["config"]["ema_decay"] == 0.5
         assert card["evaluation"]["eval/probe/logit_scale"]["step"] == 2
         assert "eval_ema/probe/logit_scale" in card["evaluation"]

@@ -51,8 +51,9 @@ def test_export_out_may_be_new_empty_or_an_earlier_export(tmp_path):
     earlier = tmp_path / "shared"
     earlier.mkdir()
     (earlier / "open_clip_model.safetensors").write_bytes(b"x")
-    (earlier / "model_card.json").write_text(json.dumps(
-        {"weights": "raw", "dataset": {}, "training": {}, "toolkit_version": "0"}))
+    (earlier / "model_card.json").write_text(
+        json.dumps({"weights": "raw", "dataset": {}, "training": {}, "toolkit_version": "0"})
+    )
     check_out(run_dir, earlier)
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ValueError, match="not a folder"):

@@ -18,8 +18,10 @@ from trainkit import metrics, train_cfg, weights
 from toolkit.train.run import run
 
 SGD = {"optim": {"name": "sgd", "lr": 0.1}}  # linear in the gradient: summation-order noise stays small
-MODES = {"fastclip": {"kind": "fastclip", "fastclip": {"version": "v3"}, "mode": "fastclip"},
-         "ring": {"kind": "openclip", "mode": "ring"}}
+MODES = {
+    "fastclip": {"kind": "fastclip", "fastclip": {"version": "v3"}, "mode": "fastclip"},
+    "ring": {"kind": "openclip", "mode": "ring"},
+}
 
 
 def rel(got: dict, want: dict) -> float:
@@ -35,7 +37,11 @@ def references(demo_train, tmp_path_factory) -> dict:
     base, out = tmp_path_factory.mktemp("fsdp_ref"), {}
     for mode, loss in MODES.items():
         for micro in (0, 2):
-            run(train_cfg(demo_train, base / f"{mode}-{micro}", steps=4, loss=loss, micro_batch_size=micro, **SGD))
+            run(
+                train_cfg(
+                    demo_train, base / f"{mode}-{micro}", steps=4, loss=loss, micro_batch_size=micro, **SGD
+                )
+            )
             out[mode, micro] = base / f"{mode}-{micro}"
     return out
 
@@ -55,21 +61,33 @@ def sharded_runs(data, base, world: int, runs: dict) -> dict:
 @pytest.mark.dist
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_at_2_and_4_ranks_trains_the_weights_of_one_process(demo_train, references, tmp_path, world):
-    runs = {f"{mode}-{micro}": {"steps": 4, "loss": loss, "micro_batch_size": micro, **SGD}
-            for mode, loss in MODES.items() for micro in (0, 2)}  # 2: the gradient cache
+    runs = {
+        f"{mode}-{micro}": {"steps": 4, "loss": loss, "micro_batch_size": micro, **SGD}
+        for mode, loss in MODES.items()
+        for micro in (0, 2)
+    }  # 2: the gradient cache
     got = sharded_runs(demo_train, tmp_path, world, runs)
     for (mode, micro), want in references.items():
         out = got[f"{mode}-{micro}"]
         assert rel(weights(out), weights(want)) <= 1e-6, (mode, world, micro)
-        assert [m["loss"] for m in metrics(out)] == pytest.approx([m["loss"] for m in metrics(want)], rel=1e-5)
+        assert [m["loss"] for m in metrics(out)] == pytest.approx(
+            [m["loss"] for m in metrics(want)], rel=1e-5
+        )
         sharded = out / "checkpoints" / "step-00000004"
         assert sorted(p.name for p in sharded.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(world)]
 
 
-COMPOSED = {"gather": {"loss": {"kind": "openclip", "mode": "gather"}},
-            "disco": {"loss": {"kind": "openclip", "mode": "disco"}, "micro_batch_size": 2},
-            "parts": {"grad_checkpointing": True, "lock_image": True, "lock_image_unlocked_groups": 2,
-                      "ema_decay": 0.5, "micro_batch_size": 2}}
+COMPOSED = {
+    "gather": {"loss": {"kind": "openclip", "mode": "gather"}},
+    "disco": {"loss": {"kind": "openclip", "mode": "disco"}, "micro_batch_size": 2},
+    "parts": {
+        "grad_checkpointing": True,
+        "lock_image": True,
+        "lock_image_unlocked_groups": 2,
+        "ema_decay": 0.5,
+        "micro_batch_size": 2,
+    },
+}
 
 
 @pytest.mark.dist
@@ -93,11 +111,14 @@ def test_fsdp_composes_with_the_other_modes_checkpointing_locked_towers_and_ema(
     assert not (weights(got["parts"])[moved] == start[moved]).all()
 
 
-@pytest.mark.parametrize(("over", "words"), [
-    ({"fsdp_cpu_offload": True}, "set fsdp too"),
-    ({"fsdp": True, "grad_dtype": "bf16"}, "grad_dtype sets DDP's all_reduce"),
-    ({"fsdp": True, "checkpoint": {"dir": "s3://bucket/ckpt"}}, "a folder all ranks share"),
-])
+@pytest.mark.parametrize(
+    ("over", "words"),
+    [
+        ({"fsdp_cpu_offload": True}, "set fsdp too"),
+        ({"fsdp": True, "grad_dtype": "bf16"}, "grad_dtype sets DDP's all_reduce"),
+        ({"fsdp": True, "checkpoint": {"dir": "s3://bucket/ckpt"}}, "a folder all ranks share"),
+    ],
+)
 def test_combinations_that_cannot_work_are_refused_in_one_line(demo_train, tmp_path, over, words):
     with pytest.raises(ValueError, match=words) as err:
         train_cfg(demo_train, tmp_path, **over)
@@ -108,17 +129,26 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(demo_train, tmp_p
 def two_rank_run(demo_train, tmp_path_factory) -> Path:
     """4 steps of SGD with momentum (an optimiser state to reshard) at 2 sharded ranks, a checkpoint every 2."""
     base = tmp_path_factory.mktemp("fsdp_two")
-    over = {"steps": 4, "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9}, "checkpoint": {"every_steps": 2}}
+    over = {
+        "steps": 4,
+        "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        "checkpoint": {"every_steps": 2},
+    }
     return sharded_runs(demo_train, base, 2, {"run": over})["run"]
 
 
 def _resumed(step2: Path) -> dict:
-    return {"steps": 4, "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
-            "checkpoint": {"every_steps": 2, "resume": str(step2)}}
+    return {
+        "steps": 4,
+        "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        "checkpoint": {"every_steps": 2, "resume": str(step2)},
+    }
 
 
 @pytest.mark.dist
-def test_a_sharded_checkpoint_resumes_at_4_ranks_and_at_1_with_or_without_fsdp(demo_train, two_rank_run, tmp_path):
+def test_a_sharded_checkpoint_resumes_at_4_ranks_and_at_1_with_or_without_fsdp(
+    demo_train, two_rank_run, tmp_path
+):
     step2, want = two_rank_run / "checkpoints" / "step-00000002", weights(two_rank_run)
     four = sharded_runs(demo_train, tmp_path / "four", 4, {"run": _resumed(step2)})["run"]
     assert rel(weights(four), want) <= 1e-6
@@ -126,8 +156,9 @@ def test_a_sharded_checkpoint_resumes_at_4_ranks_and_at_1_with_or_without_fsdp(d
         out = tmp_path / f"one-{fsdp}"
         run(train_cfg(demo_train, out, fsdp=fsdp, **_resumed(step2)))
         assert rel(weights(out), want) <= 1e-6, fsdp
-        assert [m["loss"] for m in metrics(out)] == pytest.approx([m["loss"] for m in metrics(two_rank_run)][2:],
-                                                                  rel=1e-5)
+        assert [m["loss"] for m in metrics(out)] == pytest.approx(
+            [m["loss"] for m in metrics(two_rank_run)][2:], rel=1e-5
+        )
 
 
 @pytest.mark.dist
@@ -157,7 +188,9 @@ def test_export_writes_the_gathered_model_of_a_sharded_run(demo_train, two_rank_
 
     whole, _, _ = consolidate(str(two_rank_run / "checkpoints" / "step-00000004"))
     state = {k: v for k, v in whole.state_dict().items() if k in weights(two_rank_run)}
-    assert rel(state, weights(two_rank_run)) == 0.0  # the final model is the last checkpoint's shards, gathered
+    assert (
+        rel(state, weights(two_rank_run)) == 0.0
+    )  # the final model is the last checkpoint's shards, gathered
     out = tmp_path / "run"
     run(train_cfg(demo_train, out, steps=2, fsdp=True, **SGD))
     export(build(ExportConfig, {"run": str(out), "out": str(tmp_path / "shared")}))
@@ -168,14 +201,42 @@ def test_export_writes_the_gathered_model_of_a_sharded_run(demo_train, two_rank_
 
 
 def _cli_args(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--steps", "8", "--batch-size", "16", "--loss",
-            "fastclip-v3", "--workers", "0", "--log-every", "1", "--checkpoint-every", "2", "--fsdp", "--lr", "0.1",
-            "--set", "optim.name=sgd", "--set", "tensorboard=false", *extra]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        "8",
+        "--batch-size",
+        "16",
+        "--loss",
+        "fastclip-v3",
+        "--workers",
+        "0",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--fsdp",
+        "--lr",
+        "0.1",
+        "--set",
+        "optim.name=sgd",
+        "--set",
+        "tensorboard=false",
+        *extra,
+    ]
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("world", [1, pytest.param(4, marks=pytest.mark.slow)])  # 4: 3.5 min on 2 loaded cores
-def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrupted(demo_train, tmp_path, world):
+@pytest.mark.parametrize(
+    "world", [1, pytest.param(4, marks=pytest.mark.slow)]
+)  # 4: 3.5 min on 2 loaded cores
+def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrupted(
+    demo_train, tmp_path, world
+):
     """SIGKILL one of 2 sharded ranks after a checkpoint (the job fails), then the same command at ``world``
     ranks resumes from the newest complete checkpoint: the final weights of an uninterrupted 2-rank run."""
     import os
@@ -189,8 +250,14 @@ def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrup
     whole = tmp_path / "whole"
     assert run_cli([*_cli_args(demo_train, whole), "--nproc-per-node", "2"], timeout_s=600).returncode == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen(toolkit_cmd(*_cli_args(demo_train, out), "--nproc-per-node", "2"), cwd=ROOT, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_cli_args(demo_train, out), "--nproc-per-node", "2"),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "checkpoints" / "step-00000004" / "checkpoint.json").is_file():
@@ -217,7 +284,13 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     from toolkit.train.plan.planner import PlanConfig, format_plan
     from toolkit.train.plan.planner import run as plan
 
-    base = {"model": "cliptk-tiny", "batch_size": 256, "nproc_per_node": 4, "device": "cpu", "micro_batch_size": 16}
+    base = {
+        "model": "cliptk-tiny",
+        "batch_size": 256,
+        "nproc_per_node": 4,
+        "device": "cpu",
+        "micro_batch_size": 16,
+    }
     ddp, fsdp = plan(build(PlanConfig, base)), plan(build(PlanConfig, {**base, "fsdp": True}))
     p, k = ddp.shape.num_params, 4
     assert fsdp.rows["parameters (shards)"] == 4 * p / k
@@ -226,7 +299,9 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     assert fsdp.ddp_total == pytest.approx(ddp.total)
     assert "total with DDP" in format_plan(fsdp)
     # micro-batch auto: the same budget fits a larger micro-batch when the states are sharded
-    budget = ddp.total - ddp.rows["activations (micro-batch 16)"] + 20 * ddp.per_sample_bytes + ddp.fixed_bytes
+    budget = (
+        ddp.total - ddp.rows["activations (micro-batch 16)"] + 20 * ddp.per_sample_bytes + ddp.fixed_bytes
+    )
     ddp_cfg = build(PlanConfig, {**base, "micro_batch_size": 0})
     fsdp_cfg = build(PlanConfig, {**base, "micro_batch_size": 0, "fsdp": True})
     assert _cpu(fsdp_cfg, 64, budget)[0] > _cpu(ddp_cfg, 64, budget)[0]

@@ -51,10 +51,22 @@ def test_two_gloo_processes_with_micro_batches_equal_one_process_without(tmp_pat
     port, procs = free_port(), []
     helpers = str(Path(__file__).parent)
     for rank in range(2):
-        env = dict(os.environ, **rank_env(rank, 2, port), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([str(ROOT), helpers, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, str(Path(helpers) / "gradcache_jobs.py"), str(tmp_path)],
-                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            **rank_env(rank, 2, port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(ROOT), helpers, os.environ.get("PYTHONPATH", "")]),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(Path(helpers) / "gradcache_jobs.py"), str(tmp_path)],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
@@ -90,7 +102,14 @@ def test_offloaded_cuda_step_equals_the_cpu_step():
     model, _, loss, images, tokens, index = gradcache_jobs._setup("fastclip-v3", 0, 1, dropout=False)
     model.cuda()
     inputs = StepInputs(images.pin_memory(), tokens.pin_memory(), index.cuda())
-    forward_backward(model, loss, inputs, micro_batch_size=3, seed_of=gradcache_jobs._seed(0),
-                     autocast=contextlib.nullcontext, offload_features=True)
+    forward_backward(
+        model,
+        loss,
+        inputs,
+        micro_batch_size=3,
+        seed_of=gradcache_jobs._seed(0),
+        autocast=contextlib.nullcontext,
+        offload_features=True,
+    )
     got = {n: p.grad.cpu() for n, p in model.clip.named_parameters() if p.grad is not None}
     assert _rel(got, grads("fastclip-v3", 0, dropout=False)) <= 1e-4

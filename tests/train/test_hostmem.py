@@ -21,6 +21,8 @@ def test_leaves_cuda_and_a_users_setting_alone(monkeypatch):
 def test_sets_the_threshold_on_the_cpu_under_glibc():
     code = "from toolkit.train.hostmem import release_freed_memory as r; print(r('cpu'))"
     child_env = {k: v for k, v in env().items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"

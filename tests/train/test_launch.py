@@ -20,19 +20,40 @@ from toolkit.train.run import run
 
 pytestmark = pytest.mark.dist
 STEPS = 6
-CASES = {"openclip-gather": ["--loss", "openclip", "--mode", "gather"],
-         "fastclip-v3": ["--loss", "fastclip-v3", "--mode", "fastclip"],
-         "openclip-ring": ["--loss", "openclip", "--mode", "ring"]}
+CASES = {
+    "openclip-gather": ["--loss", "openclip", "--mode", "gather"],
+    "fastclip-v3": ["--loss", "fastclip-v3", "--mode", "fastclip"],
+    "openclip-ring": ["--loss", "openclip", "--mode", "ring"],
+}
 
 
 def _args(data, out, case: str) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--steps", str(STEPS), "--batch-size", "16",
-            "--workers", "0", "--log-every", "1", "--set", "tensorboard=false", *CASES[case]]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--log-every",
+        "1",
+        "--set",
+        "tensorboard=false",
+        *CASES[case],
+    ]
 
 
 def _single(data, out, case: str) -> list[float]:
-    loss = {"openclip-gather": {"kind": "openclip", "mode": "gather"}, "fastclip-v3": {},
-            "openclip-ring": {"kind": "openclip", "mode": "ring"}}[case]
+    loss = {
+        "openclip-gather": {"kind": "openclip", "mode": "gather"},
+        "fastclip-v3": {},
+        "openclip-ring": {"kind": "openclip", "mode": "ring"},
+    }[case]
     run(train_cfg(data, out, steps=STEPS, batch_size=16, loss=loss))
     return [r["loss"] for r in metrics(out)]
 
@@ -71,19 +92,34 @@ def test_ranks_started_by_slurm(demo_train, tmp_path):
     port = str(free_port())
     procs = []
     for rank in (0, 1):
-        slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NNODES": "1",
-                 "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": port}
-        procs.append(subprocess.Popen(toolkit_cmd(*_args(demo_train, tmp_path / "slurm", "fastclip-v3")), cwd=ROOT,
-                                      env={**env(), **slurm}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        slurm = {
+            "SLURM_NTASKS": "2",
+            "SLURM_PROCID": str(rank),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NNODES": "1",
+            "SLURM_NODEID": "0",
+            "SLURM_JOB_NODELIST": "localhost",
+            "MASTER_PORT": port,
+        }
+        procs.append(
+            subprocess.Popen(
+                toolkit_cmd(*_args(demo_train, tmp_path / "slurm", "fastclip-v3")),
+                cwd=ROOT,
+                env={**env(), **slurm},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     _assert_same_run(tmp_path / "slurm", tmp_path / "one", reference)
 
 
 def test_bad_config_is_refused_before_any_process_starts(demo_train, tmp_path):
-    result = run_cli([*_args(demo_train, tmp_path / "bad", "fastclip-v3"), "--nproc-per-node", "2",
-                      "--mode", "gather"])
+    result = run_cli(
+        [*_args(demo_train, tmp_path / "bad", "fastclip-v3"), "--nproc-per-node", "2", "--mode", "gather"]
+    )
     assert result.returncode == 2 and "fastclip mode only" in result.stderr
     assert "torchrun" not in result.stderr and not (tmp_path / "bad").exists()
 
@@ -99,11 +135,23 @@ def test_torchrun_arguments_and_slurm_environment():
     elastic = torchrun_argv(build(LaunchConfig, {"nodes": "2:4", "max_restarts": 3}), "m", [])
     assert {"--nnodes=2:4", "--rdzv-backend=c10d", "--max-restarts=3"} <= set(elastic)
     assert _slurm_hosts("gpu[01-03,07],cpu5") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]
-    environ = {"SLURM_NTASKS": "16", "SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
-               "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "n[1-2]"}
+    environ = {
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+    }
     assert apply_slurm_env(build(LaunchConfig, {}), environ)
-    assert (environ["RANK"], environ["WORLD_SIZE"], environ["LOCAL_RANK"], environ["LOCAL_WORLD_SIZE"],
-            environ["GROUP_RANK"], environ["MASTER_ADDR"]) == ("9", "16", "1", "8", "1", "n1")
+    assert (
+        environ["RANK"],
+        environ["WORLD_SIZE"],
+        environ["LOCAL_RANK"],
+        environ["LOCAL_WORLD_SIZE"],
+        environ["GROUP_RANK"],
+        environ["MASTER_ADDR"],
+    ) == ("9", "16", "1", "8", "1", "n1")
     assert not apply_slurm_env(build(LaunchConfig, {}), {"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})
     assert os.environ.get("RANK") is None
 
@@ -122,14 +170,23 @@ def make(eval_cfg):
 '''
 
 
-def test_launched_ranks_build_their_evaluation_callback_from_the_named_factory(demo_train, tmp_path, monkeypatch):
+def test_launched_ranks_build_their_evaluation_callback_from_the_named_factory(
+    demo_train, tmp_path, monkeypatch
+):
     """Ranks start from the trainer's own entry (toolkit.train.worker) and build the callback the launching
     process names (``eval_factory``, "module:function" of the config's eval section), as toolkit.trainval does."""
     (tmp_path / "probe_eval.py").write_text(PROBE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cfg = train_cfg(demo_train, tmp_path / "run", steps=2, launch={"nproc_per_node": 2},
-                    eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["probe"]})
+    cfg = train_cfg(
+        demo_train,
+        tmp_path / "run",
+        steps=2,
+        launch={"nproc_per_node": 2},
+        eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["probe"]},
+    )
     result = run(cfg, eval_factory="probe_eval:make")
     assert result.counts["world_size"] == 2
     evaluated = [m for m in metrics(tmp_path / "run") if "eval/probe/rank" in m]

@@ -23,8 +23,22 @@ pytestmark = pytest.mark.dist
 
 
 def _args(data, out, *extra: str) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--steps", "2", "--batch-size", "16", "--workers",
-            "0", "--nproc-per-node", "2", *extra]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--nproc-per-node",
+        "2",
+        *extra,
+    ]
 
 
 class _SilentServer:
@@ -66,18 +80,23 @@ def test_a_port_held_by_another_program_is_refused_naming_it(demo_train, tmp_pat
     """The issue's case: an elastic job whose rendezvous port a silent server holds (it waited > 10 min)."""
     out = tmp_path / "run"
     port = str(silent_server.port)
-    result = run_cli(_args(demo_train, out, "--nodes", "1:2", "--master-addr", "127.0.0.1", "--master-port", port),
-                     timeout_s=240)
+    result = run_cli(
+        _args(demo_train, out, "--nodes", "1:2", "--master-addr", "127.0.0.1", "--master-port", port),
+        timeout_s=240,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
-    assert f"--master-port {port}: 127.0.0.1:{port} is held by a program that is not a torch rendezvous" in \
-        result.stderr, result.stderr[-3000:]
+    assert (
+        f"--master-port {port}: 127.0.0.1:{port} is held by a program that is not a torch rendezvous"
+        in result.stderr
+    ), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     m = _manifest(out)
     assert m["status"] == "failed" and f"--master-port {port}" in m["error"]
 
 
-@pytest.mark.parametrize("over", [{"nodes": "2", "node_rank": 0}, {"nproc_per_node": 2}],
-                         ids=["static-node0", "one-node"])
+@pytest.mark.parametrize(
+    "over", [{"nodes": "2", "node_rank": 0}, {"nproc_per_node": 2}], ids=["static-node0", "one-node"]
+)
 def test_a_node_that_hosts_the_rendezvous_refuses_a_busy_port(silent_server, over):
     """Node 0 of a static job, and one node given --master-port (which used to be ignored: standalone), host
     the rendezvous themselves: a port in use is refused at once, without a probe."""
@@ -89,8 +108,10 @@ def test_a_node_that_hosts_the_rendezvous_refuses_a_busy_port(silent_server, ove
     launch = build(LaunchConfig, {**over, "master_port": silent_server.port})
     argv = " ".join(torchrun_argv(launch, "m", []))
     assert f"127.0.0.1:{silent_server.port}" in argv or f"--master-port={silent_server.port}" in argv
-    with pytest.raises(RendezvousError, match=f"--master-port {silent_server.port}: port {silent_server.port} on "
-                                              "127.0.0.1 is already in use"):
+    with pytest.raises(
+        RendezvousError,
+        match=f"--master-port {silent_server.port}: port {silent_server.port} on 127.0.0.1 is already in use",
+    ):
         check_port(launch, LauncherSignals())
     check_port(build(LaunchConfig, {**over, "master_port": free_port()}), LauncherSignals())  # free: accepted
     assert "--standalone" in torchrun_argv(build(LaunchConfig, {"nproc_per_node": 2}), "m", [])
@@ -99,8 +120,21 @@ def test_a_node_that_hosts_the_rendezvous_refuses_a_busy_port(silent_server, ove
 def test_a_peer_that_never_comes_ends_at_the_rendezvous_timeout_naming_it(demo_train, tmp_path):
     out = tmp_path / "run"
     port = str(free_port())
-    result = run_cli(_args(demo_train, out, "--nodes", "2", "--node-rank", "0", "--master-port", port, "--set",
-                           "launch.rendezvous_timeout_s=3"), timeout_s=240)
+    result = run_cli(
+        _args(
+            demo_train,
+            out,
+            "--nodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-port",
+            port,
+            "--set",
+            "launch.rendezvous_timeout_s=3",
+        ),
+        timeout_s=240,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "no rendezvous within 3 s" in result.stderr, result.stderr[-3000:]
     assert f"the other 1 node(s) of 2 to join this node's rendezvous at 127.0.0.1:{port}" in result.stderr
@@ -112,7 +146,10 @@ def _agent_pids(yaml_path: str) -> list[int]:
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if yaml_path.encode() in cmdline.read_bytes() and Path(cmdline.parent, "stat").read_text().split()[2] != "Z":
+            if (
+                yaml_path.encode() in cmdline.read_bytes()
+                and Path(cmdline.parent, "stat").read_text().split()[2] != "Z"
+            ):
                 found.append(int(cmdline.parent.name))
         except OSError:
             continue
@@ -124,10 +161,17 @@ def test_a_signal_while_waiting_for_a_peer_ends_launcher_and_agent(demo_train, t
     """A static node 0 whose peer never comes (the rendezvous deadline far away): the signal, sent to the
     launcher's process group as a terminal's Ctrl-C is, ends it within seconds and kills its agent."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out, "--nodes", "2", "--node-rank", "0", "--master-port",
-                                               str(free_port()))),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(
+            *_args(demo_train, out, "--nodes", "2", "--node-rank", "0", "--master-port", str(free_port()))
+        ),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -155,9 +199,15 @@ def test_a_second_signal_stops_running_workers_at_once(demo_train, tmp_path):
     """The first SIGTERM asks the workers for a checkpoint; a second one, sent before they finished
     (serialising a 92 MiB checkpoint takes seconds), kills the agent and the workers now."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out, "--steps", "400", "--log-every", "1")),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_args(demo_train, out, "--steps", "400", "--log-every", "1")),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -173,6 +223,8 @@ def test_a_second_signal_stops_running_workers_at_once(demo_train, tmp_path):
     reader.join(timeout=10)
     output = "".join(lines)
     assert proc.returncode == 1, output[-3000:]
-    assert "interrupted by a second signal (SIGTERM): the workers were stopped at once" in output, output[-3000:]
+    assert "interrupted by a second signal (SIGTERM): the workers were stopped at once" in output, output[
+        -3000:
+    ]
     assert _manifest(out)["status"] == "interrupted"
     assert not _agent_pids(yaml_path)

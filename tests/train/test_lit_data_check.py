@@ -16,8 +16,22 @@ import pytest
 from trainkit import run_cli, train_cfg
 
 NO_TOWER = "holds text_features but its dataset.json names no text tower"
-ARGS = ["--model", "cliptk-tiny", "--steps", "2", "--batch-size", "8", "--loss", "openclip", "--mode", "gather",
-        "--workers", "0", "--set", "tensorboard=false"]
+ARGS = [
+    "--model",
+    "cliptk-tiny",
+    "--steps",
+    "2",
+    "--batch-size",
+    "8",
+    "--loss",
+    "openclip",
+    "--mode",
+    "gather",
+    "--workers",
+    "0",
+    "--set",
+    "tensorboard=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +42,19 @@ def lit_sets(demo_train, tmp_path_factory):
     from toolkit.data.trainset.precompute import stage as precompute
 
     base = tmp_path_factory.mktemp("lit_check")
-    precompute.run(build(precompute.PrecomputeConfig, {
-        "input": str(demo_train.parent / "raw"), "out": str(base / "good"), "model": "cliptk-tiny",
-        "samples_per_shard": 50, "num_workers": 1, "text_tower": "minilm"}))
+    precompute.run(
+        build(
+            precompute.PrecomputeConfig,
+            {
+                "input": str(demo_train.parent / "raw"),
+                "out": str(base / "good"),
+                "model": "cliptk-tiny",
+                "samples_per_shard": 50,
+                "num_workers": 1,
+                "text_tower": "minilm",
+            },
+        )
+    )
     shutil.copytree(base / "good", base / "bad")
     meta = json.loads((base / "bad" / "dataset.json").read_text())
     del meta["extra"]["text_tower"]
@@ -66,21 +90,24 @@ def test_a_launched_rank_checks_lit_data_itself(lit_sets, tmp_path):
 
 
 def test_the_launcher_refuses_lit_data_before_starting_ranks(lit_sets, tmp_path):
-    result = run_cli(["train", "--data", str(lit_sets[1]), "--out", str(tmp_path / "run"), *ARGS,
-                      "--nproc-per-node", "2"])
+    result = run_cli(
+        ["train", "--data", str(lit_sets[1]), "--out", str(tmp_path / "run"), *ARGS, "--nproc-per-node", "2"]
+    )
     assert result.returncode != 0 and NO_TOWER in result.stderr, result.stderr[-2000:]
     assert "rank 0" not in result.stderr  # refused in preflight: no rank started
 
 
 def test_a_pipeline_stage_refuses_lit_data_that_does_not_fit(lit_sets, tmp_path):
     pipe = tmp_path / "pipe.yaml"
-    pipe.write_text(textwrap.dedent(f"""\
+    pipe.write_text(
+        textwrap.dedent(f"""\
         run_dir: {tmp_path / "pipe"}
         stages:
           - name: train
             kind: train
             config: {{data: {lit_sets[1]}, model: cliptk-tiny, steps: 2, batch_size: 8,
                       loss: {{kind: openclip, mode: gather}}, loader: {{num_workers: 0}}, tensorboard: false}}
-        """))
+        """)
+    )
     result = run_cli(["pipeline", "run", str(pipe)])
     assert result.returncode != 0 and NO_TOWER in result.stderr, result.stderr[-2000:]

@@ -32,8 +32,13 @@ def test_groups_split_decay_gains_and_logit_scale():
     m = _Tiny()
     groups = param_groups(m.named_parameters(), weight_decay=0.1, lr_tau=2e-4)
     assert [g["name"] for g in groups] == ["no_decay", "decay", "logit_scale"]
-    assert _ids(groups[0]) == {id(m.proj.bias), id(m.ln_final.weight), id(m.ln_final.bias), id(m.bn1.weight),
-                               id(m.bn1.bias)}
+    assert _ids(groups[0]) == {
+        id(m.proj.bias),
+        id(m.ln_final.weight),
+        id(m.ln_final.bias),
+        id(m.bn1.weight),
+        id(m.bn1.bias),
+    }
     assert _ids(groups[1]) == {id(m.proj.weight), id(m.text_projection)}
     assert _ids(groups[2]) == {id(m.logit_scale)} and groups[2]["lr"] == 2e-4
     assert [g["weight_decay"] for g in groups] == [0.0, 0.1, 0.0]
@@ -55,8 +60,11 @@ def test_groups_on_open_clip_model():
 
 
 def _open_clip_tiny(open_clip):
-    cfg = {"embed_dim": 16, "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
-           "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1}}
+    cfg = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 16, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
+        "text_cfg": {"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 1},
+    }
     return open_clip.model.CLIP(**cfg)
 
 
@@ -86,7 +94,9 @@ def test_lamb_matches_reference_lamb_step():
     b = nn.Parameter(torch.randn(3))
     holder = nn.Module()
     holder.weight, holder.bias = w, b
-    opt = build_optimizer(holder, OptimConfig(name="lamb", lr=0.1, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6))
+    opt = build_optimizer(
+        holder, OptimConfig(name="lamb", lr=0.1, weight_decay=0.1, beta1=0.9, beta2=0.98, eps=1e-6)
+    )
     state = {id(p): (torch.zeros_like(p), torch.zeros_like(p), p.detach().clone()) for p in (w, b)}
     for step in range(1, 4):
         grads = {id(w): torch.randn(4, 3) * 10, id(b): torch.randn(3) * 10}
@@ -120,13 +130,20 @@ def test_adamw_is_fused_and_equals_the_per_parameter_update():
     cfg = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.1)
     fused = build_optimizer(fused_model, cfg, lr_tau=1e-3)
     assert all(g["fused"] for g in fused.param_groups)
-    loop = torch.optim.AdamW(param_groups(loop_model.named_parameters(), 0.1, 1e-3), lr=1e-2, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps, foreach=False)
+    loop = torch.optim.AdamW(
+        param_groups(loop_model.named_parameters(), 0.1, 1e-3),
+        lr=1e-2,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        foreach=False,
+    )
     for step in range(5):
         x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
         for m, opt in ((fused_model, fused), (loop_model, loop)):
             opt.zero_grad()
-            (m.ln_final(m.proj(m.bn1(x))) @ m.text_projection).pow(2).mean().mul(m.logit_scale.exp()).backward()
+            (m.ln_final(m.proj(m.bn1(x))) @ m.text_projection).pow(2).mean().mul(
+                m.logit_scale.exp()
+            ).backward()
             opt.step()
     for (name, a), (_, b) in zip(fused_model.named_parameters(), loop_model.named_parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)

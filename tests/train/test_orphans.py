@@ -15,19 +15,50 @@ from trainkit import ROOT, env, metrics, toolkit_cmd
 sys.path.insert(0, str(ROOT / "tests" / "core"))
 from proctools import alive, descendants, wait_for  # noqa: E402
 
-ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--checkpoint-every", "4",
-        "--set", "tensorboard=false"]
+ARGS = [
+    "--batch-size",
+    "16",
+    "--loss",
+    "fastclip-v3",
+    "--workers",
+    "0",
+    "--log-every",
+    "1",
+    "--checkpoint-every",
+    "4",
+    "--set",
+    "tensorboard=false",
+]
 
 
 @pytest.mark.dist
 @pytest.mark.timeout(400)
 def test_sigkilled_launcher_leaves_no_rank_running(demo_train, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(demo_train), "--out", str(out), "--steps", "400",
-                                        *ARGS, "--nproc-per-node", "2"),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: proc.poll() is not None or ((out / "metrics.jsonl").is_file() and len(metrics(out)) >= 2),
-             300, "two logged steps")
+    proc = subprocess.Popen(
+        toolkit_cmd(
+            "train",
+            "--data",
+            str(demo_train),
+            "--out",
+            str(out),
+            "--steps",
+            "400",
+            *ARGS,
+            "--nproc-per-node",
+            "2",
+        ),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for(
+        lambda: proc.poll() is not None or ((out / "metrics.jsonl").is_file() and len(metrics(out)) >= 2),
+        300,
+        "two logged steps",
+    )
     assert proc.poll() is None, proc.stdout.read()[-3000:]
     tree = descendants(proc.pid)
     assert len(tree) >= 3  # the agent and two ranks (and what they started)
@@ -43,12 +74,35 @@ def _two_rank_job(data, out, *extra: str) -> tuple[subprocess.Popen, int]:
     """A 2-rank `toolkit train` past its second logged step: (the launcher, rank 1's pid)."""
     import json
 
-    proc = subprocess.Popen(toolkit_cmd("train", "--data", str(data), "--out", str(out), "--steps", "400",
-                                        *ARGS, "--nproc-per-node", "2", *extra),
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--steps",
+            "400",
+            *ARGS,
+            "--nproc-per-node",
+            "2",
+            *extra,
+        ),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     beat = out / ".heartbeat" / "rank-1.json"
-    wait_for(lambda: proc.poll() is not None or (beat.is_file() and (out / "metrics.jsonl").is_file()
-                                                 and len(metrics(out)) >= 2), 300, "two logged steps")
+    wait_for(
+        lambda: (
+            proc.poll() is not None
+            or (beat.is_file() and (out / "metrics.jsonl").is_file() and len(metrics(out)) >= 2)
+        ),
+        300,
+        "two logged steps",
+    )
     assert proc.poll() is None, proc.stderr.read()[-3000:]
     return proc, json.loads(beat.read_text())["pid"]
 
@@ -67,7 +121,9 @@ def test_a_stopped_rank_is_named_by_the_watchdog(demo_train, tmp_path):
     assert proc.returncode == 1, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, stderr[-3000:]
-    assert f"rank 1 (pid {rank1} " in errors[0] and "watchdog_s=8" in errors[0] and "stopped" in errors[0], errors
+    assert f"rank 1 (pid {rank1} " in errors[0] and "watchdog_s=8" in errors[0] and "stopped" in errors[0], (
+        errors
+    )
     wait_for(lambda: not any(alive(p) for p in tree), 30, "the job's processes to exit")
 
 

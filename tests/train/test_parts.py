@@ -106,7 +106,9 @@ def test_state_io_round_trip(parts, demo_train, tmp_path):
     p = parts
     with torch.no_grad():
         p.built.model.clip.logit_scale.fill_(1.234)
-    assert p.io.save(TrainState(step=2, samples_seen=32)) and not p.io.save(TrainState(step=2, samples_seen=32))
+    assert p.io.save(TrainState(step=2, samples_seen=32)) and not p.io.save(
+        TrainState(step=2, samples_seen=32)
+    )
     p.io.close()
     again = build_parts(p.cfg)
     state = again.io.resume()

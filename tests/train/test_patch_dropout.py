@@ -57,9 +57,14 @@ def test_evaluation_features_equal_the_model_without_patch_dropout():
 def _grads(loss: str, micro: int, dropout: float) -> dict[str, torch.Tensor]:
     model, ddp, loss_fn, images, tokens, index = _setup(loss, 0, 1, dropout=False)
     install(model.clip, dropout)
-    forward_backward(ddp, loss_fn, StepInputs(images, tokens, index, patch_seed=stream_seed(3, 0, 0, 0)),
-                     micro_batch_size=micro, seed_of=lambda i: stream_seed(3, 0, 0, i),
-                     autocast=contextlib.nullcontext)
+    forward_backward(
+        ddp,
+        loss_fn,
+        StepInputs(images, tokens, index, patch_seed=stream_seed(3, 0, 0, 0)),
+        micro_batch_size=micro,
+        seed_of=lambda i: stream_seed(3, 0, 0, i),
+        autocast=contextlib.nullcontext,
+    )
     return {n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None}
 
 
@@ -82,8 +87,25 @@ SGD = ["--loss", "openclip", "--set", "optim.name=sgd", "--set", "optim.lr=0.1",
 
 
 def _args(data, out, steps: int, *extra: str) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--steps", str(steps), "--batch-size", "16",
-            "--workers", "0", "--log-every", "1", "--set", "tensorboard=false", *SGD, *extra]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--log-every",
+        "1",
+        "--set",
+        "tensorboard=false",
+        *SGD,
+        *extra,
+    ]
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -92,15 +114,33 @@ def _max_diff(a: dict, b: dict) -> float:
 
 @pytest.mark.dist
 def test_two_ranks_with_micro_batches_train_the_weights_of_one_process(demo_train, tmp_path):
-    run(train_cfg(demo_train, tmp_path / "one", steps=4, batch_size=16, loss={"kind": "openclip"},
-                  optim={"name": "sgd", "lr": 0.1}, patch_dropout=0.5))
+    run(
+        train_cfg(
+            demo_train,
+            tmp_path / "one",
+            steps=4,
+            batch_size=16,
+            loss={"kind": "openclip"},
+            optim={"name": "sgd", "lr": 0.1},
+            patch_dropout=0.5,
+        )
+    )
     two = run_cli(_args(demo_train, tmp_path / "two", 4, "--nproc-per-node", "2", "--micro-batch-size", "3"))
     assert two.returncode == 0, two.stderr[-4000:]
     assert [r["loss"] for r in metrics(tmp_path / "two")] == pytest.approx(
-        [r["loss"] for r in metrics(tmp_path / "one")], rel=1e-5)
+        [r["loss"] for r in metrics(tmp_path / "one")], rel=1e-5
+    )
     assert _max_diff(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
-    run(train_cfg(demo_train, tmp_path / "full", steps=4, batch_size=16, loss={"kind": "openclip"},
-                  optim={"name": "sgd", "lr": 0.1}))
+    run(
+        train_cfg(
+            demo_train,
+            tmp_path / "full",
+            steps=4,
+            batch_size=16,
+            loss={"kind": "openclip"},
+            optim={"name": "sgd", "lr": 0.1},
+        )
+    )
     assert _max_diff(weights(tmp_path / "full"), weights(tmp_path / "one")) > 1e-4  # dropout changed training
 
 
@@ -108,8 +148,14 @@ def test_kill_and_resume_sees_the_masks_of_the_uninterrupted_run(demo_train, tmp
     steps = 30
     assert run_cli(_args(demo_train, tmp_path / "whole", steps, "--checkpoint-every", "4")).returncode == 0
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out, steps, "--checkpoint-every", "4")), cwd=ROOT,
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_args(demo_train, out, steps, "--checkpoint-every", "4")),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         start, deadline_s = time.monotonic(), 240
         while not (out / "checkpoints" / "step-00000008" / "checkpoint.json").is_file():
@@ -132,12 +178,22 @@ def test_the_planner_measures_the_shorter_sequence_and_auto_micro_batches_grow(d
 
     with pytest.raises(ValueError, match="--measure"):  # the shipped table holds full-sequence activations
         planner.run(planner.PlanConfig(device="cpu", patch_dropout=0.5))
-    full, dropped = (measure_activations("cliptk-tiny", (16, 64), threads=1, patch_dropout=p) for p in (0.0, 0.75))
+    full, dropped = (
+        measure_activations("cliptk-tiny", (16, 64), threads=1, patch_dropout=p) for p in (0.0, 0.75)
+    )
     assert dropped.per_sample_bytes < 0.8 * full.per_sample_bytes, (dropped, full)
     micro = {}
     for p in (0.0, 0.75):
-        parts = build_parts(train_cfg(demo_train, tmp_path / f"r{p}", batch_size=64, micro_batch_size="auto",
-                                      memory_budget_gb=0.25, patch_dropout=p))
+        parts = build_parts(
+            train_cfg(
+                demo_train,
+                tmp_path / f"r{p}",
+                batch_size=64,
+                micro_batch_size="auto",
+                memory_budget_gb=0.25,
+                patch_dropout=p,
+            )
+        )
         parts.io.close()
         micro[p] = parts.micro_batch_size
     assert 0 < micro[0.0] < micro[0.75] or (micro[0.0] > 0 and micro[0.75] == 0), micro

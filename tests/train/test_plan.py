@@ -47,8 +47,10 @@ def test_traffic_is_the_ledger_formula():
     assert got["openclip/gather"] == sent_bytes(step_traffic("gather", 4, 16, 8, 1000), 4)
     # all_gather of [b, 2, d] fp32: (K-1)·n wire bytes; fastclip's feature bytes are half of gather's
     assert got["openclip/fastclip"]["features"] == 3 * 2 * 16 * 8 * 4
-    assert got["openclip/gather"]["features"] + got["openclip/gather"]["feature_grads"] == \
-        2 * got["openclip/fastclip"]["features"]
+    assert (
+        got["openclip/gather"]["features"] + got["openclip/gather"]["feature_grads"]
+        == 2 * got["openclip/fastclip"]["features"]
+    )
     assert got["fastclip-v3/fastclip"]["scalars"] == 3 * 16 * 5 * 8
     assert got["openclip/gather"]["param_grads"] == 2 * 3 / 4 * 4000
 
@@ -68,11 +70,31 @@ def test_largest_fit_is_the_boundary():
 
 
 def test_cli_prints_the_table_and_refuses_bad_input():
-    res = run_cli(["plan", "--model", "cliptk-tiny", "-b", "256", "--nproc-per-node", "2", "--device", "cpu",
-                   "--device-memory-gb", "2", "--micro-batch-size", "16"])
+    res = run_cli(
+        [
+            "plan",
+            "--model",
+            "cliptk-tiny",
+            "-b",
+            "256",
+            "--nproc-per-node",
+            "2",
+            "--device",
+            "cpu",
+            "--device-memory-gb",
+            "2",
+            "--micro-batch-size",
+            "16",
+        ]
+    )
     assert res.returncode == 0, res.stderr
-    for text in ("optimizer state (adamw)", "activations (micro-batch 16)", "openclip/ring", "fastclip-v3/fastclip",
-                 "largest global batch with micro-batch 16"):
+    for text in (
+        "optimizer state (adamw)",
+        "activations (micro-batch 16)",
+        "openclip/ring",
+        "fastclip-v3/fastclip",
+        "largest global batch with micro-batch 16",
+    ):
         assert text in res.stdout
     bad = run_cli(["plan", "--optimizer", "adam"])
     assert bad.returncode == 2 and "did you mean 'adamw'" in bad.stderr
@@ -91,7 +113,9 @@ def test_micro_batch_auto_config_and_cli(tmp_path):
     assert cfg.micro_batch_size == "auto"
     with pytest.raises(ConfigError, match="micro_batch_size"):
         build(TrainConfig, {"data": "d", "out": "o", "micro_batch_size": "big"})
-    res = run_cli(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--micro-batch-size", "lots"])
+    res = run_cli(
+        ["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--micro-batch-size", "lots"]
+    )
     assert res.returncode == 2 and "--micro-batch-size" in res.stderr
 
 
@@ -101,8 +125,15 @@ def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
 
     fixed, per_sample, overhead = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")]
     for budget_gb in (0.25, 8.0):
-        p = build_parts(train_cfg(demo_train, tmp_path / f"r{budget_gb}", batch_size=64, micro_batch_size="auto",
-                                  memory_budget_gb=budget_gb))
+        p = build_parts(
+            train_cfg(
+                demo_train,
+                tmp_path / f"r{budget_gb}",
+                batch_size=64,
+                micro_batch_size="auto",
+                memory_budget_gb=budget_gb,
+            )
+        )
         p.io.close()
         pcfg = plan_config(p.cfg, 1, 1, "cpu", p.data.num_samples)
         shape = plan.model_shape("cliptk-tiny")
@@ -129,12 +160,24 @@ def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micr
     tokens = next(iter(make_loader(demo_train, batch_size=160, shuffle=False)))["tokens"]
     longest = int(tokens.argmax(dim=-1).max()) + 1
     assert longest < tokens.shape[1]  # the cut matters here
-    predicted = plan.run(_cfg(batch_size=batch, micro_batch_size=micro, device="cpu", num_samples=160,
-                              measure=True, text_tokens=longest)).total
+    predicted = plan.run(
+        _cfg(
+            batch_size=batch,
+            micro_batch_size=micro,
+            device="cpu",
+            num_samples=160,
+            measure=True,
+            text_tokens=longest,
+        )
+    ).total
     job = ROOT / "tests" / "train" / "plan_jobs.py"
-    proc = subprocess.run([sys.executable, str(job), str(demo_train), str(tmp_path / "run"), str(batch), str(micro)],
-                          env={**env(), **MALLOC, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'train'}"},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(job), str(demo_train), str(tmp_path / "run"), str(batch), str(micro)],
+        env={**env(), **MALLOC, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'train'}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     measured = json.loads(proc.stdout.strip().splitlines()[-1])["measured"]
     assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)

@@ -17,8 +17,20 @@ from toolkit.train.plan import planner as plan
 
 
 def test_a_cuda_plan_without_a_gpu_uses_the_labelled_estimate():
-    res = CliRunner().invoke(app, ["plan", "--model", "ViT-B-32", "--batch-size", "32768", "--nproc-per-node", "8",
-                                   "--device-memory-gb", "80"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            "--model",
+            "ViT-B-32",
+            "--batch-size",
+            "32768",
+            "--nproc-per-node",
+            "8",
+            "--device-memory-gb",
+            "80",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "(estimate, no GPU here: the H100 run's measured ViT-B-32 bf16 peak" in res.output, res.output
     assert "largest micro-batch at global batch 32768:" in res.output
@@ -27,14 +39,25 @@ def test_a_cuda_plan_without_a_gpu_uses_the_labelled_estimate():
 def test_the_estimate_reproduces_the_h100_peak_it_is_calibrated_on():
     """The H100 configuration itself (bf16, batch 512, captions of 12 tokens) plans to the measured peak; the
     full context and fp32 plan more, a non-ViT tower is refused naming --measure."""
-    cfg = build(plan.PlanConfig, {"model": "ViT-B-32", "batch_size": 512, "loss": "openclip", "mode": "gather",
-                                  "precision": "bf16", "text_tokens": estimate.H100_TEXT_TOKENS})
+    cfg = build(
+        plan.PlanConfig,
+        {
+            "model": "ViT-B-32",
+            "batch_size": 512,
+            "loss": "openclip",
+            "mode": "gather",
+            "precision": "bf16",
+            "text_tokens": estimate.H100_TEXT_TOKENS,
+        },
+    )
     h100 = plan.run(cfg)
     assert h100.total == pytest.approx(estimate.H100_PEAK_BYTES, rel=1e-9)
     assert h100.source.startswith("estimate")
     full = plan.run(build(plan.PlanConfig, {**_fields(cfg), "text_tokens": 0}))
     fp32 = plan.run(build(plan.PlanConfig, {**_fields(cfg), "precision": "fp32"}))
-    assert h100.per_sample_bytes < full.per_sample_bytes and fp32.per_sample_bytes == 2 * h100.per_sample_bytes
+    assert (
+        h100.per_sample_bytes < full.per_sample_bytes and fp32.per_sample_bytes == 2 * h100.per_sample_bytes
+    )
     with pytest.raises(ValueError, match="not a ViT.*--measure"):
         plan.run(build(plan.PlanConfig, {"model": "RN50", "batch_size": 512}))
 
@@ -58,11 +81,26 @@ def test_measure_on_cuda_without_a_gpu_fails_at_once_in_one_line():
 
 def test_measuring_on_the_cpu_shows_progress(caplog):
     with caplog.at_level(logging.INFO, logger="toolkit.plan"):
-        res = CliRunner().invoke(app, ["plan", "--model", "cliptk-tiny", "--device", "cpu", "--measure", "-b", "64",
-                                       "--set", "measure_sizes=[2, 4]"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "plan",
+                "--model",
+                "cliptk-tiny",
+                "--device",
+                "cpu",
+                "--measure",
+                "-b",
+                "64",
+                "--set",
+                "measure_sizes=[2, 4]",
+            ],
+        )
     assert res.exit_code == 0, res.output
     for i, m in ((1, 2), (2, 4)):
-        assert f"measuring the activations of cliptk-tiny (fp32, cpu) at micro-batch {m} ({i} of 2) in a " \
-               "fresh process" in caplog.text, caplog.text
+        assert (
+            f"measuring the activations of cliptk-tiny (fp32, cpu) at micro-batch {m} ({i} of 2) in a "
+            "fresh process" in caplog.text
+        ), caplog.text
         assert f"micro-batch {m}: peak " in caplog.text, caplog.text
     assert "(measured [" in res.output

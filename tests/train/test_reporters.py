@@ -23,18 +23,22 @@ def _wandb_history(run_dir) -> list[dict]:
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         left = block - pos % block
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if kind == 0:
             pos += left
             continue
-        payload, pos = payload + data[pos + 7:pos + 7 + length], pos + 7 + length
+        payload, pos = payload + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(payload)
             payload = b""
             if record.WhichOneof("record_type") == "history":
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
+                rows.append(
+                    {
+                        item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                        for item in record.history.item
+                    }
+                )
     return rows
 
 
@@ -63,8 +67,9 @@ def test_report_to_chooses_the_sinks(demo_train, tmp_path):
         train_cfg(demo_train, tmp_path / "bad", report_to=["jsonl", "mlflow"])
 
 
-def test_wandb_with_credentials_and_no_reachable_server_goes_offline_with_one_warning(demo_train, tmp_path,
-                                                                                     monkeypatch, caplog):
+def test_wandb_with_credentials_and_no_reachable_server_goes_offline_with_one_warning(
+    demo_train, tmp_path, monkeypatch, caplog
+):
     """Issue 43 item 14: ~110 s before step 1, then 161 lines with two tracebacks. The server is a closed
     port on 127.0.0.1, so nothing leaves the machine."""
     import logging

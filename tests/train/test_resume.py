@@ -18,8 +18,22 @@ from toolkit.train.checkpoint.format import CheckpointInvalid, latest_valid, ver
 from toolkit.train.run import run
 
 STEPS = 40
-ARGS = ["--batch-size", "16", "--loss", "fastclip-v3", "--workers", "0", "--log-every", "1", "--set", "tensorboard=false",
-        "--set", "optim.warmup_steps=5", "--set", "loss.fastclip.gamma_decay_epochs=2"]
+ARGS = [
+    "--batch-size",
+    "16",
+    "--loss",
+    "fastclip-v3",
+    "--workers",
+    "0",
+    "--log-every",
+    "1",
+    "--set",
+    "tensorboard=false",
+    "--set",
+    "optim.warmup_steps=5",
+    "--set",
+    "loss.fastclip.gamma_decay_epochs=2",
+]
 
 
 def _train_args(data: Path, out: Path, *extra: str) -> list[str]:
@@ -30,8 +44,10 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout_s: float = 240) -> None
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if proc.poll() is not None:
-            raise AssertionError(f"training ended (code {proc.returncode}) before the point to interrupt it:\n"
-                                 + proc.stdout.read()[-3000:])
+            raise AssertionError(
+                f"training ended (code {proc.returncode}) before the point to interrupt it:\n"
+                + proc.stdout.read()[-3000:]
+            )
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError("timed out waiting for the training to reach the interruption point")
@@ -50,10 +66,18 @@ def uninterrupted(demo_train, tmp_path_factory) -> Path:
     return out
 
 
-def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(demo_train, uninterrupted, tmp_path):
+def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(
+    demo_train, uninterrupted, tmp_path
+):
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_train_args(demo_train, out, "--checkpoint-every", "5")), cwd=ROOT,
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_train_args(demo_train, out, "--checkpoint-every", "5")),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for(lambda: (out / "checkpoints" / "step-00000015" / "checkpoint.json").is_file(), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -68,13 +92,21 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_the_uninterrupted_run(dem
     final = "checkpoints/step-00000040"
     tw, tg = _tables(uninterrupted / final), _tables(out / final)
     assert max((tg[k] - tw[k]).abs().max().item() for k in tw) <= 1e-6
-    assert [r["loss"] for r in metrics(out)] == pytest.approx([r["loss"] for r in metrics(uninterrupted)], rel=1e-6)
+    assert [r["loss"] for r in metrics(out)] == pytest.approx(
+        [r["loss"] for r in metrics(uninterrupted)], rel=1e-6
+    )
 
 
 def test_sigterm_finishes_the_step_writes_one_checkpoint_and_exits_0(demo_train, uninterrupted, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_train_args(demo_train, out)), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_train_args(demo_train, out)),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for(lambda: (out / "metrics.jsonl").is_file() and len(metrics(out)) >= 3, proc)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
@@ -115,8 +147,11 @@ def test_a_damaged_or_unfinished_newest_checkpoint_is_skipped(demo_train, tmp_pa
 def test_resume_refuses_a_different_configuration(demo_train, tmp_path):
     out = tmp_path / "run"
     run(train_cfg(demo_train, out, steps=2))
-    with pytest.raises(ValueError, match=r"different configuration \(checkpoint -> this run: seed 0 -> 1\); "
-                                         r"resume it with its own config, use --resume none"):
+    with pytest.raises(
+        ValueError,
+        match=r"different configuration \(checkpoint -> this run: seed 0 -> 1\); "
+        r"resume it with its own config, use --resume none",
+    ):
         run(train_cfg(demo_train, out, steps=2, seed=1, checkpoint={"resume": "latest"}))
     run(train_cfg(demo_train, out, steps=2, seed=1, checkpoint={"resume": "none"}))  # starts afresh
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]
@@ -134,9 +169,13 @@ def test_refusal_names_the_output_keys_that_differ_with_old_and_new_values():
     assert "(checkpoint -> this run: steps 2 -> 3, optim.lr 0.001 -> 0.002); " in message, message
     assert "log_every" not in message and "num_workers" not in message  # affects_output=False: not hashed
     assert "--resume none" in message and "\n" not in message
-    check_config("ckpt", saved, train_cfg("data", "elsewhere", steps=2, log_every=9))  # nothing hashed differs
+    check_config(
+        "ckpt", saved, train_cfg("data", "elsewhere", steps=2, log_every=9)
+    )  # nothing hashed differs
     # a checkpoint written before trainer.json recorded the config: the hashes, as before
-    with pytest.raises(ConfigMismatch, match=r"different configuration \(config hash [0-9a-f]{16} != [0-9a-f]{16}\)"):
+    with pytest.raises(
+        ConfigMismatch, match=r"different configuration \(config hash [0-9a-f]{16} != [0-9a-f]{16}\)"
+    ):
         check_config("ckpt", {"config_hash": output_hash(old)}, new)
     many = train_cfg("d" * 300, "out", model="cliptk-small", batch_size=32, epochs=3, steps=5, seed=4)
     with pytest.raises(ConfigMismatch) as refused:
@@ -192,10 +231,20 @@ def test_resume_keeps_the_tau_lr_rule(demo_train, tmp_path, schedule):
     weights equal the uninterrupted run's."""
     import shutil
 
-    loss = {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 0.5, "lr_tau_schedule": schedule,
-            "tau_init": 0.03}  # starts at step_thresh's 0.03 threshold: its lr changes as τ moves
-    common = {"loss": loss, "optim": {"name": "sgd", "lr": 0.05, "warmup_steps": 0}, "steps": 4,
-              "checkpoint": {"every_steps": 2, "keep": 5}}
+    loss = {
+        "kind": "openclip",
+        "mode": "gather",
+        "learn_tau": True,
+        "lr_tau": 0.5,
+        "lr_tau_schedule": schedule,
+        "tau_init": 0.03,
+    }  # starts at step_thresh's 0.03 threshold: its lr changes as τ moves
+    common = {
+        "loss": loss,
+        "optim": {"name": "sgd", "lr": 0.05, "warmup_steps": 0},
+        "steps": 4,
+        "checkpoint": {"every_steps": 2, "keep": 5},
+    }
     run(train_cfg(demo_train, tmp_path / "a", **common))
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-00000004")

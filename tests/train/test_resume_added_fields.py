@@ -9,8 +9,13 @@ from trainkit import train_cfg
 from toolkit.train.checkpoint.resume import ConfigMismatch, check_config, output_config
 
 # the fields added to TrainConfig after checkpoints recorded their config, and what their absence meant
-ADDED = {"lock_image": False, "lock_image_unlocked_groups": 0, "lock_text": False,
-         "lock_text_unlocked_layers": 0, "ema_decay": 0.0}
+ADDED = {
+    "lock_image": False,
+    "lock_image_unlocked_groups": 0,
+    "lock_text": False,
+    "lock_text_unlocked_layers": 0,
+    "ema_decay": 0.0,
+}
 
 
 def _old_record(cfg) -> dict:
@@ -24,8 +29,10 @@ def test_a_record_without_the_added_fields_resumes_when_the_run_keeps_the_old_be
     check_config("ckpt", _old_record(cfg), cfg)
 
 
-@pytest.mark.parametrize("over, key", [({"ema_decay": 0.5}, "ema_decay"), ({"lock_text": True}, "lock_text"),
-                                       ({}, "augment.random_crop")])
+@pytest.mark.parametrize(
+    "over, key",
+    [({"ema_decay": 0.5}, "ema_decay"), ({"lock_text": True}, "lock_text"), ({}, "augment.random_crop")],
+)
 def test_a_record_without_the_added_fields_is_refused_naming_a_changed_one(demo_train, tmp_path, over, key):
     base = train_cfg(demo_train, tmp_path / "run", augment={"random_crop": False})
     cfg = train_cfg(demo_train, tmp_path / "run", **{"augment": {"random_crop": "augment" in key}, **over})

@@ -13,13 +13,44 @@ from trainkit import MODEL, run_cli
 def test_resume_onto_other_data_is_refused_naming_both(demo_train, tmp_path, loss):
     data, out = tmp_path / "D", tmp_path / "run"
     shutil.copytree(demo_train, data)
-    args = ["train", "--data", str(data), "--out", str(out), "--model", MODEL, "--batch-size", "16", "--steps", "4",
-            "--loss", loss, "--workers", "0", "--set", "tensorboard=false"]
+    args = [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        MODEL,
+        "--batch-size",
+        "16",
+        "--steps",
+        "4",
+        "--loss",
+        loss,
+        "--workers",
+        "0",
+        "--set",
+        "tensorboard=false",
+    ]
     first = run_cli(args)
     assert first.returncode == 0, first.stderr[-3000:]
     shutil.rmtree(data)  # re-precompute D at the same path from 3 of the 4 raw shards: 150 samples, not 160
-    again = run_cli(["data", "precompute", "--in", f"{demo_train.parent}/raw/{{00000..00002}}.tar", "--out",
-                     str(data), "--model", MODEL, "--samples-per-shard", "50", "--workers", "1"])
+    again = run_cli(
+        [
+            "data",
+            "precompute",
+            "--in",
+            f"{demo_train.parent}/raw/{{00000..00002}}.tar",
+            "--out",
+            str(data),
+            "--model",
+            MODEL,
+            "--samples-per-shard",
+            "50",
+            "--workers",
+            "1",
+        ]
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     refused = run_cli(args)
     assert refused.returncode == 1, refused.stderr[-3000:]

@@ -40,8 +40,16 @@ def test_siglip_resumes_exactly_from_a_checkpoint(demo_train, tmp_path):
     whole = tmp_path / "whole"
     run(train_cfg(demo_train, whole, steps=6, loss=SIGLIP, optim=sgd, checkpoint={"every_steps": 3}))
     resumed = tmp_path / "resumed"
-    run(train_cfg(demo_train, resumed, steps=6, loss=SIGLIP, optim=sgd,
-                  checkpoint={"resume": str(whole / "checkpoints" / "step-00000003")}))
+    run(
+        train_cfg(
+            demo_train,
+            resumed,
+            steps=6,
+            loss=SIGLIP,
+            optim=sgd,
+            checkpoint={"resume": str(whole / "checkpoints" / "step-00000003")},
+        )
+    )
     assert [r["step"] for r in metrics(resumed)] == [4, 5, 6]
     want, got = weights(whole), weights(resumed)
     assert got.keys() == want.keys() and "logit_bias" in got
@@ -58,13 +66,45 @@ def test_siglip_on_frozen_tower_features(demo_train, tmp_path):
     from toolkit.data.trainset.precompute import stage as precompute
 
     feats = tmp_path / "feats"
-    precompute.run(build(precompute.PrecomputeConfig, {
-        "input": str(demo_train.parent / "raw"), "out": str(feats), "model": MODEL, "samples_per_shard": 50,
-        "num_workers": 1, "text_tower": "minilm"}))
+    precompute.run(
+        build(
+            precompute.PrecomputeConfig,
+            {
+                "input": str(demo_train.parent / "raw"),
+                "out": str(feats),
+                "model": MODEL,
+                "samples_per_shard": 50,
+                "num_workers": 1,
+                "text_tower": "minilm",
+            },
+        )
+    )
     out = tmp_path / "lit"
-    result = run_cli(["train", "--data", str(feats), "--out", str(out), "--model", MODEL, "--loss", "siglip",
-                      "--mode", "fastclip", "--steps", "4", "--batch-size", "16", "--workers", "0",
-                      "--log-every", "1", "--set", "tensorboard=false"])
+    result = run_cli(
+        [
+            "train",
+            "--data",
+            str(feats),
+            "--out",
+            str(out),
+            "--model",
+            MODEL,
+            "--loss",
+            "siglip",
+            "--mode",
+            "fastclip",
+            "--steps",
+            "4",
+            "--batch-size",
+            "16",
+            "--workers",
+            "0",
+            "--log-every",
+            "1",
+            "--set",
+            "tensorboard=false",
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = metrics(out)
     assert len(rows) == 4 and all(math.isfinite(r["loss"]) for r in rows)
@@ -82,11 +122,21 @@ def test_siglip_config_fields_presets_and_refused_mode():
     assert "siglip" in loss_names() and loss_fields("siglip") == {"kind": "siglip"}
     cfg = LossConfig(kind="siglip")
     assert (cfg.name, cfg.initial_tau, cfg.init_logit_bias) == ("siglip", 0.1, -10.0)
-    assert LossConfig(kind="openclip").init_logit_bias is None and LossConfig(kind="openclip").initial_tau == 0.07
+    assert (
+        LossConfig(kind="openclip").init_logit_bias is None
+        and LossConfig(kind="openclip").initial_tau == 0.07
+    )
     assert isinstance(build_loss(cfg), SigLIPLoss)
     with pytest.raises(ValueError, match="no disco mode"):
         LossConfig(kind="siglip", mode="disco")
     # a published preset underneath, the sigmoid loss on top (as `--preset cc3m --loss siglip`)
-    tc = build(TrainConfig, {"data": "d", "out": "o", "preset": "cc3m",
-                             "loss": {"kind": "siglip", "siglip": {"bias_init": -5.0}}})
+    tc = build(
+        TrainConfig,
+        {
+            "data": "d",
+            "out": "o",
+            "preset": "cc3m",
+            "loss": {"kind": "siglip", "siglip": {"bias_init": -5.0}},
+        },
+    )
     assert tc.batch_size == 1024 and tc.loss.init_logit_bias == -5.0 and tc.loss.initial_tau == 0.1

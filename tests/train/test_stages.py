@@ -20,10 +20,18 @@ from toolkit.train.stages import parse, schedule
 
 def test_the_plan_covers_every_step_once_and_bad_plans_are_named():
     stages = schedule(parse("112px,16tok:0.9;224px:0.1"), 25)
-    assert [(s.image_px, s.text_tokens, s.start, s.stop) for s in stages] == [(112, 16, 0, 22), (224, 0, 22, 25)]
+    assert [(s.image_px, s.text_tokens, s.start, s.stop) for s in stages] == [
+        (112, 16, 0, 22),
+        (224, 0, 22, 25),
+    ]
     assert [(s.image_px, s.text_tokens) for s in parse(":0.5; 16tok :0.5")] == [(0, 0), (0, 16)]
-    for bad, words in [("112px", "FRACTION"), ("112px:0.5;:0.4", "sum to 0.9"), ("112pix:1", "112pix"),
-                       ("112px:x", "not a number"), ("112px:0", r"\(0, 1\]")]:
+    for bad, words in [
+        ("112px", "FRACTION"),
+        ("112px:0.5;:0.4", "sum to 0.9"),
+        ("112pix:1", "112pix"),
+        ("112px:x", "not a number"),
+        ("112px:0", r"\(0, 1\]"),
+    ]:
         with pytest.raises(ValueError, match=words):
             parse(bad)
 
@@ -42,7 +50,11 @@ def test_the_vit_runs_at_its_own_resolution_unchanged_and_at_half_with_a_bicubic
     table = clip.visual.positional_embedding  # [1 + 64, w]
     half = resize_patch_table(table, 4)
     grid = table[1:].reshape(1, 8, 8, -1).permute(0, 3, 1, 2)
-    manual = F.interpolate(grid, size=(4, 4), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(16, -1)
+    manual = (
+        F.interpolate(grid, size=(4, 4), mode="bicubic", align_corners=False)
+        .permute(0, 2, 3, 1)
+        .reshape(16, -1)
+    )
     assert torch.equal(half[0], table[0]) and torch.allclose(half[1:], manual)
     clip.visual.positional_embedding.grad = None
     clip.encode_image(torch.randn(2, 3, 16, 16)).sum().backward()  # 16 px: a 4 x 4 grid
@@ -60,8 +72,10 @@ def test_text_is_cut_to_first_tokens_and_end_of_text_or_a_seeded_subset():
     middle = rnd[0, 1:3].tolist()
     assert middle == sorted(middle) and set(middle) <= {10, 11, 12, 13, 14}
     assert torch.equal(shorten_tokens(tokens, 4, "argmax", None, "random", seed=3, ids=ids), rnd)
-    draws = {tuple(shorten_tokens(tokens, 4, "argmax", None, "random", seed=s, ids=ids)[0].tolist())
-             for s in range(20)}
+    draws = {
+        tuple(shorten_tokens(tokens, 4, "argmax", None, "random", seed=s, ids=ids)[0].tolist())
+        for s in range(20)
+    }
     assert len(draws) > 3  # other steps draw other subsets
     assert torch.equal(shorten_tokens(tokens, 8, "argmax", None), tokens)
 
@@ -71,9 +85,31 @@ PLAN = ["--stages", "16px,8tok:0.5;:0.5", "--set", "stage_lr=stage", "--set", "s
 
 
 def _args(data, out, *extra: str) -> list[str]:
-    return ["train", "--data", str(data), "--out", str(out), "--steps", str(STEPS), "--batch-size", "16",
-            "--workers", "0", "--log-every", "1", "--set", "tensorboard=false", "--loss", "fastclip-v3",
-            "--set", "optim.warmup_steps=3", "--checkpoint-every", "4", *PLAN, *extra]
+    return [
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        "--log-every",
+        "1",
+        "--set",
+        "tensorboard=false",
+        "--loss",
+        "fastclip-v3",
+        "--set",
+        "optim.warmup_steps=3",
+        "--checkpoint-every",
+        "4",
+        *PLAN,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +131,14 @@ def test_the_lr_restarts_per_stage_and_the_stage_changes_training(demo_train, wh
 @pytest.mark.parametrize("kill_after", [8, 16])  # mid first stage; in the second stage, after the switch
 def test_kill_and_resume_equals_the_uninterrupted_staged_run(demo_train, whole, tmp_path, kill_after):
     out = tmp_path / "run"
-    proc = subprocess.Popen(toolkit_cmd(*_args(demo_train, out)), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        toolkit_cmd(*_args(demo_train, out)),
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         start = time.monotonic()
         while not (out / "checkpoints" / f"step-{kill_after:08d}" / "checkpoint.json").is_file():
@@ -120,11 +162,22 @@ def test_two_ranks_train_the_staged_run_of_one_process(demo_train, tmp_path):
     args = ["--steps", "4", "--set", "optim.name=sgd", "--set", "optim.lr=0.1", "--checkpoint-every", "0"]
     one = run_cli([*_args(demo_train, tmp_path / "one"), *args, "--stages", "16px,8tok:0.5;:0.5"])
     assert one.returncode == 0, one.stderr[-3000:]
-    two = run_cli([*_args(demo_train, tmp_path / "two"), *args, "--stages", "16px,8tok:0.5;:0.5",
-                   "--nproc-per-node", "2", "--micro-batch-size", "3"])
+    two = run_cli(
+        [
+            *_args(demo_train, tmp_path / "two"),
+            *args,
+            "--stages",
+            "16px,8tok:0.5;:0.5",
+            "--nproc-per-node",
+            "2",
+            "--micro-batch-size",
+            "3",
+        ]
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert [r["loss"] for r in metrics(tmp_path / "two")] == pytest.approx(
-        [r["loss"] for r in metrics(tmp_path / "one")], rel=1e-5)
+        [r["loss"] for r in metrics(tmp_path / "one")], rel=1e-5
+    )
     want, got = weights(tmp_path / "one"), weights(tmp_path / "two")
     assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-5
 
@@ -155,4 +208,7 @@ def test_both_levers_train_through_a_pipeline_stage_on_two_ranks(demo_train, tmp
 
     written = yaml.safe_load((run_dir / "train" / "config.yaml").read_text())
     assert (written["patch_dropout"], written["stages"], written["launch"]["nproc_per_node"]) == (
-        0.5, "16px,8tok:0.5;:0.5", 2)
+        0.5,
+        "16px,8tok:0.5;:0.5",
+        2,
+    )

@@ -19,8 +19,10 @@ def test_help_says_what_steps_0_means():
     assert result.exit_code == 0
     text = re.sub(r"[\s│]+", " ", result.output)
     # the help is the config field's doc (toolkit train's options are generated from TrainConfig)
-    assert "0 (default): epochs x steps per epoch, which is train_num_samples (or the dataset's size) // " \
-           "batch_size" in text, text
+    assert (
+        "0 (default): epochs x steps per epoch, which is train_num_samples (or the dataset's size) // "
+        "batch_size" in text
+    ), text
 
 
 def test_a_master_port_given_to_one_process_is_reported_as_unused(demo_train, tmp_path, caplog):
@@ -33,14 +35,36 @@ def test_a_master_port_given_to_one_process_is_reported_as_unused(demo_train, tm
 
 @pytest.mark.dist
 def test_quiet_silences_torchrun_and_the_workers(demo_train, tmp_path):
-    result = run_cli(["--quiet", "train", "--data", str(demo_train), "--out", str(tmp_path / "run"), "--steps", "2",
-                      "--batch-size", "16", "--workers", "0", "--nproc-per-node", "2", "--set", "tensorboard=false"])
+    result = run_cli(
+        [
+            "--quiet",
+            "train",
+            "--data",
+            str(demo_train),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "2",
+            "--batch-size",
+            "16",
+            "--workers",
+            "0",
+            "--nproc-per-node",
+            "2",
+            "--set",
+            "tensorboard=false",
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr == "", result.stderr[-3000:]  # no banner (OMP_NUM_THREADS), no INFO line of any process
+    assert result.stderr == "", result.stderr[
+        -3000:
+    ]  # no banner (OMP_NUM_THREADS), no INFO line of any process
     assert "2 steps, 32 samples on 2 rank(s)" in result.stdout
 
 
-def test_an_elastic_job_with_a_global_batch_larger_than_the_data_is_refused_before_launch(demo_train, tmp_path):
+def test_an_elastic_job_with_a_global_batch_larger_than_the_data_is_refused_before_launch(
+    demo_train, tmp_path
+):
     """nodes MIN:MAX: the world size (and so the divisibility check) waits for rendezvous, but a global batch
     larger than the data fails at any world size, so the preflight refuses it before any process starts."""
     import json

@@ -17,7 +17,9 @@ from toolkit.train.run import run
 def test_train_refuses_another_stages_folder(demo_train, tmp_path, kind):
     other = tmp_path / "other"
     other.mkdir()
-    (other / "manifest.json").write_text(json.dumps({"kind": kind, "status": "done", "counts": {"num_samples": 9}}))
+    (other / "manifest.json").write_text(
+        json.dumps({"kind": kind, "status": "done", "counts": {"num_samples": 9}})
+    )
     (other / "config.yaml").write_text("model: cliptk-tiny\n")
     (other / "log.jsonl").write_text("{}\n")
     (other / "00000.tar").write_bytes(b"shard")

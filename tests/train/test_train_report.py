@@ -38,8 +38,13 @@ def test_samples_per_s_leaves_out_evaluation_time(demo_train, tmp_path, monkeypa
         return {"eval/fake/acc1": step / 10}
 
     out = tmp_path / "run"
-    cfg = train_cfg(demo_train, out, steps=6, log_every=2,
-                    eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["fake"]})
+    cfg = train_cfg(
+        demo_train,
+        out,
+        steps=6,
+        log_every=2,
+        eval={"every_steps": 2, "root": str(tmp_path), "datasets": ["fake"]},
+    )
     run(cfg, evaluate)
     rows = [r for r in metrics(out) if "step_time_s" in r]
     assert [r["step"] for r in rows] == [2, 4, 6]
@@ -62,21 +67,59 @@ def test_train_prints_its_scores_and_no_raw_bars_and_the_report_names_the_run(de
     from toolkit.eval import zeroshot
 
     sets = tmp_path / "sets"
-    build_set.run(build(build_set.BuildSetConfig, {"source": "openmoji", "task": "retrieval",
-                                                    "input": str(demo_train.parent / "demo"), "out": str(sets / "om"),
-                                                    "limit": 40}))
+    build_set.run(
+        build(
+            build_set.BuildSetConfig,
+            {
+                "source": "openmoji",
+                "task": "retrieval",
+                "input": str(demo_train.parent / "demo"),
+                "out": str(sets / "om"),
+                "limit": 40,
+            },
+        )
+    )
     out = tmp_path / "my-run"
-    proc = run_cli(["train", "--data", str(demo_train), "--out", str(out), "--steps", "4", "--batch-size", "16",
-                    "--workers", "0", "--eval-every", "2", "--eval-root", str(sets), "--eval-datasets", "om",
-                    "--set", "tensorboard=false"])
+    proc = run_cli(
+        [
+            "train",
+            "--data",
+            str(demo_train),
+            "--out",
+            str(out),
+            "--steps",
+            "4",
+            "--batch-size",
+            "16",
+            "--workers",
+            "0",
+            "--eval-every",
+            "2",
+            "--eval-root",
+            str(sets),
+            "--eval-datasets",
+            "om",
+            "--set",
+            "tensorboard=false",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     assert not re.search(r"it/s\]|\d+%\|", proc.stderr), proc.stderr  # clip-benchmark's tqdm bars
     assert f"zero-shot scores at step 4 (also in {out}/metrics.jsonl):" in proc.stdout, proc.stdout
     assert re.search(r"^  om: .*image_retrieval_recall@1 \d\.\d{4}", proc.stdout, re.M), proc.stdout
 
-    result = zeroshot.run(build(zeroshot.ZeroShotConfig, {"model": str(out / "model"), "datasets": ["om"],
-                                                           "root": str(sets), "out": str(tmp_path / "z"),
-                                                           "device": "cpu"}))
+    result = zeroshot.run(
+        build(
+            zeroshot.ZeroShotConfig,
+            {
+                "model": str(out / "model"),
+                "datasets": ["om"],
+                "root": str(sets),
+                "out": str(tmp_path / "z"),
+                "device": "cpu",
+            },
+        )
+    )
     assert result.details["model"] == "my-run"
     assert json.loads((tmp_path / "z" / "results.json").read_text())["model"] == "my-run"
     assert (tmp_path / "z" / "report.md").read_text().startswith("# Zero-shot evaluation: my-run\n")

@@ -28,7 +28,9 @@ def _retrieval_r1(model_dir, train_dir) -> tuple[float, float]:
     pp = model.visual.preprocess_cfg
     mean, std = torch.tensor(pp["mean"]).view(1, 3, 1, 1), torch.tensor(pp["std"]).view(1, 3, 1, 1)
     with torch.no_grad():
-        x = model.encode_image((batch["image"].permute(0, 3, 1, 2).float() / 255 - mean) / std, normalize=True)
+        x = model.encode_image(
+            (batch["image"].permute(0, 3, 1, 2).float() / 255 - mean) / std, normalize=True
+        )
         y = model.encode_text(batch["tokens"], normalize=True)
     s = x @ y.T
     target = torch.arange(len(s))
@@ -37,14 +39,36 @@ def _retrieval_r1(model_dir, train_dir) -> tuple[float, float]:
 
 def test_learns_real_pairs_and_saves_an_open_clip_model(demo_train, tmp_path):
     out = tmp_path / "run"
-    cfg = train_cfg(demo_train, out, steps=LEARN_STEPS, batch_size=32, log_every=5, tensorboard=True,
-                    optim={"warmup_steps": 10}, loss={"gamma_decay_epochs": 10}, checkpoint={"every_steps": 50})
+    cfg = train_cfg(
+        demo_train,
+        out,
+        steps=LEARN_STEPS,
+        batch_size=32,
+        log_every=5,
+        tensorboard=True,
+        optim={"warmup_steps": 10},
+        loss={"gamma_decay_epochs": 10},
+        checkpoint={"every_steps": 50},
+    )
     result = run(cfg)
     assert result.counts["step"] == LEARN_STEPS and result.counts["skipped_steps"] == 0
     rows = metrics(out)
     assert [r["step"] for r in rows] == list(range(5, LEARN_STEPS + 1, 5))
-    for key in ("step", "epoch", "samples_seen", "loss", "lr", "tau", "gamma", "samples_per_s", "step_time_s",
-                "data_wait_s", "comm_bytes", "peak_mem_bytes", "skipped_steps"):
+    for key in (
+        "step",
+        "epoch",
+        "samples_seen",
+        "loss",
+        "lr",
+        "tau",
+        "gamma",
+        "samples_per_s",
+        "step_time_s",
+        "data_wait_s",
+        "comm_bytes",
+        "peak_mem_bytes",
+        "skipped_steps",
+    ):
         assert key in rows[-1], key
     first, last = sum(r["loss"] for r in rows[:3]) / 3, sum(r["loss"] for r in rows[-3:]) / 3
     assert last < 0.8 * first, (first, last)
@@ -63,11 +87,29 @@ def test_trained_model_scores_with_eval_zeroshot(demo_train, tmp_path):
     out = tmp_path / "run"
     run(train_cfg(demo_train, out, steps=3))
     demo_dir = demo_train.parent / "demo"
-    build_set.run(build(build_set.BuildSetConfig, {"source": "openmoji", "task": "retrieval", "input": str(demo_dir),
-                                                    "out": str(tmp_path / "sets" / "om")}))
-    result = zeroshot.run(build(zeroshot.ZeroShotConfig, {"model": str(out / "model"), "datasets": ["om"],
-                                                           "root": str(tmp_path / "sets"), "out": str(tmp_path / "z"),
-                                                           "device": "cpu"}))
+    build_set.run(
+        build(
+            build_set.BuildSetConfig,
+            {
+                "source": "openmoji",
+                "task": "retrieval",
+                "input": str(demo_dir),
+                "out": str(tmp_path / "sets" / "om"),
+            },
+        )
+    )
+    result = zeroshot.run(
+        build(
+            zeroshot.ZeroShotConfig,
+            {
+                "model": str(out / "model"),
+                "datasets": ["om"],
+                "root": str(tmp_path / "sets"),
+                "out": str(tmp_path / "z"),
+                "device": "cpu",
+            },
+        )
+    )
     assert result.counts["num_datasets"] == 1 and (tmp_path / "z" / "results.json").is_file()
 
 
@@ -94,4 +136,8 @@ def test_nonfinite_step_is_skipped_without_any_update(demo_train, tmp_path):
 
 def test_too_many_nonfinite_steps_abort_naming_step_lr_and_tau(demo_train, tmp_path):
     with pytest.raises(TrainingAborted, match=r"3 steps in a row.*step 3 \(lr .*, tau "):
-        run(train_cfg(demo_train, tmp_path / "run", steps=6, nonfinite_test_steps=[0, 1, 2], max_nonfinite_steps=3))
+        run(
+            train_cfg(
+                demo_train, tmp_path / "run", steps=6, nonfinite_test_steps=[0, 1, 2], max_nonfinite_steps=3
+            )
+        )

@@ -25,11 +25,29 @@ def build_demo_trainset(base: Path, num_concepts: int = 160, samples_per_shard: 
     from toolkit.data.trainset.precompute import stage as precompute
 
     result = demo.run(build(demo.DemoConfig, {"out": str(base / "demo"), "limit": num_concepts}))
-    shard.run(build(shard.ShardConfig, {"source": result.outputs["train_csv"], "out": str(base / "raw"),
-                                        "image_size": 64, "samples_per_shard": samples_per_shard}))
-    precompute.run(build(precompute.PrecomputeConfig, {"input": str(base / "raw"), "out": str(base / "train"),
-                                                       "model": MODEL, "samples_per_shard": samples_per_shard,
-                                                       "num_workers": 1}))
+    shard.run(
+        build(
+            shard.ShardConfig,
+            {
+                "source": result.outputs["train_csv"],
+                "out": str(base / "raw"),
+                "image_size": 64,
+                "samples_per_shard": samples_per_shard,
+            },
+        )
+    )
+    precompute.run(
+        build(
+            precompute.PrecomputeConfig,
+            {
+                "input": str(base / "raw"),
+                "out": str(base / "train"),
+                "model": MODEL,
+                "samples_per_shard": samples_per_shard,
+                "num_workers": 1,
+            },
+        )
+    )
     return base / "train"
 
 
@@ -39,9 +57,17 @@ def train_cfg(data: Path, out: Path, **over):
     from toolkit.train.config import TrainConfig
 
     # FastCLIP-v3 named: these tests exercise its per-sample tables (the default at batch 16 is another)
-    base = {"data": str(data), "out": str(out), "model": MODEL, "batch_size": 16, "steps": 6, "log_every": 1,
-            "tensorboard": False, "loader": {"num_workers": 0},
-            "loss": {"kind": "fastclip", "fastclip": {"version": "v3"}}}
+    base = {
+        "data": str(data),
+        "out": str(out),
+        "model": MODEL,
+        "batch_size": 16,
+        "steps": 6,
+        "log_every": 1,
+        "tensorboard": False,
+        "loader": {"num_workers": 0},
+        "loss": {"kind": "fastclip", "fastclip": {"version": "v3"}},
+    }
     if isinstance(over.get("loss"), dict):
         over = {**over, "loss": fastclip_section(over["loss"])}
     return build(TrainConfig, deep_merge(base, over))
@@ -78,21 +104,43 @@ def toolkit_cmd(*args: str) -> list[str]:
 
 def env() -> dict[str, str]:
     """The environment of a CLI subprocess: this checkout first on the path, one thread per process."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                OMP_NUM_THREADS="1")
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
 
 
 def run_cli(args: list[str], timeout_s: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(toolkit_cmd(*args), cwd=ROOT, env=env(), capture_output=True, text=True,
-                          timeout=timeout_s, **kw)
+    return subprocess.run(
+        toolkit_cmd(*args), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout_s, **kw
+    )
 
 
 def two_node_job(args: list[str], timeout_s: float = 300) -> list[subprocess.CompletedProcess]:
     """The same `toolkit train` on two launchers as nodes 0 and 1 of one job on 127.0.0.1."""
     port = str(free_port())
-    procs = [subprocess.Popen(toolkit_cmd(*args, "--nodes", "2", "--node-rank", str(r), "--master-addr", "127.0.0.1",
-                                          "--master-port", port), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            toolkit_cmd(
+                *args,
+                "--nodes",
+                "2",
+                "--node-rank",
+                str(r),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+            ),
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     out = []
     try:
         for p in procs:

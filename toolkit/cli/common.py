@@ -24,14 +24,22 @@ T = TypeVar("T")
 
 ConfigFile = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="YAML file with this command's config (defaults < file < --set < options).",
-                 dir_okay=False),
+    typer.Option(
+        "--config",
+        "-c",
+        help="YAML file with this command's config (defaults < file < --set < options).",
+        dir_okay=False,
+    ),
 ]
 SetOverrides = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override one config key of this command, KEY=VALUE (dotted for nested "
-                                     "keys; repeatable); the keys are those of its --config YAML, listed by "
-                                     "`toolkit pipeline kinds KIND`."),
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override one config key of this command, KEY=VALUE (dotted for nested "
+        "keys; repeatable); the keys are those of its --config YAML, listed by "
+        "`toolkit pipeline kinds KIND`.",
+    ),
 ]
 
 
@@ -41,8 +49,14 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def load_cli_config(ctx: typer.Context, cls: type[T], config: Path | None, overrides: list[str] | None,
-                    labels: dict[str, str] | None = None, **explicit: Any) -> T:
+def load_cli_config(
+    ctx: typer.Context,
+    cls: type[T],
+    config: Path | None,
+    overrides: list[str] | None,
+    labels: dict[str, str] | None = None,
+    **explicit: Any,
+) -> T:
     """Build ``cls`` from defaults < --config < --set < explicit options; config errors exit 2.
 
     Call it from a command (``ctx`` is the command's ``typer.Context``) with ``field=value`` for every
@@ -70,8 +84,10 @@ def parameter_labels(ctx: typer.Context, keys: list[str]) -> dict[str, str]:
     for key in keys:
         param = params.get(key.replace(".", "_"))
         if param is None:
-            raise TypeError(f"command {ctx.command.name!r} has no parameter named {key.replace('.', '_')!r} for "
-                            f"config key {key!r}; name the parameter after the field it sets")
+            raise TypeError(
+                f"command {ctx.command.name!r} has no parameter named {key.replace('.', '_')!r} for "
+                f"config key {key!r}; name the parameter after the field it sets"
+            )
         if param.param_type_name == "option":
             flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
             labels[key] = "option " + "/".join([flag, *param.secondary_opts])
@@ -92,8 +108,10 @@ def score_lines(run_dir: str) -> list[str]:
         by_set.setdefault(name, []).append(f"{metric} {value:.4f}")
     if not by_set:
         return []
-    return [f"zero-shot scores at step {step} (also in {run_dir}/metrics.jsonl):",
-            *(f"  {name}: {', '.join(values)}" for name, values in by_set.items())]
+    return [
+        f"zero-shot scores at step {step} (also in {run_dir}/metrics.jsonl):",
+        *(f"  {name}: {', '.join(values)}" for name, values in by_set.items()),
+    ]
 
 
 def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
@@ -104,7 +122,9 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
     from toolkit.core.pathguard import check_url_schemes
 
     try:
-        if dataclasses.is_dataclass(cfg):  # unknown schemes and missing fsspec backends, named before any work
+        if dataclasses.is_dataclass(
+            cfg
+        ):  # unknown schemes and missing fsspec backends, named before any work
             out = getattr(cfg, "out", "")
             check_url_schemes(type(cfg).__name__, {**input_paths(cfg), **({"out": out} if out else {})})
         return run(cfg)
@@ -121,8 +141,10 @@ def run_stage(run: Callable[[T], Any], cfg: T) -> Any:
     except KeyboardInterrupt as err:
         from toolkit.core.procs import exit_code
 
-        fail(str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
-             code=exit_code(err))
+        fail(
+            str(err) or "interrupted (Ctrl-C); finished work is kept, rerun the same command to resume",
+            code=exit_code(err),
+        )
     except Exception as err:  # noqa: BLE001 - only an HTTP client's error is turned into a line, others go up
         if not _network_error(err):
             raise
@@ -146,8 +168,9 @@ def _unreachable_text(err: BaseException, cfg: Any) -> str:
     paths = {}
     if dataclasses.is_dataclass(cfg):
         paths = {**input_paths(cfg), "out": str(getattr(cfg, "out", "") or "")}
-    urls = [f"{key} {value}" for key, value in paths.items()
-            if "://" in value and not value.startswith("file://")]
+    urls = [
+        f"{key} {value}" for key, value in paths.items() if "://" in value and not value.startswith("file://")
+    ]
     return f"ConnectionError: {unreachable(', '.join(urls) or 'a URL', err)}"
 
 
@@ -188,10 +211,17 @@ def config_parameters(cls: type, flags: dict[str, tuple[str, ...]]) -> list[Any]
         doc = field.metadata.get("doc", "").rstrip()
         help_text = f"{doc}{listed}{_choices_text(tp)} {_default_text(field)}".strip()
         # a flag takes no value: no type column in the help (Typer would show `<bool>`)
-        option = typer.Option(*names, help=help_text, show_default=False,
-                              metavar="" if cli_type is bool else None)
-        params.append(inspect.Parameter(key.replace(".", "_"), inspect.Parameter.KEYWORD_ONLY,
-                                        default=None, annotation=Annotated[cli_type | None, option]))
+        option = typer.Option(
+            *names, help=help_text, show_default=False, metavar="" if cli_type is bool else None
+        )
+        params.append(
+            inspect.Parameter(
+                key.replace(".", "_"),
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[cli_type | None, option],
+            )
+        )
     return params
 
 
@@ -232,8 +262,15 @@ def config_keys(cls: type, prefix: str = "", instance: Any = None) -> list[tuple
         key, tp = prefix + f.name, hints[f.name]
         value = _field_default(f) if instance is None else getattr(instance, f.name)
         section = dataclasses.is_dataclass(tp)
-        shown = "section" if section else "required" if value is dataclasses.MISSING else \
-            "empty" if value in ("", [], (), {}) else repr(value)
+        shown = (
+            "section"
+            if section
+            else "required"
+            if value is dataclasses.MISSING
+            else "empty"
+            if value in ("", [], (), {})
+            else repr(value)
+        )
         rows.append((key, f.metadata.get("doc", ""), shown))
         if section:
             rows += config_keys(tp, key + ".", None if value is dataclasses.MISSING else value)
@@ -263,10 +300,16 @@ def nested_keys_help(cls: type, flags: Mapping[str, Any], width: int = 76) -> st
             sections.setdefault(head, []).append(f"{name}={shown}")
     lines = []
     for head, names in sections.items():
-        lines += textwrap.wrap((f"{head}.* : " if head else "top level: ") + ", ".join(names), width,
-                               subsequent_indent="    ", break_on_hyphens=False)
-    return ("Keys without an option, set with --set KEY=VALUE or in --config FILE.yaml (each key's doc: "
-            "`toolkit pipeline kinds train`):\n\n\b\n" + "\n".join(lines))
+        lines += textwrap.wrap(
+            (f"{head}.* : " if head else "top level: ") + ", ".join(names),
+            width,
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
+    return (
+        "Keys without an option, set with --set KEY=VALUE or in --config FILE.yaml (each key's doc: "
+        "`toolkit pipeline kinds train`):\n\n\b\n" + "\n".join(lines)
+    )
 
 
 def config_field(cls: type, key: str) -> tuple[Any, Any]:
@@ -278,8 +321,10 @@ def config_field(cls: type, key: str) -> tuple[Any, Any]:
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else {}
         if part not in fields:
-            raise TypeError(f"{cls.__name__} has no config field {key!r} (at {part!r}): a command option names a "
-                            "field that does not exist; rename the option's key to the field it sets")
+            raise TypeError(
+                f"{cls.__name__} has no config field {key!r} (at {part!r}): a command option names a "
+                "field that does not exist; rename the option's key to the field it sets"
+            )
         tp = typing.get_type_hints(owner)[part]
         if i == len(parts) - 1:
             return fields[part], tp
@@ -304,6 +349,7 @@ def _default_text(field: Any) -> str:
 def with_parameters(params: list[Any]) -> Callable[[Callable], Callable]:
     """Give a command function (``def cmd(ctx, ..., **options)``) the extra keyword-only ``params`` in its
     signature, which Typer reads to build the command's options (``config_parameters``)."""
+
     def decorate(func: Callable) -> Callable:
         func.__signature__ = _extended_signature(func, params)
         return func
@@ -346,8 +392,9 @@ class ConfigOptions:
         nested = {key: flags for key, flags in self.flags.items() if "." in key}  # a nested config's field
         unknown = set(self.flags) - set(nested) - {f.name for f in dataclasses.fields(cls)}
         if unknown:  # a renamed or removed field would otherwise leave its flag silently unused
-            raise TypeError(f"{cls.__name__} has no config field(s) {sorted(unknown)}: rename the flags' "
-                            "keys")
+            raise TypeError(
+                f"{cls.__name__} has no config field(s) {sorted(unknown)}: rename the flags' keys"
+            )
         for key in nested:
             config_field(cls, key)  # TypeError naming the key when the nested field does not exist
         types = {f.name: config_field(cls, f.name)[1] for f in dataclasses.fields(cls)}
@@ -381,8 +428,10 @@ class ConfigOptions:
         comma-separated lists split (and their items made ints where the field holds ints)."""
         given = ctx.meta.get((_GIVEN, self.config), {})
         cls = self.cls()
-        return {key: _list_value(cls, key, flags[0], given.get(key.replace(".", "_")))
-                for key, flags in self.all_flags().items()}
+        return {
+            key: _list_value(cls, key, flags[0], given.get(key.replace(".", "_")))
+            for key, flags in self.all_flags().items()
+        }
 
 
 def _list_value(cls: type, key: str, flag: str, value: Any) -> Any:

@@ -21,24 +21,45 @@ from toolkit.cli.common import (
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
-FETCH = ConfigOptions("toolkit.data.acquire.fetch:FetchConfig", flags={
-    "num_processes": ("--processes",), "num_threads": ("--threads",), "timeout_s": ("--timeout",),
-    "run_timeout_s": ("--run-timeout",), "overwrite": ("--overwrite/--resume",),
-    "keep_duplicates": ("--keep-duplicates/--skip-duplicates",)})
+FETCH = ConfigOptions(
+    "toolkit.data.acquire.fetch:FetchConfig",
+    flags={
+        "num_processes": ("--processes",),
+        "num_threads": ("--threads",),
+        "timeout_s": ("--timeout",),
+        "run_timeout_s": ("--run-timeout",),
+        "overwrite": ("--overwrite/--resume",),
+        "keep_duplicates": ("--keep-duplicates/--skip-duplicates",),
+    },
+)
 SHARD = ConfigOptions("toolkit.data.acquire.shard:ShardConfig", flags={"num_threads": ("--threads",)})
 DEMO = ConfigOptions("toolkit.data.acquire.demo:DemoConfig")
 GLYPHS = ConfigOptions("toolkit.data.acquire.glyphs:GlyphsConfig")
-PRECOMPUTE = ConfigOptions("toolkit.data.trainset.precompute.stage:PrecomputeConfig", flags={
-    "input": ("--in",), "num_workers": ("--workers",),
-    # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed precompute)
-    "launch.nproc_per_node": ("--nproc-per-node",), "launch.nodes": ("--nodes",),
-    "launch.node_rank": ("--node-rank",), "launch.master_addr": ("--master-addr",),
-    "launch.master_port": ("--master-port",)})
+PRECOMPUTE = ConfigOptions(
+    "toolkit.data.trainset.precompute.stage:PrecomputeConfig",
+    flags={
+        "input": ("--in",),
+        "num_workers": ("--workers",),
+        # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed precompute)
+        "launch.nproc_per_node": ("--nproc-per-node",),
+        "launch.nodes": ("--nodes",),
+        "launch.node_rank": ("--node-rank",),
+        "launch.master_addr": ("--master-addr",),
+        "launch.master_port": ("--master-port",),
+    },
+)
 # the folder is an argument; inspect's report folder defaults to one beside it (the command decides that)
 INSPECT = ConfigOptions("toolkit.data.inspect:InspectConfig", exclude=("input", "out"))
 VERIFY = ConfigOptions("toolkit.data.trainset.verify:VerifyConfig", exclude=("input",))
-COMMANDS = {"fetch": FETCH, "shard": SHARD, "demo": DEMO, "glyphs": GLYPHS, "precompute": PRECOMPUTE, "inspect": INSPECT,
-            "verify": VERIFY}
+COMMANDS = {
+    "fetch": FETCH,
+    "shard": SHARD,
+    "demo": DEMO,
+    "glyphs": GLYPHS,
+    "precompute": PRECOMPUTE,
+    "inspect": INSPECT,
+    "verify": VERIFY,
+}
 
 
 def _reasons(counts: dict) -> str:
@@ -65,8 +86,10 @@ def shard_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverr
     cfg = load_cli_config(ctx, ShardConfig, config, overrides, **SHARD.values(ctx))
     result = run_stage(run, cfg)
     c = result.counts
-    typer.echo(f"{c['num_inputs']} inputs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
-               f"{c['num_shards']} shards in {result.outputs['shards']}")
+    typer.echo(
+        f"{c['num_inputs']} inputs: {c['num_success']} ok, {c['num_failed']} failed ({_reasons(c)}); "
+        f"{c['num_shards']} shards in {result.outputs['shards']}"
+    )
 
 
 @app.command("demo", cls=config_command(DEMO))
@@ -76,8 +99,10 @@ def demo_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverri
 
     cfg = load_cli_config(ctx, DemoConfig, config, overrides, **DEMO.values(ctx))
     result = run_stage(run, cfg)
-    typer.echo(f"{result.counts['num_concepts']} concepts in {result.counts['num_groups']} groups: "
-               f"{result.outputs['root']}")
+    typer.echo(
+        f"{result.counts['num_concepts']} concepts in {result.counts['num_groups']} groups: "
+        f"{result.outputs['root']}"
+    )
     for key in ("train_urls", "eval_urls", "train_csv", "eval_csv"):
         typer.echo(f"  {key}: {result.outputs[key]}")
 
@@ -90,9 +115,11 @@ def glyphs_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOver
     cfg = load_cli_config(ctx, GlyphsConfig, config, overrides, **GLYPHS.values(ctx))
     result = run_stage(run, cfg)
     c = result.counts
-    typer.echo(f"{c['num_characters']} characters, {c['num_pairs']} pairs in {c['num_styles']} styles "
-               f"({c['num_lookalike_characters']} characters drawn identically to another by some style): "
-               f"{result.outputs['root']}")
+    typer.echo(
+        f"{c['num_characters']} characters, {c['num_pairs']} pairs in {c['num_styles']} styles "
+        f"({c['num_lookalike_characters']} characters drawn identically to another by some style): "
+        f"{result.outputs['root']}"
+    )
     for style, n in result.details["styles"].items():
         typer.echo(f"  {style}: {n}")
 
@@ -100,8 +127,9 @@ def glyphs_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOver
 @app.command("serve")
 def serve_cmd(
     root: Annotated[Path, typer.Argument(help="Folder to serve.", file_okay=False, exists=True)],
-    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1; 0 picks a free one.", min=0,
-                                      max=65535)] = 8000,
+    port: Annotated[
+        int, typer.Option("--port", help="Port on 127.0.0.1; 0 picks a free one.", min=0, max=65535)
+    ] = 8000,
 ) -> None:
     """Serve a folder over HTTP on 127.0.0.1 until Ctrl-C (first line printed: the URL)."""
     from toolkit.data.acquire.serve import make_server
@@ -127,14 +155,18 @@ def _echo_counts(title: str, counts: dict) -> None:
 def _echo_converted(counts: dict) -> None:
     """'converted to RGB: 3 from mode 'L', 1 from mode '1'' (a bare '1 1' hides which number is the mode)."""
     if counts:
-        typer.echo("converted to RGB: " + ", ".join(f"{n} from mode {mode!r}" for mode, n in sorted(counts.items())))
+        typer.echo(
+            "converted to RGB: " + ", ".join(f"{n} from mode {mode!r}" for mode, n in sorted(counts.items()))
+        )
 
 
 def _reference_line(info: dict, num_bytes: int) -> str:
     """'reference: MODEL, d_ref 512, 224 px, 3,072 bytes per sample' (dataset.json's extra.reference)."""
     size = (info.get("preprocess") or {}).get("size")
-    return (f"reference: {info.get('model')} (weights sha256 {str(info.get('weights_sha256'))[:12]}), d_ref "
-            f"{info.get('dim')}, {size} px, {num_bytes:,} bytes per sample for its embeddings")
+    return (
+        f"reference: {info.get('model')} (weights sha256 {str(info.get('weights_sha256'))[:12]}), d_ref "
+        f"{info.get('dim')}, {size} px, {num_bytes:,} bytes per sample for its embeddings"
+    )
 
 
 @app.command("precompute", cls=config_command(PRECOMPUTE))
@@ -152,19 +184,25 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
     if not c:  # a node other than node 0 of a multi-node job: node 0 reports
         typer.echo(f"{result.out}: this node's ranks are done; node 0 wrote the output and its manifest")
         return
-    typer.echo(f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
-               f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s")
+    typer.echo(
+        f"{result.out}: {c['num_samples']} samples in {c['num_shards']} shards from {c['num_read']} read "
+        f"({c['num_skipped']} skipped), {c['samples_per_s']} samples/s"
+    )
     reference_s = (result.details.get("throughput") or {}).get("reference_s")
     if reference_s is not None:  # what --reference-model cost (summed over the workers)
-        typer.echo(f"reference pass: {reference_s} s of worker time, "
-                   f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read")
+        typer.echo(
+            f"reference pass: {reference_s} s of worker time, "
+            f"{1000 * reference_s / max(c['num_read'], 1):.1f} s per 1,000 samples read"
+        )
     _echo_counts("skipped", c["skipped"])
     for reason, first in (result.details.get("skipped_first") or {}).items():  # why, in the skip's own words
         typer.echo(f"  {reason}, e.g. {first[:300]}")
     _echo_converted(c["converted"])
     if c.get("num_captions_cut"):  # kept, but the text past the context is not trained on
-        typer.echo(f"captions cut at the model's context length: {c['num_captions_cut']} of {c['num_samples']} "
-                   "(only their first tokens are stored; a model with a longer context keeps more)")
+        typer.echo(
+            f"captions cut at the model's context length: {c['num_captions_cut']} of {c['num_samples']} "
+            "(only their first tokens are stored; a model with a longer context keeps more)"
+        )
     for shard, error in (result.details.get("tar_errors") or {}).items():
         typer.echo(f"damaged: {shard}: {error}")
 
@@ -172,18 +210,30 @@ def precompute_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: Set
 @app.command("inspect", cls=config_command(INSPECT))
 def inspect_cmd(
     ctx: typer.Context,
-    input: Annotated[str, typer.Argument(help="Folder of raw shards or training shards (local or fsspec).",
-                                         metavar="directory")],
-    out: Annotated[str | None, typer.Option("--out", help="Report folder (default: DIRECTORY-inspect beside "
-                                                          "it).")] = None,
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="Folder of raw shards or training shards (local or fsspec).", metavar="directory"
+        ),
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", help="Report folder (default: DIRECTORY-inspect beside it).")
+    ] = None,
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
     """Counts, skip reasons, a caption-length histogram and a contact sheet PNG of a shard folder."""
     from toolkit.data.inspect import InspectConfig, run
 
-    cfg = load_cli_config(ctx, InspectConfig, config, overrides, input=input,
-                          out=out or input.rstrip("/") + "-inspect", **INSPECT.values(ctx))
+    cfg = load_cli_config(
+        ctx,
+        InspectConfig,
+        config,
+        overrides,
+        input=input,
+        out=out or input.rstrip("/") + "-inspect",
+        **INSPECT.values(ctx),
+    )
     d = run_stage(run, cfg).details
     typer.echo(f"{input}: {d['kind']} shards, {d['num_samples']} samples in {d['num_shards']} shards")
     if "storage" in d:
@@ -206,8 +256,12 @@ def inspect_cmd(
 @app.command("verify", cls=config_command(VERIFY))
 def verify_cmd(
     ctx: typer.Context,
-    input: Annotated[str, typer.Argument(help="Training-shard folder (precompute output; local or fsspec).",
-                                         metavar="directory")],
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="Training-shard folder (precompute output; local or fsspec).", metavar="directory"
+        ),
+    ],
     config: ConfigFile = None,
     overrides: SetOverrides = None,
 ) -> None:
@@ -220,14 +274,21 @@ def verify_cmd(
 
     cfg = load_cli_config(ctx, VerifyConfig, config, overrides, input=input, **VERIFY.values(ctx))
     result = run_stage(run, cfg)
-    checks = "per-sample xxh3-64 checksums" if result.checksums else "no checksums recorded (older precompute)"
+    checks = (
+        "per-sample xxh3-64 checksums" if result.checksums else "no checksums recorded (older precompute)"
+    )
     vocab = f", token ids < {result.vocab_size}" if result.vocab_size else ""
-    typer.echo(f"{input}: {result.num_samples} samples in {result.num_shards} shards ({checks}, layout{vocab})")
+    typer.echo(
+        f"{input}: {result.num_samples} samples in {result.num_shards} shards ({checks}, layout{vocab})"
+    )
     if result.reference:
         typer.echo(_reference_line(result.reference, result.reference_bytes))
     for line in result.problems:
         typer.echo(f"damaged: {line}")
     if not result.ok:
-        fail(f"{result.num_damaged_samples} damaged samples in {len(result.damaged_shards)} of "
-             f"{result.num_shards} shards: {', '.join(result.damaged_shards[:10])}", code=1)
+        fail(
+            f"{result.num_damaged_samples} damaged samples in {len(result.damaged_shards)} of "
+            f"{result.num_shards} shards: {', '.join(result.damaged_shards[:10])}",
+            code=1,
+        )
     typer.echo("ok: every sample is intact")

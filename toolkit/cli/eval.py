@@ -17,11 +17,20 @@ from toolkit.cli.common import (
 
 app = typer.Typer(help="Evaluate CLIP models zero-shot (clip-benchmark metrics).", no_args_is_help=True)
 
-ZEROSHOT = ConfigOptions("toolkit.eval.zeroshot:ZeroShotConfig", flags={
-    "model": ("--model", "-m"), "datasets": ("--datasets", "-d"), "out": ("--out", "-o"),
-    "batch_size": ("--batch-size", "-b"), "num_workers": ("--workers",), "amp": ("--amp/--no-amp",)})
-BUILD_SET = ConfigOptions("toolkit.eval.build:BuildSetConfig", flags={"out": ("--out", "-o"),
-                                                                      "input": ("--input", "-i")})
+ZEROSHOT = ConfigOptions(
+    "toolkit.eval.zeroshot:ZeroShotConfig",
+    flags={
+        "model": ("--model", "-m"),
+        "datasets": ("--datasets", "-d"),
+        "out": ("--out", "-o"),
+        "batch_size": ("--batch-size", "-b"),
+        "num_workers": ("--workers",),
+        "amp": ("--amp/--no-amp",),
+    },
+)
+BUILD_SET = ConfigOptions(
+    "toolkit.eval.build:BuildSetConfig", flags={"out": ("--out", "-o"), "input": ("--input", "-i")}
+)
 COMMANDS = {"zeroshot": ZEROSHOT, "build-set": BUILD_SET}
 
 
@@ -50,9 +59,17 @@ def build_set(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverr
     if counts.get("missing_input"):
         typer.echo(f"{cfg.input or cfg.source}: not found: no set built (--missing-ok)")
         return
-    kind = "retrieval pairs" if result.details.get("task") == "retrieval" else f"samples in {counts['num_classes']} classes"
-    typer.echo(f"{result.outputs['dataset']}: {counts['num_samples']} {kind}, {counts['num_shards']} shard(s)")
+    kind = (
+        "retrieval pairs"
+        if result.details.get("task") == "retrieval"
+        else f"samples in {counts['num_classes']} classes"
+    )
+    typer.echo(
+        f"{result.outputs['dataset']}: {counts['num_samples']} {kind}, {counts['num_shards']} shard(s)"
+    )
     for reason, num in counts["left_out"].items():
         typer.echo(f"left out {num} row(s): {reason}")
-    typer.echo(f"evaluate with: toolkit eval zeroshot --root {result.outputs['root']} "
-               f"--datasets {result.outputs['name']} --model MODEL --out DIR")
+    typer.echo(
+        f"evaluate with: toolkit eval zeroshot --root {result.outputs['root']} "
+        f"--datasets {result.outputs['name']} --model MODEL --out DIR"
+    )

@@ -35,12 +35,18 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     # metavar "": flags take no value, so the help shows no type (Typer would print `<bool>`)
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
-                                          help="Print the version and exit.")] = False,
-    log_level: Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.",
-                                           case_sensitive=False)] = "INFO",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="",
-                                        help="No progress bars; warnings and errors only.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
+        ),
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.", case_sensitive=False)
+    ] = "INFO",
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="No progress bars; warnings and errors only.")
+    ] = False,
 ) -> None:
     """Options here apply to every command: `toolkit --quiet data fetch ...`."""
     from toolkit.core.log import setup_logging
@@ -66,7 +72,7 @@ def hoist_root_options(argv: list[str]) -> list[str]:
             break
         if arg in ROOT_FLAGS or arg.split("=", 1)[0] in ROOT_VALUE_OPTIONS:
             takes_value = arg in ROOT_VALUE_OPTIONS and i + 1 < len(argv)
-            front += argv[i:i + 1 + takes_value]
+            front += argv[i : i + 1 + takes_value]
             i += 1 + takes_value
             continue
         rest.append(arg)

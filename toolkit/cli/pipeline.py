@@ -13,8 +13,12 @@ app = typer.Typer(help="Run and check YAML pipelines of toolkit stages.", no_arg
 
 SetOverrides = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a value of the file (repeatable): vars.NAME=V, run_dir=DIR, "
-                                     "name=NAME or stages.STAGE.KEY=V (a key of the stage's config)."),
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a value of the file (repeatable): vars.NAME=V, run_dir=DIR, "
+        "name=NAME or stages.STAGE.KEY=V (a key of the stage's config).",
+    ),
 ]
 PipelineFile = Annotated[Path, typer.Argument(help="Pipeline YAML file.", dir_okay=False)]
 
@@ -22,12 +26,19 @@ PipelineFile = Annotated[Path, typer.Argument(help="Pipeline YAML file.", dir_ok
 @app.command("run")
 def run_cmd(
     file: PipelineFile,
-    start: Annotated[str | None, typer.Option("--from", help="Rerun this stage and every later one; earlier "
-                                                             "stages must have finished.")] = None,
-    only: Annotated[str | None, typer.Option("--only", help="Rerun this one stage; the stages it reads from "
-                                                            "must have finished.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and print what would run or be skipped; "
-                                                            "run nothing.")] = False,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            "--from", help="Rerun this stage and every later one; earlier stages must have finished."
+        ),
+    ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option("--only", help="Rerun this one stage; the stages it reads from must have finished."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate and print what would run or be skipped; run nothing.")
+    ] = False,
     overrides: SetOverrides = None,
 ) -> None:
     """Validate the whole pipeline, then run its stages in order, skipping those already done."""
@@ -77,7 +88,9 @@ def validate_cmd(file: PipelineFile, overrides: SetOverrides = None) -> None:
 
 
 @app.command("kinds")
-def kinds_cmd(kind: Annotated[str | None, typer.Argument(help="Show this kind's config keys.")] = None) -> None:
+def kinds_cmd(
+    kind: Annotated[str | None, typer.Argument(help="Show this kind's config keys.")] = None,
+) -> None:
     """List the stage kinds a pipeline may use, or one kind's config keys with their docs."""
     from toolkit.pipeline.kinds import KINDS
 

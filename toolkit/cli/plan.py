@@ -7,10 +7,19 @@ import typer
 from toolkit.cli.common import ConfigFile, ConfigOptions, SetOverrides, config_command, fail, load_cli_config
 
 # every PlanConfig field is an option (cli/common.ConfigOptions); these keep their short aliases
-PLAN = ConfigOptions("toolkit.train.plan.planner:PlanConfig", flags={
-    "model": ("--model", "-m"), "batch_size": ("--batch-size", "-b"), "measure": ("--measure/--no-measure",)})
-app = typer.Typer(help="Predict per-device memory and per-rank traffic of a training setup, and the largest "
-                       "batches that fit a device (docs/training.md).", cls=config_command(PLAN, group=True))
+PLAN = ConfigOptions(
+    "toolkit.train.plan.planner:PlanConfig",
+    flags={
+        "model": ("--model", "-m"),
+        "batch_size": ("--batch-size", "-b"),
+        "measure": ("--measure/--no-measure",),
+    },
+)
+app = typer.Typer(
+    help="Predict per-device memory and per-rank traffic of a training setup, and the largest "
+    "batches that fit a device (docs/training.md).",
+    cls=config_command(PLAN, group=True),
+)
 COMMANDS = {"plan": PLAN}
 
 

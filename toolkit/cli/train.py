@@ -46,22 +46,47 @@ app = typer.Typer(cls=_TrainGroup, help=HELP, no_args_is_help=True)
 # come from the field itself (``config_parameters``), so they live in one place: train/config.py and the
 # configs it composes (losses/config.py, optim.py). tests/cli/test_train_flags.py keeps this table honest.
 FLAGS: dict[str, tuple[str, ...]] = {
-    "data": ("--data",), "out": ("--out", "-o"), "model": ("--model", "-m"), "init": ("--init",),
-    "loss.mode": ("--mode",), "preset": ("--preset",), "batch_size": ("--batch-size", "-b"),
-    "epochs": ("--epochs",), "steps": ("--steps",), "optim.lr": ("--lr",), "seed": ("--seed",),
-    "precision": ("--precision",), "device": ("--device",), "micro_batch_size": ("--micro-batch-size",),
-    "memory_budget_gb": ("--memory-budget-gb",), "checkpoint.resume": ("--resume",),
-    "launch.nproc_per_node": ("--nproc-per-node",), "launch.nodes": ("--nodes",),
-    "launch.node_rank": ("--node-rank",), "launch.master_addr": ("--master-addr",),
-    "launch.master_port": ("--master-port",), "launch.max_restarts": ("--max-restarts",),
-    "checkpoint.every_steps": ("--checkpoint-every",), "checkpoint.keep": ("--keep-checkpoints",),
-    "log_every": ("--log-every",), "eval.every_steps": ("--eval-every",), "eval.root": ("--eval-root",),
-    "eval.datasets": ("--eval-datasets",), "loader.num_workers": ("--workers",),
-    "grad_checkpointing": ("--grad-checkpointing",), "compile": ("--compile",),
-    "fsdp": ("--fsdp",), "fsdp_cpu_offload": ("--fsdp-cpu-offload",), "report_to": ("--report-to",),
-    "lock_image": ("--lock-image",), "lock_image_unlocked_groups": ("--lock-image-unlocked-groups",),
-    "lock_text": ("--lock-text",), "lock_text_unlocked_layers": ("--lock-text-unlocked-layers",),
-    "ema_decay": ("--ema-decay",), "patch_dropout": ("--patch-dropout",), "stages": ("--stages",),
+    "data": ("--data",),
+    "out": ("--out", "-o"),
+    "model": ("--model", "-m"),
+    "init": ("--init",),
+    "loss.mode": ("--mode",),
+    "preset": ("--preset",),
+    "batch_size": ("--batch-size", "-b"),
+    "epochs": ("--epochs",),
+    "steps": ("--steps",),
+    "optim.lr": ("--lr",),
+    "seed": ("--seed",),
+    "precision": ("--precision",),
+    "device": ("--device",),
+    "micro_batch_size": ("--micro-batch-size",),
+    "memory_budget_gb": ("--memory-budget-gb",),
+    "checkpoint.resume": ("--resume",),
+    "launch.nproc_per_node": ("--nproc-per-node",),
+    "launch.nodes": ("--nodes",),
+    "launch.node_rank": ("--node-rank",),
+    "launch.master_addr": ("--master-addr",),
+    "launch.master_port": ("--master-port",),
+    "launch.max_restarts": ("--max-restarts",),
+    "checkpoint.every_steps": ("--checkpoint-every",),
+    "checkpoint.keep": ("--keep-checkpoints",),
+    "log_every": ("--log-every",),
+    "eval.every_steps": ("--eval-every",),
+    "eval.root": ("--eval-root",),
+    "eval.datasets": ("--eval-datasets",),
+    "loader.num_workers": ("--workers",),
+    "grad_checkpointing": ("--grad-checkpointing",),
+    "compile": ("--compile",),
+    "fsdp": ("--fsdp",),
+    "fsdp_cpu_offload": ("--fsdp-cpu-offload",),
+    "report_to": ("--report-to",),
+    "lock_image": ("--lock-image",),
+    "lock_image_unlocked_groups": ("--lock-image-unlocked-groups",),
+    "lock_text": ("--lock-text",),
+    "lock_text_unlocked_layers": ("--lock-text-unlocked-layers",),
+    "ema_decay": ("--ema-decay",),
+    "patch_dropout": ("--patch-dropout",),
+    "stages": ("--stages",),
 }
 
 
@@ -69,9 +94,11 @@ def _loss_help() -> str:
     from toolkit.train.losses.choice import describe
     from toolkit.train.losses.registry import loss_names
 
-    return (f"The objective: {', '.join(loss_names())} (sets loss.kind and its variant; docs/objectives.md says "
-            f"which to pick). (default: by global batch and planned epochs (--epochs; a run set by --steps "
-            f"counts as short), from the convergence evidence: {describe()})")
+    return (
+        f"The objective: {', '.join(loss_names())} (sets loss.kind and its variant; docs/objectives.md says "
+        f"which to pick). (default: by global batch and planned epochs (--epochs; a run set by --steps "
+        f"counts as short), from the convergence evidence: {describe()})"
+    )
 
 
 @app.callback(invoke_without_command=True, epilog=nested_keys_help(TrainConfig, FLAGS))
@@ -103,14 +130,19 @@ def train(
     for key in ("eval.datasets", "report_to"):
         if explicit[key] is not None:
             explicit[key] = [n.strip() for n in explicit[key].split(",") if n.strip()]
-    cfg = load_cli_config(ctx, TrainConfig, config, overrides, labels={k: "option --loss" for k in split},
-                          **split, **explicit)
+    cfg = load_cli_config(
+        ctx, TrainConfig, config, overrides, labels={k: "option --loss" for k in split}, **split, **explicit
+    )
     result = _run(cfg)
     c = result.counts
-    typer.echo(f"{cfg.out}: {c.get('step')} steps, {c.get('samples_seen')} samples on {c.get('world_size')} "
-               f"rank(s), {c.get('skipped_steps')} skipped")
+    typer.echo(
+        f"{cfg.out}: {c.get('step')} steps, {c.get('samples_seen')} samples on {c.get('world_size')} "
+        f"rank(s), {c.get('skipped_steps')} skipped"
+    )
     if "model" in result.outputs:
-        typer.echo(f"model: {result.outputs['model']}  (toolkit eval zeroshot --model {result.outputs['model']} ...)")
+        typer.echo(
+            f"model: {result.outputs['model']}  (toolkit eval zeroshot --model {result.outputs['model']} ...)"
+        )
     for line in score_lines(cfg.out):
         typer.echo(line)
 
@@ -145,9 +177,10 @@ def presets(
     if name is None:
         width = max(len(n) for n in PRESETS)
         for key, p in PRESETS.items():
-            typer.echo(f"{key:<{width}}  {p.loss.name:<12} {p.model:<9} batch {p.batch_size:<5}  {p.description}")
+            typer.echo(
+                f"{key:<{width}}  {p.loss.name:<12} {p.model:<9} batch {p.batch_size:<5}  {p.description}"
+            )
         return
     if name not in PRESETS:
         fail(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
     typer.echo(dump_yaml(PRESETS[name]), nl=False)
-

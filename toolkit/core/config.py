@@ -51,8 +51,16 @@ def option(
     ``absent_means``: a field added after configs were recorded, which stays in the hash: a record that
     lacks it was written with this value (the behaviour before the field existed), so
     ``config_changes.changed_keys`` with ``absent_values`` reports no change where the run uses that value."""
-    metadata = {"doc": doc, "ge": ge, "gt": gt, "le": le, "affects_output": affects_output, "is_input": is_input,
-                "omit_at_default": omit_at_default, "absent_means": absent_means}
+    metadata = {
+        "doc": doc,
+        "ge": ge,
+        "gt": gt,
+        "le": le,
+        "affects_output": affects_output,
+        "is_input": is_input,
+        "omit_at_default": omit_at_default,
+        "absent_means": absent_means,
+    }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -99,7 +107,9 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
             return value
         hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
         extra = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ConfigError(source, key, f"must be one of {', '.join(repr(a) for a in args)}, got {short(value)}{extra}")
+        raise ConfigError(
+            source, key, f"must be one of {', '.join(repr(a) for a in args)}, got {short(value)}{extra}"
+        )
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -152,7 +162,7 @@ def _coerce_scalar(tp: Any, value: Any, source: str, key: str) -> Any:
     raise ConfigError(source, key, f"expected {_type_name(tp)}, got {short(value)}")
 
 
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<=")}
 
 
@@ -162,10 +172,15 @@ def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> Non
     # what every consumer can hold: torch/numpy seeds and counts are int64 ("Overflow when unpacking long
     # long"), and an infinite or NaN float breaks the formulas it enters ("math domain error")
     if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
-        raise ConfigError(source, key, f"must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {short(value)}")
+        raise ConfigError(
+            source, key, f"must fit in 64 bits ({INT64_MIN} to {INT64_MAX}), got {short(value)}"
+        )
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(source, key, f"must be a finite number, got {value} (a value past the float range "
-                                       "reads as infinity)")
+        raise ConfigError(
+            source,
+            key,
+            f"must be a finite number, got {value} (a value past the float range reads as infinity)",
+        )
     for name, (op, word) in _BOUNDS.items():
         bound = f.metadata.get(name)
         if bound is not None and not op(value, bound):
@@ -211,8 +226,12 @@ def _build(cls: type[T], data: dict[str, Any], source: str, prefix: str) -> T:
             moved = getattr(cls, "moved_keys", {}).get(name)
             if moved is not None:  # a key that became a section's: named with its new place, never read
                 where = f"{prefix}.{moved}" if prefix else moved
-                raise ConfigError(source, key, f"unknown key: it is {where} now (configs and records written "
-                                               f"before 2026-11-26 kept it flat); write it as {where}")
+                raise ConfigError(
+                    source,
+                    key,
+                    f"unknown key: it is {where} now (configs and records written "
+                    f"before 2026-11-26 kept it flat); write it as {where}",
+                )
             raise ConfigError(source, key, "unknown key" + suggest(name, list(fields)))
     kwargs = {}
     for name, f in fields.items():
@@ -283,8 +302,12 @@ def check_sections(cls: type, data: Mapping[str, Any], prefix: str = "") -> None
         value, key = data[f.name], f"{prefix}{f.name}"
         if not isinstance(value, Mapping):
             keys = ", ".join(g.name for g in dataclasses.fields(hints[f.name])[:4])
-            raise ConfigError("config", key, f"is a section: expected a mapping of its keys ({keys}, ...), got "
-                                             f"{type(value).__name__} {str(value)[:80]!r}")
+            raise ConfigError(
+                "config",
+                key,
+                f"is a section: expected a mapping of its keys ({keys}, ...), got "
+                f"{type(value).__name__} {str(value)[:80]!r}",
+            )
         check_sections(hints[f.name], value, key + ".")
 
 
@@ -304,8 +327,12 @@ def read_yaml(path: str | Path) -> dict:
     except yaml.YAMLError as err:
         raise ConfigError(str(path), "", f"invalid YAML: {' '.join(str(err).split())}") from None
     except UnicodeDecodeError as err:
-        raise ConfigError(str(path), "", f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at position "
-                                         f"{err.start}); save the file as UTF-8") from None
+        raise ConfigError(
+            str(path),
+            "",
+            f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at position "
+            f"{err.start}); save the file as UTF-8",
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -376,8 +403,11 @@ def to_dict(cfg: Any) -> dict:
 def _hashed(cfg: Any) -> Any:
     if not dataclasses.is_dataclass(cfg):
         return cfg
-    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-            if f.metadata.get("affects_output", True) and _kept(cfg, f)}
+    return {
+        f.name: _hashed(getattr(cfg, f.name))
+        for f in dataclasses.fields(cfg)
+        if f.metadata.get("affects_output", True) and _kept(cfg, f)
+    }
 
 
 def config_hash(cfg: Any, *extra: Any) -> str:

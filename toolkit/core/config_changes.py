@@ -36,19 +36,26 @@ def absent_values(cfg: Any, prefix: str = "") -> dict[str, Any]:
     return found
 
 
-def changed_keys(old: Mapping, new: Mapping, absent: Mapping[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+def changed_keys(
+    old: Mapping, new: Mapping, absent: Mapping[str, Any] | None = None
+) -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) of every leaf that differs, in ``new``'s key order (keys only
     ``old`` has last); a key one side lacks has :data:`MISSING` there, except a key of ``absent``
     (:func:`absent_values`) that ``old`` lacks and ``new`` holds: it reads as the value it meant (a key
     neither record holds, e.g. an ``omit_at_default`` section at its default, is no difference)."""
     a, b = _leaves(old), _leaves(new)
     a.update({k: v for k, v in (absent or {}).items() if k not in a and k in b})
-    return [(k, a.get(k, MISSING), b.get(k, MISSING)) for k in {**b, **a} if a.get(k, MISSING) != b.get(k, MISSING)]
+    return [
+        (k, a.get(k, MISSING), b.get(k, MISSING))
+        for k in {**b, **a}
+        if a.get(k, MISSING) != b.get(k, MISSING)
+    ]
 
 
 def describe_changes(changes: list[tuple[str, Any, Any]], limit: int = 5, width: int = 32) -> str:
     """``'steps 2 -> 3, optim.lr 0.001 -> 0.002'``: the first ``limit`` changes on one line, each value cut
     to ``width`` characters, and how many more there are."""
+
     def show(value: Any) -> str:
         return "(unset)" if value is MISSING else short(value, width)
 

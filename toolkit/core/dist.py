@@ -30,7 +30,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 FEATURES, FEATURE_GRADS, SCALARS, PARAM_GRADS, CHECKS = (
-    "features", "feature_grads", "scalars", "param_grads", "checks")
+    "features",
+    "feature_grads",
+    "scalars",
+    "param_grads",
+    "checks",
+)
 # Shapes are exchanged padded to this many dims so ranks with different ndim still agree on sizes.
 _MAX_NDIM = 8
 
@@ -89,19 +94,27 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
     if not is_initialized() and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
-            raise RuntimeError(f"RANK/WORLD_SIZE are set but {', '.join(missing)} is not: launch with torchrun "
-                               "or set the rendezvous address")
+            raise RuntimeError(
+                f"RANK/WORLD_SIZE are set but {', '.join(missing)} is not: launch with torchrun "
+                "or set the rendezvous address"
+            )
         name, timeout = backend or ("nccl" if use_cuda else "gloo"), timedelta(seconds=timeout_s)
         store = _attempt_store(timeout)
         if store is None:
             dist.init_process_group(name, init_method="env://", timeout=timeout)
         else:
-            dist.init_process_group(name, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+            dist.init_process_group(
+                name,
+                store=store,
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+                timeout=timeout,
+            )
     if not is_initialized():
         return DistInfo(0, 1, local_rank, 1, None, device)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, get_local_world_size(), dist.get_backend(),
-                    device)
+    return DistInfo(
+        dist.get_rank(), dist.get_world_size(), local_rank, get_local_world_size(), dist.get_backend(), device
+    )
 
 
 def _attempt_store(timeout: timedelta):
@@ -113,8 +126,13 @@ def _attempt_store(timeout: timedelta):
     pair never left init_process_group). None when not launched by an elastic agent (plain env://)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                         int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
     return dist.PrefixStore(f"cliptk/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
 
 
@@ -133,8 +151,15 @@ def barrier(group=None) -> None:
 def wire_bytes(op: str, nbytes: int, world_size: int) -> float:
     """Bytes one rank sends for ``op`` on an ``nbytes`` tensor under ring algorithms (module docstring)."""
     k = world_size
-    factor = {"all_gather": k - 1, "reduce_scatter": (k - 1) / k, "all_reduce": 2 * (k - 1) / k,
-              "broadcast": 1, "send": 1, "recv": 0, "all_to_all": (k - 1) / k}[op]
+    factor = {
+        "all_gather": k - 1,
+        "reduce_scatter": (k - 1) / k,
+        "all_reduce": 2 * (k - 1) / k,
+        "broadcast": 1,
+        "send": 1,
+        "recv": 0,
+        "all_to_all": (k - 1) / k,
+    }[op]
     return factor * nbytes
 
 
@@ -205,8 +230,11 @@ class CommLedger:
         """{"steps": n, "total": flat metrics over closed steps, "per_step": their mean per step}."""
         with self._lock:
             n = self.num_steps
-            return {"steps": n, "total": self._flat(self._total),
-                    "per_step": self._flat(self._total, max(n, 1))}
+            return {
+                "steps": n,
+                "total": self._flat(self._total),
+                "per_step": self._flat(self._total, max(n, 1)),
+            }
 
 
 LEDGER = CommLedger()
@@ -222,8 +250,9 @@ def _record(ledger: CommLedger | None, op: str, t: Tensor, category: str, group)
 
 # --------------------------------------------------------------------------- counted collectives
 _all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
-_reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
-                          or getattr(dist, "reduce_scatter_tensor", None))
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(
+    dist, "reduce_scatter_tensor", None
+)
 
 
 def check_equal_sizes(t: Tensor, group=None, what: str = "batch", ledger: CommLedger | None = None) -> None:
@@ -238,13 +267,15 @@ def check_equal_sizes(t: Tensor, group=None, what: str = "batch", ledger: CommLe
         raise ValueError(f"{what}: tensors with more than {_MAX_NDIM} dims are not supported, got {t.dim()}")
     shape = torch.full((_MAX_NDIM + 1,), -1, dtype=torch.int64, device=t.device)
     shape[0] = t.dim()
-    shape[1:1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    shape[1 : 1 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
     out = _gather(shape, k, group, CHECKS, ledger)
-    shapes = [tuple(int(v) for v in row[1:1 + int(row[0])]) for row in out.view(k, -1).cpu()]
+    shapes = [tuple(int(v) for v in row[1 : 1 + int(row[0])]) for row in out.view(k, -1).cpu()]
     if len(set(shapes)) > 1:
         listing = ", ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
-        raise ValueError(f"{what} sizes differ across ranks ({listing}); every rank must pass the same "
-                         "shape (use last_batch='drop' in make_loader so each rank gets a full local batch)")
+        raise ValueError(
+            f"{what} sizes differ across ranks ({listing}); every rank must pass the same "
+            "shape (use last_batch='drop' in make_loader so each rank gets a full local batch)"
+        )
 
 
 def _gather(t: Tensor, k: int, group, category: str, ledger: CommLedger | None) -> Tensor:
@@ -256,8 +287,13 @@ def _gather(t: Tensor, k: int, group, category: str, ledger: CommLedger | None) 
     return out
 
 
-def all_gather_nograd(t: Tensor, group=None, category: str = FEATURES, check_sizes: bool = True,
-                      ledger: CommLedger | None = None) -> Tensor:
+def all_gather_nograd(
+    t: Tensor,
+    group=None,
+    category: str = FEATURES,
+    check_sizes: bool = True,
+    ledger: CommLedger | None = None,
+) -> Tensor:
     """Concatenate ``t`` [b, ...] from every rank along dim 0 -> [K·b, ...] (rank order), no autograd.
 
     Called by all ranks of ``group``. Sizes must agree (checked unless ``check_sizes=False``, for callers
@@ -272,8 +308,9 @@ def all_gather_nograd(t: Tensor, group=None, category: str = FEATURES, check_siz
     return _gather(t, k, group, category, ledger)
 
 
-def reduce_scatter_sum(t: Tensor, group=None, category: str = FEATURE_GRADS,
-                       ledger: CommLedger | None = None) -> Tensor:
+def reduce_scatter_sum(
+    t: Tensor, group=None, category: str = FEATURE_GRADS, ledger: CommLedger | None = None
+) -> Tensor:
     """Sum [K·b, ...] over ranks and return this rank's [b, ...] slice (rows rank·b ... rank·b+b−1).
 
     Called by all ranks of ``group`` with equal shapes; world 1 returns ``t``.
@@ -290,7 +327,9 @@ def reduce_scatter_sum(t: Tensor, group=None, category: str = FEATURE_GRADS,
     return out
 
 
-def all_reduce_sum(t: Tensor, group=None, category: str = SCALARS, ledger: CommLedger | None = None) -> Tensor:
+def all_reduce_sum(
+    t: Tensor, group=None, category: str = SCALARS, ledger: CommLedger | None = None
+) -> Tensor:
     """In-place sum over ranks (returns ``t``); called by all ranks of ``group``; identity at world 1."""
     if get_world_size(group) > 1:
         _record(ledger, "all_reduce", t, category, group)
@@ -298,8 +337,9 @@ def all_reduce_sum(t: Tensor, group=None, category: str = SCALARS, ledger: CommL
     return t
 
 
-def all_reduce_future(t: Tensor, group=None, category: str = PARAM_GRADS,
-                      ledger: CommLedger | None = None) -> torch.futures.Future:
+def all_reduce_future(
+    t: Tensor, group=None, category: str = PARAM_GRADS, ledger: CommLedger | None = None
+) -> torch.futures.Future:
     """Asynchronous in-place sum over ranks; the future's value is ``t`` (for DDP comm hooks)."""
     _record(ledger, "all_reduce", t, category, group)
     work = dist.all_reduce(t, group=group, async_op=True)
@@ -319,8 +359,13 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return reduce_scatter_sum(grad, ctx.group, FEATURE_GRADS, ctx.ledger), None, None, None
 
 
-def all_gather_with_grad(t: Tensor, group=None, category: str = FEATURES, check_sizes: bool = True,
-                         ledger: CommLedger | None = None) -> Tensor:
+def all_gather_with_grad(
+    t: Tensor,
+    group=None,
+    category: str = FEATURES,
+    check_sizes: bool = True,
+    ledger: CommLedger | None = None,
+) -> Tensor:
     """Like :func:`all_gather_nograd` but differentiable: the backward sums every rank's gradient of the
     gathered tensor and keeps this rank's rows (a reduce_scatter of [K·b, ...], category feature_grads).
 
@@ -342,8 +387,9 @@ def ring_peers(group=None) -> tuple[int, int]:
     return nxt, prev
 
 
-def ring_shift(tensors: Sequence[Tensor], categories: Sequence[str], group=None,
-               ledger: CommLedger | None = None) -> tuple[list[Tensor], Callable[[], None]]:
+def ring_shift(
+    tensors: Sequence[Tensor], categories: Sequence[str], group=None, ledger: CommLedger | None = None
+) -> tuple[list[Tensor], Callable[[], None]]:
     """Start sending ``tensors`` to rank+1 and receiving same-shaped ones from rank−1 (one P2P batch).
 
     Returns (receive buffers, wait): the buffers are valid after ``wait()``; the sent tensors must not

@@ -31,7 +31,7 @@ def is_local(path: str) -> bool:
 
 
 def local_path(path: str) -> str:
-    return str(path)[len("file://"):] if str(path).startswith("file://") else str(path)
+    return str(path)[len("file://") :] if str(path).startswith("file://") else str(path)
 
 
 def open_file(path: str, mode: str = "rb", **kwargs: Any):
@@ -63,8 +63,12 @@ def open_ranges(path: str):
     return open_file(path, "rb") if is_local(path) else open_file(path, "rb", cache_type="none")
 
 
-_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                (stat.S_ISBLK, "a block device"))
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def check_regular(path: str) -> None:
@@ -75,12 +79,15 @@ def check_regular(path: str) -> None:
         return  # missing or unreadable: open() says so itself
     for test, what in _NOT_REGULAR:
         if test(mode):
-            raise OSError(f"{path} is {what}, not a regular file: reading it could wait forever; replace it "
-                          "with the real file")
+            raise OSError(
+                f"{path} is {what}, not a regular file: reading it could wait forever; replace it "
+                "with the real file"
+            )
 
 
-def file_sha256(path: str | os.PathLike, chunk_bytes: int = HASH_CHUNK_BYTES,
-                fs: fsspec.AbstractFileSystem | None = None) -> str:
+def file_sha256(
+    path: str | os.PathLike, chunk_bytes: int = HASH_CHUNK_BYTES, fs: fsspec.AbstractFileSystem | None = None
+) -> str:
     """Hex sha256 of a file's bytes, read ``chunk_bytes`` at a time: a local path or fsspec URL (through
     :func:`open_file`, which refuses a FIFO), or a path inside ``fs``. Read errors propagate as OSError.
     Used for checkpoint manifests (writer's verify, ``load_model``'s check) and reference weights."""
@@ -142,8 +149,10 @@ class Unreachable(ConnectionError):
 def unreachable(url: str, err: BaseException) -> Unreachable:
     """The one-line error for a URL whose server did not answer (connection refused, timeout, DNS, 5xx)."""
     detail = " ".join(str(err).split()) or "no answer"
-    return Unreachable(f"{url}: cannot read it from its server ({type(err).__name__}: {detail}); check the "
-                           "network and that the server is up")
+    return Unreachable(
+        f"{url}: cannot read it from its server ({type(err).__name__}: {detail}); check the "
+        "network and that the server is up"
+    )
 
 
 def makedirs(path: str) -> None:
@@ -222,7 +231,9 @@ def _remove_replaced(old: Path) -> None:
     except OSError as err:
         from toolkit.core.log import get_logger
 
-        get_logger("files").warning("could not delete the replaced folder %s (%s): delete it by hand", old, err)
+        get_logger("files").warning(
+            "could not delete the replaced folder %s (%s): delete it by hand", old, err
+        )
 
 
 def remove_tree(path: str | os.PathLike) -> None:

@@ -56,9 +56,17 @@ class _Worker:
     task: Any = None  # the task it holds, None when idle
 
 
-def run(fn: Callable[[Any, Any, Callable[[int], None]], Any], job: Any, tasks: Sequence[Any], num_workers: int,
-        on_result: Callable[[Any], None], *, start: Callable[[], None] | None = None,
-        on_progress: Callable[[int], None] | None = None, name: str = "pool") -> None:
+def run(
+    fn: Callable[[Any, Any, Callable[[int], None]], Any],
+    job: Any,
+    tasks: Sequence[Any],
+    num_workers: int,
+    on_result: Callable[[Any], None],
+    *,
+    start: Callable[[], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    name: str = "pool",
+) -> None:
     """Run ``fn(job, task, on_read)`` for every task in ``num_workers`` forked workers; ``on_result(result)``
     in this process as each finishes (in completion order). ``on_read(n)`` in a worker adds ``n`` to a shared
     counter that ``on_progress(total)`` receives every POLL_S seconds. ``start()`` runs first in each worker.
@@ -70,7 +78,9 @@ def run(fn: Callable[[Any, Any, Callable[[int], None]], Any], job: Any, tasks: S
     try:
         for _ in range(min(num_workers, len(tasks))):
             mine, theirs = ctx.Pipe()
-            process = ctx.Process(target=_serve, args=(fn, job, theirs, counter, os.getpid(), start), daemon=True)
+            process = ctx.Process(
+                target=_serve, args=(fn, job, theirs, counter, os.getpid(), start), daemon=True
+            )
             process.start()
             theirs.close()
             workers.append(_Worker(process, mine))
@@ -109,8 +119,10 @@ def _collect(workers: list[_Worker], pending: list, on_result: Callable[[Any], N
         if answer is None:
             w.process.join(JOIN_TIMEOUT_S)  # the pipe closes just before the process can be reaped
             task = getattr(w.task, "url", w.task)
-            raise RuntimeError(f"a worker process (pid {w.process.pid}) died with exit code "
-                               f"{w.process.exitcode} while processing {task} (killed for lack of memory?)")
+            raise RuntimeError(
+                f"a worker process (pid {w.process.pid}) died with exit code "
+                f"{w.process.exitcode} while processing {task} (killed for lack of memory?)"
+            )
         ok, payload = answer
         if not ok:
             raise payload
@@ -135,9 +147,12 @@ def _end(workers: list[_Worker], name: str, terminate: bool) -> None:
     stuck = [w.process for w in workers if w.process.is_alive()]
     if stuck:
         get_logger("core.forkpool").warning(
-            "%s: worker process(es) %s did not exit within %.0f s of the %s; killed", name,
-            ", ".join(str(p.pid) for p in stuck), JOIN_TIMEOUT_S,
-            "failure" if terminate else "end of the work")
+            "%s: worker process(es) %s did not exit within %.0f s of the %s; killed",
+            name,
+            ", ".join(str(p.pid) for p in stuck),
+            JOIN_TIMEOUT_S,
+            "failure" if terminate else "end of the work",
+        )
         for p in stuck:
             p.kill()
             p.join(JOIN_TIMEOUT_S)

@@ -50,9 +50,11 @@ WORKER_ENV = "CLIPTK_TRAIN_WORKER"  # set for workers a cliptk launcher started 
 # a loaded 2-core machine, hence the longer bound on the whole probe.
 STORE_ANSWER_S = 5
 PROBE_TIMEOUT_S = 60.0
-_PROBE = ("import datetime, signal, sys; from torch.distributed import TCPStore; signal.alarm(int(sys.argv[3])); "
-          "TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False, "
-          "timeout=datetime.timedelta(seconds=int(sys.argv[3]))); print('store')")
+_PROBE = (
+    "import datetime, signal, sys; from torch.distributed import TCPStore; signal.alarm(int(sys.argv[3])); "
+    "TCPStore(sys.argv[1], int(sys.argv[2]), is_master=False, wait_for_workers=False, "
+    "timeout=datetime.timedelta(seconds=int(sys.argv[3]))); print('store')"
+)
 
 
 class RendezvousError(RuntimeError):
@@ -63,25 +65,53 @@ class RendezvousError(RuntimeError):
 class LaunchConfig:
     """How many processes and where (torchrun under the hood; SLURM's variables are read when set)."""
 
-    nproc_per_node: int = option(1, ge=1, affects_output=False, doc="Training processes on this node (one per "
-                                                                    "GPU on CUDA).")
-    nodes: str = option("1", affects_output=False, doc="Number of nodes N, or MIN:MAX for an elastic job "
-                                                       "(torchrun's c10d rendezvous).")
-    node_rank: int = option(0, ge=0, affects_output=False, doc="This node's rank, 0..N-1 (fixed N only; "
-                                                               "elastic jobs are ranked by the rendezvous).")
-    master_addr: str = option("127.0.0.1", affects_output=False, doc="Address of node 0 (the rendezvous host).")
-    master_port: int = option(0, ge=0, le=65535, affects_output=False,
-                              doc="Rendezvous port on master_addr; 0: any free port on a single node, 29500 "
-                                  "across nodes (a port given on a single node is used, and refused if busy).")
-    max_restarts: int = option(0, ge=0, affects_output=False, doc="Times torchrun restarts the workers after a "
-                                                                  "failure; they resume from the latest checkpoint.")
-    rdzv_id: str = option("cliptk", affects_output=False, doc="Job id shared by every node of an elastic job.")
-    backend: Backend = option("auto", affects_output=False, doc="Process-group backend: auto (nccl on CUDA, "
-                                                                "else gloo), gloo or nccl.")
+    nproc_per_node: int = option(
+        1, ge=1, affects_output=False, doc="Training processes on this node (one per GPU on CUDA)."
+    )
+    nodes: str = option(
+        "1",
+        affects_output=False,
+        doc="Number of nodes N, or MIN:MAX for an elastic job (torchrun's c10d rendezvous).",
+    )
+    node_rank: int = option(
+        0,
+        ge=0,
+        affects_output=False,
+        doc="This node's rank, 0..N-1 (fixed N only; elastic jobs are ranked by the rendezvous).",
+    )
+    master_addr: str = option(
+        "127.0.0.1", affects_output=False, doc="Address of node 0 (the rendezvous host)."
+    )
+    master_port: int = option(
+        0,
+        ge=0,
+        le=65535,
+        affects_output=False,
+        doc="Rendezvous port on master_addr; 0: any free port on a single node, 29500 "
+        "across nodes (a port given on a single node is used, and refused if busy).",
+    )
+    max_restarts: int = option(
+        0,
+        ge=0,
+        affects_output=False,
+        doc="Times torchrun restarts the workers after a failure; they resume from the latest checkpoint.",
+    )
+    rdzv_id: str = option(
+        "cliptk", affects_output=False, doc="Job id shared by every node of an elastic job."
+    )
+    backend: Backend = option(
+        "auto",
+        affects_output=False,
+        doc="Process-group backend: auto (nccl on CUDA, else gloo), gloo or nccl.",
+    )
     timeout_s: float = option(1800.0, gt=0, affects_output=False, doc="Collective timeout in seconds.")
-    rendezvous_timeout_s: float = option(300.0, gt=0, affects_output=False,
-                                         doc="Seconds the launcher waits for every node to join before it stops "
-                                             "with an error naming what it waited for.")
+    rendezvous_timeout_s: float = option(
+        300.0,
+        gt=0,
+        affects_output=False,
+        doc="Seconds the launcher waits for every node to join before it stops "
+        "with an error naming what it waited for.",
+    )
 
     def node_range(self) -> tuple[int, int]:
         """(min, max) nodes from ``nodes`` ('2' -> (2, 2), '1:4' -> (1, 4))."""
@@ -127,26 +157,40 @@ def rendezvous_kind(launch: LaunchConfig) -> str:
 def torchrun_argv(launch: LaunchConfig, entry: str, args: list[str]) -> list[str]:
     """torchrun's command-line arguments (module docstring) running ``python -m entry *args``."""
     lo, hi = launch.node_range()
-    argv = [f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}",
-            f"--signals-to-handle={AGENT_SIGNALS}"]
+    argv = [
+        f"--nproc-per-node={launch.nproc_per_node}",
+        f"--max-restarts={launch.max_restarts}",
+        f"--signals-to-handle={AGENT_SIGNALS}",
+    ]
     kind = rendezvous_kind(launch)
     if kind == "standalone":
         argv.append("--standalone")
     elif kind == "static":
-        argv += [f"--nnodes={lo}", f"--node-rank={launch.node_rank}", f"--master-addr={launch.master_addr}",
-                 f"--master-port={launch.port}"]
+        argv += [
+            f"--nnodes={lo}",
+            f"--node-rank={launch.node_rank}",
+            f"--master-addr={launch.master_addr}",
+            f"--master-port={launch.port}",
+        ]
     else:
-        argv += [f"--nnodes={lo}:{hi}" if lo != hi else f"--nnodes={lo}", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint={launch.master_addr}:{launch.port}", f"--rdzv-id={launch.rdzv_id}",
-                 f"--rdzv-conf=join_timeout={max(1, round(launch.rendezvous_timeout_s))}"]
+        argv += [
+            f"--nnodes={lo}:{hi}" if lo != hi else f"--nnodes={lo}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={launch.master_addr}:{launch.port}",
+            f"--rdzv-id={launch.rdzv_id}",
+            f"--rdzv-conf=join_timeout={max(1, round(launch.rendezvous_timeout_s))}",
+        ]
     return [*argv, "--module", entry, *args]
 
 
 def warn_unused_port(launch: LaunchConfig) -> None:
     """A master_port given to a single process has nothing to rendezvous: say so instead of ignoring it."""
     if launch.master_port and not launch.is_multiprocess:
-        get_logger("launch").warning("--master-port %d is unused: one process needs no rendezvous (it is used "
-                                    "with --nproc-per-node > 1 or --nodes)", launch.master_port)
+        get_logger("launch").warning(
+            "--master-port %d is unused: one process needs no rendezvous (it is used "
+            "with --nproc-per-node > 1 or --nodes)",
+            launch.master_port,
+        )
 
 
 def describe_wait(launch: LaunchConfig) -> str:
@@ -157,9 +201,11 @@ def describe_wait(launch: LaunchConfig) -> str:
     if kind == "standalone":
         return f"torchrun to start {launch.nproc_per_node} worker(s) on this node"
     if kind == "static" and launch.node_rank == 0:
-        return (f"the other {lo - 1} node(s) of {lo} to join this node's rendezvous at {where} (each started "
-                f"with --nodes {lo} --node-rank 1..{lo - 1} --master-addr {launch.master_addr} "
-                f"--master-port {launch.port})")
+        return (
+            f"the other {lo - 1} node(s) of {lo} to join this node's rendezvous at {where} (each started "
+            f"with --nodes {lo} --node-rank 1..{lo - 1} --master-addr {launch.master_addr} "
+            f"--master-port {launch.port})"
+        )
     if kind == "static":
         return f"node 0's rendezvous at {where} (node {launch.node_rank} of {lo}; is node 0 started?)"
     count = f"{lo}" if lo == hi else f"{lo} to {hi}"
@@ -185,18 +231,27 @@ def check_port(launch: LaunchConfig, signals: LauncherSignals) -> None:
             return  # not a local address (or unresolvable): torchrun reports what it finds
     hosts = (kind == "static" and launch.node_rank == 0) or launch.node_range() == (1, 1)
     if hosts:
-        raise RendezvousError(f"--master-port {port}: port {port} on {addr} is already in use (another program "
-                              "or another job); this node hosts the rendezvous there: choose a free port")
+        raise RendezvousError(
+            f"--master-port {port}: port {port} on {addr} is already in use (another program "
+            "or another job); this node hosts the rendezvous there: choose a free port"
+        )
     if not _answers_as_store(addr, port, signals):
-        raise RendezvousError(f"--master-port {port}: {addr}:{port} is held by a program that is not a torch "
-                              f"rendezvous (it did not answer as a TCPStore within {STORE_ANSWER_S} s); choose "
-                              "a free port for every node of the job")
+        raise RendezvousError(
+            f"--master-port {port}: {addr}:{port} is held by a program that is not a torch "
+            f"rendezvous (it did not answer as a TCPStore within {STORE_ANSWER_S} s); choose "
+            "a free port for every node of the job"
+        )
 
 
 def _answers_as_store(addr: str, port: int, signals: LauncherSignals) -> bool:
     """True when a TCPStore client connects to addr:port (probe in a child process, see PROBE_TIMEOUT_S)."""
-    proc = subprocess.Popen([sys.executable, "-c", _PROBE, addr, str(port), str(STORE_ANSWER_S)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROBE, addr, str(port), str(STORE_ANSWER_S)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + PROBE_TIMEOUT_S
     try:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -221,8 +276,9 @@ def _agent_env() -> dict[str, str]:
     return env
 
 
-def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training",
-               args: tuple[str, ...] = ()) -> None:
+def launch_job(
+    launch: LaunchConfig, cfg: Any, entry: str, what: str = "training", args: tuple[str, ...] = ()
+) -> None:
     """Run the job's processes on this node through torchrun (blocking); each runs ``python -m entry
     CONFIG.yaml *args`` with ``cfg`` dumped to a temporary YAML. Raises RendezvousError (busy port),
     supervise.RendezvousTimeout, StageInterrupted (a signal before the workers started, or a second one),
@@ -234,7 +290,7 @@ def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training
         fd, path = tempfile.mkstemp(prefix="cliptk-job-", suffix=".yaml")
         with os.fdopen(fd, "w") as fh:
             fh.write(dump_yaml(cfg))
-        result = path[:-len(".yaml")] + ".result.json"
+        result = path[: -len(".yaml")] + ".result.json"
         argv = torchrun_argv(launch, entry, [path, *args])
         log.info("torchrun %s", " ".join(argv))
         # before any rank beats: clears an earlier run's heartbeats; a stage without a watchdog_s is not watched
@@ -242,8 +298,12 @@ def launch_job(launch: LaunchConfig, cfg: Any, entry: str, what: str = "training
         try:
             # a terminal's Ctrl-C reaches the launcher only; a SIGKILLed launcher takes the agent with it (and
             # the agent its ranks, toolkit.core.agent), so no orphan trains on into this run folder
-            proc = subprocess.Popen([sys.executable, "-m", "toolkit.core.agent", result, *argv], env=_agent_env(),
-                                    start_new_session=True, preexec_fn=child_preexec())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "toolkit.core.agent", result, *argv],
+                env=_agent_env(),
+                start_new_session=True,
+                preexec_fn=child_preexec(),
+            )
             supervisor = Supervisor(proc, signals, describe_wait(launch), launch.rendezvous_timeout_s)
             supervisor.watch, supervisor.what = watch, what
             code = supervisor.wait()
@@ -266,18 +326,25 @@ def _read_outcome(path: str) -> dict:
 def _report(outcome: dict, code: int, supervisor: Supervisor, what: str) -> None:
     resume = "resume from the newest checkpoint" if what == "training" else "resume (finished work is kept)"
     if "failed" in outcome and supervisor.forwarded is not None:  # e.g. a worker signalled while starting up
-        raise StageInterrupted(f"interrupted by {signal.Signals(supervisor.forwarded).name}: the workers stopped "
-                               f"({outcome['failed']}); rerun the same command to {resume}",
-                               None if what == "training" else supervisor.forwarded)  # train's launcher: exit 1
+        raise StageInterrupted(
+            f"interrupted by {signal.Signals(supervisor.forwarded).name}: the workers stopped "
+            f"({outcome['failed']}); rerun the same command to {resume}",
+            None if what == "training" else supervisor.forwarded,
+        )  # train's launcher: exit 1
     if "failed" in outcome:
         raise RuntimeError(f"{what} workers failed: {outcome['failed']}")
     if "error" in outcome and not supervisor.workers_started:
-        raise RendezvousError(f"the rendezvous failed while waiting for {supervisor.waiting_for}: {outcome['error']}")
+        raise RendezvousError(
+            f"the rendezvous failed while waiting for {supervisor.waiting_for}: {outcome['error']}"
+        )
     if "error" in outcome:
         raise RuntimeError(f"torchrun's agent failed: {outcome['error']}")
     if "signal" in outcome:  # the agent itself got SIGINT/SIGHUP/SIGQUIT and stopped the workers
-        get_logger("launch").warning("torchrun's agent received %s; the workers stopped%s", outcome["signal"],
-                                     " after a checkpoint" if what == "training" else "; rerun to " + resume)
+        get_logger("launch").warning(
+            "torchrun's agent received %s; the workers stopped%s",
+            outcome["signal"],
+            " after a checkpoint" if what == "training" else "; rerun to " + resume,
+        )
     elif code != 0:
         raise RuntimeError(f"torchrun's agent exited with code {code} (see its log above)")
 
@@ -286,8 +353,13 @@ def _slurm_hosts(nodelist: str) -> list[str]:
     """Hosts of a SLURM node list: ``scontrol show hostnames`` when available, else the simple forms
     ``a,b`` and ``prefix[1-3,7]``."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             check=True, timeout=30).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout.split()
         if out:
             return out
     except (OSError, subprocess.SubprocessError):
@@ -312,8 +384,15 @@ def apply_slurm_env(launch: LaunchConfig, env: dict[str, str] | None = None) -> 
         return False
     num_nodes = int(env.get("SLURM_NNODES", "1"))
     world = int(env["SLURM_NTASKS"])
-    env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=str(world), LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
-               LOCAL_WORLD_SIZE=str(world // max(num_nodes, 1)), GROUP_RANK=env.get("SLURM_NODEID", "0"))
-    env.setdefault("MASTER_ADDR", (_slurm_hosts(env.get("SLURM_JOB_NODELIST", "")) or [launch.master_addr])[0])
+    env.update(
+        RANK=env["SLURM_PROCID"],
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
+        LOCAL_WORLD_SIZE=str(world // max(num_nodes, 1)),
+        GROUP_RANK=env.get("SLURM_NODEID", "0"),
+    )
+    env.setdefault(
+        "MASTER_ADDR", (_slurm_hosts(env.get("SLURM_JOB_NODELIST", "")) or [launch.master_addr])[0]
+    )
     env.setdefault("MASTER_PORT", str(launch.port))
     return True

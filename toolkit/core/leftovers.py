@@ -17,8 +17,10 @@ import re
 
 from toolkit.core.files import remove_tree
 
-_TEMP = [re.compile(r"^\..+\.(?:tmp-|old-)?(?P<pid>\d+)-[0-9a-f]{8}$"),  # atomic files, replaced folders
-         re.compile(r"^[^.].*\.tmp-(?P<pid>\d+)$")]  # training shards being written
+_TEMP = [
+    re.compile(r"^\..+\.(?:tmp-|old-)?(?P<pid>\d+)-[0-9a-f]{8}$"),  # atomic files, replaced folders
+    re.compile(r"^[^.].*\.tmp-(?P<pid>\d+)$"),
+]  # training shards being written
 
 
 def _running(pid: int) -> bool:
@@ -43,7 +45,9 @@ def remove_dead_temps(out: str) -> list[str]:
     """Delete the dead temps (module docstring) in local folder ``out`` and its direct sub-folders;
     returns their paths relative to ``out``. Call only while holding ``out``'s lock."""
     removed: list[str] = []
-    folders = [out] + [e.path for e in _scan(out) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    folders = [out] + [
+        e.path for e in _scan(out) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+    ]
     for folder in folders:
         for entry in _scan(folder):
             if not _dead_temp(entry.name):

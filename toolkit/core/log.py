@@ -70,8 +70,12 @@ class JsonLinesHandler(logging.Handler):
         self.path = path
 
     def emit(self, record: logging.LogRecord) -> None:
-        entry = {"time": record.created, "level": record.levelname, "logger": record.name,
-                 "message": record.getMessage()}
+        entry = {
+            "time": record.created,
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if isinstance(getattr(record, "data", None), dict):
             entry["data"] = record.data  # type: ignore[attr-defined]
         try:
@@ -135,8 +139,14 @@ def counter(total: int | None, desc: str = "", unit: str = "it") -> Iterator[Pro
             TimeRemainingColumn,
         )
 
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
-                   TimeElapsedColumn(), TimeRemainingColumn()]
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(unit),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        ]
         with Progress(*columns, transient=False) as bar:
             yield ProgressCounter(total, desc, unit, bar, bar.add_task(desc, total=total))
         return

@@ -35,10 +35,13 @@ class OutputLocked(RuntimeError):
 
 
 def _holder_info() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            # one line whatever the arguments hold (python -c scripts span lines): errors stay one line
-            "command": " ".join(" ".join(getattr(sys, "orig_argv", sys.argv)).split())[:MAX_HOLDER_BYTES // 2]}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        # one line whatever the arguments hold (python -c scripts span lines): errors stay one line
+        "command": " ".join(" ".join(getattr(sys, "orig_argv", sys.argv)).split())[: MAX_HOLDER_BYTES // 2],
+    }
 
 
 def describe_holder(fd: int) -> str:
@@ -48,8 +51,10 @@ def describe_holder(fd: int) -> str:
         info = json.loads(raw)
     except ValueError:
         return "a run that has not written its details yet" if not raw.strip() else "an unknown run"
-    return (f"pid {info.get('pid')} on {info.get('host')}, since {info.get('started_at')}, "
-            f"running: {info.get('command')}")
+    return (
+        f"pid {info.get('pid')} on {info.get('host')}, since {info.get('started_at')}, "
+        f"running: {info.get('command')}"
+    )
 
 
 @contextmanager
@@ -70,8 +75,10 @@ def output_lock(out: str) -> Iterator[int | None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OutputLocked(f"{out} is in use by another run ({describe_holder(fd)}); wait for it to finish "
-                               "or choose another output folder") from None
+            raise OutputLocked(
+                f"{out} is in use by another run ({describe_holder(fd)}); wait for it to finish "
+                "or choose another output folder"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(_holder_info()) + "\n").encode(), 0)
         try:

@@ -31,7 +31,7 @@ def _pattern_base(path: str) -> str:
     match = _PATTERN.search(path)
     if match is None:
         return path
-    return path[:match.start()].rsplit("/", 1)[0] or "/"
+    return path[: match.start()].rsplit("/", 1)[0] or "/"
 
 
 def _chain(path: str) -> list[tuple[int, int]]:
@@ -139,11 +139,17 @@ def check_url_schemes(kind: str, paths: dict[str, str]) -> None:
         try:
             fsspec.get_filesystem_class(protocol)
         except ImportError as err:
-            raise ConfigError(kind, key, f"{path}: the {protocol}:// file system needs a package that is not "
-                                         f"installed ({err}); pip install it") from None
+            raise ConfigError(
+                kind,
+                key,
+                f"{path}: the {protocol}:// file system needs a package that is not "
+                f"installed ({err}); pip install it",
+            ) from None
         except ValueError:
             known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) > 1)[:12])
-            raise ConfigError(kind, key, f"{path}: unknown URL scheme {protocol!r} (known: {known}, ...)") from None
+            raise ConfigError(
+                kind, key, f"{path}: unknown URL scheme {protocol!r} (known: {known}, ...)"
+            ) from None
 
 
 def check_output_apart(kind: str, out: str, inputs: dict[str, str]) -> None:
@@ -154,5 +160,9 @@ def check_output_apart(kind: str, out: str, inputs: dict[str, str]) -> None:
     for key, inp in inputs.items():
         how = relation(out, inp)
         if how is not None:
-            raise OutputIsInput(kind, "out", f"must differ from input {key} ({inp}): {out} {how} it, and writing "
-                                "there would overwrite what the stage reads; choose a folder outside the inputs")
+            raise OutputIsInput(
+                kind,
+                "out",
+                f"must differ from input {key} ({inp}): {out} {how} it, and writing "
+                "there would overwrite what the stage reads; choose a folder outside the inputs",
+            )

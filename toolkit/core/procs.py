@@ -33,8 +33,10 @@ class SignalInterrupt(KeyboardInterrupt):
 
     def __init__(self, signum: int):
         self.signum = signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name}; finished work is kept, rerun the same "
-                         "command to resume")
+        super().__init__(
+            f"interrupted by {signal.Signals(signum).name}; finished work is kept, rerun the same "
+            "command to resume"
+        )
 
 
 def _raise(signum: int, frame) -> None:
@@ -86,10 +88,12 @@ def child_preexec(parent_pid: int | None = None):
 
 # The reaper's whole program: wait for EOF on stdin (the parent's end closes when the parent exits, however it
 # exits); unless the parent wrote "keep" first, SIGKILL the process group named by argv[1].
-_REAPER = ("import os, signal, sys\n"
-           "if sys.stdin.buffer.read() != b'keep':\n"
-           "    try:\n        os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
-           "    except OSError:\n        pass\n")
+_REAPER = (
+    "import os, signal, sys\n"
+    "if sys.stdin.buffer.read() != b'keep':\n"
+    "    try:\n        os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
+    "    except OSError:\n        pass\n"
+)
 
 
 class GroupReaper:
@@ -106,8 +110,12 @@ class GroupReaper:
     def __init__(self, pgid: int):
         read_fd, self._write_fd = os.pipe()  # not inheritable: no other child holds the write end
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", _REAPER, str(pgid)], stdin=read_fd,
-                                         stdout=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _REAPER, str(pgid)],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             os.close(read_fd)
 

@@ -35,8 +35,10 @@ class DuplicateKey(yaml.YAMLError):
 
     def __init__(self, key: str, line: int, first_line: int):
         self.key, self.line, self.first_line = key, line, first_line
-        super().__init__(f"duplicate key {key!r} at line {line} (first given at line {first_line}); "
-                         "YAML would keep only the last value: remove one")
+        super().__init__(
+            f"duplicate key {key!r} at line {line} (first given at line {first_line}); "
+            "YAML would keep only the last value: remove one"
+        )
 
 
 def check_duplicate_keys(root: yaml.Node) -> None:
@@ -74,8 +76,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def expanded_size(root: yaml.Node, max_nodes: int = MAX_EXPANDED_NODES,
-                  max_chars: int = MAX_EXPANDED_CHARS) -> tuple[int, int]:
+def expanded_size(
+    root: yaml.Node, max_nodes: int = MAX_EXPANDED_NODES, max_chars: int = MAX_EXPANDED_CHARS
+) -> tuple[int, int]:
     """(nodes, scalar characters) of ``root`` with every alias expanded; raise :class:`YamlTooLarge`
     as soon as either passes its limit, or on an alias inside its own anchor. Iterative: no recursion."""
     sizes: dict[int, tuple[int, int]] = {}
@@ -91,14 +94,18 @@ def expanded_size(root: yaml.Node, max_nodes: int = MAX_EXPANDED_NODES,
                 child_nodes, child_chars = sizes[id(child)]
                 nodes, chars = nodes + child_nodes, chars + child_chars
             if nodes > max_nodes or chars > max_chars:
-                raise YamlTooLarge(f"aliases expand to more than {max_nodes:,} nodes or {max_chars:,} characters "
-                                   f"(near line {node.start_mark.line + 1}); refusing to load it")
+                raise YamlTooLarge(
+                    f"aliases expand to more than {max_nodes:,} nodes or {max_chars:,} characters "
+                    f"(near line {node.start_mark.line + 1}); refusing to load it"
+                )
             sizes[key] = (nodes, chars)
             continue
         if key in sizes:
             continue
         if key in open_nodes:  # reached again while its own children are being measured
-            raise YamlTooLarge(f"an alias refers to the node that contains it (near line {node.start_mark.line + 1})")
+            raise YamlTooLarge(
+                f"an alias refers to the node that contains it (near line {node.start_mark.line + 1})"
+            )
         open_nodes.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in _children(node))

@@ -97,7 +97,9 @@ def _measure(path: str) -> str:
 
         fs, p = fsspec.core.url_to_fs(path)
         info = fs.info(p)
-        return f"remote:{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
+        return (
+            f"remote:{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
+        )
     local = files.local_path(path)
     if os.path.isfile(local):
         st = os.stat(local)
@@ -107,7 +109,9 @@ def _measure(path: str) -> str:
         dirs.sort()
         for name in sorted(names):
             st = os.stat(os.path.join(root, name))
-            digest.update(f"{os.path.relpath(os.path.join(root, name), local)}:{st.st_size}:{st.st_mtime_ns};".encode())
+            digest.update(
+                f"{os.path.relpath(os.path.join(root, name), local)}:{st.st_size}:{st.st_mtime_ns};".encode()
+            )
             num_files += 1
             if num_files >= MAX_FINGERPRINT_FILES:
                 return f"dir:{digest.hexdigest()[:16]}+"
@@ -153,10 +157,19 @@ class StageRecorder:
         self.details: dict[str, Any] = {}
         self.status = "done"  # what the manifest records when the body returns (a stage may set another)
         self.manifest: dict[str, Any] = {
-            "kind": kind, "status": "running", "config_hash": self.hash, "toolkit_version": __version__,
-            "config": to_dict(cfg), "started_at": _now(), "finished_at": None, "duration_s": None,
+            "kind": kind,
+            "status": "running",
+            "config_hash": self.hash,
+            "toolkit_version": __version__,
+            "config": to_dict(cfg),
+            "started_at": _now(),
+            "finished_at": None,
+            "duration_s": None,
             "inputs": {k: {"path": p, "fingerprint": fingerprint(p)} for k, p in input_paths(cfg).items()},
-            "outputs": {}, "counts": {}, "details": {}, "error": None,
+            "outputs": {},
+            "counts": {},
+            "details": {},
+            "error": None,
         }
 
     def write(self, **updates: Any) -> None:
@@ -164,7 +177,9 @@ class StageRecorder:
         files.write_json_atomic(files.join(self.out, MANIFEST), self.manifest)
 
     def result(self) -> StageResult:
-        return StageResult(self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details), self.status)
+        return StageResult(
+            self.out, dict(self.outputs), dict(self.counts), self.hash, dict(self.details), self.status
+        )
 
 
 class OutputNotOurs(ConfigError):
@@ -185,15 +200,23 @@ def check_out_owner(kind: str, out: str, owned: re.Pattern[str] | None = None) -
     found = m.get("kind") if isinstance(m, dict) else None
     if has_manifest and found != kind and found not in _MAY_TAKE_OVER.get(kind, ()):
         who = f"the output of a {found!r} stage" if found else "a manifest.json no cliptk stage wrote"
-        raise OutputNotOurs(kind, "out", f"{out} holds {who} ({os.path.join(local, MANIFEST)}); writing a "
-                            f"{kind} here would overwrite its manifest, config and log: choose another folder")
+        raise OutputNotOurs(
+            kind,
+            "out",
+            f"{out} holds {who} ({os.path.join(local, MANIFEST)}); writing a "
+            f"{kind} here would overwrite its manifest, config and log: choose another folder",
+        )
     if found == kind or owned is None:
         return
     theirs = sorted(n for n in os.listdir(local) if owned.fullmatch(n))
     if theirs:
-        raise OutputNotOurs(kind, "out", f"{out} holds {len(theirs)} file(s) named like {kind}'s output (e.g. "
-                            f"{theirs[0]}) but no {kind} manifest: they are not {kind}'s to replace or delete; "
-                            "choose an empty folder or move them away")
+        raise OutputNotOurs(
+            kind,
+            "out",
+            f"{out} holds {len(theirs)} file(s) named like {kind}'s output (e.g. "
+            f"{theirs[0]}) but no {kind} manifest: they are not {kind}'s to replace or delete; "
+            "choose an empty folder or move them away",
+        )
 
 
 class UnfinishedInput(ConfigError):
@@ -211,13 +234,18 @@ def check_input_finished(kind: str, key: str, path: str, allow_flag: str, allowe
     if status is None or status == "done":
         return
     error = str(m.get("error") or "").splitlines()[0][:200] if m.get("error") else ""
-    what = (f"{path}: its manifest.json says the {m.get('kind', 'stage')} that wrote it is {status!r}"
-            + (f" ({error})" if error else ""))
+    what = f"{path}: its manifest.json says the {m.get('kind', 'stage')} that wrote it is {status!r}" + (
+        f" ({error})" if error else ""
+    )
     if allowed:
         get_logger("stage").warning("%s: %s; only what it finished is read (%s)", kind, what, allow_flag)
         return
-    raise UnfinishedInput(kind, key, f"{what}, so only part of its samples are there; rerun that stage to finish "
-                                     f"it, or pass {allow_flag} to use what it finished")
+    raise UnfinishedInput(
+        kind,
+        key,
+        f"{what}, so only part of its samples are there; rerun that stage to finish "
+        f"it, or pass {allow_flag} to use what it finished",
+    )
 
 
 @contextmanager
@@ -241,8 +269,13 @@ def stage_run(kind: str, cfg: Any, out: str, owned: re.Pattern[str] | None = Non
         if lock_fd is not None:  # the lock is ours: temps of writers that are gone are a killed run's
             removed = remove_dead_temps(files.local_path(out))
             if removed:
-                get_logger("stage").info("%s: removed %d temp file(s) a killed run left in %s: %s", kind,
-                                         len(removed), out, ", ".join(removed[:10]) + (" ..." if len(removed) > 10 else ""))
+                get_logger("stage").info(
+                    "%s: removed %d temp file(s) a killed run left in %s: %s",
+                    kind,
+                    len(removed),
+                    out,
+                    ", ".join(removed[:10]) + (" ..." if len(removed) > 10 else ""),
+                )
         files.write_text_atomic(files.join(out, "config.yaml"), dump_yaml(cfg))
         rec = StageRecorder(kind, cfg, out)
         rec.lock_fd = lock_fd
@@ -279,8 +312,9 @@ def settle_manifest(out: str, err: BaseException) -> None:
     try:
         files.write_json_atomic(files.join(out, MANIFEST), m)
     except OSError as write_err:
-        get_logger("stage").warning("could not record %s in %s (%s)", m["status"], files.join(out, MANIFEST),
-                                    write_err)
+        get_logger("stage").warning(
+            "could not record %s in %s (%s)", m["status"], files.join(out, MANIFEST), write_err
+        )
 
 
 def status_of(err: BaseException) -> str:
@@ -310,11 +344,17 @@ def _recorded(rec: StageRecorder, kind: str) -> Iterator[StageRecorder]:
         else:
             get_logger("stage").warning("%s stopped: %s", kind, describe_error(err))
         try:
-            rec.write(status=status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3),
-                      error=f"{type(err).__name__}: {describe_error(err)}", traceback=traceback.format_exc(limit=20))
+            rec.write(
+                status=status,
+                finished_at=_now(),
+                duration_s=round(time.monotonic() - start, 3),
+                error=f"{type(err).__name__}: {describe_error(err)}",
+                traceback=traceback.format_exc(limit=20),
+            )
         except OSError as write_err:  # a full disk: the stage's own error stays the one reported
-            get_logger("stage").warning("%s: could not record %s in %s (%s)", kind, status,
-                                        files.join(rec.out, MANIFEST), write_err)
+            get_logger("stage").warning(
+                "%s: could not record %s in %s (%s)", kind, status, files.join(rec.out, MANIFEST), write_err
+            )
         raise
     rec.write(status=rec.status, finished_at=_now(), duration_s=round(time.monotonic() - start, 3))
 

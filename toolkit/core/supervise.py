@@ -65,8 +65,10 @@ class LauncherSignals:
     def check(self, waiting_for: str) -> None:
         """Raise StageInterrupted if a signal arrived (used by waits that start no process)."""
         if (sig := self.pop()) is not None:
-            raise StageInterrupted(f"interrupted by {signal.Signals(sig).name} while waiting for {waiting_for}; "
-                                   "no worker had started, nothing was trained")
+            raise StageInterrupted(
+                f"interrupted by {signal.Signals(sig).name} while waiting for {waiting_for}; "
+                "no worker had started, nothing was trained"
+            )
 
 
 def child_pids(pid: int) -> list[int]:
@@ -130,14 +132,17 @@ def stop_tree(proc: subprocess.Popen) -> None:
 class Supervisor:
     """Waits for the agent process ``proc`` (module docstring). ``waiting_for`` names the rendezvous."""
 
-    def __init__(self, proc: subprocess.Popen, signals: LauncherSignals, waiting_for: str,
-                 rendezvous_timeout_s: float):
+    def __init__(
+        self, proc: subprocess.Popen, signals: LauncherSignals, waiting_for: str, rendezvous_timeout_s: float
+    ):
         self.proc, self.signals, self.waiting_for = proc, signals, waiting_for
         self.rendezvous_timeout_s = rendezvous_timeout_s
         self.workers_started = False
         self.forwarded: int | None = None  # the signal passed on to the workers, if any
         self.watch = None  # a toolkit.core.watchdog.Watch: stops a job whose ranks stalled, naming the rank
-        self.what = "training"  # the job, as messages name it: training checkpoints; another job (precompute) keeps
+        self.what = (
+            "training"  # the job, as messages name it: training checkpoints; another job (precompute) keeps
+        )
         # its finished work its own way
 
     def wait(self) -> int:
@@ -153,7 +158,8 @@ class Supervisor:
                     if not self.workers_started and time.monotonic() > deadline:
                         raise RendezvousTimeout(
                             f"no rendezvous within {self.rendezvous_timeout_s:g} s (launch.rendezvous_timeout_s): "
-                            f"waited for {self.waiting_for}")
+                            f"waited for {self.waiting_for}"
+                        )
                 elif self.watch is not None:
                     self.watch.check()
                 time.sleep(POLL_S)
@@ -170,19 +176,37 @@ class Supervisor:
         resume = "resume from the newest checkpoint" if training else "resume (finished work is kept)"
         signum = None if training else sig  # exit 128 + sig; the trainer's launcher keeps its exit code 1
         if not workers and self.workers_started:
-            raise StageInterrupted(f"interrupted by {name} while the agent was restarting its workers; rerun the "
-                                   f"same command to {resume}", signum)
+            raise StageInterrupted(
+                f"interrupted by {name} while the agent was restarting its workers; rerun the "
+                f"same command to {resume}",
+                signum,
+            )
         if not workers:
-            raise StageInterrupted(f"interrupted by {name} while waiting for {self.waiting_for}; "
-                                   f"no worker had started, nothing was {'trained' if training else 'done'}", signum)
+            raise StageInterrupted(
+                f"interrupted by {name} while waiting for {self.waiting_for}; "
+                f"no worker had started, nothing was {'trained' if training else 'done'}",
+                signum,
+            )
         if self.forwarded is not None:
-            raise StageInterrupted(f"interrupted by a second signal ({name}): the workers were stopped at once"
-                                   + (", without a checkpoint; rerun the same command to resume from the newest one"
-                                      if training else f"; rerun the same command to {resume}"), signum)
+            raise StageInterrupted(
+                f"interrupted by a second signal ({name}): the workers were stopped at once"
+                + (
+                    ", without a checkpoint; rerun the same command to resume from the newest one"
+                    if training
+                    else f"; rerun the same command to {resume}"
+                ),
+                signum,
+            )
         passed = signal.SIGTERM if sig == getattr(signal, "SIGHUP", None) else sig
-        log.warning("launcher received %s: passing it to the %d worker(s), which %s (send it again to stop them "
-                    "at once)", name, len(workers), "finish their step, write a checkpoint and exit" if training
-                    else f"stop and exit ({self.what}: finished work is kept)")
+        log.warning(
+            "launcher received %s: passing it to the %d worker(s), which %s (send it again to stop them "
+            "at once)",
+            name,
+            len(workers),
+            "finish their step, write a checkpoint and exit"
+            if training
+            else f"stop and exit ({self.what}: finished work is kept)",
+        )
         for pid in workers:
             with suppress(ProcessLookupError):
                 os.kill(pid, passed)

@@ -59,8 +59,15 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            record = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "step": self.step,
-                      "stepping": self.stepping, "step_at": self.step_at, "beat_at": time.time()}
+            record = {
+                "rank": self.rank,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "step": self.step,
+                "stepping": self.stepping,
+                "step_at": self.step_at,
+                "beat_at": time.time(),
+            }
             try:
                 files.write_json_atomic(self.path, record)
             except OSError:
@@ -82,9 +89,12 @@ def _process_state(pid: int) -> str:
             state = fh.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
-    return {"T": "its process is stopped (SIGSTOP or a debugger): SIGCONT resumes it",
-            "t": "its process is stopped by a debugger", "D": "its process waits on the disk",
-            "Z": "its process has exited"}.get(state, "")
+    return {
+        "T": "its process is stopped (SIGSTOP or a debugger): SIGCONT resumes it",
+        "t": "its process is stopped by a debugger",
+        "D": "its process waits on the disk",
+        "Z": "its process has exited",
+    }.get(state, "")
 
 
 class Watch:
@@ -118,15 +128,22 @@ class Watch:
         self._next_check = time.monotonic() + CHECK_S
         beats, now = self._beats(), time.time()
         # start-up (model build, data, resume) is not watched: the clock starts at the job's first step
-        if not any(b.get("stepping") for b in beats) or now - max(b["step_at"] for b in beats) < self.watchdog_s:
+        if (
+            not any(b.get("stepping") for b in beats)
+            or now - max(b["step_at"] for b in beats) < self.watchdog_s
+        ):
             return
         quiet = [b for b in beats if now - b["beat_at"] > QUIET_BEATS * BEAT_S]
         culprit = min(quiet or beats, key=lambda b: (b["step"], b["beat_at"]))
         state = _process_state(culprit["pid"]) if culprit["host"] == socket.gethostname() else ""
-        why = (f"its heartbeat stopped {now - culprit['beat_at']:.0f} s ago" if quiet else
-               "it is the furthest behind") + (f"; {state}" if state else "")
+        why = (
+            f"its heartbeat stopped {now - culprit['beat_at']:.0f} s ago"
+            if quiet
+            else "it is the furthest behind"
+        ) + (f"; {state}" if state else "")
         raise WorkerStalled(
             f"rank {culprit['rank']} (pid {culprit['pid']} on {culprit['host']}) has not reached step "
             f"{culprit['step'] + 1}, and no rank has finished a step for {now - max(b['step_at'] for b in beats):.0f} "
             f"s (watchdog_s={self.watchdog_s:g}): {why}; the job was stopped, rerun to resume from the newest "
-            "checkpoint")
+            "checkpoint"
+        )

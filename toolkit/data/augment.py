@@ -41,26 +41,38 @@ class AugmentConfig:
     """Random crops of pixel inputs (open_clip's train transform); ignored for frozen-tower features."""
 
     random_crop: bool = option(
-        True, absent_means=False, doc="RandomResizedCrop each training image (open_clip's train transform); "
-                                      "off: the stored centre crop, resized to the model's size.")
+        True,
+        absent_means=False,
+        doc="RandomResizedCrop each training image (open_clip's train transform); "
+        "off: the stored centre crop, resized to the model's size.",
+    )
     scale_min: float = option(
-        0.9, absent_means=0.9, gt=0, le=1, doc="Smallest crop area, as a fraction of the stored image.")
+        0.9, absent_means=0.9, gt=0, le=1, doc="Smallest crop area, as a fraction of the stored image."
+    )
     scale_max: float = option(
-        1.0, absent_means=1.0, gt=0, le=1, doc="Largest crop area, as a fraction of the stored image.")
+        1.0, absent_means=1.0, gt=0, le=1, doc="Largest crop area, as a fraction of the stored image."
+    )
     ratio_min: float = option(
-        0.75, absent_means=0.75, gt=0, doc="Smallest crop aspect ratio (width / height), drawn log-uniformly.")
+        0.75, absent_means=0.75, gt=0, doc="Smallest crop aspect ratio (width / height), drawn log-uniformly."
+    )
     ratio_max: float = option(
-        4 / 3, absent_means=4 / 3, gt=0, doc="Largest crop aspect ratio (width / height).")
+        4 / 3, absent_means=4 / 3, gt=0, doc="Largest crop aspect ratio (width / height)."
+    )
     crop_on: Literal["auto", "loader", "device"] = option(
-        "auto", affects_output=False, omit_at_default=True,
+        "auto",
+        affects_output=False,
+        omit_at_default=True,
         doc="Where the crop's resize runs: 'loader' (its workers, per sample on the CPU), 'device' (the "
-            "loader sends the stored pixels and crop boxes; one batched resize on the training device), "
-            "'auto': the device on CUDA, the loader on the CPU and when the batch is offloaded.")
+        "loader sends the stored pixels and crop boxes; one batched resize on the training device), "
+        "'auto': the device on CUDA, the loader on the CPU and when the batch is offloaded.",
+    )
 
     def __post_init__(self) -> None:
         if self.scale_min > self.scale_max or self.ratio_min > self.ratio_max:
-            raise ValueError(f"augment: need scale_min <= scale_max and ratio_min <= ratio_max, got scale "
-                             f"({self.scale_min}, {self.scale_max}), ratio ({self.ratio_min}, {self.ratio_max})")
+            raise ValueError(
+                f"augment: need scale_min <= scale_max and ratio_min <= ratio_max, got scale "
+                f"({self.scale_min}, {self.scale_max}), ratio ({self.ratio_min}, {self.ratio_max})"
+            )
 
 
 def _uniforms(seed: int, step: int, ids: np.ndarray, count: int) -> np.ndarray:
@@ -73,8 +85,10 @@ def _uniforms(seed: int, step: int, ids: np.ndarray, count: int) -> np.ndarray:
         base = splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], np.uint64))
         base = splitmix64(base ^ (np.uint64(step & 0xFFFFFFFFFFFFFFFF) * np.uint64(_STEP_MULT)))
         keys = splitmix64(base ^ (ids.astype(np.uint64) * np.uint64(_ID_MULT)))
-        draws = splitmix64(keys[:, None] + np.arange(1, count + 1, dtype=np.uint64)[None, :] * np.uint64(_DRAW_MULT))
-    return (draws >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        draws = splitmix64(
+            keys[:, None] + np.arange(1, count + 1, dtype=np.uint64)[None, :] * np.uint64(_DRAW_MULT)
+        )
+    return (draws >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def crop_draws(cfg: AugmentConfig, seed: int, step: int, ids: np.ndarray) -> np.ndarray:
@@ -108,7 +122,9 @@ def crop_pixels(images: np.ndarray, size: int, draws: np.ndarray | None):
     out = torch.empty((n, size, size, 3), dtype=torch.uint8)
     for i in range(n):
         left, top, cw, ch = crop_box(width, height, None if draws is None else draws[i])
-        crop = hwc[i, top:top + ch, left:left + cw].permute(2, 0, 1).unsqueeze(0)  # [1, 3, ch, cw] channels-last
+        crop = (
+            hwc[i, top : top + ch, left : left + cw].permute(2, 0, 1).unsqueeze(0)
+        )  # [1, 3, ch, cw] channels-last
         if (ch, cw) == (size, size):
             out[i] = crop[0].permute(1, 2, 0)
             continue
@@ -155,8 +171,9 @@ def _cubic(x: np.ndarray) -> np.ndarray:
     return np.where(x < 1, near, np.where(x < 2, far, 0.0))
 
 
-def resize_taps(starts: np.ndarray, lengths: np.ndarray, size: int
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def resize_taps(
+    starts: np.ndarray, lengths: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(input index int64 [n, size, K], weight float64 [n, size, K], taps used int64 [n]) of output pixel i of
     sample k when the span [starts[k], starts[k] + lengths[k]) is resized to ``size`` pixels, exactly as
     torch's ``interpolate(mode="bicubic", antialias=True)`` weighs the cropped span alone: kernel widened by
@@ -200,8 +217,10 @@ def _to_device(arrays: list[np.ndarray], device: torch.device) -> list[torch.Ten
     import torch
 
     cuda = device.type == "cuda"
-    return [torch.from_numpy(a).pin_memory().to(device, non_blocking=True) if cuda else torch.from_numpy(a)
-            for a in arrays]
+    return [
+        torch.from_numpy(a).pin_memory().to(device, non_blocking=True) if cuda else torch.from_numpy(a)
+        for a in arrays
+    ]
 
 
 def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.Tensor:
@@ -230,7 +249,9 @@ def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.
         kc, kr = int(col_used[lo:hi].max()), int(row_used[lo:hi].max())
         chw = images[lo:hi].permute(0, 3, 1, 2).float()
         cols = _resize_last(chw, col_idx[lo:hi, :, :kc], col_w[lo:hi, :, :kc])  # [c, 3, H, S]
-        done = _resize_last(cols.transpose(2, 3), row_idx[lo:hi, :, :kr], row_w[lo:hi, :, :kr])  # [c, 3, cols, rows]
+        done = _resize_last(
+            cols.transpose(2, 3), row_idx[lo:hi, :, :kr], row_w[lo:hi, :, :kr]
+        )  # [c, 3, cols, rows]
         out[lo:hi] = done.to(torch.uint8).permute(0, 3, 2, 1)  # [c, rows, cols, 3]
     return out
 
@@ -255,8 +276,13 @@ class DeviceCrop:
         return {"image": torch.from_numpy(np.ascontiguousarray(images)), "crop_box": torch.from_numpy(boxes)}
 
 
-def pixel_transform(cfg: AugmentConfig, image_field_shape: tuple[int, ...] | None, model_size: int,
-                    seed: int, on_device: bool = False) -> PixelTransform | DeviceCrop | None:
+def pixel_transform(
+    cfg: AugmentConfig,
+    image_field_shape: tuple[int, ...] | None,
+    model_size: int,
+    seed: int,
+    on_device: bool = False,
+) -> PixelTransform | DeviceCrop | None:
     """The trainer's transform for a dataset whose image field has ``image_field_shape`` (None: frozen-tower
     features, no transform); None also when nothing would change (no random crop, stored at model size).
     ``on_device``: the loader only draws the boxes (:class:`DeviceCrop`)."""

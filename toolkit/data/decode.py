@@ -47,8 +47,11 @@ Backend = Literal["auto", "torchvision", "pil"]
 # where decode_rgb, the precompute and index-loader decoder, shares the rule and the decoder).
 # torchvision 0.29 warns on every decode call that its codecs move to torchcodec (not installed here); the
 # decoders still work and are what the loader measured fastest, so the per-call warning is noise.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                        category=DeprecationWarning)
+warnings.filterwarnings(
+    "ignore",
+    message="The image decoding and encoding capabilities of TorchVision",
+    category=DeprecationWarning,
+)
 
 
 def center_draws(n: int) -> np.ndarray:
@@ -104,8 +107,9 @@ def _decode_cpu(encoded: Sequence[bytes], size: int, draws, backend: Backend, ma
         except ImageError as err:
             raise ImageError(err.reason, f"image {i} of the batch: {err}") from err
         except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as err:
-            raise ImageError("corrupt_image", f"image {i} of the batch: cannot decode: "
-                                              f"{type(err).__name__}: {err}") from err
+            raise ImageError(
+                "corrupt_image", f"image {i} of the batch: cannot decode: {type(err).__name__}: {err}"
+            ) from err
     return out
 
 
@@ -120,17 +124,26 @@ def _decode_cuda(encoded: Sequence[bytes], size: int, draws, device, max_pixels:
     for i in jpegs:  # refuse a decompression bomb from its header, before nvJPEG allocates for it
         dims = _jpeg_size(encoded[i])
         if dims is not None and dims[0] * dims[1] > max_pixels:
-            raise ImageError("decompression_bomb", f"image {i} of the batch: {dims[0]}x{dims[1]} pixels exceeds "
-                                                   f"the limit of {max_pixels}")
+            raise ImageError(
+                "decompression_bomb",
+                f"image {i} of the batch: {dims[0]}x{dims[1]} pixels exceeds the limit of {max_pixels}",
+            )
     try:
-        images = decode_jpeg([torch.frombuffer(bytearray(encoded[i]), dtype=torch.uint8) for i in jpegs],
-                             mode=ImageReadMode.RGB, device=device) if jpegs else []
+        images = (
+            decode_jpeg(
+                [torch.frombuffer(bytearray(encoded[i]), dtype=torch.uint8) for i in jpegs],
+                mode=ImageReadMode.RGB,
+                device=device,
+            )
+            if jpegs
+            else []
+        )
     except RuntimeError:  # nvJPEG refused one of them: decode the whole batch on the CPU
         return _decode_cpu(encoded, size, draws, "auto", max_pixels).to(device)
     for i, chw in zip(jpegs, images, strict=True):
         height, width = chw.shape[-2:]
         left, top, crop_w, crop_h = crop_box(width, height, None if draws is None else draws[i])
-        crop = chw[:, top:top + crop_h, left:left + crop_w].unsqueeze(0).float()
+        crop = chw[:, top : top + crop_h, left : left + crop_w].unsqueeze(0).float()
         resized = F.resize(crop, [size, size], interpolation=F.InterpolationMode.BICUBIC, antialias=True)
         out[i] = resized[0].round_().clamp_(0, 255).to(torch.uint8)
     done = set(jpegs)
@@ -141,8 +154,14 @@ def _decode_cuda(encoded: Sequence[bytes], size: int, draws, device, max_pixels:
     return out
 
 
-def decode_batch(encoded: Sequence[bytes], size: int, crops: np.ndarray | None = None, device="cpu",
-                 backend: Backend = "auto", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS):
+def decode_batch(
+    encoded: Sequence[bytes],
+    size: int,
+    crops: np.ndarray | None = None,
+    device="cpu",
+    backend: Backend = "auto",
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+):
     """Encoded images (JPEG, PNG, WebP, ...) -> uint8 tensor [n, 3, size, size] on ``device``.
 
     ``crops``: float array [n, 4] of draws (module docstring; :func:`crop_box`), or None for the centred

@@ -125,8 +125,11 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
         raise ImageError("corrupt_image", f"cannot identify image: {message}") from err
     width, height = img.size
     if width * height > max_pixels:
-        raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the limit "
-                                               f"of {max_pixels} (max_image_pixels)")
+        raise ImageError(
+            "decompression_bomb",
+            f"{width}x{height} = {width * height} pixels exceeds the limit "
+            f"of {max_pixels} (max_image_pixels)",
+        )
     if width < 1 or height < 1:
         raise ImageError("corrupt_image", f"empty image {width}x{height}")
     return img
@@ -158,10 +161,13 @@ def jpeg_header(data: bytes) -> tuple[int, int, int] | None:
     while pos + 9 < len(data):
         if data[pos] != 0xFF:
             return None
-        marker, length = data[pos + 1], int.from_bytes(data[pos + 2:pos + 4], "big")
+        marker, length = data[pos + 1], int.from_bytes(data[pos + 2 : pos + 4], "big")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return (int.from_bytes(data[pos + 7:pos + 9], "big"), int.from_bytes(data[pos + 5:pos + 7], "big"),
-                    data[pos + 9])
+            return (
+                int.from_bytes(data[pos + 7 : pos + 9], "big"),
+                int.from_bytes(data[pos + 5 : pos + 7], "big"),
+                data[pos + 9],
+            )
         pos += 2 + length
     return None
 
@@ -222,10 +228,12 @@ def turbo_crop(data: bytes, size: int, draw: Sequence[float] | None, max_pixels:
     chw = turbo_decode(data)
     height, width = chw.shape[-2:]
     if width * height > max_pixels:
-        raise ImageError("decompression_bomb", f"{width}x{height} = {width * height} pixels exceeds the "
-                                               f"limit of {max_pixels}")
+        raise ImageError(
+            "decompression_bomb",
+            f"{width}x{height} = {width * height} pixels exceeds the limit of {max_pixels}",
+        )
     left, top, crop_w, crop_h = crop_box(width, height, draw)
-    return resize_uint8(chw[:, top:top + crop_h, left:left + crop_w], size)
+    return resize_uint8(chw[:, top : top + crop_h, left : left + crop_w], size)
 
 
 def _turbo_square(data: bytes, size: int, max_pixels: int) -> tuple[np.ndarray, str | None] | None:
@@ -242,8 +250,9 @@ def _turbo_square(data: bytes, size: int, max_pixels: int) -> tuple[np.ndarray, 
     return np.ascontiguousarray(square.permute(1, 2, 0).numpy()), "L" if header[2] == 1 else None
 
 
-def decode_rgb(data: bytes, size: int, mode: ResizeMode = "center_crop",
-               max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[np.ndarray, str | None]:
+def decode_rgb(
+    data: bytes, size: int, mode: ResizeMode = "center_crop", max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[np.ndarray, str | None]:
     """Encoded image bytes -> (uint8 array [size, size, 3], converted-from mode or None).
 
     Small and mid-sized JPEGs go through libjpeg-turbo (module docstring); Pillow decodes larger JPEGs at

@@ -36,14 +36,19 @@ CAPTION_LINE_PX = 12
 
 @dataclass(frozen=True)
 class InspectConfig:
-    input: str = option(is_input=True, doc="Folder of raw shards (.tar) or of training shards (dataset.json); "
-                                           "local or fsspec URL.")
+    input: str = option(
+        is_input=True,
+        doc="Folder of raw shards (.tar) or of training shards (dataset.json); local or fsspec URL.",
+    )
     out: str = option(doc="Report folder: report.json, contact_sheet.png, manifest.json.")
     num_contact: int = option(64, ge=0, doc="Samples on the contact sheet (0: no sheet).")
     thumb_size: int = option(64, ge=8, doc="Side of each contact-sheet tile in pixels.")
     max_samples: int = option(0, ge=0, doc="Read at most this many samples for counts and captions (0: all).")
-    caption_ext: str = option("txt", doc="Raw shards: the caption member, as precompute's --caption-ext (txt, "
-                                         "json: the .json member's caption string, json:FIELD).")
+    caption_ext: str = option(
+        "txt",
+        doc="Raw shards: the caption member, as precompute's --caption-ext (txt, "
+        "json: the .json member's caption string, json:FIELD).",
+    )
 
     def __post_init__(self) -> None:
         check_caption_ext(self.caption_ext)
@@ -82,18 +87,31 @@ def storage_report(ds: TrainDataset) -> dict[str, Any]:
     ``bytes_per_sample`` = that / N. An index's images stay in the raw shards, not counted here."""
     import fsspec
 
-    names = [s.name for s in ds.shards] + [meta_file(i) for i in range(len(ds.shards))] + storage.of(ds).stored_files(ds)
+    names = (
+        [s.name for s in ds.shards]
+        + [meta_file(i) for i in range(len(ds.shards))]
+        + storage.of(ds).stored_files(ds)
+    )
     fs, base = fsspec.core.url_to_fs(ds.root)
     stored = sum(fs.size(f"{base.rstrip('/')}/{name}") for name in names)
-    return {"storage": ds.storage, "stored_bytes": int(stored),
-            "bytes_per_sample": round(stored / max(ds.num_samples, 1), 1)}
+    return {
+        "storage": ds.storage,
+        "stored_bytes": int(stored),
+        "bytes_per_sample": round(stored / max(ds.num_samples, 1), 1),
+    }
 
 
 def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
     ds = TrainDataset.open(cfg.input)
-    report: dict[str, Any] = {"kind": "training", "num_samples": ds.num_samples, "num_shards": len(ds.shards),
-                              "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
-                              "model": ds.model, "source": ds.source, **storage_report(ds)}
+    report: dict[str, Any] = {
+        "kind": "training",
+        "num_samples": ds.num_samples,
+        "num_shards": len(ds.shards),
+        "fields": {f.role: {"dtype": f.dtype, "shape": list(f.shape)} for f in ds.fields},
+        "model": ds.model,
+        "source": ds.source,
+        **storage_report(ds),
+    }
     if ds.extra.get("reference"):  # precompute --reference-model: what it is and what it costs per sample
         from toolkit.data.trainset.reference import bytes_per_sample
 
@@ -146,7 +164,9 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
     skipped, expected = _raw_skip_reasons(cfg.input, urls)
     num = 0
     # progress in samples, not shards: one big shard would sit at 0/1 until the end
-    for sample in progress(_raw_samples(urls, errors, cfg.caption_ext), total=expected, desc="inspect", unit="samples"):
+    for sample in progress(
+        _raw_samples(urls, errors, cfg.caption_ext), total=expected, desc="inspect", unit="samples"
+    ):
         num += 1
         exts.update(sample.files.keys())
         text, problem = caption_of(sample, cfg.caption_ext)  # what precompute would keep as the caption
@@ -163,9 +183,16 @@ def _inspect_raw(cfg: InspectConfig) -> tuple[dict, list]:
                 problems[err.reason] += 1
         if cfg.max_samples and num >= cfg.max_samples:
             break
-    report.update({"num_samples": num, "members_by_ext": dict(sorted(exts.items())), "tar_errors": errors,
-                   "contact_sheet_decode_errors": dict(problems), "caption_words": histogram(lengths),
-                   "caption_problems": dict(sorted(no_caption.items()))})  # outside the histogram: no caption kept
+    report.update(
+        {
+            "num_samples": num,
+            "members_by_ext": dict(sorted(exts.items())),
+            "tar_errors": errors,
+            "contact_sheet_decode_errors": dict(problems),
+            "caption_words": histogram(lengths),
+            "caption_problems": dict(sorted(no_caption.items())),
+        }
+    )  # outside the histogram: no caption kept
     report["skipped"] = skipped
     return report, tiles
 
@@ -211,8 +238,13 @@ def run(cfg: InspectConfig) -> StageResult:
             contact_sheet(tiles, cfg.thumb_size).save(buf, "PNG")
             files.write_bytes_atomic(path, buf.getvalue())
             rec.outputs["contact_sheet"] = path
-        rec.counts.update({"num_samples": report["num_samples"], "num_shards": report["num_shards"],
-                           "num_contact": len(tiles)})
+        rec.counts.update(
+            {
+                "num_samples": report["num_samples"],
+                "num_shards": report["num_shards"],
+                "num_contact": len(tiles),
+            }
+        )
         rec.details.update(report)
         log.info("inspect %s: %s shards, %d samples", cfg.input, report["num_shards"], report["num_samples"])
     return rec.result()

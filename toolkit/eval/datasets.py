@@ -62,8 +62,10 @@ def read_utf8(path: Path, what: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        line = data[:err.start].count(b"\n") + 1
-        raise DatasetError(f"{path}: line {line}: not UTF-8 ({what}): {err.reason} at byte {err.start}") from err
+        line = data[: err.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{path}: line {line}: not UTF-8 ({what}): {err.reason} at byte {err.start}"
+        ) from err
 
 
 def _read_lines(path: Path, what: str) -> list[str]:
@@ -107,21 +109,32 @@ def open_eval_set(root: str | os.PathLike, name: str) -> EvalSet:
     shards = tuple(str(path / SPLIT / f"{i}.tar") for i in range(int(text)))
     missing = [s for s in shards if not Path(s).is_file()]
     if missing:
-        raise DatasetError(f"{missing[0]}: missing ({len(missing)} of {len(shards)} shards listed in {nshards_path})")
+        raise DatasetError(
+            f"{missing[0]}: missing ({len(missing)} of {len(shards)} shards listed in {nshards_path})"
+        )
     type_path = path / "dataset_type.txt"
     kind = type_path.read_text().strip().lower() if type_path.is_file() else "classification"
     if kind not in TASKS:
-        raise DatasetError(f"{type_path}: unsupported dataset type {kind!r}; expected 'retrieval' or "
-                           "'classification'")
+        raise DatasetError(
+            f"{type_path}: unsupported dataset type {kind!r}; expected 'retrieval' or 'classification'"
+        )
     counts = [_count_samples(s) for s in shards]
     num_samples = sum(counts)
     if num_samples == 0:
-        raise DatasetError(f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(SET_IMAGE_EXTS)})")
+        raise DatasetError(
+            f"{path / SPLIT}: the shards hold no samples with an image ({', '.join(SET_IMAGE_EXTS)})"
+        )
     empty = [s for s, n in zip(shards, counts, strict=True) if n == 0]
     if empty:  # a shard cut short or overwritten: the results would silently cover fewer samples
-        get_logger("eval").warning("%s: %d of %d shards hold no sample with an image (%s); evaluating the %d samples "
-                                   "of the others: rebuild the set if a shard was damaged", path, len(empty),
-                                   len(shards), ", ".join(Path(s).name for s in empty), num_samples)
+        get_logger("eval").warning(
+            "%s: %d of %d shards hold no sample with an image (%s); evaluating the %d samples "
+            "of the others: rebuild the set if a shard was damaged",
+            path,
+            len(empty),
+            len(shards),
+            ", ".join(Path(s).name for s in empty),
+            num_samples,
+        )
     if kind == "retrieval":
         return EvalSet(name, path, kind, shards, num_samples)
     classnames = _read_lines(path / "classnames.txt", "one class name per line")
@@ -140,12 +153,16 @@ def check_templates(templates: list[str] | tuple[str, ...], where: str) -> None:
         try:
             filled = template.format(c="\0")
         except (ValueError, KeyError, IndexError) as err:
-            raise DatasetError(f"{where}: line {line}: template {template!r} cannot be filled in with "
-                               f"str.format(c=CLASS): {type(err).__name__}: {err}; write a literal brace "
-                               "as {{ or }}") from err
+            raise DatasetError(
+                f"{where}: line {line}: template {template!r} cannot be filled in with "
+                f"str.format(c=CLASS): {type(err).__name__}: {err}; write a literal brace "
+                "as {{ or }}"
+            ) from err
         if "\0" not in filled:
-            raise DatasetError(f"{where}: line {line}: template {template!r} never inserts the class name "
-                               "({{c}} is an escaped, literal {c})")
+            raise DatasetError(
+                f"{where}: line {line}: template {template!r} never inserts the class name "
+                "({{c}} is an escaped, literal {c})"
+            )
 
 
 def label_of(sample: dict[str, Any], eval_set: EvalSet) -> int | list[str]:
@@ -162,8 +179,10 @@ def label_of(sample: dict[str, Any], eval_set: EvalSet) -> int | list[str]:
         raise DatasetError(f"{where}: no label (.cls) in a classification set")
     raw = sample["cls"].decode().strip()
     if not raw.lstrip("-").isdigit() or not 0 <= int(raw) < len(eval_set.classnames):
-        raise DatasetError(f"{where}: label {raw!r} is not an index into the "
-                           f"{len(eval_set.classnames)} lines of classnames.txt")
+        raise DatasetError(
+            f"{where}: label {raw!r} is not an index into the "
+            f"{len(eval_set.classnames)} lines of classnames.txt"
+        )
     return int(raw)
 
 
@@ -171,8 +190,10 @@ def image_bytes_of(sample: dict[str, Any], eval_set: EvalSet) -> tuple[str, byte
     """(extension, encoded bytes) of a sample's image member; DatasetError naming the sample if none."""
     image_key = next((k for k in SET_IMAGE_EXTS if k in sample), None)
     if image_key is None:
-        raise DatasetError(f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: no image "
-                           f"({', '.join('.' + e for e in SET_IMAGE_EXTS)})")
+        raise DatasetError(
+            f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: no image "
+            f"({', '.join('.' + e for e in SET_IMAGE_EXTS)})"
+        )
     return image_key, sample[image_key]
 
 
@@ -187,8 +208,10 @@ def _decode(sample: dict[str, Any], eval_set: EvalSet, transform: Any, with_dige
     try:  # the conversions training's precompute applies (alpha on white, 16-bit scaled), not a bare convert
         image = open_rgb(data)
     except Exception as err:  # noqa: BLE001 - PIL raises several types for broken files
-        raise DatasetError(f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: unreadable "
-                           f"image .{ext}: {err}") from err
+        raise DatasetError(
+            f"{sample.get('__url__', eval_set.path)}: sample {sample.get('__key__')!r}: unreadable "
+            f"image .{ext}: {err}"
+        ) from err
     if with_digest:
         return transform(image), label, hashlib.sha1(data).hexdigest()
     return transform(image), label
@@ -207,8 +230,9 @@ def _collate_labels(batch: list[tuple]) -> tuple:
     return (images, labels, *([b[i] for b in batch] for i in range(2, len(batch[0]))))
 
 
-def make_eval_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0,
-                     with_digest: bool = False) -> Any:
+def make_eval_loader(
+    eval_set: EvalSet, transform: Any, batch_size: int, num_workers: int = 0, with_digest: bool = False
+) -> Any:
     """A DataLoader over the set in shard order: (images [B,3,S,S], labels [B] int64) for classification,
     (images, list of caption lists) for retrieval; ``with_digest`` appends the SHA-1 hex digests of the
     batch's encoded images. ``loader.dataset.classes`` is what clip-benchmark reads."""
@@ -218,11 +242,12 @@ def make_eval_loader(eval_set: EvalSet, transform: Any, batch_size: int, num_wor
     import webdataset as wds
 
     workers = min(num_workers, len(eval_set.shards))  # webdataset splits shards across workers
-    dataset = wds.WebDataset(list(eval_set.shards), shardshuffle=False, nodesplitter=lambda src: src,
-                             empty_check=False).map(functools.partial(_decode, eval_set=eval_set,
-                                                                       transform=transform,
-                                                                       with_digest=with_digest))
+    dataset = wds.WebDataset(
+        list(eval_set.shards), shardshuffle=False, nodesplitter=lambda src: src, empty_check=False
+    ).map(functools.partial(_decode, eval_set=eval_set, transform=transform, with_digest=with_digest))
     dataset.classes = list(eval_set.classnames) or None
     dataset.templates = list(eval_set.templates) or None
     collate = _collate_captions if eval_set.kind == "retrieval" else _collate_labels
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate
+    )

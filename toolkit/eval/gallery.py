@@ -63,8 +63,9 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def rank_queries(image_emb: np.ndarray, text_emb: np.ndarray, caption_owner: np.ndarray, queries: list[int],
-                 k: int) -> list[tuple[list[int], int]]:
+def rank_queries(
+    image_emb: np.ndarray, text_emb: np.ndarray, caption_owner: np.ndarray, queries: list[int], k: int
+) -> list[tuple[list[int], int]]:
     """For each query caption index: (the k best image indices, the rank of its own image, 1-based)."""
     sims = _unit(text_emb[queries]) @ _unit(image_emb).T  # [q, N]
     out = []
@@ -120,11 +121,16 @@ def draw(rows: list[tuple[str, list[int], int, int]], pictures: dict[int, bytes]
     for r, (caption, top, rank, right) in enumerate(rows):
         y = 30 + r * (cell + 14)
         pen.text((pad, y + 6), "\n".join(textwrap.wrap(caption, 40)[:5]), fill="black", font=font)
-        pen.text((pad, y + cell - 14), f"right image: rank {rank}", fill=GREEN if rank <= k else "black", font=font)
+        pen.text(
+            (pad, y + cell - 14), f"right image: rank {rank}", fill=GREEN if rank <= k else "black", font=font
+        )
         for j, idx in enumerate(top):
             x = CAPTION_PX + j * cell
-            pen.rectangle([x, y, x + cell - 4, y + cell - 4], outline=GREEN if idx == right else GREY,
-                          width=5 if idx == right else 1)
+            pen.rectangle(
+                [x, y, x + cell - 4, y + cell - 4],
+                outline=GREEN if idx == right else GREY,
+                width=5 if idx == right else 1,
+            )
             img.paste(_thumb(pictures[idx]), (x + 4, y + 4))
         if rank > k:  # the right image, after a gap, so the reader sees what was missed
             x = CAPTION_PX + k * cell + 4
@@ -135,20 +141,27 @@ def draw(rows: list[tuple[str, list[int], int, int]], pictures: dict[int, bytes]
     return buf.getvalue()
 
 
-def write_gallery(recorder: Recorder, eval_set: Any, path: str, num_queries: int = 5, k: int = 5,
-                  title: str = "") -> dict[str, Any]:
+def write_gallery(
+    recorder: Recorder, eval_set: Any, path: str, num_queries: int = 5, k: int = 5, title: str = ""
+) -> dict[str, Any]:
     """Draw the gallery of ``num_queries`` captions spread evenly over the set to ``path`` (PNG); returns
     the queries and ranks (for the report). Needs the recorder of a whole retrieval evaluation."""
     image_emb, text_emb = np.concatenate(recorder.images), np.concatenate(recorder.texts)
     captions = [c for caps in recorder.captions for c in caps]
     owner = np.repeat(np.arange(len(recorder.captions)), [len(c) for c in recorder.captions])
     if not (len(image_emb) == len(recorder.captions) and len(text_emb) == len(captions) == len(owner)):
-        raise RuntimeError(f"gallery of {eval_set.name}: recorded {len(image_emb)} images, {len(text_emb)} text "
-                           f"embeddings for {len(captions)} captions")
+        raise RuntimeError(
+            f"gallery of {eval_set.name}: recorded {len(image_emb)} images, {len(text_emb)} text "
+            f"embeddings for {len(captions)} captions"
+        )
     n = min(num_queries, len(captions))
     queries = [i * len(captions) // n for i in range(n)]
     ranked = rank_queries(image_emb, text_emb, owner, queries, min(k, len(image_emb)))
     rows = [(captions[q], top, rank, int(owner[q])) for q, (top, rank) in zip(queries, ranked, strict=True)]
-    pictures = recorded_images(recorder, eval_set.shards, {i for _, top, _, right in rows for i in (*top, right)})
+    pictures = recorded_images(
+        recorder, eval_set.shards, {i for _, top, _, right in rows for i in (*top, right)}
+    )
     files.write_bytes_atomic(path, draw(rows, pictures, title or f"{eval_set.name}: text -> image, top {k}"))
-    return {"queries": [{"caption": c, "rank": rank, "top": top, "right": right} for c, top, rank, right in rows]}
+    return {
+        "queries": [{"caption": c, "rank": rank, "top": top, "right": right} for c, top, rank, right in rows]
+    }

@@ -20,13 +20,18 @@ from typing import Any
 from toolkit.core import files
 
 RECORD_KEYS = ("dataset", "model", "pretrained", "task", "metrics", "language")
-CLASSIFICATION_COLUMNS = (("acc1", "top-1"), ("acc5", "top-5"), ("mean_per_class_recall", "mean per-class recall"))
+CLASSIFICATION_COLUMNS = (
+    ("acc1", "top-1"),
+    ("acc5", "top-5"),
+    ("mean_per_class_recall", "mean per-class recall"),
+)
 
 
 def retrieval_columns(recall_k: list[int] | tuple[int, ...]) -> list[tuple[str, str]]:
     """(metric key, header): clip-benchmark's 'text_retrieval' is image->text, 'image_retrieval' text->image."""
-    return ([(f"text_retrieval_recall@{k}", f"I→T R@{k}") for k in recall_k]
-            + [(f"image_retrieval_recall@{k}", f"T→I R@{k}") for k in recall_k])
+    return [(f"text_retrieval_recall@{k}", f"I→T R@{k}") for k in recall_k] + [
+        (f"image_retrieval_recall@{k}", f"T→I R@{k}") for k in recall_k
+    ]
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
@@ -38,10 +43,17 @@ def clean_metrics(metrics: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def make_record(dataset: str, model: str, pretrained: str | None, task: str, metrics: dict[str, Any],
-                language: str = "en") -> dict[str, Any]:
-    return {"dataset": f"wds/{dataset}", "model": model, "pretrained": pretrained, "task": task,
-            "metrics": clean_metrics(metrics), "language": language}
+def make_record(
+    dataset: str, model: str, pretrained: str | None, task: str, metrics: dict[str, Any], language: str = "en"
+) -> dict[str, Any]:
+    return {
+        "dataset": f"wds/{dataset}",
+        "model": model,
+        "pretrained": pretrained,
+        "task": task,
+        "metrics": clean_metrics(metrics),
+        "language": language,
+    }
 
 
 def primary_metric(record: dict[str, Any]) -> float | None:
@@ -76,7 +88,8 @@ def validate_record(record: Any, where: str) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{where}: missing key(s) {', '.join(missing)}")
     if not isinstance(record["metrics"], dict) or not all(
-            v is None or isinstance(v, (int, float)) for v in record["metrics"].values()):
+        v is None or isinstance(v, (int, float)) for v in record["metrics"].values()
+    ):
         raise ValueError(f"{where}: 'metrics' must map names to numbers or null")
     return record
 
@@ -107,30 +120,44 @@ def chance_level(kind: str, num_samples: int, num_classes: int) -> float:
     return 1.0 / max(num_classes if kind == "classification" else num_samples, 1)
 
 
-def markdown_table(data: dict[str, Any], counts: dict[str, int], recall_k: list[int],
-                   chance: dict[str, float] | None = None) -> str:
+def markdown_table(
+    data: dict[str, Any], counts: dict[str, int], recall_k: list[int], chance: dict[str, float] | None = None
+) -> str:
     """Two tables (classification, retrieval) in percent, each with an average row; ``chance`` (set name
     -> chance level of the primary metric) adds a column beside the numbers."""
     chance = chance or {}
-    lines = [f"# Zero-shot evaluation: {data['model']}", "",
-             f"weights: `{data['pretrained'] or 'random init'}`", ""]
-    for task, columns in (("zeroshot_classification", CLASSIFICATION_COLUMNS),
-                          ("zeroshot_retrieval", retrieval_columns(recall_k))):
+    lines = [
+        f"# Zero-shot evaluation: {data['model']}",
+        "",
+        f"weights: `{data['pretrained'] or 'random init'}`",
+        "",
+    ]
+    for task, columns in (
+        ("zeroshot_classification", CLASSIFICATION_COLUMNS),
+        ("zeroshot_retrieval", retrieval_columns(recall_k)),
+    ):
         rows = [r for r in data["results"] if r["task"] == task]
         if not rows:
             continue
-        lines += [f"## {task.replace('_', ' ')} (%)", "",
-                  "| dataset | samples | chance | " + " | ".join(h for _, h in columns) + " |",
-                  "|---|---:|---:|" + "---:|" * len(columns)]
+        lines += [
+            f"## {task.replace('_', ' ')} (%)",
+            "",
+            "| dataset | samples | chance | " + " | ".join(h for _, h in columns) + " |",
+            "|---|---:|---:|" + "---:|" * len(columns),
+        ]
         for r in rows:
             name = r["dataset"].removeprefix("wds/")
             cells = [_pct(r["metrics"].get(k)) for k, _ in columns]
-            lines.append(f"| {name} | {counts.get(name, '')} | {_pct(chance.get(name))} | " + " | ".join(cells) + " |")
+            lines.append(
+                f"| {name} | {counts.get(name, '')} | {_pct(chance.get(name))} | " + " | ".join(cells) + " |"
+            )
         avg = data["average"][task]
         lines.append("| **average** | | | " + " | ".join(_pct(avg.get(k)) for k, _ in columns) + " |")
         lines.append("")
-    lines.append(f"Average primary metric over {data['average']['num_datasets']} set(s) (top-1 for "
-                 f"classification, mean R@1 for retrieval): **{_pct(data['average']['primary'])}%**")
+    lines.append(
+        f"Average primary metric over {data['average']['num_datasets']} set(s) (top-1 for "
+        f"classification, mean R@1 for retrieval): **{_pct(data['average']['primary'])}%**"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -142,8 +169,13 @@ def bar_chart(data: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [(r["dataset"].removeprefix("wds/") + (" (ret)" if r["task"] == "zeroshot_retrieval" else ""),
-             primary_metric(r)) for r in data["results"]]
+    bars = [
+        (
+            r["dataset"].removeprefix("wds/") + (" (ret)" if r["task"] == "zeroshot_retrieval" else ""),
+            primary_metric(r),
+        )
+        for r in data["results"]
+    ]
     bars.append(("average", data["average"]["primary"]))
     labels = [label[:34] for label, _ in bars]
     values = [0.0 if value is None else 100 * max(0.0, min(1.0, value)) for _, value in bars]
@@ -167,11 +199,18 @@ def gallery_section(galleries: list[dict[str, Any]]) -> str:
     lines = []
     for g in galleries:
         name = g["path"].rsplit("/", 1)[-1]
-        lines += ["", f"## Retrieval gallery: {g['set']}", "",
-                  "Captions of the set (spread evenly over it), the 5 images the model ranks first, the right "
-                  "one framed in green (shown at the end of the row when it is not among them):", "",
-                  f"![{g['set']} retrieval gallery]({name})", "", "| caption | rank of the right image |",
-                  "|---|---:|"]
+        lines += [
+            "",
+            f"## Retrieval gallery: {g['set']}",
+            "",
+            "Captions of the set (spread evenly over it), the 5 images the model ranks first, the right "
+            "one framed in green (shown at the end of the row when it is not among them):",
+            "",
+            f"![{g['set']} retrieval gallery]({name})",
+            "",
+            "| caption | rank of the right image |",
+            "|---|---:|",
+        ]
         lines += [f"| {q['caption']} | {q['rank']} |" for q in g["queries"]]
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -201,7 +240,9 @@ def training_curves(metrics_jsonl: str, path: str, title: str = "") -> list[str]
     with files.open_file(metrics_jsonl, "rt", encoding="utf-8") as fh:
         records = [json.loads(line) for line in fh if line.strip()]
     keys = [(k, label) for k, label in CURVES if any(isinstance(r.get(k), (int, float)) for r in records)]
-    evals = sorted((k, _eval_curve_label(k)) for k in {k for r in records for k in r if k.startswith("eval/")})
+    evals = sorted(
+        (k, _eval_curve_label(k)) for k in {k for r in records for k in r if k.startswith("eval/")}
+    )
     evals = [(k, label) for k, label in evals if label]
     if not keys and not evals:
         raise ValueError(f"{metrics_jsonl}: no loss, tau, lr or eval/ values to plot")
@@ -211,8 +252,15 @@ def training_curves(metrics_jsonl: str, path: str, title: str = "") -> list[str]
         for key, label in lines:
             scale = 100 if key.startswith("eval/") else 1
             points = [(r["step"], scale * r[key]) for r in records if isinstance(r.get(key), (int, float))]
-            ax.plot(*zip(*points, strict=True), marker="o" if len(points) < 30 else None, markersize=3, label=label)
-        ax.set(xlabel="step", title="held-out evaluation (%)" if lines is panels[-1] and evals else lines[0][1])
+            ax.plot(
+                *zip(*points, strict=True),
+                marker="o" if len(points) < 30 else None,
+                markersize=3,
+                label=label,
+            )
+        ax.set(
+            xlabel="step", title="held-out evaluation (%)" if lines is panels[-1] and evals else lines[0][1]
+        )
         if len(lines) > 1 or lines[0][0].startswith("eval/"):
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

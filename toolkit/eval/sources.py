@@ -21,23 +21,58 @@ from toolkit.data.acquire import demo
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, IMAGE_EXTS, to_rgb
 from toolkit.eval.datasets import DatasetError, read_utf8
 
-GENERIC_TEMPLATES = ("a photo of a {c}.", "a photo of the {c}.", "a close-up photo of a {c}.",
-                     "a good photo of a {c}.", "a blurry photo of a {c}.", "a cropped photo of the {c}.")
+GENERIC_TEMPLATES = (
+    "a photo of a {c}.",
+    "a photo of the {c}.",
+    "a close-up photo of a {c}.",
+    "a good photo of a {c}.",
+    "a blurry photo of a {c}.",
+    "a cropped photo of the {c}.",
+)
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
-FASHION_MNIST_FILES = {"test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-                       "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")}
-FASHION_MNIST_CLASSES = ("t-shirt or top", "trouser", "pullover", "dress", "coat", "sandal", "shirt",
-                         "sneaker", "bag", "ankle boot")
-FASHION_MNIST_TEMPLATES = ("a photo of a {c}.", "a black and white photo of a {c}.",
-                           "a low resolution photo of a {c}.", "a grayscale photo of a {c}.",
-                           "a photo of the {c}, a type of clothing.", "a product photo of a {c}.")
+FASHION_MNIST_FILES = {
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+}
+FASHION_MNIST_CLASSES = (
+    "t-shirt or top",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle boot",
+)
+FASHION_MNIST_TEMPLATES = (
+    "a photo of a {c}.",
+    "a black and white photo of a {c}.",
+    "a low resolution photo of a {c}.",
+    "a grayscale photo of a {c}.",
+    "a photo of the {c}, a type of clothing.",
+    "a product photo of a {c}.",
+)
 # Unicode emoji groups (emoji-test.txt order) by slug -> class name used in prompts.
-EMOJI_GROUPS = {"smileys-emotion": "smileys and emotion", "people-body": "people and body",
-                "component": "component", "animals-nature": "animals and nature", "food-drink": "food and drink",
-                "travel-places": "travel and places", "activities": "activities", "objects": "objects",
-                "symbols": "symbols", "flags": "flags"}
-EMOJI_GROUP_TEMPLATES = ("an emoji from the group {c}.", "a drawing of an emoji about {c}.",
-                         "an emoji icon of {c}.", "a {c} emoji.")
+EMOJI_GROUPS = {
+    "smileys-emotion": "smileys and emotion",
+    "people-body": "people and body",
+    "component": "component",
+    "animals-nature": "animals and nature",
+    "food-drink": "food and drink",
+    "travel-places": "travel and places",
+    "activities": "activities",
+    "objects": "objects",
+    "symbols": "symbols",
+    "flags": "flags",
+}
+EMOJI_GROUP_TEMPLATES = (
+    "an emoji from the group {c}.",
+    "a drawing of an emoji about {c}.",
+    "an emoji icon of {c}.",
+    "a {c} emoji.",
+)
 
 
 @dataclasses.dataclass
@@ -66,8 +101,10 @@ def image_bytes(data: bytes, where: str, path: str) -> tuple[bytes, str]:
         with Image.open(io.BytesIO(data)) as img:
             pixels = img.width * img.height
             if pixels > DEFAULT_MAX_IMAGE_PIXELS:  # checked before decoding: 20000x20000 would need 400 MB+
-                raise DatasetError(f"{where}: {path}: {img.width}x{img.height} = {pixels:,} pixels, more than "
-                                   f"{DEFAULT_MAX_IMAGE_PIXELS:,} (decompression bomb?); remove or shrink it")
+                raise DatasetError(
+                    f"{where}: {path}: {img.width}x{img.height} = {pixels:,} pixels, more than "
+                    f"{DEFAULT_MAX_IMAGE_PIXELS:,} (decompression bomb?); remove or shrink it"
+                )
             img.load()
             fmt = (img.format or "").lower()
             if fmt in ("png", "jpeg", "webp"):
@@ -108,11 +145,17 @@ def from_folder(root: str, classnames: list[str] | None) -> EvalSamples:
         raise DatasetError(f"classnames: {len(names)} names for {len(folders)} class folders in {base}")
     out = EvalSamples("classification", [], list(names))
     _count_left_out(out, "hidden folder", sum(p.is_dir() and p.name.startswith(".") for p in entries))
-    _count_left_out(out, f"file outside the class folders of {base}",
-                    sum(p.is_file() and not p.name.startswith(".") for p in entries))
+    _count_left_out(
+        out,
+        f"file outside the class folders of {base}",
+        sum(p.is_file() and not p.name.startswith(".") for p in entries),
+    )
     for label, folder in enumerate(folders):
-        files = sorted(p for p in folder.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+        files = sorted(
+            p
+            for p in folder.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        )
         images = [p for p in files if p.suffix.lower().lstrip(".") in IMAGE_EXTS]
         _count_left_out(out, "not an image file", len(files) - len(images))
         for p in images:
@@ -139,8 +182,9 @@ def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
     return rows
 
 
-def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: str,
-             classnames: list[str] | None) -> EvalSamples:
+def from_csv(
+    path: str, kind: str, image_col: str, label_col: str, caption_col: str, classnames: list[str] | None
+) -> EvalSamples:
     """Rows of ``image,label`` (classification) or ``image,caption`` (retrieval; several rows with the
     same image give it several captions). Image paths are relative to the CSV's folder."""
     csv_path = Path(path)
@@ -158,8 +202,9 @@ def from_csv(path: str, kind: str, image_col: str, label_col: str, caption_col: 
         label = row[label_col].strip()
         if label not in index:
             raise DatasetError(f"{csv_path}: row {i + 2}: label {label!r} is not in the class names")
-        out.samples.append((*read_image(csv_path.parent / row[image_col].strip(), f"{csv_path}: row {i + 2}"),
-                            index[label]))
+        out.samples.append(
+            (*read_image(csv_path.parent / row[image_col].strip(), f"{csv_path}: row {i + 2}"), index[label])
+        )
     return out
 
 
@@ -173,17 +218,24 @@ def _label_index(csv_path: Path, labels: list[str], names: list[str]) -> dict[st
     if all(label.isdigit() for label in labels):
         bad = next((i for i, label in enumerate(labels) if int(label) >= len(names)), None)
         if bad is not None:
-            raise DatasetError(f"{csv_path}: row {bad + 2}: label {labels[bad]!r}: no label is a class name, so labels "
-                               f"are line numbers of the class names, which has {len(names)} (0..{len(names) - 1})")
+            raise DatasetError(
+                f"{csv_path}: row {bad + 2}: label {labels[bad]!r}: no label is a class name, so labels "
+                f"are line numbers of the class names, which has {len(names)} (0..{len(names) - 1})"
+            )
         from toolkit.core.log import get_logger
 
-        get_logger("eval").info("%s: labels are integers 0..%d and none is a class name: read as line numbers "
-                                "of the class names", csv_path, len(names) - 1)
+        get_logger("eval").info(
+            "%s: labels are integers 0..%d and none is a class name: read as line numbers of the class names",
+            csv_path,
+            len(names) - 1,
+        )
         return {label: int(label) for label in set(labels)}
     return by_name
 
 
-def _group_captions(csv_path: Path, rows: list[dict[str, str]], image_col: str, caption_col: str) -> EvalSamples:
+def _group_captions(
+    csv_path: Path, rows: list[dict[str, str]], image_col: str, caption_col: str
+) -> EvalSamples:
     captions: dict[str, list[str]] = {}
     first_row: dict[str, int] = {}
     for i, row in enumerate(rows):
@@ -206,7 +258,7 @@ def _read_idx(path: Path, magic: int) -> tuple[tuple[int, ...], bytes]:
     header = struct.unpack(f">I{ndim}I", data[: 4 + 4 * ndim])
     if header[0] != magic:
         raise DatasetError(f"{path}: not an IDX file with magic {magic} (got {header[0]})")
-    return header[1:], data[4 + 4 * ndim:]
+    return header[1:], data[4 + 4 * ndim :]
 
 
 def from_fashion_mnist(root: str, split: str = "test", limit: int = 0) -> EvalSamples:
@@ -219,7 +271,11 @@ def from_fashion_mnist(root: str, split: str = "test", limit: int = 0) -> EvalSa
     image_file, label_file = (base / f for f in FASHION_MNIST_FILES[split])
     for p in (image_file, label_file):
         if not p.is_file():
-            hint = " (install it with `apt-get install dataset-fashion-mnist`)" if str(base) == FASHION_MNIST_DIR else ""
+            hint = (
+                " (install it with `apt-get install dataset-fashion-mnist`)"
+                if str(base) == FASHION_MNIST_DIR
+                else ""
+            )
             raise DatasetError(f"Fashion-MNIST file not found: {p}{hint}")
     (num, rows, cols), pixels = _read_idx(image_file, 2051)
     (num_labels,), labels = _read_idx(label_file, 2049)
@@ -229,7 +285,7 @@ def from_fashion_mnist(root: str, split: str = "test", limit: int = 0) -> EvalSa
     size = rows * cols
     for i in range(min(num, limit) if limit else num):
         buf = io.BytesIO()
-        Image.frombytes("L", (cols, rows), pixels[i * size:(i + 1) * size]).save(buf, format="PNG")
+        Image.frombytes("L", (cols, rows), pixels[i * size : (i + 1) * size]).save(buf, format="PNG")
         out.samples.append((buf.getvalue(), "png", int(labels[i])))
     return out
 
@@ -260,12 +316,15 @@ def from_openmoji(demo_dir: str, kind: str) -> EvalSamples:
             reason = f"group {row['group']!r} is not a Unicode emoji group"
             out.left_out[reason] = out.left_out.get(reason, 0) + 1
             continue
-        out.samples.append((*read_image(csv_path.parent / row["path"], f"{csv_path}: row {i + 2}"), index[slug]))
+        out.samples.append(
+            (*read_image(csv_path.parent / row["path"], f"{csv_path}: row {i + 2}"), index[slug])
+        )
     return out
 
 
-def from_shards(source: str, kind: str, caption_ext: str, classnames: list[str] | None,
-                limit: int = 0) -> EvalSamples:
+def from_shards(
+    source: str, kind: str, caption_ext: str, classnames: list[str] | None, limit: int = 0
+) -> EvalSamples:
     """Held-out raw webdataset shards (img2dataset's layout; a folder, one .tar, a glob or a brace pattern):
     each sample's image, and its caption (retrieval) or class name (classification) from the member
     ``caption_ext`` (``txt``, ``cls``, or ``json:FIELD``). Read with the training data's robust reader: a
@@ -289,8 +348,13 @@ def from_shards(source: str, kind: str, caption_ext: str, classnames: list[str] 
             found = sample.image()
             text = _member_text(sample.files.get(member), json_field)
             if found is None or not text:
-                _count_left_out(out, "sample without an image member" if found is None else
-                                f"sample without a {caption_ext} caption", 1)
+                _count_left_out(
+                    out,
+                    "sample without an image member"
+                    if found is None
+                    else f"sample without a {caption_ext} caption",
+                    1,
+                )
                 continue
             try:
                 data, ext = image_bytes(found[1], shard_basename(url), f"{url}#{sample.key}.{found[0]}")
@@ -308,10 +372,13 @@ def from_shards(source: str, kind: str, caption_ext: str, classnames: list[str] 
     index = {name: i for i, name in enumerate(out.classnames)}
     unknown = sorted(set(labels) - set(index))
     if unknown:
-        raise DatasetError(f"{source}: class name(s) {unknown[:5]} of the {caption_ext} members are not in "
-                           f"classnames ({len(out.classnames)} names)")
-    out.samples = [(data, ext, index[label])
-                   for (data, ext, _), label in zip(out.samples, labels, strict=True)]
+        raise DatasetError(
+            f"{source}: class name(s) {unknown[:5]} of the {caption_ext} members are not in "
+            f"classnames ({len(out.classnames)} names)"
+        )
+    out.samples = [
+        (data, ext, index[label]) for (data, ext, _), label in zip(out.samples, labels, strict=True)
+    ]
     return out
 
 

@@ -82,8 +82,9 @@ def split_frozen(model: Any, tokenizer: Any) -> FrozenSplit | None:
     return FrozenSplit(model, tokenizer, int(text.config.pad_token_id))
 
 
-def open_frozen(model: Any, tokenizer: Any, preprocess_cfg: dict[str, Any], feature_cache: str,
-                copy_trunk: bool) -> tuple[FrozenEval, str, str | None] | None:
+def open_frozen(
+    model: Any, tokenizer: Any, preprocess_cfg: dict[str, Any], feature_cache: str, copy_trunk: bool
+) -> tuple[FrozenEval, str, str | None] | None:
     """(FrozenEval, tower fingerprint, cache folder or None) for a frozen-tower ``model`` on the CPU, else
     None. ``feature_cache``: a folder, 'auto' (:func:`default_cache_dir`) or 'off'. ``copy_trunk``: run cold
     passes on a folded copy of the image trunk and leave ``model`` untouched (a model still training);
@@ -98,7 +99,9 @@ def open_frozen(model: Any, tokenizer: Any, preprocess_cfg: dict[str, Any], feat
     fingerprint = tower_fingerprint(split, preprocess_cfg)  # before any folding: it changes the weights
     if copy_trunk and is_conv_trunk(split.model.visual.trunk):
         split.fast_trunk = prepare_image_trunk(copy.deepcopy(split.model.visual.trunk))
-    root = None if feature_cache == "off" else default_cache_dir() if feature_cache == "auto" else feature_cache
+    root = (
+        None if feature_cache == "off" else default_cache_dir() if feature_cache == "auto" else feature_cache
+    )
     return FrozenEval.open(split, None if root is None else Path(root), fingerprint), fingerprint, root
 
 
@@ -173,7 +176,7 @@ class TextTable:
 
         missing = list(dict.fromkeys(t for t in texts if t not in self.rows))
         for start in range(0, len(missing), TEXT_BATCH):
-            chunk = missing[start:start + TEXT_BATCH]
+            chunk = missing[start : start + TEXT_BATCH]
             with torch.inference_mode():
                 out = self.split.text_trunk(self.split.tokenizer(chunk)).float().numpy()
             for text, row in zip(chunk, out, strict=True):
@@ -210,8 +213,12 @@ class HeadsModel:
         if x.ndim == 2:
             return self.split.image_head(x)
         with torch.inference_mode():  # the trunk in batches of IMAGE_BATCH: the fastest size on a CPU
-            feats = torch.cat([self.split.image_trunk(to_channels_last(x[i:i + IMAGE_BATCH]))
-                               for i in range(0, x.shape[0], IMAGE_BATCH)]).float()
+            feats = torch.cat(
+                [
+                    self.split.image_trunk(to_channels_last(x[i : i + IMAGE_BATCH]))
+                    for i in range(0, x.shape[0], IMAGE_BATCH)
+                ]
+            ).float()
         self.recorded.append(feats.numpy())
         return self.split.image_head(feats)
 
@@ -247,10 +254,10 @@ class _CachedLoader:
         import torch
 
         for i in range(0, len(self.labels), self.batch_size):
-            labels = self.labels[i:i + self.batch_size]
+            labels = self.labels[i : i + self.batch_size]
             if labels and isinstance(labels[0], int):
                 labels = torch.tensor(labels, dtype=torch.long)
-            yield torch.from_numpy(self.feats[i:i + self.batch_size]), labels
+            yield torch.from_numpy(self.feats[i : i + self.batch_size]), labels
 
 
 def read_labels_and_digests(eval_set: EvalSet) -> tuple[list, list[str]]:
@@ -261,8 +268,9 @@ def read_labels_and_digests(eval_set: EvalSet) -> tuple[list, list[str]]:
     from toolkit.eval.datasets import image_bytes_of, label_of
 
     labels, digests = [], []
-    for sample in wds.WebDataset(list(eval_set.shards), shardshuffle=False, nodesplitter=lambda src: src,
-                                 empty_check=False):
+    for sample in wds.WebDataset(
+        list(eval_set.shards), shardshuffle=False, nodesplitter=lambda src: src, empty_check=False
+    ):
         digests.append(hashlib.sha1(image_bytes_of(sample, eval_set)[1]).hexdigest())
         labels.append(label_of(sample, eval_set))
     return labels, digests
@@ -325,8 +333,11 @@ class FrozenEval:
     @classmethod
     def open(cls, split: FrozenSplit, root: Path | None, tower: str) -> FrozenEval:
         folder = None if root is None else root / tower
-        return cls(split, ImageTable.open(folder / "images.npz" if folder else None),
-                   TextTable.open(split, folder / "texts.npz" if folder else None))
+        return cls(
+            split,
+            ImageTable.open(folder / "images.npz" if folder else None),
+            TextTable.open(split, folder / "texts.npz" if folder else None),
+        )
 
     def inputs(self, eval_set: EvalSet, make_loader: Any, batch_size: int) -> tuple[HeadsModel, Any, Any]:
         """(model, loader, finish) for clip-benchmark. When every image of the set is in the table (by the

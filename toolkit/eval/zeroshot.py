@@ -28,44 +28,83 @@ KIND = "eval.zeroshot"
 
 @dataclass(frozen=True)
 class ZeroShotConfig:
-    model: str = option(is_input=True, doc="Checkpoint directory (open_clip_config.json + weights), open_clip "
-                                           "model name (e.g. cliptk-tiny, ViT-B-32) or model config JSON.")
+    model: str = option(
+        is_input=True,
+        doc="Checkpoint directory (open_clip_config.json + weights), open_clip "
+        "model name (e.g. cliptk-tiny, ViT-B-32) or model config JSON.",
+    )
     datasets: list[str] = option(doc="Names of evaluation sets under `root` (clip-benchmark wds layout).")
     root: str = option(is_input=True, doc="Directory holding one folder per evaluation set.")
     out: str = option(doc="Output directory: results.json, report.md, results.png, per_dataset/*.json.")
-    weights: str = option("", is_input=True, doc="Local weights file (.safetensors/.pt/.pth/.bin) for a model "
-                                                 "name or config JSON; empty: random init (or the checkpoint's).")
-    batch_size: int = option(64, ge=1, affects_output=False, doc="Images per batch (a frozen convolutional "
-                                                                  "trunk runs them 8 at a time, its fastest "
-                                                                  "size on a CPU).")
-    num_workers: int = option(1, ge=0, affects_output=False, doc="DataLoader worker processes decoding images "
-                                                                 "while the model runs (at most one per shard "
-                                                                 "is used); 0: decode in this process.")
-    feature_cache: str = option("auto", affects_output=False, doc="Folder keeping frozen-tower (LiT) models' "
-                                "trunk features per eval set, so a re-evaluation runs only the heads; 'auto': "
-                                "$XDG_CACHE_HOME/cliptk/tower-features (~/.cache/...); 'off': no cache.")
-    training_run: str = option("", is_input=True, doc="Training run directory (its metrics.jsonl): its loss, "
-                                                    "temperature, learning-rate and eval curves are drawn in "
-                                                    "training_curves.png beside the report; empty: none.")
-    gallery_queries: int = option(5, ge=0, doc="Captions of each retrieval set drawn in gallery_<set>.png with "
-                                               "their top-5 images (linked from report.md); 0: no gallery.")
-    device: str = option("auto", affects_output=False, doc="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1'.")
+    weights: str = option(
+        "",
+        is_input=True,
+        doc="Local weights file (.safetensors/.pt/.pth/.bin) for a model "
+        "name or config JSON; empty: random init (or the checkpoint's).",
+    )
+    batch_size: int = option(
+        64,
+        ge=1,
+        affects_output=False,
+        doc="Images per batch (a frozen convolutional "
+        "trunk runs them 8 at a time, its fastest "
+        "size on a CPU).",
+    )
+    num_workers: int = option(
+        1,
+        ge=0,
+        affects_output=False,
+        doc="DataLoader worker processes decoding images "
+        "while the model runs (at most one per shard "
+        "is used); 0: decode in this process.",
+    )
+    feature_cache: str = option(
+        "auto",
+        affects_output=False,
+        doc="Folder keeping frozen-tower (LiT) models' "
+        "trunk features per eval set, so a re-evaluation runs only the heads; 'auto': "
+        "$XDG_CACHE_HOME/cliptk/tower-features (~/.cache/...); 'off': no cache.",
+    )
+    training_run: str = option(
+        "",
+        is_input=True,
+        doc="Training run directory (its metrics.jsonl): its loss, "
+        "temperature, learning-rate and eval curves are drawn in "
+        "training_curves.png beside the report; empty: none.",
+    )
+    gallery_queries: int = option(
+        5,
+        ge=0,
+        doc="Captions of each retrieval set drawn in gallery_<set>.png with "
+        "their top-5 images (linked from report.md); 0: no gallery.",
+    )
+    device: str = option(
+        "auto", affects_output=False, doc="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1'."
+    )
     amp: bool = option(False, doc="Autocast the forward passes (fp16 on CUDA, bf16 on CPU).")
     precision: Literal["fp32", "bf16", "fp16", "pure_bf16", "pure_fp16"] = option(
-        "fp32", doc="Model weight precision (open_clip's meanings).")
+        "fp32", doc="Model weight precision (open_clip's meanings)."
+    )
     recall_k: list[int] = option(factory=lambda: [1, 5, 10], doc="k values for retrieval recall@k.")
     seed: int = option(0, doc="Seed of the random init when no weights are given.")
     language: str = option("en", doc="Language recorded in the results (clip-benchmark's schema).")
-    skip_missing: bool = option(False, doc="Sets of `datasets` with no folder under `root` are reported as "
-                                           "not evaluated instead of failing (optional sets, e.g. Fashion-MNIST).")
+    skip_missing: bool = option(
+        False,
+        doc="Sets of `datasets` with no folder under `root` are reported as "
+        "not evaluated instead of failing (optional sets, e.g. Fashion-MNIST).",
+    )
 
     def __post_init__(self) -> None:
         if not self.datasets:
             raise ValueError("datasets: give at least one evaluation set name")
-        bad = [n for n in self.datasets if n in ("", ".", "..") or any(c in n for c in "/\\\0") or n != n.strip()]
+        bad = [
+            n for n in self.datasets if n in ("", ".", "..") or any(c in n for c in "/\\\0") or n != n.strip()
+        ]
         if bad:  # names become folder and file names under root and out: '../../x' wrote outside out
-            raise ValueError(f"datasets: {bad[0][:80]!r} is not a set name; give the folder name of a set under "
-                             "root (no '/', '\\', '..'), and point root at the folder that holds it")
+            raise ValueError(
+                f"datasets: {bad[0][:80]!r} is not a set name; give the folder name of a set under "
+                "root (no '/', '\\', '..'), and point root at the folder that holds it"
+            )
         if len(set(self.datasets)) != len(self.datasets):
             raise ValueError(f"datasets: duplicate names in {self.datasets}")
         if not self.recall_k or any(k < 1 for k in self.recall_k):
@@ -89,9 +128,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, *, batch_size: int = 64,
-                 num_workers: int = 0, device: str = "cpu", amp: bool = False,
-                 recall_k: list[int] | tuple[int, ...] = (1, 5, 10), loader: Any = None) -> dict[str, float | None]:
+def evaluate_set(
+    model: Any,
+    tokenizer: Any,
+    transform: Any,
+    eval_set: EvalSet,
+    *,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    device: str = "cpu",
+    amp: bool = False,
+    recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
+    loader: Any = None,
+) -> dict[str, float | None]:
     """clip-benchmark metrics of ``model`` on one set (single process). Returns the metrics dict with
     undefined values (top-5 below 5 classes, R@k above the number of images) as None. ``loader`` replaces
     the set's image loader (cached tower features, a recording view); it must yield the set in order."""
@@ -103,15 +152,28 @@ def evaluate_set(model: Any, tokenizer: Any, transform: Any, eval_set: EvalSet, 
     wrapped = _LoaderView(batches, loader.dataset)
     if eval_set.kind == "classification":
         with _metric_warnings(eval_set), _no_tqdm_bars():
-            metrics = zeroshot_classification.evaluate(model, wrapped, tokenizer, list(eval_set.classnames),
-                                                       list(eval_set.templates), device, amp=amp)
+            metrics = zeroshot_classification.evaluate(
+                model,
+                wrapped,
+                tokenizer,
+                list(eval_set.classnames),
+                list(eval_set.templates),
+                device,
+                amp=amp,
+            )
         return report.clean_metrics(metrics)
     usable = [k for k in recall_k if k <= eval_set.num_samples]
     if len(usable) < len(recall_k):
-        get_logger("eval").warning("%s: R@k undefined for k > %d images: %s", eval_set.name,
-                                   eval_set.num_samples, [k for k in recall_k if k not in usable])
+        get_logger("eval").warning(
+            "%s: R@k undefined for k > %d images: %s",
+            eval_set.name,
+            eval_set.num_samples,
+            [k for k in recall_k if k not in usable],
+        )
     with _metric_warnings(eval_set), _no_tqdm_bars():
-        metrics = zeroshot_retrieval.evaluate(model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable)
+        metrics = zeroshot_retrieval.evaluate(
+            model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable
+        )
     for k in recall_k:
         metrics.setdefault(f"image_retrieval_recall@{k}", None)
         metrics.setdefault(f"text_retrieval_recall@{k}", None)
@@ -162,8 +224,12 @@ def _metric_warnings(eval_set: EvalSet):
             continue
         seen.add(text)
         if _ABSENT_CLASS in text:
-            log.info("%s: the model predicted classes that have no sample in the set; mean per-class recall "
-                     "averages over the classes that do (sklearn: %s)", eval_set.name, text)
+            log.info(
+                "%s: the model predicted classes that have no sample in the set; mean per-class recall "
+                "averages over the classes that do (sklearn: %s)",
+                eval_set.name,
+                text,
+            )
         else:
             log.warning("%s: %s while scoring: %s", eval_set.name, w.category.__name__, text)
 
@@ -200,7 +266,9 @@ def run(cfg: ZeroShotConfig) -> StageResult:
     log = get_logger("eval")
     with stage_run(KIND, cfg, cfg.out) as rec:
         # a set is there when its split folder is (build-set --missing-ok leaves only its manifest)
-        missing = [n for n in cfg.datasets if cfg.skip_missing and not files.exists(files.join(cfg.root, n, SPLIT))]
+        missing = [
+            n for n in cfg.datasets if cfg.skip_missing and not files.exists(files.join(cfg.root, n, SPLIT))
+        ]
         for name in missing:
             log.warning("%s: no evaluation set in %s: not evaluated (skip_missing)", name, cfg.root)
         if len(missing) == len(cfg.datasets):
@@ -208,8 +276,9 @@ def run(cfg: ZeroShotConfig) -> StageResult:
         # open every set before loading the model, so a bad one fails at once
         sets = [open_eval_set(cfg.root, name) for name in cfg.datasets if name not in missing]
         device = resolve_device(cfg.device)
-        loaded = load_model(cfg.model, weights=cfg.weights or None, device=device, precision=cfg.precision,
-                            seed=cfg.seed)
+        loaded = load_model(
+            cfg.model, weights=cfg.weights or None, device=device, precision=cfg.precision, seed=cfg.seed
+        )
         model, title = loaded.model, model_title(cfg.model, loaded.name)
         if cfg.precision != "fp32":
             import open_clip
@@ -223,14 +292,20 @@ def run(cfg: ZeroShotConfig) -> StageResult:
             start = time.monotonic()
             metrics, gallery = _evaluate_one(cfg, loaded, title, model, eval_set, device, frozen, rec)
             galleries += [gallery] if gallery else []
-            record = report.make_record(eval_set.name, title, loaded.weights, eval_set.task, metrics,
-                                        cfg.language)
+            record = report.make_record(
+                eval_set.name, title, loaded.weights, eval_set.task, metrics, cfg.language
+            )
             records.append(record)
             files.write_json_atomic(files.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
             rec.details.setdefault("duration_s", {})[eval_set.name] = round(time.monotonic() - start, 3)
-            log.info("%s (%s, %d samples): %s", eval_set.name, eval_set.task, eval_set.num_samples,
-                     ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
-                     extra={"data": record})
+            log.info(
+                "%s (%s, %d samples): %s",
+                eval_set.name,
+                eval_set.task,
+                eval_set.num_samples,
+                ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
+                extra={"data": record},
+            )
         counts = {s.name: s.num_samples for s in sets}
         data = report.write_results(files.join(cfg.out, "results.json"), title, loaded.weights, records)
         chance = {s.name: report.chance_level(s.kind, s.num_samples, len(s.classnames)) for s in sets}
@@ -242,12 +317,22 @@ def run(cfg: ZeroShotConfig) -> StageResult:
             table += _curves(cfg, rec)
         files.write_text_atomic(files.join(cfg.out, "report.md"), table)
         report.bar_chart(data, files.join(cfg.out, "results.png"))
-        rec.outputs.update(results=files.join(cfg.out, "results.json"), report=files.join(cfg.out, "report.md"),
-                           chart=files.join(cfg.out, "results.png"), per_dataset=per_dataset,
-                           **{f"gallery_{g['set']}": g["path"] for g in galleries})
+        rec.outputs.update(
+            results=files.join(cfg.out, "results.json"),
+            report=files.join(cfg.out, "report.md"),
+            chart=files.join(cfg.out, "results.png"),
+            per_dataset=per_dataset,
+            **{f"gallery_{g['set']}": g["path"] for g in galleries},
+        )
         rec.counts.update(num_datasets=len(sets), num_samples=counts)
-        rec.details.update(not_evaluated=missing, chance=chance, average=data["average"], model=title,
-                           weights=loaded.weights, device=device)
+        rec.details.update(
+            not_evaluated=missing,
+            chance=chance,
+            average=data["average"],
+            model=title,
+            weights=loaded.weights,
+            device=device,
+        )
     return rec.result()
 
 
@@ -258,9 +343,12 @@ def model_title(model: str, name: str) -> str:
     if not files.is_local(model):
         return name
     path = Path(files.local_path(model)).absolute()
-    places = {path.parent: {"model": "", "model-ema": " (EMA weights)"}.get(path.name),
-              path.parent.parent: f" step {path.name.removeprefix('step-').lstrip('0') or 0}"
-              if path.parent.name == "checkpoints" and path.name.startswith("step-") else None}
+    places = {
+        path.parent: {"model": "", "model-ema": " (EMA weights)"}.get(path.name),
+        path.parent.parent: f" step {path.name.removeprefix('step-').lstrip('0') or 0}"
+        if path.parent.name == "checkpoints" and path.name.startswith("step-")
+        else None,
+    }
     for run, suffix in places.items():
         if suffix is not None and _is_training_run(run):
             return run.name + suffix
@@ -282,11 +370,19 @@ def _frozen_context(cfg: ZeroShotConfig, loaded: Any, model: Any, device: str, r
 
     opened = None
     if device == "cpu" and cfg.precision == "fp32" and not cfg.amp:
-        opened = towercache.open_frozen(loaded.model, loaded.tokenizer, loaded.preprocess_cfg,
-                                        files.local_path(cfg.feature_cache) if cfg.feature_cache not in
-                                        ("auto", "off") else cfg.feature_cache, copy_trunk=False)
+        opened = towercache.open_frozen(
+            loaded.model,
+            loaded.tokenizer,
+            loaded.preprocess_cfg,
+            files.local_path(cfg.feature_cache)
+            if cfg.feature_cache not in ("auto", "off")
+            else cfg.feature_cache,
+            copy_trunk=False,
+        )
     if device == "cpu" and cfg.precision == "fp32":
-        rec.details["inference"] = optimize_clip(loaded.model)  # after the fingerprint: folding changes weights
+        rec.details["inference"] = optimize_clip(
+            loaded.model
+        )  # after the fingerprint: folding changes weights
     if opened is None:
         return None
     frozen, fingerprint, root = opened
@@ -294,12 +390,21 @@ def _frozen_context(cfg: ZeroShotConfig, loaded: Any, model: Any, device: str, r
     return frozen
 
 
-def evaluate_frozen(frozen: Any, eval_set: EvalSet, transform: Any, *, batch_size: int = 64, num_workers: int = 1,
-                    device: str = "cpu", recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
-                    recorder_factory: Any = None) -> tuple[dict[str, float | None], bool, Any]:
+def evaluate_frozen(
+    frozen: Any,
+    eval_set: EvalSet,
+    transform: Any,
+    *,
+    batch_size: int = 64,
+    num_workers: int = 1,
+    device: str = "cpu",
+    recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
+    recorder_factory: Any = None,
+) -> tuple[dict[str, float | None], bool, Any]:
     """Metrics of a frozen-tower model on one set through its feature cache (``frozen``:
     :class:`toolkit.eval.towercache.FrozenEval`): (metrics, cache hit?, recorder or None). Used by
     ``eval.zeroshot`` and by the train stage's evaluation callback (rank 0)."""
+
     def make(with_digest: bool = False) -> Any:
         return make_eval_loader(eval_set, transform, batch_size, num_workers, with_digest)
 
@@ -307,36 +412,80 @@ def evaluate_frozen(frozen: Any, eval_set: EvalSet, transform: Any, *, batch_siz
     recorder = recorder_factory(model) if recorder_factory else None
     if recorder is not None:
         model, loader = recorder, recorder.loader(loader)
-    metrics = evaluate_set(model, frozen.texts.tokenizer, transform, eval_set, batch_size=batch_size,
-                           num_workers=num_workers, device=device, recall_k=recall_k, loader=loader)
+    metrics = evaluate_set(
+        model,
+        frozen.texts.tokenizer,
+        transform,
+        eval_set,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        device=device,
+        recall_k=recall_k,
+        loader=loader,
+    )
     return metrics, finish(), recorder
 
 
-def _evaluate_one(cfg: ZeroShotConfig, loaded: Any, title: str, model: Any, eval_set: EvalSet, device: str,
-                  frozen: Any, rec: Any) -> tuple[dict[str, float | None], dict[str, Any] | None]:
+def _evaluate_one(
+    cfg: ZeroShotConfig,
+    loaded: Any,
+    title: str,
+    model: Any,
+    eval_set: EvalSet,
+    device: str,
+    frozen: Any,
+    rec: Any,
+) -> tuple[dict[str, float | None], dict[str, Any] | None]:
     """Metrics of one set (through the feature cache for a frozen-tower model) and its gallery record."""
     from toolkit.eval import gallery
 
     factory = gallery.Recorder if eval_set.kind == "retrieval" and cfg.gallery_queries else None
     if frozen is not None:
-        metrics, hit, recorder = evaluate_frozen(frozen, eval_set, loaded.preprocess, batch_size=cfg.batch_size,
-                                                 num_workers=cfg.num_workers, device=device,
-                                                 recall_k=cfg.recall_k, recorder_factory=factory)
+        metrics, hit, recorder = evaluate_frozen(
+            frozen,
+            eval_set,
+            loaded.preprocess,
+            batch_size=cfg.batch_size,
+            num_workers=cfg.num_workers,
+            device=device,
+            recall_k=cfg.recall_k,
+            recorder_factory=factory,
+        )
         if hit:
             rec.details["cache_hits"].append(eval_set.name)
     else:
         recorder = factory(model) if factory else None
-        loader = recorder.loader(make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers,
-                                                  with_digest=True)) if recorder else None
-        metrics = evaluate_set(recorder or model, loaded.tokenizer, loaded.preprocess, eval_set,
-                               batch_size=cfg.batch_size, num_workers=cfg.num_workers, device=device, amp=cfg.amp,
-                               recall_k=cfg.recall_k, loader=loader)
+        loader = (
+            recorder.loader(
+                make_eval_loader(
+                    eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers, with_digest=True
+                )
+            )
+            if recorder
+            else None
+        )
+        metrics = evaluate_set(
+            recorder or model,
+            loaded.tokenizer,
+            loaded.preprocess,
+            eval_set,
+            batch_size=cfg.batch_size,
+            num_workers=cfg.num_workers,
+            device=device,
+            amp=cfg.amp,
+            recall_k=cfg.recall_k,
+            loader=loader,
+        )
     if recorder is None:
         return metrics, None
     path = files.join(cfg.out, f"gallery_{eval_set.name}.png")
-    drawn = gallery.write_gallery(recorder, eval_set, path, cfg.gallery_queries,
-                                  title=f"{eval_set.name}: {title}, text -> image top 5 (right image in "
-                                        "green)")
+    drawn = gallery.write_gallery(
+        recorder,
+        eval_set,
+        path,
+        cfg.gallery_queries,
+        title=f"{eval_set.name}: {title}, text -> image top 5 (right image in green)",
+    )
     return metrics, {"set": eval_set.name, "path": path, **drawn}
 
 
@@ -348,5 +497,7 @@ def _curves(cfg: ZeroShotConfig, rec: Any) -> str:
     path = files.join(cfg.out, "training_curves.png")
     drawn = report.training_curves(metrics, path, title=f"training: {cfg.training_run}")
     rec.outputs["training_curves"] = path
-    return (f"\n## Training curves\n\n{', '.join(drawn)} against the optimizer step, from "
-            f"`{metrics}`:\n\n![training curves](training_curves.png)\n")
+    return (
+        f"\n## Training curves\n\n{', '.join(drawn)} against the optimizer step, from "
+        f"`{metrics}`:\n\n![training curves](training_curves.png)\n"
+    )

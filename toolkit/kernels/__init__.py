@@ -52,7 +52,24 @@ from toolkit.kernels.naive import lse_forward as naive_lse_forward
 from toolkit.kernels.siglip import SigLIPLossFn, SigmoidSums, naive_siglip_loss, siglip_loss, sigmoid_sums
 
 __all__ = [
-    "BACKENDS", "ClipLossFn", "TiledLSE", "accumulation_dtype", "as_scale", "clip_loss", "clip_value", "lse_backward",
-    "lse_forward", "naive_clip_loss", "naive_lse_backward", "naive_lse_forward", "naive_siglip_loss",
-    "resolve_backend", "SigLIPLossFn", "SigmoidSums", "sigmoid_sums", "siglip_loss", "tiled_lse", "triton_available",
+    "BACKENDS",
+    "ClipLossFn",
+    "TiledLSE",
+    "accumulation_dtype",
+    "as_scale",
+    "clip_loss",
+    "clip_value",
+    "lse_backward",
+    "lse_forward",
+    "naive_clip_loss",
+    "naive_lse_backward",
+    "naive_lse_forward",
+    "naive_siglip_loss",
+    "resolve_backend",
+    "SigLIPLossFn",
+    "SigmoidSums",
+    "sigmoid_sums",
+    "siglip_loss",
+    "tiled_lse",
+    "triton_available",
 ]

@@ -69,10 +69,19 @@ def _vec(t: Tensor | None, n: int, acc: torch.dtype, name: str) -> Tensor | None
     return t
 
 
-def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None = None,
-                compute_row: bool = True, compute_col: bool = True, *, backend: str = "auto",
-                block_size: int | None = None, input_precision: str | None = None
-                ) -> tuple[Tensor | None, Tensor | None]:
+def lse_forward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    diag_offset: int | None = None,
+    compute_row: bool = True,
+    compute_col: bool = True,
+    *,
+    backend: str = "auto",
+    block_size: int | None = None,
+    input_precision: str | None = None,
+) -> tuple[Tensor | None, Tensor | None]:
     """Row LSE [M] and column LSE [N] of row_scale_i·s_ij / col_scale_j·s_ij (None when not computed).
 
     x [M, D], y [N, D] (fp32/bf16/fp16; fp64 for oracles), scales 0-d or [M]/[N]. Returns fp32
@@ -89,15 +98,29 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
     if which == "torch":
         return tiled.lse_forward(x, y, rs, cs, diag_offset, compute_row, compute_col, block_size)
     from toolkit.kernels import triton_lse
-    return triton_lse.lse_forward(x, y, rs, cs, diag_offset, compute_row, compute_col, block_size,
-                                  input_precision)
+
+    return triton_lse.lse_forward(
+        x, y, rs, cs, diag_offset, compute_row, compute_col, block_size, input_precision
+    )
 
 
-def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
-                 col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None = None, *, backend: str = "auto", block_size: int | None = None,
-                 input_precision: str | None = None, compute_dx: bool = True, compute_dy: bool = True
-                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+def lse_backward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    row_lse: Tensor | None,
+    col_lse: Tensor | None,
+    grad_row: Tensor | None,
+    grad_col: Tensor | None,
+    diag_offset: int | None = None,
+    *,
+    backend: str = "auto",
+    block_size: int | None = None,
+    input_precision: str | None = None,
+    compute_dx: bool = True,
+    compute_dy: bool = True,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """(dx [M, D], dy [N, D], d_row_scale [M], d_col_scale [N]), fp32 (fp64 for fp64 inputs).
 
     ``row_lse``/``col_lse`` are whatever normalisers the caller's objective uses (local, global, or
@@ -120,14 +143,41 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
     col_lse = _vec(col_lse, n, acc, "col_lse") if grad_col is not None else None
     which = resolve_backend(backend, x.device, x.dtype)
     if which == "naive":
-        return naive.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset, compute_dx,
-                                  compute_dy)
+        return naive.lse_backward(
+            x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset, compute_dx, compute_dy
+        )
     if which == "torch":
-        return tiled.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset, block_size,
-                                  compute_dx, compute_dy)
+        return tiled.lse_backward(
+            x,
+            y,
+            rs,
+            cs,
+            row_lse,
+            col_lse,
+            grad_row,
+            grad_col,
+            diag_offset,
+            block_size,
+            compute_dx,
+            compute_dy,
+        )
     from toolkit.kernels import triton_lse
-    return triton_lse.lse_backward(x, y, rs, cs, row_lse, col_lse, grad_row, grad_col, diag_offset,
-                                   block_size, input_precision, compute_dx, compute_dy)
+
+    return triton_lse.lse_backward(
+        x,
+        y,
+        rs,
+        cs,
+        row_lse,
+        col_lse,
+        grad_row,
+        grad_col,
+        diag_offset,
+        block_size,
+        input_precision,
+        compute_dx,
+        compute_dy,
+    )
 
 
 def _reduce_like(grad: Tensor, scale: Tensor) -> Tensor:
@@ -140,10 +190,31 @@ class TiledLSE(torch.autograd.Function):
     side(s) whose inputs need a gradient: a frozen y or x costs no matmuls)."""
 
     @staticmethod
-    def forward(ctx, x, y, row_scale, col_scale, diag_offset, compute_row, compute_col, backend, block_size,
-                input_precision):
-        row, col = lse_forward(x, y, row_scale, col_scale, diag_offset, compute_row, compute_col,
-                               backend=backend, block_size=block_size, input_precision=input_precision)
+    def forward(
+        ctx,
+        x,
+        y,
+        row_scale,
+        col_scale,
+        diag_offset,
+        compute_row,
+        compute_col,
+        backend,
+        block_size,
+        input_precision,
+    ):
+        row, col = lse_forward(
+            x,
+            y,
+            row_scale,
+            col_scale,
+            diag_offset,
+            compute_row,
+            compute_col,
+            backend=backend,
+            block_size=block_size,
+            input_precision=input_precision,
+        )
         ctx.save_for_backward(x, y, row_scale, col_scale, *(t for t in (row, col) if t is not None))
         ctx.opts = (diag_offset, compute_row, compute_col, backend, block_size, input_precision)
         ctx.set_materialize_grads(False)  # an unused output gets None, so its side of the backward is skipped
@@ -157,22 +228,62 @@ class TiledLSE(torch.autograd.Function):
         col = lses.pop(0) if compute_col else None
         need = ctx.needs_input_grad
         dx, dy, d_rs, d_cs = lse_backward(
-            x, y, row_scale, col_scale, row, col, grad_row if compute_row else None,
-            grad_col if compute_col else None, diag_offset, backend=backend, block_size=block_size,
-            input_precision=input_precision, compute_dx=need[0] or need[2], compute_dy=need[1] or need[3])
-        return (None if dx is None else dx.to(x.dtype), None if dy is None else dy.to(y.dtype),
-                None if d_rs is None else _reduce_like(d_rs, row_scale),
-                None if d_cs is None else _reduce_like(d_cs, col_scale), None, None, None, None, None, None)
+            x,
+            y,
+            row_scale,
+            col_scale,
+            row,
+            col,
+            grad_row if compute_row else None,
+            grad_col if compute_col else None,
+            diag_offset,
+            backend=backend,
+            block_size=block_size,
+            input_precision=input_precision,
+            compute_dx=need[0] or need[2],
+            compute_dy=need[1] or need[3],
+        )
+        return (
+            None if dx is None else dx.to(x.dtype),
+            None if dy is None else dy.to(y.dtype),
+            None if d_rs is None else _reduce_like(d_rs, row_scale),
+            None if d_cs is None else _reduce_like(d_cs, col_scale),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def tiled_lse(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None = None, *,
-              backend: str = "auto", block_size: int | None = None, compute_row: bool = True,
-              compute_col: bool = True, input_precision: str | None = None
-              ) -> tuple[Tensor | None, Tensor | None]:
+def tiled_lse(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    diag_offset: int | None = None,
+    *,
+    backend: str = "auto",
+    block_size: int | None = None,
+    compute_row: bool = True,
+    compute_col: bool = True,
+    input_precision: str | None = None,
+) -> tuple[Tensor | None, Tensor | None]:
     """``lse_forward`` with autograd to x, y, row_scale and col_scale (0-d scales get a 0-d grad)."""
     _check_inputs(x, y, row_scale, col_scale)
-    return TiledLSE.apply(x, y, row_scale, col_scale, diag_offset, compute_row, compute_col, backend,
-                          block_size, input_precision)
+    return TiledLSE.apply(
+        x,
+        y,
+        row_scale,
+        col_scale,
+        diag_offset,
+        compute_row,
+        compute_col,
+        backend,
+        block_size,
+        input_precision,
+    )
 
 
 def _pair_dots(x: Tensor, y: Tensor, acc: torch.dtype) -> Tensor:
@@ -187,8 +298,9 @@ class ClipLossFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, scale, backend, block_size, input_precision):
-        row, col = lse_forward(x, y, scale, scale, backend=backend, block_size=block_size,
-                               input_precision=input_precision)
+        row, col = lse_forward(
+            x, y, scale, scale, backend=backend, block_size=block_size, input_precision=input_precision
+        )
         pos = _pair_dots(x.detach(), y.detach(), row.dtype)
         ctx.save_for_backward(x, y, scale, row, col, pos)
         ctx.opts = (backend, block_size, input_precision)
@@ -201,8 +313,19 @@ class ClipLossFn(torch.autograd.Function):
         b = x.shape[0]
         g = grad.to(row.dtype)
         half = (0.5 * g / b).expand(b)
-        dx, dy, d_rs, d_cs = lse_backward(x, y, scale, scale, row, col, half, half, backend=backend,
-                                          block_size=block_size, input_precision=input_precision)
+        dx, dy, d_rs, d_cs = lse_backward(
+            x,
+            y,
+            scale,
+            scale,
+            row,
+            col,
+            half,
+            half,
+            backend=backend,
+            block_size=block_size,
+            input_precision=input_precision,
+        )
         coef = scale.detach().to(row.dtype) * g / b  # 0-d: no host sync, no [B, D] temporary
         dx.addcmul_(y.detach().to(dx.dtype), coef, value=-1.0)  # d(−a·mean s_ii)/dx_i = −a/B · y_i
         dy.addcmul_(x.detach().to(dy.dtype), coef, value=-1.0)
@@ -219,15 +342,24 @@ def as_scale(logit_scale: Tensor | float, device: torch.device) -> Tensor:
     return logit_scale
 
 
-def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor, *, backend: str = "auto",
-              block_size: int | None = None, input_precision: str | None = None) -> Tensor:
+def clip_loss(
+    image_features: Tensor,
+    text_features: Tensor,
+    logit_scale: Tensor,
+    *,
+    backend: str = "auto",
+    block_size: int | None = None,
+    input_precision: str | None = None,
+) -> Tensor:
     """½(CE image→text + CE text→image), positives on the diagonal; value and gradients as open_clip's
     ``ClipLoss()`` on one process. Features [B, D]; ``logit_scale`` the multiplicative scale (0-d).
     Returns a 0-d fp32 loss (fp64 for fp64 features).
     """
     if image_features.shape != text_features.shape:
-        raise ValueError(f"image_features {tuple(image_features.shape)} and text_features "
-                         f"{tuple(text_features.shape)} must have the same shape [B, D]")
+        raise ValueError(
+            f"image_features {tuple(image_features.shape)} and text_features "
+            f"{tuple(text_features.shape)} must have the same shape [B, D]"
+        )
     logit_scale = as_scale(logit_scale, image_features.device)
     _check_inputs(image_features, text_features, logit_scale, logit_scale)
     if resolve_backend(backend, image_features.device, image_features.dtype) == "naive":

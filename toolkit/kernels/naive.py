@@ -27,8 +27,15 @@ def _scaled(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor) -> tuple
     return s, row_scale.to(acc).reshape(-1, 1) * s, col_scale.to(acc).reshape(1, -1) * s
 
 
-def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None = None,
-                compute_row: bool = True, compute_col: bool = True) -> tuple[Tensor | None, Tensor | None]:
+def lse_forward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    diag_offset: int | None = None,
+    compute_row: bool = True,
+    compute_col: bool = True,
+) -> tuple[Tensor | None, Tensor | None]:
     """Row and column log-sum-exp of scaled similarities; see ``toolkit.kernels.lse_forward``."""
     s, zr, zc = _scaled(x, y, row_scale, col_scale)
     mask = _mask(s.shape[0], s.shape[1], diag_offset, s.device)
@@ -39,10 +46,19 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
     return row, col
 
 
-def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
-                 col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None = None, compute_dx: bool = True, compute_dy: bool = True
-                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+def lse_backward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    row_lse: Tensor | None,
+    col_lse: Tensor | None,
+    grad_row: Tensor | None,
+    grad_col: Tensor | None,
+    diag_offset: int | None = None,
+    compute_dx: bool = True,
+    compute_dy: bool = True,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """Gradients (dx, dy, d_row_scale, d_col_scale) given the LSEs and their upstream gradients; the x side
     (dx, d_row_scale) and the y side (dy, d_col_scale) are None when not asked for."""
     s, zr, zc = _scaled(x, y, row_scale, col_scale)
@@ -75,5 +91,7 @@ def clip_loss(image_features: Tensor, text_features: Tensor, logit_scale: Tensor
     """½(CE image→text + CE text→image) with positives on the diagonal, by plain autograd."""
     logits = logit_scale * image_features @ text_features.T
     labels = torch.arange(logits.shape[0], device=logits.device)
-    return 0.5 * (torch.nn.functional.cross_entropy(logits, labels)
-                  + torch.nn.functional.cross_entropy(logits.T, labels))
+    return 0.5 * (
+        torch.nn.functional.cross_entropy(logits, labels)
+        + torch.nn.functional.cross_entropy(logits.T, labels)
+    )

@@ -51,8 +51,9 @@ def _cols(scale: Tensor) -> Tensor:
 
 def _same_scale(row_scale: Tensor, col_scale: Tensor) -> bool:
     """True when a·s is the same tile for rows and columns (one shared scalar: the CLIP case)."""
-    return row_scale is col_scale or (row_scale.dim() == 0 and col_scale.dim() == 0
-                                      and bool(row_scale == col_scale))
+    return row_scale is col_scale or (
+        row_scale.dim() == 0 and col_scale.dim() == 0 and bool(row_scale == col_scale)
+    )
 
 
 # A row/column whose sum of exp(z − strip max) falls below this lost precision to underflow (its own
@@ -108,9 +109,16 @@ def _forward_shared(xa, ya, scale, diag_offset, row, col, bm) -> None:
         torch.logaddexp(col, part, out=col)
 
 
-def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None,
-                compute_row: bool, compute_col: bool, block_size: int | None
-                ) -> tuple[Tensor | None, Tensor | None]:
+def lse_forward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    diag_offset: int | None,
+    compute_row: bool,
+    compute_col: bool,
+    block_size: int | None,
+) -> tuple[Tensor | None, Tensor | None]:
     """Row LSE [M] and column LSE [N] (acc dtype) of x [M, D], y [N, D]; see ``toolkit.kernels``."""
     m, n = x.shape[0], y.shape[0]
     acc = row_scale.dtype
@@ -147,10 +155,20 @@ def _probs(z: Tensor, lse: Tensor, diag, out: Tensor) -> Tensor:
     return p
 
 
-def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
-                 col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None, block_size: int | None, compute_dx: bool = True,
-                 compute_dy: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+def lse_backward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    row_lse: Tensor | None,
+    col_lse: Tensor | None,
+    grad_row: Tensor | None,
+    grad_col: Tensor | None,
+    diag_offset: int | None,
+    block_size: int | None,
+    compute_dx: bool = True,
+    compute_dy: bool = True,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """(dx [M, D], dy [N, D], d_row_scale [M], d_col_scale [N]) in the acc dtype, strip by strip; the x side
     (dx, d_row_scale) / y side (dy, d_col_scale) is None and skipped with compute_dx / compute_dy False.
 
@@ -178,7 +196,9 @@ def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row
         k = i1 - i0
         s = torch.mm(xa[i0:i1], ya.T, out=s_buf[:k])
         diag = _diag_index(i0, i1, n, diag_offset, x.device)
-        z_row = torch.mul(s, _rows(row_scale, i0, i1), out=z_buf[:k]) if grad_row is not None or shared else None
+        z_row = (
+            torch.mul(s, _rows(row_scale, i0, i1), out=z_buf[:k]) if grad_row is not None or shared else None
+        )
         w = None  # dL/ds on this strip
         if grad_row is not None:
             p = _probs(z_row, row_lse[i0:i1, None], diag, p_buf[:k])

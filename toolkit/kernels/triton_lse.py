@@ -31,16 +31,37 @@ NEG_INF = tl.constexpr(float("-inf"))  # globals inside @triton.jit must be cons
 
 
 @triton.jit
-def _lse_fwd(X, Y, RS, CS, ROW_LSE, COL_PART, M, N, D, stride_xm, stride_ym, diag_offset,
-             HAS_DIAG: tl.constexpr, COMPUTE_ROW: tl.constexpr, COMPUTE_COL: tl.constexpr,
-             SHARED_SCALE: tl.constexpr, PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _lse_fwd(
+    X,
+    Y,
+    RS,
+    CS,
+    ROW_LSE,
+    COL_PART,
+    M,
+    N,
+    D,
+    stride_xm,
+    stride_ym,
+    diag_offset,
+    HAS_DIAG: tl.constexpr,
+    COMPUTE_ROW: tl.constexpr,
+    COMPUTE_COL: tl.constexpr,
+    SHARED_SCALE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = rows < M
     d_ok = offs_d < D
-    x = tl.load(X + rows[:, None] * stride_xm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    x = tl.load(
+        X + rows[:, None] * stride_xm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
+    )
     if DOT_FP32:
         x = x.to(tl.float32)
     rs = tl.load(RS + rows, mask=row_ok, other=0.0)
@@ -49,8 +70,9 @@ def _lse_fwd(X, Y, RS, CS, ROW_LSE, COL_PART, M, N, D, stride_xm, stride_ym, dia
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < N
-        y = tl.load(Y + cols[:, None] * stride_ym + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :],
-                    other=0.0)
+        y = tl.load(
+            Y + cols[:, None] * stride_ym + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :], other=0.0
+        )
         if DOT_FP32:
             y = y.to(tl.float32)
         s = tl.dot(x, tl.trans(y), input_precision=PRECISION)  # fp32 accumulation
@@ -79,16 +101,41 @@ def _lse_fwd(X, Y, RS, CS, ROW_LSE, COL_PART, M, N, D, stride_xm, stride_ym, dia
 
 
 @triton.jit
-def _lse_bwd(X, Y, RS, CS, ROW_LSE, COL_LSE, GROW, GCOL, DX, DRS, M, N, D, stride_xm, stride_ym, stride_dxm,
-             diag_offset, HAS_DIAG: tl.constexpr, HAS_GROW: tl.constexpr, HAS_GCOL: tl.constexpr,
-             PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr):
+def _lse_bwd(
+    X,
+    Y,
+    RS,
+    CS,
+    ROW_LSE,
+    COL_LSE,
+    GROW,
+    GCOL,
+    DX,
+    DRS,
+    M,
+    N,
+    D,
+    stride_xm,
+    stride_ym,
+    stride_dxm,
+    diag_offset,
+    HAS_DIAG: tl.constexpr,
+    HAS_GROW: tl.constexpr,
+    HAS_GCOL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = rows < M
     d_ok = offs_d < D
-    x = tl.load(X + rows[:, None] * stride_xm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    x = tl.load(
+        X + rows[:, None] * stride_xm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
+    )
     if DOT_FP32:
         x = x.to(tl.float32)
     rs = tl.load(RS + rows, mask=row_ok, other=0.0)
@@ -100,8 +147,9 @@ def _lse_bwd(X, Y, RS, CS, ROW_LSE, COL_LSE, GROW, GCOL, DX, DRS, M, N, D, strid
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < N
-        y = tl.load(Y + cols[:, None] * stride_ym + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :],
-                    other=0.0)
+        y = tl.load(
+            Y + cols[:, None] * stride_ym + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :], other=0.0
+        )
         w_dtype = y.dtype  # dL/ds is rounded to the input dtype for the second dot, as on tensor cores
         if DOT_FP32:
             y = y.to(tl.float32)
@@ -138,8 +186,11 @@ def _gpu_configs(block_m: int | None) -> list:
     6 minutes; compiling one D = 512 config for sm_90 takes 5–30 s on the 2-core CI machine. At D = 512 this
     space leaves 1 config per kernel in fp32 and 2–5 in bf16."""
     sizes_m = [block_m] if block_m else [32, 64, 128]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4 if bm * bn <= 64 * 64 else 8, num_stages=2)
-            for bm in sizes_m for bn in (32, 64, 128)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4 if bm * bn <= 64 * 64 else 8, num_stages=2)
+        for bm in sizes_m
+        for bn in (32, 64, 128)
+    ]
 
 
 def _smem_limit(device) -> int:
@@ -220,9 +271,17 @@ def _per_row(scale: Tensor, n: int) -> Tensor:
     return scale.float().expand(n).contiguous() if scale.dim() == 0 else scale.float().contiguous()
 
 
-def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag_offset: int | None,
-                compute_row: bool, compute_col: bool, block_size: int | None, input_precision: str | None
-                ) -> tuple[Tensor | None, Tensor | None]:
+def lse_forward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    diag_offset: int | None,
+    compute_row: bool,
+    compute_col: bool,
+    block_size: int | None,
+    input_precision: str | None,
+) -> tuple[Tensor | None, Tensor | None]:
     """Row LSE [M], column LSE [N] (fp32) in one sweep; scales already 0-d/1-d of the acc dtype."""
     _check_block(block_size)
     m, n, d = x.shape[0], y.shape[0], x.shape[1]
@@ -237,9 +296,15 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
     row = torch.empty(m, dtype=torch.float32, device=x.device)
     part = torch.empty((num_row_blocks, n) if compute_col else (1, 1), dtype=torch.float32, device=x.device)
     args = (x, y, rs, cs, row, part, m, n, d, x.stride(0), y.stride(0), diag_offset or 0)
-    flags = dict(HAS_DIAG=diag_offset is not None, COMPUTE_ROW=compute_row, COMPUTE_COL=compute_col,
-                 SHARED_SCALE=shared, PRECISION=_precision(x, input_precision), DOT_FP32=_dot_fp32(x),
-                 BLOCK_D=_block_d(d))
+    flags = dict(
+        HAS_DIAG=diag_offset is not None,
+        COMPUTE_ROW=compute_row,
+        COMPUTE_COL=compute_col,
+        SHARED_SCALE=shared,
+        PRECISION=_precision(x, input_precision),
+        DOT_FP32=_dot_fp32(x),
+        BLOCK_D=_block_d(d),
+    )
     if tuned:
         _FWD_TUNED[block_m][(num_row_blocks,)](*args, **flags)
     else:
@@ -248,17 +313,41 @@ def lse_forward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, diag
     return (row if compute_row else None), col
 
 
-def _bwd_launch(x, y, rs, cs, lse_r, lse_c, g_r, g_c, diag_offset, block_size, precision) -> tuple[Tensor, Tensor]:
+def _bwd_launch(
+    x, y, rs, cs, lse_r, lse_c, g_r, g_c, diag_offset, block_size, precision
+) -> tuple[Tensor, Tensor]:
     """One pass: gradient of the rows of x ([M, D]) and of their scales ([M])."""
     m, n, d = x.shape[0], y.shape[0], x.shape[1]
     dx = torch.empty(m, d, dtype=torch.float32, device=x.device)
     d_rs = torch.empty(m, dtype=torch.float32, device=x.device)
     dummy = rs  # never read when the matching HAS_* flag is off
-    args = (x, y, rs, cs, dummy if lse_r is None else lse_r, dummy if lse_c is None else lse_c,
-            dummy if g_r is None else g_r, dummy if g_c is None else g_c, dx, d_rs, m, n, d,
-            x.stride(0), y.stride(0), dx.stride(0), diag_offset or 0)
-    flags = dict(HAS_DIAG=diag_offset is not None, HAS_GROW=g_r is not None, HAS_GCOL=g_c is not None,
-                 PRECISION=precision, DOT_FP32=_dot_fp32(x), BLOCK_D=_block_d(d))
+    args = (
+        x,
+        y,
+        rs,
+        cs,
+        dummy if lse_r is None else lse_r,
+        dummy if lse_c is None else lse_c,
+        dummy if g_r is None else g_r,
+        dummy if g_c is None else g_c,
+        dx,
+        d_rs,
+        m,
+        n,
+        d,
+        x.stride(0),
+        y.stride(0),
+        dx.stride(0),
+        diag_offset or 0,
+    )
+    flags = dict(
+        HAS_DIAG=diag_offset is not None,
+        HAS_GROW=g_r is not None,
+        HAS_GCOL=g_c is not None,
+        PRECISION=precision,
+        DOT_FP32=_dot_fp32(x),
+        BLOCK_D=_block_d(d),
+    )
     if _use_autotune(x, block_size):
         _BWD_TUNED[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)](*args, **flags)
     else:
@@ -267,18 +356,40 @@ def _bwd_launch(x, y, rs, cs, lse_r, lse_c, g_r, g_c, diag_offset, block_size, p
     return dx, d_rs
 
 
-def lse_backward(x: Tensor, y: Tensor, row_scale: Tensor, col_scale: Tensor, row_lse: Tensor | None,
-                 col_lse: Tensor | None, grad_row: Tensor | None, grad_col: Tensor | None,
-                 diag_offset: int | None, block_size: int | None, input_precision: str | None,
-                 compute_dx: bool = True, compute_dy: bool = True
-                 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+def lse_backward(
+    x: Tensor,
+    y: Tensor,
+    row_scale: Tensor,
+    col_scale: Tensor,
+    row_lse: Tensor | None,
+    col_lse: Tensor | None,
+    grad_row: Tensor | None,
+    grad_col: Tensor | None,
+    diag_offset: int | None,
+    block_size: int | None,
+    input_precision: str | None,
+    compute_dx: bool = True,
+    compute_dy: bool = True,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """(dx, dy, d_row_scale, d_col_scale) in fp32: one kernel pass for x's side (dx, d_row_scale), one for
     y's side (dy, d_col_scale); a side not asked for is None and its pass is skipped."""
     _check_block(block_size)
     m, n = x.shape[0], y.shape[0]
     if x.dtype == torch.float64 or m == 0 or n == 0 or (grad_row is None and grad_col is None):
-        return tiled.lse_backward(x, y, row_scale, col_scale, row_lse, col_lse, grad_row, grad_col,
-                                  diag_offset, None, compute_dx, compute_dy)
+        return tiled.lse_backward(
+            x,
+            y,
+            row_scale,
+            col_scale,
+            row_lse,
+            col_lse,
+            grad_row,
+            grad_col,
+            diag_offset,
+            None,
+            compute_dx,
+            compute_dy,
+        )
     x, y = x.contiguous(), y.contiguous()
     rs, cs = _per_row(row_scale, m), _per_row(col_scale, n)
     vec = [None if t is None else t.float().contiguous() for t in (row_lse, col_lse, grad_row, grad_col)]

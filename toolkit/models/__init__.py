@@ -20,7 +20,23 @@ from toolkit.models.weights import (
     unwrap_model,
 )
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "CheckpointError", "LoadedModel", "build_model", "context_length",
-           "find_weights", "image_size", "is_checkpoint_dir", "load_model", "load_weights", "model_config",
-           "read_checkpoint_config", "register_builtin_configs", "resolve_spec", "save_model", "tokenizer",
-           "unwrap_model"]
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "CheckpointError",
+    "LoadedModel",
+    "build_model",
+    "context_length",
+    "find_weights",
+    "image_size",
+    "is_checkpoint_dir",
+    "load_model",
+    "load_weights",
+    "model_config",
+    "read_checkpoint_config",
+    "register_builtin_configs",
+    "resolve_spec",
+    "save_model",
+    "tokenizer",
+    "unwrap_model",
+]

@@ -73,7 +73,9 @@ class ResolvedSpec:
     model_cfg: dict[str, Any]
     preprocess_cfg: dict[str, Any]
     weights: Path | None
-    tokenizer_source: str  # what registry.tokenizer() takes: 'local-dir:DIR', a registered name or a config JSON
+    tokenizer_source: (
+        str  # what registry.tokenizer() takes: 'local-dir:DIR', a registered name or a config JSON
+    )
 
 
 def resolve_spec(spec: str, weights: str | None = None) -> ResolvedSpec:
@@ -88,8 +90,10 @@ def resolve_spec(spec: str, weights: str | None = None) -> ResolvedSpec:
         if not Path(spec).is_file():
             raise CheckpointError(f"model config file not found: {spec}")
     elif "/" in spec or Path(spec).suffix in WEIGHT_SUFFIXES:
-        raise CheckpointError(f"model not found: {spec} is neither a checkpoint directory (with "
-                              f"{CONFIG_NAME}) nor a config JSON nor a model name")
+        raise CheckpointError(
+            f"model not found: {spec} is neither a checkpoint directory (with "
+            f"{CONFIG_NAME}) nor a config JSON nor a model name"
+        )
     model_cfg = model_config(spec)  # ValueError naming cliptk's configs for unknown names
     found = check_weights_file(weights) if weights else None
     name = Path(spec).stem if spec.endswith(".json") else spec
@@ -107,7 +111,9 @@ def build_model(model_cfg: dict[str, Any], precision: str = "fp32") -> Any:
         vision_cfg["timm_model_pretrained"] = False  # would download ImageNet weights
     if "hf_model_name" in text_cfg:
         text_cfg["hf_model_pretrained"] = False
-        text_cfg["hf_model_name"] = hf_model_path(text_cfg["hf_model_name"])  # a packaged model's local folder
+        text_cfg["hf_model_name"] = hf_model_path(
+            text_cfg["hf_model_name"]
+        )  # a packaged model's local folder
     custom_text = cfg.pop("custom_text", False) or "hf_model_name" in text_cfg
     if "multimodal_cfg" in cfg:
         raise ValueError("CoCa (captioning) configs are not supported by cliptk; use a CLIP config")
@@ -137,13 +143,20 @@ def eval_transform(preprocess_cfg: dict[str, Any]) -> Callable[[Any], Any]:
     """open_clip's inference transform (PIL image -> float tensor [3, S, S]) for a preprocess config."""
     import open_clip
 
-    pp = open_clip.transform.PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v
-                                              for k, v in preprocess_cfg.items()})
+    pp = open_clip.transform.PreprocessCfg(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in preprocess_cfg.items()}
+    )
     return open_clip.transform.image_transform_v2(pp, is_train=False)
 
 
-def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", precision: str = "fp32",
-               seed: int | None = None) -> LoadedModel:
+def load_model(
+    spec: str,
+    *,
+    weights: str | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    seed: int | None = None,
+) -> LoadedModel:
     """Build the model for ``spec``, load its weights strictly (random init when there are none), move it
     to ``device`` in ``precision`` and put it in eval mode. ``seed`` makes a random init reproducible.
 
@@ -168,14 +181,21 @@ def load_model(spec: str, *, weights: str | None = None, device: str = "cpu", pr
         load_weights(model, resolved.weights)
         check_finite(model, str(resolved.weights))
     else:
-        get_logger("models").warning("model %s: no weights given, using a random initialisation", resolved.name)
+        get_logger("models").warning(
+            "model %s: no weights given, using a random initialisation", resolved.name
+        )
     is_timm = "timm_model_name" in resolved.model_cfg.get("vision_cfg", {})
     model = to_device_precision(model, device, precision, is_timm).eval()
     open_clip.set_model_preprocess_cfg(model, resolved.preprocess_cfg)
     return LoadedModel(
-        model=model, tokenizer=tokenizer(resolved.tokenizer_source),
+        model=model,
+        tokenizer=tokenizer(resolved.tokenizer_source),
         image_size=config_image_size(resolved.model_cfg),
         preprocess=eval_transform(resolved.preprocess_cfg),
-        model_cfg=resolved.model_cfg, preprocess_cfg=resolved.preprocess_cfg, name=resolved.name,
+        model_cfg=resolved.model_cfg,
+        preprocess_cfg=resolved.preprocess_cfg,
+        name=resolved.name,
         weights=str(resolved.weights) if resolved.weights else None,
-        context_length=config_context_length(resolved.model_cfg), weights_sha256=weights_sha256)
+        context_length=config_context_length(resolved.model_cfg),
+        weights_sha256=weights_sha256,
+    )

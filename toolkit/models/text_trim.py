@@ -30,9 +30,12 @@ def trimmable(clip: Any) -> bool:
     (``CustomTextCLIP`` with an HF text tower, non-causal masks and "first"/"last" pooling are not)."""
     from open_clip.model import CLIP
 
-    return (type(clip) is CLIP and clip.attn_mask is not None
-            and clip.text_pool_type in POOLED_ONE_POSITION
-            and (clip.text_pool_type != "eos" or clip.text_eos_id is not None))
+    return (
+        type(clip) is CLIP
+        and clip.attn_mask is not None
+        and clip.text_pool_type in POOLED_ONE_POSITION
+        and (clip.text_pool_type != "eos" or clip.text_eos_id is not None)
+    )
 
 
 def pooled_positions(tokens: Any, pool_type: str, eos_id: int | None) -> Any:

@@ -33,18 +33,24 @@ def verify_recorded(directory: str | Path) -> dict[str, str]:
         entries = json.loads(record.read_text())["files"]
         items = [(str(name), int(meta["bytes"]), str(meta["sha256"])) for name, meta in entries.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{record}: unreadable checkpoint manifest ({type(err).__name__}: {err})") from err
+        raise CheckpointError(
+            f"{record}: unreadable checkpoint manifest ({type(err).__name__}: {err})"
+        ) from err
     verified = {}
     for name, size, sha in items:
         path = Path(directory) / name
         if not path.is_file():
             raise CheckpointError(f"{path}: missing, though {record} lists it (the checkpoint is incomplete)")
         if path.stat().st_size != size:
-            raise CheckpointError(f"{path}: {path.stat().st_size} bytes, {record} recorded {size}: the checkpoint "
-                                  "is damaged or was changed after it was written")
+            raise CheckpointError(
+                f"{path}: {path.stat().st_size} bytes, {record} recorded {size}: the checkpoint "
+                "is damaged or was changed after it was written"
+            )
         if file_sha256(path) != sha:
-            raise CheckpointError(f"{path}: sha256 differs from the one {record} recorded: the checkpoint is "
-                                  "damaged or was changed after it was written")
+            raise CheckpointError(
+                f"{path}: sha256 differs from the one {record} recorded: the checkpoint is "
+                "damaged or was changed after it was written"
+            )
         verified[name] = sha
     return verified
 
@@ -55,9 +61,15 @@ def check_finite(model: Any, source: str) -> None:
     import torch
 
     # parameters must be finite; buffers may hold -inf on purpose (the text tower's attention mask), not NaN
-    bad = [name for name, t in model.named_parameters() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [
+        name
+        for name, t in model.named_parameters()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
     bad += [name for name, t in model.named_buffers() if t.is_floating_point() and bool(torch.isnan(t).any())]
     if bad:
         more = f" and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else ""
-        raise ValueError(f"{source}: non-finite weights (NaN or infinity) in {', '.join(bad[:MAX_NAMED])}{more}; "
-                         "evaluate an earlier checkpoint")
+        raise ValueError(
+            f"{source}: non-finite weights (NaN or infinity) in {', '.join(bad[:MAX_NAMED])}{more}; "
+            "evaluate an earlier checkpoint"
+        )

@@ -57,15 +57,23 @@ def describe_mismatch(model: Any, path: str | Path) -> str | None:
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
-    shapes = [f"{k} (file {list(have[k])}, model {list(want[k])})" for k in sorted(set(want) & set(have))
-              if have[k] != want[k]]
+    shapes = [
+        f"{k} (file {list(have[k])}, model {list(want[k])})"
+        for k in sorted(set(want) & set(have))
+        if have[k] != want[k]
+    ]
     if not (missing or extra or shapes):
         return None
     lines = []
-    only_file, only_model = sorted(_parts(set(extra)) - _parts(set(want))), sorted(_parts(set(missing)) - _parts(set(have)))
+    only_file, only_model = (
+        sorted(_parts(set(extra)) - _parts(set(want))),
+        sorted(_parts(set(missing)) - _parts(set(have))),
+    )
     if only_file or only_model:
-        lines.append(f"the weights fit a model with {', '.join(only_file) or 'no other parts'}; this config has "
-                     f"{', '.join(only_model) or 'no other parts'} instead")
+        lines.append(
+            f"the weights fit a model with {', '.join(only_file) or 'no other parts'}; this config has "
+            f"{', '.join(only_model) or 'no other parts'} instead"
+        )
     if missing:
         lines.append(f"{len(missing)} tensors of the model are not in the file: {_examples(missing)}")
     if extra:

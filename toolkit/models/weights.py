@@ -28,9 +28,16 @@ WEIGHTS_NAME = "open_clip_model.safetensors"
 # Weight files accepted for ``--weights`` and inside a checkpoint directory (open_clip reads all of them).
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 # open_clip's own preference among weight files in a local dir (factory._find_checkpoint_in_dir).
-PREFERRED_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
-                     "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth", "model.safetensors",
-                     "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+PREFERRED_WEIGHTS = (
+    "open_clip_model.safetensors",
+    "open_clip_pytorch_model.safetensors",
+    "open_clip_pytorch_model.bin",
+    "open_clip_pytorch_model.pth",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model.pth",
+    "model.pth",
+)
 
 
 class CheckpointError(FileNotFoundError):
@@ -72,23 +79,33 @@ def state_dict_for_saving(model: Any) -> dict[str, Any]:
     return out
 
 
-def model_files(model: Any, model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any] | None = None
-                ) -> dict[str, bytes]:
+def model_files(
+    model: Any, model_cfg: dict[str, Any], preprocess_cfg: dict[str, Any] | None = None
+) -> dict[str, bytes]:
     """The two files of an open_clip ``local-dir:`` model, serialised in memory: {CONFIG_NAME: JSON bytes,
     WEIGHTS_NAME: safetensors bytes}. ``preprocess_cfg`` defaults to the model's or open_clip's."""
     from open_clip import get_model_preprocess_cfg
     from safetensors.torch import save
 
     if preprocess_cfg is None:
-        preprocess_cfg = {**default_preprocess_cfg(model_cfg), **(get_model_preprocess_cfg(unwrap_model(model)) or {})}
+        preprocess_cfg = {
+            **default_preprocess_cfg(model_cfg),
+            **(get_model_preprocess_cfg(unwrap_model(model)) or {}),
+        }
     config = {"model_cfg": model_cfg, "preprocess_cfg": _plain(preprocess_cfg)}
-    return {CONFIG_NAME: (json.dumps(config, indent=2) + "\n").encode(),
-            WEIGHTS_NAME: save(state_dict_for_saving(model), metadata={"format": "pt"})}
+    return {
+        CONFIG_NAME: (json.dumps(config, indent=2) + "\n").encode(),
+        WEIGHTS_NAME: save(state_dict_for_saving(model), metadata={"format": "pt"}),
+    }
 
 
-def save_model(model: Any, model_cfg: dict[str, Any], out_dir: str | os.PathLike,
-               preprocess_cfg: dict[str, Any] | None = None,
-               write_extra: Callable[[Path], None] | None = None) -> Path:
+def save_model(
+    model: Any,
+    model_cfg: dict[str, Any],
+    out_dir: str | os.PathLike,
+    preprocess_cfg: dict[str, Any] | None = None,
+    write_extra: Callable[[Path], None] | None = None,
+) -> Path:
     """Write ``out_dir`` (config + safetensors weights) atomically; returns its path.
 
     ``model_cfg`` is the open_clip config the model was built from (``LoadedModel.model_cfg``);
@@ -120,9 +137,15 @@ def read_checkpoint_config(ckpt_dir: str | os.PathLike) -> tuple[dict[str, Any],
     if not Path(ckpt_dir).is_dir():
         raise CheckpointError(f"checkpoint directory not found: {ckpt_dir}")
     if not path.is_file():
-        inner = [Path(ckpt_dir) / sub for sub in ("model", "model-ema") if (Path(ckpt_dir) / sub / CONFIG_NAME).is_file()]
+        inner = [
+            Path(ckpt_dir) / sub
+            for sub in ("model", "model-ema")
+            if (Path(ckpt_dir) / sub / CONFIG_NAME).is_file()
+        ]
         hint = f"; a training run's model is {inner[0]}" if inner else ""  # `--model RUN`, for RUN/model
-        raise CheckpointError(f"{path}: missing; a checkpoint directory needs {CONFIG_NAME} and {WEIGHTS_NAME}{hint}")
+        raise CheckpointError(
+            f"{path}: missing; a checkpoint directory needs {CONFIG_NAME} and {WEIGHTS_NAME}{hint}"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -141,8 +164,10 @@ def find_weights(ckpt_dir: str | os.PathLike) -> Path:
             return root / name
     others = sorted(p for p in root.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file())
     if not others:
-        raise CheckpointError(f"{root / WEIGHTS_NAME}: missing; no weights file "
-                              f"({', '.join(WEIGHT_SUFFIXES)}) in checkpoint directory {root}")
+        raise CheckpointError(
+            f"{root / WEIGHTS_NAME}: missing; no weights file "
+            f"({', '.join(WEIGHT_SUFFIXES)}) in checkpoint directory {root}"
+        )
     return sorted(others, key=lambda p: p.suffix != ".safetensors")[0]
 
 
@@ -150,12 +175,18 @@ def check_weights_file(path: str | os.PathLike) -> Path:
     """``path`` as a Path if it is an existing weights file with a known suffix, else CheckpointError."""
     p = Path(path)
     if p.is_dir():
-        hint = "; a checkpoint directory is a model: pass it as the model itself (--model DIR)" if is_checkpoint_dir(p) else ""
+        hint = (
+            "; a checkpoint directory is a model: pass it as the model itself (--model DIR)"
+            if is_checkpoint_dir(p)
+            else ""
+        )
         raise CheckpointError(f"weights: {p} is a directory, not a weights file{hint}")
     if not p.is_file():
         raise CheckpointError(f"weights file not found: {p}")
     if p.suffix not in WEIGHT_SUFFIXES:
-        raise CheckpointError(f"{p}: unknown weights format {p.suffix!r}; expected {', '.join(WEIGHT_SUFFIXES)}")
+        raise CheckpointError(
+            f"{p}: unknown weights format {p.suffix!r}; expected {', '.join(WEIGHT_SUFFIXES)}"
+        )
     return p
 
 
@@ -180,7 +211,10 @@ def _raise_load_error(p: Path, err: Exception) -> None:
     """The error of a load whose names and shapes matched: a mismatch open_clip found, or an unreadable file."""
     try:
         raise err
-    except (RuntimeError, AssertionError) as err:  # missing/unexpected keys, shape mismatches (open_clip asserts)
+    except (
+        RuntimeError,
+        AssertionError,
+    ) as err:  # missing/unexpected keys, shape mismatches (open_clip asserts)
         raise ValueError(f"{p}: weights do not match the model config: {str(err)[:1500]}") from err
     except Exception as err:  # noqa: BLE001 - corrupt files raise many kinds; report them with the file name
         raise CheckpointError(f"{p}: could not read weights: {type(err).__name__}: {err}") from err

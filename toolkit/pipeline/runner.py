@@ -75,8 +75,11 @@ def _substitute(value: Any, lookup, source: str, key: str, shell_key: str = "") 
     """Replace ``${...}`` in strings (recursively) using ``lookup(ref, key) -> value``; the string at
     the string at ``shell_key`` (a shell stage's cmd) gets environment variables instead (:func:`_shell_cmd`)."""
     if isinstance(value, dict):
-        out = {k: _substitute(v, lookup, source, f"{key}.{k}", shell_key) for k, v in value.items()
-               if f"{key}.{k}" != shell_key}
+        out = {
+            k: _substitute(v, lookup, source, f"{key}.{k}", shell_key)
+            for k, v in value.items()
+            if f"{key}.{k}" != shell_key
+        }
         if shell_key == f"{key}.cmd" and "cmd" in value:
             out["cmd"] = _shell_cmd(value["cmd"], out, lambda ref: lookup(ref, shell_key), source, shell_key)
         return out
@@ -107,9 +110,16 @@ def _shell_cmd(cmd: Any, config: dict, lookup, source: str, key: str) -> Any:
     return text
 
 
-def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, Stage], refs: set[str],
-                   sources: dict[str, str]):
+def _static_lookup(
+    path: str,
+    run_dir: str,
+    variables: dict,
+    earlier: dict[str, Stage],
+    refs: set[str],
+    sources: dict[str, str],
+):
     """``lookup(ref, key)`` for load time; a value that came from ``--set`` marks ``key`` as set by it."""
+
     def lookup(ref: str, key: str) -> Any:
         parts = ref.split(".")
         if ref in sources:
@@ -118,17 +128,27 @@ def _static_lookup(path: str, run_dir: str, variables: dict, earlier: dict[str, 
             return run_dir
         if parts[0] == "vars" and len(parts) == 2:
             if parts[1] not in variables:
-                raise ConfigError(path, key, f"unknown variable ${{{ref}}}" + suggest(parts[1], list(variables)))
+                raise ConfigError(
+                    path, key, f"unknown variable ${{{ref}}}" + suggest(parts[1], list(variables))
+                )
             return variables[parts[1]]
         if parts[0] == "stages" and len(parts) == 4 and parts[2] == "outputs":
             if parts[1] not in earlier:
-                raise ConfigError(path, key, f"${{{ref}}} must name an earlier stage (forward references and "
-                                             f"cycles are not allowed); earlier: {', '.join(earlier) or 'none'}")
+                raise ConfigError(
+                    path,
+                    key,
+                    f"${{{ref}}} must name an earlier stage (forward references and "
+                    f"cycles are not allowed); earlier: {', '.join(earlier) or 'none'}",
+                )
             _check_output_key(path, key, earlier[parts[1]], parts[3])
             refs.add(parts[1])
             return "${" + ref + "}"  # resolved when the stage runs
-        raise ConfigError(path, key, f"unknown reference ${{{ref}}}; use ${{run_dir}}, ${{vars.NAME}} or "
-                                     "${stages.NAME.outputs.KEY}")
+        raise ConfigError(
+            path,
+            key,
+            f"unknown reference ${{{ref}}}; use ${{run_dir}}, ${{vars.NAME}} or ${{stages.NAME.outputs.KEY}}",
+        )
+
     return lookup
 
 
@@ -136,8 +156,11 @@ def _check_output_key(path: str, key: str, stage: Stage, out_key: str) -> None:
     kind = KINDS[stage.kind]
     known = list(kind.outputs) + (list(stage.raw.get("outputs") or {}) if stage.kind == "shell" else [])
     if out_key not in known:
-        raise ConfigError(path, key, f"stage {stage.name!r} ({stage.kind}) has no output {out_key!r}"
-                          + suggest(out_key, known))
+        raise ConfigError(
+            path,
+            key,
+            f"stage {stage.name!r} ({stage.kind}) has no output {out_key!r}" + suggest(out_key, known),
+        )
 
 
 def load_pipeline(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Pipeline:
@@ -155,7 +178,9 @@ def load_pipeline(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Pip
     sources = _apply_overrides(path, data, overrides)
     for key in ("run_dir", "name"):
         if key in data and (not isinstance(data[key], str) or not data[key].strip()):
-            raise ConfigError(sources.get(key, path), key, f"expected a non-empty string, got {short(data[key])}")
+            raise ConfigError(
+                sources.get(key, path), key, f"expected a non-empty string, got {short(data[key])}"
+            )
     run_dir = data.get("run_dir") or f"runs/{Path(path).stem}"
     entries = data.get("stages")
     if not isinstance(entries, list) or not entries:
@@ -184,7 +209,9 @@ def _apply_overrides(path: str, data: dict, overrides: list[str] | tuple[str, ..
         if keys[0] == "stages" and len(keys) >= 3:
             stage = next((s for s in entries if s.get("name") == keys[1]), None)
             if stage is None:
-                raise ConfigError(source, keys[1], "no such stage" + suggest(keys[1], [str(s.get("name")) for s in entries]))
+                raise ConfigError(
+                    source, keys[1], "no such stage" + suggest(keys[1], [str(s.get("name")) for s in entries])
+                )
             if stage.get("config") is None:
                 stage["config"] = {}
             if not isinstance(stage["config"], dict):
@@ -205,8 +232,15 @@ def _apply_overrides(path: str, data: dict, overrides: list[str] | tuple[str, ..
     return sources
 
 
-def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, earlier: dict[str, Stage],
-                sources: dict[str, str]) -> Stage:
+def _load_stage(
+    path: str,
+    i: int,
+    entry: Any,
+    run_dir: str,
+    variables: dict,
+    earlier: dict[str, Stage],
+    sources: dict[str, str],
+) -> Stage:
     where = f"stages[{i}]"
     if not isinstance(entry, dict):
         raise ConfigError(path, where, "expected a mapping with name, kind and config")
@@ -215,18 +249,27 @@ def _load_stage(path: str, i: int, entry: Any, run_dir: str, variables: dict, ea
             raise ConfigError(path, f"{where}.{key}", "unknown key" + suggest(str(key), STAGE_KEYS))
     name, kind = entry.get("name"), entry.get("kind")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(path, f"{where}.name", f"expected a name of letters, digits, '_' or '-', got {short(name)}")
+        raise ConfigError(
+            path, f"{where}.name", f"expected a name of letters, digits, '_' or '-', got {short(name)}"
+        )
     if name in earlier:
         raise ConfigError(path, f"{where}.name", f"duplicate stage name {name!r}")
     where = f"stages.{name}"
     if kind not in KINDS:
-        raise ConfigError(path, f"{where}.kind", f"unknown stage kind {short(kind)}" + suggest(str(kind)[:80], list(KINDS)))
+        raise ConfigError(
+            path, f"{where}.kind", f"unknown stage kind {short(kind)}" + suggest(str(kind)[:80], list(KINDS))
+        )
     config = entry.get("config") or {}
     if not isinstance(config, dict):
         raise ConfigError(path, f"{where}.config", "expected a mapping")
     refs: set[str] = set()
-    raw = _substitute(config, _static_lookup(path, run_dir, variables, earlier, refs, sources), path, f"{where}.config",
-                      _shell_key(kind, config, where))
+    raw = _substitute(
+        config,
+        _static_lookup(path, run_dir, variables, earlier, refs, sources),
+        path,
+        f"{where}.config",
+        _shell_key(kind, config, where),
+    )
     cls = KINDS[kind].load("config")
     if "out" in {f.name for f in dataclasses.fields(cls)} and "out" not in raw:
         raw["out"] = f"{run_dir}/{name}"
@@ -242,20 +285,28 @@ def _shell_key(kind: str, config: dict, where: str) -> str:
 
 def resolve_stage(pipe: Pipeline, stage: Stage, results: dict[str, dict[str, str]]) -> Any:
     """Build the stage's config with earlier stages' outputs (from this run or their manifests)."""
+
     def lookup(ref: str, key: str) -> Any:
         _, name, _, out_key = ref.split(".")
         if name not in results:
             src = next(s for s in pipe.stages if s.name == name)
             m = read_manifest(_stage_out(pipe, src, results)) or {}
             if m.get("status") != "done":
-                raise ConfigError(pipe.path, key, f"stage {name!r} has not finished; run it first (drop --from/--only)")
+                raise ConfigError(
+                    pipe.path, key, f"stage {name!r} has not finished; run it first (drop --from/--only)"
+                )
             results[name] = m.get("outputs") or {}
         if out_key not in results[name]:
             raise ConfigError(pipe.path, key, f"stage {name!r} recorded no output {out_key!r}")
         return results[name][out_key]
+
     where = f"stages.{stage.name}"
-    data = _substitute(stage.raw, lookup, pipe.path, f"{where}.config", _shell_key(stage.kind, stage.raw, where))
-    return build(KINDS[stage.kind].load("config"), data, source=pipe.path, prefix=f"stages.{stage.name}.config")
+    data = _substitute(
+        stage.raw, lookup, pipe.path, f"{where}.config", _shell_key(stage.kind, stage.raw, where)
+    )
+    return build(
+        KINDS[stage.kind].load("config"), data, source=pipe.path, prefix=f"stages.{stage.name}.config"
+    )
 
 
 def _stage_out(pipe: Pipeline, stage: Stage, results: dict) -> str:
@@ -268,11 +319,13 @@ def select(pipe: Pipeline, start: str | None = None, only: str | None = None) ->
     if only:
         return [pipe.stages[pipe.index(only)]], True
     if start:
-        return pipe.stages[pipe.index(start):], True
+        return pipe.stages[pipe.index(start) :], True
     return pipe.stages, False
 
 
-def _step(stage: Stage, cfg: Any, forced: bool, dry_run: bool) -> tuple[str, StageResult | None, dict[str, str]]:
+def _step(
+    stage: Stage, cfg: Any, forced: bool, dry_run: bool
+) -> tuple[str, StageResult | None, dict[str, str]]:
     """Check one stage and run it unless it is up to date (or ``dry_run``): (action, result, its outputs)."""
     log = get_logger("pipeline")
     fresh, why = up_to_date(stage.kind, cfg, cfg.out)
@@ -309,11 +362,14 @@ def _make_run_dir(pipe: Pipeline) -> None:
             with tempfile.TemporaryFile(dir=files.local_path(pipe.run_dir)):
                 pass
     except OSError as err:
-        raise ConfigError(pipe.path, "run_dir", f"cannot write to {pipe.run_dir}: {err.strerror or err}") from None
+        raise ConfigError(
+            pipe.path, "run_dir", f"cannot write to {pipe.run_dir}: {err.strerror or err}"
+        ) from None
 
 
-def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None = None,
-                 dry_run: bool = False) -> list[tuple[str, str, StageResult | None]]:
+def run_pipeline(
+    pipe: Pipeline, *, start: str | None = None, only: str | None = None, dry_run: bool = False
+) -> list[tuple[str, str, StageResult | None]]:
     """Run (or plan, with ``dry_run``) the selected stages in order; returns (name, action, result).
 
     Raises :class:`PipelineError` at the first failing stage; finished stages' outputs stay. Stops, without
@@ -340,12 +396,21 @@ def run_pipeline(pipe: Pipeline, *, start: str | None = None, only: str | None =
                 planned.add(stage.name)
             report.append((stage.name, action, result))
             if result is not None and result.status != "done":  # e.g. preempted: later stages need it done
-                get_logger("pipeline").warning("stage %s %s; stopping here: rerun the pipeline to continue",
-                                               stage.name, result.status)
+                get_logger("pipeline").warning(
+                    "stage %s %s; stopping here: rerun the pipeline to continue", stage.name, result.status
+                )
                 break
     if dry_run:
         return report
-    files.write_text_atomic(files.join(pipe.run_dir, "pipeline.resolved.yaml"), yaml.safe_dump(
-        {"name": pipe.name, "run_dir": pipe.run_dir,
-         "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages]}, sort_keys=False))
+    files.write_text_atomic(
+        files.join(pipe.run_dir, "pipeline.resolved.yaml"),
+        yaml.safe_dump(
+            {
+                "name": pipe.name,
+                "run_dir": pipe.run_dir,
+                "stages": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in pipe.stages],
+            },
+            sort_keys=False,
+        ),
+    )
     return report

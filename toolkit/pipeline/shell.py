@@ -32,21 +32,31 @@ class ShellStageError(RuntimeError):
 
 @dataclass(frozen=True)
 class ShellConfig:
-    cmd: str = option(doc="Command line, run with `bash -c`; $STAGE_OUT holds the output directory. Each ${...} "
-                          "becomes a quoted environment variable holding its value as text, e.g. "
-                          "\"${CLIPTK_VAR_name}\" (see quote_refs).")
+    cmd: str = option(
+        doc="Command line, run with `bash -c`; $STAGE_OUT holds the output directory. Each ${...} "
+        "becomes a quoted environment variable holding its value as text, e.g. "
+        '"${CLIPTK_VAR_name}" (see quote_refs).'
+    )
     out: str = option(doc="Output directory; manifest.json, config.yaml and log.jsonl are written here.")
-    inputs: list[str] = option(factory=list, is_input=True,
-                               doc="Paths the command reads; a change to any of them reruns the stage.")
-    outputs: dict[str, str] = option(factory=dict,
-                                     doc="Output name -> path, for later stages' ${stages.NAME.outputs.KEY}.")
+    inputs: list[str] = option(
+        factory=list, is_input=True, doc="Paths the command reads; a change to any of them reruns the stage."
+    )
+    outputs: dict[str, str] = option(
+        factory=dict, doc="Output name -> path, for later stages' ${stages.NAME.outputs.KEY}."
+    )
     env: dict[str, str] = option(factory=dict, doc="Extra environment variables for the command.")
     cwd: str = option("", doc="Working directory (default: the current one).")
-    timeout_s: float | None = option(None, gt=0, doc="Kill the command and every process it started after this "
-                                                     "many seconds (default: none).")
-    quote_refs: bool = option(True, doc="Pass each ${...} in cmd as an environment variable, so the shell sees "
-                                        "its value as text; false inserts it raw, to be parsed as shell syntax "
-                                        "(only for values you trust).")
+    timeout_s: float | None = option(
+        None,
+        gt=0,
+        doc="Kill the command and every process it started after this many seconds (default: none).",
+    )
+    quote_refs: bool = option(
+        True,
+        doc="Pass each ${...} in cmd as an environment variable, so the shell sees "
+        "its value as text; false inserts it raw, to be parsed as shell syntax "
+        "(only for values you trust).",
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -66,9 +76,17 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     """Run ``cfg.cmd`` in its own process group: (exit code, stdout, stderr); a timeout or Ctrl-C kills
     the group, not only bash."""
-    proc = subprocess.Popen(["bash", "-c", cfg.cmd], cwd=cfg.cwd or None, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                            preexec_fn=child_preexec())  # bash dies with the pipeline, even on SIGKILL
+    proc = subprocess.Popen(
+        ["bash", "-c", cfg.cmd],
+        cwd=cfg.cwd or None,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        preexec_fn=child_preexec(),
+    )  # bash dies with the pipeline, even on SIGKILL
     reaper = GroupReaper(proc.pid)  # and so does what bash started (`sleep 1000`), which PDEATHSIG misses
     try:
         stdout, stderr = proc.communicate(timeout=cfg.timeout_s)
@@ -76,8 +94,9 @@ def _run_command(cfg: ShellConfig, env: dict[str, str]) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired as err:
         _kill_group(proc)
         proc.communicate()
-        raise ShellStageError(f"command timed out after {cfg.timeout_s} s (its processes were killed): "
-                              f"{cfg.cmd}") from err
+        raise ShellStageError(
+            f"command timed out after {cfg.timeout_s} s (its processes were killed): {cfg.cmd}"
+        ) from err
     except BaseException:  # KeyboardInterrupt: the command must not outlive the pipeline
         _kill_group(proc)
         raise

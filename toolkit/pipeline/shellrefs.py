@@ -25,9 +25,12 @@ from typing import Any
 # arith $((...)), comment (# to the end of the line), heredoc / qheredoc (a body, unquoted / quoted delimiter).
 _QUOTED = ("bare", "cmd", "bt", "comment")  # the expansion is quoted: "${NAME}"
 _PLAIN = ("dq", "heredoc")  # already inside double quotes (or a here-document body): ${NAME}
-_REFUSED = {"qheredoc": "the body of a here-document whose delimiter is quoted (nothing is expanded there)",
-            "ansi": "a $'...' string", "arith": "an arithmetic $((...))",
-            "escaped": "a word the shell does not expand (after a backslash, or a here-document's delimiter)"}
+_REFUSED = {
+    "qheredoc": "the body of a here-document whose delimiter is quoted (nothing is expanded there)",
+    "ansi": "a $'...' string",
+    "arith": "an arithmetic $((...))",
+    "escaped": "a word the shell does not expand (after a backslash, or a here-document's delimiter)",
+}
 PREFIX = "CLIPTK_"
 _WORD_END = re.compile(r"[\s;|&<>()]")
 
@@ -182,8 +185,10 @@ def _expansion(name: str, context: str, ref: str) -> str:
         return "'\"${" + name + "}\"'"
     if context in _PLAIN:
         return "${" + name + "}"
-    raise ShellRefError(f"${{{ref}}} stands in {_REFUSED[context]}, where its value cannot be passed as text; "
-                        f"give it to the command through env: {{NAME: \"${{{ref}}}\"}} and use \"$NAME\"")
+    raise ShellRefError(
+        f"${{{ref}}} stands in {_REFUSED[context]}, where its value cannot be passed as text; "
+        f'give it to the command through env: {{NAME: "${{{ref}}}"}} and use "$NAME"'
+    )
 
 
 def substitute_cmd(cmd: str, pattern: re.Pattern, lookup: Callable[[str], Any]) -> tuple[str, dict[str, str]]:
@@ -206,6 +211,6 @@ def substitute_cmd(cmd: str, pattern: re.Pattern, lookup: Callable[[str], Any]) 
                         name, n = f"{env_name(ref)}_{n}", n + 1
                     names[ref], env[name] = name, value
                 text = _expansion(names[ref], context, ref)
-        out += [cmd[pos:match.start()], text]
+        out += [cmd[pos : match.start()], text]
         pos = match.end()
     return "".join(out) + cmd[pos:], env

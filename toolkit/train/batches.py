@@ -37,9 +37,11 @@ def check_reference(dataset: TrainDataset, loss: LossConfig) -> None:
     """Refuse, naming the training set, an objective that reads reference embeddings (``reads_reference``)
     on a set precomputed without them (``open_data``: before the model or the objective is built)."""
     if objective_class(loss.kind).reads_reference and not has_reference(dataset):
-        raise ValueError(f"{dataset.root or 'the training set'}: the {loss.name} objective needs a reference "
-                         f"model's embeddings per sample (fields {', '.join(REF_ROLES)}), and this training "
-                         "set has none; precompute it with `toolkit data precompute --reference-model MODEL`")
+        raise ValueError(
+            f"{dataset.root or 'the training set'}: the {loss.name} objective needs a reference "
+            f"model's embeddings per sample (fields {', '.join(REF_ROLES)}), and this training "
+            "set has none; precompute it with `toolkit data precompute --reference-model MODEL`"
+        )
 
 
 def steps_per_epoch(cfg: DataPlan, num_samples: int) -> int:
@@ -61,8 +63,12 @@ def open_data(cfg: DataPlan, loss: LossConfig, world_size: int | None) -> TrainD
     by every rank that did not get the preflight's set (an elastic job learns its world size only at
     rendezvous; the ranks of the user's own torchrun or srun had no preflight)."""
     dataset = TrainDataset.open(cfg.data)
-    check_claims(dataset, storage.of(dataset).sample_bytes(dataset))  # before per-sample tables are sized by what dataset.json claims
-    order = BatchOrder(dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block)  # batch <= data
+    check_claims(
+        dataset, storage.of(dataset).sample_bytes(dataset)
+    )  # before per-sample tables are sized by what dataset.json claims
+    order = BatchOrder(
+        dataset.num_samples, cfg.batch_size, cfg.seed, cfg.loader.shuffle_block
+    )  # batch <= data
     if world_size is not None:
         order.batch_ids(0, 0, world_size)  # a global batch the ranks divide
     check_reference(dataset, loss)
@@ -99,23 +105,39 @@ class TrainData:
         self.offloaded = 0 < micro_batch_size < self.local_batch_size
         image = self.dataset.field("image")  # random crops (or the crop margin's resize): loader or device
         self.crop_on_device = crop_on_device(cfg.augment.crop_on, self.device, self.offloaded)
-        self.image_transform = pixel_transform(cfg.augment, image and image.shape,
-                                               self.dataset.extra.get("image_size") or (image and image.shape[0]),
-                                               cfg.seed, on_device=self.crop_on_device)
+        self.image_transform = pixel_transform(
+            cfg.augment,
+            image and image.shape,
+            self.dataset.extra.get("image_size") or (image and image.shape[0]),
+            cfg.seed,
+            on_device=self.crop_on_device,
+        )
 
     def batches(self, start_step: int) -> Iterator[dict]:
         """This rank's slices of global batches start_step .. total_steps-1 (each dict has its ``step``)."""
         if start_step >= self.total_steps:
             return iter(())
         lc = self.cfg.loader
-        return iter(make_loader(self.dataset, batch_size=self.cfg.batch_size, rank=self.rank,
-                                world_size=self.world_size, seed=self.cfg.seed, block=lc.shuffle_block,
-                                start_step=start_step, num_steps=self.total_steps - start_step,
-                                num_workers=lc.num_workers, prefetch_factor=lc.prefetch_batches,
-                                pin_memory=self.device.type == "cuda", image_transform=self.image_transform))
+        return iter(
+            make_loader(
+                self.dataset,
+                batch_size=self.cfg.batch_size,
+                rank=self.rank,
+                world_size=self.world_size,
+                seed=self.cfg.seed,
+                block=lc.shuffle_block,
+                start_step=start_step,
+                num_steps=self.total_steps - start_step,
+                num_workers=lc.num_workers,
+                prefetch_factor=lc.prefetch_batches,
+                pin_memory=self.device.type == "cuda",
+                image_transform=self.image_transform,
+            )
+        )
 
-    def to_device(self, batch: dict, trim_tokens: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def to_device(
+        self, batch: dict, trim_tokens: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(image, text, index) of one batch: index on the device; image and text too unless offloaded
         (the gradient cache then moves each micro-batch itself, non-blocking from pinned memory on CUDA).
         ``trim_tokens``: cuts host token ids [b, L] to the columns the model reads (``TrainModel.trim_tokens``),
@@ -124,7 +146,9 @@ class TrainData:
         text = trim_tokens(batch["tokens"]) if "tokens" in batch else batch["text_features"]
         if not self.offloaded:
             image, text = image.to(self.device, non_blocking=True), text.to(self.device, non_blocking=True)
-        if "crop_box" in batch:  # DeviceCrop: the stored pixels arrive; one batched resize here (never offloaded)
+        if (
+            "crop_box" in batch
+        ):  # DeviceCrop: the stored pixels arrive; one batched resize here (never offloaded)
             image = resize_crops(image, batch["crop_box"], self.image_transform.size)
         return image, text, batch["index"].to(self.device, non_blocking=True)
 

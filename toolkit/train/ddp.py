@@ -44,9 +44,16 @@ def _allreduce_hook(state: _HookState, bucket):  # no annotations: DDP checks th
     return D.all_reduce_future(wire, state.group, D.PARAM_GRADS, state.ledger).then(back)
 
 
-def wrap_ddp(module: nn.Module, *, grad_dtype: str = "fp32", bucket_cap_mb: float = 25.0, group=None,
-             device_ids: list[int] | None = None, find_unused_parameters: bool = False,
-             ledger: D.CommLedger | None = None) -> nn.Module:
+def wrap_ddp(
+    module: nn.Module,
+    *,
+    grad_dtype: str = "fp32",
+    bucket_cap_mb: float = 25.0,
+    group=None,
+    device_ids: list[int] | None = None,
+    find_unused_parameters: bool = False,
+    ledger: D.CommLedger | None = None,
+) -> nn.Module:
     """``module`` wrapped in DDP with the counted all_reduce hook; ``module`` itself at world size 1.
 
     Called by every rank after ``init_from_env`` with the module on its device. ``grad_dtype``: "fp32"
@@ -55,16 +62,26 @@ def wrap_ddp(module: nn.Module, *, grad_dtype: str = "fp32", bucket_cap_mb: floa
     (open_clip's attention mask is constant), and each broadcast would be uncounted traffic.
     """
     if grad_dtype not in GRAD_DTYPES:
-        raise ValueError(f"unknown gradient all_reduce dtype {grad_dtype!r}; choose one of {tuple(GRAD_DTYPES)}")
+        raise ValueError(
+            f"unknown gradient all_reduce dtype {grad_dtype!r}; choose one of {tuple(GRAD_DTYPES)}"
+        )
     k = D.get_world_size(group)
     if k == 1:
         return module
     # torch >= 2.14 renamed broadcast_buffers to forward_sync_buffers (the init sync stays in both).
-    no_buffer_sync = ({"forward_sync_buffers": False}
-                      if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                      else {"broadcast_buffers": False})
-    ddp = DistributedDataParallel(module, device_ids=device_ids, process_group=group, bucket_cap_mb=bucket_cap_mb,
-                                  find_unused_parameters=find_unused_parameters, **no_buffer_sync)
+    no_buffer_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else {"broadcast_buffers": False}
+    )
+    ddp = DistributedDataParallel(
+        module,
+        device_ids=device_ids,
+        process_group=group,
+        bucket_cap_mb=bucket_cap_mb,
+        find_unused_parameters=find_unused_parameters,
+        **no_buffer_sync,
+    )
     ddp.register_comm_hook(_HookState(group, k, GRAD_DTYPES[grad_dtype], ledger), _allreduce_hook)
     return ddp
 

@@ -44,8 +44,9 @@ class EMA:
     def update(self, clip: nn.Module) -> None:
         """One step of the average toward ``clip``'s current weights (every rank, after an applied step)."""
         targets, sources, ints = self._pairs(clip)
-        torch._foreach_lerp_(targets, [s.to(t.dtype) for t, s in zip(targets, sources, strict=True)],
-                             1.0 - self.decay)
+        torch._foreach_lerp_(
+            targets, [s.to(t.dtype) for t, s in zip(targets, sources, strict=True)], 1.0 - self.decay
+        )
         for target, source in ints:
             target.copy_(source)
 

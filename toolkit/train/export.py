@@ -34,9 +34,13 @@ class ExportConfig:
     """``toolkit export``: one finished training run to a shareable open_clip folder."""
 
     run: str = option(is_input=True, doc="The training run directory (`toolkit train --out RUN`).")
-    out: str = option(doc="The folder to write: new, empty, or an earlier export's (replaced); never the run "
-                          "or a folder holding it or inside it, nor a non-empty folder export did not write.")
-    weights: Literal["raw", "ema"] = option("raw", doc="raw: RUN/model; ema: RUN/model-ema (--ema-decay runs).")
+    out: str = option(
+        doc="The folder to write: new, empty, or an earlier export's (replaced); never the run "
+        "or a folder holding it or inside it, nor a non-empty folder export did not write."
+    )
+    weights: Literal["raw", "ema"] = option(
+        "raw", doc="raw: RUN/model; ema: RUN/model-ema (--ema-decay runs)."
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -87,15 +91,36 @@ def write_tokenizer(model_dir: Path, out: Path) -> str:
 def model_card(facts: dict[str, Any], config_yaml: str) -> str:
     """README.md: a model card from ``facts`` (model_card.json's content) and the training config."""
     d, s = facts["dataset"], facts["training"]
-    lines = ["---", "library_name: open_clip", "tags: [clip, cliptk]", "---", f"# {facts['name']}", "",
-             f"A CLIP model ({facts['model']}) trained with cliptk {facts['toolkit_version']}; "
-             f"{'EMA' if facts['weights'] == 'ema' else 'final'} weights.", "",
-             "```python", "import open_clip", "model, _, preprocess = open_clip.create_model_and_transforms("
-             "'local-dir:PATH')", "tokenizer = open_clip.get_tokenizer('local-dir:PATH')", "```", "",
-             "## Training data", "", f"- path: `{d['path']}`", f"- samples: {d['num_samples']}",
-             f"- fingerprint: `{d['fingerprint']}`", "", "## Training", "",
-             f"- steps: {s.get('step')}, samples seen: {s.get('samples_seen')}, ranks: {s.get('world_size')}",
-             f"- tokenizer: {facts['tokenizer']}", "", "## Evaluation", ""]
+    lines = [
+        "---",
+        "library_name: open_clip",
+        "tags: [clip, cliptk]",
+        "---",
+        f"# {facts['name']}",
+        "",
+        f"A CLIP model ({facts['model']}) trained with cliptk {facts['toolkit_version']}; "
+        f"{'EMA' if facts['weights'] == 'ema' else 'final'} weights.",
+        "",
+        "```python",
+        "import open_clip",
+        "model, _, preprocess = open_clip.create_model_and_transforms('local-dir:PATH')",
+        "tokenizer = open_clip.get_tokenizer('local-dir:PATH')",
+        "```",
+        "",
+        "## Training data",
+        "",
+        f"- path: `{d['path']}`",
+        f"- samples: {d['num_samples']}",
+        f"- fingerprint: `{d['fingerprint']}`",
+        "",
+        "## Training",
+        "",
+        f"- steps: {s.get('step')}, samples seen: {s.get('samples_seen')}, ranks: {s.get('world_size')}",
+        f"- tokenizer: {facts['tokenizer']}",
+        "",
+        "## Evaluation",
+        "",
+    ]
     evals = facts["evaluation"]
     lines += ["| metric | value | step |", "|---|---|---|"] if evals else ["No evaluation was logged."]
     lines += [f"| {k} | {v['value']:.4f} | {v['step']} |" for k, v in evals.items() if v["value"] is not None]
@@ -122,8 +147,10 @@ def check_out(run_dir: Path, out: Path) -> None:
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ValueError(f"--out {out}: not a folder (export replaces its folder whole); choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not _written_by_export(out):
-        raise ValueError(f"--out {out}: a non-empty folder that no earlier export wrote (it has no export's "
-                         "model_card.json); export replaces its folder whole, so choose a new or empty folder")
+        raise ValueError(
+            f"--out {out}: a non-empty folder that no earlier export wrote (it has no export's "
+            "model_card.json); export replaces its folder whole, so choose a new or empty folder"
+        )
 
 
 def run(cfg: ExportConfig) -> dict[str, Any]:
@@ -134,18 +161,28 @@ def run(cfg: ExportConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run)
     manifest = _read_json(run_dir / "manifest.json")
     if manifest.get("kind") != "train" or manifest.get("status") != "done":
-        raise ValueError(f"{run_dir}: not a finished training run (its manifest.json says kind "
-                         f"{manifest.get('kind')!r}, status {manifest.get('status')!r}); export needs one")
+        raise ValueError(
+            f"{run_dir}: not a finished training run (its manifest.json says kind "
+            f"{manifest.get('kind')!r}, status {manifest.get('status')!r}); export needs one"
+        )
     check_out(run_dir, Path(cfg.out))
     model_dir = run_dir / WEIGHT_FOLDERS[cfg.weights]
     if not (model_dir / "open_clip_config.json").is_file():
-        raise FileNotFoundError(f"{model_dir}: no open_clip model here"
-                                + (" (train with --ema-decay for EMA weights)" if cfg.weights == "ema" else ""))
+        raise FileNotFoundError(
+            f"{model_dir}: no open_clip model here"
+            + (" (train with --ema-decay for EMA weights)" if cfg.weights == "ema" else "")
+        )
     config_yaml = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").is_file() else ""
-    facts = {"name": Path(cfg.out).name, "model": manifest.get("config", {}).get("model"), "weights": cfg.weights,
-             "toolkit_version": manifest.get("toolkit_version"), "dataset": dataset_facts(manifest),
-             "training": manifest.get("counts", {}), "evaluation": last_evaluation(run_dir),
-             "config": manifest.get("config", {})}
+    facts = {
+        "name": Path(cfg.out).name,
+        "model": manifest.get("config", {}).get("model"),
+        "weights": cfg.weights,
+        "toolkit_version": manifest.get("toolkit_version"),
+        "dataset": dataset_facts(manifest),
+        "training": manifest.get("counts", {}),
+        "evaluation": last_evaluation(run_dir),
+        "config": manifest.get("config", {}),
+    }
     with replacing_dir(Path(cfg.out)) as tmp:
         for name in ("open_clip_config.json", "open_clip_model.safetensors"):
             shutil.copyfile(model_dir / name, tmp / name)

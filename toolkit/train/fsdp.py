@@ -108,6 +108,7 @@ class Sharded:
         def hook(module, args):  # an all_gather now, and another in the backward when resharded
             calls = 2 if reshard and torch.is_grad_enabled() else 1
             D.LEDGER.record("all_gather", unit_bytes // self.world_size, PARAMS, self.world_size, calls)
+
         return hook
 
     def close(self) -> None:
@@ -164,7 +165,6 @@ class Sharded:
         state = get_model_state_dict(self.model, options=options)
         return {k.removeprefix("clip."): v for k, v in state.items() if k.startswith("clip.")}
 
-
     def gathered(self, built: Any, ema: Any) -> tuple[Any, Any]:
         """(``built`` with the whole model, the EMA as a whole ``ema.EMA``) on rank 0 for evaluation and
         saving; the arguments unchanged on the other ranks. Collective: every rank calls it."""
@@ -179,8 +179,10 @@ class Sharded:
             return built, ema
         clip, old = plain_clip(built.model_cfg, state), built.model
         pre = built.preprocess_cfg
-        built = replace(built, model=TrainModel(clip, old.image_role, old.text_role, tuple(pre["mean"]),
-                                                 tuple(pre["std"])))
+        built = replace(
+            built,
+            model=TrainModel(clip, old.image_role, old.text_role, tuple(pre["mean"]), tuple(pre["std"])),
+        )
         if ema_state is not None:
             ema = ema_lib.EMA(plain_clip(built.model_cfg, ema_state), ema.decay)
         return built, ema

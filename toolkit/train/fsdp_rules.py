@@ -17,12 +17,18 @@ def refusal(cfg: Any) -> str | None:
     if not cfg.fsdp:
         return None
     if cfg.precision == "fp16":
-        return ("fsdp with precision fp16: the fp16 GradScaler does not know FSDP's shards; use --precision "
-                "bf16 (bf16 all-gathers, fp32 gradient reductions and master weights)")
+        return (
+            "fsdp with precision fp16: the fp16 GradScaler does not know FSDP's shards; use --precision "
+            "bf16 (bf16 all-gathers, fp32 gradient reductions and master weights)"
+        )
     if cfg.grad_dtype != "fp32":
-        return ("fsdp with grad_dtype bf16: grad_dtype sets DDP's all_reduce; FSDP reduce-scatters gradients "
-                "in fp32 (precision bf16 all-gathers bf16 parameters)")
+        return (
+            "fsdp with grad_dtype bf16: grad_dtype sets DDP's all_reduce; FSDP reduce-scatters gradients "
+            "in fp32 (precision bf16 all-gathers bf16 parameters)"
+        )
     if cfg.checkpoint.dir and "://" in cfg.checkpoint.dir and not cfg.checkpoint.dir.startswith("file://"):
-        return (f"fsdp with checkpoint.dir {cfg.checkpoint.dir}: every rank writes its own shard files, which "
-                "needs a folder all ranks share (a local or network filesystem), not an object-store URL")
+        return (
+            f"fsdp with checkpoint.dir {cfg.checkpoint.dir}: every rank writes its own shard files, which "
+            "needs a folder all ranks share (a local or network filesystem), not an object-store URL"
+        )
     return None

@@ -66,7 +66,9 @@ class Parts:
     io: StateIO
     micro_batch_size: int
     ema: ema_lib.EMA | None = None  # --ema-decay: the averaged weights (train/ema.py)
-    stages: stages_lib.StagePlan | None = None  # --stages: resolution and text-length stages (train/stages.py)
+    stages: stages_lib.StagePlan | None = (
+        None  # --stages: resolution and text-length stages (train/stages.py)
+    )
     sharded: Any = None  # --fsdp: train/fsdp.Sharded (the model is FSDP2-sharded instead of DDP-wrapped)
 
 
@@ -77,8 +79,15 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     plan = cfg.data_plan()
     dataset = dataset if dataset is not None else open_data(plan, cfg.loss, rt.world_size)
     steps = step_counts(plan, dataset.num_samples)
-    built = model_lib.build(cfg.model, cfg.init, dataset, cfg.loss.initial_tau, cfg.loss.learns_logit_scale,
-                            cfg.seed, logit_bias=cfg.loss.init_logit_bias)
+    built = model_lib.build(
+        cfg.model,
+        cfg.init,
+        dataset,
+        cfg.loss.initial_tau,
+        cfg.loss.learns_logit_scale,
+        cfg.seed,
+        logit_bias=cfg.loss.init_logit_bias,
+    )
     built.model.to(rt.device).train()
     stage_plan = stages_lib.build(cfg, built.model, built.model_cfg, steps.total)  # before compile and DDP
     towers.prepare(built.model, cfg)  # locks, checkpointing, compile: before the optimiser and DDP see it
@@ -88,7 +97,9 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
 
         sharded, model = fsdp.shard(built.model, cfg.precision, cfg.fsdp_cpu_offload, rt.device), built.model
     else:
-        model = wrap_ddp(built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None)
+        model = wrap_ddp(
+            built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None
+        )
     loss_fn = build_loss(cfg.loss, data_size=dataset.num_samples, check_sizes=False)
     update = Update(built.model.clip, loss_fn, cfg.optim, cfg.loss, steps.total, cfg.precision)
     if sharded is not None:
@@ -101,15 +112,22 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     data = TrainData(plan, rt, dataset, micro)
     io = StateIO(cfg, rt, steps, built, update, loss_fn)
     # the average starts at the initial weights; resume loads its own
-    io.ema = (ema_lib.build(built.model.clip, cfg.ema_decay) if sharded is None
-              else fsdp.build_ema(built, cfg.ema_decay))
+    io.ema = (
+        ema_lib.build(built.model.clip, cfg.ema_decay)
+        if sharded is None
+        else fsdp.build_ema(built, cfg.ema_decay)
+    )
     io.sharded = sharded
     D.LEDGER.reset()
     return Parts(cfg, rt, data, built, model, loss_fn, update, io, micro, io.ema, stage_plan, sharded)
 
 
-def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset | None = None,
-          skip_config_check: str = "") -> dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    eval_fn: EvalFn | None = None,
+    dataset: TrainDataset | None = None,
+    skip_config_check: str = "",
+) -> dict[str, Any]:
     """Train on every rank (module docstring); rank 0 writes metrics, checkpoints and RUN_DIR/model. The
     signal handlers go in first: a SIGTERM while the parts are built stops the run after its first step
     (with a checkpoint) instead of killing the process with the manifest left "running"."""
@@ -123,8 +141,14 @@ def train(cfg: TrainConfig, eval_fn: EvalFn | None = None, dataset: TrainDataset
             beat.stop()
 
 
-def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | None, skip_config_check: str,
-           flag: PreemptionFlag, beat: Heartbeat | None = None) -> dict[str, Any]:
+def _train(
+    cfg: TrainConfig,
+    eval_fn: EvalFn | None,
+    dataset: TrainDataset | None,
+    skip_config_check: str,
+    flag: PreemptionFlag,
+    beat: Heartbeat | None = None,
+) -> dict[str, Any]:
     p = build_parts(cfg, dataset)
     state = p.io.resume(skip_config_check=skip_config_check)
     resumed = state.step if state.step or p.io.last_step is not None else None
@@ -136,7 +160,11 @@ def _train(cfg: TrainConfig, eval_fn: EvalFn | None, dataset: TrainDataset | Non
                 beat.reached(state.step)
             p.io.check_writes()  # a failed background checkpoint write stops training here, naming it
             report.step_done(state, batch, outcome, lr, p.update)
-            if cfg.eval.every_steps and state.step % cfg.eval.every_steps == 0 and state.step < p.data.total_steps:
+            if (
+                cfg.eval.every_steps
+                and state.step % cfg.eval.every_steps == 0
+                and state.step < p.data.total_steps
+            ):
                 report.log(state, evaluate(p, eval_fn, state.step), quiet=True)
             if cfg.checkpoint.every_steps and state.step % cfg.checkpoint.every_steps == 0:
                 save_checkpoint(p, report, state)
@@ -169,11 +197,22 @@ def train_step(p: Parts, state: TrainState, batch: dict):
         lr = p.stages.begin(t, p.built.model, p.update, lr)
         trim = p.stages.tokens_fn(t, p.built.model, batch["index"])
     reference = p.data.reference_to_device(batch) if p.loss_fn.reads_reference else None
-    inputs = StepInputs(*p.data.to_device(batch, trim), reference=reference,
-                        patch_seed=stream_seed(cfg.seed, t, 0, 0) if cfg.patch_dropout else None)
-    forward_backward(p.model, p.loss_fn, inputs, micro_batch_size=p.micro_batch_size,
-                     seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i), autocast=p.rt.autocast(cfg.precision),
-                     scale=p.update.scale, poison=t in cfg.nonfinite_test_steps, offload_features=p.data.offloaded)
+    inputs = StepInputs(
+        *p.data.to_device(batch, trim),
+        reference=reference,
+        patch_seed=stream_seed(cfg.seed, t, 0, 0) if cfg.patch_dropout else None,
+    )
+    forward_backward(
+        p.model,
+        p.loss_fn,
+        inputs,
+        micro_batch_size=p.micro_batch_size,
+        seed_of=lambda i: stream_seed(cfg.seed, t, p.rt.rank, i),
+        autocast=p.rt.autocast(cfg.precision),
+        scale=p.update.scale,
+        poison=t in cfg.nonfinite_test_steps,
+        offload_features=p.data.offloaded,
+    )
     if p.sharded is not None:
         p.sharded.finish_backward()  # the replicated scalars' gradients averaged
     outcome = p.update.finish(p.loss_fn.global_value())  # global_value: collective, equal on every rank
@@ -186,12 +225,15 @@ def train_step(p: Parts, state: TrainState, batch: dict):
         return outcome, lr
     state.skipped_steps += 1
     state.nonfinite_in_row += 1
-    get_logger("train").warning("step %d: non-finite %s; step skipped (no optimiser or table update)",
-                                t + 1, outcome.what_failed())
+    get_logger("train").warning(
+        "step %d: non-finite %s; step skipped (no optimiser or table update)", t + 1, outcome.what_failed()
+    )
     if state.nonfinite_in_row >= cfg.max_nonfinite_steps:
-        raise TrainingAborted(f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
-                              f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
-                              "the lr or check the data" + p.io.nonfinite_note(t + 2 - state.nonfinite_in_row))
+        raise TrainingAborted(
+            f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
+            f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
+            "the lr or check the data" + p.io.nonfinite_note(t + 2 - state.nonfinite_in_row)
+        )
     return outcome, lr
 
 
@@ -235,6 +277,13 @@ def finish(p: Parts, report: Reporter, state: TrainState, preempted: bool) -> di
         ema.save_model(p.cfg.out, p.built.model_cfg, p.built.preprocess_cfg)
     report.plots()
     D.barrier()
-    return {"step": state.step, "total_steps": p.data.total_steps, "samples_seen": state.samples_seen,
-            "skipped_steps": state.skipped_steps, "preempted": preempted, "world_size": p.rt.world_size,
-            "model": model_dir, "steps_per_epoch": p.data.steps_per_epoch}
+    return {
+        "step": state.step,
+        "total_steps": p.data.total_steps,
+        "samples_seen": state.samples_seen,
+        "skipped_steps": state.skipped_steps,
+        "preempted": preempted,
+        "world_size": p.rt.world_size,
+        "model": model_dir,
+        "steps_per_epoch": p.data.steps_per_epoch,
+    }

@@ -42,8 +42,14 @@ class MetricsWriter:
     """Appends metric records (rank 0 only) to metrics.jsonl unless ``jsonl`` is off; mirrors scalars to
     TensorBoard when enabled and hands each record to the ``sinks`` (``train.reporters``: wandb)."""
 
-    def __init__(self, run_dir: str, tensorboard: bool, resume_step: int | None, jsonl: bool = True,
-                 sinks: list[Any] | None = None):
+    def __init__(
+        self,
+        run_dir: str,
+        tensorboard: bool,
+        resume_step: int | None,
+        jsonl: bool = True,
+        sinks: list[Any] | None = None,
+    ):
         self.run_dir, self.jsonl, self.sinks = Path(run_dir), jsonl, list(sinks or [])
         self.path = self.run_dir / METRICS
         if resume_step is None:
@@ -168,8 +174,12 @@ def final_scores(run_dir: str) -> tuple[int, dict[str, float]]:
     evaluated nothing."""
     names = {"eval/": "", "eval_ema/": "ema "}
     for record in reversed(read_metrics(run_dir)):
-        scores = {names[prefix] + k.removeprefix(prefix): v for k, v in record.items() for prefix in names
-                  if k.startswith(prefix) and isinstance(v, (int, float))}
+        scores = {
+            names[prefix] + k.removeprefix(prefix): v
+            for k, v in record.items()
+            for prefix in names
+            if k.startswith(prefix) and isinstance(v, (int, float))
+        }
         if scores:
             return record["step"], scores
     return 0, {}
@@ -193,8 +203,15 @@ class Progress:
             )
             from rich.progress import Progress as RichProgress
 
-            self.bar = RichProgress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                    TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+            self.bar = RichProgress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self.bar.start()
             self.task = self.bar.add_task("train", total=total_steps, completed=start_step, info="")
 

@@ -42,8 +42,14 @@ class Towers(NamedTuple):
 class TrainModel(nn.Module):
     """Batch tensors -> (x, y, a) (module docstring). ``clip`` is the open_clip model that gets saved."""
 
-    def __init__(self, clip: nn.Module, image_role: str, text_role: str, mean: tuple[float, ...],
-                 std: tuple[float, ...]):
+    def __init__(
+        self,
+        clip: nn.Module,
+        image_role: str,
+        text_role: str,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+    ):
         super().__init__()
         self.clip, self.image_role, self.text_role = clip, image_role, text_role
         # token batches are cut after their last pooled position (models/text_trim: same features and grads)
@@ -124,8 +130,16 @@ def check_fit(model_spec: str, dataset: Any) -> None:
     check_dataset(fitted_config(resolve_spec(model_spec), dataset)[0], dataset, model_spec)
 
 
-def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: bool, seed: int,
-          *, logit_bias: float | None = None) -> BuiltModel:
+def build(
+    model_spec: str,
+    init: str,
+    dataset: Any,
+    tau_init: float,
+    learn_tau: bool,
+    seed: int,
+    *,
+    logit_bias: float | None = None,
+) -> BuiltModel:
     """Build the open_clip model for ``model_spec`` (with frozen towers where ``dataset`` holds their
     features), load ``init`` or seed a random init, check the data fits it (always: the check is cheap,
     and LiT data must be checked against the frozen-tower model), set up the logit scale.
@@ -154,12 +168,20 @@ def build(model_spec: str, init: str, dataset: Any, tau_init: float, learn_tau: 
     image_role = "image_features" if dataset.field("image_features") else "image"
     text_role = "text_features" if dataset.field("text_features") else "tokens"
     mean, std = preprocess_cfg["mean"], preprocess_cfg["std"]
-    get_logger("train").info("model %s: %.2fM trainable of %.2fM parameters%s", spec.name,
-                             sum(p.numel() for p in clip.parameters() if p.requires_grad) / 1e6,
-                             sum(p.numel() for p in clip.parameters()) / 1e6,
-                             f", weights from {weights}" if weights else ", random init")
-    return BuiltModel(TrainModel(clip, image_role, text_role, tuple(mean), tuple(std)), model_cfg,
-                      preprocess_cfg, spec.name, weights)
+    get_logger("train").info(
+        "model %s: %.2fM trainable of %.2fM parameters%s",
+        spec.name,
+        sum(p.numel() for p in clip.parameters() if p.requires_grad) / 1e6,
+        sum(p.numel() for p in clip.parameters()) / 1e6,
+        f", weights from {weights}" if weights else ", random init",
+    )
+    return BuiltModel(
+        TrainModel(clip, image_role, text_role, tuple(mean), tuple(std)),
+        model_cfg,
+        preprocess_cfg,
+        spec.name,
+        weights,
+    )
 
 
 def check_dataset(model_cfg: dict[str, Any], dataset: Any, model_spec: str) -> None:
@@ -167,13 +189,19 @@ def check_dataset(model_cfg: dict[str, Any], dataset: Any, model_spec: str) -> N
     step 1), naming both sides."""
     where = f"training data {dataset.root}"
     image = dataset.field("image")
-    side = image and (dataset.extra.get("image_size") or image.shape[0])  # the model's side, without crop margin
+    side = image and (
+        dataset.extra.get("image_size") or image.shape[0]
+    )  # the model's side, without crop margin
     if image is not None and (side != config_image_size(model_cfg) or image.shape[0] < side):
-        raise ValueError(f"{where} holds {side} px images but model {model_spec} expects "
-                         f"{config_image_size(model_cfg)} px: re-run `toolkit data precompute --model {model_spec}`")
+        raise ValueError(
+            f"{where} holds {side} px images but model {model_spec} expects "
+            f"{config_image_size(model_cfg)} px: re-run `toolkit data precompute --model {model_spec}`"
+        )
     tokens = dataset.field("tokens")
     if tokens is not None and tokens.shape[0] != config_context_length(model_cfg):
-        raise ValueError(f"{where} holds {tokens.shape[0]} tokens per caption but model {model_spec} has context "
-                         f"length {config_context_length(model_cfg)}: re-run precompute with --model {model_spec}")
+        raise ValueError(
+            f"{where} holds {tokens.shape[0]} tokens per caption but model {model_spec} has context "
+            f"length {config_context_length(model_cfg)}: re-run precompute with --model {model_spec}"
+        )
     if dataset.field("image_features") or dataset.field("text_features"):
         frozen.check_feature_dims(model_cfg, dataset, model_spec)

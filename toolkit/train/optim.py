@@ -38,16 +38,25 @@ class OptimConfig:
     lr: float = option(1e-3, gt=0, doc="Peak learning rate of the model weights.")
     weight_decay: float = option(0.1, ge=0, doc="Weight decay of the weights (gains, biases and τ get none).")
     beta1: float = option(0.9, ge=0, le=1, doc="First-moment decay (adamw, lamb, lion).")
-    beta2: float = option(0.999, ge=0, le=1, doc="Second-moment decay (adamw, lamb; lion's update interpolation). "
-                                                  "The reference uses 0.98 for ViT models.")
+    beta2: float = option(
+        0.999,
+        ge=0,
+        le=1,
+        doc="Second-moment decay (adamw, lamb; lion's update interpolation). "
+        "The reference uses 0.98 for ViT models.",
+    )
     eps: float = option(1e-8, gt=0, doc="Denominator epsilon (adamw, lamb); the reference uses 1e-6 for ViT.")
     momentum: float = option(0.9, ge=0, le=1, doc="Momentum of sgd.")
-    lr_schedule: LrScheduleName = option("cosine", doc="cosine: linear warmup, then cosine from lr down to "
-                                                       "lr_min at the last step; constant: warmup, then lr.")
+    lr_schedule: LrScheduleName = option(
+        "cosine",
+        doc="cosine: linear warmup, then cosine from lr down to "
+        "lr_min at the last step; constant: warmup, then lr.",
+    )
     warmup_steps: int = option(0, ge=0, doc="Steps of linear learning-rate warmup from 0 to lr.")
     lr_min: float = option(0.0, ge=0, doc="Final learning rate of the cosine schedule.")
-    grad_clip_norm: float | None = option(None, gt=0, doc="Clip the global gradient norm to this (empty: no "
-                                                          "clipping).")
+    grad_clip_norm: float | None = option(
+        None, gt=0, doc="Clip the global gradient norm to this (empty: no clipping)."
+    )
 
 
 def _is_gain_or_bias(name: str, p: torch.Tensor) -> bool:
@@ -55,8 +64,9 @@ def _is_gain_or_bias(name: str, p: torch.Tensor) -> bool:
     return p.ndim < 2 or name.endswith("bias") or any(s.startswith(("bn", "ln")) for s in parts)
 
 
-def param_groups(named_parameters: Iterable[tuple[str, nn.Parameter]], weight_decay: float,
-                 lr_tau: float | None = None) -> list[dict]:
+def param_groups(
+    named_parameters: Iterable[tuple[str, nn.Parameter]], weight_decay: float, lr_tau: float | None = None
+) -> list[dict]:
     """Groups [no_decay, decay, logit_scale] (empty groups dropped; logit_scale last when present)."""
     groups = {g: [] for g in GROUP_NAMES}
     for name, p in named_parameters:
@@ -68,9 +78,11 @@ def param_groups(named_parameters: Iterable[tuple[str, nn.Parameter]], weight_de
             groups["no_decay"].append(p)
         else:
             groups["decay"].append(p)
-    out = [{"name": "no_decay", "params": groups["no_decay"], "weight_decay": 0.0},
-           {"name": "decay", "params": groups["decay"], "weight_decay": weight_decay},
-           {"name": "logit_scale", "params": groups["logit_scale"], "weight_decay": 0.0}]
+    out = [
+        {"name": "no_decay", "params": groups["no_decay"], "weight_decay": 0.0},
+        {"name": "decay", "params": groups["decay"], "weight_decay": weight_decay},
+        {"name": "logit_scale", "params": groups["logit_scale"], "weight_decay": 0.0},
+    ]
     if lr_tau is not None:
         out[2]["lr"] = lr_tau
     return [g for g in out if g["params"]]

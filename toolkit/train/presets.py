@@ -30,7 +30,9 @@ class Preset:
     description: str = option(doc="What the setting is and where it comes from.")
     dataset: str = option(doc="Training set of the reference run.")
     reference_layout: str = option("", doc="GPUs x per-GPU batch in the reference script.")
-    data_size: int | None = option(None, doc="Samples (ids) of the reference's training set (None: not published).")
+    data_size: int | None = option(
+        None, doc="Samples (ids) of the reference's training set (None: not published)."
+    )
     model: str = option("RN50", doc="open_clip model name of the reference run.")
     batch_size: int = option(1024, ge=1, doc="Global batch: pairs per step over all ranks.")
     epochs: int | None = option(None, doc="Training epochs (None: not published).")
@@ -52,7 +54,9 @@ def presets() -> dict[str, Preset]:
     for kind, spec in registry.specs().items():
         for name, data in spec.presets.items():
             if name in found:
-                raise ValueError(f"preset {name!r} of objective {kind!r} is already defined by another objective")
+                raise ValueError(
+                    f"preset {name!r} of objective {kind!r} is already defined by another objective"
+                )
             found[name] = build(Preset, data, source=f"the {kind} objective's presets", prefix=name)
     return found
 
@@ -63,4 +67,3 @@ def get_preset(name: str) -> Preset:
     if name not in known:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(known)}")
     return known[name]
-

@@ -56,10 +56,14 @@ class Window:
         busy, steps = max(self.busy_s, 1e-9), max(self.steps, 1)
         comm = D.LEDGER.step()
         rate = self.steps * batch_size / busy
-        out = {"samples_per_s": rate, "samples_per_s_per_device": rate / world_size,
-               "step_time_s": busy / steps,
-               "data_wait_s": self.data_wait_s / steps, "comm_bytes": comm["comm/total/sent_bytes"] / steps,
-               "peak_mem_bytes": peak_memory_bytes(device)}
+        out = {
+            "samples_per_s": rate,
+            "samples_per_s_per_device": rate / world_size,
+            "step_time_s": busy / steps,
+            "data_wait_s": self.data_wait_s / steps,
+            "comm_bytes": comm["comm/total/sent_bytes"] / steps,
+            "peak_mem_bytes": peak_memory_bytes(device),
+        }
         self.steps, self.data_wait_s, self.busy_s = 0, 0.0, 0.0
         return out
 
@@ -70,15 +74,26 @@ class Reporter:
     removed); ``record``: the run's whole config as the sinks store it (wandb's run config). Collective to
     build."""
 
-    def __init__(self, cfg: ReportPlan, rt: Runtime, steps: StepCounts, resume_step: int | None,
-                 record: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cfg: ReportPlan,
+        rt: Runtime,
+        steps: StepCounts,
+        resume_step: int | None,
+        record: dict[str, Any] | None = None,
+    ):
         self.cfg, self.rank, self.device, self.world_size = cfg, rt.rank, rt.device, rt.world_size
         self.steps_per_epoch = steps.per_epoch
         self.writer = self.progress = self.audit = None
         if rt.rank == 0:
             sinks = open_sinks(list(cfg.report_to), cfg.out, record or {}, resume_step)
-            self.writer = MetricsWriter(cfg.out, cfg.tensorboard and "tensorboard" in cfg.report_to, resume_step,
-                                        jsonl="jsonl" in cfg.report_to, sinks=sinks)
+            self.writer = MetricsWriter(
+                cfg.out,
+                cfg.tensorboard and "tensorboard" in cfg.report_to,
+                resume_step,
+                jsonl="jsonl" in cfg.report_to,
+                sinks=sinks,
+            )
             self.progress = Progress(steps.total, resume_step or 0)
             SampleAudit.reset(cfg.out, resume_step)
         D.barrier()  # no rank records before rank 0 has cut the logs back to the resume point
@@ -106,9 +121,18 @@ class Reporter:
         if state.step % self.cfg.log_every == 0 or state.step == update.total_steps:
             if self.writer is not None:
                 grad_norm = float(outcome.grad_norm) if outcome.applied else None
-                self.log(state, {"epoch": (state.step - 1) // self.steps_per_epoch, "loss": float(outcome.value),
-                                 "lr": lr, "tau": update.temperature(), **update.loss_fn.metrics(),
-                                 "grad_norm": grad_norm, **self.window.flush(self.cfg.batch_size, self.device, self.world_size)})
+                self.log(
+                    state,
+                    {
+                        "epoch": (state.step - 1) // self.steps_per_epoch,
+                        "loss": float(outcome.value),
+                        "lr": lr,
+                        "tau": update.temperature(),
+                        **update.loss_fn.metrics(),
+                        "grad_norm": grad_norm,
+                        **self.window.flush(self.cfg.batch_size, self.device, self.world_size),
+                    },
+                )
             else:
                 self.window.flush(self.cfg.batch_size, self.device)  # every rank's ledger window restarts
 
@@ -117,11 +141,22 @@ class Reporter:
         if self.writer is None or not metrics:
             return
         epoch = metrics.pop("epoch", (state.step - 1) // self.steps_per_epoch)
-        self.writer.write({"step": state.step, "epoch": epoch, "samples_seen": state.samples_seen,
-                           "skipped_steps": state.skipped_steps, **metrics})
+        self.writer.write(
+            {
+                "step": state.step,
+                "epoch": epoch,
+                "samples_seen": state.samples_seen,
+                "skipped_steps": state.skipped_steps,
+                **metrics,
+            }
+        )
         if not quiet and self.progress is not None:
-            self.progress.update(state.step, metrics.get("loss", float("nan")),
-                                 metrics.get("samples_per_s", 0.0), metrics.get("step_time_s"))
+            self.progress.update(
+                state.step,
+                metrics.get("loss", float("nan")),
+                metrics.get("samples_per_s", 0.0),
+                metrics.get("step_time_s"),
+            )
 
     def plots(self) -> None:
         """Rank 0: OUT/plots from metrics.jsonl (after each checkpoint and at the end)."""

@@ -69,8 +69,10 @@ class WandbSink:
         try:
             import wandb
         except ImportError as err:
-            raise RuntimeError("report_to wandb: wandb is not installed; pip install 'cliptk[wandb]' (or wandb), "
-                               "or leave wandb out of report_to") from err
+            raise RuntimeError(
+                "report_to wandb: wandb is not installed; pip install 'cliptk[wandb]' (or wandb), "
+                "or leave wandb out of report_to"
+            ) from err
         folder = Path(run_dir) / "wandb"
         folder.mkdir(parents=True, exist_ok=True)
         id_file = folder / RUN_ID
@@ -80,23 +82,39 @@ class WandbSink:
         problem = server_problem() if self.mode == "online" else None
         if problem is not None:  # one line, then a local run that `wandb sync` uploads later
             self.mode = "offline"
-            get_logger("train").warning("wandb: %s within %g s: logging offline into %s instead; upload it "
-                                        "later with `wandb sync %s/offline-run-*`", problem,
-                                        SERVER_CHECK_TIMEOUT_S, folder, folder)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "cliptk"), name=Path(run_dir).name,
-                              id=id_file.read_text().strip(), resume="allow", dir=str(Path(run_dir)),
-                              mode=self.mode, config=config)
+            get_logger("train").warning(
+                "wandb: %s within %g s: logging offline into %s instead; upload it "
+                "later with `wandb sync %s/offline-run-*`",
+                problem,
+                SERVER_CHECK_TIMEOUT_S,
+                folder,
+                folder,
+            )
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "cliptk"),
+            name=Path(run_dir).name,
+            id=id_file.read_text().strip(),
+            resume="allow",
+            dir=str(Path(run_dir)),
+            mode=self.mode,
+            config=config,
+        )
 
     def write(self, record: dict[str, Any]) -> None:
         """Log the numbers of one metrics record at its step."""
-        values = {k: v for k, v in record.items()
-                  if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+        values = {
+            k: v
+            for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)
+        }
         self.run.log(values, step=int(record["step"]))
 
     def close(self) -> None:
         self.run.finish()
 
 
-def open_sinks(report_to: list[str], run_dir: str, config: dict[str, Any], resume_step: int | None) -> list[Any]:
+def open_sinks(
+    report_to: list[str], run_dir: str, config: dict[str, Any], resume_step: int | None
+) -> list[Any]:
     """The extra sinks ``report_to`` names (jsonl and tensorboard are MetricsWriter's own)."""
     return [WandbSink(run_dir, config, resume_step)] if "wandb" in report_to else []

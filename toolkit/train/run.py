@@ -42,11 +42,17 @@ PREEMPTED = "preempted"  # the manifest status of a run stopped by a signal afte
 def _record(rec, summary: dict) -> None:
     """Put the loop's summary into the stage books; a preempted run is recorded as such (not failed)."""
     out = rec.out
-    rec.counts.update({k: summary[k] for k in ("step", "total_steps", "samples_seen", "skipped_steps",
-                                               "world_size") if summary.get(k) is not None})
+    rec.counts.update(
+        {
+            k: summary[k]
+            for k in ("step", "total_steps", "samples_seen", "skipped_steps", "world_size")
+            if summary.get(k) is not None
+        }
+    )
     rec.details.update(summary)
-    rec.outputs.update(run_dir=out, metrics=files.join(out, "metrics.jsonl"),
-                       checkpoints=files.join(out, "checkpoints"))
+    rec.outputs.update(
+        run_dir=out, metrics=files.join(out, "metrics.jsonl"), checkpoints=files.join(out, "checkpoints")
+    )
     if summary.get("model"):
         rec.outputs["model"] = summary["model"]
     if summary.get("preempted"):
@@ -54,8 +60,10 @@ def _record(rec, summary: dict) -> None:
 
 
 def preempted_message(summary: dict) -> str:
-    return (f"preempted at step {summary['step']} of {summary['total_steps']}; a checkpoint was written: rerun "
-            "the same command to continue (resume: auto)")
+    return (
+        f"preempted at step {summary['step']} of {summary['total_steps']}; a checkpoint was written: rerun "
+        "the same command to continue (resume: auto)"
+    )
 
 
 def launched_summary(checkpoint: CheckpointConfig, out: str) -> dict[str, Any] | None:
@@ -75,9 +83,14 @@ def launched_summary(checkpoint: CheckpointConfig, out: str) -> dict[str, Any] |
     model = files.join(out, "model")
     # a checkpoint from before cliptk recorded total_steps: finished exactly when the ranks wrote the model
     preempted = state["step"] < total if total is not None else not files.exists(model)
-    return {**{k: state.get(k) for k in ("step", "samples_seen", "skipped_steps")}, "total_steps": total,
-            "world_size": saved.get("world_size"), "steps_per_epoch": saved.get("steps_per_epoch"),
-            "preempted": preempted, "model": None if preempted or not files.exists(model) else model}
+    return {
+        **{k: state.get(k) for k in ("step", "samples_seen", "skipped_steps")},
+        "total_steps": total,
+        "world_size": saved.get("world_size"),
+        "steps_per_epoch": saved.get("steps_per_epoch"),
+        "preempted": preempted,
+        "model": None if preempted or not files.exists(model) else model,
+    }
 
 
 def preflight(cfg: TrainConfig):
@@ -114,8 +127,9 @@ def run(cfg: TrainConfig, eval_fn: EvalFn | None = None, eval_factory: str = "")
     if cfg.launch.is_multiprocess:
         keeps_books = cfg.launch.node_rank == 0
         with stage_run(KIND, cfg, cfg.out) if keeps_books else _Nothing(cfg.out) as rec:
-            launch_job(cfg.launch, cfg, ENTRY, "training",
-                       (EVAL_FACTORY_FLAG, eval_factory) if eval_factory else ())
+            launch_job(
+                cfg.launch, cfg, ENTRY, "training", (EVAL_FACTORY_FLAG, eval_factory) if eval_factory else ()
+            )
             summary = launched_summary(cfg.checkpoint, cfg.out)
             if summary is not None:
                 _record(rec, summary)
@@ -156,7 +170,9 @@ class _Nothing:
         return None
 
     def result(self) -> StageResult:
-        return StageResult(self.out, dict(self.outputs), dict(self.counts), "", dict(self.details), self.status)
+        return StageResult(
+            self.out, dict(self.outputs), dict(self.counts), "", dict(self.details), self.status
+        )
 
 
 def worker_main(argv: list[str] | None = None) -> None:
@@ -167,7 +183,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     from toolkit.core.log import setup_logging
     from toolkit.core.procs import die_with_parent
 
-    if os.environ.get("CLIPTK_AGENT_PID"):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
+    if os.environ.get(
+        "CLIPTK_AGENT_PID"
+    ):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
         die_with_parent(parent_pid=int(os.environ["CLIPTK_AGENT_PID"]))
 
     rank0 = os.environ.get("RANK", "0") == "0"  # the other ranks report warnings and errors only
@@ -190,8 +208,9 @@ def _worker_args(argv: list[str]) -> tuple[str, str]:
         return argv[0], ""
     if len(argv) == 3 and argv[1] == EVAL_FACTORY_FLAG:
         return argv[0], argv[2]
-    raise SystemExit(f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] "
-                     f"(got {argv})")
+    raise SystemExit(
+        f"usage: python -m {ENTRY} CONFIG.yaml [{EVAL_FACTORY_FLAG} MODULE:FUNCTION] (got {argv})"
+    )
 
 
 def _load_factory(name: str) -> Callable[[EvalConfig], EvalFn | None]:

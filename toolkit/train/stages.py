@@ -55,7 +55,9 @@ def parse(plan: str) -> list[Stage]:
             raise ValueError(f"stages: fraction {share} of {item!r} must be in (0, 1]")
         stages.append(Stage(values["px"], values["tok"], share))
     if abs(sum(s.fraction for s in stages) - 1.0) > 1e-6:
-        raise ValueError(f"stages: the fractions of {plan!r} sum to {sum(s.fraction for s in stages):g}, not 1")
+        raise ValueError(
+            f"stages: the fractions of {plan!r} sum to {sum(s.fraction for s in stages):g}, not 1"
+        )
     return stages
 
 
@@ -75,8 +77,10 @@ def check(stages: list[Stage], image_size: int, patch_size: int, context: int) -
     a text length outside [2, context]."""
     for s in stages:
         if s.image_px and (s.image_px % patch_size or s.image_px > image_size):
-            raise ValueError(f"stages: {s.image_px} px must be a multiple of the patch size {patch_size} and at "
-                             f"most the model's {image_size} px")
+            raise ValueError(
+                f"stages: {s.image_px} px must be a multiple of the patch size {patch_size} and at "
+                f"most the model's {image_size} px"
+            )
         if s.text_tokens and not 2 <= s.text_tokens <= context:
             raise ValueError(f"stages: {s.text_tokens} text tokens must be in [2, the context {context}]")
 
@@ -118,8 +122,9 @@ class StagePlan:
 
         clip = model.clip
         seed = stream_seed(self.seed, step, 0, 1)
-        return lambda tokens: model.trim_tokens(shorten_tokens(tokens, k, clip.text_pool_type, clip.text_eos_id,
-                                                               self.text_mode, seed, index))
+        return lambda tokens: model.trim_tokens(
+            shorten_tokens(tokens, k, clip.text_pool_type, clip.text_eos_id, self.text_mode, seed, index)
+        )
 
 
 def build(cfg: Any, model: Any, model_cfg: dict, total_steps: int) -> StagePlan | None:

@@ -55,8 +55,9 @@ class _Mover:
 
     def __init__(self, inputs: StepInputs, ranges: list[tuple[int, int]], device: torch.device):
         self.inputs, self.ranges, self.device = inputs, ranges, device
-        self.stream = (torch.cuda.Stream(device) if device.type == "cuda" and inputs.image.device.type == "cpu"
-                       else None)
+        self.stream = (
+            torch.cuda.Stream(device) if device.type == "cuda" and inputs.image.device.type == "cpu" else None
+        )
         self.pending: dict[int, tuple[Tensor, Tensor]] = {}
 
     def _copy(self, i: int) -> tuple[Tensor, Tensor]:
@@ -87,7 +88,9 @@ class _Mover:
 @contextlib.contextmanager
 def _frozen_norm_buffers(model: nn.Module) -> Iterator[None]:
     """Restore BatchNorm running statistics after the block (the graph-free pass of the cache)."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    norms = [
+        m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
     saved = [{k: v.clone() for k, v in m.state_dict().items()} for m in norms]
     try:
         yield
@@ -101,8 +104,14 @@ def _ranges(b: int, micro: int) -> list[tuple[int, int]]:
     return [(s, min(s + m, b)) for s in range(0, b, m)]
 
 
-def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, int]], seed_of: Callable[[int], int],
-                     autocast: Callable, offload: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _cached_features(
+    model: nn.Module,
+    mover: _Mover,
+    ranges: list[tuple[int, int]],
+    seed_of: Callable[[int], int],
+    autocast: Callable,
+    offload: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Pass 1 of the cache: every micro-batch's features, written into [b, E] buffers allocated once at
     the first micro-batch (no list of chunks and concatenated copy alive together); in pinned host
     memory when ``offload`` on CUDA (the caller moves them back for the loss). Returns (x, y, the
@@ -117,8 +126,12 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
             x, y, scalars = out.image_features, out.text_features, out.scalars()
             if x_all is None:
                 host = offload and device.type == "cuda"
-                x_all, y_all = (torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="cpu" if host else t.device,
-                                            pin_memory=host) for t in (x, y))
+                x_all, y_all = (
+                    torch.empty(
+                        (b, *t.shape[1:]), dtype=t.dtype, device="cpu" if host else t.device, pin_memory=host
+                    )
+                    for t in (x, y)
+                )
             x_all[start:stop].copy_(x, non_blocking=True)
             y_all[start:stop].copy_(y, non_blocking=True)
     if x_all.device != device:
@@ -126,8 +139,9 @@ def _cached_features(model: nn.Module, mover: _Mover, ranges: list[tuple[int, in
     return x_all, y_all, scalars
 
 
-def _loss(loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs,
-          poison: bool) -> Tensor:
+def _loss(
+    loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs, poison: bool
+) -> Tensor:
     """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]) and the batch's ids (and
     reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and y);
     ``poison`` multiplies x by NaN first (module docstring)."""
@@ -137,9 +151,18 @@ def _loss(loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], in
     return loss_fn(x * float("nan") if poison else x, y, scalars[0], inputs.index, logit_bias=bias, **extra)
 
 
-def forward_backward(model: nn.Module, loss_fn: TrainingLoss, inputs: StepInputs, *, micro_batch_size: int,
-                     seed_of: Callable[[int], int], autocast: Callable, scale: Callable[[Tensor], Tensor] = lambda t: t,
-                     poison: bool = False, offload_features: bool = False) -> Tensor:
+def forward_backward(
+    model: nn.Module,
+    loss_fn: TrainingLoss,
+    inputs: StepInputs,
+    *,
+    micro_batch_size: int,
+    seed_of: Callable[[int], int],
+    autocast: Callable,
+    scale: Callable[[Tensor], Tensor] = lambda t: t,
+    poison: bool = False,
+    offload_features: bool = False,
+) -> Tensor:
     """Gradients of this rank's share of the global objective into the parameters; returns the share
     (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``core.seeds.stream_seed``); ``autocast`` is a
     context-manager factory; ``scale`` multiplies what is back-propagated (a GradScaler's ``scale``: equal

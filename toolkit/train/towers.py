@@ -35,7 +35,11 @@ def _tower_params(clip: Any, tower: str) -> list[Any]:
     visual = {id(p) for p in clip.visual.parameters()}
     if tower == "image":
         return list(clip.visual.parameters())
-    return [p for n, p in clip.named_parameters() if id(p) not in visual and n not in ("logit_scale", "logit_bias")]
+    return [
+        p
+        for n, p in clip.named_parameters()
+        if id(p) not in visual and n not in ("logit_scale", "logit_bias")
+    ]
 
 
 def _check_locks_something(clip: Any, tower: str, count: int, relock: Any) -> None:
@@ -47,25 +51,33 @@ def _check_locks_something(clip: Any, tower: str, count: int, relock: Any) -> No
     # the number of groups: the smallest count that leaves everything trainable (one relock per count)
     num = next(n for n in range(count + 1) if (relock(n), all(p.requires_grad for p in params))[1])
     key = "lock_image_unlocked_groups" if tower == "image" else "lock_text_unlocked_layers"
-    raise ValueError(f"{key} {count}: the {tower} tower has {num} layer groups as open_clip counts them (embeddings, "
-                     f"blocks, final norm, projection), so {num} or more leave all of it "
-                     f"trainable and nothing is locked; use at most {num - 1} (or drop lock_{tower} to train it "
-                     "whole)")
+    raise ValueError(
+        f"{key} {count}: the {tower} tower has {num} layer groups as open_clip counts them (embeddings, "
+        f"blocks, final norm, projection), so {num} or more leave all of it "
+        f"trainable and nothing is locked; use at most {num - 1} (or drop lock_{tower} to train it "
+        "whole)"
+    )
 
 
-def lock(clip: Any, lock_image: bool, image_unlocked_groups: int, lock_text: bool, text_unlocked_layers: int) -> None:
+def lock(
+    clip: Any, lock_image: bool, image_unlocked_groups: int, lock_text: bool, text_unlocked_layers: int
+) -> None:
     """Freeze the towers as open_clip_train does (module docstring). Refuses a model without the hook, and a
     count of unlocked groups/layers that would lock nothing (:func:`_check_locks_something`)."""
     if lock_image:
         if not hasattr(clip, "lock_image_tower"):
             raise ValueError(f"lock_image: {type(clip).__name__} has no image tower to lock")
         clip.lock_image_tower(unlocked_groups=image_unlocked_groups)
-        _check_locks_something(clip, "image", image_unlocked_groups, lambda n: clip.lock_image_tower(unlocked_groups=n))
+        _check_locks_something(
+            clip, "image", image_unlocked_groups, lambda n: clip.lock_image_tower(unlocked_groups=n)
+        )
     if lock_text:
         if not hasattr(clip, "lock_text_tower"):
             raise ValueError(f"lock_text: {type(clip).__name__} has no text tower to lock")
         clip.lock_text_tower(unlocked_layers=text_unlocked_layers)
-        _check_locks_something(clip, "text", text_unlocked_layers, lambda n: clip.lock_text_tower(unlocked_layers=n))
+        _check_locks_something(
+            clip, "text", text_unlocked_layers, lambda n: clip.lock_text_tower(unlocked_layers=n)
+        )
 
 
 def set_grad_checkpointing(clip: Any) -> None:
@@ -98,7 +110,10 @@ def compile_towers(model: Any) -> int:
     """Compile ``model`` (a ``TrainModel``) in place, block by block (module docstring); returns the number
     of modules compiled."""
     clip = model.clip
-    towers = [getattr(clip, "visual", None), getattr(clip, "transformer", None) or getattr(clip, "text", None)]
+    towers = [
+        getattr(clip, "visual", None),
+        getattr(clip, "transformer", None) or getattr(clip, "text", None),
+    ]
     targets: list[Any] = []
     for tower in (t for t in towers if t is not None):
         blocks = getattr(getattr(tower, "transformer", tower), "resblocks", None)
@@ -107,5 +122,7 @@ def compile_towers(model: Any) -> int:
         targets = [model]
     for module in targets:
         module.compile()
-    get_logger("train").info("compile: %d module(s) compiled (regional: one per transformer block)", len(targets))
+    get_logger("train").info(
+        "compile: %d module(s) compiled (regional: one per transformer block)", len(targets)
+    )
     return len(targets)

@@ -46,13 +46,25 @@ class Update:
     """Schedules and the update (module docstring). ``clip``: the open_clip model whose trainable
     parameters are optimised (its ``logit_scale`` with lr_tau when the objective learns it)."""
 
-    def __init__(self, clip: nn.Module, loss_fn: TrainingLoss, optim: OptimConfig, loss: LossConfig,
-                 total_steps: int, precision: str = "fp32"):
+    def __init__(
+        self,
+        clip: nn.Module,
+        loss_fn: TrainingLoss,
+        optim: OptimConfig,
+        loss: LossConfig,
+        total_steps: int,
+        precision: str = "fp32",
+    ):
         self.clip, self.loss_fn, self.optim_cfg, self.total_steps = clip, loss_fn, optim, total_steps
         self.optimizer = build_optimizer(clip, optim, loss.lr_tau)
         group = logit_scale_group(self.optimizer)
-        self.tau_ctl = None if group is None else TemperatureControl(
-            clip.logit_scale, group, lr_tau=loss.lr_tau or optim.lr, schedule=loss.lr_tau_schedule)
+        self.tau_ctl = (
+            None
+            if group is None
+            else TemperatureControl(
+                clip.logit_scale, group, lr_tau=loss.lr_tau or optim.lr, schedule=loss.lr_tau_schedule
+            )
+        )
         # the cosine τ schedule follows the model's lr curve (set_lr scales the group's initial lr); the
         # other two set the τ group's lr themselves each step
         self.tau_sets_lr = self.tau_ctl is not None and loss.lr_tau_schedule != "cosine"
@@ -83,8 +95,9 @@ class Update:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.params if p.grad is not None]
-        grad_norm = (self.clip_grad_norm(params, self.max_norm) if params
-                     else torch.zeros((), device=value.device))
+        grad_norm = (
+            self.clip_grad_norm(params, self.max_norm) if params else torch.zeros((), device=value.device)
+        )
         applied = bool(torch.isfinite(value) & torch.isfinite(grad_norm.to(value.device)))
         if applied:
             self._step()
@@ -116,7 +129,9 @@ class Update:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.tau_ctl is not None:  # torch's load_state_dict replaces the group dicts: τ's lr went to a stale one
+        if (
+            self.tau_ctl is not None
+        ):  # torch's load_state_dict replaces the group dicts: τ's lr went to a stale one
             self.tau_ctl.group = logit_scale_group(self.optimizer)
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

@@ -41,7 +41,9 @@ def make_eval_fn(cfg: EvalConfig) -> EvalFn | None:
             if frozen.get("eval") is not None:  # only the heads run once the trunks' features are cached
                 metrics = evaluate_frozen(frozen["eval"], eval_set, transform, batch_size=cfg.batch_size)[0]
             else:
-                metrics = evaluate_set(clip, tok, transform, eval_set, batch_size=cfg.batch_size, device=device)
+                metrics = evaluate_set(
+                    clip, tok, transform, eval_set, batch_size=cfg.batch_size, device=device
+                )
             out.update({f"eval/{eval_set.name}/{k}": v for k, v in metrics.items() if v is not None})
         return out
 
@@ -53,8 +55,10 @@ def _open_frozen(clip: Any, tok: Any, preprocess_cfg: dict, feature_cache: str) 
     The training model is left untouched: cold passes run on a folded copy of its image trunk."""
     from toolkit.eval.towercache import open_frozen
 
-    trunks = [getattr(getattr(clip, "visual", None), "trunk", None), getattr(getattr(clip, "text", None),
-                                                                            "transformer", None)]
+    trunks = [
+        getattr(getattr(clip, "visual", None), "trunk", None),
+        getattr(getattr(clip, "text", None), "transformer", None),
+    ]
     if any(t is None or any(p.requires_grad for p in t.parameters()) for t in trunks):
         return None
     opened = open_frozen(clip, tok, preprocess_cfg, feature_cache, copy_trunk=True)

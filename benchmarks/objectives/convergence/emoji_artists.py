@@ -65,11 +65,19 @@ def npm_package(spec: str, cache: Path) -> Path:
         return folder / "package"
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        out = subprocess.run(["npm", "pack", spec, "--silent"], cwd=folder, capture_output=True, text=True,
-                             timeout=600, check=True).stdout.split()
+        out = subprocess.run(
+            ["npm", "pack", spec, "--silent"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        ).stdout.split()
     except FileNotFoundError as err:
-        raise RuntimeError(f"artist package {spec} comes from npm, which is not installed (apt-get install npm); "
-                           "or leave its artist out with --train-artists") from err
+        raise RuntimeError(
+            f"artist package {spec} comes from npm, which is not installed (apt-get install npm); "
+            "or leave its artist out with --train-artists"
+        ) from err
     except subprocess.CalledProcessError as err:
         raise RuntimeError(f"npm pack {spec} failed in {folder}: {err.stderr.strip()[-500:]}") from err
     with tarfile.open(folder / out[-1]) as tar:
@@ -90,8 +98,10 @@ def _iconify_svgs(package: Path) -> dict[str, str]:
             continue
         icon = icons[name]
         w, h = icon.get("width", data.get("width", 16)), icon.get("height", data.get("height", 16))
-        out[code] = (f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
-                     f'viewBox="{icon.get("left", 0)} {icon.get("top", 0)} {w} {h}">{icon["body"]}</svg>')
+        out[code] = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" '
+            f'viewBox="{icon.get("left", 0)} {icon.get("top", 0)} {w} {h}">{icon["body"]}</svg>'
+        )
     return out
 
 
@@ -135,7 +145,7 @@ def _encode_images(pngs: list[bytes], desc: str) -> np.ndarray:
     out = []
     starts = range(0, len(pngs), ENCODE_BATCH)
     for start in progress(starts, total=len(starts), desc=f"features {desc}", unit="batches"):
-        pixels = np.stack([decode_rgb(p, tower.image_size)[0] for p in pngs[start:start + ENCODE_BATCH]])
+        pixels = np.stack([decode_rgb(p, tower.image_size)[0] for p in pngs[start : start + ENCODE_BATCH]])
         x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div_(255)
         # channels-last: 1.6x faster than contiguous NCHW for EfficientNet-Lite0 on CPU (64 images at 224 px,
         # 6.9 vs 4.4 images/s on 2 busy cores); the same numbers up to float rounding
@@ -166,7 +176,9 @@ def load_captions(concepts: list, cache: Path) -> Captions:
     path = cache / "features" / "captions.npz"
     if path.is_file():
         data = np.load(path)
-        return Captions([str(c) for c in data["codepoints"]], [str(c) for c in data["captions"]], data["text"])
+        return Captions(
+            [str(c) for c in data["codepoints"]], [str(c) for c in data["captions"]], data["text"]
+        )
     from toolkit.models import frozen
 
     codes, caps = [c.codepoints for c in concepts], [c.caption for c in concepts]
@@ -212,10 +224,13 @@ if __name__ == "__main__":  # precompute the cache alone
 
     from toolkit.core.log import setup_logging
 
-    parser = argparse.ArgumentParser(description="Compute (or check) the convergence benchmark's feature "
-                                     "cache of every artist's drawings and the captions.")
-    parser.add_argument("cache", nargs="?", default="runs/convergence",
-                        help="cache folder (default %(default)s)")
+    parser = argparse.ArgumentParser(
+        description="Compute (or check) the convergence benchmark's feature "
+        "cache of every artist's drawings and the captions."
+    )
+    parser.add_argument(
+        "cache", nargs="?", default="runs/convergence", help="cache folder (default %(default)s)"
+    )
     setup_logging()
     feats, caps = load_all(list(ARTISTS), Path(parser.parse_args().cache))
     for name, f in feats.items():

@@ -55,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", default="runs/convergence", help="features, npm packages and finished runs")
     p.add_argument("--train-artists", nargs="+", default=["twemoji", "noto", "fluent"])
     p.add_argument("--heldout-artist", default="openmoji")
-    p.add_argument("--heads", default="cliptk-small", help="model config whose embed_dim the heads project to")
+    p.add_argument(
+        "--heads", default="cliptk-small", help="model config whose embed_dim the heads project to"
+    )
     p.add_argument("--batches", type=int, nargs="+", default=[32, 64, 256])
     p.add_argument("--short-epochs", type=int, default=6)
     p.add_argument("--long-epochs", type=int, default=30)
@@ -65,24 +67,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="*", default=None, help="method names (default: every available one)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--val-fraction", type=float, default=0.15)
-    p.add_argument("--num-concepts", type=int, default=None, help="use this many concepts, evenly spaced over "
-                   "the Unicode order (default: all ~1,900; fewer makes every run proportionally cheaper)")
+    p.add_argument(
+        "--num-concepts",
+        type=int,
+        default=None,
+        help="use this many concepts, evenly spaced over "
+        "the Unicode order (default: all ~1,900; fewer makes every run proportionally cheaper)",
+    )
     p.add_argument("--eval-points", type=int, default=20, help="evaluations per run (the curves' resolution)")
     p.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
-    p.add_argument("--cached-only", action="store_true", help="train nothing: report the finished runs of "
-                   "CACHE/runs.jsonl, leaving out (and listing) every method whose tuning or seeds are unfinished")
-    p.add_argument("--quick", action="store_true", help="smoke run: batch 32, short regime of 2 epochs, "
-                   "2 seeds, 4 evaluations")
-    p.add_argument("--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cliptk-tiny cell "
-                   "(0: leave it out)")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="train nothing: report the finished runs of "
+        "CACHE/runs.jsonl, leaving out (and listing) every method whose tuning or seeds are unfinished",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: batch 32, short regime of 2 epochs, 2 seeds, 4 evaluations",
+    )
+    p.add_argument(
+        "--scratch-seeds",
+        type=int,
+        default=3,
+        help="seeds of the from-scratch cliptk-tiny cell (0: leave it out)",
+    )
     p.add_argument("--scratch-epochs", type=int, default=4)
-    p.add_argument("--knobs-from", default=None, help="a result JSON whose cells' tuned knobs are reused (same "
-                   "batch) instead of tuning here: cheaper, and reported as such")
+    p.add_argument(
+        "--knobs-from",
+        default=None,
+        help="a result JSON whose cells' tuned knobs are reused (same "
+        "batch) instead of tuning here: cheaper, and reported as such",
+    )
     p.add_argument("--long-knobs-from", default=None, help="as --knobs-from, for the long regime only")
     p.add_argument("--long-methods", nargs="+", default=None, help="the long regime's methods (default: all)")
-    p.add_argument("--long-batches", type=int, nargs="+", default=None, help="the long regime's batches "
-                   "(default: --batches)")
+    p.add_argument(
+        "--long-batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the long regime's batches (default: --batches)",
+    )
     p.add_argument("--out", default="benchmarks/objectives/results/convergence.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -101,10 +128,17 @@ def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
         for batch in (args.long_batches or args.batches) if regime == "long" else args.batches:
             per_epoch = max(1, num_train // batch)  # the trainer's steps_per_epoch
-            cells.append({"regime": regime, "batch": batch, "epochs": epochs, "steps_per_epoch": per_epoch,
-                          "methods": args.long_methods if regime == "long" else None,
-                          "steps": epochs * per_epoch,
-                          "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION))})
+            cells.append(
+                {
+                    "regime": regime,
+                    "batch": batch,
+                    "epochs": epochs,
+                    "steps_per_epoch": per_epoch,
+                    "methods": args.long_methods if regime == "long" else None,
+                    "steps": epochs * per_epoch,
+                    "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION)),
+                }
+            )
     return cells
 
 
@@ -125,19 +159,25 @@ def select_methods(names: list[str] | None) -> tuple[list[cm.Method], dict[str, 
     return chosen, skipped
 
 
-def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
-                 methods: list[cm.Method]) -> tuple[list[dict], list[str]]:
+def tune_and_run(
+    args: argparse.Namespace, runner: Runner, cells: list[dict], methods: list[cm.Method]
+) -> tuple[list[dict], list[str]]:
     """Tune every method in every cell on validation, run the chosen settings on all seeds, summarise.
     Returns the cells' summaries and the (cell, method)s left unfinished (``--cached-only``)."""
-    in_cell = {i: [m for m in methods if m.name in (cells[i].get("methods") or [m.name])] for i in range(len(cells))}
+    in_cell = {
+        i: [m for m in methods if m.name in (cells[i].get("methods") or [m.name])] for i in range(len(cells))
+    }
     searches = {(i, m.name): (cells[i], m, cm.Search(m)) for i in range(len(cells)) for m in in_cell[i]}
     if args.knobs_from:
         adopt_knobs(args.knobs_from, searches, {"short", "long"})
     if args.long_knobs_from:
         adopt_knobs(args.long_knobs_from, searches, {"long"})
     unfinished = tune(args, runner, searches)
-    final = {k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
-             for k, (cell, m, s) in searches.items() if k not in unfinished}
+    final = {
+        k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
+        for k, (cell, m, s) in searches.items()
+        if k not in unfinished
+    }
     runner.run_all([t for ts in final.values() for t in ts])
     unfinished |= {k for k, ts in final.items() if any(t["key"] not in runner.done for t in ts)}
     out = []
@@ -146,8 +186,15 @@ def tune_and_run(args: argparse.Namespace, runner: Runner, cells: list[dict],
         openclip = [m.name for m in in_cell[i] if m.is_openclip and m.name in names]
         if openclip:
             plain = tuple(m.name for m in in_cell[i] if m.kind == "openclip" and not m.is_openclip)
-            out.append(cr.summarise(cell, {n: runner.curves(final[(i, n)]) for n in names},
-                                    {n: searches[(i, n)][2].report() for n in names}, openclip, plain))
+            out.append(
+                cr.summarise(
+                    cell,
+                    {n: runner.curves(final[(i, n)]) for n in names},
+                    {n: searches[(i, n)][2].report() for n in names},
+                    openclip,
+                    plain,
+                )
+            )
     return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {name}" for i, name in unfinished)
 
 
@@ -169,12 +216,27 @@ def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
                 if parent_key in unfinished:
                     unfinished.add(k)
         live = [k for k in searches if k not in waiting and k not in unfinished]
-        points = [(k, knobs, [runner.task(searches[k][0], searches[k][1], {**searches[k][2].inherited, **knobs}, seed)
-                              for seed in tune_seeds]) for k in live for knobs in searches[k][2].pending()]
+        points = [
+            (
+                k,
+                knobs,
+                [
+                    runner.task(searches[k][0], searches[k][1], {**searches[k][2].inherited, **knobs}, seed)
+                    for seed in tune_seeds
+                ],
+            )
+            for k in live
+            for knobs in searches[k][2].pending()
+        ]
         if not points and not waiting:
             return unfinished
-        seeds = [runner.task(cell, m, {**s.inherited, **s.best}, seed) for k in live
-                 for cell, m, s in [searches[k]] if not s.pending() for seed in range(args.seeds)]
+        seeds = [
+            runner.task(cell, m, {**s.inherited, **s.best}, seed)
+            for k in live
+            for cell, m, s in [searches[k]]
+            if not s.pending()
+            for seed in range(args.seeds)
+        ]
         runner.run_all([t for _, _, ts in points for t in ts] + seeds)
         for k, knobs, ts in points:
             if any(t["key"] not in runner.done for t in ts):
@@ -199,8 +261,9 @@ def adopt_knobs(path: str, searches: dict, regimes: set[str]) -> None:
         search.adopt(source["rows"][method.name]["tuning"]["chosen"], f"{source['regime']} regime ({path})")
 
 
-def scratch_cell(args: argparse.Namespace, runner: Runner, lit: list[dict], methods: list[cm.Method],
-                 num_train: int) -> dict | None:
+def scratch_cell(
+    args: argparse.Namespace, runner: Runner, lit: list[dict], methods: list[cm.Method], num_train: int
+) -> dict | None:
     """The from-scratch cliptk-tiny cell at batch 64 (``--scratch-epochs``, ``--scratch-seeds``): the best
     OpenCLIP and the best cliptk objective of the LiT short-regime batch-64 cell, with the knobs tuned
     there (too slow to tune from scratch here: a cliptk-tiny step costs ~30 LiT steps)."""
@@ -209,12 +272,26 @@ def scratch_cell(args: argparse.Namespace, runner: Runner, lit: list[dict], meth
         print("scratch cell skipped: it takes its methods and knobs from the short regime's batch-64 cell")
         return None
     names = [n for n in (source["best_openclip"], source["best_cliptk"]) if n is not None]
-    cell = {**make_cells(argparse.Namespace(**{**vars(args), "regimes": ["short"], "batches": [64],
-                                                "short_epochs": args.scratch_epochs}), num_train)[0],
-            "regime": "scratch", "mode": "scratch", "model": "cliptk-tiny", "knobs_from": "LiT short, batch 64"}
+    cell = {
+        **make_cells(
+            argparse.Namespace(
+                **{**vars(args), "regimes": ["short"], "batches": [64], "short_epochs": args.scratch_epochs}
+            ),
+            num_train,
+        )[0],
+        "regime": "scratch",
+        "mode": "scratch",
+        "model": "cliptk-tiny",
+        "knobs_from": "LiT short, batch 64",
+    }
     by_name = {m.name: m for m in methods}
-    tasks = {n: [runner.task(cell, by_name[n], source["rows"][n]["tuning"]["chosen"], seed)
-                 for seed in range(args.scratch_seeds)] for n in names}
+    tasks = {
+        n: [
+            runner.task(cell, by_name[n], source["rows"][n]["tuning"]["chosen"], seed)
+            for seed in range(args.scratch_seeds)
+        ]
+        for n in names
+    }
     runner.run_all([t for ts in tasks.values() for t in ts])
     reports = {n: source["rows"][n]["tuning"] for n in names}
     openclip = [n for n in names if by_name[n].is_openclip]
@@ -237,15 +314,32 @@ def main(argv: list[str] | None = None) -> dict:
         scratch = scratch_cell(args, runner, results, methods, num_train)
         results += [scratch] if scratch is not None else []
     runner.close()
-    meta = {**data.counts(), "train_artists": args.train_artists, "heldout_artist": args.heldout_artist,
-            "val_fraction": args.val_fraction, "lr": args.lr, "weight_decay": 0.1, "warmup_fraction": WARMUP_FRACTION,
-            "heads": args.heads, "seeds": args.seeds, "tune_seeds": args.tune_seeds, "eval_points": args.eval_points,
-            "scratch_seeds": args.scratch_seeds, "scratch_epochs": args.scratch_epochs,
-            "gamma_decay_fraction": GAMMA_DECAY_FRACTION, "workers": args.workers, "quick": args.quick,
-            "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
-            "skipped_methods": skipped, "unfinished": unfinished, "cached_only": args.cached_only,
-            "num_concepts": args.num_concepts, "knobs_from": args.knobs_from, "long_knobs_from": args.long_knobs_from,
-            "wall_s": round(time.monotonic() - start, 1)}
+    meta = {
+        **data.counts(),
+        "train_artists": args.train_artists,
+        "heldout_artist": args.heldout_artist,
+        "val_fraction": args.val_fraction,
+        "lr": args.lr,
+        "weight_decay": 0.1,
+        "warmup_fraction": WARMUP_FRACTION,
+        "heads": args.heads,
+        "seeds": args.seeds,
+        "tune_seeds": args.tune_seeds,
+        "eval_points": args.eval_points,
+        "scratch_seeds": args.scratch_seeds,
+        "scratch_epochs": args.scratch_epochs,
+        "gamma_decay_fraction": GAMMA_DECAY_FRACTION,
+        "workers": args.workers,
+        "quick": args.quick,
+        "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
+        "skipped_methods": skipped,
+        "unfinished": unfinished,
+        "cached_only": args.cached_only,
+        "num_concepts": args.num_concepts,
+        "knobs_from": args.knobs_from,
+        "long_knobs_from": args.long_knobs_from,
+        "wall_s": round(time.monotonic() - start, 1),
+    }
     report = {"config": meta, "results": results, "targets": cr.targets(results)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -53,51 +53,108 @@ TAUS = (0.02, 0.03, 0.05, 0.07, 0.1)
 GAMMAS = (0.1, 0.3, 1.0)
 GAMMA_BOUNDS = {"gamma_min": (1e-3, 1.0)}  # γ ≤ 1 (a convex combination); the option's own bound is γ > 0
 METHODS: tuple[Method, ...] = (
-    Method("openclip (learnable τ)", {"kind": "openclip", "mode": "gather", "learn_tau": True},
-           {"lr_tau": (1e-4, 1e-3, 1e-2)}, is_openclip=True,
-           note="what users run by default: τ starts at 0.07 and is learned with its own lr"),
-    Method("openclip (fixed τ)", {"kind": "openclip", "mode": "gather", "learn_tau": False},
-           {"tau_init": TAUS}, is_openclip=True),
-    Method("fastclip-v1", {"kind": "fastclip", "version": "v1", "gamma_min": 0.2},
-           {"tau_init": TAUS, "gamma_min": GAMMAS}, bounds=GAMMA_BOUNDS, note="initial τ and final γ tuned"),
-    Method("fastclip-v3", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh", "gamma_min": 0.2},
-           {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0), "gamma_min": GAMMAS},
-           bounds=GAMMA_BOUNDS,
-           note="the CC3M preset's rule (step_thresh); initial τ, lr_tau, ρ and final γ tuned"),
-    Method("fastclip-v3 (u_drift)", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh",
-                                     "gamma_min": 0.2, "u_drift": "batch"},
-           {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0), "gamma_min": GAMMAS},
-           bounds=GAMMA_BOUNDS,
-           note="v3 with the batch drift correction of its estimators (docs/fastclip.md), tuned as v3"),
+    Method(
+        "openclip (learnable τ)",
+        {"kind": "openclip", "mode": "gather", "learn_tau": True},
+        {"lr_tau": (1e-4, 1e-3, 1e-2)},
+        is_openclip=True,
+        note="what users run by default: τ starts at 0.07 and is learned with its own lr",
+    ),
+    Method(
+        "openclip (fixed τ)",
+        {"kind": "openclip", "mode": "gather", "learn_tau": False},
+        {"tau_init": TAUS},
+        is_openclip=True,
+    ),
+    Method(
+        "fastclip-v1",
+        {"kind": "fastclip", "version": "v1", "gamma_min": 0.2},
+        {"tau_init": TAUS, "gamma_min": GAMMAS},
+        bounds=GAMMA_BOUNDS,
+        note="initial τ and final γ tuned",
+    ),
+    Method(
+        "fastclip-v3",
+        {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh", "gamma_min": 0.2},
+        {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0), "gamma_min": GAMMAS},
+        bounds=GAMMA_BOUNDS,
+        note="the CC3M preset's rule (step_thresh); initial τ, lr_tau, ρ and final γ tuned",
+    ),
+    Method(
+        "fastclip-v3 (u_drift)",
+        {
+            "kind": "fastclip",
+            "version": "v3",
+            "lr_tau_schedule": "step_thresh",
+            "gamma_min": 0.2,
+            "u_drift": "batch",
+        },
+        {"tau_init": TAUS, "lr_tau": (2e-5, 2e-4, 2e-3), "rho": (4.0, 6.5, 9.0), "gamma_min": GAMMAS},
+        bounds=GAMMA_BOUNDS,
+        note="v3 with the batch drift correction of its estimators (docs/fastclip.md), tuned as v3",
+    ),
     # the γ rules replace γ's tuning: each starts from the drift-corrected v3's tuned τ, lr_tau and ρ of the cell
     # (the same loss and τ rule; only how the estimators u are updated differs)
-    Method("fastclip-v3 (u_drift, drrho γ)", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh",
-                                              "u_drift": "batch", "gamma_rule": "drrho"},
-           inherits=("fastclip-v3 (u_drift)", ("tau_init", "lr_tau", "rho")), gamma_over_all_epochs=True,
-           note="DRRho-CLIP's γ rule: final γ = min(1, 4.177·E^-0.7265) reached over all E epochs (γ = 1 up to "
-                "7 epochs); τ, lr_tau and ρ from the drift-corrected v3 of the cell, nothing else tuned"),
-    Method("fastclip-v3 (scent)", {"kind": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh",
-                                   "u_update": "scent", "gamma_schedule": "constant"},
-           {"scent_gamma": (1.0, 3.0, 10.0)}, inherits=("fastclip-v3 (u_drift)", ("tau_init", "lr_tau", "rho")),
-           note="SCENT's estimator update (per-sample step σ(log u_i + γ_s), γ_s constant after epoch 0 as in "
-                "SCENT's scripts), without u_drift as published; γ_s tuned; τ, lr_tau and ρ from the "
-                "drift-corrected v3 of the cell"),
+    Method(
+        "fastclip-v3 (u_drift, drrho γ)",
+        {
+            "kind": "fastclip",
+            "version": "v3",
+            "lr_tau_schedule": "step_thresh",
+            "u_drift": "batch",
+            "gamma_rule": "drrho",
+        },
+        inherits=("fastclip-v3 (u_drift)", ("tau_init", "lr_tau", "rho")),
+        gamma_over_all_epochs=True,
+        note="DRRho-CLIP's γ rule: final γ = min(1, 4.177·E^-0.7265) reached over all E epochs (γ = 1 up to "
+        "7 epochs); τ, lr_tau and ρ from the drift-corrected v3 of the cell, nothing else tuned",
+    ),
+    Method(
+        "fastclip-v3 (scent)",
+        {
+            "kind": "fastclip",
+            "version": "v3",
+            "lr_tau_schedule": "step_thresh",
+            "u_update": "scent",
+            "gamma_schedule": "constant",
+        },
+        {"scent_gamma": (1.0, 3.0, 10.0)},
+        inherits=("fastclip-v3 (u_drift)", ("tau_init", "lr_tau", "rho")),
+        note="SCENT's estimator update (per-sample step σ(log u_i + γ_s), γ_s constant after epoch 0 as in "
+        "SCENT's scripts), without u_drift as published; γ_s tuned; τ, lr_tau and ρ from the "
+        "drift-corrected v3 of the cell",
+    ),
     # m = 256 prototypes, not the paper's 4,096: the paper's m serves millions of samples, these runs train on
     # ~1,000–4,800 pairs (and 4,096 made a step ~6x a FastCLIP step on the quick synthetic set here)
     # the same robust loss as v3: its τ and ρ start from v3's tuned values (a NeuCLIP step costs several v3
     # steps here, so its own search covers the network's lr)
-    Method("neuclip", {"kind": "neuclip", "mode": "fastclip", "lr_tau_schedule": "step_thresh",
-                       "neuclip.num_prototypes": 256},
-           {"neuclip.lr": (1e-3, 1e-2, 1e-1)}, inherits=("fastclip-v3", ("tau_init", "lr_tau", "rho")),
-           note="v3's loss and τ rule with v3's tuned initial τ, lr_tau and ρ of the cell; 256 prototypes; the "
-                "network's lr tuned; its other settings at their documented defaults"),
-    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"siglip_scale_init": (5.0, 10.0, 20.0)},
-           note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned"),
+    Method(
+        "neuclip",
+        {
+            "kind": "neuclip",
+            "mode": "fastclip",
+            "lr_tau_schedule": "step_thresh",
+            "neuclip.num_prototypes": 256,
+        },
+        {"neuclip.lr": (1e-3, 1e-2, 1e-1)},
+        inherits=("fastclip-v3", ("tau_init", "lr_tau", "rho")),
+        note="v3's loss and τ rule with v3's tuned initial τ, lr_tau and ρ of the cell; 256 prototypes; the "
+        "network's lr tuned; its other settings at their documented defaults",
+    ),
+    Method(
+        "siglip",
+        {"kind": "siglip", "mode": "gather"},
+        {"siglip_scale_init": (5.0, 10.0, 20.0)},
+        note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned",
+    ),
     # not a candidate for "the best OpenCLIP": the trainer's default itself, so its Δ is the default's (its runs
     # are the learnable-τ OpenCLIP's at that lr_tau: the run cache shares them)
-    Method("openclip (long-run default)", dict(choice.BY_BATCH_LONG[0][1]),
-           note="the trainer's default objective for runs of more than 12 planned epochs up to batch 128 "
-                "(toolkit/train/losses/choice.py), as it is: nothing tuned"),
+    Method(
+        "openclip (long-run default)",
+        dict(choice.BY_BATCH_LONG[0][1]),
+        note="the trainer's default objective for runs of more than 12 planned epochs up to batch 128 "
+        "(toolkit/train/losses/choice.py), as it is: nothing tuned",
+    ),
 )
 
 
@@ -152,7 +209,9 @@ class Search:
     ends_at_best: list[str] = field(default_factory=list)  # knobs whose best stayed at a grid end (limit hit)
     adopted_from: str = ""  # knobs taken from another cell's tuning instead of searched here
     inherited: dict[str, Any] = field(default_factory=dict)  # knobs fixed from another method's search
-    max_extensions: int = MAX_EXTENSIONS  # per knob and end (the from-scratch benchmark lowers it: runs cost minutes)
+    max_extensions: int = (
+        MAX_EXTENSIONS  # per knob and end (the from-scratch benchmark lowers it: runs cost minutes)
+    )
 
     def __post_init__(self) -> None:
         self.grids = {k: tuple(sorted(v)) for k, v in self.method.grid.items()}
@@ -206,10 +265,16 @@ class Search:
 
     def report(self) -> dict[str, Any]:
         """The grids as searched, every scored point and the chosen values (for the JSON)."""
-        return {"grids": {k: list(v) for k, v in self.grids.items()}, "chosen": {**self.inherited, **self.best},
-                "inherited": dict(self.inherited),
-                "ends_at_best": list(self.ends_at_best), "adopted_from": self.adopted_from,
-                "scores": [{**dict(zip(self.grids, p, strict=True)), "val_r1": s} for p, s in self.scores.items()]}
+        return {
+            "grids": {k: list(v) for k, v in self.grids.items()},
+            "chosen": {**self.inherited, **self.best},
+            "inherited": dict(self.inherited),
+            "ends_at_best": list(self.ends_at_best),
+            "adopted_from": self.adopted_from,
+            "scores": [
+                {**dict(zip(self.grids, p, strict=True)), "val_r1": s} for p, s in self.scores.items()
+            ],
+        }
 
 
 def describe(knobs: dict[str, Any]) -> str:

@@ -40,18 +40,27 @@ class Data:
         where = {c: i for i, c in enumerate(caps.codepoints)}
         total = len(caps.codepoints)
         num = min(args.num_concepts or total, total)
-        kept = np.asarray([i * total // num for i in range(num)])  # evenly over the Unicode order, as the demo
+        kept = np.asarray(
+            [i * total // num for i in range(num)]
+        )  # evenly over the Unicode order, as the demo
         order = kept[np.random.default_rng(SPLIT_SEED).permutation(num)]
         num_val = round(num * args.val_fraction)
         # the k-th validation concept is held back from training artist k mod A (the others keep theirs)
-        held_back = {int(c): args.train_artists[k % len(args.train_artists)] for k, c in enumerate(order[:num_val])}
+        held_back = {
+            int(c): args.train_artists[k % len(args.train_artists)] for k, c in enumerate(order[:num_val])
+        }
         keep = set(kept.tolist())
         self.pairs: dict[str, list[tuple[str, int, int]]] = {s: [] for s in SPLITS}
         for artist in [*args.train_artists, args.heldout_artist]:
             for row, code in enumerate(self.feats[artist].codepoints):
                 if where[code] in keep:
-                    split = "held" if artist == args.heldout_artist else \
-                        "val" if held_back.get(where[code]) == artist else "train"
+                    split = (
+                        "held"
+                        if artist == args.heldout_artist
+                        else "val"
+                        if held_back.get(where[code]) == artist
+                        else "train"
+                    )
                     self.pairs[split].append((artist, row, where[code]))
         self.sets = {"lit": self._gather({a: f.image for a, f in self.feats.items()}, caps.text, np.float16)}
         if scratch:
@@ -85,8 +94,10 @@ class Bench:
 
         torch.set_num_threads(1)  # small models: one thread per worker, workers in parallel
         self.args, self.data = args, Data(args, scratch)
-        self.tensors = {mode: {s: tuple(torch.from_numpy(a) for a in pair) for s, pair in sets.items()}
-                        for mode, sets in self.data.sets.items()}
+        self.tensors = {
+            mode: {s: tuple(torch.from_numpy(a) for a in pair) for s, pair in sets.items()}
+            for mode, sets in self.data.sets.items()
+        }
         self.models: dict[tuple[str, int, bool], tuple] = {}
 
     def dataset(self, mode: str):
@@ -98,9 +109,16 @@ class Bench:
         if mode == "scratch":
             fields = [Field.make("image", image.shape[1:]), Field.make("tokens", text.shape[1:])]
             return TrainDataset(len(image), fields, [], 1, root=self.args.cache)
-        towers = {"image_tower": {"kind": "efficientnet_lite0", "image_size": 224, "weights": "",
-                                  "mean": list(frozen.LITE_MEAN), "std": list(frozen.LITE_STD)},
-                  "text_tower": {"kind": "minilm", "context_length": frozen.MINILM_CONTEXT_LENGTH, "weights": ""}}
+        towers = {
+            "image_tower": {
+                "kind": "efficientnet_lite0",
+                "image_size": 224,
+                "weights": "",
+                "mean": list(frozen.LITE_MEAN),
+                "std": list(frozen.LITE_STD),
+            },
+            "text_tower": {"kind": "minilm", "context_length": frozen.MINILM_CONTEXT_LENGTH, "weights": ""},
+        }
         fields = [Field.make("image_features", image.shape[1:]), Field.make("text_features", text.shape[1:])]
         return TrainDataset(len(image), fields, [], 1, extra=towers, root=self.args.cache)
 
@@ -114,8 +132,15 @@ class Bench:
         bias = loss_cfg.init_logit_bias  # sigmoid losses: the model carries a learnable logit bias
         key = (mode, seed, bias is not None)
         if key not in self.models:
-            built = model_lib.build(self.model_name(mode), "", self.dataset(mode), loss_cfg.initial_tau, True,
-                                    seed, logit_bias=bias)
+            built = model_lib.build(
+                self.model_name(mode),
+                "",
+                self.dataset(mode),
+                loss_cfg.initial_tau,
+                True,
+                seed,
+                logit_bias=bias,
+            )
             init = {k: v.detach().clone() for k, v in built.model.named_parameters() if v.requires_grad}
             self.models[key] = (built, init)
         built, init = self.models[key]
@@ -163,14 +188,21 @@ class Bench:
         curve = {"step": [], "heldout": [], "val": []}
         for t in range(steps):  # one process: this rank's slice of global batch t is all of it
             ids = torch.from_numpy(order.batch_ids(t))
-            train_step(parts, state, {"step": t, keys[0]: image[ids], keys[1]: text[ids], "index": ids,
-                                      **self.batch_extras(ids)})
+            train_step(
+                parts,
+                state,
+                {"step": t, keys[0]: image[ids], keys[1]: text[ids], "index": ids, **self.batch_extras(ids)},
+            )
             if t + 1 in evals:
                 curve["step"].append(t + 1)
                 curve["heldout"].append(self.scores(parts.built.model, mode, "held"))
                 curve["val"].append(self.scores(parts.built.model, mode, "val"))
-        return {**curve, "tau": parts.update.temperature(), "skipped_steps": state.skipped_steps,
-                "wall_s": time.monotonic() - start}
+        return {
+            **curve,
+            "tau": parts.update.temperature(),
+            "skipped_steps": state.skipped_steps,
+            "wall_s": time.monotonic() - start,
+        }
 
     def batch_extras(self, ids) -> dict:
         """More keys of the batch of training rows ``ids`` [b] (none here; the reference benchmark's
@@ -193,9 +225,19 @@ class Bench:
 
         optim = OptimConfig(lr=self.args.lr, weight_decay=0.1, warmup_steps=int(steps * WARMUP_FRACTION))
         # a tuning grid's extreme may diverge: its skipped steps are counted and reported, never an abort
-        cfg = TrainConfig(data=str(self.args.cache), out=str(Path(self.args.cache) / "unsaved"),
-                          model=self.model_name(mode), batch_size=batch, steps=steps, seed=seed, device="cpu",
-                          max_nonfinite_steps=steps + 1, tensorboard=False, loss=loss_cfg, optim=optim)
+        cfg = TrainConfig(
+            data=str(self.args.cache),
+            out=str(Path(self.args.cache) / "unsaved"),
+            model=self.model_name(mode),
+            batch_size=batch,
+            steps=steps,
+            seed=seed,
+            device="cpu",
+            max_nonfinite_steps=steps + 1,
+            tensorboard=False,
+            loss=loss_cfg,
+            optim=optim,
+        )
         rt = Runtime(rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
         dataset = self.dataset(mode)
         data = TrainData(cfg.data_plan(), rt, dataset)
@@ -242,8 +284,14 @@ class Runner:
 
     def __init__(self, args: argparse.Namespace, data: Data, scratch: bool = False):
         self.args, self.path, self.scratch, self.pool = args, Path(args.cache) / "runs.jsonl", scratch, None
-        self.common = {"version": RUN_CACHE_VERSION, "data": data.signature, "lr": args.lr, "heads": args.heads,
-                       "eval_points": args.eval_points, "warmup_fraction": WARMUP_FRACTION}
+        self.common = {
+            "version": RUN_CACHE_VERSION,
+            "data": data.signature,
+            "lr": args.lr,
+            "heads": args.heads,
+            "eval_points": args.eval_points,
+            "warmup_fraction": WARMUP_FRACTION,
+        }
         self.done: dict[str, dict] = {}
         if self.path.is_file() and not args.fresh:
             for line in self.path.read_text().splitlines():
@@ -260,12 +308,25 @@ class Runner:
         decay = cell["epochs"] if method.gamma_over_all_epochs else cell["gamma_decay_epochs"]
         fields = {**method.fields, "gamma_decay_epochs": decay, **knobs}
         mode = cell.get("mode", "lit")
-        ident = {**self.common, "mode": mode, "fields": fields, "batch": cell["batch"], "steps": cell["steps"],
-                 "seed": seed}
+        ident = {
+            **self.common,
+            "mode": mode,
+            "fields": fields,
+            "batch": cell["batch"],
+            "steps": cell["steps"],
+            "seed": seed,
+        }
         key = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-        return {"key": key, "mode": mode, "method": method.name, "fields": fields, "batch": cell["batch"],
-                "steps": cell["steps"], "seed": seed,
-                "label": f"{cell['regime']} b{cell['batch']} {method.name} {cm.describe(knobs)} s{seed}"}
+        return {
+            "key": key,
+            "mode": mode,
+            "method": method.name,
+            "fields": fields,
+            "batch": cell["batch"],
+            "steps": cell["steps"],
+            "seed": seed,
+            "label": f"{cell['regime']} b{cell['batch']} {method.name} {cm.describe(knobs)} s{seed}",
+        }
 
     def curves(self, tasks: list[dict]) -> list[dict]:
         return [self.done[t["key"]] for t in tasks]
@@ -286,7 +347,9 @@ class Runner:
             return
         if self.pool is None:  # one pool for every round: each worker builds its data and models once
             ctx = multiprocessing.get_context("spawn")
-            self.pool = ctx.Pool(self.args.workers, initializer=_init_worker, initargs=(self.args, self.scratch))
+            self.pool = ctx.Pool(
+                self.args.workers, initializer=_init_worker, initargs=(self.args, self.scratch)
+            )
         self._collect(self.pool.imap_unordered(_run_task, todo), labels)
 
     def close(self) -> None:
@@ -302,6 +365,9 @@ class Runner:
                 self.done[key] = curve
                 fh.write(json.dumps({"key": key, "curve": curve}) + "\n")
                 fh.flush()
-                print(f"[{i}/{len(labels)}] {labels[key]}: val {100 * cr.mean_r1(curve['val'][-1]):.2f} held-out "
-                      f"{100 * cr.mean_r1(curve['heldout'][-1]):.2f} ({curve['wall_s']:.0f} s; "
-                      f"{time.monotonic() - self.started:.0f} s in all)", flush=True)
+                print(
+                    f"[{i}/{len(labels)}] {labels[key]}: val {100 * cr.mean_r1(curve['val'][-1]):.2f} held-out "
+                    f"{100 * cr.mean_r1(curve['heldout'][-1]):.2f} ({curve['wall_s']:.0f} s; "
+                    f"{time.monotonic() - self.started:.0f} s in all)",
+                    flush=True,
+                )

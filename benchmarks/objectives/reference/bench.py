@@ -43,8 +43,14 @@ def feed_reference_class():
             self.loss, self.reference = loss, None
 
         def forward(self, image_features, text_features, logit_scale, index, logit_bias=None):
-            return self.loss(image_features, text_features, logit_scale, index, logit_bias=logit_bias,
-                             reference=self.reference)
+            return self.loss(
+                image_features,
+                text_features,
+                logit_scale,
+                index,
+                logit_bias=logit_bias,
+                reference=self.reference,
+            )
 
         def global_value(self):
             return self.loss.global_value()
@@ -60,8 +66,10 @@ class RefBench(Bench):
 
         super().__init__(args, scratch)
         if len(reference.image) != len(self.data.pairs["train"]):
-            raise SystemExit(f"reference {args.reference_file}: {len(reference.image)} rows, the training set has "
-                             f"{len(self.data.pairs['train'])} pairs (made for other data: delete it to retrain)")
+            raise SystemExit(
+                f"reference {args.reference_file}: {len(reference.image)} rows, the training set has "
+                f"{len(self.data.pairs['train'])} pairs (made for other data: delete it to retrain)"
+            )
         self.reference = (torch.from_numpy(reference.image), torch.from_numpy(reference.text))
         self.feed = None
 
@@ -101,10 +109,17 @@ class RefRunner(Runner):
 
     def run_all(self, tasks: list[dict]) -> None:
         if self.args.workers <= 1:
-            if not isinstance(runs._BENCH, RefBench) or (self.scratch and "scratch" not in runs._BENCH.tensors):
+            if not isinstance(runs._BENCH, RefBench) or (
+                self.scratch and "scratch" not in runs._BENCH.tensors
+            ):
                 _init_ref_worker(self.args, self.scratch, self.args.reference_file)
-        elif self.pool is None and any(t["key"] not in self.done for t in tasks) and not self.args.cached_only:
+        elif (
+            self.pool is None and any(t["key"] not in self.done for t in tasks) and not self.args.cached_only
+        ):
             ctx = multiprocessing.get_context("spawn")
-            self.pool = ctx.Pool(self.args.workers, initializer=_init_ref_worker,
-                                 initargs=(self.args, self.scratch, self.args.reference_file))
+            self.pool = ctx.Pool(
+                self.args.workers,
+                initializer=_init_ref_worker,
+                initargs=(self.args, self.scratch, self.args.reference_file),
+            )
         super().run_all(tasks)

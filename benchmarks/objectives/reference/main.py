@@ -41,19 +41,44 @@ from benchmarks.objectives.reference.teacher import Reference, fit_by_artist, ti
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cache", default="runs/convergence", help="the convergence benchmark's cache (features, runs)")
+    p.add_argument(
+        "--cache", default="runs/convergence", help="the convergence benchmark's cache (features, runs)"
+    )
     p.add_argument("--train-artists", nargs="+", default=["twemoji", "noto", "fluent"])
     p.add_argument("--heldout-artist", default="openmoji")
-    p.add_argument("--reference-artists", nargs="+", default=["twemoji"], help="the reference's training artists "
-                   "(a subset of --train-artists: the reference sees less data than the students)")
-    p.add_argument("--reference-batch", type=int, default=64, help="the reference's batch (its OpenCLIP knobs come "
-                   "from this batch's short-regime cell of --knobs-from)")
-    p.add_argument("--reference-epochs", type=int, default=30, help="epochs of the reference over its own subset "
-                   "(default: the long regime's, so the reference is trained out, as a model a user already has)")
-    p.add_argument("--reference-file", default=None, help="where the reference's embeddings are kept (default "
-                   "CACHE/reference_<artists>_b<batch>.npz; delete it to retrain the reference)")
-    p.add_argument("--knobs-from", default="benchmarks/objectives/results/convergence.json", help="the convergence "
-                   "result whose cells give the best OpenCLIP and its tuned knobs, and FastCLIP v3's tuned knobs")
+    p.add_argument(
+        "--reference-artists",
+        nargs="+",
+        default=["twemoji"],
+        help="the reference's training artists "
+        "(a subset of --train-artists: the reference sees less data than the students)",
+    )
+    p.add_argument(
+        "--reference-batch",
+        type=int,
+        default=64,
+        help="the reference's batch (its OpenCLIP knobs come "
+        "from this batch's short-regime cell of --knobs-from)",
+    )
+    p.add_argument(
+        "--reference-epochs",
+        type=int,
+        default=30,
+        help="epochs of the reference over its own subset "
+        "(default: the long regime's, so the reference is trained out, as a model a user already has)",
+    )
+    p.add_argument(
+        "--reference-file",
+        default=None,
+        help="where the reference's embeddings are kept (default "
+        "CACHE/reference_<artists>_b<batch>.npz; delete it to retrain the reference)",
+    )
+    p.add_argument(
+        "--knobs-from",
+        default="benchmarks/objectives/results/convergence.json",
+        help="the convergence "
+        "result whose cells give the best OpenCLIP and its tuned knobs, and FastCLIP v3's tuned knobs",
+    )
     p.add_argument("--heads", default="cliptk-small")
     p.add_argument("--batches", type=int, nargs="+", default=[32, 64])
     p.add_argument("--regimes", nargs="+", default=["short"], choices=["short", "long"])
@@ -61,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-epochs", type=int, default=30)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--tune-seeds", type=int, default=1)
-    p.add_argument("--methods", nargs="*", default=None, help=f"of {', '.join(rm.KNOWN)} (default: the registered ones)")
+    p.add_argument(
+        "--methods", nargs="*", default=None, help=f"of {', '.join(rm.KNOWN)} (default: the registered ones)"
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--val-fraction", type=float, default=0.15)
     p.add_argument("--num-concepts", type=int, default=None)
@@ -69,31 +96,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
     p.add_argument("--cached-only", action="store_true", help="train no student: report finished runs only")
-    p.add_argument("--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cell (0: leave it out)")
+    p.add_argument(
+        "--scratch-seeds", type=int, default=3, help="seeds of the from-scratch cell (0: leave it out)"
+    )
     p.add_argument("--scratch-epochs", type=int, default=4)
-    p.add_argument("--scratch-methods", nargs="+", default=["drrho", rm.CONTROL], help="the reference-reading "
-                   "rows of the scratch cell (beside its best OpenCLIP; a scratch run costs ~30 LiT runs)")
-    p.add_argument("--scratch-tune", nargs="+", default=None, choices=rm.SCRATCH_KNOBS, metavar="KNOB",
-                   help="tune the scratch cell's distill row on that cell's own validation split (--tune-seeds runs "
-                   f"per grid point; a winning grid end is extended): distill.weight over {rm.SCRATCH_WEIGHTS} and, if named, "
-                   "distill.teacher_tau over half, once and twice the reference's τ (default: reuse the LiT "
-                   "batch-64 cell's knobs; other scratch rows always reuse them)")
-    p.add_argument("--tower-timing-pairs", type=int, default=32, help="drawings and captions through the frozen "
-                   "towers to time them (0: skip)")
-    p.add_argument("--quick", action="store_true", help="smoke run: batch 32, 2 epochs, 2 seeds, 4 evaluations, "
-                   "no scratch cell, no tower timing")
+    p.add_argument(
+        "--scratch-methods",
+        nargs="+",
+        default=["drrho", rm.CONTROL],
+        help="the reference-reading "
+        "rows of the scratch cell (beside its best OpenCLIP; a scratch run costs ~30 LiT runs)",
+    )
+    p.add_argument(
+        "--scratch-tune",
+        nargs="+",
+        default=None,
+        choices=rm.SCRATCH_KNOBS,
+        metavar="KNOB",
+        help="tune the scratch cell's distill row on that cell's own validation split (--tune-seeds runs "
+        f"per grid point; a winning grid end is extended): distill.weight over {rm.SCRATCH_WEIGHTS} and, if named, "
+        "distill.teacher_tau over half, once and twice the reference's τ (default: reuse the LiT "
+        "batch-64 cell's knobs; other scratch rows always reuse them)",
+    )
+    p.add_argument(
+        "--tower-timing-pairs",
+        type=int,
+        default=32,
+        help="drawings and captions through the frozen towers to time them (0: skip)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: batch 32, 2 epochs, 2 seeds, 4 evaluations, no scratch cell, no tower timing",
+    )
     p.add_argument("--out", default="benchmarks/objectives/results/reference.json")
     args = p.parse_args(argv)
     if args.quick:
         args.batches, args.regimes, args.short_epochs, args.reference_batch = [32], ["short"], 2, 32
         args.reference_epochs = 2
-        args.seeds, args.tune_seeds, args.eval_points, args.scratch_seeds, args.tower_timing_pairs = 2, 1, 4, 0, 0
+        args.seeds, args.tune_seeds, args.eval_points, args.scratch_seeds, args.tower_timing_pairs = (
+            2,
+            1,
+            4,
+            0,
+            0,
+        )
     if args.scratch_tune and "distill.weight" not in args.scratch_tune:
-        p.error("--scratch-tune: distill.weight is always tuned; name it (distill.teacher_tau only beside it)")
+        p.error(
+            "--scratch-tune: distill.weight is always tuned; name it (distill.teacher_tau only beside it)"
+        )
     if not set(args.reference_artists) < set(args.train_artists):
-        p.error("--reference-artists must be a proper subset of --train-artists (the reference sees less data)")
+        p.error(
+            "--reference-artists must be a proper subset of --train-artists (the reference sees less data)"
+        )
     args.reference_file = args.reference_file or str(
-        Path(args.cache) / f"reference_{'_'.join(args.reference_artists)}_b{args.reference_batch}_e{args.reference_epochs}.npz")
+        Path(args.cache)
+        / f"reference_{'_'.join(args.reference_artists)}_b{args.reference_batch}_e{args.reference_epochs}.npz"
+    )
     args.long_batches = args.long_methods = None  # as the convergence benchmark's make_cells reads them
     return args
 
@@ -120,16 +179,28 @@ def lit_searches(args, cells: list[dict], knobs: dict, names: list[str], ref: Re
     for i, cell in enumerate(cells):
         openclip, chosen = best_openclip(knobs, cell["regime"], cell["batch"])
         searches[(i, openclip.name)] = (cell, openclip, cm.Search(openclip))
-        searches[(i, openclip.name)][2].adopt(chosen, f"convergence benchmark's {cell['regime']} regime ({knobs['path']})")
-        v3 = source_cell(knobs, cell["regime"], cell["batch"])["rows"].get("fastclip-v3", {}).get("tuning", {})
+        searches[(i, openclip.name)][2].adopt(
+            chosen, f"convergence benchmark's {cell['regime']} regime ({knobs['path']})"
+        )
+        v3 = (
+            source_cell(knobs, cell["regime"], cell["batch"])["rows"].get("fastclip-v3", {}).get("tuning", {})
+        )
         for name in names:
-            method = rm.drrho(args.quick) if name == "drrho" else \
-                rm.distill({**openclip.fields, **chosen}, ref.meta["curve"]["tau"])
+            method = (
+                rm.drrho(args.quick)
+                if name == "drrho"
+                else rm.distill({**openclip.fields, **chosen}, ref.meta["curve"]["tau"])
+            )
             search = cm.Search(method)
             if name == "drrho":
                 search.inherit({k: v for k, v in v3.get("chosen", {}).items() if k in ("lr_tau", "rho")})
-                search.best.update({k: v for k, v in v3.get("chosen", {}).items() if k in search.grids
-                                    and v in search.grids[k]})
+                search.best.update(
+                    {
+                        k: v
+                        for k, v in v3.get("chosen", {}).items()
+                        if k in search.grids and v in search.grids[k]
+                    }
+                )
             searches[(i, name)] = (cell, method, search)
     return searches
 
@@ -157,8 +228,11 @@ def run_cells(args, runner: RefRunner, cells: list[dict], searches: dict) -> tup
 
 def finish(args, runner: RefRunner, cells: list[dict], searches: dict, unfinished: set, seeds: int):
     """Run every search's chosen setting on ``seeds`` seeds and summarise each cell against its OpenCLIP."""
-    final = {k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(seeds)]
-             for k, (cell, m, s) in searches.items() if k not in unfinished}
+    final = {
+        k: [runner.task(cell, m, {**s.inherited, **s.best}, seed) for seed in range(seeds)]
+        for k, (cell, m, s) in searches.items()
+        if k not in unfinished
+    }
     runner.run_all([t for ts in final.values() for t in ts])
     unfinished |= {k for k, ts in final.items() if any(t["key"] not in runner.done for t in ts)}
     out = []
@@ -166,24 +240,45 @@ def finish(args, runner: RefRunner, cells: list[dict], searches: dict, unfinishe
         names = [n for (j, n) in searches if j == i and (j, n) not in unfinished]
         openclip = [n for n in names if searches[(i, n)][1].is_openclip]
         if openclip:
-            out.append(cr.summarise(cell, {n: runner.curves(final[(i, n)]) for n in names},
-                                    {n: searches[(i, n)][2].report() for n in names}, openclip))
+            out.append(
+                cr.summarise(
+                    cell,
+                    {n: runner.curves(final[(i, n)]) for n in names},
+                    {n: searches[(i, n)][2].report() for n in names},
+                    openclip,
+                )
+            )
     return out, sorted(f"{cells[i]['regime']} batch {cells[i]['batch']}: {n}" for i, n in unfinished)
 
 
-def scratch_cell(args, runner: RefRunner, lit: dict, knobs: dict, num_train: int,
-                 teacher_tau: float) -> tuple[list[dict], list[str]]:
+def scratch_cell(
+    args, runner: RefRunner, lit: dict, knobs: dict, num_train: int, teacher_tau: float
+) -> tuple[list[dict], list[str]]:
     """The from-scratch cliptk-tiny cell at batch 64: the best OpenCLIP of the short batch-64 cell of
     --knobs-from, and the --scratch-methods rows with the knobs tuned here in the LiT short batch-64 cell, except
     distill under --scratch-tune: tuned on this cell's own validation split (its teacher: the reference, τ
     ``teacher_tau``), as the LiT cells tune, with --tune-seeds seeds per point."""
-    ns = argparse.Namespace(**{**vars(args), "regimes": ["short"], "batches": [64], "short_epochs": args.scratch_epochs,
-                               "seeds": args.scratch_seeds})
-    cell = {**make_cells(ns, num_train)[0], "regime": "scratch", "mode": "scratch", "model": "cliptk-tiny",
-            "knobs_from": "LiT short, batch 64"}
+    ns = argparse.Namespace(
+        **{
+            **vars(args),
+            "regimes": ["short"],
+            "batches": [64],
+            "short_epochs": args.scratch_epochs,
+            "seeds": args.scratch_seeds,
+        }
+    )
+    cell = {
+        **make_cells(ns, num_train)[0],
+        "regime": "scratch",
+        "mode": "scratch",
+        "model": "cliptk-tiny",
+        "knobs_from": "LiT short, batch 64",
+    }
     openclip, chosen = best_openclip(knobs, "short", 64)
     searches = {(0, openclip.name): (cell, openclip, cm.Search(openclip))}
-    searches[(0, openclip.name)][2].adopt(chosen, f"convergence benchmark's LiT short regime ({knobs['path']})")
+    searches[(0, openclip.name)][2].adopt(
+        chosen, f"convergence benchmark's LiT short regime ({knobs['path']})"
+    )
     for name in args.scratch_methods:
         if name == "distill" and args.scratch_tune:
             method = rm.distill_scratch({**openclip.fields, **chosen}, teacher_tau, args.scratch_tune)
@@ -211,9 +306,12 @@ def main(argv: list[str] | None = None) -> dict:
         openclip, chosen = best_openclip(knobs, "short", args.reference_batch)
         ref = train_reference(args, {"method": openclip.name, "fields": {**openclip.fields, **chosen}})
         ref.save(path)
-    print(f"reference: {ref.meta['artists']} ({ref.meta['num_train_pairs']} pairs), held-out R@1 "
-          f"{100 * cr.mean_r1(ref.meta['curve']['heldout'][-1]):.2f}; pass over {ref.meta['num_pass_pairs']} pairs "
-          f"{ref.meta['heads_pass_s']:.2f} s", flush=True)
+    print(
+        f"reference: {ref.meta['artists']} ({ref.meta['num_train_pairs']} pairs), held-out R@1 "
+        f"{100 * cr.mean_r1(ref.meta['curve']['heldout'][-1]):.2f}; pass over {ref.meta['num_pass_pairs']} pairs "
+        f"{ref.meta['heads_pass_s']:.2f} s",
+        flush=True,
+    )
     towers = time_towers(Path(args.cache), args.tower_timing_pairs) if args.tower_timing_pairs > 0 else {}
     runner = RefRunner(args, data, ref, args.scratch_seeds > 0, rm.READS_REFERENCE)
     num_train = data.counts()["num_train_pairs"]
@@ -226,7 +324,9 @@ def main(argv: list[str] | None = None) -> dict:
         scratch, left = scratch_cell(args, runner, lit, knobs, num_train, ref.meta["curve"]["tau"])
         results, unfinished = results + scratch, unfinished + left
     runner.close()
-    report = rr.build(args, data.counts(), ref, towers, results, skipped, unfinished, time.monotonic() - start)
+    report = rr.build(
+        args, data.counts(), ref, towers, results, skipped, unfinished, time.monotonic() - start
+    )
     report["reference"]["fit_by_artist"] = fit_by_artist(ref, data.pairs["train"], args.reference_batch)
     report["config"]["warmup_fraction"] = WARMUP_FRACTION
     out = Path(args.out)

@@ -23,8 +23,13 @@ from benchmarks.objectives.convergence import methods as cm
 
 # objective kinds that read a reference model's embeddings (a run's cache key then includes the reference)
 READS_REFERENCE = {"drrho", "distill"}
-DRRHO_FIELDS = {"kind": "drrho", "mode": "fastclip", "version": "v3", "lr_tau_schedule": "step_thresh",
-                "gamma_min": 0.2}
+DRRHO_FIELDS = {
+    "kind": "drrho",
+    "mode": "fastclip",
+    "version": "v3",
+    "lr_tau_schedule": "step_thresh",
+    "gamma_min": 0.2,
+}
 KNOWN = ("drrho", "distill")
 CONTROL = "drrho (β = 0)"
 # the from-scratch cell's own λ grid (``--scratch-tune``): a student far weaker than its teacher is MobileCLIP's
@@ -51,19 +56,32 @@ def drrho(quick: bool) -> cm.Method:
     grid = {"drrho.ref_weight": (0.25, 0.5, 1.0), "tau_init": cm.TAUS}
     if quick:  # the smoke run: β alone
         grid = {"drrho.ref_weight": (0.5, 1.0)}
-    return cm.Method("drrho", DRRHO_FIELDS, grid, bounds={"drrho.ref_weight": (0.0, 8.0)},
-                     note="DRRho-CLIP on v3's estimators; β and initial τ tuned from v3's tuned τ; v3's lr_tau and ρ")
+    return cm.Method(
+        "drrho",
+        DRRHO_FIELDS,
+        grid,
+        bounds={"drrho.ref_weight": (0.0, 8.0)},
+        note="DRRho-CLIP on v3's estimators; β and initial τ tuned from v3's tuned τ; v3's lr_tau and ρ",
+    )
 
 
 def control() -> cm.Method:
-    return cm.Method(CONTROL, {**DRRHO_FIELDS, "drrho.ref_weight": 0.0},
-                     note="drrho's chosen knobs with β = 0: the same loss without the reference")
+    return cm.Method(
+        CONTROL,
+        {**DRRHO_FIELDS, "drrho.ref_weight": 0.0},
+        note="drrho's chosen knobs with β = 0: the same loss without the reference",
+    )
 
 
 def distill(openclip_fields: dict[str, Any], teacher_tau: float) -> cm.Method:
     fields = {**openclip_fields, "kind": "distill", "distill.teacher_tau": round(teacher_tau, 5)}
-    return cm.Method("distill", fields, {"distill.weight": (0.25, 0.5, 0.75)}, bounds={"distill.weight": (0.0, 1.0)},
-                     note="the best OpenCLIP of the cell plus λ·KL to the reference's similarities; λ tuned")
+    return cm.Method(
+        "distill",
+        fields,
+        {"distill.weight": (0.25, 0.5, 0.75)},
+        bounds={"distill.weight": (0.0, 1.0)},
+        note="the best OpenCLIP of the cell plus λ·KL to the reference's similarities; λ tuned",
+    )
 
 
 def distill_scratch(openclip_fields: dict[str, Any], teacher_tau: float, knobs: list[str]) -> cm.Method:
@@ -72,17 +90,23 @@ def distill_scratch(openclip_fields: dict[str, Any], teacher_tau: float, knobs: 
     where the search starts, is the LiT cells' fixed choice, so the λ sweep reuses their run keys)."""
     unknown = set(knobs) - set(SCRATCH_KNOBS)
     if unknown or "distill.weight" not in knobs:
-        raise SystemExit(f"--scratch-tune {' '.join(knobs)}: tunes distill.weight and optionally "
-                         f"distill.teacher_tau (got {sorted(unknown) or 'no distill.weight'})")
+        raise SystemExit(
+            f"--scratch-tune {' '.join(knobs)}: tunes distill.weight and optionally "
+            f"distill.teacher_tau (got {sorted(unknown) or 'no distill.weight'})"
+        )
     method = distill(openclip_fields, teacher_tau)
     tau = method.fields["distill.teacher_tau"]
     grid = {"distill.weight": SCRATCH_WEIGHTS}
     if "distill.teacher_tau" in knobs:
         grid["distill.teacher_tau"] = (round(tau / 2, 5), tau, round(2 * tau, 5))
-    return cm.Method(method.name, method.fields, grid,
-                     bounds={"distill.weight": (0.0, 1.0), "distill.teacher_tau": (1e-3, 1.0)},
-                     note="distill tuned on the from-scratch cell's own validation split: λ up to 1 (KL only)"
-                          + (" and the teacher's τ" if len(grid) > 1 else ""))
+    return cm.Method(
+        method.name,
+        method.fields,
+        grid,
+        bounds={"distill.weight": (0.0, 1.0), "distill.teacher_tau": (1e-3, 1.0)},
+        note="distill tuned on the from-scratch cell's own validation split: λ up to 1 (KL only)"
+        + (" and the teacher's τ" if len(grid) > 1 else ""),
+    )
 
 
 def choose(names: list[str] | None) -> tuple[list[str], dict[str, str]]:

@@ -64,8 +64,10 @@ def restrict_training_set(bench: Bench, artists: list[str]) -> int:
     Validation and held-out pairs are untouched (the reference is scored on them, never tuned)."""
     keep = np.asarray([i for i, (a, _, _) in enumerate(bench.data.pairs["train"]) if a in artists])
     if len(keep) == 0:
-        raise SystemExit(f"--reference-artists {artists}: none of them is a training artist "
-                         f"({sorted({a for a, _, _ in bench.data.pairs['train']})})")
+        raise SystemExit(
+            f"--reference-artists {artists}: none of them is a training artist "
+            f"({sorted({a for a, _, _ in bench.data.pairs['train']})})"
+        )
     for mode, sets in bench.data.sets.items():
         image, text = sets["train"]
         sets["train"] = (image[keep], text[keep])
@@ -104,10 +106,21 @@ def train_reference(args: argparse.Namespace, openclip: dict) -> Reference:
     start = time.perf_counter()
     ref_image, ref_text = embed(model, image, text)
     pass_s = time.perf_counter() - start
-    meta = {"artists": list(args.reference_artists), "num_train_pairs": num_pairs, "batch": batch,
-            "epochs": args.reference_epochs, "steps": steps, "seed": REFERENCE_SEED, "method": openclip["method"],
-            "fields": openclip["fields"], "d_ref": int(ref_image.shape[1]), "curve": curve,
-            "train_wall_s": curve["wall_s"], "num_pass_pairs": len(image), "heads_pass_s": pass_s}
+    meta = {
+        "artists": list(args.reference_artists),
+        "num_train_pairs": num_pairs,
+        "batch": batch,
+        "epochs": args.reference_epochs,
+        "steps": steps,
+        "seed": REFERENCE_SEED,
+        "method": openclip["method"],
+        "fields": openclip["fields"],
+        "d_ref": int(ref_image.shape[1]),
+        "curve": curve,
+        "train_wall_s": curve["wall_s"],
+        "num_pass_pairs": len(image),
+        "heads_pass_s": pass_s,
+    }
     return Reference(ref_image, ref_text, meta)
 
 
@@ -126,7 +139,10 @@ def time_towers(cache: Path, num: int) -> dict:
     _, pngs = emoji_artists.drawings("twemoji", concepts[:num], cache)
     captions = [c.caption for c in concepts[:num]]
     try:  # the towers load first, untimed: a data-prep pass loads them once for all pairs
-        image_tower, text_tower = frozen.load_image_tower("efficientnet_lite0"), frozen.load_text_tower("minilm")
+        image_tower, text_tower = (
+            frozen.load_image_tower("efficientnet_lite0"),
+            frozen.load_text_tower("minilm"),
+        )
         start = time.perf_counter()
         _encode(image_tower, pngs)
         image_s = time.perf_counter() - start
@@ -135,9 +151,13 @@ def time_towers(cache: Path, num: int) -> dict:
         text_s = time.perf_counter() - start
     except (OSError, RuntimeError) as err:
         return {"error": f"{type(err).__name__}: {err}"[:300]}
-    return {"num_pairs": len(pngs), "image_tower_s": image_s, "text_tower_s": text_s,
-            "torch_threads": torch.get_num_threads(),
-            "towers_s_per_1000_pairs": 1000 * (image_s + text_s) / len(pngs)}
+    return {
+        "num_pairs": len(pngs),
+        "image_tower_s": image_s,
+        "text_tower_s": text_s,
+        "torch_threads": torch.get_num_threads(),
+        "towers_s_per_1000_pairs": 1000 * (image_s + text_s) / len(pngs),
+    }
 
 
 def _encode(tower, pngs: list[bytes]) -> None:
@@ -149,7 +169,7 @@ def _encode(tower, pngs: list[bytes]) -> None:
 
     mean, std = torch.tensor(tower.mean).view(1, 3, 1, 1), torch.tensor(tower.std).view(1, 3, 1, 1)
     for start in range(0, len(pngs), ENCODE_BATCH):
-        chunk = pngs[start:start + ENCODE_BATCH]
+        chunk = pngs[start : start + ENCODE_BATCH]
         pixels = np.stack([decode_rgb(p, tower.image_size)[0] for p in chunk])
         x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div_(255)
         x = ((x - mean) / std).contiguous(memory_format=torch.channels_last)
@@ -157,8 +177,9 @@ def _encode(tower, pngs: list[bytes]) -> None:
             tower.forward(x)
 
 
-
-def fit_by_artist(ref: Reference, pairs: list[tuple[str, int, int]], batch: int, num_batches: int = 200) -> dict:
+def fit_by_artist(
+    ref: Reference, pairs: list[tuple[str, int, int]], batch: int, num_batches: int = 200
+) -> dict:
     """How well the reference fits each training artist's pairs: {artist: {"num_pairs", "mean_r_ii" (the
     cosine of a pair's own image and text embeddings), "in_batch_i2t_r1" (image→text top-1 among ``batch``
     random training pairs, over ``num_batches`` draws; fixed seed)}}. The reference's own artists against
@@ -173,5 +194,11 @@ def fit_by_artist(ref: Reference, pairs: list[tuple[str, int, int]], batch: int,
         for a, ok in zip(artists[rows], correct, strict=True):
             hits[a].append(bool(ok))
     diag = (x * y).sum(1)
-    return {a: {"num_pairs": int((artists == a).sum()), "mean_r_ii": float(diag[artists == a].mean()),
-                "in_batch_i2t_r1": float(np.mean(h)) if h else None} for a, h in hits.items()}
+    return {
+        a: {
+            "num_pairs": int((artists == a).sum()),
+            "mean_r_ii": float(diag[artists == a].mean()),
+            "in_batch_i2t_r1": float(np.mean(h)) if h else None,
+        }
+        for a, h in hits.items()
+    }

@@ -37,11 +37,23 @@ class GlyphSet:
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        spec = {"min_fonts": args.min_fonts, "size": args.size, "scripts": args.scripts, "limit": args.limit,
-                "val": args.val_style, "held": args.heldout_style, "model": args.model, "version": 1}
+        spec = {
+            "min_fonts": args.min_fonts,
+            "size": args.size,
+            "scripts": args.scripts,
+            "limit": args.limit,
+            "val": args.val_style,
+            "held": args.heldout_style,
+            "model": args.model,
+            "version": 1,
+        }
         self.signature = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
         self.root = Path(args.cache).resolve() / f"set-{self.signature}"
-        self.glyphs, self.train, self.evalsets = self.root / "glyphs", self.root / "train", self.root / "evalsets"
+        self.glyphs, self.train, self.evalsets = (
+            self.root / "glyphs",
+            self.root / "train",
+            self.root / "evalsets",
+        )
         done = self.root / "counts.json"
         if not done.is_file():
             self._build(spec)
@@ -60,8 +72,15 @@ class GlyphSet:
 
         a = self.args
         self.root.mkdir(parents=True, exist_ok=True)
-        glyphs(GlyphsConfig(out=str(self.glyphs), size=a.size, min_fonts=a.min_fonts, scripts=list(a.scripts),
-                            limit=a.limit))
+        glyphs(
+            GlyphsConfig(
+                out=str(self.glyphs),
+                size=a.size,
+                min_fonts=a.min_fonts,
+                scripts=list(a.scripts),
+                limit=a.limit,
+            )
+        )
         styles = [s["name"] for s in json.loads((self.glyphs / "styles.json").read_text())["styles"]]
         for role, style in (("--val-style", a.val_style), ("--heldout-style", a.heldout_style)):
             if style not in styles:
@@ -71,20 +90,46 @@ class GlyphSet:
         alike = {r["codepoint"] for r in _rows(self.glyphs / "characters.csv") if r["lookalike"] == "1"}
 
         def pairs(style: str, distinct: bool = False) -> list[tuple[str, str]]:
-            return [(str(self.glyphs / r["path"]), r["caption"]) for r in _rows(self.glyphs / f"{style}.csv")
-                    if not (distinct and r["codepoint"] in alike)]
+            return [
+                (str(self.glyphs / r["path"]), r["caption"])
+                for r in _rows(self.glyphs / f"{style}.csv")
+                if not (distinct and r["codepoint"] in alike)
+            ]
 
         train_styles = [s for s in styles if s not in (a.val_style, a.heldout_style)]
-        lists = {"train": [p for s in train_styles for p in pairs(s)], "val": pairs(a.val_style),
-                 "held": pairs(a.heldout_style), "held_distinct": pairs(a.heldout_style, distinct=True)}
+        lists = {
+            "train": [p for s in train_styles for p in pairs(s)],
+            "val": pairs(a.val_style),
+            "held": pairs(a.heldout_style),
+            "held_distinct": pairs(a.heldout_style, distinct=True),
+        }
         for name, rows in lists.items():
             _write_csv(self.root / f"{name}.csv", rows)
-        shard(ShardConfig(source=str(self.root / "train.csv"), out=str(self.root / "raw"), image_size=a.size,
-                          resize_mode="no", num_threads=1))
+        shard(
+            ShardConfig(
+                source=str(self.root / "train.csv"),
+                out=str(self.root / "raw"),
+                image_size=a.size,
+                resize_mode="no",
+                num_threads=1,
+            )
+        )
         precompute(PrecomputeConfig(input=str(self.root / "raw"), out=str(self.train), model=a.model))
         for name in EVAL_SETS:
-            build_set(BuildSetConfig(source="csv", task="retrieval", input=str(self.root / f"{name}.csv"),
-                                     image_column="path", out=str(self.evalsets / name)))
-        self._counts = {"num_characters": len(_rows(self.glyphs / "characters.csv")), "train_styles": train_styles,
-                        "val_style": a.val_style, "heldout_style": a.heldout_style,
-                        **{f"num_{k}_pairs": len(v) for k, v in lists.items()}, "spec": spec}
+            build_set(
+                BuildSetConfig(
+                    source="csv",
+                    task="retrieval",
+                    input=str(self.root / f"{name}.csv"),
+                    image_column="path",
+                    out=str(self.evalsets / name),
+                )
+            )
+        self._counts = {
+            "num_characters": len(_rows(self.glyphs / "characters.csv")),
+            "train_styles": train_styles,
+            "val_style": a.val_style,
+            "heldout_style": a.heldout_style,
+            **{f"num_{k}_pairs": len(v) for k, v in lists.items()},
+            "spec": spec,
+        }

@@ -57,23 +57,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-epochs", type=int, default=24)
     p.add_argument("--seeds", type=int, default=5, help="paired seeds per tuned method")
     p.add_argument("--tune-seeds", type=int, default=1, help="seeds per grid point on validation")
-    p.add_argument("--no-tune", action="store_true", help="no search: every knob at the middle of its grid "
-                   "(reported as untuned)")
-    p.add_argument("--untuned", nargs="*", default=[], help="methods run at the trainer's defaults of their "
-                   "knobs instead of searched (reported as untuned; cheaper)")
-    p.add_argument("--max-extensions", type=int, default=1, help="grid steps past a winning end, per knob "
-                   "and end")
-    p.add_argument("--methods", nargs="*", default=None, help=f"method names (default: "
-                   f"{', '.join(sm.DEFAULT_METHODS)}); known: {', '.join(m.name for m in sm.METHODS)}")
+    p.add_argument(
+        "--no-tune",
+        action="store_true",
+        help="no search: every knob at the middle of its grid (reported as untuned)",
+    )
+    p.add_argument(
+        "--untuned",
+        nargs="*",
+        default=[],
+        help="methods run at the trainer's defaults of their "
+        "knobs instead of searched (reported as untuned; cheaper)",
+    )
+    p.add_argument(
+        "--max-extensions", type=int, default=1, help="grid steps past a winning end, per knob and end"
+    )
+    p.add_argument(
+        "--methods",
+        nargs="*",
+        default=None,
+        help=f"method names (default: "
+        f"{', '.join(sm.DEFAULT_METHODS)}); known: {', '.join(m.name for m in sm.METHODS)}",
+    )
     p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (wd 0.1, 10%% warmup, cosine)")
     p.add_argument("--eval-points", type=int, default=6, help="evaluations per run (the curves' resolution)")
     p.add_argument("--workers", type=int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--run-timeout-s", type=float, default=3 * 3600)
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
     p.add_argument("--cached-only", action="store_true", help="train nothing: report finished runs only")
-    p.add_argument("--quick", action="store_true", help="smoke run: 60 characters in >= 12 styles, batch 32, "
-                   "1 epoch, 1 seed, the learnable-τ OpenCLIP and the drift-corrected v3, untuned "
-                   "(--no-tune)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 60 characters in >= 12 styles, batch 32, "
+        "1 epoch, 1 seed, the learnable-τ OpenCLIP and the drift-corrected v3, untuned "
+        "(--no-tune)",
+    )
     p.add_argument("--out", default="benchmarks/objectives/results/scratch.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -98,9 +116,16 @@ def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
         epochs = args.short_epochs if regime == "short" else args.long_epochs
         for batch in args.batches:
             per_epoch = max(1, num_train // batch)  # the trainer's steps per epoch (no partial batch)
-            cells.append({"regime": regime, "batch": batch, "epochs": epochs, "steps_per_epoch": per_epoch,
-                          "steps": epochs * per_epoch,
-                          "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION))})
+            cells.append(
+                {
+                    "regime": regime,
+                    "batch": batch,
+                    "epochs": epochs,
+                    "steps_per_epoch": per_epoch,
+                    "steps": epochs * per_epoch,
+                    "gamma_decay_epochs": max(1, round(epochs * GAMMA_DECAY_FRACTION)),
+                }
+            )
     return cells
 
 
@@ -114,8 +139,11 @@ def run_cell(args: argparse.Namespace, runner: Runner, cell: dict, methods: list
         elif m.name in args.untuned:
             search.adopt({}, "not tuned (--untuned: the trainer's defaults)")
     unfinished = convergence_main.tune(args, runner, searches)
-    final = {k: [runner.task(c, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
-             for k, (c, m, s) in searches.items() if k not in unfinished}
+    final = {
+        k: [runner.task(c, m, {**s.inherited, **s.best}, seed) for seed in range(args.seeds)]
+        for k, (c, m, s) in searches.items()
+        if k not in unfinished
+    }
     runner.run_all([t for ts in final.values() for t in ts])
     curves = {k[1]: runner.curves(ts) for k, ts in final.items()}
     done = {n: c for n, c in curves.items() if c is not None}
@@ -136,9 +164,17 @@ def write_runs(runner: Runner, path: Path) -> None:
         except json.JSONDecodeError:
             continue
         c = rec["curve"]
-        rows.append({"label": rec.get("label", rec["key"]), "val_r1": c["val"][-1], "heldout_r1": c["heldout"][-1],
-                     "heldout_r10": c["heldout_r10"], "median_rank": c["median_rank"],
-                     "distinct_r1": c["heldout_distinct"][-1], "wall_s": c["wall_s"]})
+        rows.append(
+            {
+                "label": rec.get("label", rec["key"]),
+                "val_r1": c["val"][-1],
+                "heldout_r1": c["heldout"][-1],
+                "heldout_r10": c["heldout_r10"],
+                "median_rank": c["median_rank"],
+                "distinct_r1": c["heldout_distinct"][-1],
+                "wall_s": c["wall_s"],
+            }
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows, indent=1) + "\n")
 
@@ -153,15 +189,29 @@ def main(argv: list[str] | None = None) -> dict:
     cells = make_cells(args, data.counts["num_train_pairs"])
 
     def write() -> dict:
-        meta = {**{k: v for k, v in data.counts.items() if k != "spec"}, "model": args.model, "lr": args.lr,
-                "weight_decay": 0.1, "warmup_fraction": WARMUP_FRACTION, "seeds": args.seeds,
-                "tune_seeds": args.tune_seeds, "max_extensions": args.max_extensions, "eval_points": args.eval_points,
-                "min_fonts": args.min_fonts, "size": args.size, "scripts": args.scripts, "limit": args.limit,
-                "gamma_decay_fraction": GAMMA_DECAY_FRACTION, "workers": args.workers, "quick": args.quick,
-                "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
-                "cells_planned": [f"{c['regime']} b{c['batch']}" for c in cells],
-                "cells_done": [f"{c['regime']} b{c['batch']}" for c in results],
-                "failed_runs": dict(runner.failed), "wall_s": round(time.monotonic() - start, 1)}
+        meta = {
+            **{k: v for k, v in data.counts.items() if k != "spec"},
+            "model": args.model,
+            "lr": args.lr,
+            "weight_decay": 0.1,
+            "warmup_fraction": WARMUP_FRACTION,
+            "seeds": args.seeds,
+            "tune_seeds": args.tune_seeds,
+            "max_extensions": args.max_extensions,
+            "eval_points": args.eval_points,
+            "min_fonts": args.min_fonts,
+            "size": args.size,
+            "scripts": args.scripts,
+            "limit": args.limit,
+            "gamma_decay_fraction": GAMMA_DECAY_FRACTION,
+            "workers": args.workers,
+            "quick": args.quick,
+            "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
+            "cells_planned": [f"{c['regime']} b{c['batch']}" for c in cells],
+            "cells_done": [f"{c['regime']} b{c['batch']}" for c in results],
+            "failed_runs": dict(runner.failed),
+            "wall_s": round(time.monotonic() - start, 1),
+        }
         report = {"config": meta, "results": results}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1) + "\n")

@@ -14,21 +14,50 @@ from benchmarks.objectives.convergence.methods import Method
 
 TAUS = (0.03, 0.05, 0.1)
 METHODS: tuple[Method, ...] = (
-    Method("openclip (learnable τ)", {"kind": "openclip", "mode": "gather", "learn_tau": True},
-           is_openclip=True, note="what users run by default: τ starts at 0.07, learned at the trainer's "
-                                  "default lr_tau (the model's lr); not tuned"),
-    Method("openclip (fixed τ)", {"kind": "openclip", "mode": "gather", "learn_tau": False},
-           {"tau_init": TAUS}, is_openclip=True, note="τ tuned"),
-    Method("fastclip-v3", {"kind": "fastclip", "fastclip.version": "v3"}, {"tau_init": TAUS},
-           note="initial τ tuned; γ decays to 0.2 over 18/37 of the planned epochs (as the trainer's rule)"),
-    Method("fastclip-v3 (u_drift)", {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch"},
-           {"tau_init": TAUS}, note="v3 with the batch drift correction of its estimators; initial τ tuned"),
-    Method("siglip", {"kind": "siglip", "mode": "gather"}, {"siglip.scale_init": (5.0, 10.0, 20.0)},
-           note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned"),
-    Method("neuclip", {"kind": "neuclip", "mode": "fastclip", "neuclip.num_prototypes": 256},
-           {"neuclip.lr": (1e-3, 1e-2, 1e-1)}, inherits=("fastclip-v3", ("tau_init",)),
-           note="v3's loss with v3's tuned initial τ of the cell; 256 prototypes; the network's lr tuned"),
-    Method("trainer default", {}, note="no loss given: `toolkit train` picks the objective from the run's "
-                                       "global batch and planned epochs (choice.py); nothing tuned"),
+    Method(
+        "openclip (learnable τ)",
+        {"kind": "openclip", "mode": "gather", "learn_tau": True},
+        is_openclip=True,
+        note="what users run by default: τ starts at 0.07, learned at the trainer's "
+        "default lr_tau (the model's lr); not tuned",
+    ),
+    Method(
+        "openclip (fixed τ)",
+        {"kind": "openclip", "mode": "gather", "learn_tau": False},
+        {"tau_init": TAUS},
+        is_openclip=True,
+        note="τ tuned",
+    ),
+    Method(
+        "fastclip-v3",
+        {"kind": "fastclip", "fastclip.version": "v3"},
+        {"tau_init": TAUS},
+        note="initial τ tuned; γ decays to 0.2 over 18/37 of the planned epochs (as the trainer's rule)",
+    ),
+    Method(
+        "fastclip-v3 (u_drift)",
+        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch"},
+        {"tau_init": TAUS},
+        note="v3 with the batch drift correction of its estimators; initial τ tuned",
+    ),
+    Method(
+        "siglip",
+        {"kind": "siglip", "mode": "gather"},
+        {"siglip.scale_init": (5.0, 10.0, 20.0)},
+        note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned",
+    ),
+    Method(
+        "neuclip",
+        {"kind": "neuclip", "mode": "fastclip", "neuclip.num_prototypes": 256},
+        {"neuclip.lr": (1e-3, 1e-2, 1e-1)},
+        inherits=("fastclip-v3", ("tau_init",)),
+        note="v3's loss with v3's tuned initial τ of the cell; 256 prototypes; the network's lr tuned",
+    ),
+    Method(
+        "trainer default",
+        {},
+        note="no loss given: `toolkit train` picks the objective from the run's "
+        "global batch and planned epochs (choice.py); nothing tuned",
+    ),
 )
 DEFAULT_METHODS = ("openclip (learnable τ)", "openclip (fixed τ)", "fastclip-v3", "fastclip-v3 (u_drift)")

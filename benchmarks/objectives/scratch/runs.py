@@ -51,13 +51,27 @@ def nested(fields: dict[str, Any]) -> dict[str, Any]:
 def train_config(args: argparse.Namespace, data: GlyphSet, task: dict, out: Path) -> dict[str, Any]:
     """The YAML of one run; ``task['fields'] is None``: no loss section (the trainer's default objective)."""
     steps = task["steps"]
-    cfg = {"data": str(data.train), "out": str(out), "model": args.model, "batch_size": task["batch"],
-           "steps": steps, "seed": task["seed"], "device": "cpu",
-           "optim": {"lr": args.lr, "weight_decay": 0.1, "warmup_steps": int(steps * WARMUP_FRACTION)},
-           "loader": {"num_workers": 0}, "log_every": max(1, steps // 50), "tensorboard": False,
-           "checkpoint": {"every_steps": 0, "keep": 1, "resume": "none"}, "max_nonfinite_steps": steps + 1,
-           "eval": {"every_steps": max(1, steps // args.eval_points), "root": str(data.evalsets),
-                    "datasets": list(SETS), "batch_size": 512}}
+    cfg = {
+        "data": str(data.train),
+        "out": str(out),
+        "model": args.model,
+        "batch_size": task["batch"],
+        "steps": steps,
+        "seed": task["seed"],
+        "device": "cpu",
+        "optim": {"lr": args.lr, "weight_decay": 0.1, "warmup_steps": int(steps * WARMUP_FRACTION)},
+        "loader": {"num_workers": 0},
+        "log_every": max(1, steps // 50),
+        "tensorboard": False,
+        "checkpoint": {"every_steps": 0, "keep": 1, "resume": "none"},
+        "max_nonfinite_steps": steps + 1,
+        "eval": {
+            "every_steps": max(1, steps // args.eval_points),
+            "root": str(data.evalsets),
+            "datasets": list(SETS),
+            "batch_size": 512,
+        },
+    }
     if task["fields"] is not None:
         cfg["loss"] = nested(task["fields"])
     else:  # the default objective, as a user gets it: planned by epochs, so the rule sees the run's epochs
@@ -91,8 +105,11 @@ def parse_metrics(path: Path) -> dict[str, Any]:
             return base_s
         return base_s + (step - base_step) * (after[1] - base_s) / (after[0] - base_step)
 
-    curve: dict[str, Any] = {"step": [r["step"] for r in evals], "samples_seen": [r["samples_seen"] for r in evals],
-                             "train_s": [round(train_s(r["step"]), 2) for r in evals]}
+    curve: dict[str, Any] = {
+        "step": [r["step"] for r in evals],
+        "samples_seen": [r["samples_seen"] for r in evals],
+        "train_s": [round(train_s(r["step"]), 2) for r in evals],
+    }
     for name, key in SETS.items():
         curve[key] = [_pair(r, name, 1) for r in evals]
     curve["heldout_r10"] = _pair(evals[-1], "held", 10)
@@ -116,8 +133,9 @@ def median_ranks(model_dir: Path, csv_path: Path) -> list[float]:
     with torch.no_grad():
         images = torch.stack([loaded.preprocess(Image.open(r["path"]).convert("RGB")) for r in rows])
         x = torch.nn.functional.normalize(loaded.model.encode_image(images), dim=-1)
-        y = torch.nn.functional.normalize(loaded.model.encode_text(loaded.tokenizer([r["caption"] for r in rows])),
-                                          dim=-1)
+        y = torch.nn.functional.normalize(
+            loaded.model.encode_text(loaded.tokenizer([r["caption"] for r in rows])), dim=-1
+        )
     sim = x @ y.T  # [N images, N captions], pair i on the diagonal
     truth = sim.diagonal()
     i2t = (sim > truth[:, None]).sum(1) + 1
@@ -130,20 +148,33 @@ def _run_one(args: argparse.Namespace, data: GlyphSet, task: dict) -> dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.in.yaml"
     cfg_path.write_text(yaml.safe_dump(train_config(args, data, task, out / "run"), sort_keys=False))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get(
-               "PYTHONPATH", "")) if p)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p),
+    }
     start = time.monotonic()
     with (out / "train.log").open("w") as log:
-        proc = subprocess.run([sys.executable, "-m", "toolkit", "train", "-c", str(cfg_path)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, timeout=args.run_timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit", "train", "-c", str(cfg_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=args.run_timeout_s,
+        )
     if proc.returncode != 0:
         tail = (out / "train.log").read_text()[-2000:]
         raise RuntimeError(f"{task['label']}: toolkit train exited {proc.returncode}:\n{tail}")
     curve = parse_metrics(out / "run" / "metrics.jsonl")
     curve["wall_s"] = round(time.monotonic() - start, 1)
-    curve["median_rank"] = {key: median_ranks(out / "run" / "model", data.root / f"{name}.csv")
-                            for name, key in SETS.items() if name != "val"}
+    curve["median_rank"] = {
+        key: median_ranks(out / "run" / "model", data.root / f"{name}.csv")
+        for name, key in SETS.items()
+        if name != "val"
+    }
     return curve
 
 
@@ -154,8 +185,14 @@ class Runner:
     def __init__(self, args: argparse.Namespace, data: GlyphSet, on_done=None):
         self.args, self.data, self.on_done = args, data, on_done
         self.path = Path(args.cache) / "runs.jsonl"
-        self.common = {"version": RUN_CACHE_VERSION, "data": data.signature, "lr": args.lr, "model": args.model,
-                       "eval_points": args.eval_points, "warmup_fraction": WARMUP_FRACTION}
+        self.common = {
+            "version": RUN_CACHE_VERSION,
+            "data": data.signature,
+            "lr": args.lr,
+            "model": args.model,
+            "eval_points": args.eval_points,
+            "warmup_fraction": WARMUP_FRACTION,
+        }
         self.done: dict[str, dict] = {}
         self.failed: dict[str, str] = {}
         self.lock = threading.Lock()
@@ -173,13 +210,28 @@ class Runner:
         fields = None if not method.fields else {**method.fields, **knobs}
         if fields is not None and str(fields.get("kind")) == "fastclip" and cell["epochs"] > 1:
             fields.setdefault("fastclip.gamma_decay_epochs", cell["gamma_decay_epochs"])
-        ident = {**self.common, "fields": fields, "batch": cell["batch"], "steps": cell["steps"],
-                 "epochs": cell["epochs"], "seed": seed}
+        ident = {
+            **self.common,
+            "fields": fields,
+            "batch": cell["batch"],
+            "steps": cell["steps"],
+            "epochs": cell["epochs"],
+            "seed": seed,
+        }
         key = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
         knob_text = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in knobs.items())
-        return {"key": key, "method": method.name, "fields": fields, "batch": cell["batch"], "steps": cell["steps"],
-                "epochs": cell["epochs"], "seed": seed,
-                "label": f"{cell['regime']} b{cell['batch']} {method.name} {knob_text} s{seed}".replace("  ", " ")}
+        return {
+            "key": key,
+            "method": method.name,
+            "fields": fields,
+            "batch": cell["batch"],
+            "steps": cell["steps"],
+            "epochs": cell["epochs"],
+            "seed": seed,
+            "label": f"{cell['regime']} b{cell['batch']} {method.name} {knob_text} s{seed}".replace(
+                "  ", " "
+            ),
+        }
 
     def curves(self, tasks: list[dict]) -> list[dict] | None:
         """The finished curves of ``tasks`` in order, or None when one is missing."""
@@ -188,7 +240,9 @@ class Runner:
         return [self.done[t["key"]] for t in tasks]
 
     def run_all(self, tasks: list[dict]) -> None:
-        todo = list({t["key"]: t for t in tasks if t["key"] not in self.done and t["key"] not in self.failed}.values())
+        todo = list(
+            {t["key"]: t for t in tasks if t["key"] not in self.done and t["key"] not in self.failed}.values()
+        )
         if self.args.cached_only or not todo:
             return
         with ThreadPoolExecutor(self.args.workers) as pool:
@@ -205,8 +259,11 @@ class Runner:
                     self.done[t["key"]] = curve
                     with self.path.open("a") as fh:
                         fh.write(json.dumps({"key": t["key"], "label": t["label"], "curve": curve}) + "\n")
-                print(f"[{i}/{len(todo)}] {t['label']}: val {50 * sum(curve['val'][-1]):.2f} held-out "
-                      f"{50 * sum(curve['heldout'][-1]):.2f} R@1 ({curve['wall_s']:.0f} s; "
-                      f"{time.monotonic() - self.started:.0f} s in all)", flush=True)
+                print(
+                    f"[{i}/{len(todo)}] {t['label']}: val {50 * sum(curve['val'][-1]):.2f} held-out "
+                    f"{50 * sum(curve['heldout'][-1]):.2f} R@1 ({curve['wall_s']:.0f} s; "
+                    f"{time.monotonic() - self.started:.0f} s in all)",
+                    flush=True,
+                )
                 if self.on_done is not None:
                     self.on_done()

@@ -14,8 +14,17 @@ from PIL import Image
 
 from toolkit.data.acquire.demo import COLUMNS, DemoConfig, caption_for, load_concepts, run
 
-GROUPS = {"Smileys & Emotion", "People & Body", "Animals & Nature", "Food & Drink", "Travel & Places",
-          "Activities", "Objects", "Symbols", "Flags"}
+GROUPS = {
+    "Smileys & Emotion",
+    "People & Body",
+    "Animals & Nature",
+    "Food & Drink",
+    "Travel & Places",
+    "Activities",
+    "Objects",
+    "Symbols",
+    "Flags",
+}
 pytestmark = pytest.mark.filterwarnings("ignore:value is deprecated:DeprecationWarning")
 
 
@@ -34,22 +43,34 @@ def demo(tmp_path_factory):
 
 def test_demo_layout_contract(demo):
     out, result = demo
-    assert result.outputs == {"root": str(out), "train_csv": str(out / "twemoji.csv"),
-                              "eval_csv": str(out / "openmoji.csv"), "train_urls": str(out / "twemoji_urls.csv"),
-                              "eval_urls": str(out / "openmoji_urls.csv")}
+    assert result.outputs == {
+        "root": str(out),
+        "train_csv": str(out / "twemoji.csv"),
+        "eval_csv": str(out / "openmoji.csv"),
+        "train_urls": str(out / "twemoji_urls.csv"),
+        "eval_urls": str(out / "openmoji_urls.csv"),
+    }
     assert result.counts["num_concepts"] == 30 and result.counts["num_groups"] == 9
     tw, tw_cols = read_csv(out / "twemoji.csv")
     om, om_cols = read_csv(out / "openmoji.csv")
-    assert tuple(tw_cols) == COLUMNS == ("path", "caption", "group", "subgroup", "codepoints") == tuple(om_cols)
+    assert (
+        tuple(tw_cols) == COLUMNS == ("path", "caption", "group", "subgroup", "codepoints") == tuple(om_cols)
+    )
     assert len(tw) == len(om) == 30
     assert {r["group"] for r in tw} == GROUPS
     assert tw[0]["caption"] == "grinning face" and tw[0]["codepoints"] == "1f600"
     captions = [r["caption"] for r in tw]
     assert len(set(captions)) == 30 and all(c.strip() == c and c for c in captions)
     for t, o in zip(tw, om, strict=True):
-        assert (t["caption"], t["group"], t["subgroup"], t["codepoints"]) == \
-               (o["caption"], o["group"], o["subgroup"], o["codepoints"])
-        assert t["path"] == f"twemoji/{t['codepoints']}.png" and o["path"] == f"openmoji/{o['codepoints']}.png"
+        assert (t["caption"], t["group"], t["subgroup"], t["codepoints"]) == (
+            o["caption"],
+            o["group"],
+            o["subgroup"],
+            o["codepoints"],
+        )
+        assert (
+            t["path"] == f"twemoji/{t['codepoints']}.png" and o["path"] == f"openmoji/{o['codepoints']}.png"
+        )
         a, b = Image.open(out / t["path"]), Image.open(out / o["path"])
         assert (a.format, a.mode, a.size) == (b.format, b.mode, b.size) == ("PNG", "RGB", (72, 72))
         x, y = np.asarray(a, np.float32), np.asarray(b, np.float32)
@@ -83,11 +104,29 @@ def test_demo_cli_base_url_then_shard_the_training_csv(tmp_path):
     config = tmp_path / "demo.yaml"
     config.write_text(f"out: {out}\n")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "demo", "-c", str(config), "--limit", "12",
-                           "--base-url", "http://127.0.0.1:8765"], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "demo",
+            "-c",
+            str(config),
+            "--limit",
+            "12",
+            "--base-url",
+            "http://127.0.0.1:8765",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("12 concepts in") and f"train_urls: {out / 'twemoji_urls.csv'}" in proc.stdout
+    assert (
+        proc.stdout.startswith("12 concepts in") and f"train_urls: {out / 'twemoji_urls.csv'}" in proc.stdout
+    )
     urls, _ = read_csv(out / "openmoji_urls.csv")
     assert all(u["url"].startswith("http://127.0.0.1:8765/openmoji/") for u in urls)
 
@@ -128,7 +167,9 @@ def test_demo_served_over_http_fetches_every_image(demo, tmp_path):
         urls = tmp_path / "urls.csv"
         rows, _ = read_csv(out / "twemoji.csv")
         with open(urls, "w", newline="") as fh:
-            csv.writer(fh).writerows([("url", "caption")] + [(server.url + r["path"], r["caption"]) for r in rows])
+            csv.writer(fh).writerows(
+                [("url", "caption")] + [(server.url + r["path"], r["caption"]) for r in rows]
+            )
         result = fetch(FetchConfig(urls=str(urls), out=str(tmp_path / "raw"), image_size=64))
         assert (result.counts["num_success"], result.counts["num_failed"]) == (30, 0)
         assert sum(server.request_counts.values()) == 30
@@ -143,7 +184,11 @@ def _datasource_tgz(path, set_name: str, codepoints: list[str]) -> None:
         for i, cp in enumerate(codepoints + ["sheet"]):
             buf = io.BytesIO()
             Image.new("RGBA", (64, 64), (40 * i % 255, 90, 200, 255 if i % 2 else 128)).save(buf, "PNG")
-            name = f"package/img/{set_name}/64/{cp}.png" if cp != "sheet" else f"package/img/{set_name}/sheets/s.png"
+            name = (
+                f"package/img/{set_name}/64/{cp}.png"
+                if cp != "sheet"
+                else f"package/img/{set_name}/sheets/s.png"
+            )
             info = tarfile.TarInfo(name)
             info.size = len(buf.getvalue())
             tar.addfile(info, io.BytesIO(buf.getvalue()))
@@ -161,8 +206,11 @@ def test_extra_artist_archives_join_the_training_urls(tmp_path):
     archive = tmp_path / "emoji-datasource-fake-1.0.0.tgz"
     _datasource_tgz(archive, "fake", names)
     out = tmp_path / "demo"
-    result = run(DemoConfig(out=str(out), limit=12, extra_artists=[str(archive), str(tmp_path / "none.tgz")],
-                            missing_ok=True))
+    result = run(
+        DemoConfig(
+            out=str(out), limit=12, extra_artists=[str(archive), str(tmp_path / "none.tgz")], missing_ok=True
+        )
+    )
     assert first.outputs["train_urls"].endswith("twemoji_urls.csv")
     assert result.outputs["train_urls"] == str(out / "train_urls.csv")
     assert result.counts["num_train_images"] == {"twemoji": 12, "fake": 7}

@@ -30,8 +30,16 @@ TIMEOUT_S = 1.0
 SLOW_S = 3.0  # the slow endpoint hangs up after this long: past the timeout, bounded so the server stops
 IMAGE_SIZE = 24
 PER_SHARD = 4
-EXPECTED_FAILURES = {"http_404": 2, "http_500": 1, "timeout": 2, "truncated_image": 1, "corrupt_image": 1,
-                     "not_an_image": 1, "empty_response": 1, "connection_refused": 1}
+EXPECTED_FAILURES = {
+    "http_404": 2,
+    "http_500": 1,
+    "timeout": 2,
+    "truncated_image": 1,
+    "corrupt_image": 1,
+    "not_an_image": 1,
+    "empty_response": 1,
+    "connection_refused": 1,
+}
 
 
 class BadHandler(QuietHandler):
@@ -86,10 +94,18 @@ def make_site(root, rng) -> list[tuple[str, str, str]]:
     (root / "empty.jpg").write_bytes(b"")
     refused = f"http://127.0.0.1:{_free_port()}/img.jpg"
     bad_3 = [("missing1.jpg", "gone", "http_404"), ("error", "server error", "http_500")]
-    bad_4 = [("slow1", "slow one", "timeout"), ("slow2", "slow two", "timeout"),
-             ("truncated.jpg", "half a jpeg", "truncated_image"), ("corrupt.png", "bad crc", "corrupt_image")]
-    bad_5 = [("page.jpg", "html page", "not_an_image"), ("empty.jpg", "zero bytes", "empty_response"),
-             (refused, "nobody listens", "connection_refused"), ("missing2.jpg", "gone too", "http_404")]
+    bad_4 = [
+        ("slow1", "slow one", "timeout"),
+        ("slow2", "slow two", "timeout"),
+        ("truncated.jpg", "half a jpeg", "truncated_image"),
+        ("corrupt.png", "bad crc", "corrupt_image"),
+    ]
+    bad_5 = [
+        ("page.jpg", "html page", "not_an_image"),
+        ("empty.jpg", "zero bytes", "empty_response"),
+        (refused, "nobody listens", "connection_refused"),
+        ("missing2.jpg", "gone too", "http_404"),
+    ]
     return good[:12] + good[12:] + bad_3 + bad_4 + bad_5
 
 
@@ -115,8 +131,14 @@ def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(si
     server, rows, work = site
     urls, out = work / "urls.csv", work / "raw"
     write_list(urls, server.url, rows)
-    cfg = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD,
-                      timeout_s=TIMEOUT_S, num_threads=4)
+    cfg = FetchConfig(
+        urls=str(urls),
+        out=str(out),
+        image_size=IMAGE_SIZE,
+        samples_per_shard=PER_SHARD,
+        timeout_s=TIMEOUT_S,
+        num_threads=4,
+    )
     result = run(cfg)
 
     c = result.counts
@@ -161,9 +183,26 @@ def test_fetch_counts_every_failure_by_reason_then_resumes_without_refetching(si
     config.write_text(f"urls: {urls}\nout: {out}\nimage_size: 999\nnum_threads: 4\n")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.run(
-        [sys.executable, "-m", "toolkit", "data", "fetch", "-c", str(config), "--image-size", str(IMAGE_SIZE),
-         "--samples-per-shard", str(PER_SHARD), "--timeout", str(TIMEOUT_S)],
-        capture_output=True, text=True, env=env, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "fetch",
+            "-c",
+            str(config),
+            "--image-size",
+            str(IMAGE_SIZE),
+            "--samples-per-shard",
+            str(PER_SHARD),
+            "--timeout",
+            str(TIMEOUT_S),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "24 URLs: 14 ok, 10 failed" in proc.stdout and "(5 resumed)" in proc.stdout
     assert "this run: 4 URLs" in proc.stdout
@@ -191,7 +230,9 @@ def test_fetch_without_any_valid_sample_fails_and_records_why(site):
     urls = work / "dead.txt"  # a txt list: one URL a line, no captions
     urls.write_text("".join(f"{server.url}nothing{i}.jpg\n" for i in range(3)))
     out = work / "dead"
-    with pytest.raises(RuntimeError, match=r"no image downloaded .*http_404: 3"):  # through img2dataset's pool
+    with pytest.raises(
+        RuntimeError, match=r"no image downloaded .*http_404: 3"
+    ):  # through img2dataset's pool
         run(FetchConfig(urls=str(urls), out=str(out), timeout_s=TIMEOUT_S, num_threads=2, num_processes=2))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["counts"]["failed_by_reason"] == {"http_404": 3}
@@ -238,25 +279,31 @@ def test_url_list_errors_name_the_file(tmp_path):
     assert not (tmp_path / "o").exists()  # nothing written for bad input
 
 
-@pytest.mark.parametrize("message, reason", [
-    ("success", "success"),
-    ("HTTP Error 404: Not Found", "http_404"),
-    ("HTTP Error 503: Service Unavailable", "http_503"),
-    ("<urlopen error timed out>", "timeout"),
-    ("The read operation timed out", "timeout"),
-    ("<urlopen error [Errno 111] Connection refused>", "connection_refused"),
-    ("<urlopen error [Errno -2] Name or service not known>", "dns_error"),
-    ("Remote end closed connection without response", "connection_error"),
-    ("IncompleteRead(10 bytes read, 90 more expected)", "incomplete_transfer"),
-    ("<urlopen error [Errno 2] No such file or directory: '/x.jpg'>", "file_not_found"),
-    ("unknown url type: 'abc'", "bad_url"),
-    ("Use of image disallowed by X-Robots-Tag directive", "disallowed_by_robots_tag"),
-    ("Image decoding error", "decode_error"),
-    ("image too small", "image_too_small"),
-    ("not an image: Pillow cannot identify the format (first bytes b'HTTP Error 404 timed out')", "not_an_image"),
-    ("missing caption: no a.txt beside the image", "missing_caption"),
-    ("something nobody expected", "other"),
-])
+@pytest.mark.parametrize(
+    "message, reason",
+    [
+        ("success", "success"),
+        ("HTTP Error 404: Not Found", "http_404"),
+        ("HTTP Error 503: Service Unavailable", "http_503"),
+        ("<urlopen error timed out>", "timeout"),
+        ("The read operation timed out", "timeout"),
+        ("<urlopen error [Errno 111] Connection refused>", "connection_refused"),
+        ("<urlopen error [Errno -2] Name or service not known>", "dns_error"),
+        ("Remote end closed connection without response", "connection_error"),
+        ("IncompleteRead(10 bytes read, 90 more expected)", "incomplete_transfer"),
+        ("<urlopen error [Errno 2] No such file or directory: '/x.jpg'>", "file_not_found"),
+        ("unknown url type: 'abc'", "bad_url"),
+        ("Use of image disallowed by X-Robots-Tag directive", "disallowed_by_robots_tag"),
+        ("Image decoding error", "decode_error"),
+        ("image too small", "image_too_small"),
+        (
+            "not an image: Pillow cannot identify the format (first bytes b'HTTP Error 404 timed out')",
+            "not_an_image",
+        ),
+        ("missing caption: no a.txt beside the image", "missing_caption"),
+        ("something nobody expected", "other"),
+    ],
+)
 def test_classify_messages(message, reason):
     assert reasons.classify(message) == reason
 
@@ -273,7 +320,9 @@ def test_strict_check_rejects_truncated_corrupt_bombs_and_non_images(monkeypatch
     assert check_image_bytes(jpeg) is None and check_image_bytes(png) is None
     assert reasons.classify(check_image_bytes(jpeg[: len(jpeg) // 2])) == "truncated_image"
     assert reasons.classify(check_image_bytes(png[:-30])) == "truncated_image"
-    assert reasons.classify(check_image_bytes(png[:60] + bytes([png[60] ^ 0xFF]) + png[61:])) == "corrupt_image"
+    assert (
+        reasons.classify(check_image_bytes(png[:60] + bytes([png[60] ^ 0xFF]) + png[61:])) == "corrupt_image"
+    )
     assert reasons.classify(check_image_bytes(rng.bytes(300))) == "not_an_image"
     assert reasons.classify(check_image_bytes(b"")) == "empty_response"
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 31x17 = 527 pixels > 2x the limit: a bomb
@@ -281,11 +330,19 @@ def test_strict_check_rejects_truncated_corrupt_bombs_and_non_images(monkeypatch
 
 
 def test_summarize_adds_up_and_reports_unrecorded_samples():
-    stats = {0: {"count": 5, "start_time": 10.0, "end_time": 12.0,
-                 "status_dict": {"success": 2, "HTTP Error 404: Not Found": 1,
-                                 "cannot identify image file <_io.BytesIO object at 0x7f00aa>": 1}},
-             1: {"count": 3, "start_time": 11.0, "end_time": 15.5,
-                 "status_dict": {"success": 3}}}
+    stats = {
+        0: {
+            "count": 5,
+            "start_time": 10.0,
+            "end_time": 12.0,
+            "status_dict": {
+                "success": 2,
+                "HTTP Error 404: Not Found": 1,
+                "cannot identify image file <_io.BytesIO object at 0x7f00aa>": 1,
+            },
+        },
+        1: {"count": 3, "start_time": 11.0, "end_time": 15.5, "status_dict": {"success": 3}},
+    }
     s = reasons.summarize(stats)
     assert (s["num_samples"], s["num_success"], s["num_failed"]) == (8, 5, 3)
     assert s["failed_by_reason"] == {"http_404": 1, "other": 1, "unrecorded": 1}
@@ -305,8 +362,11 @@ def test_run_timeout_stops_a_stalled_run_and_malformed_lists_fail_clearly(tmp_pa
     bad = tmp_path / "bad.csv"
     bad.write_text('url,caption\n"http://127.0.0.1:1/a.jpg,unterminated\n')
     # one bad row no longer aborts the run with pyarrow's traceback: it is skipped, named by its line
-    with pytest.raises(RuntimeError, match=r"no image downloaded .*1 rows skipped as malformed_row, e\.g\. "
-                                           r".*bad\.csv line 2: bad quoting: unexpected end of data"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"no image downloaded .*1 rows skipped as malformed_row, e\.g\. "
+        r".*bad\.csv line 2: bad quoting: unexpected end of data",
+    ):
         run(FetchConfig(urls=str(bad), out=str(tmp_path / "o2")))
 
 
@@ -318,8 +378,14 @@ def test_resume_fetches_again_finished_shards_whose_tar_parquet_and_stats_disagr
     server, rows, work = site
     urls, out = work / "verify.csv", work / "verify"
     write_list(urls, server.url, rows[:12])  # good images only: 3 shards of 4
-    cfg = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD,
-                      timeout_s=TIMEOUT_S, num_threads=4)
+    cfg = FetchConfig(
+        urls=str(urls),
+        out=str(out),
+        image_size=IMAGE_SIZE,
+        samples_per_shard=PER_SHARD,
+        timeout_s=TIMEOUT_S,
+        num_threads=4,
+    )
     assert run(cfg).counts["num_success"] == 12
     assert all(check_shard(str(out), i) is None for i in range(3))
     # shard 0: cut at a member boundary (tarfile sees a complete tar); shard 1: stats and parquet disagree
@@ -371,8 +437,13 @@ def test_second_fetch_into_the_same_out_fails_at_once_naming_the_first(tmp_path)
         while not ready.exists():
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        second = subprocess.run([sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(urls),
-                                 "--out", str(out)], capture_output=True, text=True, env=env, timeout=60)
+        second = subprocess.run(
+            [sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(urls), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
     finally:
         first.kill()
         first.wait(30)
@@ -380,7 +451,9 @@ def test_second_fetch_into_the_same_out_fails_at_once_naming_the_first(tmp_path)
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{out} is in use by another run (pid {first.pid} on " in errors[0]
     assert "Traceback" not in second.stderr and not (out / "_tmp").exists()
-    assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # the first run's, untouched
+    assert (
+        json.loads((out / "manifest.json").read_text())["status"] == "running"
+    )  # the first run's, untouched
 
 
 @pytest.mark.timeout(120)
@@ -391,18 +464,46 @@ def test_shards_without_a_manifest_are_resumed_only_if_they_hold_this_lists_rows
     server, rows, work = site
     urls, out = work / "foreign.csv", work / "foreign"
     write_list(urls, server.url, rows[:6])  # good images only
-    first = FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=2,
-                        timeout_s=TIMEOUT_S, num_threads=4)
+    first = FetchConfig(
+        urls=str(urls),
+        out=str(out),
+        image_size=IMAGE_SIZE,
+        samples_per_shard=2,
+        timeout_s=TIMEOUT_S,
+        num_threads=4,
+    )
     assert run(first).counts["num_success"] == 6
     (out / "manifest.json").unlink()  # now the folder looks like img2dataset's own output
-    with pytest.raises(ValueError, match=r"foreign/00000.parquet: holds 2 rows where this list and shard size "
-                                         r"put 4: .* \(no manifest\)"):
-        run(FetchConfig(urls=str(urls), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=PER_SHARD,
-                        timeout_s=TIMEOUT_S, num_threads=4))
+    with pytest.raises(
+        ValueError,
+        match=r"foreign/00000.parquet: holds 2 rows where this list and shard size "
+        r"put 4: .* \(no manifest\)",
+    ):
+        run(
+            FetchConfig(
+                urls=str(urls),
+                out=str(out),
+                image_size=IMAGE_SIZE,
+                samples_per_shard=PER_SHARD,
+                timeout_s=TIMEOUT_S,
+                num_threads=4,
+            )
+        )
     other = work / "foreign_other.csv"
     write_list(other, server.url, rows[1:7])
-    with pytest.raises(ValueError, match=r"foreign/00000.parquet: holds '.*img0.jpg', which is not among the 2 "
-                                         r"URLs this list puts in that shard"):
-        run(FetchConfig(urls=str(other), out=str(out), image_size=IMAGE_SIZE, samples_per_shard=2,
-                        timeout_s=TIMEOUT_S, num_threads=4))
+    with pytest.raises(
+        ValueError,
+        match=r"foreign/00000.parquet: holds '.*img0.jpg', which is not among the 2 "
+        r"URLs this list puts in that shard",
+    ):
+        run(
+            FetchConfig(
+                urls=str(other),
+                out=str(out),
+                image_size=IMAGE_SIZE,
+                samples_per_shard=2,
+                timeout_s=TIMEOUT_S,
+                num_threads=4,
+            )
+        )
     assert not (out / "manifest.json").exists() and len(list(out.glob("*.tar"))) == 3  # nothing touched

@@ -99,10 +99,18 @@ def test_only_http_and_https_unless_opted_in_and_no_body_is_quoted(hostile):
     server, local, work = hostile
     png = base64.b64encode(_png(np.random.default_rng(0), 8)).decode()
     urls = work / "schemes.csv"
-    _write_csv(urls, [((local / "secret.txt").as_uri(), "a local file"), ((local / "photo.png").as_uri(), "local"),
-                      (f"data:image/png;base64,{png}", "inline"), ("ftp://127.0.0.1:1/secret.jpg", "ftp"),
-                      (server.url + "to-ftp", "redirected to ftp"), (server.url + "ok0.png", "fine"),
-                      ("127.0.0.1/ok1.png", "no scheme")])
+    _write_csv(
+        urls,
+        [
+            ((local / "secret.txt").as_uri(), "a local file"),
+            ((local / "photo.png").as_uri(), "local"),
+            (f"data:image/png;base64,{png}", "inline"),
+            ("ftp://127.0.0.1:1/secret.jpg", "ftp"),
+            (server.url + "to-ftp", "redirected to ftp"),
+            (server.url + "ok0.png", "fine"),
+            ("127.0.0.1/ok1.png", "no scheme"),
+        ],
+    )
     out = work / "schemes"
     result = run(FetchConfig(urls=str(urls), out=str(out), image_size=16, timeout_s=5, num_threads=2))
     c = result.counts
@@ -117,8 +125,11 @@ def test_only_http_and_https_unless_opted_in_and_no_body_is_quoted(hostile):
 
     # opted in: local files are read, and a non-image's bytes still go nowhere (parquet, manifest, log)
     opted = work / "opted"
-    result = run(FetchConfig(urls=str(urls), out=str(opted), image_size=16, timeout_s=5, num_threads=2,
-                             allow_schemes=["file"]))
+    result = run(
+        FetchConfig(
+            urls=str(urls), out=str(opted), image_size=16, timeout_s=5, num_threads=2, allow_schemes=["file"]
+        )
+    )
     assert result.counts["num_success"] == 2
     assert result.counts["failed_by_reason"] == {"disallowed_scheme": 3, "bad_url": 1, "not_an_image": 1}
     assert SECRET[:12] not in _all_output_bytes(opted) and b"SECRET-MARKER" not in _all_output_bytes(opted)
@@ -129,12 +140,22 @@ def test_downloads_over_max_bytes_are_aborted_while_streaming(hostile):
     server, _, work = hostile
     assert DEFAULT_MAX_BYTES == 50 * 2**20 and FetchConfig(urls="u", out="o").max_bytes == DEFAULT_MAX_BYTES
     urls = work / "sizes.csv"
-    _write_csv(urls, [(server.url + "huge", "endless"), (server.url + "announced", "says 10 GiB"),
-                      (server.url + "big.png", "a real 1.4 MiB image"), (server.url + "ok2.png", "small")])
+    _write_csv(
+        urls,
+        [
+            (server.url + "huge", "endless"),
+            (server.url + "announced", "says 10 GiB"),
+            (server.url + "big.png", "a real 1.4 MiB image"),
+            (server.url + "ok2.png", "small"),
+        ],
+    )
     out = work / "sizes"
     server.sent.clear()
-    result = run(FetchConfig(urls=str(urls), out=str(out), image_size=16, timeout_s=10, num_threads=4,
-                             max_bytes=MAX_BYTES))
+    result = run(
+        FetchConfig(
+            urls=str(urls), out=str(out), image_size=16, timeout_s=10, num_threads=4, max_bytes=MAX_BYTES
+        )
+    )
     c = result.counts
     assert (c["num_success"], c["failed_by_reason"]) == (1, {"too_large": 3})
     messages = " | ".join(result.details["error_messages"])
@@ -149,21 +170,44 @@ def test_malformed_rows_and_duplicate_urls_are_skipped_and_counted_with_line_num
     server, _, work = hostile
     u = server.url
     urls = work / "messy.csv"
-    urls.write_bytes(b"\xef\xbb\xbf" + (  # saved by a spreadsheet: a UTF-8 byte order mark
-        "url,caption\n"
-        f"{u}ok3.png,first\n"
-        f"{u}ok4.png,one,field too many\n"          # line 3
-        f"{u}ok3.png,the same URL again\n"          # line 4
-        f'{u}ok5.png,"a stray" quote\n'             # line 5
-        f"{u}ok0.png,zero\n"
-        f"{u}ok3.png,and a third time\n"            # line 7
-        ).encode() + f"{u}ok1.png,caf\xe9\n".encode("latin-1") + f"{u}ok2.png,two\n".encode())  # line 8
+    urls.write_bytes(
+        b"\xef\xbb\xbf"
+        + (  # saved by a spreadsheet: a UTF-8 byte order mark
+            "url,caption\n"
+            f"{u}ok3.png,first\n"
+            f"{u}ok4.png,one,field too many\n"  # line 3
+            f"{u}ok3.png,the same URL again\n"  # line 4
+            f'{u}ok5.png,"a stray" quote\n'  # line 5
+            f"{u}ok0.png,zero\n"
+            f"{u}ok3.png,and a third time\n"  # line 7
+        ).encode()
+        + f"{u}ok1.png,caf\xe9\n".encode("latin-1")
+        + f"{u}ok2.png,two\n".encode()
+    )  # line 8
     server.reset_counts()
     out = work / "messy"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(urls), "--out", str(out),
-                           "--image-size", "16", "--threads", "2"], capture_output=True, text=True, env=env,
-                          timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "fetch",
+            "--urls",
+            str(urls),
+            "--out",
+            str(out),
+            "--image-size",
+            "16",
+            "--threads",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "8 rows in the list: 5 skipped (duplicate_url 2, malformed_row 3;" in proc.stdout
@@ -172,12 +216,17 @@ def test_malformed_rows_and_duplicate_urls_are_skipped_and_counted_with_line_num
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["skipped_rows"] == {"duplicate_url": 2, "malformed_row": 3}
     listed = manifest["details"]["skipped_row_lines"]
-    assert [line.split(": ", 1)[0] for line in listed["malformed_row"]] == \
-        [f"{urls} line 3", f"{urls} line 5", f"{urls} line 8"]
+    assert [line.split(": ", 1)[0] for line in listed["malformed_row"]] == [
+        f"{urls} line 3",
+        f"{urls} line 5",
+        f"{urls} line 8",
+    ]
     assert "3 field(s), the header has 2" in listed["malformed_row"][0]
     assert "not UTF-8" in listed["malformed_row"][2]
-    assert listed["duplicate_url"] == [f"{urls} line 4: same URL as {urls} line 2: {u}ok3.png",
-                                       f"{urls} line 7: same URL as {urls} line 2: {u}ok3.png"]
+    assert listed["duplicate_url"] == [
+        f"{urls} line 4: same URL as {urls} line 2: {u}ok3.png",
+        f"{urls} line 7: same URL as {urls} line 2: {u}ok3.png",
+    ]
     captions = sorted(json.loads(s["json"])["caption"] for s in read_tar(out / "00000.tar").values())
     assert captions == ["first", "two", "zero"]
 
@@ -203,9 +252,12 @@ def test_redirect_to_file_is_a_disallowed_scheme(tmp_path):
     (www / "ok.png").write_bytes(_png(np.random.default_rng(5), 20))
     with serve(str(www), handler_cls=ToFileHandler) as server:
         urls = tmp_path / "urls.csv"
-        _write_csv(urls, [(server.url + "ok.png", "fine"), (server.url + "to-file", "redirected to a local file")])
-        result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
-                                 num_threads=2))
+        _write_csv(
+            urls, [(server.url + "ok.png", "fine"), (server.url + "to-file", "redirected to a local file")]
+        )
+        result = run(
+            FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5, num_threads=2)
+        )
     assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {"disallowed_scheme": 1}
 
 
@@ -222,9 +274,12 @@ def test_bomb_below_pillows_own_limit_is_refused(tmp_path):
     with serve(str(www)) as server:
         urls = tmp_path / "urls.csv"
         _write_csv(urls, [(server.url + "ok.png", "fine"), (server.url + "bomb.png", "bomb")])
-        result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
-                                 num_threads=2))
-    assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {"decompression_bomb": 1}
+        result = run(
+            FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5, num_threads=2)
+        )
+    assert result.counts["num_success"] == 1 and result.counts["failed_by_reason"] == {
+        "decompression_bomb": 1
+    }
     assert any("10000x10000 = 100,000,000 pixels" in m for m in result.details["error_messages"])
 
 
@@ -235,8 +290,10 @@ def test_urls_with_spaces_and_non_ascii_characters_are_percent_encoded(tmp_path)
     the server) fetch it percent-encoded. Real URL lists hold many such URLs."""
     from toolkit.data.acquire.download import to_uri
 
-    assert to_uri("https://bücher.example:8443/a b.jpg?q=é#x") == \
-        "https://xn--bcher-kva.example:8443/a%20b.jpg?q=%C3%A9#x"
+    assert (
+        to_uri("https://bücher.example:8443/a b.jpg?q=é#x")
+        == "https://xn--bcher-kva.example:8443/a%20b.jpg?q=%C3%A9#x"
+    )
     www = tmp_path / "www"
     (www / "fotos").mkdir(parents=True)
     rng = np.random.default_rng(6)
@@ -244,13 +301,19 @@ def test_urls_with_spaces_and_non_ascii_characters_are_percent_encoded(tmp_path)
         (www / "fotos" / name).write_bytes(_png(rng, 20))
     with serve(str(www)) as server:
         urls = tmp_path / "urls.csv"
-        _write_csv(urls, [(server.url + "fotos/ü ñ.png", "spaces and accents"),
-                          (server.url + "fotos/日本.png?size=大", "CJK path and query"),
-                          (server.url + "fotos/%E6%97%A5%E6%9C%AC.png", "already percent-encoded"),
-                          (server.url + "fotos/50%25.png", "an escaped percent sign"),
-                          (server.url + "fotos/plain.png", "plain")])
-        result = run(FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5,
-                                 num_threads=2))
+        _write_csv(
+            urls,
+            [
+                (server.url + "fotos/ü ñ.png", "spaces and accents"),
+                (server.url + "fotos/日本.png?size=大", "CJK path and query"),
+                (server.url + "fotos/%E6%97%A5%E6%9C%AC.png", "already percent-encoded"),
+                (server.url + "fotos/50%25.png", "an escaped percent sign"),
+                (server.url + "fotos/plain.png", "plain"),
+            ],
+        )
+        result = run(
+            FetchConfig(urls=str(urls), out=str(tmp_path / "out"), image_size=16, timeout_s=5, num_threads=2)
+        )
     assert result.counts["failed_by_reason"] == {} and result.counts["num_success"] == 5
     stored = {json.loads(s["json"])["url"] for s in read_tar(tmp_path / "out" / "00000.tar").values()}
     assert server.url + "fotos/ü ñ.png" in stored  # the list's own spelling is what the shard records
@@ -266,8 +329,23 @@ def test_a_url_list_that_is_a_fifo_is_refused_instead_of_waiting(tmp_path):
     fifo = tmp_path / "urls.csv"
     os.mkfifo(fifo)
     root = Path(__file__).resolve().parents[3]
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(fifo), "--out",
-                           str(tmp_path / "out")], cwd=root, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(root)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "fetch",
+            "--urls",
+            str(fifo),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+    )
     assert proc.returncode == 1 and f"{fifo} is a FIFO, not a regular file" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

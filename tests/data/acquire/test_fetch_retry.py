@@ -54,11 +54,18 @@ class FlakyHandler(QuietHandler):
 
 
 # (path, caption, reason after the first fetch, attempts until it succeeds); shards of 2 in list order
-ROWS = [("good0.jpg", "good zero", "success", 1), ("good1.jpg", "good one", "success", 1),
-        ("e503-1/a.jpg", "flaky a", "http_503", 2), ("missing.jpg", "gone", "http_404", None),
-        ("good2.jpg", "good two", "success", 1), ("stall-1/b.jpg", "flaky b", "timeout", 2),
-        ("drop-1/c.jpg", "flaky c", "connection_error", 2), ("page.jpg", "html", "not_an_image", None),
-        ("e503-2/d.jpg", "flaky d", "http_503", 3), ("good3.jpg", "good three", "success", 1)]
+ROWS = [
+    ("good0.jpg", "good zero", "success", 1),
+    ("good1.jpg", "good one", "success", 1),
+    ("e503-1/a.jpg", "flaky a", "http_503", 2),
+    ("missing.jpg", "gone", "http_404", None),
+    ("good2.jpg", "good two", "success", 1),
+    ("stall-1/b.jpg", "flaky b", "timeout", 2),
+    ("drop-1/c.jpg", "flaky c", "connection_error", 2),
+    ("page.jpg", "html", "not_an_image", None),
+    ("e503-2/d.jpg", "flaky d", "http_503", 3),
+    ("good3.jpg", "good three", "success", 1),
+]
 
 
 @pytest.fixture()
@@ -79,14 +86,40 @@ def flaky_site(tmp_path):
 
 def _cli(urls: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    return subprocess.run([sys.executable, "-m", "toolkit", "data", "fetch", "--urls", str(urls), "--out", str(out),
-                           "--image-size", "16", "--samples-per-shard", str(PER_SHARD), "--timeout", str(TIMEOUT_S),
-                           "--threads", "4", *extra], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "fetch",
+            "--urls",
+            str(urls),
+            "--out",
+            str(out),
+            "--image-size",
+            "16",
+            "--samples-per-shard",
+            str(PER_SHARD),
+            "--timeout",
+            str(TIMEOUT_S),
+            "--threads",
+            "4",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def _snapshot(out: Path) -> dict[str, str]:
-    return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.rglob("*")) if p.is_file() and p.name not in ("manifest.json", "log.jsonl", "config.yaml")}  # run records
+    return {
+        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name not in ("manifest.json", "log.jsonl", "config.yaml")
+    }  # run records
 
 
 def _captions(out: Path) -> list[str]:
@@ -94,33 +127,68 @@ def _captions(out: Path) -> list[str]:
 
 
 def test_transient_reasons():
-    assert all(is_transient(r) for r in ("timeout", "http_503", "http_500", "http_429", "connection_error",
-                                         "connection_refused", "incomplete_transfer"))
-    assert not any(is_transient(r) for r in ("http_404", "http_403", "not_an_image", "decode_error",
-                                             "truncated_image", "too_large", "dns_error", "disallowed_scheme"))
+    assert all(
+        is_transient(r)
+        for r in (
+            "timeout",
+            "http_503",
+            "http_500",
+            "http_429",
+            "connection_error",
+            "connection_refused",
+            "incomplete_transfer",
+        )
+    )
+    assert not any(
+        is_transient(r)
+        for r in (
+            "http_404",
+            "http_403",
+            "not_an_image",
+            "decode_error",
+            "truncated_image",
+            "too_large",
+            "dns_error",
+            "disallowed_scheme",
+        )
+    )
 
 
 def test_retry_failed_refetches_only_transient_failures_into_new_shards(flaky_site):
     server, urls, out = flaky_site
-    cfg = FetchConfig(urls=str(urls), out=str(out), image_size=16, samples_per_shard=PER_SHARD,
-                      timeout_s=TIMEOUT_S, num_threads=4)
+    cfg = FetchConfig(
+        urls=str(urls),
+        out=str(out),
+        image_size=16,
+        samples_per_shard=PER_SHARD,
+        timeout_s=TIMEOUT_S,
+        num_threads=4,
+    )
     first = run(cfg).counts
-    assert first["failed_by_reason"] == {"http_503": 2, "connection_error": 1, "http_404": 1, "not_an_image": 1,
-                                         "timeout": 1}
+    assert first["failed_by_reason"] == {
+        "http_503": 2,
+        "connection_error": 1,
+        "http_404": 1,
+        "not_an_image": 1,
+        "timeout": 1,
+    }
     original = _snapshot(out)
 
     # round 1: a, b, c (into shard 00005) and d (00006, fails again: it needs three attempts)
     proc = _cli(urls, out, "--retry-failed")
     assert proc.returncode == 0, proc.stderr
-    assert ("retry round 1: fetched again 4 URLs that failed transiently (http_503 2, connection_error 1, "
-            "timeout 1) into shards 00005..00006: 3 ok now; failed URLs 6 -> 3 (not retried, permanent: "
-            "http_404 1, not_an_image 1)") in proc.stdout, proc.stdout
+    assert (
+        "retry round 1: fetched again 4 URLs that failed transiently (http_503 2, connection_error 1, "
+        "timeout 1) into shards 00005..00006: 3 ok now; failed URLs 6 -> 3 (not retried, permanent: "
+        "http_404 1, not_an_image 1)"
+    ) in proc.stdout, proc.stdout
     assert "10 URLs: 7 ok, 3 failed (http_404 1, http_503 1, not_an_image 1); 7 shards" in proc.stdout
     after = _snapshot(out)
     assert {k: v for k, v in after.items() if k in original} == original  # finished shards never rewritten
     assert {k for k in after if k not in original} >= {"00005.tar", "00006.tar", "_retries/round-00001.json"}
-    assert _captions(out) == sorted(["good zero", "good one", "good two", "good three", "flaky a", "flaky b",
-                                     "flaky c"])
+    assert _captions(out) == sorted(
+        ["good zero", "good one", "good two", "good three", "flaky a", "flaky b", "flaky c"]
+    )
 
     # a kill during round 2's shard (simulated: its stats file never written) resumes round 2, not a new one
     proc = _cli(urls, out, "--retry-failed")
@@ -134,22 +202,26 @@ def test_retry_failed_refetches_only_transient_failures_into_new_shards(flaky_si
     assert "10 URLs: 8 ok, 2 failed (http_404 1, not_an_image 1); 8 shards (7 resumed)" in proc.stdout
     assert server.request_counts["/e503-2/d.jpg"] == counts_before["/e503-2/d.jpg"] + 1  # only d again
     d_paths = ("/e503-2/d.jpg", "/d.jpg")  # the flaky path, and the file it serves
-    assert {p: n for p, n in server.request_counts.items() if p not in d_paths} == \
-        {p: n for p, n in counts_before.items() if p not in d_paths}
+    assert {p: n for p, n in server.request_counts.items() if p not in d_paths} == {
+        p: n for p, n in counts_before.items() if p not in d_paths
+    }
 
     # nothing left to retry: says so, requests nothing, changes no file
     before, requests = _snapshot(out), sum(server.request_counts.values())
     proc = _cli(urls, out, "--retry-failed")
     assert proc.returncode == 0, proc.stderr
-    assert ("retry: nothing to retry: none of the 2 failed URLs failed for a transient reason (permanent: "
-            "http_404 1, not_an_image 1); nothing was changed") in proc.stdout
+    assert (
+        "retry: nothing to retry: none of the 2 failed URLs failed for a transient reason (permanent: "
+        "http_404 1, not_an_image 1); nothing was changed"
+    ) in proc.stdout
     assert _snapshot(out) == before and sum(server.request_counts.values()) == requests
     assert server.request_counts["/missing.jpg"] == 1 and server.request_counts["/page.jpg"] == 1
     manifest = json.loads((out / "manifest.json").read_text())
     c = manifest["counts"]
     assert (c["num_urls"], c["num_success"], c["num_failed"], c["num_retried"]) == (10, 8, 2, 5)
-    assert _captions(out) == sorted(["good zero", "good one", "good two", "good three", "flaky a", "flaky b",
-                                     "flaky c", "flaky d"])
+    assert _captions(out) == sorted(
+        ["good zero", "good one", "good two", "good three", "flaky a", "flaky b", "flaky c", "flaky d"]
+    )
 
 
 @pytest.mark.timeout(300)
@@ -159,9 +231,27 @@ def test_retry_failed_on_the_first_run_fetches_then_retries_in_the_same_run(flak
     server, urls, out = flaky_site
     short = urls.parent / "short.csv"
     short.write_text("url,caption\n" + "".join(f"{server.url}{p},{c}\n" for p, c, _, _ in ROWS[:4]))
-    result = run(FetchConfig(urls=str(short), out=str(out), image_size=16, samples_per_shard=PER_SHARD,
-                             timeout_s=TIMEOUT_S, num_threads=4, retry_failed=True))
+    result = run(
+        FetchConfig(
+            urls=str(short),
+            out=str(out),
+            image_size=16,
+            samples_per_shard=PER_SHARD,
+            timeout_s=TIMEOUT_S,
+            num_threads=4,
+            retry_failed=True,
+        )
+    )
     c = result.counts
-    assert (c["num_urls"], c["num_success"], c["failed_by_reason"], c["num_retried"]) == (4, 3, {"http_404": 1}, 1)
+    assert (c["num_urls"], c["num_success"], c["failed_by_reason"], c["num_retried"]) == (
+        4,
+        3,
+        {"http_404": 1},
+        1,
+    )
     assert result.details["retry"]["round"] == 1 and result.details["retry"]["round_success"] == 1
-    assert server.request_counts["/e503-1/a.jpg"] == 2 and _captions(out) == ["flaky a", "good one", "good zero"]
+    assert server.request_counts["/e503-1/a.jpg"] == 2 and _captions(out) == [
+        "flaky a",
+        "good one",
+        "good zero",
+    ]

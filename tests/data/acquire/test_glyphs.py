@@ -25,8 +25,11 @@ def rows(path: Path) -> list[dict[str, str]]:
 def data_files(root: Path) -> dict[str, bytes]:
     """Every file the command writes for users (the stage's own manifest and config carry times and paths)."""
     skip = {"manifest.json", "config.yaml", "log.jsonl"}
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in skip and not p.name.startswith(".")}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in skip and not p.name.startswith(".")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +78,37 @@ def test_lookalikes_are_recorded_and_flagged(tmp_path):
     assert groups[0]["codepoints"] == ["0049", "0399"] and "DejaVuSans" in groups[0]["styles"]
     sans = rows(out / "DejaVuSans.csv")
     assert [r["codepoint"] for r in sans] == ["0049"]  # the lowest code point keeps the drawing
-    assert {r["codepoint"]: r["lookalike"] for r in rows(out / "characters.csv")} == {"0049": "1", "0399": "1"}
+    assert {r["codepoint"]: r["lookalike"] for r in rows(out / "characters.csv")} == {
+        "0049": "1",
+        "0399": "1",
+    }
 
 
 def test_two_runs_are_byte_identical_and_the_csv_shards(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
-        proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "glyphs", "--out", str(out), "--limit", "40",
-                               "--scripts", "LATIN,GREEK", "--size", "24"], capture_output=True, text=True, env=env,
-                              timeout=300)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "toolkit",
+                "data",
+                "glyphs",
+                "--out",
+                str(out),
+                "--limit",
+                "40",
+                "--scripts",
+                "LATIN,GREEK",
+                "--size",
+                "24",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "characters" in proc.stdout and "DejaVuSerif-Bold:" in proc.stdout
     first, second = (data_files(o) for o in outs)

@@ -47,8 +47,13 @@ def test_serve_rejects_missing_folder(tmp_path):
 def test_serve_command_prints_url_of_a_free_port(tmp_path):
     (tmp_path / "hello.txt").write_text("hi there")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit", "data", "serve", str(tmp_path), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit", "data", "serve", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith(f"serving {tmp_path.resolve()} at http://127.0.0.1:"), line
@@ -80,12 +85,18 @@ def test_serve_never_follows_symlinks_out_of_its_folder(tmp_path):
 def test_serve_command_on_a_busy_port_is_one_line(tmp_path):
     with serve(str(tmp_path)) as busy:
         env = {**os.environ, "PYTHONPATH": os.getcwd()}
-        proc = subprocess.run([sys.executable, "-m", "toolkit", "data", "serve", str(tmp_path), "--port",
-                               str(busy.port)], capture_output=True, text=True, env=env, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit", "data", "serve", str(tmp_path), "--port", str(busy.port)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"error: cannot serve on 127.0.0.1:{busy.port}: Address already in use; pick another with --port, "
-        "or --port 0 for a free one"]
+        "or --port 0 for a free one"
+    ]
 
 
 def test_serve_stage_runs_in_the_background_and_is_reused_in_one_process(tmp_path):

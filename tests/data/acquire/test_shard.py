@@ -28,7 +28,6 @@ def _image(rng, mode="RGB", fmt="JPEG", size: tuple[int, int] | None = None) -> 
     return buf.getvalue()
 
 
-
 def _write_deep_images(src: Path, rng: np.random.Generator) -> None:
     """deep.png (16-bit grey around 0x8000) and deep_rgb.png (16-bit RGB at 1/4, 1/2, 3/4), with captions."""
     import cv2
@@ -36,9 +35,12 @@ def _write_deep_images(src: Path, rng: np.random.Generator) -> None:
     deep = np.full((25, 25), 0x8000, np.uint16) + rng.integers(0, 256, (25, 25), dtype=np.uint16)
     Image.fromarray(deep).save(src / "deep.png")
     (src / "deep.txt").write_text("caption of deep.png")
-    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(0, 256, (25, 25, 3), dtype=np.uint16)
+    levels = np.array([0x4000, 0x8000, 0xC000], np.uint16) + rng.integers(
+        0, 256, (25, 25, 3), dtype=np.uint16
+    )
     (src / "deep_rgb.png").write_bytes(cv2.imencode(".png", levels)[1].tobytes())
     (src / "deep_rgb.txt").write_text("caption of deep_rgb.png")
+
 
 def read_shards(out) -> dict[str, dict]:
     """Caption -> sample metadata over all tars in ``out``; checks each sample's members."""
@@ -51,22 +53,33 @@ def read_shards(out) -> dict[str, dict]:
             assert files["txt"].decode() == meta["caption"]
             img = Image.open(io.BytesIO(files["jpg"]))
             assert img.format == "JPEG" and img.size == (SIZE, SIZE)
-            assert img.mode == ("L" if meta["url"].endswith(("c.png", "deep.png")) else "RGB")  # grey stays grey
+            assert img.mode == (
+                "L" if meta["url"].endswith(("c.png", "deep.png")) else "RGB"
+            )  # grey stays grey
             found[meta["caption"]] = meta
     return found
 
 
 def read_pixels(out) -> dict[str, np.ndarray]:
     """Caption -> decoded image array over all tars in ``out``."""
-    return {files["txt"].decode(): np.asarray(Image.open(io.BytesIO(files["jpg"])), np.float64)
-            for tar_path in sorted(out.glob("*.tar")) for files in read_tar(tar_path).values() if "jpg" in files}
+    return {
+        files["txt"].decode(): np.asarray(Image.open(io.BytesIO(files["jpg"])), np.float64)
+        for tar_path in sorted(out.glob("*.tar"))
+        for files in read_tar(tar_path).values()
+        if "jpg" in files
+    }
 
 
 def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     rng = np.random.default_rng()
     src = tmp_path / "src"
     (src / "nested").mkdir(parents=True)
-    good = {"a.jpg": ("RGB", "JPEG"), "b.png": ("RGBA", "PNG"), "nested/c.png": ("L", "PNG"), "d.webp": ("RGB", "WEBP")}
+    good = {
+        "a.jpg": ("RGB", "JPEG"),
+        "b.png": ("RGBA", "PNG"),
+        "nested/c.png": ("L", "PNG"),
+        "d.webp": ("RGB", "WEBP"),
+    }
     for name, (mode, fmt) in good.items():
         (src / name).write_bytes(_image(rng, mode, fmt))
         (src / name).with_suffix(".txt").write_text(f"  caption of {name}\n")
@@ -77,7 +90,9 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     (src / "blank.txt").write_text(" \n\t")
     (src / "latin1.jpg").write_bytes(_image(rng))
     (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    half = _image(rng, size=(48, 40))  # a tiny JPEG cut in half can end inside its Huffman tables: not_an_image
+    half = _image(
+        rng, size=(48, 40)
+    )  # a tiny JPEG cut in half can end inside its Huffman tables: not_an_image
     (src / "half.jpg").write_bytes(half[: len(half) // 2])
     (src / "half.txt").write_text("a truncated file")
     (src / "fake.png").write_bytes(b"not a png at all")
@@ -89,16 +104,22 @@ def test_shard_folder_with_sidecar_captions_counts_bad_inputs(tmp_path):
     result = run(ShardConfig(source=str(src), out=str(out), image_size=SIZE, samples_per_shard=3))
     c = result.counts
     assert (c["num_inputs"], c["num_success"], c["num_failed"], c["num_shards"]) == (11, 6, 5, 4)
-    assert c["failed_by_reason"] == {"caption_not_utf8": 1, "empty_caption": 1, "missing_caption": 1,
-                                     "not_an_image": 1, "truncated_image": 1}
+    assert c["failed_by_reason"] == {
+        "caption_not_utf8": 1,
+        "empty_caption": 1,
+        "missing_caption": 1,
+        "not_an_image": 1,
+        "truncated_image": 1,
+    }
     assert result.details["other_files"] == {"captions_without_image": 1, "ignored_files": 1}
     samples = read_shards(out)
     assert sorted(samples) == sorted(f"caption of {name}" for name in [*good, "deep.png", "deep_rgb.png"])
     assert samples["caption of nested/c.png"]["url"] == (src / "nested" / "c.png").as_uri()
     pixels = read_pixels(out)
     assert abs(pixels["caption of deep.png"].mean() - 128) < 3
-    assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
-        pytest.approx([64, 128, 192], abs=3)
+    assert sorted(
+        np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()
+    ) == pytest.approx([64, 128, 192], abs=3)
     assert layout.finished_shards(str(out)) == {0, 1, 2, 3}
     stats = layout.read_stats(str(out))
     assert reasons.summarize(stats)["failed_by_reason"] == c["failed_by_reason"]  # the same reasons as fetch
@@ -121,8 +142,9 @@ def test_deep_images_keep_their_levels_without_the_strict_check(tmp_path):
     assert sorted(read_shards(out)) == ["caption of deep.png", "caption of deep_rgb.png"]
     pixels = read_pixels(out)
     assert abs(pixels["caption of deep.png"].mean() - 128) < 3
-    assert sorted(np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()) == \
-        pytest.approx([64, 128, 192], abs=3)
+    assert sorted(
+        np.round(pixels["caption of deep_rgb.png"].reshape(-1, 3).mean(0)).tolist()
+    ) == pytest.approx([64, 128, 192], abs=3)
 
 
 def test_shard_csv_relative_and_absolute_paths_and_rerun_replaces_shards(tmp_path):
@@ -132,13 +154,15 @@ def test_shard_csv_relative_and_absolute_paths_and_rerun_replaces_shards(tmp_pat
         (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_image(rng))
     absolute = tmp_path / "imgs" / "4.jpg"
     csv_path = tmp_path / "list.csv"
-    csv_path.write_text("path,caption,extra\n"
-                        'imgs/0.jpg,"a dog, sitting",x\n'
-                        "imgs/1.jpg,   ,x\n"  # whitespace caption
-                        "imgs/missing.jpg,lost,x\n"
-                        ",no path,x\n"
-                        f"{absolute},absolute path,x\n"
-                        "imgs/2.jpg,two,x\n")
+    csv_path.write_text(
+        "path,caption,extra\n"
+        'imgs/0.jpg,"a dog, sitting",x\n'
+        "imgs/1.jpg,   ,x\n"  # whitespace caption
+        "imgs/missing.jpg,lost,x\n"
+        ",no path,x\n"
+        f"{absolute},absolute path,x\n"
+        "imgs/2.jpg,two,x\n"
+    )
     out = tmp_path / "raw"
     result = run(ShardConfig(source=str(csv_path), out=str(out), image_size=SIZE, samples_per_shard=4))
     assert (result.counts["num_success"], result.counts["num_shards"]) == (3, 2)
@@ -191,18 +215,22 @@ def test_shard_csv_with_a_bom_duplicate_paths_and_bom_captions(tmp_path, caplog)
     for i in range(3):
         (tmp_path / "imgs" / f"{i}.jpg").write_bytes(_image(rng))
     csv_path = tmp_path / "excel.csv"  # "CSV UTF-8" from a spreadsheet: a byte order mark before 'path'
-    csv_path.write_bytes("\ufeffpath,caption\n"
-                         "imgs/0.jpg,\ufeffzero\n"
-                         "imgs/1.jpg,one\n"
-                         "imgs/./0.jpg,zero again\n"  # the same file, spelled differently
-                         f"{tmp_path / 'imgs' / '0.jpg'},zero a third time\n"
-                         "imgs/2.jpg,two\n".encode())
+    csv_path.write_bytes(
+        "\ufeffpath,caption\n"
+        "imgs/0.jpg,\ufeffzero\n"
+        "imgs/1.jpg,one\n"
+        "imgs/./0.jpg,zero again\n"  # the same file, spelled differently
+        f"{tmp_path / 'imgs' / '0.jpg'},zero a third time\n"
+        "imgs/2.jpg,two\n".encode()
+    )
     out = tmp_path / "raw"
     result = run(ShardConfig(source=str(csv_path), out=str(out), image_size=SIZE))
     assert (result.counts["num_success"], result.counts["failed_by_reason"]) == (3, {"duplicate_url": 2})
     assert sorted(read_shards(out)) == ["one", "two", "zero"]  # the first row of each image, no BOM left
     assert any("excel.csv line 4 names the image of line 2" in m for m in result.details["error_messages"])
-    kept = run(ShardConfig(source=str(csv_path), out=str(tmp_path / "all"), image_size=SIZE, keep_duplicates=True))
+    kept = run(
+        ShardConfig(source=str(csv_path), out=str(tmp_path / "all"), image_size=SIZE, keep_duplicates=True)
+    )
     assert kept.counts["num_success"] == 5
 
     folder = tmp_path / "folder"
@@ -229,8 +257,11 @@ def test_shard_and_fetch_overwrite_never_delete_files_they_did_not_write(tmp_pat
     mine.mkdir()
     for name in ("00000.tar", "00001.parquet", "2023.parquet", "1.tar"):
         (mine / name).write_bytes(b"precious " + name.encode())
-    with pytest.raises(ValueError, match=r"mine holds 2 file\(s\) named like shards \(e\.g\. 00000\.tar\) and no "
-                                         r"manifest: they were not written by data\.shard"):
+    with pytest.raises(
+        ValueError,
+        match=r"mine holds 2 file\(s\) named like shards \(e\.g\. 00000\.tar\) and no "
+        r"manifest: they were not written by data\.shard",
+    ):
         run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))
     urls = tmp_path / "urls.txt"
     urls.write_text("http://127.0.0.1:1/a.jpg\n")
@@ -241,7 +272,9 @@ def test_shard_and_fetch_overwrite_never_delete_files_they_did_not_write(tmp_pat
 
     (mine / "00000.tar").unlink()
     (mine / "00001.parquet").unlink()
-    run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))  # only unrelated names left
+    run(
+        ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE)
+    )  # only unrelated names left
     run(ShardConfig(source=str(tmp_path / "src"), out=str(mine), image_size=SIZE))  # replaces its own shards
     assert {"1.tar", "2023.parquet", "00000.tar"} <= {p.name for p in mine.iterdir()}
     assert (mine / "2023.parquet").read_bytes() == b"precious 2023.parquet"

@@ -31,8 +31,11 @@ def test_skips_by_reason_and_key(bad_raw, bad_train):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "done"
     assert manifest["counts"]["skipped"] == counts["skipped"]
-    assert set(manifest["details"]["skipped_keys"]["truncated_tar"]) == {"00002.tar:g0003", "00002.tar:g0004",
-                                                                         "00002.tar:g0005"}
+    assert set(manifest["details"]["skipped_keys"]["truncated_tar"]) == {
+        "00002.tar:g0003",
+        "00002.tar:g0004",
+        "00002.tar:g0005",
+    }
     assert manifest["details"]["tar_errors"].keys() == {"00002.tar", "00003.tar"}
 
 
@@ -64,8 +67,13 @@ def test_exact_pixels_after_conversion(bad_raw, bad_train):
 def test_no_valid_sample_is_an_error_naming_the_input(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
-    write_raw_shard(raw / "00000.tar", [("k1", {"jpg": b"not an image", "txt": b"x"}),
-                                        ("k2", {"jpg": encode(Image.new("RGB", (8, 8)), "JPEG"), "txt": b" "})])
+    write_raw_shard(
+        raw / "00000.tar",
+        [
+            ("k1", {"jpg": b"not an image", "txt": b"x"}),
+            ("k2", {"jpg": encode(Image.new("RGB", (8, 8)), "JPEG"), "txt": b" "}),
+        ],
+    )
     with pytest.raises(ValueError, match=str(raw)) as err:
         precompute(raw, tmp_path / "out", num_workers=1)
     assert "corrupt_image: 1" in str(err.value) and "empty_caption: 1" in str(err.value)
@@ -84,7 +92,9 @@ def test_truncation_without_parquet_uses_stats_count(tmp_path):
     rng = np.random.default_rng(5)
     raw = tmp_path / "raw"
     raw.mkdir()
-    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(5)]
+    samples = [
+        (f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(5)
+    ]
     path = write_raw_shard(raw / "00000.tar", samples)
     (raw / "00000.parquet").unlink()
     with tarfile.open(path) as tar:  # cut exactly at a member boundary: tarfile itself sees no error
@@ -101,7 +111,9 @@ def test_clean_tar_with_fewer_samples_than_promised_is_missing_from_tar(tmp_path
     rng = np.random.default_rng(6)
     raw = tmp_path / "raw"
     raw.mkdir()
-    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(3)]
+    samples = [
+        (f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(3)
+    ]
     write_raw_shard(raw / "00000.tar", samples, successes=5)  # a whole tar, but the stats promise 5
     (raw / "00000.parquet").unlink()
     result = precompute(raw, tmp_path / "out", num_workers=1, max_truncated_share=1)
@@ -145,7 +157,7 @@ def test_raw_reader_keeps_samples_before_damage(tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     path = tmp_path / "x.tar"
-    path.write_bytes(buf.getvalue()[:2048 + 512 + 700])  # inside b.jpg
+    path.write_bytes(buf.getvalue()[: 2048 + 512 + 700])  # inside b.jpg
     reader = RawShardReader(str(path))
     assert [s.key for s in reader.samples()] == ["a"]
     assert reader.error_kind == "truncated_tar" and reader.cut_key == "b"
@@ -158,15 +170,25 @@ def _two_sample_tar() -> bytes:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()  # members at 0 (a.jpg), 1536 (a.txt), 2560 (b.jpg), 4096 (b.txt); end marker at 5120
+    return (
+        buf.getvalue()
+    )  # members at 0 (a.jpg), 1536 (a.txt), 2560 (b.jpg), 4096 (b.txt); end marker at 5120
 
 
-@pytest.mark.parametrize("cut, keys, cut_key, where", [
-    (4096 + 100, ["a"], "b", "cut inside the member header at byte 4096"),  # b.txt's header cut: b lost
-    (4096, ["a"], "b", "no end-of-archive marker after byte 4096"),  # at a member boundary inside sample b
-    (2560, ["a"], None, "no end-of-archive marker after byte 2560"),  # at a sample boundary: nothing cut
-    (5120, ["a", "b"], None, "no end-of-archive marker after byte 5120"),  # every member, no end marker
-])
+@pytest.mark.parametrize(
+    "cut, keys, cut_key, where",
+    [
+        (4096 + 100, ["a"], "b", "cut inside the member header at byte 4096"),  # b.txt's header cut: b lost
+        (
+            4096,
+            ["a"],
+            "b",
+            "no end-of-archive marker after byte 4096",
+        ),  # at a member boundary inside sample b
+        (2560, ["a"], None, "no end-of-archive marker after byte 2560"),  # at a sample boundary: nothing cut
+        (5120, ["a", "b"], None, "no end-of-archive marker after byte 5120"),  # every member, no end marker
+    ],
+)
 def test_raw_reader_detects_cuts_tarfile_takes_for_a_clean_end(tmp_path, caplog, cut, keys, cut_key, where):
     from toolkit.data.raw.reader import RawShardReader
 
@@ -198,24 +220,45 @@ def test_precompute_reports_a_tar_cut_mid_header_on_the_terminal_log_and_counts(
     rng = np.random.default_rng(8)
     raw = tmp_path / "raw"
     raw.mkdir()
-    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(4)]
+    samples = [
+        (f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": b"a cat"}) for i in range(4)
+    ]
     path = write_raw_shard(raw / "00000.tar", samples)
     with tarfile.open(path) as tar:  # cut inside k2.txt's header: k2 has its image, not its caption
         header = [m for m in tar.getmembers() if m.name == "k2.txt"][0].offset
-    path.write_bytes(path.read_bytes()[:header + 200])
+    path.write_bytes(path.read_bytes()[: header + 200])
     out = tmp_path / "out"
     result = precompute(raw, out, num_workers=1, max_truncated_share=1)
     assert result.counts["skipped"] == {"truncated_tar": 2}  # k2 (cut) and k3 (lost); not missing_caption
     assert result.counts["num_damaged_tars"] == 1
     logged = [_json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert any(e["level"] == "WARNING" and "00000.tar" in e["message"] and "cut inside the member header"
-               in e["message"] for e in logged)
+    assert any(
+        e["level"] == "WARNING"
+        and "00000.tar" in e["message"]
+        and "cut inside the member header" in e["message"]
+        for e in logged
+    )
     from typer.testing import CliRunner
 
     from toolkit.cli.main import app
 
-    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "cli"),
-                                   "--model", MODEL, "--workers", "1", "--set", "max_truncated_share=1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(raw),
+            "--out",
+            str(tmp_path / "cli"),
+            "--model",
+            MODEL,
+            "--workers",
+            "1",
+            "--set",
+            "max_truncated_share=1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "damaged: 00000.tar: tar file ends early or is damaged: cut inside the member header" in res.output
 
@@ -228,9 +271,12 @@ def test_precompute_over_mostly_truncated_shards_fails_naming_them(tmp_path):
     for i in range(4):
         path = write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"s{i}_", 10, size=(20, 20)))
         if i:
-            path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 3])  # as a full disk leaves it
-    with pytest.raises(ValueError, match=r"of 40 samples .* lost to truncated or unreadable raw shards, more than "
-                                         r"max_truncated_share=0.05: 00001.tar \(\d+ lost\), 00002.tar") as err:
+            path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])  # as a full disk leaves it
+    with pytest.raises(
+        ValueError,
+        match=r"of 40 samples .* lost to truncated or unreadable raw shards, more than "
+        r"max_truncated_share=0.05: 00001.tar \(\d+ lost\), 00002.tar",
+    ) as err:
         precompute(raw, tmp_path / "out", num_workers=1)
     assert "00000.tar" not in str(err.value)
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] == "failed"

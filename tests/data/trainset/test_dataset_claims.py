@@ -52,8 +52,11 @@ def test_a_shard_name_outside_the_set_is_refused(small_set, tmp_path):
 
     def escape(d):
         d["shards"][0]["name"] = "../other/00001.tar"
+
     path = _edited(small_set, tmp_path, escape)
-    with pytest.raises(ValueError, match=r"dataset.json: shards\[0\].name '../other/00001.tar' is not a file name"):
+    with pytest.raises(
+        ValueError, match=r"dataset.json: shards\[0\].name '../other/00001.tar' is not a file name"
+    ):
         TrainDataset.open(path)
     result = CliRunner().invoke(app, ["--quiet", "data", "verify", path])
     assert result.exit_code == 1 and "shards[0].name" in result.output
@@ -61,16 +64,36 @@ def test_a_shard_name_outside_the_set_is_refused(small_set, tmp_path):
 
 def test_a_count_the_files_cannot_hold_is_refused_naming_the_key(small_set, tmp_path):
     """Before: `toolkit train` tried to allocate 8 TB for FastCLIP's tables and said only that."""
+
     def claim(d):
         d["num_samples"] = d["shards"][0]["num_samples"] = d["samples_per_shard"] = 10**12
+
     path = _edited(small_set, tmp_path, claim)
-    with pytest.raises(ValueError, match=r"dataset.json: shards\[0\].num_samples says 1000000000000 samples .* "
-                                         r"holds \d+ bytes \(\d samples at most\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"dataset.json: shards\[0\].num_samples says 1000000000000 samples .* "
+        r"holds \d+ bytes \(\d samples at most\)",
+    ):
         ds = TrainDataset.open(path)
         check_claims(ds, ds.sample_bytes)  # a pixels set: a part holds sample_bytes per sample
     real = TrainDataset.open(str(small_set))
     check_claims(real, real.sample_bytes)  # the real set passes
-    result = CliRunner().invoke(app, ["--quiet", "train", "--data", path, "--out", str(tmp_path / "run"),
-                                      "--model", "cliptk-tiny", "--steps", "1", "--batch-size", "2"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "--quiet",
+            "train",
+            "--data",
+            path,
+            "--out",
+            str(tmp_path / "run"),
+            "--model",
+            "cliptk-tiny",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+        ],
+    )
     assert result.exit_code == 1 and "shards[0].num_samples" in result.output, result.output
     assert "allocate" not in result.output

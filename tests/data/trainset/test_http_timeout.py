@@ -55,8 +55,11 @@ def test_a_server_that_stops_answering_is_named_with_the_sample(served_index, mo
         assert len(reader.image_bytes(0, 0, table[0])) == int(table[0]["length"])  # a live server answers
         server.stalled.set()
         start = time.monotonic()
-        with pytest.raises(TimeoutError, match=rf"{url[:-len('index')]}raw/00000.tar: no answer within 1 s "
-                                               r"\(CLIPTK_HTTP_TIMEOUT_S\) while reading sample 2 of 00000.idx \(id 2\)"):
+        with pytest.raises(
+            TimeoutError,
+            match=rf"{url[: -len('index')]}raw/00000.tar: no answer within 1 s "
+            r"\(CLIPTK_HTTP_TIMEOUT_S\) while reading sample 2 of 00000.idx \(id 2\)",
+        ):
             reader.image_bytes(0, 2, table[2])
         assert time.monotonic() - start < 20
     finally:

@@ -30,9 +30,11 @@ def test_an_index_beside_other_shards_of_the_same_names_says_so(tmp_path):
     result = _verify(second / "index")
     assert result.num_damaged_samples == 8
     line = result.problems[0]
-    assert line.startswith(f"{second / 'raw'}: 2 of the 2 data files (00000.tar, 00001.tar) match none of "
-                           "the checksums recorded for their samples: they are not the files this set "
-                           "indexed"), line
+    assert line.startswith(
+        f"{second / 'raw'}: 2 of the 2 data files (00000.tar, 00001.tar) match none of "
+        "the checksums recorded for their samples: they are not the files this set "
+        "indexed"
+    ), line
     assert sum("not the files this set indexed" in p for p in result.problems) == 1
 
 

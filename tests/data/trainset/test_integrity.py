@@ -28,7 +28,7 @@ def train_copy(small_train, tmp_path) -> Path:
 
 def _flip(path: Path, offset: int, count: int) -> None:
     data = bytearray(path.read_bytes())
-    data[offset:offset + count] = bytes(b ^ 0xFF for b in data[offset:offset + count])
+    data[offset : offset + count] = bytes(b ^ 0xFF for b in data[offset : offset + count])
     path.write_bytes(bytes(data))
 
 
@@ -39,7 +39,9 @@ def _field_offset(out: Path, role: str) -> int:
 
 def _read_all(out: Path, workers: int) -> int:
     """Every sample once, through the training loader (batches of 5 ids, 20 steps = 100 samples)."""
-    return sum(len(b["index"]) for b in make_loader(str(out), batch_size=5, num_workers=workers, num_steps=20))
+    return sum(
+        len(b["index"]) for b in make_loader(str(out), batch_size=5, num_workers=workers, num_steps=20)
+    )
 
 
 def _strip_checksums(out: Path) -> None:
@@ -61,7 +63,9 @@ def test_precompute_writes_checksums_that_match_every_sample(small_train):
         sums = integrity.load_sums(ds, index)
         data = (out / shard.name).read_bytes()
         size = ds.sample_bytes
-        assert [integrity.sample_hash(data[k * size:(k + 1) * size]) for k in range(shard.num_samples)] == list(sums)
+        assert [
+            integrity.sample_hash(data[k * size : (k + 1) * size]) for k in range(shard.num_samples)
+        ] == list(sums)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -103,8 +107,11 @@ def test_token_bound_is_checked_even_when_the_checksums_agree(train_copy):
     meta = json.loads((train_copy / "dataset.json").read_text())
     meta["extra"]["vocab_size"] = 300  # pretend a 300-token tokenizer wrote them
     (train_copy / "dataset.json").write_text(json.dumps(meta))
-    with pytest.raises(integrity.DataIntegrityError, match=r"00000.tar: sample 0 \(id 0\).*outside the "
-                                                           r"vocabulary \[0, 300\)"):
+    with pytest.raises(
+        integrity.DataIntegrityError,
+        match=r"00000.tar: sample 0 \(id 0\).*outside the "
+        r"vocabulary \[0, 300\)",
+    ):
         list(read_segment(TrainDataset.open(str(train_copy)), Segment(0, 0, 2)))
     assert ds.extra["vocab_size"] == 49408
 
@@ -114,7 +121,9 @@ def test_a_damaged_or_missing_checksum_file_is_named(train_copy):
     with pytest.raises(integrity.DataIntegrityError, match=r"00001.xxh3: damaged"):
         _read_all(train_copy, 0)
     (train_copy / "00001.xxh3").unlink()
-    with pytest.raises(integrity.DataIntegrityError, match=r"00001.xxh3: missing \(the checksums of 00001.tar\)"):
+    with pytest.raises(
+        integrity.DataIntegrityError, match=r"00001.xxh3: missing \(the checksums of 00001.tar\)"
+    ):
         _read_all(train_copy, 0)
 
 
@@ -126,7 +135,7 @@ def test_worker_errors_reach_the_caller_as_themselves(train_copy, damage):
     ds = TrainDataset.open(str(train_copy))
     shard = train_copy / "00007.tar"
     if damage == "truncated":
-        shard.write_bytes(shard.read_bytes()[:4 * ds.sample_bytes + 700])
+        shard.write_bytes(shard.read_bytes()[: 4 * ds.sample_bytes + 700])
     elif damage == "deleted":
         shard.unlink()
     else:
@@ -159,7 +168,9 @@ def test_verify_cli_passes_an_intact_folder_and_lists_every_damaged_sample(train
     assert len(lines) == 3
     assert "00003.tar: sample 1 (id 31) is damaged: its checksum" in lines[0]
     assert "00003.tar: sample 8 (id 38) is damaged: its checksum" in lines[1]
-    assert "00009.tar: sample 5 (id 95) is damaged: its first member is not named 0000000095.img.u8" in lines[2]
+    assert (
+        "00009.tar: sample 5 (id 95) is damaged: its first member is not named 0000000095.img.u8" in lines[2]
+    )
     assert "3 damaged samples in 2 of 11 shards: 00003.tar, 00009.tar" in res.output
 
 
@@ -168,7 +179,7 @@ def test_verify_cli_on_old_folders_truncated_shards_and_non_datasets(train_copy,
     _strip_checksums(train_copy)
     _flip(train_copy / "00000.tar", 9 * ds.sample_bytes + _field_offset(train_copy, "tokens"), 8)
     shard = train_copy / "00005.tar"
-    shard.write_bytes(shard.read_bytes()[:7 * ds.sample_bytes + 100])
+    shard.write_bytes(shard.read_bytes()[: 7 * ds.sample_bytes + 100])
     res = _verify(train_copy)
     assert res.exit_code == 1, res.output
     assert "no checksums recorded (older precompute), layout, token ids < 49408" in res.output

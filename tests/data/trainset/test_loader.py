@@ -24,7 +24,9 @@ def test_ranks_and_workers_read_exactly_the_single_process_batches(small_train, 
     out, _ = small_train
     kw = dict(batch_size=8, seed=3, num_steps=30)  # 30 steps cross the pass boundary at 12 batches/pass
     single = list(make_loader(str(out), **kw))
-    ranks = [list(make_loader(str(out), rank=r, world_size=world, num_workers=workers, **kw)) for r in range(world)]
+    ranks = [
+        list(make_loader(str(out), rank=r, world_size=world, num_workers=workers, **kw)) for r in range(world)
+    ]
     assert [int(b["step"]) for b in ranks[0]] == list(range(30))
     for t, whole in enumerate(single):
         parts = [ranks[r][t] for r in range(world)]
@@ -50,8 +52,11 @@ def test_batch_contents_match_the_shards(small_train):
     batch = next(iter(make_loader(str(out), batch_size=16, seed=5)))
     assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (16, 32, 32, 3)
     assert batch["tokens"].dtype == torch.int64 and batch["tokens"].shape == (16, 32)
-    direct = {s["index"]: s for shard in range(len(ds.shards))
-              for s in read_segment(ds, Segment(shard, 0, ds.shards[shard].num_samples))}
+    direct = {
+        s["index"]: s
+        for shard in range(len(ds.shards))
+        for s in read_segment(ds, Segment(shard, 0, ds.shards[shard].num_samples))
+    }
     for k, sample_id in enumerate(batch["index"].tolist()):
         np.testing.assert_array_equal(batch["image"][k].numpy(), direct[sample_id]["image"])
         np.testing.assert_array_equal(batch["tokens"][k].numpy(), direct[sample_id]["tokens"])
@@ -69,9 +74,19 @@ def test_in_order_reading_sees_every_sample_once(small_train):
 @pytest.mark.parametrize("workers,start", [(2, 3), (3, 5), (0, 12), (2, 13)])
 def test_resume_at_any_step_and_worker_count(small_train, workers, start):
     out, _ = small_train
-    full = _ids(make_loader(str(out), batch_size=4, rank=1, world_size=2, seed=7, num_steps=30, num_workers=2))
-    resumed = make_loader(str(out), batch_size=4, rank=1, world_size=2, seed=7, start_step=start,
-                          num_steps=30 - start, num_workers=workers)
+    full = _ids(
+        make_loader(str(out), batch_size=4, rank=1, world_size=2, seed=7, num_steps=30, num_workers=2)
+    )
+    resumed = make_loader(
+        str(out),
+        batch_size=4,
+        rank=1,
+        world_size=2,
+        seed=7,
+        start_step=start,
+        num_steps=30 - start,
+        num_workers=workers,
+    )
     assert len(resumed) == 30 - start
     assert _ids(resumed) == full[start:]
 

@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _toolkit(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "toolkit", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture()
@@ -42,8 +48,21 @@ def test_verify_names_a_fifo_shard_instead_of_hanging(fifo_train):
 @pytest.mark.timeout(300)
 def test_train_names_a_fifo_shard_instead_of_hanging(fifo_train, tmp_path):
     data, shard = fifo_train
-    proc = _toolkit("train", "--data", str(data), "--out", str(tmp_path / "run"), "--batch-size", "16",
-                    "--steps", "8", "--workers", "0", "--set", "tensorboard=false")
+    proc = _toolkit(
+        "train",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "run"),
+        "--batch-size",
+        "16",
+        "--steps",
+        "8",
+        "--workers",
+        "0",
+        "--set",
+        "tensorboard=false",
+    )
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{shard} is a FIFO" in errors[0], proc.stderr

@@ -34,8 +34,17 @@ def _tar(path, members: list[tuple[str, bytes | None]]) -> None:
 
 
 def _precompute(raw, out, **overrides):
-    cfg = build(PrecomputeConfig, {"input": str(raw), "out": str(out), "model": "cliptk-tiny",
-                                   "crop_scale_min": 1.0, "num_workers": 1, **overrides})
+    cfg = build(
+        PrecomputeConfig,
+        {
+            "input": str(raw),
+            "out": str(out),
+            "model": "cliptk-tiny",
+            "crop_scale_min": 1.0,
+            "num_workers": 1,
+            **overrides,
+        },
+    )
     return run(cfg)
 
 
@@ -78,16 +87,39 @@ def test_captions_only_in_json(tmp_path):
     assert [m["caption"] for m in read_meta(custom)] == ["hello"]
 
     with_txt = tmp_path / "txt"
-    _tar(raw / "00000.tar", [("a.jpg", members[0][1]), ("a.json", b'{"caption": "x"}'),
-                             ("b.jpg", members[0][1]), ("b.txt", b"b caption")])
-    result = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(with_txt), "--model",
-                                      "cliptk-tiny", "--workers", "1"])
+    _tar(
+        raw / "00000.tar",
+        [
+            ("a.jpg", members[0][1]),
+            ("a.json", b'{"caption": "x"}'),
+            ("b.jpg", members[0][1]),
+            ("b.txt", b"b caption"),
+        ],
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(raw),
+            "--out",
+            str(with_txt),
+            "--model",
+            "cliptk-tiny",
+            "--workers",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert _skipped(with_txt)[0]["message"] == ("no .txt member (its .json member has a 'caption': "
-                                                "--caption-ext json reads it)")
+    assert _skipped(with_txt)[0]["message"] == (
+        "no .txt member (its .json member has a 'caption': --caption-ext json reads it)"
+    )
     # the summary quotes it: the way out is on the screen, not only in skipped.jsonl
-    assert ("skipped: missing_caption 1\n  missing_caption, e.g. 00000.tar key 'a': no .txt member (its .json "
-            "member has a 'caption': --caption-ext json reads it)\n") in result.output
+    assert (
+        "skipped: missing_caption 1\n  missing_caption, e.g. 00000.tar key 'a': no .txt member (its .json "
+        "member has a 'caption': --caption-ext json reads it)\n"
+    ) in result.output
 
 
 def test_dotted_file_names_are_explained(tmp_path):
@@ -98,13 +130,18 @@ def test_dotted_file_names_are_explained(tmp_path):
     raw.mkdir()
     members = []
     for i in range(8):
-        members += [(f"photo.{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
-                    (f"photo.{i:04d}.txt", b"a caption")]
+        members += [
+            (f"photo.{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
+            (f"photo.{i:04d}.txt", b"a caption"),
+        ]
     _tar(raw / "00000.tar", members)
     with pytest.raises(ValueError) as err:
         _precompute(raw, tmp_path / "out")
     message = str(err.value)
-    assert "no valid sample in 1 raw shard(s) (missing_caption: 1); e.g. 00000.tar key 'photo': no .txt member" in message
+    assert (
+        "no valid sample in 1 raw shard(s) (missing_caption: 1); e.g. 00000.tar key 'photo': no .txt member"
+        in message
+    )
     assert "(16 in all); a key ends at the first dot of the file name" in message
 
 
@@ -124,17 +161,27 @@ def test_index_over_http_shards(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     for shard in range(2):
-        _tar(raw / f"{shard:05d}.tar", [m for i in range(5) for m in
-                                        [(f"{shard}{i:03d}.webp", encode(random_image(rng, 30, 20), "WEBP")),
-                                         (f"{shard}{i:03d}.txt", f"caption {shard} {i}".encode())]])
+        _tar(
+            raw / f"{shard:05d}.tar",
+            [
+                m
+                for i in range(5)
+                for m in [
+                    (f"{shard}{i:03d}.webp", encode(random_image(rng, 30, 20), "WEBP")),
+                    (f"{shard}{i:03d}.txt", f"caption {shard} {i}".encode()),
+                ]
+            ],
+        )
     local = tmp_path / "local"
     _precompute(raw, local, storage="index")
     with serve(str(tmp_path)) as server:
         remote = tmp_path / "remote"
         _precompute(f"{server.url}raw/{{00000..00001}}.tar", remote, storage="index")
         assert json.loads((remote / "dataset.json").read_text())["data_root"] == f"{server.url}raw"
-        batches = [next(iter(make_loader(str(out), batch_size=10, shuffle=False, num_workers=0)))
-                   for out in (local, remote)]
+        batches = [
+            next(iter(make_loader(str(out), batch_size=10, shuffle=False, num_workers=0)))
+            for out in (local, remote)
+        ]
         assert server.request_counts["/raw/00001.tar"] > 1  # streamed once, then read back by range
         assert np.array_equal(batches[0]["image"], batches[1]["image"])
         assert np.array_equal(batches[0]["tokens"], batches[1]["tokens"])
@@ -142,9 +189,17 @@ def test_index_over_http_shards(tmp_path):
         assert len(read_meta(tmp_path / "pixels")) == 10
 
     port_file = tmp_path / "port"
-    plain = subprocess.Popen([sys.executable, "-c", "import http.server as h, sys; s = h.ThreadingHTTPServer(("
-                              "'127.0.0.1', 0), h.SimpleHTTPRequestHandler); open(sys.argv[1], 'w').write("
-                              "str(s.server_port)); s.serve_forever()", str(port_file)], cwd=tmp_path)
+    plain = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import http.server as h, sys; s = h.ThreadingHTTPServer(("
+            "'127.0.0.1', 0), h.SimpleHTTPRequestHandler); open(sys.argv[1], 'w').write("
+            "str(s.server_port)); s.serve_forever()",
+            str(port_file),
+        ],
+        cwd=tmp_path,
+    )
     try:
         for _ in range(100):
             if port_file.exists() and port_file.read_text():
@@ -173,8 +228,10 @@ def test_glob_over_an_img2dataset_folder_reads_only_the_tars(tmp_path, caplog):
     assert result.counts["num_read"] == 8 and result.counts["skipped"] == {}
     assert result.counts["num_raw_shards"] == 2 and result.counts["num_damaged_tars"] == 0
     assert (by_glob / "00000.tar").read_bytes() == (by_folder / "00000.tar").read_bytes()
-    assert "4 matched file(s) that are not .tar ignored (00000.parquet, 00000_stats.json, 00001.parquet, ...)" \
+    assert (
+        "4 matched file(s) that are not .tar ignored (00000.parquet, 00000_stats.json, 00001.parquet, ...)"
         in caplog.text
+    )
 
 
 def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
@@ -183,8 +240,11 @@ def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
     from toolkit.data.trainset.format import TrainDataset
 
     write_raw_shard(tmp_path / "00000.tar", good_samples(np.random.default_rng(4), "r", 2))
-    with pytest.raises(FileNotFoundError, match=r"a precompute output directory\? It holds \.tar files: raw shards "
-                                                r"are read by `toolkit data precompute --in "):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"a precompute output directory\? It holds \.tar files: raw shards "
+        r"are read by `toolkit data precompute --in ",
+    ):
         TrainDataset.open(str(tmp_path))
     (tmp_path / "00000.tar").unlink()
     with pytest.raises(FileNotFoundError, match=r"a precompute output directory\?$"):
@@ -194,8 +254,11 @@ def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
     _tar(tmp_path / "raw" / "00000.tar", [("a.jpg", b"not an image"), ("a.txt", b"caption")])
     with pytest.raises(ValueError, match="no valid sample"):
         _precompute(tmp_path / "raw", failed)
-    with pytest.raises(FileNotFoundError, match=r"directory\? Its precompute ended 'failed': ValueError: .*raw: no "
-                                                r"valid sample in 1 raw shard\(s\) \(corrupt_image: 1\).*; fix that"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"directory\? Its precompute ended 'failed': ValueError: .*raw: no "
+        r"valid sample in 1 raw shard\(s\) \(corrupt_image: 1\).*; fix that",
+    ):
         TrainDataset.open(str(failed))
 
 
@@ -203,8 +266,10 @@ def test_captions_longer_than_the_context_are_counted(tmp_path):
     """cliptk-tiny's context is 32 tokens: a 30-word caption (32 with start and end) fits exactly, a 31-word one
     is cut. The cut is counted in the manifest instead of happening unseen."""
     rng = np.random.default_rng(5)
-    samples = [(f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": " ".join(["a"] * words).encode()})
-               for i, words in enumerate([3, 30, 31, 200])]
+    samples = [
+        (f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": " ".join(["a"] * words).encode()})
+        for i, words in enumerate([3, 30, 31, 200])
+    ]
     raw = tmp_path / "raw"
     raw.mkdir()
     write_raw_shard(raw / "00000.tar", samples)
@@ -213,7 +278,9 @@ def test_captions_longer_than_the_context_are_counted(tmp_path):
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["counts"]["num_captions_cut"] == 2
 
-    (raw / "00001.tar").write_bytes(b"not a tar")  # 1 of 5 samples lost: the first run fails, keeping its work
+    (raw / "00001.tar").write_bytes(
+        b"not a tar"
+    )  # 1 of 5 samples lost: the first run fails, keeping its work
     with pytest.raises(ValueError, match="max_truncated_share"):
         _precompute(raw, tmp_path / "resumed")
     resumed = _precompute(raw, tmp_path / "resumed", max_truncated_share=1)
@@ -227,14 +294,19 @@ def test_members_listed_apart_in_the_tar_are_explained(tmp_path):
     rng = np.random.default_rng(6)
     raw = tmp_path / "raw"
     raw.mkdir()
-    _tar(raw / "00000.tar", [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")) for i in range(4)]
-         + [(f"{i:04d}.txt", f"caption {i}".encode()) for i in range(4)])
+    _tar(
+        raw / "00000.tar",
+        [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")) for i in range(4)]
+        + [(f"{i:04d}.txt", f"caption {i}".encode()) for i in range(4)],
+    )
     with pytest.raises(ValueError) as err:
         _precompute(raw, tmp_path / "out")
     message = str(err.value)
-    assert "(missing_caption: 4, duplicate_key: 4); e.g. 00000.tar key '0000': no .txt member (members: jpg); " \
-           "00000.tar key '0000': key repeats within 00000.tar (this time with txt; its earlier members lacked them): " \
-           "a sample's files must follow each other in the tar" in message
+    assert (
+        "(missing_caption: 4, duplicate_key: 4); e.g. 00000.tar key '0000': no .txt member (members: jpg); "
+        "00000.tar key '0000': key repeats within 00000.tar (this time with txt; its earlier members lacked them): "
+        "a sample's files must follow each other in the tar" in message
+    )
 
 
 def test_json_captions_in_a_cut_tar_keep_the_last_whole_sample(tmp_path):
@@ -243,9 +315,17 @@ def test_json_captions_in_a_cut_tar_keep_the_last_whole_sample(tmp_path):
     rng = np.random.default_rng(7)
     raw = tmp_path / "raw"
     raw.mkdir()
-    _tar(raw / "00000.tar", [m for i in range(3) for m in
-                             [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
-                              (f"{i:04d}.json", json.dumps({"caption": f"caption {i}"}).encode())]])
+    _tar(
+        raw / "00000.tar",
+        [
+            m
+            for i in range(3)
+            for m in [
+                (f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
+                (f"{i:04d}.json", json.dumps({"caption": f"caption {i}"}).encode()),
+            ]
+        ],
+    )
     data = (raw / "00000.tar").read_bytes()
     with tarfile.open(raw / "00000.tar") as tar:
         cut = next(m for m in tar.getmembers() if m.name == "0002.jpg").offset  # at 0002.jpg's header
@@ -272,9 +352,14 @@ def test_shards_of_the_same_name_in_two_folders_are_told_apart(tmp_path):
     out = tmp_path / "out"
     result = _precompute(f"{tmp_path}/raw/*/*.tar", out, storage="index")
     assert sorted(result.details["tar_errors"]) == ["a/00000.tar", "b/00000.tar"]
-    assert {(m["source"], m["key"][0]) for m in read_meta(out)} == {("a/00000.tar", "a"), ("b/00000.tar", "b")}
+    assert {(m["source"], m["key"][0]) for m in read_meta(out)} == {
+        ("a/00000.tar", "a"),
+        ("b/00000.tar", "b"),
+    }
     assert sorted((s["shard"], s["key"], s["reason"]) for s in _skipped(out)) == [
-        ("a/00000.tar", "a_0001", "missing_caption"), ("b/00000.tar", "b_0001", "missing_caption")]
+        ("a/00000.tar", "a_0001", "missing_caption"),
+        ("b/00000.tar", "b_0001", "missing_caption"),
+    ]
 
 
 def test_byte_order_marks_and_control_only_captions(tmp_path):
@@ -285,14 +370,22 @@ def test_byte_order_marks_and_control_only_captions(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     captions = [b"\xef\xbb\xbf", b"\xef\xbb\xbfhello world\r\n", b"\x00\x00", b"ok"]
-    _tar(raw / "00000.tar", [m for i, cap in enumerate(captions) for m in
-                             [(f"{i:04d}.png", encode(random_image(rng, 20, 20), "PNG")), (f"{i:04d}.txt", cap)]])
+    _tar(
+        raw / "00000.tar",
+        [
+            m
+            for i, cap in enumerate(captions)
+            for m in [(f"{i:04d}.png", encode(random_image(rng, 20, 20), "PNG")), (f"{i:04d}.txt", cap)]
+        ],
+    )
     out = tmp_path / "out"
     result = _precompute(raw, out)
     assert [m["caption"] for m in read_meta(out)] == ["hello world", "ok"]
     assert result.counts["skipped"] == {"empty_caption": 2}
-    assert [s["message"] for s in _skipped(out)] == ["caption is empty or whitespace only",
-                                                     "caption has no printable character ('\\x00\\x00')"]
+    assert [s["message"] for s in _skipped(out)] == [
+        "caption is empty or whitespace only",
+        "caption has no printable character ('\\x00\\x00')",
+    ]
 
 
 def _counting_handler():
@@ -307,6 +400,7 @@ def _counting_handler():
                 def write(self, data):
                     sent[0] += len(data)
                     outputfile.write(data)
+
             super().copyfile(source, Out())
 
     return sent, Counting
@@ -324,9 +418,17 @@ def test_remote_index_reads_only_the_images_it_needs(tmp_path):
     rng = np.random.default_rng(10)
     raw = tmp_path / "raw"
     raw.mkdir()
-    _tar(raw / "00000.tar", [m for i in range(40) for m in
-                             [(f"{i:04d}.jpg", encode(random_image(rng, 64, 48), "JPEG", quality=95)),
-                              (f"{i:04d}.txt", f"caption {i}".encode())]])
+    _tar(
+        raw / "00000.tar",
+        [
+            m
+            for i in range(40)
+            for m in [
+                (f"{i:04d}.jpg", encode(random_image(rng, 64, 48), "JPEG", quality=95)),
+                (f"{i:04d}.txt", f"caption {i}".encode()),
+            ]
+        ],
+    )
     with tarfile.open(raw / "00000.tar") as tar:
         sizes = {m.name.split(".")[0]: m.size for m in tar.getmembers() if m.name.endswith(".jpg")}
     with serving.serve(str(tmp_path), handler_cls=Counting) as server:
@@ -369,28 +471,41 @@ def test_a_mixed_own_tar_trains_alike_in_every_storage_mode(tmp_path):
     deep = Image.fromarray(rng.integers(0, 65535, (20, 24), dtype=np.uint16))
     palette = random_image(rng, 24, 20).convert("P")
     palette.info["transparency"] = 0
-    images = [("JPG", encode(random_image(rng, 30, 20), "JPEG")), ("jpeg", encode(random_image(rng, 20, 30, "L"), "JPEG")),
-              ("webp", encode(random_image(rng, 24, 24), "WEBP")), ("png", encode(palette, "PNG", transparency=0)),
-              ("png", encode(deep, "PNG")), ("jpg", encode(random_image(rng, 40, 30, "CMYK"), "JPEG"))]
+    images = [
+        ("JPG", encode(random_image(rng, 30, 20), "JPEG")),
+        ("jpeg", encode(random_image(rng, 20, 30, "L"), "JPEG")),
+        ("webp", encode(random_image(rng, 24, 24), "WEBP")),
+        ("png", encode(palette, "PNG", transparency=0)),
+        ("png", encode(deep, "PNG")),
+        ("jpg", encode(random_image(rng, 40, 30, "CMYK"), "JPEG")),
+    ]
     raw = tmp_path / "raw"
     raw.mkdir()
     for shard in range(2):
         members = [("photos", None), ("photos/set.v2", None)]
         for i, (ext, data) in enumerate(images):
             key = f"photos/set.v2/{shard}_{i:03d}"
-            members += [(f"{key}.{ext}", data), (f"{key}.txt", f"photo {shard} {i}".encode()),
-                        (f"{key}.npy", b"\x93NUMPY"), (f"{key}.json", b'{"caption": "other"}')]
+            members += [
+                (f"{key}.{ext}", data),
+                (f"{key}.txt", f"photo {shard} {i}".encode()),
+                (f"{key}.npy", b"\x93NUMPY"),
+                (f"{key}.json", b'{"caption": "other"}'),
+            ]
         _tar(raw / f"{shard:05d}.tar", members)
     batches = {}
     for mode in ("pixels", "jpeg", "index"):
         result = _precompute(f"{raw}/{{00000..00001}}.tar", tmp_path / mode, storage=mode)
         assert result.counts["num_samples"] == 12 and result.counts["skipped"] == {}
-        batches[mode] = next(iter(make_loader(str(tmp_path / mode), batch_size=12, shuffle=False, num_workers=0)))
+        batches[mode] = next(
+            iter(make_loader(str(tmp_path / mode), batch_size=12, shuffle=False, num_workers=0))
+        )
     assert read_meta(tmp_path / "index")[7]["key"] == "photos/set.v2/1_001"
     for mode in ("jpeg", "index"):
         assert np.array_equal(batches[mode]["tokens"], batches["pixels"]["tokens"])
     assert np.array_equal(batches["index"]["image"], batches["pixels"]["image"])
-    assert batches["jpeg"]["image"].shape == batches["pixels"]["image"].shape  # its re-encoding: test_storage_modes
+    assert (
+        batches["jpeg"]["image"].shape == batches["pixels"]["image"].shape
+    )  # its re-encoding: test_storage_modes
 
 
 def test_inspect_reads_captions_the_way_precompute_will(tmp_path):
@@ -399,17 +514,26 @@ def test_inspect_reads_captions_the_way_precompute_will(tmp_path):
     rng = np.random.default_rng(13)
     raw = tmp_path / "raw"
     raw.mkdir()
-    _tar(raw / "00000.tar", [m for i in range(4) for m in
-                             [(f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
-                              (f"{i:04d}.json", json.dumps({"caption": "two words"}).encode())]]
-         + [("0009.jpg", encode(random_image(rng, 20, 20), "JPEG")), ("0009.txt", b"three words here")])
+    _tar(
+        raw / "00000.tar",
+        [
+            m
+            for i in range(4)
+            for m in [
+                (f"{i:04d}.jpg", encode(random_image(rng, 20, 20), "JPEG")),
+                (f"{i:04d}.json", json.dumps({"caption": "two words"}).encode()),
+            ]
+        ]
+        + [("0009.jpg", encode(random_image(rng, 20, 20), "JPEG")), ("0009.txt", b"three words here")],
+    )
     by_txt = CliRunner().invoke(app, ["data", "inspect", str(raw), "--out", str(tmp_path / "a")])
     assert by_txt.exit_code == 0, by_txt.output
     assert "no caption (--caption-ext txt): missing_caption 4\n" in by_txt.output
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert [b["count"] for b in report["caption_words"]][:4] == [0, 0, 0, 1]  # 0, 1, 2, 3-4 words
-    by_json = CliRunner().invoke(app, ["data", "inspect", str(raw), "--out", str(tmp_path / "b"),
-                                       "--caption-ext", "json"])
+    by_json = CliRunner().invoke(
+        app, ["data", "inspect", str(raw), "--out", str(tmp_path / "b"), "--caption-ext", "json"]
+    )
     assert "no caption (--caption-ext json): missing_caption 1\n" in by_json.output
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert [b["count"] for b in report["caption_words"]][:4] == [0, 0, 4, 0]
@@ -420,9 +544,14 @@ def test_a_folder_of_shard_folders_names_the_glob(tmp_path):
     sub-folders are not searched and gives the glob that reads them."""
     for part in ("part-0", "part-1"):
         (tmp_path / "dataset" / part).mkdir(parents=True)
-        write_raw_shard(tmp_path / "dataset" / part / "00000.tar", good_samples(np.random.default_rng(14), part, 2))
-    with pytest.raises(FileNotFoundError, match=r"dataset: no \.tar shards found; its sub-folders \(part-0, part-1\) "
-                                                r"are not searched: give a glob such as .*/dataset/\*/\*\.tar$"):
+        write_raw_shard(
+            tmp_path / "dataset" / part / "00000.tar", good_samples(np.random.default_rng(14), part, 2)
+        )
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"dataset: no \.tar shards found; its sub-folders \(part-0, part-1\) "
+        r"are not searched: give a glob such as .*/dataset/\*/\*\.tar$",
+    ):
         _precompute(tmp_path / "dataset", tmp_path / "out")
     assert _precompute(f"{tmp_path}/dataset/*/*.tar", tmp_path / "out").counts["num_samples"] == 4
 
@@ -434,8 +563,11 @@ def test_a_caption_ext_that_matches_no_member_is_refused(value):
     from toolkit.data.inspect import InspectConfig
 
     for config, extra in ((PrecomputeConfig, {"model": "cliptk-tiny"}), (InspectConfig, {})):
-        with pytest.raises(ValueError, match=rf"caption_ext: {value!r} is not a caption member: give its extension in "
-                                             "lower case without the dot"):
+        with pytest.raises(
+            ValueError,
+            match=rf"caption_ext: {value!r} is not a caption member: give its extension in "
+            "lower case without the dot",
+        ):
             build(config, {"input": "raw", "out": "out", "caption_ext": value, **extra})
 
 
@@ -446,9 +578,12 @@ def test_filtered_tars_with_stale_sidecars_are_explained(tmp_path):
     raw.mkdir()
     samples = good_samples(np.random.default_rng(15), "f", 20)
     write_raw_shard(raw / "00000.tar", samples[:12], parquet_keys=[k for k, _ in samples])
-    with pytest.raises(ValueError, match=r"8 of 20 samples .* lost .*; 8 of them are listed in a shard's \.parquet or "
-                                         r"_stats\.json but absent from a tar that ends cleanly: if those tars were "
-                                         r"filtered or rewritten on purpose, delete their stale \.parquet and "):
+    with pytest.raises(
+        ValueError,
+        match=r"8 of 20 samples .* lost .*; 8 of them are listed in a shard's \.parquet or "
+        r"_stats\.json but absent from a tar that ends cleanly: if those tars were "
+        r"filtered or rewritten on purpose, delete their stale \.parquet and ",
+    ):
         _precompute(raw, tmp_path / "out")
     (raw / "00000.parquet").unlink()
     (raw / "00000_stats.json").unlink()

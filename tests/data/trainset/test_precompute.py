@@ -17,7 +17,9 @@ from toolkit.models.registry import tokenizer
 
 def _raw_samples(raw) -> dict[tuple[str, str], dict[str, bytes]]:
     """(shard name, key) -> member bytes, read with tarfile independently of the toolkit."""
-    return {(path.name, key): files for path in sorted(raw.glob("*.tar")) for key, files in read_tar(path).items()}
+    return {
+        (path.name, key): files for path in sorted(raw.glob("*.tar")) for key, files in read_tar(path).items()
+    }
 
 
 def test_round_trip_counts_ids_pixels_tokens(small_raw, small_train):
@@ -46,8 +48,11 @@ def test_round_trip_counts_ids_pixels_tokens(small_raw, small_train):
 
 
 def _digest(out) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
-            if p.name.endswith((".tar", ".meta.jsonl")) or p.name in ("dataset.json", "skipped.jsonl")}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.iterdir())
+        if p.name.endswith((".tar", ".meta.jsonl")) or p.name in ("dataset.json", "skipped.jsonl")
+    }
 
 
 def test_rerun_gives_identical_ids_and_bytes(small_raw, small_train, tmp_path):
@@ -57,12 +62,20 @@ def test_rerun_gives_identical_ids_and_bytes(small_raw, small_train, tmp_path):
     from toolkit.core.config import build, config_hash
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig
 
-    base = {"input": str(small_raw), "out": str(out), "model": MODEL, "samples_per_shard": 10,
-            "crop_scale_min": 1.0}  # as datakit.precompute builds it
-    hashes = {config_hash(build(PrecomputeConfig, {**base, "num_workers": n}), "data.precompute") for n in (1, 2)}
+    base = {
+        "input": str(small_raw),
+        "out": str(out),
+        "model": MODEL,
+        "samples_per_shard": 10,
+        "crop_scale_min": 1.0,
+    }  # as datakit.precompute builds it
+    hashes = {
+        config_hash(build(PrecomputeConfig, {**base, "num_workers": n}), "data.precompute") for n in (1, 2)
+    }
     assert hashes == {first.config_hash}  # the worker count does not change the config hash
     assert {k: v for k, v in again.counts.items() if k != "samples_per_s"} == {
-        k: v for k, v in first.counts.items() if k != "samples_per_s"}
+        k: v for k, v in first.counts.items() if k != "samples_per_s"
+    }
 
 
 def test_output_to_fsspec_and_loader_reads_it(small_raw):
@@ -74,7 +87,9 @@ def test_output_to_fsspec_and_loader_reads_it(small_raw):
     fs = fsspec.filesystem("memory")
     assert fs.exists("/cliptk-test/train/dataset.json") and fs.exists("/cliptk-test/train/manifest.json")
     batches = list(make_loader(url, rank=1, world_size=2, batch_size=20))
-    assert len(batches) == 5 and sum(len(b["index"]) for b in batches) == 50  # rank 1's half of 5 global batches
+    assert (
+        len(batches) == 5 and sum(len(b["index"]) for b in batches) == 50
+    )  # rank 1's half of 5 global batches
     assert batches[0]["image"].shape[1:] == (24, 24, 3)
     for name in ("00003.tar", "00003.parquet", "00003_stats.json", "00001.tar"):  # raw shards on fsspec too
         fs.pipe(f"/cliptk-test/raw/{name}", (small_raw / name).read_bytes())
@@ -87,8 +102,16 @@ def test_frozen_open_clip_towers_store_features(small_raw, tmp_path):
     from toolkit.models.frozen import load_image_tower, load_text_tower
 
     out = tmp_path / "lit"
-    result = precompute(small_raw, out, num_workers=2, samples_per_shard=50, image_tower="open_clip",
-                        image_tower_model=MODEL, text_tower="open_clip", text_tower_model=MODEL)
+    result = precompute(
+        small_raw,
+        out,
+        num_workers=2,
+        samples_per_shard=50,
+        image_tower="open_clip",
+        image_tower_model=MODEL,
+        text_tower="open_clip",
+        text_tower_model=MODEL,
+    )
     assert result.counts["num_samples"] == 103
     ds = TrainDataset.open(str(out))
     assert [f.role for f in ds.fields] == ["image_features", "text_features"]
@@ -98,11 +121,18 @@ def test_frozen_open_clip_towers_store_features(small_raw, tmp_path):
     meta, raw = read_meta(out), _raw_samples(small_raw)
     image_tower, text_tower = load_image_tower("open_clip", MODEL), load_text_tower("open_clip", MODEL)
     pixels = np.stack([decode_rgb(raw[(m["source"], m["key"])]["jpg"], SIZE)[0] for m in meta[:5]])
-    np.testing.assert_allclose(batch["image_features"].float().numpy(), image_tower.encode(pixels).astype(np.float32),
-                               rtol=2e-3, atol=2e-3)
-    np.testing.assert_allclose(batch["text_features"].float().numpy(),
-                               text_tower.encode([m["caption"] for m in meta[:5]]).astype(np.float32),
-                               rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        batch["image_features"].float().numpy(),
+        image_tower.encode(pixels).astype(np.float32),
+        rtol=2e-3,
+        atol=2e-3,
+    )
+    np.testing.assert_allclose(
+        batch["text_features"].float().numpy(),
+        text_tower.encode([m["caption"] for m in meta[:5]]).astype(np.float32),
+        rtol=2e-3,
+        atol=2e-3,
+    )
 
 
 def test_pretrained_efficientnet_tower(small_raw, tmp_path):
@@ -131,28 +161,69 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
     from toolkit.cli.main import app
     from toolkit.pipeline.runner import load_pipeline, run_pipeline
 
-    spec = {"run_dir": str(tmp_path / "run"), "stages": [
-        {"name": "pre", "kind": "data.precompute",
-         "config": {"input": str(small_raw), "model": MODEL, "num_workers": 1, "samples_per_shard": 64}},
-        {"name": "look", "kind": "data.inspect", "config": {"input": "${stages.pre.outputs.train}",
-                                                            "num_contact": 4}}]}
+    spec = {
+        "run_dir": str(tmp_path / "run"),
+        "stages": [
+            {
+                "name": "pre",
+                "kind": "data.precompute",
+                "config": {
+                    "input": str(small_raw),
+                    "model": MODEL,
+                    "num_workers": 1,
+                    "samples_per_shard": 64,
+                },
+            },
+            {
+                "name": "look",
+                "kind": "data.inspect",
+                "config": {"input": "${stages.pre.outputs.train}", "num_contact": 4},
+            },
+        ],
+    }
     (tmp_path / "p.yaml").write_text(json.dumps(spec))
     report = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
     assert [r[1] for r in report] == ["ran", "ran"]
     assert report[1][2].counts["num_samples"] == 103
     again = run_pipeline(load_pipeline(str(tmp_path / "p.yaml")))
     assert [r[1] for r in again] == ["skipped", "skipped"]
-    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(small_raw / "00003.tar"), "--out",
-                                   str(tmp_path / "cli"), "--model", MODEL, "--workers", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(small_raw / "00003.tar"),
+            "--out",
+            str(tmp_path / "cli"),
+            "--model",
+            MODEL,
+            "--workers",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "1 samples in 1 shards" in res.output
-    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(tmp_path / "nothing"), "--out",
-                                   str(tmp_path / "cli2"), "--model", MODEL])
+    res = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(tmp_path / "nothing"),
+            "--out",
+            str(tmp_path / "cli2"),
+            "--model",
+            MODEL,
+        ],
+    )
     assert res.exit_code == 1 and "nothing" in res.output
 
 
-@pytest.mark.parametrize("weights", ["openai", "laion2b_s34b_b79k", "hf-hub:timm/vit", "https://example.org/w.pt",
-                                     "file:///tmp/w.pt"])
+@pytest.mark.parametrize(
+    "weights",
+    ["openai", "laion2b_s34b_b79k", "hf-hub:timm/vit", "https://example.org/w.pt", "file:///tmp/w.pt"],
+)
 def test_tower_weights_must_be_a_local_file(weights, tmp_path):
     """Issue 15 item 8: --image-tower-weights openai spent 56 s trying the Hugging Face hub."""
     from toolkit.core.config import ConfigError, load_config
@@ -160,14 +231,23 @@ def test_tower_weights_must_be_a_local_file(weights, tmp_path):
 
     for key in ("image_tower_weights", "text_tower_weights"):
         with pytest.raises(ConfigError) as err:
-            load_config(PrecomputeConfig, None, [], {"input": "raw", "out": "o", "model": "m", key: weights},
-                        {key: f"option --{key.replace('_', '-')}"})
+            load_config(
+                PrecomputeConfig,
+                None,
+                [],
+                {"input": "raw", "out": "o", "model": "m", key: weights},
+                {key: f"option --{key.replace('_', '-')}"},
+            )
         assert err.value.key == key and err.value.source == f"option --{key.replace('_', '-')}"
         assert "not a local file" in err.value.message and "nothing is downloaded" in err.value.message
     weights_file = tmp_path / "w.pt"
     weights_file.write_bytes(b"")
-    assert load_config(PrecomputeConfig, None, [], {"input": "raw", "out": "o", "model": "m",
-                                                    "image_tower_weights": str(weights_file)})
+    assert load_config(
+        PrecomputeConfig,
+        None,
+        [],
+        {"input": "raw", "out": "o", "model": "m", "image_tower_weights": str(weights_file)},
+    )
 
 
 def test_missing_tower_weights_file_is_refused_before_open_clip(monkeypatch):

@@ -29,11 +29,35 @@ def raw(tmp_path_factory):
 
 
 def _start(raw: Path, out: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "toolkit", "data", "precompute", "--in", str(raw), "--out",
-                             str(out), "--model", MODEL, "--workers", "1", "--nproc-per-node", "2"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolkit",
+            "data",
+            "precompute",
+            "--in",
+            str(raw),
+            "--out",
+            str(out),
+            "--model",
+            MODEL,
+            "--workers",
+            "1",
+            "--nproc-per-node",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _rank_pid(rank: int) -> int | None:
@@ -58,7 +82,9 @@ def _when_running(out: Path, launcher: subprocess.Popen, timeout_s: float = 240)
         except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.05)
-    raise AssertionError(f"the job never ran: {launcher.communicate()[1][-3000:] if launcher.poll() is not None else ''}")
+    raise AssertionError(
+        f"the job never ran: {launcher.communicate()[1][-3000:] if launcher.poll() is not None else ''}"
+    )
 
 
 def test_a_sigkilled_rank_is_named_and_the_manifest_says_failed(raw, tmp_path):

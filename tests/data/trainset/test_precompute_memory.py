@@ -40,9 +40,13 @@ def test_ids_follow_shard_then_key_order_holding_about_8_bytes_a_sample(tmp_path
     total = NUM_SHARDS * PER_SHARD
     assert count == total - 3
     assert [s["key"] for s in skips] == ["00003000010", "00003000011", "00003000012"]
-    assert all(s["reason"] == "duplicate_key" and s["message"] == "key already kept from 00003.tar" for s in skips)
-    assert first_rows == [(PER_SHARD - 1, f"a photo of thing number {PER_SHARD - 1} in shard 0"),
-                          (PER_SHARD - 2, f"a photo of thing number {PER_SHARD - 2} in shard 0")]
+    assert all(
+        s["reason"] == "duplicate_key" and s["message"] == "key already kept from 00003.tar" for s in skips
+    )
+    assert first_rows == [
+        (PER_SHARD - 1, f"a photo of thing number {PER_SHARD - 1} in shard 0"),
+        (PER_SHARD - 2, f"a photo of thing number {PER_SHARD - 2} in shard 0"),
+    ]
     # 8 bytes a sample for the hashes, plus one raw shard's keys and captions (~400 B a row as Python lists)
     assert peak < 8 * total + 400 * PER_SHARD + (1 << 20), peak
     assert peak > 8 * total  # the hashes are all held at once: the bound above is not vacuous

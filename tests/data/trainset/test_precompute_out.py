@@ -16,8 +16,11 @@ from toolkit.core.stage import OutputNotOurs
 
 
 def _digests(folder) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -34,7 +37,9 @@ def test_precompute_keeps_a_users_shard_named_files(raw, tmp_path):
     (user / "00001.tar").write_bytes(b"my own tar")
     (user / "00003.idx").write_bytes(b"my own index")
     before = _digests(user)
-    with pytest.raises(OutputNotOurs, match=r"holds 2 file\(s\) named like data.precompute's output \(e.g. 00001.tar\)"):
+    with pytest.raises(
+        OutputNotOurs, match=r"holds 2 file\(s\) named like data.precompute's output \(e.g. 00001.tar\)"
+    ):
         precompute(raw, user)
     assert _digests(user) == before
 
@@ -74,7 +79,9 @@ def test_a_hard_link_of_an_input_file_inside_out_is_refused(raw, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     os.link(raw / "00000.tar", out / "00007.tar")
-    with pytest.raises(OutputIsInput, match=r"holds 00007.tar, the same file \(a hard link\) as a file of it"):
+    with pytest.raises(
+        OutputIsInput, match=r"holds 00007.tar, the same file \(a hard link\) as a file of it"
+    ):
         precompute(raw, out)
     single = tmp_path / "single"  # an input that is one tar file, linked under another name
     single.mkdir()
@@ -87,14 +94,22 @@ def test_precompute_refuses_a_raw_set_whose_fetch_failed(raw, tmp_path, caplog):
     """Before: exit 0 with the samples of the shards the failed fetch finished, the failure never mentioned."""
     from toolkit.core.stage import UnfinishedInput
 
-    (raw / "manifest.json").write_text(json.dumps({"kind": "data.fetch", "status": "failed",
-                                                   "error": "RuntimeError: 2 of 4 shards unfinished"}))
-    with pytest.raises(UnfinishedInput, match=r"input: .*raw: its manifest.json says the data.fetch that wrote it is "
-                                              r"'failed' \(RuntimeError: 2 of 4 shards unfinished\).*"
-                                              r"--allow-unfinished-input"):
+    (raw / "manifest.json").write_text(
+        json.dumps(
+            {"kind": "data.fetch", "status": "failed", "error": "RuntimeError: 2 of 4 shards unfinished"}
+        )
+    )
+    with pytest.raises(
+        UnfinishedInput,
+        match=r"input: .*raw: its manifest.json says the data.fetch that wrote it is "
+        r"'failed' \(RuntimeError: 2 of 4 shards unfinished\).*"
+        r"--allow-unfinished-input",
+    ):
         precompute(raw, tmp_path / "train")
     assert not (tmp_path / "train").exists()
     result = precompute(raw, tmp_path / "train", allow_unfinished_input=True)
     assert result.counts["num_samples"] == 3
-    assert any("'failed'" in r.getMessage() and "only what it finished is read" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "'failed'" in r.getMessage() and "only what it finished is read" in r.getMessage()
+        for r in caplog.records
+    )

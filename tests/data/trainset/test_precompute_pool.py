@@ -54,10 +54,28 @@ def test_a_precompute_of_many_small_raw_shards_finishes(tmp_path):
     for i in range(300):
         write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"m{i}_", 2, size=(8, 8)))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    args = ["data", "precompute", "--in", str(raw), "--out", str(out), "--model", MODEL, "--workers", "2",
-            "--samples-per-shard", "100"]
-    done = subprocess.run([sys.executable, "-m", "toolkit", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    args = [
+        "data",
+        "precompute",
+        "--in",
+        str(raw),
+        "--out",
+        str(out),
+        "--model",
+        MODEL,
+        "--workers",
+        "2",
+        "--samples-per-shard",
+        "100",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "toolkit", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "done" and manifest["counts"]["num_samples"] == 600

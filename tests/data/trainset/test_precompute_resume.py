@@ -37,16 +37,25 @@ KILL_AT_THIRD_SHARD = textwrap.dedent("""
 
 
 def _digest(out: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
-            if p.name.endswith((".tar", ".meta.jsonl")) or p.name in ("dataset.json", "skipped.jsonl")}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.iterdir())
+        if p.name.endswith((".tar", ".meta.jsonl")) or p.name in ("dataset.json", "skipped.jsonl")
+    }
 
 
 def _killed_run(raw: Path, out: Path, **overrides) -> None:
     options = {"crop_scale_min": 1.0, **overrides}  # datakit.precompute's layout, so the reruns resume
-    proc = subprocess.run([sys.executable, "-c", KILL_AT_THIRD_SHARD, str(raw), str(out), MODEL, json.dumps(options)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AT_THIRD_SHARD, str(raw), str(out), MODEL, json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert json.loads((out / "manifest.json").read_text())["status"] == "running"  # killed: no chance to record
+    assert (
+        json.loads((out / "manifest.json").read_text())["status"] == "running"
+    )  # killed: no chance to record
 
 
 def _progress_lines(out: Path, desc: str) -> list[str]:
@@ -129,7 +138,9 @@ def test_progress_counts_samples_of_one_big_shard(tmp_path, monkeypatch):
     out = tmp_path / "train"
     precompute(raw, out, num_workers=1)
     counts = _progress_lines(out, "precompute")
-    assert counts[0].startswith("precompute: 1/12 samples") and counts[-1].startswith("precompute: 12/12 samples")
+    assert counts[0].startswith("precompute: 1/12 samples") and counts[-1].startswith(
+        "precompute: 12/12 samples"
+    )
 
 
 def test_pool_progress_reaches_the_total(small_raw, tmp_path, monkeypatch):

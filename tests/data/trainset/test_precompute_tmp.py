@@ -35,8 +35,12 @@ def test_shared_tmp_dir_keeps_folders_of_running_or_unknown_owners(small_raw, tm
     host = socket.gethostname()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        names = {"dead": f"precompute-{host}-{_dead_pid()}-aa", "running": f"precompute-{host}-{sleeper.pid}-bb",
-                 "other_host": "precompute-some-other-host-1-cc", "unknown": "precompute-legacy9"}
+        names = {
+            "dead": f"precompute-{host}-{_dead_pid()}-aa",
+            "running": f"precompute-{host}-{sleeper.pid}-bb",
+            "other_host": "precompute-some-other-host-1-cc",
+            "unknown": "precompute-legacy9",
+        }
         for name in names.values():
             (shared / name).mkdir(parents=True)
         precompute(small_raw, tmp_path / "train", num_workers=1, tmp_dir=str(shared))

@@ -54,8 +54,14 @@ def ref_sets(small_raw, ref_dir, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ref_modes")
     shutil.copytree(small_raw, root / "raw")
     for mode in MODES:
-        precompute(root / "raw", root / mode, num_workers=2, samples_per_shard=10, storage=mode,
-                   reference_model=str(ref_dir))
+        precompute(
+            root / "raw",
+            root / mode,
+            num_workers=2,
+            samples_per_shard=10,
+            storage=mode,
+            reference_model=str(ref_dir),
+        )
     return {m: root / m for m in MODES}
 
 
@@ -71,8 +77,12 @@ def _oracle(ref_dir: Path, raw: Path, meta: list[dict]) -> tuple[np.ndarray, np.
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{ref_dir}")
     tokenizer = open_clip.get_tokenizer(f"local-dir:{ref_dir}")
     shards = {name: read_tar(raw / name) for name in {m["source"] for m in meta}}
-    images = torch.stack([preprocess(Image.open(io.BytesIO(shards[m["source"]][m["key"]]["jpg"])).convert("RGB"))
-                          for m in meta])
+    images = torch.stack(
+        [
+            preprocess(Image.open(io.BytesIO(shards[m["source"]][m["key"]]["jpg"])).convert("RGB"))
+            for m in meta
+        ]
+    )
     with torch.no_grad():
         x = torch.nn.functional.normalize(model.eval().encode_image(images), dim=-1)
         y = torch.nn.functional.normalize(model.encode_text(tokenizer([m["caption"] for m in meta])), dim=-1)
@@ -94,10 +104,20 @@ def test_embeddings_equal_open_clip_on_the_raw_pairs_in_every_mode(ref_sets, ref
     norms = np.linalg.norm(got["pixels"]["ref_image"].astype(np.float32), axis=1)
     assert np.allclose(norms, 1, atol=2e-3)
     for mode in MODES:  # the pass's cost is in the manifest
-        assert json.loads((ref_sets[mode] / "manifest.json").read_text())["details"]["throughput"]["reference_s"] > 0
+        assert (
+            json.loads((ref_sets[mode] / "manifest.json").read_text())["details"]["throughput"]["reference_s"]
+            > 0
+        )
     info = TrainDataset.open(str(ref_sets["index"])).extra["reference"]
-    assert info["dim"] == 48 and info["preprocess"]["size"] == 40 and info["preprocess"]["mean"] == [0.5, 0.4, 0.3]
-    assert info["weights_sha256"] == hashlib.sha256((ref_dir / "open_clip_model.safetensors").read_bytes()).hexdigest()
+    assert (
+        info["dim"] == 48
+        and info["preprocess"]["size"] == 40
+        and info["preprocess"]["mean"] == [0.5, 0.4, 0.3]
+    )
+    assert (
+        info["weights_sha256"]
+        == hashlib.sha256((ref_dir / "open_clip_model.safetensors").read_bytes()).hexdigest()
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -105,8 +125,16 @@ def test_ranks_see_the_single_process_reference_rows_and_resume_at_another_world
     path = str(ref_sets[mode])
 
     def steps(rank: int, ws: int, start: int, workers: int = 0) -> list[dict]:
-        loader = make_loader(path, batch_size=8, rank=rank, world_size=ws, seed=3, start_step=start, num_steps=3,
-                             num_workers=workers)
+        loader = make_loader(
+            path,
+            batch_size=8,
+            rank=rank,
+            world_size=ws,
+            seed=3,
+            start_step=start,
+            num_steps=3,
+            num_workers=workers,
+        )
         return [{k: b[k].numpy() for k in KEYS} for b in loader]
 
     one = steps(0, 1, 0) + steps(0, 1, 3)
@@ -145,14 +173,29 @@ def test_frozen_tower_features_and_a_reference_together(ref_sets, ref_dir, tmp_p
     """LiT data (frozen-tower features instead of pixels and tokens) with a reference: four fields per sample,
     the reference rows equal to the pixels set's (both from the raw pairs)."""
     out = tmp_path / "lit"
-    precompute(ref_sets["pixels"].parent / "raw", out, num_workers=2, samples_per_shard=10, image_tower="open_clip",
-               image_tower_model=MODEL, text_tower="open_clip", text_tower_model=MODEL, reference_model=str(ref_dir))
-    assert [f.role for f in TrainDataset.open(str(out)).fields] == ["image_features", "text_features", "ref_image",
-                                                                     "ref_text"]
+    precompute(
+        ref_sets["pixels"].parent / "raw",
+        out,
+        num_workers=2,
+        samples_per_shard=10,
+        image_tower="open_clip",
+        image_tower_model=MODEL,
+        text_tower="open_clip",
+        text_tower_model=MODEL,
+        reference_model=str(ref_dir),
+    )
+    assert [f.role for f in TrainDataset.open(str(out)).fields] == [
+        "image_features",
+        "text_features",
+        "ref_image",
+        "ref_text",
+    ]
     batch = next(iter(make_loader(str(out), batch_size=103, shuffle=False)))
     assert batch["image_features"].shape == (103, 128) and batch["text_features"].shape == (103, 128)
     want = _all(ref_sets["pixels"])
-    assert (batch["ref_image"].numpy() == want["ref_image"]).all() and (batch["ref_text"].numpy() == want["ref_text"]).all()
+    assert (batch["ref_image"].numpy() == want["ref_image"]).all() and (
+        batch["ref_text"].numpy() == want["ref_text"]
+    ).all()
 
 
 def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
@@ -163,11 +206,34 @@ def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
     write_raw_shard(raw / "00000.tar", good_samples(np.random.default_rng(1), "n", 6))
     folder = save_model(load_model(MODEL, seed=2).model, load_model(MODEL).model_cfg, tmp_path / "tiny")
     precompute(raw, tmp_path / "a", reference_model=str(folder), num_workers=1)
-    precompute(raw, tmp_path / "b", reference_model=MODEL, num_workers=1,
-               reference_weights=str(folder / "open_clip_model.safetensors"))
-    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(raw), "--out", str(tmp_path / "c"), "--model",
-                                   MODEL, "--reference-model", str(folder), "--workers", "1"], env={"COLUMNS": "300"})
-    assert res.exit_code == 0 and "reference pass: " in res.output and "s per 1,000 samples read" in res.output
+    precompute(
+        raw,
+        tmp_path / "b",
+        reference_model=MODEL,
+        num_workers=1,
+        reference_weights=str(folder / "open_clip_model.safetensors"),
+    )
+    res = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(raw),
+            "--out",
+            str(tmp_path / "c"),
+            "--model",
+            MODEL,
+            "--reference-model",
+            str(folder),
+            "--workers",
+            "1",
+        ],
+        env={"COLUMNS": "300"},
+    )
+    assert (
+        res.exit_code == 0 and "reference pass: " in res.output and "s per 1,000 samples read" in res.output
+    )
     a, b = _all(tmp_path / "a"), _all(tmp_path / "c")
     assert (a["ref_image"] == b["ref_image"]).all() and (a["ref_text"] == b["ref_text"]).all()
     b = _all(tmp_path / "b")  # the name + weights file
@@ -175,7 +241,9 @@ def test_a_model_name_with_a_weights_file_equals_its_folder(tmp_path):
     assert a["ref_image"].shape == (6, 128)
 
 
-def test_the_reference_weights_are_hashed_once_from_a_checkpoint_or_a_plain_folder(ref_dir, tmp_path, monkeypatch):
+def test_the_reference_weights_are_hashed_once_from_a_checkpoint_or_a_plain_folder(
+    ref_dir, tmp_path, monkeypatch
+):
     """A training checkpoint's weights are hashed by load_model's checkpoint.json check; load_reference
     takes that digest instead of reading the file a second time (a folder without a manifest: once, by
     load_reference). Counted by a wrapper around the one file_sha256 both call."""
@@ -202,24 +270,50 @@ def test_the_reference_weights_are_hashed_once_from_a_checkpoint_or_a_plain_fold
         assert hashed.count(folder / WEIGHTS_NAME) == 1, (folder, hashed)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"reference_model": "no-such-model", "reference_weights": "x.safetensors"}, "unknown model 'no-such-model'"),
-    ({"reference_model": MODEL}, "needs reference_weights, a local weights file"),
-    ({"reference_model": MODEL, "reference_weights": "/nowhere/w.safetensors"},
-     "weights file not found: /nowhere/w.safetensors"),
-    ({"reference_model": "/nowhere/model-folder"}, "/nowhere/model-folder"),
-    ({"reference_weights": "/nowhere/w.safetensors"}, "reference_weights: given without reference_model"),
-    ({"reference_model": "ViT-B-32", "reference_weights": "openai"}, "'openai' is not a local file; a reference"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"reference_model": "no-such-model", "reference_weights": "x.safetensors"},
+            "unknown model 'no-such-model'",
+        ),
+        ({"reference_model": MODEL}, "needs reference_weights, a local weights file"),
+        (
+            {"reference_model": MODEL, "reference_weights": "/nowhere/w.safetensors"},
+            "weights file not found: /nowhere/w.safetensors",
+        ),
+        ({"reference_model": "/nowhere/model-folder"}, "/nowhere/model-folder"),
+        ({"reference_weights": "/nowhere/w.safetensors"}, "reference_weights: given without reference_model"),
+        (
+            {"reference_model": "ViT-B-32", "reference_weights": "openai"},
+            "'openai' is not a local file; a reference",
+        ),
+    ],
+)
 def test_refusals_name_what_is_wrong(small_raw, tmp_path, options, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         precompute(small_raw, tmp_path / "out", num_workers=1, **options)
 
 
 def test_the_cli_flags_and_a_missing_weights_file(small_raw, tmp_path):
-    res = CliRunner().invoke(app, ["data", "precompute", "--in", str(small_raw), "--out", str(tmp_path / "o"),
-                                   "--model", MODEL, "--reference-model", MODEL, "--reference-weights",
-                                   str(tmp_path / "missing.safetensors")], env={"COLUMNS": "300"})
+    res = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "precompute",
+            "--in",
+            str(small_raw),
+            "--out",
+            str(tmp_path / "o"),
+            "--model",
+            MODEL,
+            "--reference-model",
+            MODEL,
+            "--reference-weights",
+            str(tmp_path / "missing.safetensors"),
+        ],
+        env={"COLUMNS": "300"},
+    )
     assert res.exit_code != 0 and f"{tmp_path / 'missing.safetensors'}" in res.output
     helptext = CliRunner().invoke(app, ["data", "precompute", "--help"], env={"COLUMNS": "300"}).output
     assert "--reference-model" in helptext and "--reference-weights" in helptext
@@ -232,7 +326,10 @@ def test_a_reference_changed_in_place_is_refused_on_resume(tmp_path, monkeypatch
     rng = np.random.default_rng(5)
     for i in range(3):
         write_raw_shard(raw / f"{i:05d}.tar", good_samples(rng, f"r{i}_", 4))
-    first, other = _save_reference(tmp_path / "ref", 48, seed=1), _save_reference(tmp_path / "ref2", 64, seed=1)
+    first, other = (
+        _save_reference(tmp_path / "ref", 48, seed=1),
+        _save_reference(tmp_path / "ref2", 64, seed=1),
+    )
     real = precompute_worker.process_shard
 
     def failing(job, task, on_read):
@@ -243,7 +340,9 @@ def test_a_reference_changed_in_place_is_refused_on_resume(tmp_path, monkeypatch
     monkeypatch.setattr(precompute_worker, "process_shard", failing)
     with pytest.raises(OSError, match="disk trouble"):
         precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(first))
-    with pytest.raises(OSError, match="disk trouble"):  # another option value: the old rows are dropped, no refusal
+    with pytest.raises(
+        OSError, match="disk trouble"
+    ):  # another option value: the old rows are dropped, no refusal
         precompute(raw, tmp_path / "out", num_workers=1, reference_model=str(other))
     monkeypatch.setattr(precompute_worker, "process_shard", real)
     _save_reference(tmp_path / "ref2", 48, seed=2)  # the same folder, retrained narrower
@@ -260,8 +359,11 @@ def test_a_dataset_json_whose_reference_width_disagrees_is_refused(ref_sets, tmp
     data = json.loads((out / "dataset.json").read_text())
     data["extra"]["reference"]["dim"] = 64
     (out / "dataset.json").write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=rf"{out / 'dataset.json'}: reference fields are \[48\]-d but "
-                                         "extra.reference.dim says 64"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{out / 'dataset.json'}: reference fields are \[48\]-d but "
+        "extra.reference.dim says 64",
+    ):
         TrainDataset.open(str(out))
 
 
@@ -270,8 +372,9 @@ def test_checksums_cover_the_reference_and_verify_inspect_show_it(ref_sets, mode
     ok = CliRunner().invoke(app, ["data", "verify", str(ref_sets[mode])], env={"COLUMNS": "300"})
     per_sample = 2 * (512 + 512) if mode == "pixels" else 2 * 48 * 2  # two padded members / two table columns
     assert ok.exit_code == 0 and f"d_ref 48, 40 px, {per_sample:,} bytes per sample" in ok.output, ok.output
-    shown = CliRunner().invoke(app, ["data", "inspect", str(ref_sets[mode]), "--out", str(tmp_path / "r")],
-                               env={"COLUMNS": "300"})
+    shown = CliRunner().invoke(
+        app, ["data", "inspect", str(ref_sets[mode]), "--out", str(tmp_path / "r")], env={"COLUMNS": "300"}
+    )
     assert f"d_ref 48, 40 px, {per_sample:,} bytes per sample" in shown.output, shown.output
     out = tmp_path / "set"
     shutil.copytree(ref_sets[mode], out)
@@ -293,9 +396,27 @@ def test_a_set_with_a_reference_trains_through_toolkit_train(ref_sets, tmp_path)
     """The extra batch keys travel through the trainer's loader workers and batches without harm (objectives
     that read them are toolkit.train's)."""
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["--quiet", "train", "--data", str(ref_sets["pixels"]), "--model", MODEL, "--out",
-                                   str(out), "--steps", "2", "--batch-size", "8", "--workers", "2", "--set",
-                                   "tensorboard=false"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "--quiet",
+            "train",
+            "--data",
+            str(ref_sets["pixels"]),
+            "--model",
+            MODEL,
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--workers",
+            "2",
+            "--set",
+            "tensorboard=false",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads((out / "manifest.json").read_text())["status"] == "done"
 
@@ -319,11 +440,36 @@ def _digest(folder: Path) -> dict[str, str]:
 def test_two_ranks_write_the_same_bytes_as_one_process(ref_sets, ref_dir, tmp_path, mode):
     """Rank 0 reads the other rank's scratch rows (image rows, or index records, and reference rows)."""
     out, raw = tmp_path / "two", ref_sets["pixels"].parent / "raw"
-    cmd = [sys.executable, "-m", "toolkit", "data", "precompute", "--in", str(raw), "--out", str(out), "--model",
-           MODEL, "--samples-per-shard", "10", "--workers", "1", "--set", "crop_scale_min=1.0", "--storage", mode,
-           "--reference-model", str(ref_dir), "--nproc-per-node", "2"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit",
+        "data",
+        "precompute",
+        "--in",
+        str(raw),
+        "--out",
+        str(out),
+        "--model",
+        MODEL,
+        "--samples-per-shard",
+        "10",
+        "--workers",
+        "1",
+        "--set",
+        "crop_scale_min=1.0",
+        "--storage",
+        mode,
+        "--reference-model",
+        str(ref_dir),
+        "--nproc-per-node",
+        "2",
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _digest(out) == _digest(ref_sets[mode]) and len(_digest(out)) == (34 if mode == "pixels" else 23)
@@ -335,8 +481,20 @@ def test_the_reference_pass_benchmark_runs_scaled_down(tmp_path, monkeypatch):
     from benchmarks.data import reference_pass
 
     out = tmp_path / "result"
-    reference_pass.main(["--models", "tiny", "--num-samples", "20", "--workers", "1", "--work", str(tmp_path / "w"),
-                         "--out", str(out)])
+    reference_pass.main(
+        [
+            "--models",
+            "tiny",
+            "--num-samples",
+            "20",
+            "--workers",
+            "1",
+            "--work",
+            str(tmp_path / "w"),
+            "--out",
+            str(out),
+        ]
+    )
     row = json.loads(out.with_suffix(".json").read_text())["rows"][0]
     assert row["d_ref"] == 128 and row["num_samples"] == 20
     assert row["bytes_added_per_sample"] == {"pixels": 2048, "jpeg/index": 512}

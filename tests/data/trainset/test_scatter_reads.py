@@ -29,15 +29,19 @@ def train_copy(small_train, tmp_path) -> Path:
 
 def _flip(path: Path, offset: int, count: int) -> None:
     data = bytearray(path.read_bytes())
-    data[offset:offset + count] = bytes(b ^ 0xFF for b in data[offset:offset + count])
+    data[offset : offset + count] = bytes(b ^ 0xFF for b in data[offset : offset + count])
     path.write_bytes(bytes(data))
 
 
 def _orders() -> dict[str, tuple[object, int]]:
     """Batch orders and how many batches of each to read (two passes where a pass is short)."""
-    return {"shuffled": (BatchOrder(N_SMALL, 8, seed=3), 26), "in_order": (InOrder(N_SMALL, 10, 0), 11),
-            "block": (BatchOrder(N_SMALL, 8, seed=1, block=5), 26), "batch_1": (BatchOrder(N_SMALL, 1, seed=2), 120),
-            "whole_set": (InOrder(N_SMALL, N_SMALL, 0), 1)}
+    return {
+        "shuffled": (BatchOrder(N_SMALL, 8, seed=3), 26),
+        "in_order": (InOrder(N_SMALL, 10, 0), 11),
+        "block": (BatchOrder(N_SMALL, 8, seed=1, block=5), 26),
+        "batch_1": (BatchOrder(N_SMALL, 1, seed=2), 120),
+        "whole_set": (InOrder(N_SMALL, N_SMALL, 0), 1),
+    }
 
 
 @pytest.mark.parametrize("order_name", list(_orders()))
@@ -97,11 +101,18 @@ def test_a_damaged_byte_is_named_on_the_scatter_path_as_on_the_seeking_path(trai
 def test_a_misnamed_member_is_caught_without_checksums(train_copy):
     """A folder precomputed before checksums: the scatter path checks every sample's member name itself."""
     ds = TrainDataset.open(str(train_copy))
-    unverified = TrainDataset(ds.num_samples, ds.fields, [type(s)(s.name, s.num_samples, s.first_id) for s in
-                                                          ds.shards], ds.samples_per_shard, root=ds.root)
+    unverified = TrainDataset(
+        ds.num_samples,
+        ds.fields,
+        [type(s)(s.name, s.num_samples, s.first_id) for s in ds.shards],
+        ds.samples_per_shard,
+        root=ds.root,
+    )
     _flip(train_copy / "00002.tar", 3 * ds.sample_bytes + 5, 1)
     integrity._NOTICED.add(ds.root)  # the notice is not what this test is about
-    SampleReader(unverified, scatter=True).read(np.array([20, 22, 24]))  # other samples of the shard still read
+    SampleReader(unverified, scatter=True).read(
+        np.array([20, 22, 24])
+    )  # other samples of the shard still read
     with pytest.raises(ValueError, match=r"00002.tar: sample 3 is .*expected '0000000023.img.u8'"):
         SampleReader(unverified, scatter=True).read(np.array([50, 23]))
 
@@ -116,9 +127,11 @@ def test_a_truncated_shard_is_refused_when_opened_naming_file_and_sizes(train_co
     reader.read(np.array([1, 69, 80]))
     with pytest.raises(integrity.DataIntegrityError) as err:
         reader.read(np.array([70, 5]))  # sample 0 of the shard lies within the bytes left
-    assert str(err.value).startswith(f"{shard}: {size} bytes, shorter than the {10 * ds.sample_bytes} bytes "
-                                     f"dataset.json says (10 samples of {ds.sample_bytes} bytes; cut off from "
-                                     "sample 4)")
+    assert str(err.value).startswith(
+        f"{shard}: {size} bytes, shorter than the {10 * ds.sample_bytes} bytes "
+        f"dataset.json says (10 samples of {ds.sample_bytes} bytes; cut off from "
+        "sample 4)"
+    )
     reader.close()
 
 
@@ -127,9 +140,11 @@ def test_a_shard_cut_short_while_open_fails_naming_the_sample(train_copy):
     reader = SampleReader(ds, scatter=True)
     reader.read(np.array([70]))  # opened whole
     shard = train_copy / "00007.tar"
-    shard.write_bytes(shard.read_bytes()[:4 * ds.sample_bytes + 700])  # in place: the open file shrinks
+    shard.write_bytes(shard.read_bytes()[: 4 * ds.sample_bytes + 700])  # in place: the open file shrinks
     reader.read(np.array([73]))
-    with pytest.raises(ValueError, match=r"00007.tar: ended inside sample 4 \(dataset.json says 10 samples\)"):
+    with pytest.raises(
+        ValueError, match=r"00007.tar: ended inside sample 4 \(dataset.json says 10 samples\)"
+    ):
         reader.read(np.array([74, 2]))
     reader.close()
 

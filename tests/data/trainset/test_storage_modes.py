@@ -41,7 +41,7 @@ def _all(path, **kw) -> dict[str, np.ndarray]:
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0 ** 2 / mse))
+    return float(10 * np.log10(255.0**2 / mse))
 
 
 @pytest.mark.parametrize("mode", ["jpeg", "index"])
@@ -59,12 +59,14 @@ def test_modes_hold_the_same_samples_as_pixels(small_sets, mode):
 @pytest.mark.parametrize("mode", ["jpeg", "index"])
 def test_dense_ids_and_skip_accounting_match_pixels(bad_raw, bad_train, mode, tmp_path):
     out = tmp_path / mode
-    result = precompute(bad_raw[0], out, num_workers=2, samples_per_shard=7, storage=mode,
-                        max_truncated_share=1)  # bad_raw is truncated on purpose, as bad_train keeps it
+    result = precompute(
+        bad_raw[0], out, num_workers=2, samples_per_shard=7, storage=mode, max_truncated_share=1
+    )  # bad_raw is truncated on purpose, as bad_train keeps it
     assert result.counts["skipped"] == bad_train[1].counts["skipped"]
     assert result.counts["num_samples"] == bad_train[1].counts["num_samples"]
     assert [m["key"] for m in read_meta(out)] == [m["key"] for m in read_meta(bad_train[0])]
     assert [m["id"] for m in read_meta(out)] == list(range(result.counts["num_samples"]))
+
     def skipped(folder: Path) -> list[tuple]:  # messages name PIL's in-memory file object: compare the rest
         rows = [json.loads(line) for line in (folder / "skipped.jsonl").read_text().splitlines()]
         return [(r["reason"], r["shard"], r["key"]) for r in rows]
@@ -78,8 +80,16 @@ def test_global_batches_are_world_independent_and_resume_at_another_world_size(s
     path = str(small_sets[mode])
 
     def steps(rank: int, ws: int, start: int, workers: int = 0) -> list[dict]:
-        loader = make_loader(path, batch_size=8, rank=rank, world_size=ws, seed=3, start_step=start, num_steps=4,
-                             num_workers=workers)
+        loader = make_loader(
+            path,
+            batch_size=8,
+            rank=rank,
+            world_size=ws,
+            seed=3,
+            start_step=start,
+            num_steps=4,
+            num_workers=workers,
+        )
         return [{k: b[k].numpy() for k in ("image", "tokens", "index")} for b in loader]
 
     one = steps(0, 1, 0) + steps(0, 1, 4)
@@ -134,7 +144,8 @@ def test_a_flipped_image_byte_fails_the_read_and_verify_names_it(small_sets, mod
     res = CliRunner().invoke(app, ["data", "verify", str(out)], env={"COLUMNS": "300"})
     assert res.exit_code == 1, res.output
     assert [line for line in res.output.splitlines() if line.startswith("damaged: ")] == [
-        f"damaged: {str(err.value).split('; run `toolkit data verify')[0]}"]
+        f"damaged: {str(err.value).split('; run `toolkit data verify')[0]}"
+    ]
 
 
 @pytest.mark.parametrize("mode", ["jpeg", "index"])
@@ -167,8 +178,9 @@ def test_a_missing_raw_shard_is_named(small_sets, tmp_path):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_inspect_shows_the_mode_and_bytes_per_sample(small_sets, mode, tmp_path):
-    res = CliRunner().invoke(app, ["data", "inspect", str(small_sets[mode]), "--out", str(tmp_path / "r"),
-                                   "--num-contact", "4"])
+    res = CliRunner().invoke(
+        app, ["data", "inspect", str(small_sets[mode]), "--out", str(tmp_path / "r"), "--num-contact", "4"]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     assert report["storage"] == mode
@@ -182,16 +194,40 @@ def test_inspect_shows_the_mode_and_bytes_per_sample(small_sets, mode, tmp_path)
 def test_switching_modes_in_one_folder_leaves_no_stale_files(small_raw, tmp_path):
     out = tmp_path / "set"
     precompute(small_raw, out, num_workers=1, samples_per_shard=50, storage="pixels")
-    precompute(small_raw, out, num_workers=1, samples_per_shard=50, storage="index", )
+    precompute(
+        small_raw,
+        out,
+        num_workers=1,
+        samples_per_shard=50,
+        storage="index",
+    )
     assert sorted(p.suffix for p in out.glob("0000*")) == [".idx"] * 3 + [".jsonl"] * 3
 
 
 @pytest.mark.parametrize("mode", ["jpeg", "index"])
 def test_each_mode_trains_through_toolkit_train(small_sets, mode, tmp_path):
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["--quiet", "train", "--data", str(small_sets[mode]), "--model", "cliptk-tiny",
-                                   "--out", str(out), "--steps", "2", "--batch-size", "8", "--workers", "2",
-                                   "--set", "tensorboard=false"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "--quiet",
+            "train",
+            "--data",
+            str(small_sets[mode]),
+            "--model",
+            "cliptk-tiny",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--workers",
+            "2",
+            "--set",
+            "tensorboard=false",
+        ],
+    )
     assert res.exit_code == 0, res.output
     trained = json.loads((out / "manifest.json").read_text())
     assert trained["status"] == "done" and (out / "model" / "open_clip_model.safetensors").is_file()
@@ -199,8 +235,15 @@ def test_each_mode_trains_through_toolkit_train(small_sets, mode, tmp_path):
 
 def test_the_index_pipeline_runs_scaled_down(tmp_path):
     pipeline = Path(__file__).resolve().parents[3] / "pipelines" / "index.yaml"
-    sets = {"run_dir": str(tmp_path / "run"), "vars.num_concepts": 24, "vars.port": 0, "vars.steps": 2,
-            "vars.batch_size": 8, "stages.train.loader.num_workers": 0, "stages.fetch.samples_per_shard": 10}
+    sets = {
+        "run_dir": str(tmp_path / "run"),
+        "vars.num_concepts": 24,
+        "vars.port": 0,
+        "vars.steps": 2,
+        "vars.batch_size": 8,
+        "stages.train.loader.num_workers": 0,
+        "stages.fetch.samples_per_shard": 10,
+    }
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     res = CliRunner().invoke(app, ["--quiet", "pipeline", "run", str(pipeline), *args])
     assert res.exit_code == 0, res.output
@@ -217,7 +260,9 @@ def test_index_mode_refuses_a_compressed_tar_naming_it(small_raw, tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     (raw / "00000.tar").write_bytes(gzip.compress((small_raw / "00000.tar").read_bytes()))
-    with pytest.raises(RuntimeError, match=r"00000\.tar: ValueError: .*storage index needs uncompressed tars"):
+    with pytest.raises(
+        RuntimeError, match=r"00000\.tar: ValueError: .*storage index needs uncompressed tars"
+    ):
         precompute(raw, tmp_path / "index", num_workers=1, storage="index")
     ok = precompute(raw, tmp_path / "pixels", num_workers=1)  # the other modes read it through tarfile
     assert ok.counts["num_samples"] == 30

@@ -63,7 +63,8 @@ def _all(path) -> dict[str, np.ndarray]:
 
 
 def test_a_mode_registered_from_outside_runs_precompute_verify_inspect_and_train(
-        png_mode, small_raw, small_train, tmp_path):
+    png_mode, small_raw, small_train, tmp_path
+):
     from toolkit.core.config import build
     from toolkit.data import inspect
     from toolkit.data.trainset import verify
@@ -83,8 +84,9 @@ def test_a_mode_registered_from_outside_runs_precompute_verify_inspect_and_train
 
     checked = verify.run(verify.VerifyConfig(input=str(out)))
     assert checked.ok and checked.num_samples == 103, checked.problems
-    report = inspect.run(build(inspect.InspectConfig, {"input": str(out), "out": str(tmp_path / "report"),
-                                                       "num_contact": 4}))
+    report = inspect.run(
+        build(inspect.InspectConfig, {"input": str(out), "out": str(tmp_path / "report"), "num_contact": 4})
+    )
     pngs = sum(p.stat().st_size for p in out.glob("*.pngs"))
     assert report.details["storage"] == "png" and report.details["stored_bytes"] > pngs
 
@@ -100,15 +102,26 @@ def test_a_mode_registered_from_outside_runs_precompute_verify_inspect_and_train
     from toolkit.train.config import TrainConfig
     from toolkit.train.run import run as train
 
-    cfg = build(TrainConfig, {"data": str(out), "out": str(tmp_path / "run"), "model": MODEL,
-                              "batch_size": 16, "steps": 2, "log_every": 1, "tensorboard": False,
-                              "loader": {"num_workers": 0}})
+    cfg = build(
+        TrainConfig,
+        {
+            "data": str(out),
+            "out": str(tmp_path / "run"),
+            "model": MODEL,
+            "batch_size": 16,
+            "steps": 2,
+            "log_every": 1,
+            "tensorboard": False,
+            "loader": {"num_workers": 0},
+        },
+    )
     train(cfg)
     assert (tmp_path / "run" / "model" / "open_clip_model.safetensors").is_file()
 
 
 def test_a_dataset_of_a_mode_nobody_registered_is_refused_naming_the_known_ones(
-        png_mode, small_raw, tmp_path):
+    png_mode, small_raw, tmp_path
+):
     out = tmp_path / "png"
     precompute(small_raw, out, num_workers=1, samples_per_shard=50, storage="png")
     storage._MODES.pop("png")  # noqa: SLF001 - as a process that never imported the plugin

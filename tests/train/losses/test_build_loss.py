@@ -79,4 +79,6 @@ def test_config_errors_name_the_key():
         loss_fields("fastclip-v9")
     assert loss_fields("fastclip-v2") == {"kind": "fastclip", "fastclip": {"version": "v2"}}
     assert LossConfig(kind="openclip", learn_tau=False).learns_logit_scale is False
-    assert [LossConfig(fastclip=FastCLIPConfig(version=v)).learns_logit_scale for v in ("v0", "v1", "v2", "v3")] == [True, False, False, True]
+    assert [
+        LossConfig(fastclip=FastCLIPConfig(version=v)).learns_logit_scale for v in ("v0", "v1", "v2", "v3")
+    ] == [True, False, False, True]

@@ -28,8 +28,14 @@ CASES = [(1, 6, 6), (2, 5, 9), (7, 8, 3), (13, 6, 6), (33, 7, 12)]
 
 
 def objective(mode: str, backend: str = "torch", weight: float = WEIGHT, teacher_tau: float = TEACHER_TAU):
-    return build_loss(LossConfig(kind="distill", mode=mode, backend=backend,
-                                 distill=DistillConfig(weight=weight, teacher_tau=teacher_tau)))
+    return build_loss(
+        LossConfig(
+            kind="distill",
+            mode=mode,
+            backend=backend,
+            distill=DistillConfig(weight=weight, teacher_tau=teacher_tau),
+        )
+    )
 
 
 def value_and_grads(fn, x, y, p) -> tuple[torch.Tensor, ...]:
@@ -39,12 +45,17 @@ def value_and_grads(fn, x, y, p) -> tuple[torch.Tensor, ...]:
     return (value.detach(), *torch.autograd.grad(value, leaves))
 
 
-def check_against_oracle(loss, x, y, u, v, p, rtol: float, atol: float, weight: float = WEIGHT,
-                         teacher_tau: float = TEACHER_TAU) -> None:
+def check_against_oracle(
+    loss, x, y, u, v, p, rtol: float, atol: float, weight: float = WEIGHT, teacher_tau: float = TEACHER_TAU
+) -> None:
     b = x.shape[0]
     got = value_and_grads(lambda xs, ys, a: loss(xs, ys, a, torch.arange(b), reference=(u, v)), x, y, p)
-    want = value_and_grads(lambda xs, ys, a: naive_distill(xs, ys, a, u.double(), v.double(), teacher_tau, weight),
-                           x.double(), y.double(), p.double())
+    want = value_and_grads(
+        lambda xs, ys, a: naive_distill(xs, ys, a, u.double(), v.double(), teacher_tau, weight),
+        x.double(),
+        y.double(),
+        p.double(),
+    )
     for name, g, w in zip(("value", "dx", "dy", "dp"), got, want, strict=True):
         torch.testing.assert_close(g.double(), w, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
 
@@ -71,8 +82,9 @@ def test_several_strips_of_the_torch_backend():
 @pytest.mark.parametrize("mode", ["gather", "fastclip"])
 def test_float32_features(mode):
     x, y, u, v, p = inputs(57, 16, 24, seed=5)
-    check_against_oracle(objective(mode), x.float(), y.float(), u.float(), v.float(), p.float(), rtol=2e-5,
-                         atol=2e-6)
+    check_against_oracle(
+        objective(mode), x.float(), y.float(), u.float(), v.float(), p.float(), rtol=2e-5, atol=2e-6
+    )
 
 
 def test_weight_zero_is_the_clip_loss_and_a_teacher_equal_to_the_student_adds_nothing():
@@ -80,12 +92,16 @@ def test_weight_zero_is_the_clip_loss_and_a_teacher_equal_to_the_student_adds_no
     plain = value_and_grads(lambda xs, ys, a: clip_loss(xs, ys, a), x, y, p)
     for mode in ("gather", "fastclip"):
         loss = objective(mode, weight=0.0)
-        got = value_and_grads(lambda xs, ys, a, o=loss: o(xs, ys, a, torch.arange(9), reference=(u, v)), x, y, p)
+        got = value_and_grads(
+            lambda xs, ys, a, o=loss: o(xs, ys, a, torch.arange(9), reference=(u, v)), x, y, p
+        )
         for g, w in zip(got, plain, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-13)
         # weight 1, teacher = the student at the student's temperature: KL 0 and at its minimum (zero gradient)
         loss = objective(mode, weight=1.0, teacher_tau=float(1 / p.exp()))
-        got = value_and_grads(lambda xs, ys, a, o=loss: o(xs, ys, a, torch.arange(9), reference=(x, y)), x, y, p)
+        got = value_and_grads(
+            lambda xs, ys, a, o=loss: o(xs, ys, a, torch.arange(9), reference=(x, y)), x, y, p
+        )
         for g in got:
             torch.testing.assert_close(g, torch.zeros_like(g), rtol=0, atol=1e-12)
 
@@ -114,8 +130,9 @@ def test_the_loss_section_is_omitted_from_records_at_its_default():
     from toolkit.core.config import to_dict
 
     assert "distill" not in to_dict(LossConfig())
-    assert to_dict(LossConfig(kind="distill", mode="gather", distill=DistillConfig(weight=0.3)))["distill"] == {
-        "weight": 0.3, "teacher_tau": 0.01}
+    assert to_dict(LossConfig(kind="distill", mode="gather", distill=DistillConfig(weight=0.3)))[
+        "distill"
+    ] == {"weight": 0.3, "teacher_tau": 0.01}
 
 
 @pytest.mark.parametrize("micro", [3, 1])
@@ -133,8 +150,14 @@ def _model_grads(micro: int) -> dict[str, torch.Tensor]:
     model = _model(dropout=False)
     images, tokens, index = _batch()
     _, _, u, v, _ = inputs(GLOBAL_BATCH, 4, 12, seed=9)
-    forward_backward(model, objective("fastclip"), StepInputs(images, tokens, index, reference=(u.float(), v.float())),
-                     micro_batch_size=micro, seed_of=_seed(0), autocast=contextlib.nullcontext)
+    forward_backward(
+        model,
+        objective("fastclip"),
+        StepInputs(images, tokens, index, reference=(u.float(), v.float())),
+        micro_batch_size=micro,
+        seed_of=_seed(0),
+        autocast=contextlib.nullcontext,
+    )
     return {n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None}
 
 
@@ -146,10 +169,17 @@ def _rel(got: dict, want: dict) -> float:
 def test_triton_backend_under_the_interpreter():
     pytest.importorskip("triton")
     tests_train = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(tests_train.parents[1]), str(tests_train),
-                                           os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, __file__, "triton"], env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(
+            [str(tests_train.parents[1]), str(tests_train), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    done = subprocess.run(
+        [sys.executable, __file__, "triton"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.strip().endswith("triton ok")
 
@@ -159,8 +189,16 @@ def _triton_cases() -> None:
     for b, d, d_ref in ((1, 16, 16), (37, 24, 40)):
         x, y, u, v, p = inputs(b, d, d_ref, seed=b)
         for mode in ("gather", "fastclip"):
-            check_against_oracle(objective(mode, "triton"), x.float(), y.float(), u.float(), v.float(), p.float(),
-                                 rtol=1e-4, atol=1e-5)
+            check_against_oracle(
+                objective(mode, "triton"),
+                x.float(),
+                y.float(),
+                u.float(),
+                v.float(),
+                p.float(),
+                rtol=1e-4,
+                atol=1e-5,
+            )
     print("triton ok")
 
 

@@ -32,7 +32,9 @@ def objective(mode: str):
     from toolkit.train.losses import LossConfig, build_loss
     from toolkit.train.losses.distill.config import DistillConfig
 
-    return build_loss(LossConfig(kind="distill", mode=mode, distill=DistillConfig(weight=0.6, teacher_tau=0.04)))
+    return build_loss(
+        LossConfig(kind="distill", mode=mode, distill=DistillConfig(weight=0.6, teacher_tau=0.04))
+    )
 
 
 def features_step(mode: str, b: int, num_ranks: int, rank: int, world: int) -> dict:
@@ -47,8 +49,14 @@ def features_step(mode: str, b: int, num_ranks: int, rank: int, world: int) -> d
     value = loss(xs, ys, ps.exp(), torch.arange(n), reference=(u[rows], v[rows]))
     value.backward()
     ledger = D.LEDGER.step()  # the step's collectives, before global_value's scalar all_reduce
-    return {"value": value.detach(), "global": loss.global_value(), "dx": xs.grad, "dy": ys.grad, "dp": ps.grad,
-            "ledger": ledger}
+    return {
+        "value": value.detach(),
+        "global": loss.global_value(),
+        "dx": xs.grad,
+        "dy": ys.grad,
+        "dp": ps.grad,
+        "ledger": ledger,
+    }
 
 
 def model_step(mode: str, micro: int, rank: int, world: int) -> dict:
@@ -64,8 +72,14 @@ def model_step(mode: str, micro: int, rank: int, world: int) -> dict:
     n = GLOBAL_BATCH // world
     rows = slice(rank * n, (rank + 1) * n)
     step = StepInputs(images[rows], tokens[rows], index[rows], reference=(u[rows].float(), v[rows].float()))
-    forward_backward(wrap_ddp(model), objective(mode), step, micro_batch_size=micro, seed_of=_seed(rank),
-                     autocast=contextlib.nullcontext)
+    forward_backward(
+        wrap_ddp(model),
+        objective(mode),
+        step,
+        micro_batch_size=micro,
+        seed_of=_seed(rank),
+        autocast=contextlib.nullcontext,
+    )
     return {n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None}
 
 
@@ -117,13 +131,15 @@ def test_distributed_equals_single_process(launched, num_ranks):
         for b in LOCAL_BATCHES:
             want = features_step(mode, b, num_ranks, 0, 1)
             what = f"{mode} b={b}"
-            _close(sum(res[(mode, b)]["value"] for res in ranks) / num_ranks, want["value"], f"{what} mean share")
+            _close(
+                sum(res[(mode, b)]["value"] for res in ranks) / num_ranks, want["value"], f"{what} mean share"
+            )
             _close(sum(res[(mode, b)]["dp"] for res in ranks) / num_ranks, want["dp"], f"{what} dp")
             for r, res in enumerate(ranks):
                 got = res[(mode, b)]
                 _close(got["global"], want["value"], f"{what} rank {r} global_value")
-                _close(got["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"{what} rank {r} dx")
-                _close(got["dy"] / num_ranks, want["dy"][r * b:(r + 1) * b], f"{what} rank {r} dy")
+                _close(got["dx"] / num_ranks, want["dx"][r * b : (r + 1) * b], f"{what} rank {r} dx")
+                _close(got["dy"] / num_ranks, want["dy"][r * b : (r + 1) * b], f"{what} rank {r} dy")
         if num_ranks == 2:  # the trainer's step: DDP, the gradient cache, reference rows per rank
             want = model_step(mode, 0, 0, 1)
             for r, res in enumerate(ranks):

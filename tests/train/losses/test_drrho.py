@@ -36,7 +36,9 @@ def _sectioned(fields: dict) -> dict:
 
 
 def make_drrho(data_size: int = N, *, group=None, ref_weight: float = 1.0, **fields) -> DRRhoLoss:
-    cfg = build(LossConfig, _sectioned({**loss_fields("drrho"), **KW, **fields, "drrho": {"ref_weight": ref_weight}}))
+    cfg = build(
+        LossConfig, _sectioned({**loss_fields("drrho"), **KW, **fields, "drrho": {"ref_weight": ref_weight}})
+    )
     return build_loss(cfg, data_size=data_size, group=group, table_dtype=torch.float64)
 
 
@@ -177,9 +179,14 @@ def test_registry_plan_and_config():
 
     spec = registry.spec("drrho")
     assert DRRhoLoss.reads_reference and spec.table_columns({"kind": "drrho"}) == 2
-    cfg = build(LossConfig, {"kind": "drrho", "learn_tau": False, "fastclip": {"gamma_rule": "drrho", "gamma_decay_epochs": 30}})
+    cfg = build(
+        LossConfig,
+        {"kind": "drrho", "learn_tau": False, "fastclip": {"gamma_rule": "drrho", "gamma_decay_epochs": 30}},
+    )
     assert cfg.name == "drrho" and not cfg.learns_logit_scale
-    assert make_drrho(gamma_rule="drrho", gamma_decay_epochs=30).gamma_final == pytest.approx(4.177 * 30 ** -0.7265)
+    assert make_drrho(gamma_rule="drrho", gamma_decay_epochs=30).gamma_final == pytest.approx(
+        4.177 * 30**-0.7265
+    )
     table = step_traffic("fastclip", 4, 8, 512, 100, feature_bytes=2, objective="drrho", ref_dim=256)
     assert table[("all_gather", "features")] == (1, 2 * 8 * (512 + 256) * 2)  # widened rows, bf16
     assert table[("all_gather", "scalars")] == (1, 8 * 5 * 8)
@@ -211,10 +218,21 @@ def test_triton_backend_under_interpreter():
     pytest.importorskip("triton")
     tests = str(Path(__file__).resolve().parent)
     root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(root), str(root / "tests" / "train"), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-c", TRITON_SCRIPT.format(tests=tests)], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join(
+            [str(root), str(root / "tests" / "train"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT.format(tests=tests)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0 and "triton ok" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 
 
@@ -241,20 +259,30 @@ def test_gradient_cache_gives_the_full_batch_gradient(micro):
     from toolkit.train.step import StepInputs, forward_backward
 
     gen = torch.Generator().manual_seed(4)
-    ref = (normalize(torch.randn(GLOBAL_BATCH, 6, generator=gen), dim=1),
-           normalize(torch.randn(GLOBAL_BATCH, 6, generator=gen), dim=1))
+    ref = (
+        normalize(torch.randn(GLOBAL_BATCH, 6, generator=gen), dim=1),
+        normalize(torch.randn(GLOBAL_BATCH, 6, generator=gen), dim=1),
+    )
     out = []
     for m in (micro, 0):
         model = _model(dropout=False)
         loss = _WithReference(make_drrho(data_size=40), ref)
         images, tokens, index = _batch()
-        forward_backward(model, loss, StepInputs(images, tokens, index), micro_batch_size=m, seed_of=_seed(0),
-                         autocast=contextlib.nullcontext)
+        forward_backward(
+            model,
+            loss,
+            StepInputs(images, tokens, index),
+            micro_batch_size=m,
+            seed_of=_seed(0),
+            autocast=contextlib.nullcontext,
+        )
         out.append({n: p.grad.clone() for n, p in model.clip.named_parameters() if p.grad is not None})
     got, want = out
     assert got.keys() == want.keys() and "logit_scale" in want
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got[name], want[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_bf16_features_and_reference_stay_bf16_and_close_to_float64():
@@ -280,8 +308,21 @@ def test_toolkit_plan_tables_drrho_traffic():
     """``toolkit plan --loss drrho`` (a real CLI process) tables its traffic row: the widened feature gather."""
     from trainkit import run_cli
 
-    res = run_cli(["plan", "--model", "cliptk-tiny", "-b", "256", "--nproc-per-node", "2", "--device", "cpu",
-                   "--loss", "drrho"])
+    res = run_cli(
+        [
+            "plan",
+            "--model",
+            "cliptk-tiny",
+            "-b",
+            "256",
+            "--nproc-per-node",
+            "2",
+            "--device",
+            "cpu",
+            "--loss",
+            "drrho",
+        ]
+    )
     assert res.returncode == 0, res.stderr
     (row,) = [line for line in res.stdout.splitlines() if line.startswith("drrho/fastclip")]
     (base,) = [line for line in res.stdout.splitlines() if line.startswith("openclip/fastclip")]

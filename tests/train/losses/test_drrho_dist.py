@@ -47,7 +47,9 @@ def scenario(num_ranks: int):
         y = normalize(x + 0.8 * torch.randn(B, D, generator=gen, dtype=torch.float64), dim=1)
         xr = normalize(torch.randn(B, D_REF, generator=gen), dim=1)
         yr = normalize(xr + 0.5 * torch.randn(B, D_REF, generator=gen), dim=1)
-        steps.append((epoch, x, y, xr, yr, torch.randperm(N, generator=gen)[:B], math.log(1 / 0.06) + 0.2 * epoch))
+        steps.append(
+            (epoch, x, y, xr, yr, torch.randperm(N, generator=gen)[:B], math.log(1 / 0.06) + 0.2 * epoch)
+        )
     return steps
 
 
@@ -55,7 +57,10 @@ def make(group, ref_weight: float = 1.0, learn_tau: bool = True):
     from toolkit.core.config import build
     from toolkit.train.losses import LossConfig, build_loss
 
-    cfg = build(LossConfig, _sectioned({"kind": "drrho", "learn_tau": learn_tau, "drrho": {"ref_weight": ref_weight}, **KW}))
+    cfg = build(
+        LossConfig,
+        _sectioned({"kind": "drrho", "learn_tau": learn_tau, "drrho": {"ref_weight": ref_weight}, **KW}),
+    )
     return build_loss(cfg, data_size=N, group=group, table_dtype=torch.float64, check_sizes=False)
 
 
@@ -78,7 +83,9 @@ def run(num_ranks: int, world: int, rank: int, group=None) -> dict:
             value = loss(xs, ys, p.exp(), ids[rows], reference=(xr[rows], yr[rows]))
             ledger = D.LEDGER.step()
             value.backward()
-            records.append({"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad, "ledger": ledger})
+            records.append(
+                {"value": value.detach(), "dx": xs.grad, "dy": ys.grad, "dp": p.grad, "ledger": ledger}
+            )
         loss.sync_state()
         out[name] = {"steps": records, "tables": loss.tables.data.clone()}
     return out
@@ -119,15 +126,19 @@ def test_distributed_equals_single_process(tmp_path, num_ranks, local_world):
             for r, res in enumerate(ranks):
                 got = res[name]["steps"][s]
                 _close(got["value"], want["value"], f"{name} step {s} rank {r} value")
-                _close(got["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"{name} step {s} rank {r} dx")
-                _close(got["dy"] / num_ranks, want["dy"][r * b:(r + 1) * b], f"{name} step {s} rank {r} dy")
+                _close(got["dx"] / num_ranks, want["dx"][r * b : (r + 1) * b], f"{name} step {s} rank {r} dx")
+                _close(got["dy"] / num_ranks, want["dy"][r * b : (r + 1) * b], f"{name} step {s} rank {r} dy")
                 for (op, cat), (calls, nbytes) in traffic.items():
                     assert got["ledger"][f"comm/{op}/{cat}/calls"] == calls, (name, s, r, op, cat)
                     assert got["ledger"][f"comm/{op}/{cat}/bytes"] == nbytes, (name, s, r, op, cat)
             if want["dp"] is None:
                 assert all(res[name]["steps"][s]["dp"] is None for res in ranks)
             else:
-                _close(sum(res[name]["steps"][s]["dp"] for res in ranks) / num_ranks, want["dp"], f"{name} {s} dp")
+                _close(
+                    sum(res[name]["steps"][s]["dp"] for res in ranks) / num_ranks,
+                    want["dp"],
+                    f"{name} {s} dp",
+                )
         for r, res in enumerate(ranks):
             _close(res[name]["tables"], expected[name]["tables"], f"{name} rank {r} tables")
 

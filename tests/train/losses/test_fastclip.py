@@ -39,11 +39,26 @@ def run_scenario(version, batch_sizes=(6, 5, 6, 2, 6, 4, 6, 3), steps_per_epoch=
     """Several epochs (γ = 1, then decaying), unseen and revisited ids, odd batch sizes; every step
     compares value, feature grads, p grad and the tables with the oracle."""
     kw = dict(SETTINGS, **(V2 if version == "v2" else {}))
-    loss = make_loss(version, N, gamma_min=0.3, gamma_decay_epochs=2, gamma_schedule=gamma_schedule,
-                        table_dtype=torch.float64, **kw)
-    oracle = Oracle(version, N, rho=kw["rho"], eps=kw["eps"],
-                    **({"tau_init": 0.07, "lr_tau": 0.05, "beta1": 0.9, "beta2": 0.98, "eps_tau": 1e-6}
-                       if version == "v2" else {}))
+    loss = make_loss(
+        version,
+        N,
+        gamma_min=0.3,
+        gamma_decay_epochs=2,
+        gamma_schedule=gamma_schedule,
+        table_dtype=torch.float64,
+        **kw,
+    )
+    oracle = Oracle(
+        version,
+        N,
+        rho=kw["rho"],
+        eps=kw["eps"],
+        **(
+            {"tau_init": 0.07, "lr_tau": 0.05, "beta1": 0.9, "beta2": 0.98, "eps_tau": 1e-6}
+            if version == "v2"
+            else {}
+        ),
+    )
     gen = torch.Generator().manual_seed(hash(version) % 1000)
     for step, b in enumerate(batch_sizes):
         epoch = step // steps_per_epoch

@@ -26,8 +26,17 @@ N, D = 23, 5
 VERSIONS = ("v0", "v1", "v2", "v3", "v3-drift", "v3-scent", "v3-scent-drift")
 VARIANTS = {"drift": {"u_drift": "batch"}, "scent": {"u_update": "scent", "scent_gamma": 0.5}}
 LOCAL_BATCHES = (3, 1, 2)
-KW = {"gamma_min": 0.3, "gamma_decay_epochs": 2, "rho": 6.5, "eps": 1e-14, "tau_init": 0.07, "lr_tau": 0.05,
-      "tau_beta2": 0.98, "tau_eps": 1e-6, "table_dtype": torch.float64}
+KW = {
+    "gamma_min": 0.3,
+    "gamma_decay_epochs": 2,
+    "rho": 6.5,
+    "eps": 1e-14,
+    "tau_init": 0.07,
+    "lr_tau": 0.05,
+    "tau_beta2": 0.98,
+    "tau_eps": 1e-6,
+    "table_dtype": torch.float64,
+}
 
 
 def scenario(num_ranks: int):
@@ -37,7 +46,9 @@ def scenario(num_ranks: int):
     for epoch, b in enumerate(LOCAL_BATCHES):
         B = num_ranks * b
         x = torch.nn.functional.normalize(torch.randn(B, D, generator=gen, dtype=torch.float64), dim=1)
-        y = torch.nn.functional.normalize(x + 0.8 * torch.randn(B, D, generator=gen, dtype=torch.float64), dim=1)
+        y = torch.nn.functional.normalize(
+            x + 0.8 * torch.randn(B, D, generator=gen, dtype=torch.float64), dim=1
+        )
         steps.append((epoch, x, y, torch.randperm(N, generator=gen)[:B], math.log(1 / 0.06) + 0.2 * epoch))
     return steps
 
@@ -51,7 +62,9 @@ def run(num_ranks: int, world: int, rank: int, group=None):
     out = {}
     for version in VERSIONS:
         name, *variants = version.split("-")
-        loss = make_loss(name, N, group=group, **KW, **{k: v for var in variants for k, v in VARIANTS[var].items()})
+        loss = make_loss(
+            name, N, group=group, **KW, **{k: v for var in variants for k, v in VARIANTS[var].items()}
+        )
         records = []
         for epoch, x, y, ids, p0 in scenario(num_ranks):
             b = x.shape[0] // world
@@ -66,7 +79,10 @@ def run(num_ranks: int, world: int, rank: int, group=None):
         out[version] = {"steps": records, "tables": loss.tables.data.clone()}
     _, x, y, _, p0 = scenario(num_ranks)[0]
     b = x.shape[0] // world
-    xs, ys = x[rank * b:(rank + 1) * b].clone().requires_grad_(), y[rank * b:(rank + 1) * b].clone().requires_grad_()
+    xs, ys = (
+        x[rank * b : (rank + 1) * b].clone().requires_grad_(),
+        y[rank * b : (rank + 1) * b].clone().requires_grad_(),
+    )
     for mode in MODES:  # the baseline through build_loss in every mode: the same gradients
         xm, ym = xs.detach().clone().requires_grad_(), ys.detach().clone().requires_grad_()
         p = torch.tensor(p0, dtype=torch.float64, requires_grad=True)
@@ -106,8 +122,12 @@ def test_distributed_equals_single_process(tmp_path, num_ranks, local_world):
             for r, res in enumerate(ranks):
                 got = res[version]["steps"][s]
                 _close(got["value"], want["value"], f"{version} step {s} rank {r} value")
-                _close(got["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"{version} step {s} rank {r} dx")
-                _close(got["dy"] / num_ranks, want["dy"][r * b:(r + 1) * b], f"{version} step {s} rank {r} dy")
+                _close(
+                    got["dx"] / num_ranks, want["dx"][r * b : (r + 1) * b], f"{version} step {s} rank {r} dx"
+                )
+                _close(
+                    got["dy"] / num_ranks, want["dy"][r * b : (r + 1) * b], f"{version} step {s} rank {r} dy"
+                )
             if want["dp"] is None:
                 assert all(res[version]["steps"][s]["dp"] is None for res in ranks)
             else:
@@ -119,7 +139,7 @@ def test_distributed_equals_single_process(tmp_path, num_ranks, local_world):
         key, want = f"openclip-{mode}", expected["openclip-gather"]  # world 1: every mode is one clip loss
         b = want["dx"].shape[0] // num_ranks
         for r, res in enumerate(ranks):
-            _close(res[key]["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"{key} rank {r} dx")
+            _close(res[key]["dx"] / num_ranks, want["dx"][r * b : (r + 1) * b], f"{key} rank {r} dx")
             _close(res[key]["value"], want["value"], f"{key} rank {r} global value")
         _close(sum(res[key]["dp"] for res in ranks) / num_ranks, want["dp"], f"{key} dp")
     for r, res in enumerate(ranks):

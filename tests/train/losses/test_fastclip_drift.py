@@ -16,8 +16,10 @@ from toolkit.train.losses.fastclip.config import FastCLIPConfig
 
 def test_old_estimators_shift_by_the_batch_mean_drift_before_averaging():
     gen = torch.Generator().manual_seed(9)
-    cfg = LossConfig(kind="fastclip", fastclip=FastCLIPConfig(version="v1", gamma_schedule="constant", gamma_min=0.5,
-                                                          u_drift="batch"))
+    cfg = LossConfig(
+        kind="fastclip",
+        fastclip=FastCLIPConfig(version="v1", gamma_schedule="constant", gamma_min=0.5, u_drift="batch"),
+    )
     loss = build_loss(cfg, data_size=10, table_dtype=torch.float64)
     a = torch.tensor(1 / 0.1, dtype=torch.float64)
     first, second = torch.arange(0, 6), torch.tensor([3, 4, 5, 6, 7, 8])  # 3, 4, 5 seen before; 6, 7, 8 new
@@ -42,7 +44,10 @@ def test_old_estimators_shift_by_the_batch_mean_drift_before_averaging():
 
 
 def test_u_drift_is_refused_where_there_is_no_global_estimator():
-    for fields in ({"kind": "fastclip", "fastclip": {"version": "v2"}}, {"kind": "neuclip"},
-                   {"kind": "openclip", "mode": "gather"}):
+    for fields in (
+        {"kind": "fastclip", "fastclip": {"version": "v2"}},
+        {"kind": "neuclip"},
+        {"kind": "openclip", "mode": "gather"},
+    ):
         with pytest.raises(ValueError, match="u_drift: batch applies to FastCLIP v0, v1 and v3"):
             build(LossConfig, {**fields, "fastclip": {**fields.get("fastclip", {}), "u_drift": "batch"}})

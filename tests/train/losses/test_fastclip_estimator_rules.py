@@ -23,7 +23,7 @@ from toolkit.train.losses.fastclip.config import FastCLIPConfig
 def published_drrho_gamma(epoch: int, planned_epochs: int) -> float:
     """γ in epoch ``epoch`` of an E-epoch run: the README's final γ, reached by the reference's cosine
     adjust_gamma (1 in epoch 0) over gamma_decay_epochs = E, in float64."""
-    final = min(1.0, 4.177 * planned_epochs ** -0.7265)
+    final = min(1.0, 4.177 * planned_epochs**-0.7265)
     if epoch == 0:
         return 1.0
     if epoch >= planned_epochs:
@@ -48,20 +48,33 @@ def test_drrho_gamma_per_epoch_equals_the_published_rule(planned_epochs):
 
 def test_drrho_decays_over_the_runs_planned_epochs():
     base = {"data": "/nonexistent/shards", "out": "/nonexistent/out"}
-    cfg = build(TrainConfig, {**base, "epochs": 30, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml")
+    cfg = build(
+        TrainConfig, {**base, "epochs": 30, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml"
+    )
     assert cfg.loss.fastclip.gamma_decay_epochs == 30
     given = {**base, "epochs": 30, "loss": {"fastclip": {"gamma_rule": "drrho", "gamma_decay_epochs": 12}}}
     assert build(TrainConfig, given, source="t.yaml").loss.fastclip.gamma_decay_epochs == 12
-    with pytest.raises(ValueError, match="loss.fastclip.gamma_decay_epochs: gamma_rule: drrho needs the planned epochs"):
-        build(TrainConfig, {**base, "steps": 100, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml")
-    default = build(TrainConfig, {**base, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml")  # epochs' default
+    with pytest.raises(
+        ValueError, match="loss.fastclip.gamma_decay_epochs: gamma_rule: drrho needs the planned epochs"
+    ):
+        build(
+            TrainConfig,
+            {**base, "steps": 100, "loss": {"fastclip": {"gamma_rule": "drrho"}}},
+            source="t.yaml",
+        )
+    default = build(
+        TrainConfig, {**base, "loss": {"fastclip": {"gamma_rule": "drrho"}}}, source="t.yaml"
+    )  # epochs' default
     assert default.loss.fastclip.gamma_decay_epochs == default.epochs == 1
 
 
 def test_rules_are_refused_where_they_do_not_apply():
     with pytest.raises(ValueError, match="gamma_rule: drrho applies to FastCLIP"):
         LossConfig(kind="openclip", mode="gather", fastclip=FastCLIPConfig(gamma_rule="drrho"))
-    for fields in ({"kind": "openclip", "mode": "gather"}, {"kind": "fastclip", "fastclip": {"version": "v2"}}):
+    for fields in (
+        {"kind": "openclip", "mode": "gather"},
+        {"kind": "fastclip", "fastclip": {"version": "v2"}},
+    ):
         with pytest.raises(ValueError, match="u_update: scent applies to FastCLIP v0, v1 and v3"):
             build(LossConfig, {**fields, "fastclip": {**fields.get("fastclip", {}), "u_update": "scent"}})
     with pytest.raises(ValueError, match="u_update: scent replaces"):
@@ -80,7 +93,9 @@ class ScentOracle:
         for side, g in enumerate(gs):
             table, g = self.u[side], g.tolist()
             seen = [k for k, i in enumerate(ids) if i in table]
-            shift = sum(math.log(g[k] / table[ids[k]]) for k in seen) / len(seen) if self.drift and seen else 0.0
+            shift = (
+                sum(math.log(g[k] / table[ids[k]]) for k in seen) / len(seen) if self.drift and seen else 0.0
+            )
             for k, i in enumerate(ids):
                 if i not in table:
                     table[i] = g[k]
@@ -91,27 +106,48 @@ class ScentOracle:
 
     def value(self, ids: list[int], gs: tuple[torch.Tensor, torch.Tensor]) -> float:
         """v1's value: mean_i g1_i/(u1_i+ε) + g2_i/(u2_i+ε), with the updated u."""
-        return sum(float(g[k]) / (self.u[side][i] + self.eps)
-                   for side, g in enumerate(gs) for k, i in enumerate(ids)) / len(ids)
+        return sum(
+            float(g[k]) / (self.u[side][i] + self.eps) for side, g in enumerate(gs) for k, i in enumerate(ids)
+        ) / len(ids)
 
 
 # (epoch, ids): ids repeat across steps and epochs; one epoch revisits a sample twice
-SCENT_STEPS = [(0, [0, 1, 2, 3, 4]), (0, [5, 6, 7, 8, 9]), (1, [2, 5, 10, 0, 7, 11]), (1, [1, 2, 9, 12]),
-               (2, [0, 1, 2, 3, 4, 5]), (3, [7, 2, 11, 13, 6])]
+SCENT_STEPS = [
+    (0, [0, 1, 2, 3, 4]),
+    (0, [5, 6, 7, 8, 9]),
+    (1, [2, 5, 10, 0, 7, 11]),
+    (1, [1, 2, 9, 12]),
+    (2, [0, 1, 2, 3, 4, 5]),
+    (3, [7, 2, 11, 13, 6]),
+]
 
 
 @pytest.mark.parametrize("schedule,drift", [("constant", False), ("cosine", False), ("constant", True)])
 def test_scent_update_matches_the_published_formula(schedule, drift):
     eps, scent_gamma, decay = 0.05, 0.4, 3  # ε and γ_s where σ(log(u+ε) + γ_s) is far from 0 and 1
-    loss = make_loss("v1", 14, table_dtype=torch.float64, u_update="scent", scent_gamma=scent_gamma, eps=eps,
-                     gamma_schedule=schedule, gamma_decay_epochs=decay, u_drift="batch" if drift else "none")
+    loss = make_loss(
+        "v1",
+        14,
+        table_dtype=torch.float64,
+        u_update="scent",
+        scent_gamma=scent_gamma,
+        eps=eps,
+        gamma_schedule=schedule,
+        gamma_decay_epochs=decay,
+        u_drift="batch" if drift else "none",
+    )
     oracle, gen = ScentOracle(eps, drift), torch.Generator().manual_seed(4)
     a = torch.tensor(1 / 0.2, dtype=torch.float64)
     for epoch, ids in SCENT_STEPS:
         loss.set_epoch(epoch)
         # γ_s follows the γ schedule as in the patch (its γ slot): 1 in epoch 0, then towards scent_gamma
-        offset = 1.0 if epoch == 0 else scent_gamma if schedule == "constant" or epoch >= decay else (
-            0.5 * (1 + math.cos(math.pi * epoch / decay)) * (1 - scent_gamma) + scent_gamma)
+        offset = (
+            1.0
+            if epoch == 0
+            else scent_gamma
+            if schedule == "constant" or epoch >= decay
+            else (0.5 * (1 + math.cos(math.pi * epoch / decay)) * (1 - scent_gamma) + scent_gamma)
+        )
         assert loss.gamma == pytest.approx(offset, rel=1e-15)
         x, y = unit_pairs(len(ids), 4, gen)
         value = loss(x, y, a, torch.tensor(ids))

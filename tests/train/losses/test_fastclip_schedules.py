@@ -25,7 +25,8 @@ def test_gamma_per_step_cosine():
     assert gamma_at_step(9, spe, 0.2, 4, "cosine_step") == 1.0  # epoch 0 fills the tables
     for epoch in range(1, 6):  # equals the epoch schedule at epoch boundaries
         assert gamma_at_step(epoch * spe, spe, 0.2, 4, "cosine_step") == pytest.approx(
-            gamma_at_epoch(epoch, 0.2, 4, "cosine"))
+            gamma_at_epoch(epoch, 0.2, 4, "cosine")
+        )
     inside = [gamma_at_step(s, spe, 0.2, 4, "cosine_step") for s in range(spe, 4 * spe + 1)]
     assert all(a > b for a, b in zip(inside, inside[1:], strict=False))  # strictly decreasing
     assert gamma_at_step(15, spe, 0.2, 4, "cosine") == gamma_at_epoch(1, 0.2, 4, "cosine")  # per epoch

@@ -59,15 +59,23 @@ def feature_reference(b: int, world: int) -> dict:
     x, y, a = (t.double().requires_grad_() for t in global_features(b, world))
     logits = a * x @ y.T
     row, col, pos = logits.logsumexp(1), logits.logsumexp(0), logits.diagonal()
-    per_rank = [0.5 * (row[s] - pos[s]).mean() + 0.5 * (col[s] - pos[s]).mean()
-                for s in (slice(r * b, (r + 1) * b) for r in range(world))]
+    per_rank = [
+        0.5 * (row[s] - pos[s]).mean() + 0.5 * (col[s] - pos[s]).mean()
+        for s in (slice(r * b, (r + 1) * b) for r in range(world))
+    ]
     total = torch.stack(per_rank).mean()
     assert rel_err(total, clip_loss(x, y, a)) <= TOL  # the objective is open_clip's on the global batch
     dx, dy = torch.autograd.grad(world * total, (x, y), retain_graph=True)
     das = [torch.autograd.grad(lr, a, retain_graph=True)[0].item() for lr in per_rank]
-    return {"loss": total.item(), "loss_r": [v.item() for v in per_rank], "da_r": das,
-            "loss_scale": a.item() + math.log(world * b),
-            "dx": dx.chunk(world), "dy": dy.chunk(world), "da": torch.autograd.grad(total, a)[0].item()}
+    return {
+        "loss": total.item(),
+        "loss_r": [v.item() for v in per_rank],
+        "da_r": das,
+        "loss_scale": a.item() + math.log(world * b),
+        "dx": dx.chunk(world),
+        "dy": dy.chunk(world),
+        "da": torch.autograd.grad(total, a)[0].item(),
+    }
 
 
 def test_every_mode_matches_k1_after_ddp(job):
@@ -107,7 +115,7 @@ def test_bf16_gradient_allreduce(job):
             for name, g in got["grads"].items():
                 # The average came back through bf16: every value is a bf16 number, close to fp32's.
                 assert torch.equal(g, g.to(torch.bfloat16).float()), name
-                assert rel_err(g, ref_grads[name]) <= 2 ** -6 * world, (mode, name)
+                assert rel_err(g, ref_grads[name]) <= 2**-6 * world, (mode, name)
             assert got["ledger"]["comm/all_reduce/param_grads/bytes"] == 2 * num_params
             fp32 = res["model"][mode]["ledger"]["comm/all_reduce/param_grads/bytes"]
             assert fp32 == 4 * num_params
@@ -159,8 +167,11 @@ def test_ledger_matches_the_analytic_formula(job):
 def test_ledger_feature_bytes_fastclip_half_of_gather(job):
     world, ranks = job
     led = {m: ranks[0]["model"][m]["ledger"] for m in MODES}
-    feat = {m: led[m].get("comm/category/features/sent_bytes", 0) + led[m].get(
-        "comm/category/feature_grads/sent_bytes", 0) for m in MODES}
+    feat = {
+        m: led[m].get("comm/category/features/sent_bytes", 0)
+        + led[m].get("comm/category/feature_grads/sent_bytes", 0)
+        for m in MODES
+    }
     assert feat["fastclip"] == pytest.approx(0.5 * feat["gather"])
     assert feat["disco"] == pytest.approx(feat["gather"])
 

@@ -16,11 +16,30 @@ KW = {"lr": 0.05, "inner_steps": 2, "rho": 6.5, "eps": 1e-6}
 
 def make(num_prototypes=7, restart_every_steps=0, backend="auto", learn_tau=True, fit_order="before", **kw):
     o = {**KW, **kw}
-    cfg = LossConfig(kind="neuclip", rho=o["rho"], eps=o["eps"], backend=backend, learn_tau=learn_tau,
-                     neuclip=NeuCLIPConfig(num_prototypes=num_prototypes, lr=o["lr"], inner_steps=o["inner_steps"],
-                                           restart_every_steps=restart_every_steps, fit_order=fit_order))
-    oracle = Oracle(num_prototypes, lr=o["lr"], inner_steps=o["inner_steps"], restart_every_steps=restart_every_steps,
-                    rho=o["rho"], eps=o["eps"], learn_tau=learn_tau, fit_order=fit_order)
+    cfg = LossConfig(
+        kind="neuclip",
+        rho=o["rho"],
+        eps=o["eps"],
+        backend=backend,
+        learn_tau=learn_tau,
+        neuclip=NeuCLIPConfig(
+            num_prototypes=num_prototypes,
+            lr=o["lr"],
+            inner_steps=o["inner_steps"],
+            restart_every_steps=restart_every_steps,
+            fit_order=fit_order,
+        ),
+    )
+    oracle = Oracle(
+        num_prototypes,
+        lr=o["lr"],
+        inner_steps=o["inner_steps"],
+        restart_every_steps=restart_every_steps,
+        rho=o["rho"],
+        eps=o["eps"],
+        learn_tau=learn_tau,
+        fit_order=fit_order,
+    )
     return build_loss(cfg), oracle
 
 
@@ -139,7 +158,9 @@ def test_load_refuses_another_number_of_prototypes():
     loss.begin_step(0, 2)
     loss(*unit_pairs(4, 3, gen), torch.tensor(10.0, dtype=torch.float64), torch.arange(4))
     other, _ = make(6)
-    with pytest.raises(RuntimeError, match=r"shape \(2, 5, 3\), expected \(2, 6, d\) \(loss.neuclip.num_prototypes\)"):
+    with pytest.raises(
+        RuntimeError, match=r"shape \(2, 5, 3\), expected \(2, 6, d\) \(loss.neuclip.num_prototypes\)"
+    ):
         other.load_state_dict(loss.state_dict())
     with pytest.raises(RuntimeError, match="network.initialised"):
         other.load_state_dict({})

@@ -34,8 +34,12 @@ def run(num_ranks: int, world: int, rank: int, group=None) -> list[dict]:
     from toolkit.train.losses import LossConfig, build_loss
     from toolkit.train.losses.config import NeuCLIPConfig
 
-    cfg = LossConfig(kind="neuclip", rho=6.5, eps=1e-6,
-                     neuclip=NeuCLIPConfig(num_prototypes=PROTOTYPES, lr=0.05, inner_steps=3, restart_every_steps=2))
+    cfg = LossConfig(
+        kind="neuclip",
+        rho=6.5,
+        eps=1e-6,
+        neuclip=NeuCLIPConfig(num_prototypes=PROTOTYPES, lr=0.05, inner_steps=3, restart_every_steps=2),
+    )
     loss = build_loss(cfg, group=group)
     records = []
     for step, ((x, y), tau) in enumerate(zip(scenario(num_ranks), TAUS, strict=True)):
@@ -47,8 +51,17 @@ def run(num_ranks: int, world: int, rank: int, group=None) -> list[dict]:
         value = loss(xs, ys, p.exp(), torch.arange(b))
         value.backward()
         loss.end_step(True)
-        records.append({"value": value.detach(), "global": loss.global_value(), "dx": xs.grad, "dy": ys.grad,
-                        "dp": p.grad, "metrics": loss.metrics(), **loss.state_dict()})
+        records.append(
+            {
+                "value": value.detach(),
+                "global": loss.global_value(),
+                "dx": xs.grad,
+                "dy": ys.grad,
+                "dp": p.grad,
+                "metrics": loss.metrics(),
+                **loss.state_dict(),
+            }
+        )
     return records
 
 
@@ -79,9 +92,11 @@ def test_distributed_equals_single_process(tmp_path, num_ranks):
             got = res[s]
             for key in ("value", "global", "network.weight", "network.sumsq"):
                 _close(got[key], want[key], f"step {s} rank {r} {key}")
-            _close(got["dx"] / num_ranks, want["dx"][r * b:(r + 1) * b], f"step {s} rank {r} dx")
-            _close(got["dy"] / num_ranks, want["dy"][r * b:(r + 1) * b], f"step {s} rank {r} dy")
-            assert got["metrics"]["normaliser_error"] == pytest.approx(want["metrics"]["normaliser_error"], rel=1e-9)
+            _close(got["dx"] / num_ranks, want["dx"][r * b : (r + 1) * b], f"step {s} rank {r} dx")
+            _close(got["dy"] / num_ranks, want["dy"][r * b : (r + 1) * b], f"step {s} rank {r} dy")
+            assert got["metrics"]["normaliser_error"] == pytest.approx(
+                want["metrics"]["normaliser_error"], rel=1e-9
+            )
         _close(sum(res[s]["dp"] for res in ranks) / num_ranks, want["dp"], f"step {s} dp")
 
 

@@ -21,12 +21,12 @@ from trainkit import train_cfg, weights
 from toolkit.core.config import build
 from toolkit.train.losses import registry
 
-INIT = '''
+INIT = """
 from toolkit.train.losses import register
 
 register("counted", "countedclip.loss:CountedCLIPLoss", {"counted-clip": {}},
          table_columns=lambda fields: 1)  # its visit counts, one float32 column per sample
-'''
+"""
 
 LOSS = '''
 import torch
@@ -87,7 +87,9 @@ def test_an_objective_from_a_package_trains_and_resumes(counted, demo_train, tmp
 
     shutil.rmtree(out / "checkpoints" / "step-00000006")  # resume from step 3's checkpoint
     (out / "metrics.jsonl").unlink()
-    result = run(train_cfg(demo_train, out, steps=6, loss=loss, checkpoint={"every_steps": 3, "resume": "latest"}))
+    result = run(
+        train_cfg(demo_train, out, steps=6, loss=loss, checkpoint={"every_steps": 3, "resume": "latest"})
+    )
     assert result.counts["step"] == 6
     resumed = _records(out)
     # the objective's state came back with the checkpoint: step 4 counts steps 1-3's visits too
@@ -99,8 +101,18 @@ def test_an_objective_from_a_package_trains_and_resumes(counted, demo_train, tmp
 def test_an_objective_from_a_package_is_planned(counted):
     from toolkit.train.plan import planner
 
-    cfg = build(planner.PlanConfig, {"model": "cliptk-tiny", "loss": "counted-clip", "mode": "gather",
-                                     "nproc_per_node": 2, "batch_size": 64, "num_samples": 1000, "device": "cpu"})
+    cfg = build(
+        planner.PlanConfig,
+        {
+            "model": "cliptk-tiny",
+            "loss": "counted-clip",
+            "mode": "gather",
+            "nproc_per_node": 2,
+            "batch_size": 64,
+            "num_samples": 1000,
+            "device": "cpu",
+        },
+    )
     plan = planner.run(cfg)
     assert plan.table_bytes_per_node == 4.0 * 1000  # its spec's one column
     assert plan.traffic["counted-clip/gather"] == plan.traffic["openclip/gather"]  # the CLIP loss's modes

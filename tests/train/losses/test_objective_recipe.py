@@ -20,9 +20,9 @@ HEADER = re.compile(r"^# (toolkit/train/losses/\S+)(.*)$")
 def recipe_blocks() -> dict[str, str]:
     """{path the doc names: the lines under its header} of the recipe's code block."""
     doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-    section = doc[doc.index("### Adding an objective"):]
+    section = doc[doc.index("### Adding an objective") :]
     start = section.index("```python\n") + len("```python\n")
-    block = section[start:section.index("\n```", start)]
+    block = section[start : section.index("\n```", start)]
     blocks: dict[str, list[str]] = {}
     current = None
     for line in block.splitlines():
@@ -49,10 +49,13 @@ def apply_recipe(tree: Path) -> None:
     text = registry.read_text()
     last = '"toolkit.train.losses.distill")'
     assert last in text
-    registry.write_text(text.replace(last, '"toolkit.train.losses.distill",\n              "toolkit.train.losses.plain")'))
+    registry.write_text(
+        text.replace(last, '"toolkit.train.losses.distill",\n              "toolkit.train.losses.plain")')
+    )
     config = tree / "toolkit/train/losses/config.py"
-    import_line, field_line = [line for line in blocks["toolkit/train/losses/config.py"].splitlines()
-                               if not line.startswith("#")]
+    import_line, field_line = [
+        line for line in blocks["toolkit/train/losses/config.py"].splitlines() if not line.startswith("#")
+    ]
     text = config.read_text()
     anchor = "from toolkit.train.losses.siglip.config import SigLIPConfig\n"
     text = text.replace(anchor, anchor + import_line + "\n")
@@ -64,18 +67,46 @@ def test_the_documented_recipe_trains_an_objective(demo_train, tmp_path):
     tree = tmp_path / "repo"
     shutil.copytree(ROOT / "toolkit", tree / "toolkit", ignore=shutil.ignore_patterns("__pycache__"))
     apply_recipe(tree)
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "WANDB_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+    }
 
     def toolkit(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "toolkit", *args], cwd=tree, env=env, capture_output=True,
-                              text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "toolkit", *args],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     help_text = " ".join(toolkit("--help").stdout.split())
     assert "plain CLIP" in help_text, help_text
     out = tmp_path / "run"
-    result = toolkit("train", "--data", str(demo_train), "--out", str(out), "--loss", "plain", "--model", MODEL,
-                     "--batch-size", "16", "--steps", "1", "--workers", "0", "--set", "tensorboard=false")
+    result = toolkit(
+        "train",
+        "--data",
+        str(demo_train),
+        "--out",
+        str(out),
+        "--loss",
+        "plain",
+        "--model",
+        MODEL,
+        "--batch-size",
+        "16",
+        "--steps",
+        "1",
+        "--workers",
+        "0",
+        "--set",
+        "tensorboard=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{out}: 1 steps" in result.stdout
     recorded = (out / "config.yaml").read_text()

@@ -17,7 +17,9 @@ class PlainCLIPLoss(TrainingLoss):
     """docs/architecture.md's worked example, verbatim."""
 
     def forward(self, x, y, logit_scale, index, logit_bias=None):
-        share = contrastive_loss(x, y, logit_scale, mode="gather", group=self.group, check_sizes=self.check_sizes)
+        share = contrastive_loss(
+            x, y, logit_scale, mode="gather", group=self.group, check_sizes=self.check_sizes
+        )
         self._last = share.detach()  # global_value(): the mean over ranks (TrainingLoss)
         return share
 

@@ -38,12 +38,18 @@ def reference(b: int, world: int) -> dict:
     logits = t * x @ y.T + bias
     z = 2 * torch.eye(world * b, dtype=torch.float64) - 1
     terms = -torch.nn.functional.logsigmoid(z * logits)
-    shares = [terms[r * b:(r + 1) * b].sum() / b for r in range(world)]
+    shares = [terms[r * b : (r + 1) * b].sum() / b for r in range(world)]
     assert rel_err(torch.stack(shares).mean().detach(), total.detach()) <= 1e-13
     dx, dy = torch.autograd.grad(world * total, (x, y), retain_graph=True)
     per_rank = [torch.autograd.grad(s, (t, bias), retain_graph=True) for s in shares]
-    return {"loss": total.item(), "loss_r": [s.item() for s in shares], "dx": dx.chunk(world),
-            "dy": dy.chunk(world), "dt_r": [g[0].item() for g in per_rank], "db_r": [g[1].item() for g in per_rank]}
+    return {
+        "loss": total.item(),
+        "loss_r": [s.item() for s in shares],
+        "dx": dx.chunk(world),
+        "dy": dy.chunk(world),
+        "dt_r": [g[0].item() for g in per_rank],
+        "db_r": [g[1].item() for g in per_rank],
+    }
 
 
 def test_every_mode_equals_one_process_open_clip(job):

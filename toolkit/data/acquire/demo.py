@@ -53,16 +53,30 @@ ATTRIBUTION = """# Attribution
 @dataclass(frozen=True)
 class DemoConfig:
     out: str = option(doc="Output folder (local) for the PNGs, CSVs and URL lists.")
-    limit: int | None = option(None, ge=1, doc="Keep this many concepts, spread evenly over the emoji order so all "
-                                              "9 groups appear (default: all, about 1,900).")
-    base_url: str = option("", doc="Prefix of the URLs in *_urls.csv (e.g. http://127.0.0.1:8000/ with "
-                                   "`toolkit data serve DIR`); default file://<absolute DIR>/.")
-    extra_artists: list[str] = option(factory=list, is_input=True, doc="More training artists: npm "
-                                      "emoji-datasource-<set> archives (.tgz, e.g. from `npm pack "
-                                      "emoji-datasource-google`) whose img/<set>/64 PNGs are added to the "
-                                      "training URL list (train_urls); never to the held-out OpenMoji.")
-    missing_ok: bool = option(False, doc="An extra_artists archive that does not exist is left out with a "
-                                         "warning (the quickstart's optional npm artists) instead of failing.")
+    limit: int | None = option(
+        None,
+        ge=1,
+        doc="Keep this many concepts, spread evenly over the emoji order so all "
+        "9 groups appear (default: all, about 1,900).",
+    )
+    base_url: str = option(
+        "",
+        doc="Prefix of the URLs in *_urls.csv (e.g. http://127.0.0.1:8000/ with "
+        "`toolkit data serve DIR`); default file://<absolute DIR>/.",
+    )
+    extra_artists: list[str] = option(
+        factory=list,
+        is_input=True,
+        doc="More training artists: npm "
+        "emoji-datasource-<set> archives (.tgz, e.g. from `npm pack "
+        "emoji-datasource-google`) whose img/<set>/64 PNGs are added to the "
+        "training URL list (train_urls); never to the held-out OpenMoji.",
+    )
+    missing_ok: bool = option(
+        False,
+        doc="An extra_artists archive that does not exist is left out with a "
+        "warning (the quickstart's optional npm artists) instead of failing.",
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ def caption_for(name: str, subgroup: str) -> str:
     if subgroup in FLAG_SUBGROUPS:
         return f"flag: {text}"
     if subgroup == "keycap" and text.startswith("keycap "):
-        return "keycap: " + text[len("keycap "):]
+        return "keycap: " + text[len("keycap ") :]
     return text
 
 
@@ -122,12 +136,22 @@ def load_concepts() -> tuple[list[Concept], dict[str, int]]:
         data = next((d for d in found if d), None)  # the first variant the emoji package names
         tw = _find(tw_names, variants, upper=False, strip_zeros=True)
         om = _find(om_names, variants, upper=True, strip_zeros=False)
-        missing = "no_name" if data is None else "no_twemoji" if tw is None else "no_openmoji" if om is None else ""
+        missing = (
+            "no_name" if data is None else "no_twemoji" if tw is None else "no_openmoji" if om is None else ""
+        )
         if missing:
             skipped[missing] += 1
             continue
-        concepts.append(Concept("-".join(variants[0]), caption_for(data["en"], entry["subcategory"]),
-                                entry["category"], entry["subcategory"], tw_dir / f"{tw}.png", om_dir / f"{om}.svg"))
+        concepts.append(
+            Concept(
+                "-".join(variants[0]),
+                caption_for(data["en"], entry["subcategory"]),
+                entry["category"],
+                entry["subcategory"],
+                tw_dir / f"{tw}.png",
+                om_dir / f"{om}.svg",
+            )
+        )
     return concepts, skipped
 
 
@@ -172,15 +196,22 @@ def _archive_pngs(archive: Path) -> tuple[str, dict[str, bytes]]:
         with tarfile.open(archive, "r:gz") as tar:
             for member in tar:
                 parts = member.name.split("/")  # package/img/<set>/64/<codepoints>.png
-                if member.isfile() and len(parts) == 5 and parts[1] == "img" and parts[3] == "64" \
-                        and parts[4].endswith(".png"):
+                if (
+                    member.isfile()
+                    and len(parts) == 5
+                    and parts[1] == "img"
+                    and parts[3] == "64"
+                    and parts[4].endswith(".png")
+                ):
                     names.add(parts[2])
                     pngs[parts[4][:-4].lower()] = tar.extractfile(member).read()
     except (tarfile.TarError, OSError) as err:
         raise ValueError(f"extra_artists: {archive}: not a readable .tgz: {err}") from err
     if len(names) != 1:
-        raise ValueError(f"extra_artists: {archive}: expected the 64 px PNGs of one emoji-datasource set under "
-                         f"package/img/<set>/64/, found sets {sorted(names) or 'none'}")
+        raise ValueError(
+            f"extra_artists: {archive}: expected the 64 px PNGs of one emoji-datasource set under "
+            f"package/img/<set>/64/, found sets {sorted(names) or 'none'}"
+        )
     return names.pop(), pngs
 
 
@@ -212,8 +243,9 @@ def artist_csv(artist: str) -> str:
     return f"{artist}.csv"
 
 
-def write_csvs(root: Path, concepts: list[Concept], base_url: str, artists: dict[str, list[Concept]] | None = None
-               ) -> None:
+def write_csvs(
+    root: Path, concepts: list[Concept], base_url: str, artists: dict[str, list[Concept]] | None = None
+) -> None:
     """Each artist's CSV and URL list (``artists``: concepts per artist; default both built-in artists)."""
     for artist, drawn in (artists or dict.fromkeys(ARTISTS, concepts)).items():
         rows = [(f"{artist}/{c.codepoints}.png", c.caption, c.group, c.subgroup, c.codepoints) for c in drawn]
@@ -252,14 +284,28 @@ def run(cfg: DemoConfig) -> StageResult:
         groups: dict[str, int] = {}
         for c in chosen:
             groups[c.group] = groups.get(c.group, 0) + 1
-        rec.counts.update(num_concepts=len(chosen), num_available=len(concepts), num_groups=len(groups),
-                          num_subgroups=len({c.subgroup for c in chosen}),
-                          num_train_images={a: len(c) for a, c in artists.items() if a != "openmoji"})
+        rec.counts.update(
+            num_concepts=len(chosen),
+            num_available=len(concepts),
+            num_groups=len(groups),
+            num_subgroups=len({c.subgroup for c in chosen}),
+            num_train_images={a: len(c) for a, c in artists.items() if a != "openmoji"},
+        )
         rec.details.update(groups=groups, skipped=skipped, base_url=base_url, image_size=IMAGE_SIZE)
-        rec.outputs.update(root=str(root), train_csv=str(root / artist_csv("twemoji")), eval_csv=str(root / artist_csv("openmoji")),
-                           train_urls=str(train_urls), eval_urls=str(root / "openmoji_urls.csv"))
-        log.info("demo: %d concepts in %d groups (of %d available) written to %s", len(chosen), len(groups),
-                 len(concepts), root)
+        rec.outputs.update(
+            root=str(root),
+            train_csv=str(root / artist_csv("twemoji")),
+            eval_csv=str(root / artist_csv("openmoji")),
+            train_urls=str(train_urls),
+            eval_urls=str(root / "openmoji_urls.csv"),
+        )
+        log.info(
+            "demo: %d concepts in %d groups (of %d available) written to %s",
+            len(chosen),
+            len(groups),
+            len(concepts),
+            root,
+        )
     return rec.result()
 
 
@@ -269,8 +315,11 @@ def _extra_artists(cfg: DemoConfig, concepts: list[Concept], root: Path) -> dict
     for archive in map(Path, cfg.extra_artists):
         if not archive.is_file():
             if cfg.missing_ok:
-                log.warning("demo: extra artist %s not found: left out (missing_ok); training uses the other "
-                            "artists only", archive)
+                log.warning(
+                    "demo: extra artist %s not found: left out (missing_ok); training uses the other "
+                    "artists only",
+                    archive,
+                )
                 continue
             raise ValueError(f"extra_artists: {archive}: no such file (an npm emoji-datasource-<set> .tgz)")
         artist, drawn = render_extra(archive, concepts, root)

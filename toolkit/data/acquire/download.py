@@ -44,7 +44,9 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's signature
         scheme = urllib.parse.urlsplit(newurl).scheme.lower()
         if scheme not in self.allowed:
-            raise Refused(f"disallowed url scheme {scheme!r} in a redirect (allowed: {', '.join(sorted(self.allowed))})")
+            raise Refused(
+                f"disallowed url scheme {scheme!r} in a redirect (allowed: {', '.join(sorted(self.allowed))})"
+            )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
@@ -56,8 +58,10 @@ def check_scheme(url: object, allowed: frozenset[str]) -> None:
     if not scheme:
         raise Refused("invalid url: no scheme (expected http:// or https://)")
     if scheme not in allowed:
-        raise Refused(f"disallowed url scheme {scheme!r} (allowed: {', '.join(sorted(allowed))}; "
-                      "--allow-schemes adds more)")
+        raise Refused(
+            f"disallowed url scheme {scheme!r} (allowed: {', '.join(sorted(allowed))}; "
+            "--allow-schemes adds more)"
+        )
 
 
 # Characters left as they are when a URL is made ASCII: RFC 3986's reserved set, '%' (escapes already there)
@@ -77,11 +81,18 @@ def to_uri(url: str) -> str:
         host = parts.hostname.encode("idna").decode("ascii")
         netloc = netloc.rsplit("@", 1)[0] + "@" + host if "@" in netloc else host
         netloc += f":{parts.port}" if parts.port else ""
-    return urllib.parse.urlunsplit((parts.scheme, netloc, *(urllib.parse.quote(p, safe=_URI_SAFE) for p in
-                                                              (parts.path, parts.query, parts.fragment))))
+    return urllib.parse.urlunsplit(
+        (
+            parts.scheme,
+            netloc,
+            *(urllib.parse.quote(p, safe=_URI_SAFE) for p in (parts.path, parts.query, parts.fragment)),
+        )
+    )
 
 
-def read_limited(response, max_bytes: int, deadline: float | None = None, total_s: float | None = None) -> bytes:
+def read_limited(
+    response, max_bytes: int, deadline: float | None = None, total_s: float | None = None
+) -> bytes:
     """The body of an open ``response``, aborted as soon as it is known to exceed ``max_bytes``, or past
     ``deadline`` (``time.monotonic()``; ``total_s`` is what it allowed, for the message).
 
@@ -95,18 +106,28 @@ def read_limited(response, max_bytes: int, deadline: float | None = None, total_
     while chunk := read(CHUNK_BYTES):
         body += chunk
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"timed out: the download took longer than its total deadline of {total_s:g} s "
-                               f"({len(body)} bytes received; download_timeout_s)")
+            raise TimeoutError(
+                f"timed out: the download took longer than its total deadline of {total_s:g} s "
+                f"({len(body)} bytes received; download_timeout_s)"
+            )
         if len(body) > max_bytes:
             raise Refused(f"too large: more than max_bytes={max_bytes} bytes received")
-    if expected is not None and len(body) < expected and urllib.parse.urlsplit(response.url).scheme in DEFAULT_SCHEMES:
+    if (
+        expected is not None
+        and len(body) < expected
+        and urllib.parse.urlsplit(response.url).scheme in DEFAULT_SCHEMES
+    ):
         # read(n) returns short at a closed connection where read() raises IncompleteRead: keep the reason
         raise http.client.IncompleteRead(bytes(body[-16:]), expected - len(body))
     return bytes(body)
 
 
-def make_download(allowed_schemes: Iterable[str], max_bytes: int, on_done: Callable[[], None] | None = None,
-                  total_s: float = 0.0):
+def make_download(
+    allowed_schemes: Iterable[str],
+    max_bytes: int,
+    on_done: Callable[[], None] | None = None,
+    total_s: float = 0.0,
+):
     """img2dataset's ``download_image_with_retry(row, timeout, retries, user_agent_token,
     disallowed_header_directives)`` with the allow-list (``allowed_schemes``), the size limit and a total
     deadline per attempt (``total_s``; 0: ``DEADLINE_PER_TIMEOUT`` x the socket timeout); refused URLs are

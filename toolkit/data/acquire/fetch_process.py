@@ -33,15 +33,27 @@ class WorkerRun:
             json.dump(spec, fh)
         # The folder holding this very toolkit package, so the worker imports the same tree as its parent.
         root = os.path.dirname(os.path.dirname(os.path.abspath(toolkit.__file__)))
-        env = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        env = {
+            **os.environ,
+            "NO_ALBUMENTATIONS_UPDATE": "1",
+            "WANDB_MODE": "disabled",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.data.acquire.fetch_worker", self.spec_path], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace", env=env,
-            start_new_session=True, preexec_fn=child_preexec(),  # and it dies with this process, even on SIGKILL
+            [sys.executable, "-m", "toolkit.data.acquire.fetch_worker", self.spec_path],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
+            start_new_session=True,
+            preexec_fn=child_preexec(),  # and it dies with this process, even on SIGKILL
             # the worker holds the output lock too: if this process dies first, the folder stays locked
             # until the worker writing into it is gone as well
-            pass_fds=(lock_fd,) if lock_fd is not None else ())
+            pass_fds=(lock_fd,) if lock_fd is not None else (),
+        )
         # img2dataset's spawned pool and resource tracker are the worker's children, out of PDEATHSIG's reach:
         # they die with this process too, whatever kills it
         self.reaper = GroupReaper(self.proc.pid)
@@ -111,8 +123,9 @@ class WorkerRun:
         return code
 
 
-def download(spec: dict, run_timeout_s: float | None, lock_fd: int | None = None,
-             num_urls: int | None = None) -> dict[str, Any]:
+def download(
+    spec: dict, run_timeout_s: float | None, lock_fd: int | None = None, num_urls: int | None = None
+) -> dict[str, Any]:
     """Run the worker with progress over URLs (``num_urls`` to download); returns the number of shards
     planned and whether the run timed out. Raises RuntimeError naming the last output line if it fails."""
     worker = WorkerRun(spec, run_timeout_s, lock_fd)
@@ -122,8 +135,12 @@ def download(spec: dict, run_timeout_s: float | None, lock_fd: int | None = None
         for event in events:
             if "plan" in event:
                 planned = event["plan"]["num_shards"]
-                log.info("fetch: %d URLs in %d shards to download (%d shards already finished)", num_urls or 0,
-                         planned, len(spec["done_shards"]))
+                log.info(
+                    "fetch: %d URLs in %d shards to download (%d shards already finished)",
+                    num_urls or 0,
+                    planned,
+                    len(spec["done_shards"]),
+                )
                 break
         for _ in progress(_urls_done(events, worker), total=num_urls, desc="fetch", unit="URLs"):
             pass
@@ -147,4 +164,8 @@ def _urls_done(events, worker: WorkerRun):
             yield None
         if "shard" in event and not event["ok"]:
             why = worker.tail[-1] if worker.tail else "no output"
-            log.warning("fetch: shard %s failed (%s); img2dataset retries it max_shard_retry times", event["shard"], why)
+            log.warning(
+                "fetch: shard %s failed (%s); img2dataset retries it max_shard_retry times",
+                event["shard"],
+                why,
+            )

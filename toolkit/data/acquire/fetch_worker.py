@@ -74,8 +74,9 @@ def install_download(allowed_schemes: list[str], max_bytes: int, total_s: float 
 
     settings = (tuple(allowed_schemes), max_bytes, total_s)
     if _INSTALLED.get("settings") != settings:
-        img2dataset.downloader.download_image_with_retry = make_download(allowed_schemes, max_bytes, _url_done,
-                                                                         total_s)
+        img2dataset.downloader.download_image_with_retry = make_download(
+            allowed_schemes, max_bytes, _url_done, total_s
+        )
         _INSTALLED["settings"] = settings
 
 
@@ -104,19 +105,32 @@ def build_downloader(spec: dict, column_list: list[str]):
     from toolkit.data.raw.layout import SHARD_DIGITS
 
     resizer = Resizer(
-        image_size=spec["image_size"], resize_mode=spec["resize_mode"],
-        resize_only_if_bigger=spec["resize_only_if_bigger"], encode_quality=spec["encode_quality"],
-        encode_format="jpg", min_image_size=spec["min_image_size"],
+        image_size=spec["image_size"],
+        resize_mode=spec["resize_mode"],
+        resize_only_if_bigger=spec["resize_only_if_bigger"],
+        encode_quality=spec["encode_quality"],
+        encode_format="jpg",
+        min_image_size=spec["min_image_size"],
         max_image_area=spec["max_image_area"] or float("inf"),
         max_aspect_ratio=spec["max_aspect_ratio"] or float("inf"),
     )
     return Downloader(
-        sample_writer_class=WebDatasetSampleWriter, resizer=CheckedResizer(resizer, spec["strict_decode"]),
-        thread_count=spec["num_threads"], save_caption=spec["caption_col"] is not None, extract_exif=True,
-        output_folder=spec["output_folder"], column_list=column_list, timeout=spec["timeout_s"],
-        number_sample_per_shard=spec["samples_per_shard"], oom_shard_count=SHARD_DIGITS,
-        compute_hash="sha256", verify_hash_type=None, encode_format="jpg", retries=spec["retries"],
-        user_agent_token=None, disallowed_header_directives=["noai", "noimageai", "noindex", "noimageindex"],
+        sample_writer_class=WebDatasetSampleWriter,
+        resizer=CheckedResizer(resizer, spec["strict_decode"]),
+        thread_count=spec["num_threads"],
+        save_caption=spec["caption_col"] is not None,
+        extract_exif=True,
+        output_folder=spec["output_folder"],
+        column_list=column_list,
+        timeout=spec["timeout_s"],
+        number_sample_per_shard=spec["samples_per_shard"],
+        oom_shard_count=SHARD_DIGITS,
+        compute_hash="sha256",
+        verify_hash_type=None,
+        encode_format="jpg",
+        retries=spec["retries"],
+        user_agent_token=None,
+        disallowed_header_directives=["noai", "noimageai", "noindex", "noimageindex"],
     )
 
 
@@ -140,7 +154,9 @@ def distribute(spec: dict, downloader, shards: list) -> None:
     elif name == "pyspark":
         import pyspark  # noqa: F401  (a clear ImportError instead of img2dataset's)
 
-        distributor.pyspark_distributor(processes, downloader, shards, spec["subjob_size"], spec["max_shard_retry"])
+        distributor.pyspark_distributor(
+            processes, downloader, shards, spec["subjob_size"], spec["max_shard_retry"]
+        )
     elif name == "ray":
         import ray  # noqa: F401  (img2dataset's ray_distributor silently does nothing without ray)
 
@@ -159,14 +175,27 @@ def main(spec_path: str) -> None:
     fs, tmp = fsspec.core.url_to_fs(spec["tmp_path"])
     fs.makedirs(tmp, exist_ok=True)
     reader = Reader(
-        spec["url_list"], spec["input_format"], spec["url_col"], spec["caption_col"], None, None, None,
-        spec["samples_per_shard"], set(spec["done_shards"]), spec["tmp_path"], spec.get("start_shard_id", 0),
+        spec["url_list"],
+        spec["input_format"],
+        spec["url_col"],
+        spec["caption_col"],
+        None,
+        None,
+        None,
+        spec["samples_per_shard"],
+        set(spec["done_shards"]),
+        spec["tmp_path"],
+        spec.get("start_shard_id", 0),
     )
     shards = list(reader)  # splits the list into feather files under _tmp/, skipping finished shards
     emit({"plan": {"num_shards": len(shards)}})
     downloader = build_downloader(spec, reader.column_list)
     allowed = [*DEFAULT_SCHEMES, *spec["allow_schemes"]]
-    distribute(spec, ReportingDownloader(downloader, allowed, spec["max_bytes"], spec.get("download_timeout_s", 0.0)), shards)
+    distribute(
+        spec,
+        ReportingDownloader(downloader, allowed, spec["max_bytes"], spec.get("download_timeout_s", 0.0)),
+        shards,
+    )
     if fs.exists(tmp):
         fs.rm(tmp, recursive=True)
     emit({"done": True})

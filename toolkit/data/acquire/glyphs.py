@@ -44,13 +44,23 @@ KIND = "data.glyphs"
 log = get_logger("data.glyphs")
 # matplotlib/mpl-data/fonts/ttf files with thousands of named characters (DejaVu*Display: 20-47 characters,
 # STIXNonUni*: private use, STIXSiz*: 17-110 size variants, cm*10: 130 each, LastResort: one box per block)
-BUILTIN_FONTS = tuple(f"DejaVu{family}{style}.ttf" for family in ("Sans", "SansMono") for style in
-                      ("", "-Bold", "-Oblique", "-BoldOblique")) + \
-    tuple(f"DejaVuSerif{style}.ttf" for style in ("", "-Bold", "-Italic", "-BoldItalic")) + \
-    tuple(f"STIXGeneral{style}.ttf" for style in ("", "Bol", "Italic", "BolIta"))
+BUILTIN_FONTS = (
+    tuple(
+        f"DejaVu{family}{style}.ttf"
+        for family in ("Sans", "SansMono")
+        for style in ("", "-Bold", "-Oblique", "-BoldOblique")
+    )
+    + tuple(f"DejaVuSerif{style}.ttf" for style in ("", "-Bold", "-Italic", "-BoldItalic"))
+    + tuple(f"STIXGeneral{style}.ttf" for style in ("", "Bol", "Italic", "BolIta"))
+)
 EXCLUDED_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Mn", "Mc", "Me", "Zs", "Zl", "Zp"})
-EXCLUDED_PREFIXES = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HANGUL SYLLABLE", "TAG ",
-                     "VARIATION SELECTOR")
+EXCLUDED_PREFIXES = (
+    "CJK UNIFIED IDEOGRAPH",
+    "CJK COMPATIBILITY IDEOGRAPH",
+    "HANGUL SYLLABLE",
+    "TAG ",
+    "VARIATION SELECTOR",
+)
 # the em size as a share of the canvas: DejaVu's ascender + descender span 1.16 em, so 0.8 em leaves the
 # tallest ordinary glyphs (accented capitals) inside the canvas; larger ink is scaled down to fit
 EM_FRACTION = 0.8
@@ -59,18 +69,34 @@ EM_FRACTION = 0.8
 @dataclass(frozen=True)
 class GlyphsConfig:
     out: str = option(doc="Output folder (local) for the PNGs, one CSV per font style and styles.json.")
-    fonts: list[str] = option(factory=list, is_input=True, doc="More TrueType/OpenType font files; each is a "
-                              "style named after its file (DIR/<file stem>.csv).")
-    builtin_fonts: bool = option(True, doc="Include the 16 font styles matplotlib ships (DejaVu Sans, Sans "
-                                           "Mono, Serif x 4 styles; STIX General x 4 weights).")
+    fonts: list[str] = option(
+        factory=list,
+        is_input=True,
+        doc="More TrueType/OpenType font files; each is a style named after its file (DIR/<file stem>.csv).",
+    )
+    builtin_fonts: bool = option(
+        True,
+        doc="Include the 16 font styles matplotlib ships (DejaVu Sans, Sans "
+        "Mono, Serif x 4 styles; STIX General x 4 weights).",
+    )
     size: int = option(32, ge=8, le=512, doc="Image side in pixels.")
-    min_fonts: int = option(1, ge=1, doc="Keep characters that at least this many styles draw (after "
-                                         "duplicate drawings are left out).")
-    scripts: list[str] = option(factory=list, doc="Keep only characters whose Unicode name starts with one "
-                                "of these words (LATIN, GREEK, 'BOX DRAWINGS') or whose code point lies in "
-                                "one of these ranges (a block: 0370-03FF). Default: all.")
-    limit: int | None = option(None, ge=1, doc="Keep at most this many characters, evenly spaced over the "
-                                              "code point order (chosen before drawing: fast small sets).")
+    min_fonts: int = option(
+        1,
+        ge=1,
+        doc="Keep characters that at least this many styles draw (after duplicate drawings are left out).",
+    )
+    scripts: list[str] = option(
+        factory=list,
+        doc="Keep only characters whose Unicode name starts with one "
+        "of these words (LATIN, GREEK, 'BOX DRAWINGS') or whose code point lies in "
+        "one of these ranges (a block: 0370-03FF). Default: all.",
+    )
+    limit: int | None = option(
+        None,
+        ge=1,
+        doc="Keep at most this many characters, evenly spaced over the "
+        "code point order (chosen before drawing: fast small sets).",
+    )
 
 
 @dataclass(frozen=True)
@@ -96,8 +122,9 @@ def font_styles(cfg: GlyphsConfig) -> list[Style]:
     names = [s.name for s in styles]
     for s in styles:
         if names.count(s.name) > 1:
-            raise ValueError(f"fonts: {s.label}: style name {s.name!r} is taken by another font file; "
-                             "rename it")
+            raise ValueError(
+                f"fonts: {s.label}: style name {s.name!r} is taken by another font file; rename it"
+            )
     if not styles:
         raise ValueError("fonts: no font styles (builtin_fonts is off and no fonts were given)")
     return styles
@@ -171,8 +198,9 @@ def draw(font_path: Path, code: int, size: int, cache: dict) -> bytes:
     return img.tobytes()
 
 
-def draw_style(style: Style, codes: list[int], size: int) -> tuple[dict[int, bytes], dict[str, int],
-                                                                    list[list[int]]]:
+def draw_style(
+    style: Style, codes: list[int], size: int
+) -> tuple[dict[int, bytes], dict[str, int], list[list[int]]]:
     """({code: pixels} kept, left-out counts, groups of code points drawn identically (the first kept))."""
     cache: dict = {}
     kept: dict[int, bytes] = {}
@@ -218,8 +246,14 @@ def merge_groups(groups_by_style: dict[str, list[list[int]]]) -> list[dict]:
     for style, groups in groups_by_style.items():
         for g in groups:
             where.setdefault(root(g[0]), set()).add(style)
-    return [{"codepoints": [f"{c:04X}" for c in sorted(m)], "names": [unicodedata.name(chr(c)) for c in sorted(m)],
-             "styles": sorted(where[r])} for r, m in sorted(members.items())]
+    return [
+        {
+            "codepoints": [f"{c:04X}" for c in sorted(m)],
+            "names": [unicodedata.name(chr(c)) for c in sorted(m)],
+            "styles": sorted(where[r]),
+        }
+        for r, m in sorted(members.items())
+    ]
 
 
 def write_png(pixels: bytes, size: int, path: Path) -> None:
@@ -268,32 +302,64 @@ def run(cfg: GlyphsConfig) -> StageResult:
         per_char = {c: sum(c in d for d in drawn.values()) for c in candidates}
         chosen = [c for c in candidates if per_char[c] >= cfg.min_fonts]
         if not chosen:
-            raise ValueError(f"no character is drawn by at least {cfg.min_fonts} styles (min_fonts) within "
-                             f"scripts {cfg.scripts or 'all'}")
+            raise ValueError(
+                f"no character is drawn by at least {cfg.min_fonts} styles (min_fonts) within "
+                f"scripts {cfg.scripts or 'all'}"
+            )
         lookalikes = merge_groups(groups)
         alike = {int(c, 16) for g in lookalikes for c in g["codepoints"]}
         root.mkdir(parents=True, exist_ok=True)
         entries = []
         for s in styles:
             n = write_style(root, s.name, drawn[s.name], chosen, cfg.size)
-            entries.append({"name": s.name, "font": s.label, "sha256": hashlib.sha256(s.path.read_bytes()).hexdigest(),
-                            "num_characters": n, "num_in_cmap": len(cmaps[s.name]), "left_out": left_out[s.name]})
-        _write_json(root / "styles.json", {"size": cfg.size, "unicode_version": unicodedata.unidata_version,
-                                           "num_characters": len(chosen), "min_fonts": cfg.min_fonts,
-                                           "styles": entries})
+            entries.append(
+                {
+                    "name": s.name,
+                    "font": s.label,
+                    "sha256": hashlib.sha256(s.path.read_bytes()).hexdigest(),
+                    "num_characters": n,
+                    "num_in_cmap": len(cmaps[s.name]),
+                    "left_out": left_out[s.name],
+                }
+            )
+        _write_json(
+            root / "styles.json",
+            {
+                "size": cfg.size,
+                "unicode_version": unicodedata.unidata_version,
+                "num_characters": len(chosen),
+                "min_fonts": cfg.min_fonts,
+                "styles": entries,
+            },
+        )
         _write_json(root / "lookalikes.json", {"groups": lookalikes})
         with (root / "characters.csv").open("w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(("codepoint", "name", "num_styles", "lookalike"))
-            writer.writerows((f"{c:04X}", unicodedata.name(chr(c)), per_char[c], int(c in alike)) for c in chosen)
-        rec.counts.update(num_characters=len(chosen), num_styles=len(styles),
-                          num_pairs=sum(e["num_characters"] for e in entries), num_lookalike_groups=len(lookalikes),
-                          num_lookalike_characters=len(alike & set(chosen)))
+            writer.writerows(
+                (f"{c:04X}", unicodedata.name(chr(c)), per_char[c], int(c in alike)) for c in chosen
+            )
+        rec.counts.update(
+            num_characters=len(chosen),
+            num_styles=len(styles),
+            num_pairs=sum(e["num_characters"] for e in entries),
+            num_lookalike_groups=len(lookalikes),
+            num_lookalike_characters=len(alike & set(chosen)),
+        )
         rec.details.update(styles={e["name"]: e["num_characters"] for e in entries})
-        rec.outputs.update(root=str(root), styles=str(root / "styles.json"),
-                           lookalikes=str(root / "lookalikes.json"), characters=str(root / "characters.csv"))
-        log.info("glyphs: %d characters in %d styles (%d pairs) written to %s", len(chosen), len(styles),
-                 rec.counts["num_pairs"], root)
+        rec.outputs.update(
+            root=str(root),
+            styles=str(root / "styles.json"),
+            lookalikes=str(root / "lookalikes.json"),
+            characters=str(root / "characters.csv"),
+        )
+        log.info(
+            "glyphs: %d characters in %d styles (%d pairs) written to %s",
+            len(chosen),
+            len(styles),
+            rec.counts["num_pairs"],
+            root,
+        )
     return rec.result()
 
 

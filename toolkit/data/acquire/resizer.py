@@ -27,8 +27,10 @@ def decode_image(data: bytes):
         # Pillow itself only refuses 2x its limit (179 MP): a 100-150 MP image was decoded and stored, and
         # precompute then skipped it as a bomb. Hold fetch and shard to the limit precompute and eval apply.
         if img.width * img.height > DEFAULT_MAX_IMAGE_PIXELS:
-            return None, (f"decompression bomb: {img.width}x{img.height} = {img.width * img.height:,} pixels "
-                          f"exceeds the limit of {DEFAULT_MAX_IMAGE_PIXELS:,}")
+            return None, (
+                f"decompression bomb: {img.width}x{img.height} = {img.width * img.height:,} pixels "
+                f"exceeds the limit of {DEFAULT_MAX_IMAGE_PIXELS:,}"
+            )
         img.load()
     except UnidentifiedImageError:
         # no bytes quoted: a URL list can point at any file, and messages land in parquets and manifests

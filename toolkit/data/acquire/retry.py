@@ -32,8 +32,9 @@ RETRY_DIR = "_retries"
 ROWS_FILE = "retry-urls.parquet"
 # Reasons worth another attempt: the server or the network failed, not the URL or the image. dns_error is
 # left out: "Name or service not known" (a dead domain) and a resolver hiccup share one message pattern.
-TRANSIENT = frozenset({"timeout", "connection_refused", "connection_error", "incomplete_transfer", "http_408",
-                       "http_429"})
+TRANSIENT = frozenset(
+    {"timeout", "connection_refused", "connection_error", "incomplete_transfer", "http_408", "http_429"}
+)
 _HTTP_5XX = re.compile(r"^http_5\d\d$")
 
 
@@ -67,7 +68,11 @@ def rounds(out: str) -> list[Round]:
     if not fs.exists(path):
         return []
     names = sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False))
-    return [Round(**files.read_json(files.join(folder, n))) for n in names if re.fullmatch(r"round-\d{5}\.json", n)]
+    return [
+        Round(**files.read_json(files.join(folder, n)))
+        for n in names
+        if re.fullmatch(r"round-\d{5}\.json", n)
+    ]
 
 
 def _read_round(out: str, rnd: Round):
@@ -83,8 +88,9 @@ def superseded(out: str, finished: set[int]) -> tuple[set[tuple[int, str]], Coun
     old: Counter[str] = Counter()
     for rnd in rounds(out):
         table = _read_round(out, rnd).to_pydict()
-        for i, (shard, key, reason) in enumerate(zip(table["source_shard"], table["source_key"], table["reason"],
-                                                     strict=True)):
+        for i, (shard, key, reason) in enumerate(
+            zip(table["source_shard"], table["source_key"], table["reason"], strict=True)
+        ):
             if rnd.first_shard + i // rnd.samples_per_shard in finished:
                 rows.add((shard, key))
                 old[reason] += 1
@@ -100,22 +106,33 @@ def failures(out: str, shard_ids: set[int]) -> list[dict[str, Any]]:
         with files.open_file(files.join(out, f"{layout.shard_stem(shard_id)}.parquet"), "rb") as fh:
             table = pq.read_table(fh).to_pydict()
         captions = table.get("caption") or [None] * len(table["url"])
-        for url, caption, key, status, message in zip(table["url"], captions, table["key"], table["status"],
-                                                      table["error_message"], strict=True):
+        for url, caption, key, status, message in zip(
+            table["url"], captions, table["key"], table["status"], table["error_message"], strict=True
+        ):
             if status != reasons.SUCCESS:
-                found.append({"url": url, "caption": caption, "source_shard": shard_id, "source_key": key,
-                              "reason": reasons.classify(message or "")})
+                found.append(
+                    {
+                        "url": url,
+                        "caption": caption,
+                        "source_shard": shard_id,
+                        "source_key": key,
+                        "reason": reasons.classify(message or ""),
+                    }
+                )
     return found
 
 
-def plan(out: str, finished: set[int], samples_per_shard: int,
-         min_first_shard: int) -> tuple[Round | None, Counter[str], Counter[str]]:
+def plan(
+    out: str, finished: set[int], samples_per_shard: int, min_first_shard: int
+) -> tuple[Round | None, Counter[str], Counter[str]]:
     """The round to fetch now: an unfinished one (resume), else a new one of the transient failures not
     yet superseded, its shards numbered from after every shard present and at least ``min_first_shard``
     (the URL list's own shard count); None when there is none. Also the open failures by reason that
     are retried / kept."""
     done_rows, _ = superseded(out, finished)
-    open_failures = [f for f in failures(out, finished) if (f["source_shard"], f["source_key"]) not in done_rows]
+    open_failures = [
+        f for f in failures(out, finished) if (f["source_shard"], f["source_key"]) not in done_rows
+    ]
     retried = Counter(f["reason"] for f in open_failures if is_transient(f["reason"]))
     kept = Counter(f["reason"] for f in open_failures if not is_transient(f["reason"]))
     previous = rounds(out)
@@ -140,9 +157,15 @@ def _write_round(out: str, rnd: Round, rows: list[dict[str, Any]]) -> None:
     buf = io.BytesIO()
     pq.write_table(pa.table(columns), buf)
     files.write_bytes_atomic(rnd.stem(out) + ".parquet", buf.getvalue())
-    files.write_json_atomic(rnd.stem(out) + ".json", {"index": rnd.index, "first_shard": rnd.first_shard,
-                                                     "num_rows": rnd.num_rows,
-                                                     "samples_per_shard": rnd.samples_per_shard})
+    files.write_json_atomic(
+        rnd.stem(out) + ".json",
+        {
+            "index": rnd.index,
+            "first_shard": rnd.first_shard,
+            "num_rows": rnd.num_rows,
+            "samples_per_shard": rnd.samples_per_shard,
+        },
+    )
 
 
 def write_worker_list(out: str, rnd: Round, path: str, with_captions: bool) -> None:

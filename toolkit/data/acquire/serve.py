@@ -58,7 +58,11 @@ class QuietHandler(SimpleHTTPRequestHandler):
         fh = open(path, "rb")  # noqa: SIM115 (do_GET copies from it and closes it)
         size = os.fstat(fh.fileno()).st_size
         first, last = match.groups()
-        start, end = (int(first), min(int(last or size - 1), size - 1)) if first else (max(0, size - int(last)), size - 1)
+        start, end = (
+            (int(first), min(int(last or size - 1), size - 1))
+            if first
+            else (max(0, size - int(last)), size - 1)
+        )
         if start >= size or start > end:
             fh.close()
             self.send_response(416)
@@ -124,21 +128,25 @@ class FolderServer(ThreadingHTTPServer):
             self.request_counts.clear()
 
 
-def make_server(root: str, port: int = 0,
-                handler_cls: type[SimpleHTTPRequestHandler] = QuietHandler) -> FolderServer:
+def make_server(
+    root: str, port: int = 0, handler_cls: type[SimpleHTTPRequestHandler] = QuietHandler
+) -> FolderServer:
     """Bind a :class:`FolderServer` for ``root`` on 127.0.0.1 (``port`` 0 picks a free one)."""
     if not Path(root).is_dir():
         raise FileNotFoundError(f"cannot serve {root}: not a directory")
     try:
         return FolderServer(root, port, handler_cls)
     except OSError as err:  # a busy port, mostly: one line naming it, not a traceback
-        hint = "; pick another with --port, or --port 0 for a free one" if err.errno == errno.EADDRINUSE else ""
+        hint = (
+            "; pick another with --port, or --port 0 for a free one" if err.errno == errno.EADDRINUSE else ""
+        )
         raise OSError(err.errno, f"cannot serve on {HOST}:{port}: {err.strerror}{hint}") from None
 
 
 @contextmanager
-def serve(root: str, port: int = 0,
-          handler_cls: type[SimpleHTTPRequestHandler] = QuietHandler) -> Iterator[FolderServer]:
+def serve(
+    root: str, port: int = 0, handler_cls: type[SimpleHTTPRequestHandler] = QuietHandler
+) -> Iterator[FolderServer]:
     """Serve ``root`` from a background thread while the block runs; yields the server (``.url``)."""
     server = make_server(root, port, handler_cls)
     thread = threading.Thread(target=server.serve_forever, name=f"serve:{server.port}", daemon=True)
@@ -156,8 +164,13 @@ class ServeConfig:
     """The pipeline kind ``data.serve``: a folder served for the rest of the pipeline's process."""
 
     root: str = option(doc="Folder to serve (created if missing, so a later stage may fill it).")
-    port: int = option(0, ge=0, le=65535, doc="Port on 127.0.0.1 (0: a free one). Give a fixed port when a "
-                                              "later stage's config holds the URL, or it changes every run.")
+    port: int = option(
+        0,
+        ge=0,
+        le=65535,
+        doc="Port on 127.0.0.1 (0: a free one). Give a fixed port when a "
+        "later stage's config holds the URL, or it changes every run.",
+    )
     out: str = option("", doc="The stage's own folder (pipelines set it); a service writes nothing there.")
 
 

@@ -41,28 +41,54 @@ log = get_logger("data.shard")
 # Columns of img2dataset's per-shard parquet, in its order (caption and url first: the input columns).
 # Names of ignored input files listed in the manifest (all are counted).
 MAX_LISTED = 20
-PARQUET_COLUMNS = ("caption", "url", "key", "status", "error_message", "width", "height",
-                   "original_width", "original_height", "exif", "sha256")
+PARQUET_COLUMNS = (
+    "caption",
+    "url",
+    "key",
+    "status",
+    "error_message",
+    "width",
+    "height",
+    "original_width",
+    "original_height",
+    "exif",
+    "sha256",
+)
 
 
 @dataclass(frozen=True)
 class ShardConfig:
-    source: str = option(doc="A folder of images with sidecar .txt captions, or a CSV/TSV file of path,caption.",
-                         is_input=True)
+    source: str = option(
+        doc="A folder of images with sidecar .txt captions, or a CSV/TSV file of path,caption.", is_input=True
+    )
     out: str = option(doc="Output folder (local or fsspec URL) for the raw shards and the manifest.")
-    path_col: str = option("path", doc="CSV column with the image path (relative to the CSV's folder or absolute).")
+    path_col: str = option(
+        "path", doc="CSV column with the image path (relative to the CSV's folder or absolute)."
+    )
     caption_col: str = option("caption", doc="CSV column with the caption.")
     image_size: int = option(256, ge=1, doc="Target image side in pixels (see resize_mode).")
     resize_mode: Literal["border", "center_crop", "keep_ratio", "keep_ratio_largest", "no"] = option(
-        "border", doc="img2dataset resize mode: border (fit, pad white), center_crop, keep_ratio, "
-                      "keep_ratio_largest, no.")
+        "border",
+        doc="img2dataset resize mode: border (fit, pad white), center_crop, keep_ratio, "
+        "keep_ratio_largest, no.",
+    )
     encode_quality: int = option(95, ge=1, le=100, doc="JPEG quality of the stored images.")
-    strict_decode: bool = option(True, doc="Fully decode every image with Pillow first (rejects truncated files).")
+    strict_decode: bool = option(
+        True, doc="Fully decode every image with Pillow first (rejects truncated files)."
+    )
     samples_per_shard: int = option(10000, ge=1, doc="Input rows per shard.")
-    num_threads: int = option(4, ge=1, affects_output=False, doc="Threads reading and checking images (resizing "
-                                                                 "runs on one thread: img2dataset's is not thread-safe).")
-    keep_duplicates: bool = option(False, doc="Shard an image every time the CSV lists it; by default only its "
-                                              "first row is kept and the others fail as duplicate_url.")
+    num_threads: int = option(
+        4,
+        ge=1,
+        affects_output=False,
+        doc="Threads reading and checking images (resizing "
+        "runs on one thread: img2dataset's is not thread-safe).",
+    )
+    keep_duplicates: bool = option(
+        False,
+        doc="Shard an image every time the CSV lists it; by default only its "
+        "first row is kept and the others fail as duplicate_url.",
+    )
 
 
 @dataclass
@@ -129,7 +155,9 @@ def items_from_csv(path: Path, path_col: str, caption_col: str, keep_duplicates:
             columns = reader.fieldnames or []
             for key, col in (("path_col", path_col), ("caption_col", caption_col)):
                 if col not in columns:
-                    raise ValueError(f"{path}: no column {col!r} ({key}); columns are: {', '.join(columns) or 'none'}")
+                    raise ValueError(
+                        f"{path}: no column {col!r} ({key}); columns are: {', '.join(columns) or 'none'}"
+                    )
             rows = list(reader)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err})") from err
@@ -165,8 +193,13 @@ def make_resizer(cfg: ShardConfig) -> CheckedResizer:
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     from img2dataset.resizer import Resizer
 
-    resizer = Resizer(image_size=cfg.image_size, resize_mode=cfg.resize_mode, resize_only_if_bigger=False,
-                      encode_quality=cfg.encode_quality, encode_format="jpg")
+    resizer = Resizer(
+        image_size=cfg.image_size,
+        resize_mode=cfg.resize_mode,
+        resize_only_if_bigger=False,
+        encode_quality=cfg.encode_quality,
+        encode_format="jpg",
+    )
     return CheckedResizer(resizer, cfg.strict_decode)
 
 
@@ -184,23 +217,38 @@ def load(item: Item, resizer: CheckedResizer) -> tuple[Item, bytes, bytes | None
     return item, data, prepared, error
 
 
-def process(loaded: tuple[Item, bytes, bytes | None, str | None],
-            resizer: CheckedResizer) -> tuple[bytes | None, dict[str, Any]]:
+def process(
+    loaded: tuple[Item, bytes, bytes | None, str | None], resizer: CheckedResizer
+) -> tuple[bytes | None, dict[str, Any]]:
     """(jpeg bytes or None, img2dataset metadata without the key) for one loaded item.
 
     Runs on the calling thread only: img2dataset's resizer is not thread-safe (see CheckedResizer.resize).
     """
     item, data, prepared, error = loaded
-    meta: dict[str, Any] = {"caption": item.caption, "url": Path(item.path).absolute().as_uri() if item.path else "",
-                            "status": "success", "error_message": None, "width": None, "height": None,
-                            "original_width": None, "original_height": None, "exif": None, "sha256": None}
+    meta: dict[str, Any] = {
+        "caption": item.caption,
+        "url": Path(item.path).absolute().as_uri() if item.path else "",
+        "status": "success",
+        "error_message": None,
+        "width": None,
+        "height": None,
+        "original_width": None,
+        "original_height": None,
+        "exif": None,
+        "sha256": None,
+    }
     if error is None:
         img, width, height, orig_w, orig_h, error = resizer.resize(prepared)
     if error is not None:
         meta.update(status="failed_to_resize", error_message=error)
         return None, meta
-    meta.update(width=width, height=height, original_width=orig_w, original_height=orig_h,
-                sha256=hashlib.sha256(data).hexdigest())
+    meta.update(
+        width=width,
+        height=height,
+        original_width=orig_w,
+        original_height=orig_h,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
     return img, meta
 
 
@@ -213,8 +261,15 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, resizer, pool: ThreadPool,
-                on_sample: Callable[[int], None] | None = None) -> Counter:
+def write_shard(
+    out: str,
+    shard_id: int,
+    items: list[Item],
+    cfg: ShardConfig,
+    resizer,
+    pool: ThreadPool,
+    on_sample: Callable[[int], None] | None = None,
+) -> Counter:
     """Write one shard's tar, parquet and stats; returns its status counts (message -> n).
 
     ``on_sample(1)`` is called after each input (kept or failed): progress in samples, not shards.
@@ -228,8 +283,12 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
     with fs.open(base + ".tar", "wb") as fh, tarfile.open(fileobj=fh, mode="w") as tar:
         loaded = pool.imap(lambda it: load(it, resizer), items)  # reading and Pillow decoding in threads
         for index, (img, meta) in enumerate(process(one, resizer) for one in loaded):
-            meta = {"caption": meta.pop("caption"), "url": meta.pop("url"),
-                    "key": layout.img2dataset_key(index, shard_id, cfg.samples_per_shard), **meta}
+            meta = {
+                "caption": meta.pop("caption"),
+                "url": meta.pop("url"),
+                "key": layout.img2dataset_key(index, shard_id, cfg.samples_per_shard),
+                **meta,
+            }
             rows.append(meta)
             if on_sample is not None:
                 on_sample(1)
@@ -237,12 +296,27 @@ def write_shard(out: str, shard_id: int, items: list[Item], cfg: ShardConfig, re
                 status[meta["error_message"]] += 1
                 continue
             status[reasons.SUCCESS] += 1
-            members = {"jpg": img, "txt": meta["caption"].encode(), "json": json.dumps(meta, indent=4).encode()}
+            members = {
+                "jpg": img,
+                "txt": meta["caption"].encode(),
+                "json": json.dumps(meta, indent=4).encode(),
+            }
             for ext, data in members.items():
                 _add(tar, f"{meta['key']}.{ext}", data, start)
-    table = pa.Table.from_pylist(rows, schema=pa.schema([
-        (c, pa.int32() if c in ("width", "height", "original_width", "original_height") else pa.string())
-        for c in PARQUET_COLUMNS]))
+    table = pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                (
+                    c,
+                    pa.int32()
+                    if c in ("width", "height", "original_width", "original_height")
+                    else pa.string(),
+                )
+                for c in PARQUET_COLUMNS
+            ]
+        ),
+    )
     with fs.open(base + ".parquet", "wb") as fh:
         pq.write_table(table, fh)
     layout.write_stats(out, shard_id, status, start, time.time())  # last: marks the shard finished
@@ -261,15 +335,20 @@ def run(cfg: ShardConfig) -> StageResult:
     with stage_run(KIND, cfg, cfg.out) as rec:
         rec.outputs["shards"] = cfg.out
         if ignored:
-            log.warning("shard: %d file(s) in %s are neither images (%s) nor captions and are ignored: %s%s",
-                        len(ignored), cfg.source, ", ".join(IMAGE_EXTS), ", ".join(ignored[:5]),
-                        ", ..." if len(ignored) > 5 else "")
+            log.warning(
+                "shard: %d file(s) in %s are neither images (%s) nor captions and are ignored: %s%s",
+                len(ignored),
+                cfg.source,
+                ", ".join(IMAGE_EXTS),
+                ", ".join(ignored[:5]),
+                ", ..." if len(ignored) > 5 else "",
+            )
             rec.details["ignored_files"] = ignored[:MAX_LISTED]
         removed = layout.remove_shards(out)
         if removed:
             log.info("shard: replaced %d shard files in %s", removed, out)
         resizer, status, start = make_resizer(cfg), Counter(), time.monotonic()
-        chunks = [items[i:i + cfg.samples_per_shard] for i in range(0, len(items), cfg.samples_per_shard)]
+        chunks = [items[i : i + cfg.samples_per_shard] for i in range(0, len(items), cfg.samples_per_shard)]
         # progress in samples, not shards: one big shard would sit at 0/1 until the end
         with ThreadPool(cfg.num_threads) as pool, counter(len(items), desc="shard", unit="samples") as done:
             for shard_id, chunk in enumerate(chunks):
@@ -278,13 +357,22 @@ def run(cfg: ShardConfig) -> StageResult:
         summary = reasons.summarize_status(status)
         messages = summary.pop("messages")
         rec.counts.update(num_inputs=len(items), num_shards=len(chunks), **summary)
-        rec.details.update(other_files=other, wall_s=round(wall_s, 3),
-                           samples_per_s=round(len(items) / wall_s, 2) if wall_s > 0 else None,
-                           error_messages=messages)
+        rec.details.update(
+            other_files=other,
+            wall_s=round(wall_s, 3),
+            samples_per_s=round(len(items) / wall_s, 2) if wall_s > 0 else None,
+            error_messages=messages,
+        )
         failures = ", ".join(f"{k} {v}" for k, v in summary["failed_by_reason"].items()) or "none"
-        log.info("shard: %d inputs, %d ok, %d failed (%s); %d shards in %.1f s", len(items),
-                 summary["num_success"], summary["num_failed"], failures, len(chunks), wall_s)
+        log.info(
+            "shard: %d inputs, %d ok, %d failed (%s); %d shards in %.1f s",
+            len(items),
+            summary["num_success"],
+            summary["num_failed"],
+            failures,
+            len(chunks),
+            wall_s,
+        )
         if summary["num_success"] == 0:
             raise RuntimeError(f"no valid sample in {cfg.source} ({len(items)} inputs; failed: {failures})")
     return rec.result()
-

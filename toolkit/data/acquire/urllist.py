@@ -30,8 +30,10 @@ def detect_format(urls: str, input_format: str = "auto") -> str:
         return found.pop()
     what = "files in the folder" if fs.isdir(path) else "extension"
     seen = ", ".join(sorted(found)) or "none"
-    raise ValueError(f"{urls}: cannot tell the URL list format from its {what} ({seen}); "
-                     f"set --input-format to one of {', '.join(FORMATS)}")
+    raise ValueError(
+        f"{urls}: cannot tell the URL list format from its {what} ({seen}); "
+        f"set --input-format to one of {', '.join(FORMATS)}"
+    )
 
 
 def _format_of(name: str) -> str | None:
@@ -53,15 +55,19 @@ def list_columns(path: str, fmt: str) -> list[str] | None:
             try:
                 return list(pq.read_schema(fh).names)
             except ValueError as err:  # pyarrow's ArrowInvalid names no file ("Parquet magic bytes ...")
-                raise ValueError(f"{path}: not a readable parquet file ({err}); give the list's real format "
-                                 "by its extension (.csv, .tsv, .jsonl, .json, .txt)") from None
+                raise ValueError(
+                    f"{path}: not a readable parquet file ({err}); give the list's real format "
+                    "by its extension (.csv, .tsv, .jsonl, .json, .txt)"
+                ) from None
     if base not in ("csv", "tsv", "jsonl"):
         return None
     with fsspec.open(path, "rb", compression=compression) as fh:
         raw = fh.readline()
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # spreadsheets' "Unicode text" export (UTF-16)
-        raise ValueError(f"{path}: the file is UTF-16 text (a spreadsheet's 'Unicode text' export); URL lists are "
-                         "read as UTF-8: save it as 'CSV UTF-8', or convert it (iconv -f UTF-16 -t UTF-8)")
+        raise ValueError(
+            f"{path}: the file is UTF-16 text (a spreadsheet's 'Unicode text' export); URL lists are "
+            "read as UTF-8: save it as 'CSV UTF-8', or convert it (iconv -f UTF-16 -t UTF-8)"
+        )
     first = raw.decode("utf-8-sig", errors="replace")
     if base == "jsonl":
         try:
@@ -99,8 +105,9 @@ def check_url_list(urls: str, fmt: str, url_col: str, caption_col: str) -> str |
         for key, col in (("url_col", url_col), ("caption_col", caption_col)):
             if col and col not in columns:
                 hint = "; set --caption-col '' for a list without captions" if key == "caption_col" else ""
-                raise ValueError(f"{name}: no column {col!r} ({key}); columns are: "
-                                 f"{', '.join(columns) or 'none'}{hint}")
+                raise ValueError(
+                    f"{name}: no column {col!r} ({key}); columns are: {', '.join(columns) or 'none'}{hint}"
+                )
     return caption_col or None
 
 
@@ -108,12 +115,22 @@ def _warn_unread(urls: str, fmt: str, fs, path: str, files: list[str]) -> None:
     """Name the folder's other entries (a part-00001.csv.gz beside *.csv files, a subfolder, notes): only
     ``*.{fmt}`` files are read, and their URLs would otherwise be left out without a word."""
     read = {f.rstrip("/") for f in files}
-    other = sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False)
-                   if e.rstrip("/") not in read and not e.rstrip("/").rsplit("/", 1)[-1].startswith("."))
+    other = sorted(
+        e.rstrip("/").rsplit("/", 1)[-1]
+        for e in fs.ls(path, detail=False)
+        if e.rstrip("/") not in read and not e.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+    )
     if other:
         shown = ", ".join(other[:10]) + (", ..." if len(other) > 10 else "")
-        log.warning("%s: %d entr%s in the folder %s not *.%s and not read: %s", urls, len(other),
-                    "y" if len(other) == 1 else "ies", "is" if len(other) == 1 else "are", fmt, shown)
+        log.warning(
+            "%s: %d entr%s in the folder %s not *.%s and not read: %s",
+            urls,
+            len(other),
+            "y" if len(other) == 1 else "ies",
+            "is" if len(other) == 1 else "are",
+            fmt,
+            shown,
+        )
 
 
 def list_digest(urls: str) -> str:

@@ -92,7 +92,9 @@ class _Columns:
             self._flush()
         data = {"url": urls.cast(pa.large_string())}
         if self.with_captions:
-            data["caption"] = (captions if captions is not None else pa.nulls(len(urls))).cast(pa.large_string())
+            data["caption"] = (captions if captions is not None else pa.nulls(len(urls))).cast(
+                pa.large_string()
+            )
         self.chunks.append(pa.table(data))
         self.file_index.extend([file_index] * len(urls))
         self.line.extend(range(1, len(urls) + 1))
@@ -128,8 +130,12 @@ def _csv_rows(fh, delimiter: str, url_col: str, caption_col: str | None) -> Iter
             if reader.line_num == last:  # no progress: give up on the rest rather than loop
                 yield start, None, None, f"unreadable from here on: {err}"
                 return
-            span = f"; lines {start}-{reader.line_num} are lost with it (an unterminated quote swallows the " \
-                "lines after it)" if reader.line_num > start else ""
+            span = (
+                f"; lines {start}-{reader.line_num} are lost with it (an unterminated quote swallows the "
+                "lines after it)"
+                if reader.line_num > start
+                else ""
+            )
             last = reader.line_num
             yield start, None, None, f"bad quoting: {err}{span}"
             continue
@@ -137,16 +143,24 @@ def _csv_rows(fh, delimiter: str, url_col: str, caption_col: str | None) -> Iter
         if not row:
             continue  # a blank line is no row
         if len(row) != len(header):
-            span = f"; it spans lines {start}-{end} (an unterminated quote swallows the lines after it)" \
-                if end > start else ""
+            span = (
+                f"; it spans lines {start}-{end} (an unterminated quote swallows the lines after it)"
+                if end > start
+                else ""
+            )
             yield start, None, None, f"{len(row)} field(s), the header has {len(header)}{span}"
             continue
         caption = row[caption_i] if caption_i is not None else None
-        yield (start, None, None, "not UTF-8") if _not_utf8(row[url_i], caption) else \
-            (start, row[url_i], caption, None)
+        yield (
+            (start, None, None, "not UTF-8")
+            if _not_utf8(row[url_i], caption)
+            else (start, row[url_i], caption, None)
+        )
 
 
-def _tsv_fields(text: str, num_fields: int, lines: Iterator[tuple[int, str]], pending: list) -> list[str] | None:
+def _tsv_fields(
+    text: str, num_fields: int, lines: Iterator[tuple[int, str]], pending: list
+) -> list[str] | None:
     """One TSV row's fields: unquoted csv-style when it parses so (pandas and spreadsheets wrap a field
     holding a quote in quotes and double the quote; a quoted caption holding a newline continues over the
     next lines: :func:`_continued`), else the line split at its tabs with quotes kept as they are (TSV has no
@@ -156,13 +170,17 @@ def _tsv_fields(text: str, num_fields: int, lines: Iterator[tuple[int, str]], pe
         try:
             quoted = next(csv.reader([text], delimiter="\t", strict=True))
         except csv.Error as err:  # a quote the line does not close: maybe it closes on a later line
-            quoted = _continued(text, lines, pending, num_fields) if "unexpected end of data" in str(err) else None
+            quoted = (
+                _continued(text, lines, pending, num_fields) if "unexpected end of data" in str(err) else None
+            )
         if quoted is not None and len(quoted) == num_fields:
             return quoted
     return literal if len(literal) == num_fields else None
 
 
-def _continued(text: str, lines: Iterator[tuple[int, str]], pending: list, num_fields: int) -> list[str] | None:
+def _continued(
+    text: str, lines: Iterator[tuple[int, str]], pending: list, num_fields: int
+) -> list[str] | None:
     """The fields of a csv-quoted row whose quoted caption spans lines (pandas' ``to_csv(sep="\t")`` writes a
     caption holding a newline so): ``text`` joined with up to MAX_TSV_CONTINUATION following lines, the first
     join that parses as ``num_fields`` fields; None (and the lines read are pushed back onto ``pending``) when
@@ -174,7 +192,9 @@ def _continued(text: str, lines: Iterator[tuple[int, str]], pending: list, num_f
             break
         taken.append(item)
         try:
-            fields = next(csv.reader(["\n".join([text, *(t for _, t in taken)])], delimiter="\t", strict=True))
+            fields = next(
+                csv.reader(["\n".join([text, *(t for _, t in taken)])], delimiter="\t", strict=True)
+            )
         except csv.Error:
             continue
         if len(fields) == num_fields:
@@ -190,7 +210,9 @@ def _tsv_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
     header = [h.strip() for h in next(csv.reader([fh.readline().rstrip("\r\n")], delimiter="\t"), [])]
     url_i, caption_i = header.index(url_col), header.index(caption_col) if caption_col else None
     lines = ((line_no, line.rstrip("\r\n")) for line_no, line in enumerate(fh, start=2))
-    pending: list[tuple[int, str]] = []  # lines read ahead for a quoted caption that did not close, newest first
+    pending: list[
+        tuple[int, str]
+    ] = []  # lines read ahead for a quoted caption that did not close, newest first
     while (item := pending.pop() if pending else next(lines, None)) is not None:
         line_no, text = item
         if not text.strip():
@@ -200,8 +222,11 @@ def _tsv_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
             yield line_no, None, None, f"{text.count(chr(9)) + 1} field(s), the header has {len(header)}"
             continue
         caption = row[caption_i] if caption_i is not None else None
-        yield (line_no, None, None, "not UTF-8") if _not_utf8(row[url_i], caption) else \
-            (line_no, row[url_i], caption, None)
+        yield (
+            (line_no, None, None, "not UTF-8")
+            if _not_utf8(row[url_i], caption)
+            else (line_no, row[url_i], caption, None)
+        )
 
 
 def _jsonl_rows(fh, url_col: str, caption_col: str | None) -> Iterator[Row]:
@@ -236,7 +261,9 @@ def _text_rows(fh, fmt: str, url_col: str, caption_col: str | None) -> Iterator[
     return _jsonl_rows(fh, url_col, caption_col)
 
 
-def _whole_file(fs, name: str, fmt: str, url_col: str, caption_col: str | None) -> tuple[pa.Array, pa.Array | None]:
+def _whole_file(
+    fs, name: str, fmt: str, url_col: str, caption_col: str | None
+) -> tuple[pa.Array, pa.Array | None]:
     """(urls, captions) of a parquet or json list (no lines to skip: the file parses whole or not at all)."""
     columns = [url_col] + ([caption_col] if caption_col else [])
     try:
@@ -256,7 +283,9 @@ def _whole_file(fs, name: str, fmt: str, url_col: str, caption_col: str | None) 
     return urls, table.column(caption_col).combine_chunks() if caption_col else None
 
 
-def read_rows(urls: str, fmt: str, url_col: str, caption_col: str | None, keep_duplicates: bool = False) -> ListRows:
+def read_rows(
+    urls: str, fmt: str, url_col: str, caption_col: str | None, keep_duplicates: bool = False
+) -> ListRows:
     """Every usable row of the list (a file or a folder of ``*.{fmt}`` files, in name order); see the module doc."""
     fs, path = fsspec.core.url_to_fs(urls)
     names = sorted(fs.glob(f"{path.rstrip('/')}/*.{fmt}")) if fs.isdir(path) else [path]
@@ -277,10 +306,13 @@ def read_rows(urls: str, fmt: str, url_col: str, caption_col: str | None, keep_d
     return rows
 
 
-def _read_text_file(fs, name: str, fmt: str, url_col: str, caption_col: str | None, index: int,
-                    cols: _Columns, rows: ListRows) -> None:
-    with fs.open(name, "rb", compression="gzip" if fmt.endswith(".gz") else None) as raw, \
-            io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
+def _read_text_file(
+    fs, name: str, fmt: str, url_col: str, caption_col: str | None, index: int, cols: _Columns, rows: ListRows
+) -> None:
+    with (
+        fs.open(name, "rb", compression="gzip" if fmt.endswith(".gz") else None) as raw,
+        io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh,
+    ):
         for line, url, caption, why in _text_rows(fh, fmt, url_col, caption_col):
             rows.num_rows += 1
             if why is not None:
@@ -306,7 +338,11 @@ def _drop_duplicates(rows: ListRows, cols: _Columns, names: list[str]) -> pa.Tab
     firsts = first[np.searchsorted(values, codes[dups])]
     for dup, orig in zip(dups[:MAX_LISTED], firsts[:MAX_LISTED], strict=True):
         url = table.column("url")[int(dup)].as_py()
-        rows.skip("duplicate_url", _where(names, cols, int(dup)), f"same URL as {_where(names, cols, int(orig))}: {url[:200]}")
+        rows.skip(
+            "duplicate_url",
+            _where(names, cols, int(dup)),
+            f"same URL as {_where(names, cols, int(orig))}: {url[:200]}",
+        )
     rows.counts["duplicate_url"] += len(dups) - min(len(dups), MAX_LISTED)
     return table.filter(pa.array(keep))
 

@@ -19,7 +19,9 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
     if member not in sample.files:
         return None, ("missing_caption", f"no .{member} member{_caption_hint(sample, member)}")
     try:
-        text = sample.files[member].decode("utf-8-sig")  # a byte-order mark (Windows editors) is no caption text
+        text = sample.files[member].decode(
+            "utf-8-sig"
+        )  # a byte-order mark (Windows editors) is no caption text
     except UnicodeDecodeError as err:
         return None, ("non_utf8_caption", f"caption is not UTF-8: {err}")
     if key:
@@ -27,9 +29,15 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
         if problem is not None:
             return None, problem
     text = text.strip()
-    if not any(ch.isprintable() and not ch.isspace() for ch in text):  # NULs, controls: the tokenizer drops them
-        return None, ("empty_caption", "caption is empty or whitespace only" if not text else
-                      f"caption has no printable character ({text[:20]!r})")
+    if not any(
+        ch.isprintable() and not ch.isspace() for ch in text
+    ):  # NULs, controls: the tokenizer drops them
+        return None, (
+            "empty_caption",
+            "caption is empty or whitespace only"
+            if not text
+            else f"caption has no printable character ({text[:20]!r})",
+        )
     return text, None
 
 
@@ -40,8 +48,10 @@ def check_caption_ext(value: str) -> None:
 
     member, colon, key = value.partition(":")
     if not re.fullmatch(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*", member) or (colon and (member != "json" or not key)):
-        raise ValueError(f"caption_ext: {value!r} is not a caption member: give its extension in lower case without "
-                         "the dot (txt, json, json:FIELD; members' extensions are read in lower case)")
+        raise ValueError(
+            f"caption_ext: {value!r} is not a caption member: give its extension in lower case without "
+            "the dot (txt, json, json:FIELD; members' extensions are read in lower case)"
+        )
 
 
 def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str] | None]:
@@ -56,7 +66,10 @@ def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str
     if value is None:
         return "", ("missing_caption", f"the .{member} member has no {key!r} key")
     if not isinstance(value, str):
-        return "", ("bad_caption_json", f"{key!r} of the .{member} member is a {type(value).__name__}, not a string")
+        return "", (
+            "bad_caption_json",
+            f"{key!r} of the .{member} member is a {type(value).__name__}, not a string",
+        )
     return value, None
 
 
@@ -74,6 +87,8 @@ def members_hint(sample: RawSample) -> str:
     names = sorted(sample.files)
     listed = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
     if any("." in ext for ext in names):
-        return (f" (members: {listed}; a key ends at the first dot of the file name, so files named "
-                f"{sample.key}.<part>.<ext> form one sample {sample.key!r}: rename them without dots in the key)")
+        return (
+            f" (members: {listed}; a key ends at the first dot of the file name, so files named "
+            f"{sample.key}.<part>.<ext> form one sample {sample.key!r}: rename them without dots in the key)"
+        )
     return f" (members: {listed})"

@@ -34,7 +34,7 @@ def shard_stem(shard_id: int) -> str:
 def img2dataset_key(index: int, shard_id: int, samples_per_shard: int) -> str:
     """img2dataset's key for sample ``index`` of shard ``shard_id`` (e.g. '000010002')."""
     digits = math.ceil(math.log10(samples_per_shard))
-    return f"{(10 ** digits) * shard_id + index:0{digits + SHARD_DIGITS}d}"
+    return f"{(10**digits) * shard_id + index:0{digits + SHARD_DIGITS}d}"
 
 
 def absolute(path: str) -> str:
@@ -79,9 +79,11 @@ def check_owned(out: str, kinds: tuple[str, ...]) -> None:
         return
     example = f"{shard_stem(min(found))}{sorted(found[min(found)])[0]}"
     who = f"the output of a {kind!r} stage" if kind else "no manifest"
-    raise ValueError(f"{out} holds {sum(map(len, found.values()))} file(s) named like shards (e.g. {example}) "
-                     f"and {who}: they were not written by {' or '.join(kinds)}, so they are not replaced; "
-                     "choose an empty output folder or move them away")
+    raise ValueError(
+        f"{out} holds {sum(map(len, found.values()))} file(s) named like shards (e.g. {example}) "
+        f"and {who}: they were not written by {' or '.join(kinds)}, so they are not replaced; "
+        "choose an empty output folder or move them away"
+    )
 
 
 def remove_shards(out: str) -> int:
@@ -125,19 +127,31 @@ def read_stats(out: str, shard_ids: set[int] | None = None) -> dict[int, dict]:
             try:
                 stats[shard_id] = json.load(fh)
             except ValueError as err:
-                raise ValueError(f"{name}: unreadable stats file ({err}); delete it to refetch the shard") from err
+                raise ValueError(
+                    f"{name}: unreadable stats file ({err}); delete it to refetch the shard"
+                ) from err
     return stats
 
 
-def write_stats(out: str, shard_id: int, status: Counter[str], start_time: float, end_time: float,
-                num_download_failed: int = 0) -> None:
+def write_stats(
+    out: str,
+    shard_id: int,
+    status: Counter[str],
+    start_time: float,
+    end_time: float,
+    num_download_failed: int = 0,
+) -> None:
     """Write ``NNNNN_stats.json`` in img2dataset's format (used by ``shard``, which downloads nothing)."""
     fs, path = _fs(out)
     count = sum(status.values())
     stats = {
-        "count": count, "successes": status.get(SUCCESS, 0), "failed_to_download": num_download_failed,
+        "count": count,
+        "successes": status.get(SUCCESS, 0),
+        "failed_to_download": num_download_failed,
         "failed_to_resize": count - status.get(SUCCESS, 0) - num_download_failed,
-        "duration": end_time - start_time, "start_time": start_time, "end_time": end_time,
+        "duration": end_time - start_time,
+        "start_time": start_time,
+        "end_time": end_time,
         "status_dict": dict(status),
     }
     with fs.open(f"{path}/{shard_stem(shard_id)}_stats.json", "w") as fh:

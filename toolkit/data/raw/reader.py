@@ -78,32 +78,47 @@ def list_shards(source: str) -> list[str]:
     others: list[str] = []  # a glob's matches that are not tars: img2dataset's sidecars, mostly
     if any(ch in path for ch in "*?["):
         matches = fs.glob(path, detail=True)  # {name: info}: no isdir call per match (a request on http)
-        tar_exts = (".tar", *COMPRESSED_TAR_EXTS)  # a pattern naming compressed tars reads them (tarfile decompresses)
+        tar_exts = (
+            ".tar",
+            *COMPRESSED_TAR_EXTS,
+        )  # a pattern naming compressed tars reads them (tarfile decompresses)
         found = [p for p in matches if p.endswith(tar_exts)]
-        others = sorted(p.rsplit("/", 1)[-1] for p, info in matches.items()
-                        if not p.endswith(tar_exts) and info.get("type") != "directory")
+        others = sorted(
+            p.rsplit("/", 1)[-1]
+            for p, info in matches.items()
+            if not p.endswith(tar_exts) and info.get("type") != "directory"
+        )
     elif fs.isdir(path):
         entries = fs.ls(path, detail=True)
         names = [e["name"] for e in entries]
         found = [p for p in names if p.endswith(".tar")]
         compressed = sorted(p.rsplit("/", 1)[-1] for p in names if p.endswith(COMPRESSED_TAR_EXTS))
-        folders = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+        folders = sorted(
+            e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"
+        )
     elif fs.exists(path):
         found = [path]
     else:
         raise FileNotFoundError(f"{source}: no such file or folder")
     notes = []
     if compressed:
-        notes.append(f"{len(compressed)} compressed tar(s) ignored ({_some(compressed)}): only plain .tar shards "
-                     "are read; decompress them")
+        notes.append(
+            f"{len(compressed)} compressed tar(s) ignored ({_some(compressed)}): only plain .tar shards "
+            "are read; decompress them"
+        )
     if others:  # `raw/*` also matches 00000_stats.json and 00000.parquet, which are no shards
         notes.append(f"{len(others)} matched file(s) that are not .tar ignored ({_some(others)})")
     note = "; ".join(notes)
     urls = sorted(prefix + p if prefix and "://" not in p else p for p in found)
     if not urls:
         if folders:  # dataset/part-0/00000.tar, dataset/part-1/...: one level down
-            note = "; ".join([*notes, f"its sub-folders ({_some(folders)}) are not searched: give a glob such as "
-                                      f"{source.rstrip('/')}/*/*.tar"])
+            note = "; ".join(
+                [
+                    *notes,
+                    f"its sub-folders ({_some(folders)}) are not searched: give a glob such as "
+                    f"{source.rstrip('/')}/*/*.tar",
+                ]
+            )
         raise FileNotFoundError(f"{source}: no .tar shards found" + (f"; {note}" if note else ""))
     if note:
         log.warning("%s: %s", source, note)
@@ -158,7 +173,9 @@ def expected_keys(url: str) -> tuple[list[str] | None, int | None]:
                 columns = [c for c in ("key", "status") if c in pf.schema_arrow.names]
                 table = pf.read(columns=columns).to_pydict()
             statuses = table.get("status") or ["success"] * len(table.get("key", []))
-            return [str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"], None
+            return [
+                str(k) for k, s in zip(table.get("key", []), statuses, strict=True) if s == "success"
+            ], None
     except (OSError, ValueError, ImportError):
         pass
     stats = sidecar(url, "_stats.json")

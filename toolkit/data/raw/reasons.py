@@ -18,41 +18,44 @@ MAX_RAW_MESSAGES = 20
 
 # (pattern, reason) tried in order against img2dataset's error messages and ours; our own messages
 # (anchored at the start) go first so that bytes quoted in them cannot match a later pattern.
-_REASONS: list[tuple[re.Pattern, str]] = [(re.compile(p, re.IGNORECASE), r) for p, r in [
-    (r"^success$", SUCCESS),
-    (r"^disallowed url scheme", "disallowed_scheme"),
-    (r"^too large", "too_large"),
-    (r"^invalid url", "bad_url"),
-    (r"^empty response", "empty_response"),
-    (r"^not an image", "not_an_image"),
-    (r"^truncated image", "truncated_image"),
-    (r"^decompression bomb", "decompression_bomb"),
-    (r"^corrupt image", "corrupt_image"),
-    (r"^missing image", "missing_image"),
-    (r"^unreadable image", "unreadable_image"),
-    (r"^missing caption", "missing_caption"),
-    (r"^unreadable caption", "unreadable_caption"),
-    (r"^caption not utf-8", "caption_not_utf8"),
-    (r"^empty caption", "empty_caption"),
-    (r"^duplicate url", "duplicate_url"),
-    # urllib refuses a redirect to file:// (or any scheme but http/https/ftp) itself, as an HTTP error 30x
-    (r"^HTTP Error 30\d: .*Redirection to url .* is not allowed", "disallowed_scheme"),
-    (r"HTTP Error (\d{3})", "http_{0}"),
-    (r"timed out|timeout", "timeout"),
-    (r"connection refused", "connection_refused"),
-    (r"name or service not known|name resolution|nodename nor servname|getaddrinfo", "dns_error"),
-    (r"remote end closed|connection reset|connection aborted|broken pipe", "connection_error"),
-    (r"incompleteread", "incomplete_transfer"),
-    (r"ssl|certificate", "ssl_error"),
-    (r"no such file or directory", "file_not_found"),
-    (r"unknown url type|no host given|invalid url|url can't contain", "bad_url"),
-    (r"x-robots-tag", "disallowed_by_robots_tag"),
-    (r"hash mismatch", "hash_mismatch"),
-    (r"image decoding error", "decode_error"),
-    (r"image too small", "image_too_small"),
-    (r"image area too large", "image_area_too_large"),
-    (r"aspect ratio too large", "aspect_ratio_too_large"),
-]]
+_REASONS: list[tuple[re.Pattern, str]] = [
+    (re.compile(p, re.IGNORECASE), r)
+    for p, r in [
+        (r"^success$", SUCCESS),
+        (r"^disallowed url scheme", "disallowed_scheme"),
+        (r"^too large", "too_large"),
+        (r"^invalid url", "bad_url"),
+        (r"^empty response", "empty_response"),
+        (r"^not an image", "not_an_image"),
+        (r"^truncated image", "truncated_image"),
+        (r"^decompression bomb", "decompression_bomb"),
+        (r"^corrupt image", "corrupt_image"),
+        (r"^missing image", "missing_image"),
+        (r"^unreadable image", "unreadable_image"),
+        (r"^missing caption", "missing_caption"),
+        (r"^unreadable caption", "unreadable_caption"),
+        (r"^caption not utf-8", "caption_not_utf8"),
+        (r"^empty caption", "empty_caption"),
+        (r"^duplicate url", "duplicate_url"),
+        # urllib refuses a redirect to file:// (or any scheme but http/https/ftp) itself, as an HTTP error 30x
+        (r"^HTTP Error 30\d: .*Redirection to url .* is not allowed", "disallowed_scheme"),
+        (r"HTTP Error (\d{3})", "http_{0}"),
+        (r"timed out|timeout", "timeout"),
+        (r"connection refused", "connection_refused"),
+        (r"name or service not known|name resolution|nodename nor servname|getaddrinfo", "dns_error"),
+        (r"remote end closed|connection reset|connection aborted|broken pipe", "connection_error"),
+        (r"incompleteread", "incomplete_transfer"),
+        (r"ssl|certificate", "ssl_error"),
+        (r"no such file or directory", "file_not_found"),
+        (r"unknown url type|no host given|invalid url|url can't contain", "bad_url"),
+        (r"x-robots-tag", "disallowed_by_robots_tag"),
+        (r"hash mismatch", "hash_mismatch"),
+        (r"image decoding error", "decode_error"),
+        (r"image too small", "image_too_small"),
+        (r"image area too large", "image_area_too_large"),
+        (r"aspect ratio too large", "aspect_ratio_too_large"),
+    ]
+]
 
 
 def classify(message: str) -> str:

@@ -46,8 +46,10 @@ def check_shard(out: str, shard_id: int, deep: bool = True) -> str | None:
         return f"unreadable parquet: {type(err).__name__}: {err}"
     keys = [str(k) for k, s in zip(table["key"], table["status"], strict=True) if s == "success"]
     if len(table["key"]) != count or len(keys) != successes:
-        return (f"parquet has {len(table['key'])} rows ({len(keys)} successes), stats file says {count} "
-                f"({successes} successes)")
+        return (
+            f"parquet has {len(table['key'])} rows ({len(keys)} successes), stats file says {count} "
+            f"({successes} successes)"
+        )
     if not deep:
         return _check_tail(fs, stem + ".tar")
     return _check_members(fs, stem + ".tar", keys)
@@ -67,7 +69,10 @@ def _check_tail(fs, tar_path: str) -> str | None:
 def _check_members(fs, tar_path: str, keys: list[str]) -> str | None:
     images: dict[str, bool] = {}
     try:
-        with fs.open(tar_path, "rb") as fh, tarfile.open(fileobj=fh, mode="r:", tarinfo=EndAwareTarInfo) as tar:
+        with (
+            fs.open(tar_path, "rb") as fh,
+            tarfile.open(fileobj=fh, mode="r:", tarinfo=EndAwareTarInfo) as tar,
+        ):
             for info in tar:  # seeks from header to header: the image data is not read
                 split = split_member_name(info.name) if info.isreg() else None
                 if split is not None:
@@ -81,8 +86,12 @@ def _check_members(fs, tar_path: str, keys: list[str]) -> str | None:
     missing = [k for k in keys if not images.get(k)]
     extra = sorted(set(images) - set(keys))
     if missing or extra:
-        what = [f"{len(missing)} success(es) without an image member, e.g. {missing[0]}" if missing else "",
-                f"{len(extra)} member key(s) the parquet does not list as successes, e.g. {extra[0]}" if extra else ""]
+        what = [
+            f"{len(missing)} success(es) without an image member, e.g. {missing[0]}" if missing else "",
+            f"{len(extra)} member key(s) the parquet does not list as successes, e.g. {extra[0]}"
+            if extra
+            else "",
+        ]
         return "tar disagrees with the parquet: " + "; ".join(w for w in what if w)
     return None
 
@@ -104,5 +113,11 @@ def check_shard_urls(out: str, shard_id: int, urls: list[str]) -> str | None:
         return f"holds {len(got)} rows where this list and shard size put {len(urls)}"
     # img2dataset writes a shard's rows in the order their downloads finish: compare them as multisets
     extra = Counter(u.strip() for u in got) - Counter(u.strip() for u in urls)
-    return None if not extra else (f"holds {next(iter(extra))[:200]!r}, which is not among the {len(urls)} URLs "
-                                   "this list puts in that shard")
+    return (
+        None
+        if not extra
+        else (
+            f"holds {next(iter(extra))[:200]!r}, which is not among the {len(urls)} URLs "
+            "this list puts in that shard"
+        )
+    )

@@ -46,10 +46,15 @@ BLOCK = 512
 # The storage mode of a dataset.json without a "storage" key (toolkit.data.trainset.storage: pixels).
 DEFAULT_STORAGE = "pixels"
 # Field roles (the loader's batch keys) -> tar member extension and dtype.
-FIELD_EXTS = {"image": ("img.u8", "uint8"), "image_features": ("img_feat.f16", "float16"),
-              "tokens": ("tok.i32", "int32"), "text_features": ("txt_feat.f16", "float16"),
-              # a reference model's L2-normalised embeddings (precompute --reference-model; reference.py)
-              "ref_image": ("ref_img.f16", "float16"), "ref_text": ("ref_txt.f16", "float16")}
+FIELD_EXTS = {
+    "image": ("img.u8", "uint8"),
+    "image_features": ("img_feat.f16", "float16"),
+    "tokens": ("tok.i32", "int32"),
+    "text_features": ("txt_feat.f16", "float16"),
+    # a reference model's L2-normalised embeddings (precompute --reference-model; reference.py)
+    "ref_image": ("ref_img.f16", "float16"),
+    "ref_text": ("ref_txt.f16", "float16"),
+}
 REF_ROLES = ("ref_image", "ref_text")
 
 
@@ -87,8 +92,13 @@ def ref_dtype(context_length: int, ref_dim: int = 0) -> np.dtype:
     """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.storage.tables`), for captions of
     ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids, and
     with a reference model of width ``ref_dim`` its embeddings (float16, :mod:`.reference`)."""
-    columns = [("file", "<u4"), ("length", "<u4"), ("offset", "<u8"), ("hash", "<u8"),
-               ("tokens", "<i4", (context_length,))]
+    columns = [
+        ("file", "<u4"),
+        ("length", "<u4"),
+        ("offset", "<u8"),
+        ("hash", "<u8"),
+        ("tokens", "<i4", (context_length,)),
+    ]
     if ref_dim:
         columns += [("ref_image", "<f2", (ref_dim,)), ("ref_text", "<f2", (ref_dim,))]
     return np.dtype(columns)
@@ -117,7 +127,9 @@ class TrainDataset:
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     format: str = FORMAT
-    storage: str = DEFAULT_STORAGE  # the storage mode's name (storage/: pixels, jpeg, index): how images are stored
+    storage: str = (
+        DEFAULT_STORAGE  # the storage mode's name (storage/: pixels, jpeg, index): how images are stored
+    )
     data_root: str = ""  # jpeg/index: where data_files live (storage.tables.resolve_data_root)
     data_files: list[str] = field(default_factory=list)  # jpeg/index: the files the tables point into
     root: str = ""
@@ -147,7 +159,11 @@ class TrainDataset:
         data = asdict(self)
         data.pop("root")
         if (self.storage, self.data_root, self.data_files) == (DEFAULT_STORAGE, "", []):
-            for key in ("storage", "data_root", "data_files"):  # pixels sets keep the dataset.json they always had
+            for key in (
+                "storage",
+                "data_root",
+                "data_files",
+            ):  # pixels sets keep the dataset.json they always had
                 data.pop(key)
         return data
 
@@ -156,27 +172,45 @@ class TrainDataset:
         """Read ``root/dataset.json`` (local or fsspec); errors name the path."""
         path = files.join(root, DATASET_JSON)
         if not files.exists(path):
-            raise FileNotFoundError(f"{path}: not found; is {root} a precompute output directory?{_raw_hint(root)}")
+            raise FileNotFoundError(
+                f"{path}: not found; is {root} a precompute output directory?{_raw_hint(root)}"
+            )
         try:
             data = files.read_json(path)
         except (ValueError, UnicodeDecodeError) as err:  # empty, cut short, not JSON: name the file
-            raise ValueError(f"{path}: not a valid dataset.json ({err}); precompute the folder again") from None
+            raise ValueError(
+                f"{path}: not a valid dataset.json ({err}); precompute the folder again"
+            ) from None
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}; precompute the folder "
-                             "again")
+            raise ValueError(
+                f"{path}: expected a JSON object, found {type(data).__name__}; precompute the folder again"
+            )
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: format {data.get('format')!r}, this toolkit reads {FORMAT!r}")
         try:
             fields = [Field(f["role"], f["ext"], f["dtype"], tuple(f["shape"])) for f in data["fields"]]
             shards = [ShardInfo(**s) for s in data["shards"]]
-            ds = cls(int(data["num_samples"]), fields, shards, int(data["samples_per_shard"]), data.get("source", ""),
-                     data.get("model", ""), data.get("extra", {}), data["format"], data.get("storage", DEFAULT_STORAGE),
-                     data.get("data_root", ""), list(data.get("data_files", [])), root=root)
+            ds = cls(
+                int(data["num_samples"]),
+                fields,
+                shards,
+                int(data["samples_per_shard"]),
+                data.get("source", ""),
+                data.get("model", ""),
+                data.get("extra", {}),
+                data["format"],
+                data.get("storage", DEFAULT_STORAGE),
+                data.get("data_root", ""),
+                list(data.get("data_files", [])),
+                root=root,
+            )
         except KeyError as err:
             raise ValueError(f"{path}: required key {err} is missing; precompute the folder again") from None
         except (TypeError, ValueError, AttributeError) as err:
-            raise ValueError(f"{path}: a value has the wrong shape or type ({type(err).__name__}: {err}); "
-                             "precompute the folder again") from None
+            raise ValueError(
+                f"{path}: a value has the wrong shape or type ({type(err).__name__}: {err}); "
+                "precompute the folder again"
+            ) from None
         if sum(s.num_samples for s in shards) != ds.num_samples:
             raise ValueError(f"{path}: shard sample counts do not add up to num_samples={ds.num_samples}")
         integrity.check_shard_entries(shards, path)
@@ -192,14 +226,22 @@ def _raw_hint(root: str) -> str:
     from toolkit.core.stage import read_manifest
 
     manifest = read_manifest(root)
-    if isinstance(manifest, dict) and manifest.get("kind") == "data.precompute" and manifest.get("status") != "done":
-        return (f" Its precompute ended {manifest.get('status')!r}: {str(manifest.get('error'))[:300]}; fix that "
-                "and run it again")
+    if (
+        isinstance(manifest, dict)
+        and manifest.get("kind") == "data.precompute"
+        and manifest.get("status") != "done"
+    ):
+        return (
+            f" Its precompute ended {manifest.get('status')!r}: {str(manifest.get('error'))[:300]}; fix that "
+            "and run it again"
+        )
     local = files.local_path(root) if files.is_local(root) else ""
     if not local or not os.path.isdir(local) or not any(n.endswith(".tar") for n in os.listdir(local)):
         return ""
-    return (f" It holds .tar files: raw shards are read by `toolkit data precompute --in {root} --out TRAIN "
-            "--model MODEL`, whose TRAIN folder is what `--data` takes")
+    return (
+        f" It holds .tar files: raw shards are read by `toolkit data precompute --in {root} --out TRAIN "
+        "--model MODEL`, whose TRAIN folder is what `--data` takes"
+    )
 
 
 def check_reference_fields(ds: Any, path: str) -> None:
@@ -209,12 +251,16 @@ def check_reference_fields(ds: Any, path: str) -> None:
     if not any(found) and info is None:
         return
     if not all(found) or info is None:
-        raise ValueError(f"{path}: reference fields {[r for r, f in zip(REF_ROLES, found, strict=True) if f]} and "
-                         f"extra.reference {'present' if info else 'missing'} do not go together; precompute again")
+        raise ValueError(
+            f"{path}: reference fields {[r for r, f in zip(REF_ROLES, found, strict=True) if f]} and "
+            f"extra.reference {'present' if info else 'missing'} do not go together; precompute again"
+        )
     widths = {f.shape[0] for f in found}
     if widths != {int(info.get("dim", -1))}:
-        raise ValueError(f"{path}: reference fields are {sorted(widths)}-d but extra.reference.dim says "
-                         f"{info.get('dim')}; precompute again")
+        raise ValueError(
+            f"{path}: reference fields are {sorted(widths)}-d but extra.reference.dim says "
+            f"{info.get('dim')}; precompute again"
+        )
 
 
 def id_key(sample_id: int) -> str:
@@ -261,8 +307,10 @@ class _Limited:
 
 
 def _layout_error(url: str, position: int, expected: str, found: Any) -> ValueError:
-    return ValueError(f"{url}: sample {position} is {found!r}, expected {expected!r}: the shard does not "
-                      "match dataset.json (rewritten or damaged?)")
+    return ValueError(
+        f"{url}: sample {position} is {found!r}, expected {expected!r}: the shard does not "
+        "match dataset.json (rewritten or damaged?)"
+    )
 
 
 def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
@@ -284,7 +332,9 @@ def read_segment_webdataset(ds: TrainDataset, seg: Segment) -> Iterator[dict[str
             yield out
             if k + 1 == seg.count:
                 return
-    raise ValueError(f"{url}: ended before sample {seg.start + seg.count} (dataset.json says {shard.num_samples})")
+    raise ValueError(
+        f"{url}: ended before sample {seg.start + seg.count} (dataset.json says {shard.num_samples})"
+    )
 
 
 def open_shard(ds: TrainDataset, shard: int):
@@ -296,8 +346,10 @@ def open_shard(ds: TrainDataset, shard: int):
     except FileNotFoundError as err:
         if (cause := files.network_cause(err)) is not None:  # the server is gone, not the file
             raise files.unreachable(url, cause) from err
-        raise integrity.DataIntegrityError(f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
-                                           "restore it or precompute this dataset again") from err
+        raise integrity.DataIntegrityError(
+            f"{url}: missing (shard {shard} of {len(ds.shards)} in dataset.json); "
+            "restore it or precompute this dataset again"
+        ) from err
 
 
 def field_offsets(ds: TrainDataset) -> list[int]:
@@ -309,15 +361,17 @@ def field_offsets(ds: TrainDataset) -> list[int]:
     return offsets
 
 
-def read_rows(fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int,
-              sums: list[int] | None = None) -> np.ndarray:
+def read_rows(
+    fh: Any, ds: TrainDataset, shard_index: int, start: int, count: int, sums: list[int] | None = None
+) -> np.ndarray:
     """Samples ``start .. start+count-1`` of shard ``shard_index`` from the open file ``fh``, as raw bytes
     [count, sample_bytes] in a new array (:func:`read_rows_into`)."""
     return read_rows_into(fh, ds, shard_index, start, np.empty((count, ds.sample_bytes), np.uint8), sums)
 
 
-def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows: np.ndarray,
-                   sums: list[int] | None = None) -> np.ndarray:
+def read_rows_into(
+    fh: Any, ds: TrainDataset, shard_index: int, start: int, rows: np.ndarray, sums: list[int] | None = None
+) -> np.ndarray:
     """Read samples ``start .. start+len(rows)-1`` of shard ``shard_index`` into ``rows`` (C-contiguous
     uint8 [n, sample_bytes]; one seek, one read, no intermediate buffer) and return it. Each sample's first
     member name is checked against its expected id, so a shard that does not match dataset.json fails
@@ -329,10 +383,12 @@ def read_rows_into(fh: Any, ds: TrainDataset, shard_index: int, start: int, rows
     view = memoryview(rows).cast("B")
     got = _read_into(fh, view)
     if got != count * size:
-        raise ValueError(f"{url}: ended inside sample {start + got // size} "
-                         f"(dataset.json says {shard.num_samples} samples)")
+        raise ValueError(
+            f"{url}: ended inside sample {start + got // size} "
+            f"(dataset.json says {shard.num_samples} samples)"
+        )
     for k in range(count):
-        check_first_member(ds, shard_index, start + k, view[k * size:k * size + 100])
+        check_first_member(ds, shard_index, start + k, view[k * size : k * size + 100])
     integrity.check_sums(ds, shard_index, start, view, sums)
     return rows
 
@@ -342,7 +398,7 @@ def check_first_member(ds: TrainDataset, shard_index: int, position: int, head: 
     first bytes, 100 or more) does not start with a member named after its id."""
     shard = ds.shards[shard_index]
     name = f"{id_key(shard.first_id + position)}.{ds.fields[0].ext}".encode() + b"\0"
-    if head[:len(name)] != name:
+    if head[: len(name)] != name:
         raise _layout_error(ds.url(shard), position, name[:-1].decode(), bytes(head[:100]).split(b"\0")[0])
 
 
@@ -351,7 +407,7 @@ def _read_into(fh: Any, view: memoryview) -> int:
     readinto = getattr(fh, "readinto", None)
     if readinto is None:
         data = fh.read(len(view))
-        view[:len(data)] = data
+        view[: len(data)] = data
         return len(data)
     filled = 0
     while filled < len(view):
@@ -365,8 +421,10 @@ def _read_into(fh: Any, view: memoryview) -> int:
 def decode_rows(ds: TrainDataset, rows: np.ndarray) -> dict[str, np.ndarray]:
     """Raw sample rows [n, sample_bytes] -> {role: array [n, *shape]} (views of ``rows``, little-endian)."""
     n = rows.shape[0]
-    return {f.role: rows[:, o:o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
-            for f, o in zip(ds.fields, field_offsets(ds), strict=True)}
+    return {
+        f.role: rows[:, o : o + f.nbytes].view(np.dtype(f.dtype).newbyteorder("<")).reshape(n, *f.shape)
+        for f, o in zip(ds.fields, field_offsets(ds), strict=True)
+    }
 
 
 def read_segment(ds: TrainDataset, seg: Segment, chunk: int = READ_CHUNK) -> Iterator[dict[str, Any]]:

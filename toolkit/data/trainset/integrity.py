@@ -71,19 +71,25 @@ def load_sums(ds: Any, shard_index: int) -> list[int] | None:
         with files.open_file(url, "rb") as fh:
             data = fh.read()
     except FileNotFoundError as err:
-        raise DataIntegrityError(f"{url}: missing (the checksums of {shard.name}); restore it or precompute "
-                                 "this dataset again") from err
+        raise DataIntegrityError(
+            f"{url}: missing (the checksums of {shard.name}); restore it or precompute this dataset again"
+        ) from err
     if f"{sample_hash(data):016x}" != shard.sums or len(data) != shard.num_samples * SUM_DTYPE.itemsize:
-        raise DataIntegrityError(f"{url}: damaged ({len(data)} bytes, hash differs from dataset.json's "
-                                 f"{shard.sums}); restore it or precompute this dataset again")
+        raise DataIntegrityError(
+            f"{url}: damaged ({len(data)} bytes, hash differs from dataset.json's "
+            f"{shard.sums}); restore it or precompute this dataset again"
+        )
     return np.frombuffer(data, SUM_DTYPE).tolist()  # ints: comparing numpy scalars costs ~10x more per sample
 
 
 def notice_unverified(ds: Any) -> None:
     if ds.root not in _NOTICED:
         _NOTICED.add(ds.root)
-        get_logger("data").warning("%s: no checksums (precomputed before the toolkit wrote them): reads are not "
-                                   "verified; run `toolkit data precompute` again to add them", ds.root)
+        get_logger("data").warning(
+            "%s: no checksums (precomputed before the toolkit wrote them): reads are not "
+            "verified; run `toolkit data precompute` again to add them",
+            ds.root,
+        )
 
 
 def check_sums(ds: Any, shard_index: int, start: int, data: Any, sums: list[int] | None) -> None:
@@ -98,7 +104,7 @@ def check_sums(ds: Any, shard_index: int, start: int, data: Any, sums: list[int]
     view = data if isinstance(data, memoryview) else memoryview(np.ascontiguousarray(data)).cast("B")
     size, digest = ds.sample_bytes, xxhash.xxh3_64_intdigest
     for k in range(len(view) // size):
-        if digest(view[k * size:(k + 1) * size]) != sums[start + k]:
+        if digest(view[k * size : (k + 1) * size]) != sums[start + k]:
             raise damaged(ds, shard_index, start + k, "its checksum does not match the one precompute wrote")
 
 
@@ -106,7 +112,8 @@ def damaged(ds: Any, shard_index: int, position: int, why: str) -> DataIntegrity
     shard = ds.shards[shard_index]
     return DataIntegrityError(
         f"{ds.url(shard)}: sample {position} (id {shard.first_id + position}) is damaged: {why}; run `toolkit "
-        f"data verify {ds.root}` to list every damaged sample, then restore the shard or precompute again")
+        f"data verify {ds.root}` to list every damaged sample, then restore the shard or precompute again"
+    )
 
 
 def check_tokens(ds: Any, shard_index: int, start: int, tokens: np.ndarray, vocab_size: int | None) -> None:
@@ -118,8 +125,13 @@ def check_tokens(ds: Any, shard_index: int, start: int, tokens: np.ndarray, voca
     if not bad.any():
         return
     k, pos = (int(i[0]) for i in np.nonzero(bad))
-    raise damaged(ds, shard_index, start + k, f"token {pos} is {int(tokens[k, pos])}, outside the vocabulary "
-                                              f"[0, {vocab_size}) of the tokenizer it was precomputed with")
+    raise damaged(
+        ds,
+        shard_index,
+        start + k,
+        f"token {pos} is {int(tokens[k, pos])}, outside the vocabulary "
+        f"[0, {vocab_size}) of the tokenizer it was precomputed with",
+    )
 
 
 def check_batch_tokens(ds: Any, ids: np.ndarray, tokens: np.ndarray, vocab_size: int | None) -> None:
@@ -131,7 +143,7 @@ def check_batch_tokens(ds: Any, ids: np.ndarray, tokens: np.ndarray, vocab_size:
     first_ids = np.array([s.first_id for s in ds.shards])
     shard = int(np.searchsorted(first_ids, ids[k], side="right") - 1)
     position = int(ids[k] - first_ids[shard])
-    check_tokens(ds, shard, position, tokens[k:k + 1], vocab_size)
+    check_tokens(ds, shard, position, tokens[k : k + 1], vocab_size)
 
 
 def vocab_size(ds: Any) -> int | None:
@@ -167,11 +179,15 @@ def check_shard_entries(shards: list[Any], path: str) -> None:
     for i, s in enumerate(shards):
         name = str(s.name)
         if not name or "/" in name or "\\" in name or name in (".", "..") or "://" in name:
-            raise ValueError(f"{path}: shards[{i}].name {name[:80]!r} is not a file name in the set's folder; "
-                             "shards are read from that folder only: precompute the folder again")
+            raise ValueError(
+                f"{path}: shards[{i}].name {name[:80]!r} is not a file name in the set's folder; "
+                "shards are read from that folder only: precompute the folder again"
+            )
         if not isinstance(s.num_samples, int) or s.num_samples < 0 or s.first_id != next_id:
-            raise ValueError(f"{path}: shards[{i}]: num_samples {s.num_samples!r}, first_id {s.first_id!r}: "
-                             f"counts must be >= 0 and ids dense (first_id {next_id} expected)")
+            raise ValueError(
+                f"{path}: shards[{i}]: num_samples {s.num_samples!r}, first_id {s.first_id!r}: "
+                f"counts must be >= 0 and ids dense (first_id {next_id} expected)"
+            )
         next_id += s.num_samples
 
 
@@ -193,7 +209,9 @@ def check_claims(ds: Any, part_bytes: int) -> None:
             continue  # a FIFO or device: the reader refuses it, naming what it is
         size = st.st_size
         if s.num_samples * part_bytes > size:
-            raise ValueError(f"{path}: shards[{i}].num_samples says {s.num_samples} samples of {part_bytes} "
-                             f"bytes, but {ds.url(s)} holds {size} bytes ({size // part_bytes} samples at "
-                             "most): dataset.json does not describe these files; run `toolkit data verify` or "
-                             "precompute the folder again")
+            raise ValueError(
+                f"{path}: shards[{i}].num_samples says {s.num_samples} samples of {part_bytes} "
+                f"bytes, but {ds.url(s)} holds {size} bytes ({size // part_bytes} samples at "
+                "most): dataset.json does not describe these files; run `toolkit data verify` or "
+                "precompute the folder again"
+            )

@@ -90,14 +90,25 @@ def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """numpy fields -> torch tensors; token ids become int64 (what open_clip's text towers index with)."""
     import torch
 
-    return {role: torch.from_numpy(a.astype(np.int64) if role == "tokens" else a) for role, a in arrays.items()}
+    return {
+        role: torch.from_numpy(a.astype(np.int64) if role == "tokens" else a) for role, a in arrays.items()
+    }
 
 
 class GlobalBatchStream(IterableDataset):
     """This rank's slices of global batches [start_step, start_step + num_steps) (module docstring)."""
 
-    def __init__(self, ds: TrainDataset, order: BatchOrder, *, rank: int, world_size: int, start_step: int,
-                 num_steps: int, image_transform=None):
+    def __init__(
+        self,
+        ds: TrainDataset,
+        order: BatchOrder,
+        *,
+        rank: int,
+        world_size: int,
+        start_step: int,
+        num_steps: int,
+        image_transform=None,
+    ):
         super().__init__()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -125,7 +136,9 @@ class GlobalBatchStream(IterableDataset):
             for t in range(self.start_step + worker, self.start_step + self.num_steps, num_workers):
                 ids = self.order.batch_ids(t, self.rank, self.world_size)
                 arrays = _read_batch(reader, self.ds, ids, t)
-                image = arrays.pop("image") if self.image_transform is not None and "image" in arrays else None
+                image = (
+                    arrays.pop("image") if self.image_transform is not None and "image" in arrays else None
+                )
                 batch = to_tensors(arrays)
                 if image is not None:
                     made = self.image_transform(image, ids, t)  # a tensor, or fields (DeviceCrop: + crop_box)
@@ -167,9 +180,22 @@ class TrainLoader(DataLoader):
             yield item
 
 
-def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
-                block: int = 1, shuffle: bool = True, start_step: int = 0, num_steps: int | None = None,
-                num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int = 2, image_transform=None):
+def make_loader(
+    path: str | TrainDataset,
+    *,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    block: int = 1,
+    shuffle: bool = True,
+    start_step: int = 0,
+    num_steps: int | None = None,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    prefetch_factor: int = 2,
+    image_transform=None,
+):
     """DataLoader of this rank's slices of global batches of ``batch_size`` (module docstring); local or
     fsspec ``path``. ``num_steps`` None: one pass (``N // batch_size`` batches). ``image_transform``: applied
     to each batch's pixels in the workers (:class:`toolkit.data.augment.PixelTransform`). Called by every
@@ -178,7 +204,14 @@ def make_loader(path: str | TrainDataset, *, batch_size: int, rank: int = 0, wor
     storage.of(ds)  # a mode nobody registered fails here, in the calling process, naming dataset.json
     order = (BatchOrder if shuffle else InOrder)(ds.num_samples, batch_size, seed, block)
     steps = order.batches_per_pass if num_steps is None else num_steps
-    stream = GlobalBatchStream(ds, order, rank=rank, world_size=world_size, start_step=start_step, num_steps=steps,
-                               image_transform=image_transform)
+    stream = GlobalBatchStream(
+        ds,
+        order,
+        rank=rank,
+        world_size=world_size,
+        start_step=start_step,
+        num_steps=steps,
+        image_transform=image_transform,
+    )
     extra = {"prefetch_factor": prefetch_factor, "persistent_workers": False} if num_workers > 0 else {}
     return TrainLoader(stream, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **extra)

@@ -66,8 +66,10 @@ class BatchOrder:
         if self.batch_size < 1 or self.block < 1:
             raise ValueError(f"batch_size and block must be >= 1, got {self.batch_size}, {self.block}")
         if self.num_samples < self.batch_size:
-            raise ValueError(f"the global batch ({self.batch_size}) is larger than the dataset "
-                             f"({self.num_samples} samples): lower the batch size")
+            raise ValueError(
+                f"the global batch ({self.batch_size}) is larger than the dataset "
+                f"({self.num_samples} samples): lower the batch size"
+            )
 
     @property
     def batches_per_pass(self) -> int:
@@ -92,8 +94,9 @@ class BatchOrder:
     def batch_ids(self, t: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
         """Sample ids of rank ``rank``'s slice of global batch ``t`` ([B/K] int64, in batch order)."""
         if self.batch_size % world_size:
-            raise ValueError(f"the global batch ({self.batch_size}) must divide by the number of ranks "
-                             f"({world_size})")
+            raise ValueError(
+                f"the global batch ({self.batch_size}) must divide by the number of ranks ({world_size})"
+            )
         local = self.batch_size // world_size
         pass_index, j = divmod(t, self.batches_per_pass)
         start = j * self.batch_size + rank * local

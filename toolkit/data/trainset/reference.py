@@ -74,8 +74,14 @@ class Reference:
 
     def info(self) -> dict[str, Any]:
         """What ``dataset.json``'s ``extra.reference`` records."""
-        return {"model": self.spec, "weights": self.weights, "weights_sha256": self.sha256, "dim": self.dim,
-                "preprocess": self.preprocess_cfg, "context_length": self.context_length}
+        return {
+            "model": self.spec,
+            "weights": self.weights,
+            "weights_sha256": self.sha256,
+            "dim": self.dim,
+            "preprocess": self.preprocess_cfg,
+            "context_length": self.context_length,
+        }
 
 
 def _normalised(feats: Any) -> np.ndarray:
@@ -94,17 +100,28 @@ def load_reference(spec: str, weights: str = "", device: str = "cpu") -> Referen
 
     resolved = resolve_spec(spec, weights or None)  # unknown names and missing files fail here, named
     if resolved.weights is None:
-        raise ValueError(f"reference_model {spec!r}: needs reference_weights, a local weights file (a random "
-                         "initialisation is no reference); or give a model folder with its weights")
+        raise ValueError(
+            f"reference_model {spec!r}: needs reference_weights, a local weights file (a random "
+            "initialisation is no reference); or give a model folder with its weights"
+        )
     import torch
 
     loaded = load_model(spec, weights=weights or None, device=device)
     with torch.inference_mode():  # the width the model outputs, whatever its config calls it
         dim = int(loaded.model.encode_text(loaded.tokenizer(["a"]).to(device)).shape[-1])
     sha256 = loaded.weights_sha256 or file_sha256(resolved.weights)
-    return Reference(spec, str(resolved.weights), sha256, dim,
-                     dict(loaded.preprocess_cfg), loaded.context_length, loaded.model.requires_grad_(False),
-                     loaded.preprocess, loaded.tokenizer, device)
+    return Reference(
+        spec,
+        str(resolved.weights),
+        sha256,
+        dim,
+        dict(loaded.preprocess_cfg),
+        loaded.context_length,
+        loaded.model.requires_grad_(False),
+        loaded.preprocess,
+        loaded.tokenizer,
+        device,
+    )
 
 
 def fields(dim: int) -> list[Field]:
@@ -122,10 +139,17 @@ class ReferenceSink:
     ENCODE_BATCH at a time), then ``close(captions)`` encodes the captions and writes ``stem + '.ref'``."""
 
     def __init__(self, reference: Reference, stem: str, batch: int, max_pixels: int):
-        self.reference, self.path, self.batch, self.max_pixels = reference, stem + SCRATCH_EXT, batch, max_pixels
+        self.reference, self.path, self.batch, self.max_pixels = (
+            reference,
+            stem + SCRATCH_EXT,
+            batch,
+            max_pixels,
+        )
         self.pending: list[bytes] = []
         self.images: list[np.ndarray] = []
-        self.seconds = 0.0  # spent on the reference (decode, transform, forward passes): its cost in the manifest
+        self.seconds = (
+            0.0  # spent on the reference (decode, transform, forward passes): its cost in the manifest
+        )
 
     def add(self, data: bytes) -> None:
         self.pending.append(data)
@@ -143,18 +167,23 @@ class ReferenceSink:
         self._flush()
         start, dim = time.perf_counter(), self.reference.dim
         images = np.concatenate(self.images) if self.images else np.zeros((0, dim), np.float16)
-        texts = [self.reference.encode_texts(captions[s:s + self.batch]) for s in range(0, len(captions), self.batch)]
+        texts = [
+            self.reference.encode_texts(captions[s : s + self.batch])
+            for s in range(0, len(captions), self.batch)
+        ]
         texts_arr = np.concatenate(texts) if texts else np.zeros((0, dim), np.float16)
         self.seconds += time.perf_counter() - start
         if images.shape != texts_arr.shape:
-            raise RuntimeError(f"{self.path}: {len(images)} reference image rows but {len(texts_arr)} captions")
+            raise RuntimeError(
+                f"{self.path}: {len(images)} reference image rows but {len(texts_arr)} captions"
+            )
         with open(self.path, "wb") as fh:
             fh.write(np.ascontiguousarray(np.stack([images, texts_arr], axis=1), "<f2").tobytes())
 
 
 def split_row(row: np.ndarray, dim: int) -> list[bytes]:
     """One scratch row (uint8 [4 * dim]) -> the ``ref_image`` and ``ref_text`` payloads."""
-    return [row[:2 * dim].tobytes(), row[2 * dim:].tobytes()]
+    return [row[: 2 * dim].tobytes(), row[2 * dim :].tobytes()]
 
 
 def bytes_per_sample(ds: Any) -> int:

@@ -57,7 +57,8 @@ def check_size(ds: TrainDataset, shard: int, fh: Any) -> None:
         raise integrity.DataIntegrityError(
             f"{ds.url(info)}: {size} bytes, shorter than the {expected} bytes dataset.json says "
             f"({info.num_samples} samples of {ds.sample_bytes} bytes; cut off from sample {size // ds.sample_bytes}); "
-            "restore it or precompute this dataset again")
+            "restore it or precompute this dataset again"
+        )
 
 
 class ScatterReads:
@@ -78,8 +79,12 @@ class ScatterReads:
         self._scratch = np.empty(0, np.uint8)
         self._hash = xxhash.xxh3_64()
 
-    def read(self, runs: list[tuple[int, int, list[int]]], file: Callable[[int], Any],
-             sums: Callable[[int], list[int] | None]) -> dict[str, np.ndarray]:
+    def read(
+        self,
+        runs: list[tuple[int, int, list[int]]],
+        file: Callable[[int], Any],
+        sums: Callable[[int], list[int] | None],
+    ) -> dict[str, np.ndarray]:
         """{role: C-contiguous array [n, *shape]}: for each run (shard, first position, rows), samples
         ``first position ..`` of the shard read into rows ``rows`` (n rows in all, each filled once);
         ``file(shard)``: its open local file, ``sums(shard)``: its hashes (None: unverified)."""
@@ -92,12 +97,23 @@ class ScatterReads:
         for shard, start, rows in runs:
             fd, shard_sums = file(shard).fileno(), sums(shard)
             for c0 in range(0, len(rows), self.samples_per_call):
-                chunk = rows[c0:c0 + self.samples_per_call]
+                chunk = rows[c0 : c0 + self.samples_per_call]
                 self._read_chunk(fd, shard, start + c0, chunk, targets, scratch, shard_sums)
-        return {f.role: a.view(dtype).reshape(n, *f.shape) for a, (f, _, dtype) in zip(flat, self._fields, strict=True)}
+        return {
+            f.role: a.view(dtype).reshape(n, *f.shape)
+            for a, (f, _, dtype) in zip(flat, self._fields, strict=True)
+        }
 
-    def _read_chunk(self, fd: int, shard: int, start: int, rows: list[int], targets: list[memoryview],
-                    scratch: memoryview, sums: list[int] | None) -> None:
+    def _read_chunk(
+        self,
+        fd: int,
+        shard: int,
+        start: int,
+        rows: list[int],
+        targets: list[memoryview],
+        scratch: memoryview,
+        sums: list[int] | None,
+    ) -> None:
         """Samples ``start .. start+len(rows)-1`` of the shard into ``rows``: one preadv, then each verified."""
         ds, size, per_sample = self.ds, self.sample_bytes, len(self.segments)
         pieces = []
@@ -105,19 +121,21 @@ class ScatterReads:
             at = row * self.scratch_bytes
             for k, nbytes in self.segments:
                 if k < 0:
-                    pieces.append(scratch[at:at + nbytes])
+                    pieces.append(scratch[at : at + nbytes])
                     at += nbytes
                 else:
-                    pieces.append(targets[k][row * nbytes:(row + 1) * nbytes])
+                    pieces.append(targets[k][row * nbytes : (row + 1) * nbytes])
         got = os.preadv(fd, pieces, start * size)
         if got != len(rows) * size:
             got = _preadv_rest(fd, pieces, start * size, got)
         if got != len(rows) * size:  # only a file cut short after check_size saw it whole
-            raise ValueError(f"{ds.url(ds.shards[shard])}: ended inside sample {start + got // size} "
-                             f"(dataset.json says {ds.shards[shard].num_samples} samples)")
+            raise ValueError(
+                f"{ds.url(ds.shards[shard])}: ended inside sample {start + got // size} "
+                f"(dataset.json says {ds.shards[shard].num_samples} samples)"
+            )
         digest = self._hash
         for j in range(len(rows)):
-            own = pieces[j * per_sample:(j + 1) * per_sample]
+            own = pieces[j * per_sample : (j + 1) * per_sample]
             if sums is None:
                 check_first_member(ds, shard, start + j, own[0])
                 continue
@@ -126,7 +144,9 @@ class ScatterReads:
                 digest.update(piece)
             if digest.intdigest() != sums[start + j]:
                 check_first_member(ds, shard, start + j, own[0])  # misnamed: say so
-                raise integrity.damaged(ds, shard, start + j, "its checksum does not match the one precompute wrote")
+                raise integrity.damaged(
+                    ds, shard, start + j, "its checksum does not match the one precompute wrote"
+                )
 
 
 def _preadv_rest(fd: int, pieces: list[memoryview], offset: int, total: int) -> int:
@@ -139,7 +159,7 @@ def _preadv_rest(fd: int, pieces: list[memoryview], offset: int, total: int) -> 
             got -= len(pieces[first])
             first += 1
         if got:
-            pieces = [*pieces[:first], pieces[first][got:], *pieces[first + 1:]]  # the rest of a partial one
+            pieces = [*pieces[:first], pieces[first][got:], *pieces[first + 1 :]]  # the rest of a partial one
         if first == len(pieces):
             break
         got = os.preadv(fd, pieces[first:], offset + total)

@@ -30,13 +30,19 @@ def check_truncation(skips: list[dict], num_read: int, max_share: float, source:
     named = ", ".join(f"{shard} ({n} lost)" for shard, n in sorted(lost.items())[:MAX_NAMED])
     more = f" and {len(lost) - MAX_NAMED} more shards" if len(lost) > MAX_NAMED else ""
     listed = sum(1 for s in skips if s["reason"] == "missing_from_tar")  # whole tars, sidecars promising more
-    stale = (f"; {listed} of them are listed in a shard's .parquet or _stats.json but absent from a tar that ends "
-             "cleanly: if those tars were filtered or rewritten on purpose, delete their stale .parquet and "
-             "_stats.json" if listed else "")
-    raise ValueError(f"{source}: {num_lost} of {num_read} samples ({100 * num_lost / num_read:.1f} %) are lost to "
-                     f"truncated or unreadable raw shards, more than max_truncated_share={max_share:g}: {named}"
-                     f"{more}{stale}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 "
-                     "to keep what is left")
+    stale = (
+        f"; {listed} of them are listed in a shard's .parquet or _stats.json but absent from a tar that ends "
+        "cleanly: if those tars were filtered or rewritten on purpose, delete their stale .parquet and "
+        "_stats.json"
+        if listed
+        else ""
+    )
+    raise ValueError(
+        f"{source}: {num_lost} of {num_read} samples ({100 * num_lost / num_read:.1f} %) are lost to "
+        f"truncated or unreadable raw shards, more than max_truncated_share={max_share:g}: {named}"
+        f"{more}{stale}; fetch them again (a rerun of data fetch resumes), or set max_truncated_share=1 "
+        "to keep what is left"
+    )
 
 
 def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], source: str) -> None:
@@ -45,10 +51,16 @@ def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], s
     apart in the tar). ``shards``: (shard name, samples kept, skips as (reason, key, message)) per raw shard."""
     if any(num_kept for _, num_kept, _ in shards):
         return
-    reasons = ", ".join(f"{k}: {v}" for k, v in Counter(s[0] for _, _, skips in shards for s in skips).items())
-    firsts = first_skips((reason, name, key, message) for name, _, skips in shards for reason, key, message in skips)
+    reasons = ", ".join(
+        f"{k}: {v}" for k, v in Counter(s[0] for _, _, skips in shards for s in skips).items()
+    )
+    firsts = first_skips(
+        (reason, name, key, message) for name, _, skips in shards for reason, key, message in skips
+    )
     example = "; e.g. " + "; ".join(list(firsts.values())[:3]) if firsts else ""
-    raise ValueError(f"{source}: no valid sample in {len(shards)} raw shard(s) ({reasons or 'empty'}){example}")
+    raise ValueError(
+        f"{source}: no valid sample in {len(shards)} raw shard(s) ({reasons or 'empty'}){example}"
+    )
 
 
 def first_skips(skips: Iterable[tuple[str, str, str, str]]) -> dict[str, str]:

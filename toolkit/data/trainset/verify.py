@@ -53,17 +53,29 @@ def run(cfg: VerifyConfig) -> VerifyResult:
     says the set holds no sample (there is nothing intact to report, nor to train on)."""
     ds = TrainDataset.open(cfg.input)
     if ds.num_samples == 0:
-        raise ValueError(f"{files.join(cfg.input, 'dataset.json')}: num_samples is 0: the set holds no sample to "
-                         "verify or train on; precompute it again from raw shards that hold samples")
+        raise ValueError(
+            f"{files.join(cfg.input, 'dataset.json')}: num_samples is 0: the set holds no sample to "
+            "verify or train on; precompute it again from raw shards that hold samples"
+        )
     mode = storage.of(ds)
     checksums = all(s.sums for s in ds.shards)
     from toolkit.data.trainset.reference import bytes_per_sample
 
-    result = VerifyResult(cfg.input, len(ds.shards), ds.num_samples, checksums, integrity.vocab_size(ds),
-                          ds.extra.get("reference"), bytes_per_sample(ds))
+    result = VerifyResult(
+        cfg.input,
+        len(ds.shards),
+        ds.num_samples,
+        checksums,
+        integrity.vocab_size(ds),
+        ds.extra.get("reference"),
+        bytes_per_sample(ds),
+    )
     if not checksums:
-        get_logger("data").warning("%s: no checksums recorded (precomputed before the toolkit wrote them): "
-                                   "checking the layout and token ids only", cfg.input)
+        get_logger("data").warning(
+            "%s: no checksums recorded (precomputed before the toolkit wrote them): "
+            "checking the layout and token ids only",
+            cfg.input,
+        )
     notes: dict = {}  # what the mode gathers across parts for its set-wide lines (verify_lines)
     with counter(ds.num_samples, desc="verify", unit="samples") as count:
         for index, shard in enumerate(ds.shards):
@@ -71,9 +83,10 @@ def run(cfg: VerifyConfig) -> VerifyResult:
             if found:
                 result.damaged_shards.append(shard.name)
                 result.num_damaged_samples += sum(1 for _, sample in found if sample)
-                result.problems += [msg for msg, _ in found[:cfg.max_listed]]
+                result.problems += [msg for msg, _ in found[: cfg.max_listed]]
                 if len(found) > cfg.max_listed:
-                    result.problems.append(f"{ds.url(shard)}: {len(found) - cfg.max_listed} more damaged "
-                                           "samples not listed")
+                    result.problems.append(
+                        f"{ds.url(shard)}: {len(found) - cfg.max_listed} more damaged samples not listed"
+                    )
     result.problems[:0] = mode.verify_lines(ds, notes)
     return result

@@ -20,7 +20,15 @@ from toolkit.data.trainset.format import BLOCK, Field, ShardInfo, id_key, meta_f
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     # Fixed metadata so reruns write byte-identical shards.
     info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o444, 0, 0, "", ""
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = (
+        size,
+        0,
+        0o444,
+        0,
+        0,
+        "",
+        "",
+    )
     return info
 
 
@@ -54,8 +62,10 @@ class TrainShardWriter:
 
     def _open(self) -> None:
         index = len(self.shards)
-        tar_out, meta_out = AtomicOut(files.join(self.out, shard_file(index))), AtomicOut(
-            files.join(self.out, meta_file(index)))
+        tar_out, meta_out = (
+            AtomicOut(files.join(self.out, shard_file(index))),
+            AtomicOut(files.join(self.out, meta_file(index))),
+        )
         self._files = (tar_out, meta_out)
         self._tar = tarfile.open(fileobj=tar_out.fh, mode="w", format=tarfile.USTAR_FORMAT)
         self._count, self._first, self._sums = 0, self.next_id, []

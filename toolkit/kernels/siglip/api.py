@@ -39,10 +39,20 @@ def _check_features(x: Tensor, y: Tensor) -> None:
         raise TypeError(f"features must be floating point, got {x.dtype} and {y.dtype}")
 
 
-def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor | float, bias: Tensor | float | None = None,
-                 pos_offset: int | None = 0, *, compute_dx: bool = False, compute_dy: bool = False,
-                 compute_loss: bool = True, backend: str = "auto", block_size: int | None = None,
-                 input_precision: str | None = None) -> SigmoidSums:
+def sigmoid_sums(
+    x: Tensor,
+    y: Tensor,
+    scale: Tensor | float,
+    bias: Tensor | float | None = None,
+    pos_offset: int | None = 0,
+    *,
+    compute_dx: bool = False,
+    compute_dy: bool = False,
+    compute_loss: bool = True,
+    backend: str = "auto",
+    block_size: int | None = None,
+    input_precision: str | None = None,
+) -> SigmoidSums:
     """−Σ_ij log σ(z_ij (t·s_ij + b)) over x [M, D] × y [N, D] and (when asked) its gradients, no autograd.
 
     z_ij = +1 where j == i + ``pos_offset`` (None: no positives), −1 elsewhere; ``scale`` t (0-d, t itself),
@@ -62,8 +72,10 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor | float, bias: Tensor | flo
     if which == "torch":
         return tiled.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy, block_size, compute_loss)
     from toolkit.kernels.siglip import triton_kernel
-    return triton_kernel.sigmoid_sums(x, y, t, b, pos_offset, compute_dx, compute_dy, block_size, input_precision,
-                                      compute_loss)
+
+    return triton_kernel.sigmoid_sums(
+        x, y, t, b, pos_offset, compute_dx, compute_dy, block_size, input_precision, compute_loss
+    )
 
 
 class SigLIPLossFn(torch.autograd.Function):
@@ -75,12 +87,27 @@ class SigLIPLossFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, scale, bias, pos_offset, rows, backend, block_size, input_precision):
         need = ctx.needs_input_grad
-        scalars = need[2] or need[3]  # t, b: either side's sweep gives them (the x side when neither is wanted)
-        out = sigmoid_sums(x, y, scale, bias, pos_offset, compute_dx=need[0] or (scalars and not need[1]),
-                           compute_dy=need[1], backend=backend, block_size=block_size,
-                           input_precision=input_precision)
-        ctx.grads = [out.dx if need[0] else None, out.dy, out.d_scale if need[2] else None,
-                     out.d_bias if need[3] else None]
+        scalars = (
+            need[2] or need[3]
+        )  # t, b: either side's sweep gives them (the x side when neither is wanted)
+        out = sigmoid_sums(
+            x,
+            y,
+            scale,
+            bias,
+            pos_offset,
+            compute_dx=need[0] or (scalars and not need[1]),
+            compute_dy=need[1],
+            backend=backend,
+            block_size=block_size,
+            input_precision=input_precision,
+        )
+        ctx.grads = [
+            out.dx if need[0] else None,
+            out.dy,
+            out.d_scale if need[2] else None,
+            out.d_bias if need[3] else None,
+        ]
         ctx.dtypes = (x.dtype, y.dtype, scale.dtype, bias.dtype)
         ctx.rows = rows
         return out.loss / rows
@@ -93,25 +120,50 @@ class SigLIPLossFn(torch.autograd.Function):
         return (*out, None, None, None, None, None)
 
 
-def siglip_loss(image_features: Tensor, text_features: Tensor, scale: Tensor | float, bias: Tensor | float | None,
-                *, backend: str = "auto", block_size: int | None = None, input_precision: str | None = None
-                ) -> Tensor:
+def siglip_loss(
+    image_features: Tensor,
+    text_features: Tensor,
+    scale: Tensor | float,
+    bias: Tensor | float | None,
+    *,
+    backend: str = "auto",
+    block_size: int | None = None,
+    input_precision: str | None = None,
+) -> Tensor:
     """open_clip's ``SigLipLoss()(image_features, text_features, scale, bias)`` on one process:
     −(1/B) Σ_i Σ_j log σ(z_ij (t·⟨x_i, y_j⟩ + b)), z_ii = +1, else −1, with ``scale`` t itself (not its log)
     and ``bias`` b (None: 0). Features [B, D] of any float dtype; returns a 0-d loss in fp32 (fp64 for fp64
     features) with gradients to features, t and b. Memory O(B·D): no B×B matrix (backend ``naive`` aside).
     """
     if image_features.shape != text_features.shape:
-        raise ValueError(f"image_features {tuple(image_features.shape)} and text_features "
-                         f"{tuple(text_features.shape)} must have the same shape [B, D]")
+        raise ValueError(
+            f"image_features {tuple(image_features.shape)} and text_features "
+            f"{tuple(text_features.shape)} must have the same shape [B, D]"
+        )
     _check_features(image_features, text_features)
     t = _as_scalar(scale, "scale", image_features)
     if resolve_backend(backend, image_features.device, image_features.dtype) == "naive":
-        return naive.siglip_loss(image_features, text_features, t, None if bias is None else
-                                 _as_scalar(bias, "bias", image_features))
+        return naive.siglip_loss(
+            image_features,
+            text_features,
+            t,
+            None if bias is None else _as_scalar(bias, "bias", image_features),
+        )
     b = _as_scalar(bias, "bias", image_features)
     if not torch.is_grad_enabled():  # no graph: the loss alone (the fused forward would also make gradients)
-        return sigmoid_sums(image_features, text_features, t, b, 0, backend=backend, block_size=block_size,
-                            input_precision=input_precision).loss / image_features.shape[0]
-    return SigLIPLossFn.apply(image_features, text_features, t, b, 0, image_features.shape[0], backend,
-                              block_size, input_precision)
+        return (
+            sigmoid_sums(
+                image_features,
+                text_features,
+                t,
+                b,
+                0,
+                backend=backend,
+                block_size=block_size,
+                input_precision=input_precision,
+            ).loss
+            / image_features.shape[0]
+        )
+    return SigLIPLossFn.apply(
+        image_features, text_features, t, b, 0, image_features.shape[0], backend, block_size, input_precision
+    )

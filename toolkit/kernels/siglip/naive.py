@@ -23,8 +23,15 @@ def labels(m: int, n: int, pos_offset: int | None, dtype: torch.dtype, device) -
     return z
 
 
-def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: int | None,
-                 compute_dx: bool, compute_dy: bool) -> SigmoidSums:
+def sigmoid_sums(
+    x: Tensor,
+    y: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    pos_offset: int | None,
+    compute_dx: bool,
+    compute_dy: bool,
+) -> SigmoidSums:
     """loss = −Σ_ij log σ(z_ij (t·s_ij + b)) and its gradients, from the whole matrix (explicit formulas:
     ∂loss/∂u_ij = σ(u_ij) − [z_ij = +1] with u = t·s + b). Scale and bias gradients come with any side."""
     acc = accumulation_dtype(x)

@@ -31,9 +31,17 @@ from toolkit.kernels.tiled import _diag_index, strip_rows
 SOFTPLUS_THRESHOLD = 40.0
 
 
-def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: int | None,
-                 compute_dx: bool, compute_dy: bool, block_size: int | None, compute_loss: bool = True
-                 ) -> SigmoidSums:
+def sigmoid_sums(
+    x: Tensor,
+    y: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    pos_offset: int | None,
+    compute_dx: bool,
+    compute_dy: bool,
+    block_size: int | None,
+    compute_loss: bool = True,
+) -> SigmoidSums:
     """Loss sum and gradients of x [M, D] against y [N, D] (module docstring); positives at
     j == i + pos_offset (None: every pair is a negative); ``compute_loss=False``: gradients only (loss 0)."""
     m, n = x.shape[0], y.shape[0]
@@ -51,8 +59,11 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: 
     buf = torch.empty(n, min(bm, m), dtype=acc, device=x.device)
     for i0 in range(0, m, bm):
         i1 = min(m, i0 + bm)
-        u = torch.mm(ya, xa[i0:i1].T, out=buf[:, : i1 - i0]).T if i1 - i0 == buf.shape[1] else \
-            torch.mm(ya, xa[i0:i1].T).T  # the last, shorter strip: its own (smaller) buffer
+        u = (
+            torch.mm(ya, xa[i0:i1].T, out=buf[:, : i1 - i0]).T
+            if i1 - i0 == buf.shape[1]
+            else torch.mm(ya, xa[i0:i1].T).T
+        )  # the last, shorter strip: its own (smaller) buffer
         torch.addcmul(bias, u, scale, out=u)  # u = t·s + b (same-position elementwise: safe in place)
         pos = _diag_index(i0, i1, n, pos_offset, x.device)
         if compute_loss:
@@ -76,5 +87,6 @@ def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: 
     # loss's own memory in benchmarks/loss/siglip_loss.py).
     feats, grad = (xa, dx) if compute_dx else (ya, dy)
     d_scale = torch.dot(feats.reshape(-1), grad.reshape(-1))
-    return SigmoidSums(loss, None if dx is None else dx.mul_(scale), None if dy is None else dy.mul_(scale),
-                       d_scale, d_bias)
+    return SigmoidSums(
+        loss, None if dx is None else dx.mul_(scale), None if dy is None else dy.mul_(scale), d_scale, d_bias
+    )

@@ -36,16 +36,39 @@ def _log1p(e):
 
 
 @triton.jit
-def _sig_rows(X, Y, T, B, LOSS, DX, DT, DB, M, N, D, stride_xm, stride_ym, stride_dxm, pos_offset,
-              HAS_POS: tl.constexpr, COMPUTE_LOSS: tl.constexpr, COMPUTE_GRAD: tl.constexpr,
-              PRECISION: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr):
+def _sig_rows(
+    X,
+    Y,
+    T,
+    B,
+    LOSS,
+    DX,
+    DT,
+    DB,
+    M,
+    N,
+    D,
+    stride_xm,
+    stride_ym,
+    stride_dxm,
+    pos_offset,
+    HAS_POS: tl.constexpr,
+    COMPUTE_LOSS: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = rows < M
     d_ok = offs_d < D
-    x = tl.load(X + rows[:, None] * stride_xm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    x = tl.load(
+        X + rows[:, None] * stride_xm + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
+    )
     if DOT_FP32:
         x = x.to(tl.float32)
     t = tl.load(T)
@@ -56,8 +79,9 @@ def _sig_rows(X, Y, T, B, LOSS, DX, DT, DB, M, N, D, stride_xm, stride_ym, strid
     for start_n in range(0, N, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < N
-        y = tl.load(Y + cols[:, None] * stride_ym + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :],
-                    other=0.0)
+        y = tl.load(
+            Y + cols[:, None] * stride_ym + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :], other=0.0
+        )
         w_dtype = y.dtype  # G is rounded to the input dtype for the second dot, as on tensor cores
         if DOT_FP32:
             y = y.to(tl.float32)
@@ -90,8 +114,17 @@ def _sig_rows(X, Y, T, B, LOSS, DX, DT, DB, M, N, D, stride_xm, stride_ym, strid
 _TUNED = L._autotune(None)(_sig_rows)
 
 
-def _launch(x: Tensor, y: Tensor, t: Tensor, b: Tensor, pos_offset: int | None, compute_loss: bool,
-            compute_grad: bool, block_size: int | None, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _launch(
+    x: Tensor,
+    y: Tensor,
+    t: Tensor,
+    b: Tensor,
+    pos_offset: int | None,
+    compute_loss: bool,
+    compute_grad: bool,
+    block_size: int | None,
+    precision: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One sweep over the rows of x: per-row loss [M], un-scaled dx [M, D], dt [M], db [M] (fp32; the ones
     not computed are left unwritten)."""
     m, n, d = x.shape[0], y.shape[0], x.shape[1]
@@ -99,8 +132,14 @@ def _launch(x: Tensor, y: Tensor, t: Tensor, b: Tensor, pos_offset: int | None, 
     dx = torch.empty((m, d) if compute_grad else (1, 1), dtype=torch.float32, device=x.device)
     dt, db = (torch.empty(m if compute_grad else 1, dtype=torch.float32, device=x.device) for _ in range(2))
     args = (x, y, t, b, loss, dx, dt, db, m, n, d, x.stride(0), y.stride(0), dx.stride(0), pos_offset or 0)
-    flags = dict(HAS_POS=pos_offset is not None, COMPUTE_LOSS=compute_loss, COMPUTE_GRAD=compute_grad,
-                 PRECISION=precision, DOT_FP32=L._dot_fp32(x), BLOCK_D=L._block_d(d))
+    flags = dict(
+        HAS_POS=pos_offset is not None,
+        COMPUTE_LOSS=compute_loss,
+        COMPUTE_GRAD=compute_grad,
+        PRECISION=precision,
+        DOT_FP32=L._dot_fp32(x),
+        BLOCK_D=L._block_d(d),
+    )
     if L._use_autotune(x, block_size):
         _TUNED[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)](*args, **flags)
     else:
@@ -109,9 +148,18 @@ def _launch(x: Tensor, y: Tensor, t: Tensor, b: Tensor, pos_offset: int | None, 
     return loss, dx, dt, db
 
 
-def sigmoid_sums(x: Tensor, y: Tensor, scale: Tensor, bias: Tensor, pos_offset: int | None, compute_dx: bool,
-                 compute_dy: bool, block_size: int | None, input_precision: str | None, compute_loss: bool = True
-                 ) -> SigmoidSums:
+def sigmoid_sums(
+    x: Tensor,
+    y: Tensor,
+    scale: Tensor,
+    bias: Tensor,
+    pos_offset: int | None,
+    compute_dx: bool,
+    compute_dy: bool,
+    block_size: int | None,
+    input_precision: str | None,
+    compute_loss: bool = True,
+) -> SigmoidSums:
     """Loss sum and gradients (``toolkit.kernels.siglip.sigmoid_sums``); fp32 results."""
     L._check_block(block_size)
     m, n = x.shape[0], y.shape[0]

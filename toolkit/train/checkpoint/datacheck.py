@@ -42,8 +42,13 @@ def _describe(fp: Mapping[str, Any]) -> str:
     return f"{fp.get('path')} ({fp.get('num_samples')} samples, dataset.json sha256 {str(fp.get('dataset_sha256'))[:12]})"
 
 
-def check_data(path: str, saved: Mapping[str, Any], checkpoint: CheckpointConfig, data: str,
-               current: Mapping[str, Any] | None = None) -> None:
+def check_data(
+    path: str,
+    saved: Mapping[str, Any],
+    checkpoint: CheckpointConfig,
+    data: str,
+    current: Mapping[str, Any] | None = None,
+) -> None:
     """Raise :class:`DataMismatch` unless checkpoint ``path`` (``saved``: its trainer.json) was trained on
     what the training set ``data`` holds now (``current``: its fingerprint, when read already), or
     ``checkpoint.allow_other_data`` is set. Checkpoints from before the fingerprint was recorded pass."""
@@ -53,10 +58,12 @@ def check_data(path: str, saved: Mapping[str, Any], checkpoint: CheckpointConfig
     new = current or fingerprint(data)
     if old.get("dataset_sha256") == new["dataset_sha256"]:
         return
-    raise DataMismatch(f"{path} was trained on {_describe(old)}, but this run reads {_describe(new)}: the data "
-                       "changed, so its order, sample count and per-sample tables no longer match; resume with "
-                       "the data it was trained on, start afresh (--resume none, or another --out), or set "
-                       "checkpoint.allow_other_data=true to continue on the new data anyway")
+    raise DataMismatch(
+        f"{path} was trained on {_describe(old)}, but this run reads {_describe(new)}: the data "
+        "changed, so its order, sample count and per-sample tables no longer match; resume with "
+        "the data it was trained on, start afresh (--resume none, or another --out), or set "
+        "checkpoint.allow_other_data=true to continue on the new data anyway"
+    )
 
 
 def refuse_other_data(checkpoint: CheckpointConfig, out: str, data: str) -> None:
@@ -68,8 +75,11 @@ def refuse_other_data(checkpoint: CheckpointConfig, out: str, data: str) -> None
     how = checkpoint.resume
     if how == "none" or checkpoint.allow_other_data:
         return
-    candidates = ([p for _, p in ckpt.list_checkpoints(checkpoints_dir(checkpoint, out))]
-                  if how in ("auto", "latest") else [how])
+    candidates = (
+        [p for _, p in ckpt.list_checkpoints(checkpoints_dir(checkpoint, out))]
+        if how in ("auto", "latest")
+        else [how]
+    )
     for path in candidates:  # newest first
         try:
             saved = ckpt.read_trainer_state(path)

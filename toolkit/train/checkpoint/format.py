@@ -61,7 +61,9 @@ def _join(root: str, name: str) -> str:
 
 
 def manifest_for(blobs: dict[str, bytes], step: int) -> bytes:
-    meta = {name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in blobs.items()}
+    meta = {
+        name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in blobs.items()
+    }
     return json.dumps({"format": FORMAT, "step": step, "files": meta}, indent=2).encode()
 
 
@@ -99,8 +101,10 @@ def _check_folder(fs: fsspec.AbstractFileSystem, path: str, root: str) -> None:
         except FileNotFoundError:
             pass
         except PermissionError as err:
-            raise CheckpointInvalid(f"{root}: unreadable ({err.strerror}): give this user read access to it, "
-                                    "or move it out of the checkpoint folder") from err
+            raise CheckpointInvalid(
+                f"{root}: unreadable ({err.strerror}): give this user read access to it, "
+                "or move it out of the checkpoint folder"
+            ) from err
 
 
 def _verify_file(fs: fsspec.AbstractFileSystem, f: str, shown: str, meta: dict) -> None:
@@ -187,7 +191,7 @@ def _write_file(path: Path, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -241,11 +245,17 @@ class CheckpointWriteFailed(RuntimeError):
 
 def _write_failure(ckpt_dir: str, step: int, err: BaseException) -> CheckpointWriteFailed:
     earlier = [(s, p) for s, p in list_checkpoints(ckpt_dir) if s < step]
-    kept = (f"the previous checkpoints are kept (newest: {earlier[0][1]}); rerun the same command after fixing "
-            "this to resume from it" if earlier else "no earlier checkpoint exists")
+    kept = (
+        f"the previous checkpoints are kept (newest: {earlier[0][1]}); rerun the same command after fixing "
+        "this to resume from it"
+        if earlier
+        else "no earlier checkpoint exists"
+    )
     why = f"[Errno {err.errno}] {err.strerror}" if isinstance(err, OSError) and err.strerror else f"{err}"
-    return CheckpointWriteFailed(f"writing checkpoint step {step} to {_join(ckpt_dir, step_name(step))} failed: "
-                                 f"{type(err).__name__}: {why}; {kept}")
+    return CheckpointWriteFailed(
+        f"writing checkpoint step {step} to {_join(ckpt_dir, step_name(step))} failed: "
+        f"{type(err).__name__}: {why}; {kept}"
+    )
 
 
 class AsyncWriter:

@@ -16,7 +16,9 @@ from toolkit.core.config_changes import absent_values, changed_keys, describe_ch
 from toolkit.train.checkpoint import format as ckpt
 from toolkit.train.config import CheckpointConfig, TrainConfig
 
-CLI_REMEDY = "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"
+CLI_REMEDY = (
+    "resume it with its own config, use --resume none to start afresh, or --init to start from its weights"
+)
 
 
 def output_hash(cfg: TrainConfig) -> str:
@@ -35,21 +37,37 @@ class ConfigMismatch(ValueError):
     its config); ``where``: the run's checkpoint folder (or run directory) that holds it; ``remedy``: what
     the user can do, in the terms of the command they ran."""
 
-    def __init__(self, path: str, saved_hash: Any, new_hash: str, changes: list[tuple[str, Any, Any]] | None,
-                 where: str = "", remedy: str = CLI_REMEDY):
+    def __init__(
+        self,
+        path: str,
+        saved_hash: Any,
+        new_hash: str,
+        changes: list[tuple[str, Any, Any]] | None,
+        where: str = "",
+        remedy: str = CLI_REMEDY,
+    ):
         self.path, self.saved_hash, self.new_hash, self.changes = path, saved_hash, new_hash, changes
         self.where, self.remedy = where, remedy
-        what = (f"checkpoint -> this run: {describe_changes(changes)}" if changes
-                else f"config hash {saved_hash} != {new_hash}")
+        what = (
+            f"checkpoint -> this run: {describe_changes(changes)}"
+            if changes
+            else f"config hash {saved_hash} != {new_hash}"
+        )
         super().__init__(f"{path}: written by a run with a different configuration ({what}); {remedy}")
 
     def in_pipeline(self, stage: str) -> ConfigMismatch:
         """The same refusal with the remedies of ``pipeline run`` for stage ``stage`` (the runner calls this
         on any error that has it: ``--resume none`` is no option there). The checkpoint stays either way."""
-        return ConfigMismatch(self.path, self.saved_hash, self.new_hash, self.changes, self.where,
-                              f"restore the old values to resume it, or start afresh with --set "
-                              f"stages.{stage}.checkpoint.resume=none (deletes its checkpoints) or after moving "
-                              f"{self.where} away")
+        return ConfigMismatch(
+            self.path,
+            self.saved_hash,
+            self.new_hash,
+            self.changes,
+            self.where,
+            f"restore the old values to resume it, or start afresh with --set "
+            f"stages.{stage}.checkpoint.resume=none (deletes its checkpoints) or after moving "
+            f"{self.where} away",
+        )
 
 
 class FlatLayoutRecord(ConfigMismatch):
@@ -60,17 +78,26 @@ class FlatLayoutRecord(ConfigMismatch):
     def __init__(self, path: str, moved: dict[str, str], where: str = "", remedy: str = ""):
         self.path, self.moved, self.where, self.changes = path, moved, where, None
         self.saved_hash = self.new_hash = ""
-        self.remedy = remedy or (f"start afresh from its weights with --init {path} (a new run folder, or "
-                                 "--resume none), or with the cliptk it was written with")
+        self.remedy = remedy or (
+            f"start afresh from its weights with --init {path} (a new run folder, or "
+            "--resume none), or with the cliptk it was written with"
+        )
         names = ", ".join(f"{old} is {new} now" for old, new in moved.items())
-        ValueError.__init__(self, f"{path}: recorded in the flat loss layout of before 2026-11-26 ({names}); "
-                                  "this cliptk reads the sectioned layout only and cannot resume it: "
-                                  f"{self.remedy}")
+        ValueError.__init__(
+            self,
+            f"{path}: recorded in the flat loss layout of before 2026-11-26 ({names}); "
+            "this cliptk reads the sectioned layout only and cannot resume it: "
+            f"{self.remedy}",
+        )
 
     def in_pipeline(self, stage: str) -> FlatLayoutRecord:
-        return FlatLayoutRecord(self.path, self.moved, self.where,
-                                f"start afresh with --set stages.{stage}.checkpoint.resume=none (deletes its "
-                                f"checkpoints) or after moving {self.where} away")
+        return FlatLayoutRecord(
+            self.path,
+            self.moved,
+            self.where,
+            f"start afresh with --set stages.{stage}.checkpoint.resume=none (deletes its "
+            f"checkpoints) or after moving {self.where} away",
+        )
 
 
 def flat_loss_keys(record: Any) -> dict[str, str]:
@@ -99,7 +126,9 @@ def check_config(path: str, saved: Mapping[str, Any], cfg: TrainConfig) -> None:
         changes = _with_effect(changes, cfg)
     if changes == []:  # written before some fields existed, and this run uses what their absence meant
         return
-    raise ConfigMismatch(path, saved.get("config_hash"), new_hash, changes or None, cfg.checkpoint.dir or cfg.out)
+    raise ConfigMismatch(
+        path, saved.get("config_hash"), new_hash, changes or None, cfg.checkpoint.dir or cfg.out
+    )
 
 
 def _with_effect(changes: list[tuple[str, Any, Any]], cfg: TrainConfig) -> list[tuple[str, Any, Any]]:
@@ -137,8 +166,10 @@ def require_resume_folder(how: str) -> None:
     """A checkpoint folder given as ``checkpoint.resume`` must exist: FileNotFoundError saying so (it was
     reported as 'checkpoint.json: missing (the checkpoint was not completed)')."""
     if not files.exists(how):
-        raise FileNotFoundError(f"--resume {how}: not found (expected auto, latest, none or a checkpoint folder "
-                                "such as RUN_DIR/checkpoints/step-00000100)")
+        raise FileNotFoundError(
+            f"--resume {how}: not found (expected auto, latest, none or a checkpoint folder "
+            "such as RUN_DIR/checkpoints/step-00000100)"
+        )
 
 
 def _saved_hash(path: str) -> Any:
@@ -174,6 +205,8 @@ def nonfinite_abort_note(good: str | None, first_bad_step: int, moved: list[str]
     aside = f"; set aside, written after it: {', '.join(moved)}" if moved else ""
     if good is None:
         return f"; no checkpoint was written before the first non-finite step ({first_bad_step}){aside}"
-    return (f"; the last checkpoint written before the first non-finite step ({first_bad_step}) is {good}: "
-            f"start from its weights with --init {good} and a lower --lr (a resume with another lr is "
-            f"refused){aside}")
+    return (
+        f"; the last checkpoint written before the first non-finite step ({first_bad_step}) is {good}: "
+        f"start from its weights with --init {good} and a lower --lr (a resume with another lr is "
+        f"refused){aside}"
+    )

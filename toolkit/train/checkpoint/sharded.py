@@ -87,8 +87,12 @@ def _finish(io: Any, state: Any, folder: str) -> None:
     for name in sorted(os.listdir(folder)):
         path = _path(folder, name)
         meta[name] = {"bytes": os.path.getsize(path), "sha256": files.file_sha256(path)}
-    ckpt._write_file(_path(folder, ckpt.MANIFEST), json.dumps(
-        {"format": ckpt.FORMAT, "sharded": True, "step": state.step, "files": meta}, indent=2).encode())
+    ckpt._write_file(
+        _path(folder, ckpt.MANIFEST),
+        json.dumps(
+            {"format": ckpt.FORMAT, "sharded": True, "step": state.step, "files": meta}, indent=2
+        ).encode(),
+    )
 
 
 def _path(folder: str, name: str):
@@ -115,8 +119,12 @@ def load(io: Any, path: str) -> None:
     with_ema = io.ema is not None and any(k.startswith("ema.") for k in _saved_keys(path))
     state = _state(io, with_ema)
     dcp.load(state, storage_reader=dcp.FileSystemReader(files.local_path(path)))
-    set_state_dict(io.built.model, [io.update.optimizer], model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+    set_state_dict(
+        io.built.model,
+        [io.update.optimizer],
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+    )
     update = io.update
     if update.tau_ctl is not None:  # the optimiser's group dicts were replaced: τ's lr goes to the new one
         update.tau_ctl.group = logit_scale_group(update.optimizer)

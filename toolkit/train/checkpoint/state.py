@@ -53,8 +53,15 @@ class StateIO:
     """Checkpoints of one run (module docstring); ``last_step``: the step of the newest checkpoint
     written or loaded (None: none yet)."""
 
-    def __init__(self, cfg: TrainConfig, rt: Runtime, steps: StepCounts, built: BuiltModel, update: Update,
-                 loss_fn: TrainingLoss):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rt: Runtime,
+        steps: StepCounts,
+        built: BuiltModel,
+        update: Update,
+        loss_fn: TrainingLoss,
+    ):
         self.cfg, self.rank, self.world_size, self.built = cfg, rt.rank, rt.world_size, built
         self.update, self.loss_fn = update, loss_fn
         self.steps_per_epoch, self.total_steps = steps
@@ -86,13 +93,16 @@ class StateIO:
         else:
             check_config(path, saved, self.cfg)
         check_data(path, saved, self.cfg.checkpoint, self.cfg.data, self.data)
-        same_data = (saved.get("data") or {}).get("dataset_sha256", self.data["dataset_sha256"]) == \
-            self.data["dataset_sha256"]
+        same_data = (saved.get("data") or {}).get("dataset_sha256", self.data["dataset_sha256"]) == self.data[
+            "dataset_sha256"
+        ]
         self._load(path, same_data)
         self.last_step = saved["state"]["step"]
         fields = TrainState.__dataclass_fields__
         state = TrainState(**{k: v for k, v in saved["state"].items() if k in fields})
-        get_logger("train").info("resumed from %s: step %d, %d samples seen", path, state.step, state.samples_seen)
+        get_logger("train").info(
+            "resumed from %s: step %d, %d samples seen", path, state.step, state.samples_seen
+        )
         return state
 
     def _resume_path(self) -> str | None:
@@ -112,17 +122,24 @@ class StateIO:
         if sharded.is_sharded(path):  # an --fsdp checkpoint, loaded at this run's world size and wrapping
             sharded.load(self, path)
         elif self.sharded is not None:
-            raise ValueError(f"{path} was written without --fsdp: resume it without --fsdp, or start from "
-                             f"its weights with --init {path}")
+            raise ValueError(
+                f"{path} was written without --fsdp: resume it without --fsdp, or start from "
+                f"its weights with --init {path}"
+            )
         else:
             self._load_whole(path)
         try:
             state = load(ckpt.read_bytes(path, ckpt.LOSS_STATE))
         except FileNotFoundError:
             state = None  # an objective without state of its own
-        if state is not None and not same_data:  # checkpoint.allow_other_data: its tables index the old samples
-            get_logger("train").warning("resume onto other data (checkpoint.allow_other_data): the objective's "
-                                        "per-sample state of %s is not loaded; it starts afresh", path)
+        if (
+            state is not None and not same_data
+        ):  # checkpoint.allow_other_data: its tables index the old samples
+            get_logger("train").warning(
+                "resume onto other data (checkpoint.allow_other_data): the objective's "
+                "per-sample state of %s is not loaded; it starts afresh",
+                path,
+            )
         elif state is not None:
             self.loss_fn.load_state_dict(state)
         if self.ema is not None and not sharded.is_sharded(path):
@@ -160,9 +177,16 @@ class StateIO:
         """trainer.json and the objective's state (when it has one), serialised (rank 0)."""
         from safetensors.torch import save
 
-        meta = {"state": asdict(state), "config_hash": output_hash(self.cfg), "config": output_config(self.cfg),
-                "world_size": self.world_size, "total_steps": self.total_steps,
-                "steps_per_epoch": self.steps_per_epoch, "model": self.built.name, "data": self.data}
+        meta = {
+            "state": asdict(state),
+            "config_hash": output_hash(self.cfg),
+            "config": output_config(self.cfg),
+            "world_size": self.world_size,
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "model": self.built.name,
+            "data": self.data,
+        }
         blobs = {ckpt.TRAINER: json.dumps(meta, indent=2).encode()}
         loss_state = {k: v.contiguous() for k, v in self.loss_fn.state_dict().items()}
         if loss_state:
@@ -192,7 +216,9 @@ class StateIO:
         try:
             self.ema.load_state_dict(load(ckpt.read_bytes(path, FILE)))
         except FileNotFoundError:
-            get_logger("train").warning("%s holds no EMA weights: the average restarts from its weights", path)
+            get_logger("train").warning(
+                "%s holds no EMA weights: the average restarts from its weights", path
+            )
             self.ema.restart_from(self.built.model.clip)
 
     def check_writes(self) -> None:

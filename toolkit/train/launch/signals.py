@@ -37,8 +37,9 @@ class PreemptionFlag:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
-            get_logger("train").warning("received %s: finishing this step, then checkpoint and exit",
-                                        signal.Signals(signum).name)
+            get_logger("train").warning(
+                "received %s: finishing this step, then checkpoint and exit", signal.Signals(signum).name
+            )
         self.received = signum
 
     def agreed(self, world_size: int) -> bool:

@@ -41,8 +41,10 @@ def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **opti
     if not cls.needs_data_size:
         return cls(cfg, group, **options)
     if data_size is None:
-        raise ValueError(f"{cfg.name} keeps per-sample state: build_loss needs data_size (the number of "
-                         "sample ids of the training set)")
+        raise ValueError(
+            f"{cfg.name} keeps per-sample state: build_loss needs data_size (the number of "
+            "sample ids of the training set)"
+        )
     return cls(cfg, data_size, group, **options)
 
 
@@ -53,4 +55,3 @@ def objective_class(kind: str) -> type[TrainingLoss]:
 
     module, _, name = registry.spec(kind).target.partition(":")
     return getattr(importlib.import_module(module), name)
-

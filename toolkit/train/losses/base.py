@@ -55,15 +55,21 @@ def reference_rows(reference: object, b: int, objective: str) -> tuple[Tensor, T
     errors), after refusing a missing reference, one that is not a pair, and rows that are not both [b, d_ref]
     for the local batch's b. Called by every rank in the objective's forward, before any collective."""
     if reference is None:
-        raise ValueError(f"{objective} needs reference=(ref_image, ref_text): the reference model's features of the "
-                         "batch (build the training set with --reference-model)")
+        raise ValueError(
+            f"{objective} needs reference=(ref_image, ref_text): the reference model's features of the "
+            "batch (build the training set with --reference-model)"
+        )
     if not isinstance(reference, (tuple, list)) or len(reference) != 2:
-        raise ValueError(f"{objective}: reference must be (ref_image [b, d_ref], ref_text [b, d_ref]), got "
-                         f"{type(reference).__name__}")
+        raise ValueError(
+            f"{objective}: reference must be (ref_image [b, d_ref], ref_text [b, d_ref]), got "
+            f"{type(reference).__name__}"
+        )
     ref_image, ref_text = reference
     if ref_image.dim() != 2 or ref_image.shape != ref_text.shape or ref_image.shape[0] != b:
-        raise ValueError(f"{objective}: reference features ref_image {tuple(ref_image.shape)} and ref_text "
-                         f"{tuple(ref_text.shape)} must both be [b, d_ref] with b = {b} (the batch's rows)")
+        raise ValueError(
+            f"{objective}: reference features ref_image {tuple(ref_image.shape)} and ref_text "
+            f"{tuple(ref_text.shape)} must both be [b, d_ref] with b = {b} (the batch's rows)"
+        )
     return ref_image, ref_text
 
 
@@ -128,15 +134,17 @@ class TrainingLoss(nn.Module):
             for key, t in part.obj.state().items():
                 destination[f"{prefix}{part.name}.{key}"] = t
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         for part in self.state_parts():
             pre = f"{prefix}{part.name}."
 
             def claimed(key: str, part: StatePart = part, pre: str = pre) -> bool:
-                return key.startswith(pre) and (part.owned is None or key[len(pre):] in part.owned)
+                return key.startswith(pre) and (part.owned is None or key[len(pre) :] in part.owned)
 
             unexpected_keys[:] = [k for k in unexpected_keys if not claimed(k)]
             missing = [pre + k for k in part.required if pre + k not in state_dict]
@@ -144,7 +152,9 @@ class TrainingLoss(nn.Module):
                 missing_keys.extend(missing)
                 continue
             try:
-                part.obj.load({k[len(pre):]: v for k, v in state_dict.items() if claimed(k)}, source="state_dict")
+                part.obj.load(
+                    {k[len(pre) :]: v for k, v in state_dict.items() if claimed(k)}, source="state_dict"
+                )
             except (KeyError, ValueError) as err:
                 error_msgs.append(str(err))
 

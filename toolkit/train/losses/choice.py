@@ -60,7 +60,9 @@ def _row(table: tuple[tuple[int | None, dict[str, Any]], ...], batch_size: int) 
     raise AssertionError("a choice table must end with a row for every larger batch")
 
 
-def default_loss(batch_size: int, epochs: int | None = None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def default_loss(
+    batch_size: int, epochs: int | None = None, given: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """LossConfig fields of the objective the evidence picks at global batch ``batch_size`` for a run of
     ``epochs`` planned epochs (None: not known, as for a run planned by steps: the short-run table).
     ``given``: the loss keys the user set without naming a kind, sectioned as ``LossConfig`` is; FastCLIP's
@@ -84,14 +86,18 @@ def _name(fields: dict[str, Any]) -> str:
     name)."""
     section = fields.get("fastclip", {})
     name = fields["kind"] + (f"-{section['version']}" if "version" in section else "")
-    rest = {**{k: v for k, v in fields.items() if k not in ("kind", "fastclip")},
-            **{k: v for k, v in section.items() if k != "version"}}
+    rest = {
+        **{k: v for k, v in fields.items() if k not in ("kind", "fastclip")},
+        **{k: v for k, v in section.items() if k != "version"},
+    }
     return name + "".join(f" ({k}: {v})" for k, v in rest.items())
 
 
 def _describe_table(table: tuple[tuple[int | None, dict[str, Any]], ...]) -> str:
-    parts = [f"{_name(f)} up to batch {largest}" if largest is not None else f"{_name(f)} above"
-             for largest, f in table]
+    parts = [
+        f"{_name(f)} up to batch {largest}" if largest is not None else f"{_name(f)} above"
+        for largest, f in table
+    ]
     if len(parts) == 1:
         return parts[0].removesuffix(" above") + " at every batch"
     return ", ".join(parts)

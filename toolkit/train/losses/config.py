@@ -47,49 +47,78 @@ TauLrSchedule = Literal["step_thresh", "const", "cosine"]
 # named when refused (core.config's unknown-key error, the resume refusal of a checkpoint recorded so).
 MOVED_KEYS: dict[str, str] = {
     **{f.name: f"fastclip.{f.name}" for f in dataclasses.fields(FastCLIPConfig)},
-    **{f"siglip_{f.name}": f"siglip.{f.name}" for f in dataclasses.fields(SigLIPConfig)}}
+    **{f"siglip_{f.name}": f"siglip.{f.name}" for f in dataclasses.fields(SigLIPConfig)},
+}
 
 
 @dataclass(frozen=True)
 class LossConfig:
     """The training objective (see module docstring)."""
 
-    kind: str = option("fastclip", doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
-                                       "fastclip (global contrastive loss with per-sample estimators), siglip "
-                                       "(sigmoid loss with a learnable bias), neuclip (FastCLIP's loss, "
-                                       "log-normalisers predicted by a network), drrho (FastCLIP's loss on the "
-                                       "excess over a reference model's, DRRho-CLIP), distill (CLIP loss + KL "
-                                       "from a reference model's similarities).")
-    mode: Mode = option("fastclip", doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
-                                        "or fastclip (no feature-gradient communication; FastCLIP's only mode). "
-                                        "siglip: gather, ring or fastclip. Unset: the objective's default "
-                                        "(its spec's default_mode: fastclip where it runs in it, else its "
-                                        "first mode).")
-    backend: Backend = option("auto", doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
-                                          "or naive (full matrix, for tests).")
-    tau_init: float = option(0.07, gt=0, doc="Initial temperature τ: the model's logit scale starts at "
-                                             "log(1/τ); v2: every sample's initial τ. siglip: see "
-                                             "siglip.scale_init.")
-    learn_tau: bool = option(True, doc="openclip, siglip, neuclip: learn τ (true) or keep it at tau_init (false). FastCLIP "
-                                       "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).")
-    lr_tau: float | None = option(None, doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3, neuclip; "
-                                            "empty: the model lr) or v2's per-sample rule's (empty: 1e-2).")
+    kind: str = option(
+        "fastclip",
+        doc="The objective (losses/registry.py): openclip (mini-batch CLIP loss), "
+        "fastclip (global contrastive loss with per-sample estimators), siglip "
+        "(sigmoid loss with a learnable bias), neuclip (FastCLIP's loss, "
+        "log-normalisers predicted by a network), drrho (FastCLIP's loss on the "
+        "excess over a reference model's, DRRho-CLIP), distill (CLIP loss + KL "
+        "from a reference model's similarities).",
+    )
+    mode: Mode = option(
+        "fastclip",
+        doc="Distributed mode: gather (OpenCLIP), disco (DisCo-CLIP), ring (Inf-CL) "
+        "or fastclip (no feature-gradient communication; FastCLIP's only mode). "
+        "siglip: gather, ring or fastclip. Unset: the objective's default "
+        "(its spec's default_mode: fastclip where it runs in it, else its "
+        "first mode).",
+    )
+    backend: Backend = option(
+        "auto",
+        doc="Tiled-loss kernels: auto (triton on CUDA, else torch), torch, triton "
+        "or naive (full matrix, for tests).",
+    )
+    tau_init: float = option(
+        0.07,
+        gt=0,
+        doc="Initial temperature τ: the model's logit scale starts at "
+        "log(1/τ); v2: every sample's initial τ. siglip: see "
+        "siglip.scale_init.",
+    )
+    learn_tau: bool = option(
+        True,
+        doc="openclip, siglip, neuclip: learn τ (true) or keep it at tau_init (false). FastCLIP "
+        "fixes this by version (v0, v3 learn it; v1 keeps it; v2 per sample).",
+    )
+    lr_tau: float | None = option(
+        None,
+        doc="Learning rate of τ: the logit-scale group's (openclip, v0, v3, neuclip; "
+        "empty: the model lr) or v2's per-sample rule's (empty: 1e-2).",
+    )
     lr_tau_schedule: TauLrSchedule = option(
-        "cosine", doc="Schedule of the logit-scale group's lr: cosine (as the model's), const, or step_thresh "
-                      "(lr_tau, divided by 3 once τ <= 0.03: the reference's v3 rule).")
+        "cosine",
+        doc="Schedule of the logit-scale group's lr: cosine (as the model's), const, or step_thresh "
+        "(lr_tau, divided by 3 once τ <= 0.03: the reference's v3 rule).",
+    )
     rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
-    eps: float = option(1e-14, gt=0, doc="ε added to the estimators u in the surrogate's denominators (neuclip: "
-                                         "the ε of log(ε + g)).")
-    fastclip: FastCLIPConfig = option(factory=FastCLIPConfig,
-                                      doc="FastCLIP's version, γ schedule and rules, v2's τ rule (kind fastclip).")
-    siglip: SigLIPConfig = option(factory=SigLIPConfig,
-                                  doc="SigLIP's initial scale and bias (kind siglip).")
+    eps: float = option(
+        1e-14,
+        gt=0,
+        doc="ε added to the estimators u in the surrogate's denominators (neuclip: the ε of log(ε + g)).",
+    )
+    fastclip: FastCLIPConfig = option(
+        factory=FastCLIPConfig, doc="FastCLIP's version, γ schedule and rules, v2's τ rule (kind fastclip)."
+    )
+    siglip: SigLIPConfig = option(factory=SigLIPConfig, doc="SigLIP's initial scale and bias (kind siglip).")
     neuclip: NeuCLIPConfig = option(factory=NeuCLIPConfig, doc="NeuCLIP's normaliser network (kind neuclip).")
-    drrho: DRRhoConfig = option(factory=DRRhoConfig, doc="DRRho-CLIP's reference term (kind drrho).",
-                                omit_at_default=True)
-    distill: DistillConfig = option(factory=DistillConfig, omit_at_default=True,
-                                    doc="Distillation from the training set's reference model (kind distill): "
-                                        "the KL's weight λ and the teacher's τ.")
+    drrho: DRRhoConfig = option(
+        factory=DRRhoConfig, doc="DRRho-CLIP's reference term (kind drrho).", omit_at_default=True
+    )
+    distill: DistillConfig = option(
+        factory=DistillConfig,
+        omit_at_default=True,
+        doc="Distillation from the training set's reference model (kind distill): "
+        "the KL's weight λ and the teacher's τ.",
+    )
     moved_keys: ClassVar[dict[str, str]] = MOVED_KEYS  # named by core.config's unknown-key error
 
     @staticmethod
@@ -140,7 +169,11 @@ def _matches(cfg: Any, fields: Mapping[str, Any]) -> bool:
     """Whether config ``cfg`` has every value of ``fields`` (sections compared key by key)."""
     for key, want in fields.items():
         have = getattr(cfg, key)
-        if not (_matches(have, want) if isinstance(want, Mapping) and dataclasses.is_dataclass(have) else have == want):
+        if not (
+            _matches(have, want)
+            if isinstance(want, Mapping) and dataclasses.is_dataclass(have)
+            else have == want
+        ):
             return False
     return True
 

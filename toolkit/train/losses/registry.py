@@ -18,8 +18,14 @@ from typing import Any
 from toolkit.train.losses.spec import ObjectiveSpec
 
 # the objectives' folders, in the order --loss lists their names; each has spec.py with SPEC
-OBJECTIVES = ("toolkit.train.losses.openclip", "toolkit.train.losses.fastclip", "toolkit.train.losses.siglip",
-              "toolkit.train.losses.neuclip", "toolkit.train.losses.drrho", "toolkit.train.losses.distill")
+OBJECTIVES = (
+    "toolkit.train.losses.openclip",
+    "toolkit.train.losses.fastclip",
+    "toolkit.train.losses.siglip",
+    "toolkit.train.losses.neuclip",
+    "toolkit.train.losses.drrho",
+    "toolkit.train.losses.distill",
+)
 _SPECS: dict[str, ObjectiveSpec] = {}
 _loaded = False
 
@@ -39,8 +45,12 @@ def _load_folders() -> None:
     _SPECS.update(registered)
 
 
-def register(kind: str | ObjectiveSpec, target: str | None = None,
-             names: Mapping[str, Mapping[str, Any]] | None = None, **facts: Callable | tuple | str) -> ObjectiveSpec:
+def register(
+    kind: str | ObjectiveSpec,
+    target: str | None = None,
+    names: Mapping[str, Mapping[str, Any]] | None = None,
+    **facts: Callable | tuple | str,
+) -> ObjectiveSpec:
     """Make an objective buildable: ``register(SPEC)``, or ``register(kind, "module:Class", names, **facts)``
     with ``ObjectiveSpec``'s fields (``names``: --loss NAME -> extra LossConfig fields; default: the
     single name ``kind``). Replaces an objective of the same kind."""
@@ -79,4 +89,3 @@ def spec_of_name(name: str) -> tuple[ObjectiveSpec, dict[str, Any]]:
     if name not in names:
         raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(names)}")
     return spec(names[name]["kind"]), names[name]
-

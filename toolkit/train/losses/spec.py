@@ -53,7 +53,9 @@ class ObjectiveSpec:
 
     def loss_names(self) -> dict[str, dict[str, Any]]:
         """--loss NAME -> every LossConfig field it sets, kind included."""
-        return {name: {"kind": self.kind, **fields} for name, fields in (self.names or {self.kind: {}}).items()}
+        return {
+            name: {"kind": self.kind, **fields} for name, fields in (self.names or {self.kind: {}}).items()
+        }
 
     def mode_when_unset(self, fallback: str) -> str:
         """The mode of a config that names none: ``default_mode``, else ``fallback`` (LossConfig's default)
@@ -65,7 +67,11 @@ class ObjectiveSpec:
         if mode in self.modes:
             return
         if len(self.modes) == 1:
-            raise ValueError(f"{self.kind} runs in the {self.modes[0]} mode only (got mode {mode!r}); "
-                             + (self.modes_note or f"set loss.mode to {self.modes[0]}"))
-        raise ValueError(f"the {self.kind} loss has no {mode} mode: "
-                         + (self.modes_note or f"use mode {', '.join(self.modes)}"))
+            raise ValueError(
+                f"{self.kind} runs in the {self.modes[0]} mode only (got mode {mode!r}); "
+                + (self.modes_note or f"set loss.mode to {self.modes[0]}")
+            )
+        raise ValueError(
+            f"the {self.kind} loss has no {mode} mode: "
+            + (self.modes_note or f"use mode {', '.join(self.modes)}")
+        )

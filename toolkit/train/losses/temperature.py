@@ -27,10 +27,18 @@ class TemperatureControl:
     ``cosine``: linear warmup over ``warmup_steps`` then cosine to 0 at ``total_steps``; ``const``: lr_tau.
     """
 
-    def __init__(self, logit_scale: torch.nn.Parameter, param_group: dict, lr_tau: float,
-                 schedule: TauLrSchedule = "step_thresh", warmup_steps: int = 0, total_steps: int = 1,
-                 thresholds: tuple[float, ...] = (0.03,), ratios: tuple[float, ...] = (1.0 / 3.0,),
-                 max_logit_scale: float = MAX_LOGIT_SCALE):
+    def __init__(
+        self,
+        logit_scale: torch.nn.Parameter,
+        param_group: dict,
+        lr_tau: float,
+        schedule: TauLrSchedule = "step_thresh",
+        warmup_steps: int = 0,
+        total_steps: int = 1,
+        thresholds: tuple[float, ...] = (0.03,),
+        ratios: tuple[float, ...] = (1.0 / 3.0,),
+        max_logit_scale: float = MAX_LOGIT_SCALE,
+    ):
         if schedule not in ("step_thresh", "const", "cosine"):
             raise ValueError(f"unknown tau lr schedule {schedule!r}; choose step_thresh, const or cosine")
         if len(thresholds) != len(ratios):

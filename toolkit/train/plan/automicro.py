@@ -28,12 +28,26 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
     from toolkit.core.config import build
     from toolkit.train.plan.planner import PlanConfig
 
-    return build(PlanConfig, {"model": cfg.model, "batch_size": cfg.batch_size, "nodes": group_size // local_world,
-                              "nproc_per_node": local_world, "mode": cfg.loss.mode, "loss": cfg.loss.name,
-                              "precision": cfg.precision, "optimizer": cfg.optim.name, "grad_dtype": cfg.grad_dtype,
-                              "device": device, "num_samples": num_samples,
-                              "grad_checkpointing": cfg.grad_checkpointing, "fsdp": cfg.fsdp, "patch_dropout": cfg.patch_dropout,
-                              "fsdp_cpu_offload": cfg.fsdp_cpu_offload})
+    return build(
+        PlanConfig,
+        {
+            "model": cfg.model,
+            "batch_size": cfg.batch_size,
+            "nodes": group_size // local_world,
+            "nproc_per_node": local_world,
+            "mode": cfg.loss.mode,
+            "loss": cfg.loss.name,
+            "precision": cfg.precision,
+            "optimizer": cfg.optim.name,
+            "grad_dtype": cfg.grad_dtype,
+            "device": device,
+            "num_samples": num_samples,
+            "grad_checkpointing": cfg.grad_checkpointing,
+            "fsdp": cfg.fsdp,
+            "patch_dropout": cfg.patch_dropout,
+            "fsdp_cpu_offload": cfg.fsdp_cpu_offload,
+        },
+    )
 
 
 def host_budget_bytes(local_world: int) -> float:
@@ -55,8 +69,15 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
     else:
         from toolkit.train.plan.memprobe import measure_activations
 
-        fit = measure_activations(pcfg.model, (16, 64), pcfg.precision, "cpu", threads=torch.get_num_threads(),
-                                  grad_checkpointing=pcfg.grad_checkpointing, patch_dropout=pcfg.patch_dropout)
+        fit = measure_activations(
+            pcfg.model,
+            (16, 64),
+            pcfg.precision,
+            "cpu",
+            threads=torch.get_num_threads(),
+            grad_checkpointing=pcfg.grad_checkpointing,
+            patch_dropout=pcfg.patch_dropout,
+        )
         fixed, per_sample, overhead = fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes
     shape = plan.model_shape(pcfg.model)
     tables = plan.table_bytes(pcfg)
@@ -65,8 +86,10 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
         return sum(plan.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values()) + tables
 
     best = max((m for m in range(1, local + 1) if total(m) <= budget), default=1)
-    return best, (f"predicted {total(best) / GiB:.2f} GiB of a {budget / GiB:.2f} GiB budget "
-                  f"({per_sample / 2**20:.2f} MiB of activations per sample)")
+    return best, (
+        f"predicted {total(best) / GiB:.2f} GiB of a {budget / GiB:.2f} GiB budget "
+        f"({per_sample / 2**20:.2f} MiB of activations per sample)"
+    )
 
 
 def _cuda(model: Any, dev: torch.device, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
@@ -89,7 +112,10 @@ def _cuda(model: Any, dev: torch.device, pcfg: Any, local: int, budget: float) -
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         if ok or m == 1:
-            return m, f"probe peak {peak / GiB:.2f} GiB + {later / GiB:.2f} GiB later of {budget / GiB:.2f} GiB"
+            return (
+                m,
+                f"probe peak {peak / GiB:.2f} GiB + {later / GiB:.2f} GiB later of {budget / GiB:.2f} GiB",
+            )
         m = max(1, m // 2)
 
 
@@ -99,8 +125,11 @@ def choose(cfg: Any, model: Any, rt: Any, num_samples: int) -> int:
     log = get_logger("train")
     local = cfg.batch_size // rt.world_size
     if model.image_role != "image" or model.text_role != "tokens":
-        log.info("micro-batch auto: frozen-tower features, the heads keep O(D) floats per sample: whole local "
-                 "batch of %d", local)
+        log.info(
+            "micro-batch auto: frozen-tower features, the heads keep O(D) floats per sample: whole local "
+            "batch of %d",
+            local,
+        )
         return 0
     cuda = rt.device.type == "cuda"
     pcfg = plan_config(cfg, rt.world_size, rt.local_world_size, "cuda" if cuda else "cpu", num_samples)

@@ -23,8 +23,10 @@ GiB = 1024**3
 H100_MODEL, H100_PRECISION, H100_BATCH, H100_LOSS = "ViT-B-32", "bf16", 512, "openclip"
 H100_PEAK_BYTES = 11.719682216644287 * GiB  # gpu_check_h100_trainer.json, rows[1].peak_gib
 H100_TEXT_TOKENS = 12  # the longest caption of the run's synthetic data (benchmarks/gpu/data.py), BPE tokens
-SOURCE = ("estimate, no GPU here: the H100 run's measured ViT-B-32 bf16 peak (benchmarks/gpu/results/"
-          "gpu_check_h100.md) scaled by layers x tokens x width; `--measure` on a GPU machine measures it")
+SOURCE = (
+    "estimate, no GPU here: the H100 run's measured ViT-B-32 bf16 peak (benchmarks/gpu/results/"
+    "gpu_check_h100.md) scaled by layers x tokens x width; `--measure` on a GPU machine measures it"
+)
 
 
 def tower_units(model_cfg: dict[str, Any], text_tokens: int = 0) -> tuple[int, int]:
@@ -33,8 +35,10 @@ def tower_units(model_cfg: dict[str, Any], text_tokens: int = 0) -> tuple[int, i
     vision, text = model_cfg.get("vision_cfg", {}), model_cfg.get("text_cfg", {})
     vit = isinstance(vision.get("layers"), int) and "patch_size" in vision
     if not vit or vision.get("timm_model_name"):
-        raise ValueError("no estimate for an image tower that is not a ViT (a ResNet or timm tower): run "
-                         "`toolkit plan --measure` on a machine with the GPU")
+        raise ValueError(
+            "no estimate for an image tower that is not a ViT (a ResNet or timm tower): run "
+            "`toolkit plan --measure` on a machine with the GPU"
+        )
     side = vision["image_size"] if isinstance(vision["image_size"], int) else vision["image_size"][0]
     image_tokens = (side // vision["patch_size"]) ** 2 + 1
     context = int(text.get("context_length", 77))
@@ -54,8 +58,9 @@ def bytes_per_unit(h100_other_bytes: float) -> float:
     return (H100_PEAK_BYTES - h100_other_bytes) / H100_BATCH / units
 
 
-def estimated_constants(model: str, precision: str, text_tokens: int, grad_checkpointing: bool,
-                        h100_other_bytes: float) -> tuple[float, float, float, str]:
+def estimated_constants(
+    model: str, precision: str, text_tokens: int, grad_checkpointing: bool, h100_other_bytes: float
+) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, source) of a CUDA tower pass of ``model`` (module docstring)."""
     from toolkit.models.factory import resolve_spec
 

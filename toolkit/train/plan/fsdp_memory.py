@@ -36,8 +36,14 @@ def units_of(clip) -> Units:
     """``Units`` of an open_clip model (built on the meta device by the planner)."""
     from toolkit.train.fsdp import blocks_of
 
-    towers = [t for t in (getattr(clip, "visual", None), getattr(clip, "text", None) or
-                          getattr(clip, "transformer", None)) if t is not None]
+    towers = [
+        t
+        for t in (
+            getattr(clip, "visual", None),
+            getattr(clip, "text", None) or getattr(clip, "transformer", None),
+        )
+        if t is not None
+    ]
     total = sum(p.numel() for p in clip.parameters() if p.ndim > 0)
     own, block, count = [], 0, 0
     for tower in towers:
@@ -57,32 +63,56 @@ def gathered_bytes(units: Units, param_bytes: int) -> float:
     return float(param_bytes * (units.root + units.tower + 2 * units.block))
 
 
-def sharded_rows(rows: dict[str, float], *, num_params: int, num_trainable: int, slots: int, world: int,
-                 units: Units, param_bytes: int, cached: bool, offload: bool) -> dict[str, float]:
+def sharded_rows(
+    rows: dict[str, float],
+    *,
+    num_params: int,
+    num_trainable: int,
+    slots: int,
+    world: int,
+    units: Units,
+    param_bytes: int,
+    cached: bool,
+    offload: bool,
+) -> dict[str, float]:
     """DDP's ``rows`` (planner.memory_rows) with the parameter, gradient and optimiser rows sharded (module
     docstring); offloaded shards leave the device's rows (``host_rows`` lists them)."""
     out = {k: v for k, v in rows.items() if not k.startswith(("parameters", "gradients", "optimizer"))}
     optimizer = next(k for k in rows if k.startswith("optimizer"))
-    head = {} if offload else {"parameters (shards)": 4.0 * num_params / world,
-                               "gradients (shards)": 4.0 * num_trainable / world,
-                               f"{optimizer} (shards)": 4.0 * num_trainable * slots / world}
+    head = (
+        {}
+        if offload
+        else {
+            "parameters (shards)": 4.0 * num_params / world,
+            "gradients (shards)": 4.0 * num_trainable / world,
+            f"{optimizer} (shards)": 4.0 * num_trainable * slots / world,
+        }
+    )
     head["gathered parameters"] = gathered_bytes(units, param_bytes)
     head["gathered gradients" + (" (whole: cache)" if cached else "")] = (
-        4.0 * num_trainable if cached else 4.0 * 2 * units.block)
+        4.0 * num_trainable if cached else 4.0 * 2 * units.block
+    )
     return {**head, **out}
 
 
 def host_rows(*, num_params: int, num_trainable: int, slots: int, world: int) -> dict[str, float]:
     """What ``--fsdp-cpu-offload`` keeps in host memory per rank."""
-    return {"host: parameter, gradient, optimizer shards": 4.0 * (num_params + num_trainable * (1 + slots)) / world}
+    return {
+        "host: parameter, gradient, optimizer shards": 4.0
+        * (num_params + num_trainable * (1 + slots))
+        / world
+    }
 
 
-def traffic(*, num_params: int, num_trainable: int, units: Units, world: int, param_bytes: int,
-            num_micro: int) -> dict[str, float]:
+def traffic(
+    *, num_params: int, num_trainable: int, units: Units, world: int, param_bytes: int, num_micro: int
+) -> dict[str, float]:
     """Bytes one rank sends per step (ring algorithms): {"params": all-gathers, "param_grads": the
     reduce-scatter, "total"}; ``num_micro`` 0: no gradient cache."""
     k = world
-    gathers_fwd = 2 * num_micro if num_micro else 1  # the cache: graph-free + with-graph forward of each micro
+    gathers_fwd = (
+        2 * num_micro if num_micro else 1
+    )  # the cache: graph-free + with-graph forward of each micro
     with_graph = num_micro or 1
     resharded = num_params - units.root  # every unit but the root is gathered again in its backward
     params = (k - 1) / k * param_bytes * (gathers_fwd * num_params + with_graph * resharded)

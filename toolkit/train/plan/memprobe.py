@@ -141,8 +141,15 @@ def build_tower_model(model_spec: str, grad_checkpointing: bool = False, patch_d
     return model
 
 
-def probe_here(model_spec: str, micro: int, precision: str, device: str, text_tokens: int = 0,
-               grad_checkpointing: bool = False, patch_dropout: float = 0.0) -> tuple[int, int]:
+def probe_here(
+    model_spec: str,
+    micro: int,
+    precision: str,
+    device: str,
+    text_tokens: int = 0,
+    grad_checkpointing: bool = False,
+    patch_dropout: float = 0.0,
+) -> tuple[int, int]:
     """(peak bytes of one tower pass of ``micro`` samples above the memory before it, overhead): on the
     CPU the overhead is what building the model and its first pass left resident beyond the weights and
     gradients (Python objects, the allocator's and oneDNN's buffers, autograd's threads: ~36 MiB for
@@ -175,25 +182,55 @@ def probe_here(model_spec: str, micro: int, precision: str, device: str, text_to
     return peak_rss_bytes() - before, overhead
 
 
-def probe_subprocess(model_spec: str, micro: int, precision: str, threads: int, text_tokens: int = 0,
-                     timeout_s: float = 600, grad_checkpointing: bool = False,
-                     patch_dropout: float = 0.0) -> tuple[int, int]:
+def probe_subprocess(
+    model_spec: str,
+    micro: int,
+    precision: str,
+    threads: int,
+    text_tokens: int = 0,
+    timeout_s: float = 600,
+    grad_checkpointing: bool = False,
+    patch_dropout: float = 0.0,
+) -> tuple[int, int]:
     """``probe_here`` on the CPU in a fresh Python process (module docstring)."""
-    cmd = [sys.executable, "-m", "toolkit.train.plan.memprobe", "--model", model_spec, "--micro", str(micro),
-           "--precision", precision, "--threads", str(threads), "--text-tokens", str(text_tokens),
-           *(["--grad-checkpointing"] if grad_checkpointing else []), "--patch-dropout", str(patch_dropout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.train.plan.memprobe",
+        "--model",
+        model_spec,
+        "--micro",
+        str(micro),
+        "--precision",
+        precision,
+        "--threads",
+        str(threads),
+        "--text-tokens",
+        str(text_tokens),
+        *(["--grad-checkpointing"] if grad_checkpointing else []),
+        "--patch-dropout",
+        str(patch_dropout),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"memory probe of {model_spec} at micro-batch {micro} failed: "
-                           f"{proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(
+            f"memory probe of {model_spec} at micro-batch {micro} failed: {proc.stderr.strip()[-2000:]}"
+        )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return int(out["bytes"]), int(out["overhead"])
 
 
-def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), precision: str = "fp32",
-                        device: str = "cpu", threads: int | None = None, text_tokens: int = 0,
-                        grad_checkpointing: bool = False, patch_dropout: float = 0.0) -> ActivationFit:
+def measure_activations(
+    model_spec: str,
+    sizes: tuple[int, int] = (16, 64),
+    precision: str = "fp32",
+    device: str = "cpu",
+    threads: int | None = None,
+    text_tokens: int = 0,
+    grad_checkpointing: bool = False,
+    patch_dropout: float = 0.0,
+) -> ActivationFit:
     """Fit activations(m) from tower passes at two micro-batch sizes (module docstring for how), with token
     batches of ``text_tokens`` positions (0: the model's context), with or without ``grad_checkpointing``, at
     ``patch_dropout`` (the image tower's shorter sequence)."""
@@ -205,23 +242,50 @@ def measure_activations(model_spec: str, sizes: tuple[int, int] = (16, 64), prec
     runs = []
     for i, m in enumerate(sizes):  # on the CPU each takes a minute or more (ViT-B-32: ~1 min): say so
         where = "" if device.startswith("cuda") else " in a fresh process"
-        log.info("measuring the activations of %s (%s, %s) at micro-batch %d (%d of %d)%s ...", model_spec,
-                 precision, device, m, i + 1, len(sizes), where)
+        log.info(
+            "measuring the activations of %s (%s, %s) at micro-batch %d (%d of %d)%s ...",
+            model_spec,
+            precision,
+            device,
+            m,
+            i + 1,
+            len(sizes),
+            where,
+        )
         start = time.monotonic()
         if device.startswith("cuda"):
-            runs.append(probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing,
-                                         patch_dropout))
+            runs.append(
+                probe_here(model_spec, m, precision, device, text_tokens, grad_checkpointing, patch_dropout)
+            )
         else:
-            runs.append(probe_subprocess(model_spec, m, precision, threads, text_tokens,
-                                         grad_checkpointing=grad_checkpointing,
-                                             patch_dropout=patch_dropout))
-        log.info("micro-batch %d: peak %.1f MiB above the baseline (%.0f s)", m, runs[-1][0] / 2**20,
-                 time.monotonic() - start)
+            runs.append(
+                probe_subprocess(
+                    model_spec,
+                    m,
+                    precision,
+                    threads,
+                    text_tokens,
+                    grad_checkpointing=grad_checkpointing,
+                    patch_dropout=patch_dropout,
+                )
+            )
+        log.info(
+            "micro-batch %d: peak %.1f MiB above the baseline (%.0f s)",
+            m,
+            runs[-1][0] / 2**20,
+            time.monotonic() - start,
+        )
     (m1, m2), ((b1, o1), (b2, o2)) = sizes, runs
     per_sample = max((b2 - b1) / (m2 - m1), 0.0)
-    return ActivationFit(model_spec, precision, "cuda" if device.startswith("cuda") else "cpu",
-                         float(b1 - per_sample * m1), float(per_sample), (o1 + o2) / 2,
-                         ((m1, b1), (m2, b2)))
+    return ActivationFit(
+        model_spec,
+        precision,
+        "cuda" if device.startswith("cuda") else "cpu",
+        float(b1 - per_sample * m1),
+        float(per_sample),
+        (o1 + o2) / 2,
+        ((m1, b1), (m2, b2)),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,8 +303,15 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    nbytes, overhead = probe_here(args.model, args.micro, args.precision, args.device, args.text_tokens,
-                                  args.grad_checkpointing, args.patch_dropout)
+    nbytes, overhead = probe_here(
+        args.model,
+        args.micro,
+        args.precision,
+        args.device,
+        args.text_tokens,
+        args.grad_checkpointing,
+        args.patch_dropout,
+    )
     print(json.dumps({"bytes": nbytes, "overhead": overhead, **vars(args)}))
 
 

@@ -55,6 +55,7 @@ MEASURED_CHECKPOINTED: dict[tuple[str, str, str], tuple[float, float, float]] = 
     ("cliptk-small", "fp32", "cpu"): (43_814_912.0, 1_223_424.0, 36_401_144.0),
 }
 
+
 @dataclass(frozen=True)
 class PlanConfig:
     """``toolkit plan``'s one config (see the module docstring for the arithmetic)."""
@@ -64,33 +65,62 @@ class PlanConfig:
     nodes: int = option(1, ge=1, doc="Nodes.")
     nproc_per_node: int = option(1, ge=1, doc="Training processes (devices) per node.")
     mode: Mode = option(
-        "fastclip", doc="Distributed mode whose loss memory is tabled (traffic is shown for every mode).")
-    loss: str = option("fastclip-v3", doc="Objective, a --loss name of `toolkit train` (openclip, fastclip-v0..v3, "
-                                          "...; FastCLIP runs in the fastclip mode).")
-    micro_batch_size: int = option(0, ge=0, doc="Gradient-cache micro-batch per rank; 0: the whole local batch.")
+        "fastclip", doc="Distributed mode whose loss memory is tabled (traffic is shown for every mode)."
+    )
+    loss: str = option(
+        "fastclip-v3",
+        doc="Objective, a --loss name of `toolkit train` (openclip, fastclip-v0..v3, "
+        "...; FastCLIP runs in the fastclip mode).",
+    )
+    micro_batch_size: int = option(
+        0, ge=0, doc="Gradient-cache micro-batch per rank; 0: the whole local batch."
+    )
     precision: Precision = option("fp32", doc="Autocast precision of the towers.")
     optimizer: OptimizerName = option("adamw", doc="Optimiser (its state per weight).")
     grad_dtype: GradDtype = option("fp32", doc="dtype of DDP's gradient all_reduce.")
-    device: Literal["cpu", "cuda"] = option("cuda", doc="Where training runs (cuda: batch offload counts 2 "
-                                                        "micro-batches on the device; cpu: FastCLIP tables count).")
+    device: Literal["cpu", "cuda"] = option(
+        "cuda",
+        doc="Where training runs (cuda: batch offload counts 2 "
+        "micro-batches on the device; cpu: FastCLIP tables count).",
+    )
     num_samples: int = option(3_000_000, ge=1, doc="Dataset size N (FastCLIP's per-sample tables).")
     device_memory_gb: float = option(0.0, ge=0, doc="Device memory in GiB to fit (0: skip the fit).")
     measure: bool = option(False, doc="Measure the model's activations now instead of using MEASURED.")
     measure_sizes: list[int] = option(factory=lambda: [16, 64], doc="The two micro-batch sizes measured.")
-    grad_checkpointing: bool = option(False, doc="Activations with `toolkit train --grad-checkpointing` (each "
-                                                 "transformer block recomputed in the backward).")
-    fsdp: bool = option(False, doc="Plan `toolkit train --fsdp`: parameters, gradients and optimizer state "
-                                   "sharded over the ranks (FSDP2), beside DDP's total.")
+    grad_checkpointing: bool = option(
+        False,
+        doc="Activations with `toolkit train --grad-checkpointing` (each "
+        "transformer block recomputed in the backward).",
+    )
+    fsdp: bool = option(
+        False,
+        doc="Plan `toolkit train --fsdp`: parameters, gradients and optimizer state "
+        "sharded over the ranks (FSDP2), beside DDP's total.",
+    )
     fsdp_cpu_offload: bool = option(False, doc="With fsdp: the shards in host memory (`--fsdp-cpu-offload`).")
-    text_tokens: int = option(0, ge=0, doc="Tokens per caption the text tower runs on: the trainer cuts each "
-                              "batch after its longest caption, so give your data's longest caption (with "
-                              "--measure); 0: the model's full context, the worst case.")
-    storage: str = option("pixels", doc="Storage mode of the training set (precompute --storage: pixels, jpeg, "
-                                        "index) whose disk per sample and for num_samples is shown.")
-    patch_dropout: float = option(0.0, ge=0, doc="Activations with `toolkit train --patch-dropout P` (the image "
-                                                 "tower on a (1-P) share of its patches; with --measure).")
-    stages: str = option("", doc="A `toolkit train --stages` plan: tower FLOPs per step of each stage and over the "
-                                 "run (per global batch); memory is the table's, the full-size stage's (the peak).")
+    text_tokens: int = option(
+        0,
+        ge=0,
+        doc="Tokens per caption the text tower runs on: the trainer cuts each "
+        "batch after its longest caption, so give your data's longest caption (with "
+        "--measure); 0: the model's full context, the worst case.",
+    )
+    storage: str = option(
+        "pixels",
+        doc="Storage mode of the training set (precompute --storage: pixels, jpeg, "
+        "index) whose disk per sample and for num_samples is shown.",
+    )
+    patch_dropout: float = option(
+        0.0,
+        ge=0,
+        doc="Activations with `toolkit train --patch-dropout P` (the image "
+        "tower on a (1-P) share of its patches; with --measure).",
+    )
+    stages: str = option(
+        "",
+        doc="A `toolkit train --stages` plan: tower FLOPs per step of each stage and over the "
+        "run (per global batch); memory is the table's, the full-size stage's (the peak).",
+    )
     steps: int = option(0, ge=0, doc="Steps of the run, for the FLOPs over a stage plan (0: per step only).")
 
     def __post_init__(self) -> None:
@@ -149,8 +179,14 @@ def model_shape(model_spec: str) -> ModelShape:
 
     n = sum(p.numel() for p in clip.parameters())
     size = config_image_size(spec.model_cfg)
-    return ModelShape(spec.name, n, n, int(spec.model_cfg["embed_dim"]),
-                      size * size * 3 + 8 * config_context_length(spec.model_cfg), units_of(clip))
+    return ModelShape(
+        spec.name,
+        n,
+        n,
+        int(spec.model_cfg["embed_dim"]),
+        size * size * 3 + 8 * config_context_length(spec.model_cfg),
+        units_of(clip),
+    )
 
 
 def local_batch(cfg: PlanConfig, batch_size: int | None = None) -> int:
@@ -177,8 +213,15 @@ def loss_tile_bytes(mode: str, big_b: int, b: int) -> float:
     return 4 * strip_rows(b, n, None) * n * 4 + 4 * 4 * n
 
 
-def memory_rows(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float, overhead: float = 0.0,
-                batch_size: int | None = None, micro: int | None = None) -> dict[str, float]:
+def memory_rows(
+    cfg: PlanConfig,
+    shape: ModelShape,
+    fixed: float,
+    per_sample: float,
+    overhead: float = 0.0,
+    batch_size: int | None = None,
+    micro: int | None = None,
+) -> dict[str, float]:
     """Per-device bytes of every row of the module docstring's table (global batch and micro-batch
     overridable for the fit)."""
     big_b = cfg.batch_size if batch_size is None else batch_size
@@ -203,9 +246,17 @@ def memory_rows(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: fl
         return rows
     from toolkit.train.plan.fsdp_memory import sharded_rows
 
-    return sharded_rows(rows, num_params=shape.num_params, num_trainable=t, slots=OPTIMIZER_SLOTS[cfg.optimizer],
-                        world=cfg.world, units=shape.units, param_bytes=_param_bytes(cfg), cached=cached,
-                        offload=cfg.fsdp_cpu_offload and cfg.device == "cuda")
+    return sharded_rows(
+        rows,
+        num_params=shape.num_params,
+        num_trainable=t,
+        slots=OPTIMIZER_SLOTS[cfg.optimizer],
+        world=cfg.world,
+        units=shape.units,
+        param_bytes=_param_bytes(cfg),
+        cached=cached,
+        offload=cfg.fsdp_cpu_offload and cfg.device == "cuda",
+    )
 
 
 def _param_bytes(cfg: PlanConfig) -> int:
@@ -235,22 +286,42 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
     grad = 2 if cfg.grad_dtype == "bf16" else 4
     if cfg.world == 1:
         return {}
-    out = {f"openclip/{mode}": sent_bytes(step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable,
-                                                       feature_bytes=feat, grad_bytes=grad), cfg.world)
-           for mode in MODES}
+    out = {
+        f"openclip/{mode}": sent_bytes(
+            step_traffic(
+                mode, cfg.world, b, shape.embed_dim, shape.num_trainable, feature_bytes=feat, grad_bytes=grad
+            ),
+            cfg.world,
+        )
+        for mode in MODES
+    }
     if cfg.fsdp:  # the parameter traffic FSDP adds (its gradient reduce-scatter replaces DDP's all_reduce)
         from toolkit.train.plan.fsdp_memory import traffic as fsdp_traffic
 
         m = cfg.micro_batch_size
-        out["fsdp (parameters)"] = fsdp_traffic(num_params=shape.num_params, num_trainable=shape.num_trainable,
-                                                units=shape.units, world=cfg.world, param_bytes=_param_bytes(cfg),
-                                                num_micro=-(-b // m) if 0 < m < b else 0)
+        out["fsdp (parameters)"] = fsdp_traffic(
+            num_params=shape.num_params,
+            num_trainable=shape.num_trainable,
+            units=shape.units,
+            world=cfg.world,
+            param_bytes=_param_bytes(cfg),
+            num_micro=-(-b // m) if 0 < m < b else 0,
+        )
     spec, fields = objective(cfg)
     if spec.kind != "openclip":
         variant = {k: v for k, v in fields.items() if k != "kind"}
         mode = cfg.mode if cfg.mode in spec.modes else spec.modes[0]
-        table = step_traffic(mode, cfg.world, b, shape.embed_dim, shape.num_trainable, feature_bytes=feat,
-                             grad_bytes=grad, objective=spec.kind, **variant)
+        table = step_traffic(
+            mode,
+            cfg.world,
+            b,
+            shape.embed_dim,
+            shape.num_trainable,
+            feature_bytes=feat,
+            grad_bytes=grad,
+            objective=spec.kind,
+            **variant,
+        )
         out[f"{cfg.loss}/{mode}"] = sent_bytes(table, cfg.world)
     return out
 
@@ -259,36 +330,59 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
     key = (cfg.model, cfg.precision, cfg.device)
     if cfg.patch_dropout and not cfg.measure:
-        raise ValueError(f"patch_dropout={cfg.patch_dropout}: MEASURED holds activations without patch dropout; "
-                         "pass --measure to measure them with it")
-    table, table_name = ((MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing
-                         else (MEASURED, "MEASURED"))
+        raise ValueError(
+            f"patch_dropout={cfg.patch_dropout}: MEASURED holds activations without patch dropout; "
+            "pass --measure to measure them with it"
+        )
+    table, table_name = (
+        (MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing else (MEASURED, "MEASURED")
+    )
     if not cfg.measure and cfg.device == "cuda" and (cfg.text_tokens or key not in table):
         # planning a GPU job happens on a laptop: an estimate from the H100 run, labelled (plan/estimate.py)
         from toolkit.train.plan import estimate as E
 
-        h100 = PlanConfig(model=E.H100_MODEL, batch_size=E.H100_BATCH, loss=E.H100_LOSS, mode="gather",
-                          precision=E.H100_PRECISION, device="cuda")
+        h100 = PlanConfig(
+            model=E.H100_MODEL,
+            batch_size=E.H100_BATCH,
+            loss=E.H100_LOSS,
+            mode="gather",
+            precision=E.H100_PRECISION,
+            device="cuda",
+        )
         others = sum(memory_rows(h100, model_shape(E.H100_MODEL), 0.0, 0.0).values())
-        return E.estimated_constants(cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing,
-                                     others)
+        return E.estimated_constants(
+            cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing, others
+        )
     if cfg.text_tokens and not cfg.measure:
-        raise ValueError(f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
-                         "--measure to measure them at that caption length")
+        raise ValueError(
+            f"text_tokens={cfg.text_tokens}: MEASURED holds full-context activations only; pass "
+            "--measure to measure them at that caption length"
+        )
     if not cfg.measure and key in table:
         return (*table[key], "table")
     if not cfg.measure:
-        raise ValueError(f"no measured activations for {key} in toolkit.train.plan.planner.{table_name} "
-                         f"(known: {sorted(table)}); pass --measure to measure them now")
+        raise ValueError(
+            f"no measured activations for {key} in toolkit.train.plan.planner.{table_name} "
+            f"(known: {sorted(table)}); pass --measure to measure them now"
+        )
     from toolkit.train.plan.memprobe import measure_activations
 
     if cfg.device == "cuda" and not _cuda_available():
-        raise ValueError("--measure with device cuda measures on this machine's GPU, and it has none: "
-                         "drop --measure (the plan then uses an estimate from the H100 run, labelled as "
-                         "such) or run it on the GPU machine")
-    fit = measure_activations(cfg.model, tuple(cfg.measure_sizes), cfg.precision, cfg.device, threads=1,
-                              text_tokens=cfg.text_tokens, grad_checkpointing=cfg.grad_checkpointing,
-                              patch_dropout=cfg.patch_dropout)
+        raise ValueError(
+            "--measure with device cuda measures on this machine's GPU, and it has none: "
+            "drop --measure (the plan then uses an estimate from the H100 run, labelled as "
+            "such) or run it on the GPU machine"
+        )
+    fit = measure_activations(
+        cfg.model,
+        tuple(cfg.measure_sizes),
+        cfg.precision,
+        cfg.device,
+        threads=1,
+        text_tokens=cfg.text_tokens,
+        grad_checkpointing=cfg.grad_checkpointing,
+        patch_dropout=cfg.patch_dropout,
+    )
     return fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes, f"measured {list(fit.points)}"
 
 
@@ -298,8 +392,9 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def largest_fit(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float,
-                overhead: float) -> dict[str, int | None]:
+def largest_fit(
+    cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float, overhead: float
+) -> dict[str, int | None]:
     """The largest micro-batch at cfg's global batch, and the largest global batches without the gradient
     cache and with it (at cfg's micro-batch, or the largest that fits at cfg's batch), that fit
     ``device_memory_gb`` (tables included on the CPU)."""
@@ -311,9 +406,12 @@ def largest_fit(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: fl
     b = local_batch(cfg)
     best_micro = max((m for m in _candidates(b) if fits(cfg.batch_size, m)), default=None)
     micro = cfg.micro_batch_size or best_micro or 1
-    return {"micro_batch": best_micro, "global_batch_no_cache": _largest_batch(cfg.world, lambda n: fits(n, 0)),
-            "global_batch_with_cache": _largest_batch(cfg.world, lambda n: fits(n, min(micro, n // cfg.world))),
-            "cache_micro_batch": micro}
+    return {
+        "micro_batch": best_micro,
+        "global_batch_no_cache": _largest_batch(cfg.world, lambda n: fits(n, 0)),
+        "global_batch_with_cache": _largest_batch(cfg.world, lambda n: fits(n, min(micro, n // cfg.world))),
+        "cache_micro_batch": micro,
+    }
 
 
 def _candidates(b: int) -> list[int]:
@@ -346,11 +444,27 @@ def run(cfg: PlanConfig) -> Plan:
     if cfg.device == "cpu":
         rows["FastCLIP tables (host, per node)"] = table_bytes(cfg)
     fit = largest_fit(cfg, shape, fixed, per_sample, overhead) if cfg.device_memory_gb else {}
-    ddp = sum(memory_rows(replace(cfg, fsdp=False), shape, fixed, per_sample, overhead).values()) if cfg.fsdp else 0.0
+    ddp = (
+        sum(memory_rows(replace(cfg, fsdp=False), shape, fixed, per_sample, overhead).values())
+        if cfg.fsdp
+        else 0.0
+    )
     if cfg.fsdp and cfg.device == "cpu":
         ddp += rows["FastCLIP tables (host, per node)"]
-    return Plan(cfg, shape, fixed, per_sample, rows, table_bytes(cfg), traffic(cfg, shape), fit, source,
-                disk_bytes(cfg), tower_flops_rows(cfg), ddp)
+    return Plan(
+        cfg,
+        shape,
+        fixed,
+        per_sample,
+        rows,
+        table_bytes(cfg),
+        traffic(cfg, shape),
+        fit,
+        source,
+        disk_bytes(cfg),
+        tower_flops_rows(cfg),
+        ddp,
+    )
 
 
 def disk_bytes(cfg: PlanConfig) -> float:
@@ -374,15 +488,21 @@ def tower_flops_rows(cfg: PlanConfig) -> dict[str, float]:
     from toolkit.models.flops import step_flops, tower_flops
 
     try:
-        per = tower_flops(resolve_spec(cfg.model).model_cfg, text_tokens=cfg.text_tokens or None,
-                          patch_dropout=cfg.patch_dropout)
+        per = tower_flops(
+            resolve_spec(cfg.model).model_cfg,
+            text_tokens=cfg.text_tokens or None,
+            patch_dropout=cfg.patch_dropout,
+        )
     except ValueError:
         return {}
     b = local_batch(cfg)
     cached = 0 < cfg.micro_batch_size < b
-    rows = {"image forward per sample": per.image, "text forward per sample": per.text,
-            "towers per rank per step": step_flops(per, b, cached),
-            "towers per global step": step_flops(per, cfg.batch_size, cached)}
+    rows = {
+        "image forward per sample": per.image,
+        "text forward per sample": per.text,
+        "towers per rank per step": step_flops(per, b, cached),
+        "towers per global step": step_flops(per, cfg.batch_size, cached),
+    }
     return rows | (stage_flops_rows(cfg, cached) if cfg.stages else {})
 
 
@@ -397,8 +517,12 @@ def stage_flops_rows(cfg: PlanConfig, cached: bool) -> dict[str, float]:
     rows, total = {}, 0.0
     stages = schedule(parse(cfg.stages), cfg.steps or 1000)
     for i, s in enumerate(stages, 1):
-        per = tower_flops(model_cfg, image_size=s.image_px or None, text_tokens=s.text_tokens or cfg.text_tokens or None,
-                          patch_dropout=cfg.patch_dropout)
+        per = tower_flops(
+            model_cfg,
+            image_size=s.image_px or None,
+            text_tokens=s.text_tokens or cfg.text_tokens or None,
+            patch_dropout=cfg.patch_dropout,
+        )
         step = step_flops(per, cfg.batch_size, cached)
         rows[f"stage {i} ({s.image_px or 'full'} px, {s.text_tokens or 'full'} tok) per step"] = step
         total += step * (s.stop - s.start)
@@ -406,6 +530,7 @@ def stage_flops_rows(cfg: PlanConfig, cached: bool) -> dict[str, float]:
         full = step_flops(tower_flops(model_cfg, text_tokens=cfg.text_tokens or None), cfg.batch_size, cached)
         rows[f"run of {cfg.steps} steps ({total / (full * cfg.steps):.2f} x full size)"] = total
     return rows
+
 
 def _size(nbytes: float) -> str:
     for unit, scale in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
@@ -418,12 +543,16 @@ def format_plan(plan: Plan) -> str:
     """The plan as the text tables ``toolkit plan`` prints."""
     c, s = plan.cfg, plan.shape
     b = local_batch(c)
-    lines = [f"{s.name}: {s.num_params / 1e6:.2f}M parameters, embed dim {s.embed_dim}; global batch {c.batch_size} "
-             f"= {c.nodes} node(s) x {c.nproc_per_node} process(es) x {b}; {c.loss}, mode {c.mode}, {c.precision}, "
-             f"{c.optimizer}, micro-batch {c.micro_batch_size or 'off'}, {c.device}"
-             + (", grad checkpointing" if c.grad_checkpointing else ""),
-             f"activations: {_size(plan.fixed_bytes)} + {_size(plan.per_sample_bytes)} per sample"
-             + (f" ({plan.source})" if plan.source else ""), "", f"{'memory per device':<36}{'bytes':>14}"]
+    lines = [
+        f"{s.name}: {s.num_params / 1e6:.2f}M parameters, embed dim {s.embed_dim}; global batch {c.batch_size} "
+        f"= {c.nodes} node(s) x {c.nproc_per_node} process(es) x {b}; {c.loss}, mode {c.mode}, {c.precision}, "
+        f"{c.optimizer}, micro-batch {c.micro_batch_size or 'off'}, {c.device}"
+        + (", grad checkpointing" if c.grad_checkpointing else ""),
+        f"activations: {_size(plan.fixed_bytes)} + {_size(plan.per_sample_bytes)} per sample"
+        + (f" ({plan.source})" if plan.source else ""),
+        "",
+        f"{'memory per device':<36}{'bytes':>14}",
+    ]
     lines += [f"{name:<36}{_size(v):>14}" for name, v in plan.rows.items()]
     lines.append(f"{'total':<36}{_size(plan.total):>14}")
     if c.fsdp:
@@ -431,17 +560,25 @@ def format_plan(plan: Plan) -> str:
         if c.fsdp_cpu_offload and c.device == "cuda":
             from toolkit.train.plan.fsdp_memory import host_rows
 
-            for name, v in host_rows(num_params=s.num_params, num_trainable=s.num_trainable,
-                                     slots=OPTIMIZER_SLOTS[c.optimizer], world=c.world).items():
+            for name, v in host_rows(
+                num_params=s.num_params,
+                num_trainable=s.num_trainable,
+                slots=OPTIMIZER_SLOTS[c.optimizer],
+                world=c.world,
+            ).items():
                 lines.append(f"{name:<36}{_size(v):>14}")
     if plan.table_bytes_per_node and c.device != "cpu":
         lines.append(f"{'FastCLIP tables (host, per node)':<36}{_size(plan.table_bytes_per_node):>14}")
     if plan.disk_bytes_per_sample:
-        lines.append(f"{'training set on disk (' + c.storage + ')':<36}{_size(plan.disk_bytes_per_sample):>14} "
-                     f"per sample, {_size(plan.disk_bytes_per_sample * c.num_samples)} for {c.num_samples:,} "
-                     "(meta lines not counted)")
+        lines.append(
+            f"{'training set on disk (' + c.storage + ')':<36}{_size(plan.disk_bytes_per_sample):>14} "
+            f"per sample, {_size(plan.disk_bytes_per_sample * c.num_samples)} for {c.num_samples:,} "
+            "(meta lines not counted)"
+        )
     if plan.traffic:
-        cats = ("features", "feature_grads", "scalars", "param_grads", "total") + (("params",) if c.fsdp else ())
+        cats = ("features", "feature_grads", "scalars", "param_grads", "total") + (
+            ("params",) if c.fsdp else ()
+        )
         lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]
         for name, row in plan.traffic.items():
             lines.append(f"{name:<24}" + "".join(f"{_size(row.get(k, 0.0)):>15}" for k in cats))
@@ -450,9 +587,12 @@ def format_plan(plan: Plan) -> str:
         lines += [f"{name:<36}{v / 1e9:>14.3f}" for name, v in plan.flops.items()]
     if plan.fit:
         f = plan.fit
-        lines += ["", f"fits in {c.device_memory_gb:g} GiB per device:",
-                  f"  largest micro-batch at global batch {c.batch_size}: {f['micro_batch'] or 'none fits'}",
-                  f"  largest global batch without the gradient cache: {f['global_batch_no_cache'] or 'none fits'}",
-                  f"  largest global batch with micro-batch {f['cache_micro_batch']}: "
-                  f"{f['global_batch_with_cache'] or 'none fits'}"]
+        lines += [
+            "",
+            f"fits in {c.device_memory_gb:g} GiB per device:",
+            f"  largest micro-batch at global batch {c.batch_size}: {f['micro_batch'] or 'none fits'}",
+            f"  largest global batch without the gradient cache: {f['global_batch_no_cache'] or 'none fits'}",
+            f"  largest global batch with micro-batch {f['cache_micro_batch']}: "
+            f"{f['global_batch_with_cache'] or 'none fits'}",
+        ]
     return "\n".join(lines)

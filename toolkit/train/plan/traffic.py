@@ -19,8 +19,18 @@ from toolkit.train.losses.spec import F32, Traffic
 CHECK_BYTES = 9 * 8
 
 
-def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feature_bytes: int = 4,
-                 grad_bytes: int = 4, objective: str = "openclip", **fields: Any) -> Traffic:
+def step_traffic(
+    mode: str,
+    world: int,
+    b: int,
+    d: int,
+    num_params: int,
+    *,
+    feature_bytes: int = 4,
+    grad_bytes: int = 4,
+    objective: str = "openclip",
+    **fields: Any,
+) -> Traffic:
     """(op, category) -> (calls, bytes) per rank for one step of ``objective`` in ``mode`` at world size
     ``world`` with local batch ``b``, feature dim ``d``, ``num_params`` gradients all-reduced (elements,
     ``grad_bytes`` each: 4 for fp32, 2 for bf16) and ``feature_bytes`` per feature element. ``objective``
@@ -29,26 +39,36 @@ def step_traffic(mode: str, world: int, b: int, d: int, num_params: int, *, feat
     whose spec has ``traffic`` (fastclip, siglip) brings its own features and scalars, in the modes it runs
     in; the others use the CLIP loss's table below (docs/distributed.md)."""
     k, big_b = world, world * b
-    table: Traffic = {("all_gather", "checks"): (1, CHECK_BYTES),
-                      ("all_reduce", "param_grads"): (None, num_params * grad_bytes)}
+    table: Traffic = {
+        ("all_gather", "checks"): (1, CHECK_BYTES),
+        ("all_reduce", "param_grads"): (None, num_params * grad_bytes),
+    }
     spec = registry.spec(objective)
     spec.check_mode(mode)
     if spec.traffic is not None:
         return table | spec.traffic(mode, world, b, d, feature_bytes, fields)
     if mode == "gather":
-        table |= {("all_gather", "features"): (2, 2 * b * d * feature_bytes),
-                  ("reduce_scatter", "feature_grads"): (2, 2 * big_b * d * feature_bytes)}
+        table |= {
+            ("all_gather", "features"): (2, 2 * b * d * feature_bytes),
+            ("reduce_scatter", "feature_grads"): (2, 2 * big_b * d * feature_bytes),
+        }
     elif mode == "disco":
-        table |= {("all_gather", "features"): (1, 2 * b * d * feature_bytes),
-                  ("reduce_scatter", "feature_grads"): (1, 2 * big_b * d * feature_bytes)}
+        table |= {
+            ("all_gather", "features"): (1, 2 * b * d * feature_bytes),
+            ("reduce_scatter", "feature_grads"): (1, 2 * big_b * d * feature_bytes),
+        }
     elif mode == "fastclip":
-        table |= {("all_gather", "features"): (1, 2 * b * d * feature_bytes),
-                  ("all_gather", "scalars"): (1, 2 * b * F32)}
+        table |= {
+            ("all_gather", "features"): (1, 2 * b * d * feature_bytes),
+            ("all_gather", "scalars"): (1, 2 * b * F32),
+        }
     elif mode == "ring":  # K−1 hops forward and backward, travelling accumulators
         for op in ("send", "recv"):
-            table |= {(op, "features"): (2 * (k - 1), 2 * (k - 1) * b * d * feature_bytes),
-                      (op, "scalars"): (3 * (k - 1), (k - 1) * (b * F32 + 2 * b * F32 + F32)),
-                      (op, "feature_grads"): (k - 1, (k - 1) * b * d * F32)}
+            table |= {
+                (op, "features"): (2 * (k - 1), 2 * (k - 1) * b * d * feature_bytes),
+                (op, "scalars"): (3 * (k - 1), (k - 1) * (b * F32 + 2 * b * F32 + F32)),
+                (op, "feature_grads"): (k - 1, (k - 1) * b * d * F32),
+            }
     else:
         from toolkit.train.losses.config import MODES
 

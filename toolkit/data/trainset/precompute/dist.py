@@ -42,7 +42,9 @@ class Ranks:
             return cls()
         from toolkit.core import dist
 
-        info = dist.init_from_env(backend="gloo", timeout_s=launch.timeout_s)  # counts only: gloo on any device
+        info = dist.init_from_env(
+            backend="gloo", timeout_s=launch.timeout_s
+        )  # counts only: gloo on any device
         return cls(info.rank, info.world_size, max(1, info.local_world_size))
 
     def owns(self, index: int) -> bool:
@@ -88,9 +90,11 @@ def check_counts(gathered: dict[int, int], loaded: dict[int, int], urls: list[st
     """Rank 0: the records it reads from the scratch folder must be the ones every rank reported."""
     missing = [urls[i] for i in sorted(gathered) if loaded.get(i) != gathered[i]]
     if missing:
-        raise RuntimeError(f"precompute: rank 0 does not see what the other ranks processed in {work} (first: "
-                           f"{missing[0]}, {len(missing)} raw shard(s)): the scratch folder must be on a "
-                           "filesystem every node sees (set --set tmp_dir=DIR on shared storage)")
+        raise RuntimeError(
+            f"precompute: rank 0 does not see what the other ranks processed in {work} (first: "
+            f"{missing[0]}, {len(missing)} raw shard(s)): the scratch folder must be on a "
+            "filesystem every node sees (set --set tmp_dir=DIR on shared storage)"
+        )
 
 
 def launch(cfg) -> StageResult:
@@ -105,8 +109,14 @@ def launch(cfg) -> StageResult:
     manifest = read_manifest(cfg.out) if cfg.launch.node_rank == 0 else None
     if manifest is None:  # another node: rank 0 (on node 0) writes the output and its manifest
         return StageResult(cfg.out, {"train": cfg.out}, {}, "", {}, "done")
-    return StageResult(cfg.out, manifest.get("outputs", {}), manifest.get("counts", {}),
-                       manifest.get("config_hash", ""), manifest.get("details", {}), manifest.get("status", "done"))
+    return StageResult(
+        cfg.out,
+        manifest.get("outputs", {}),
+        manifest.get("counts", {}),
+        manifest.get("config_hash", ""),
+        manifest.get("details", {}),
+        manifest.get("status", "done"),
+    )
 
 
 def wants_launch(cfg) -> bool:

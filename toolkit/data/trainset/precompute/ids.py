@@ -31,17 +31,19 @@ def repeated_key_hashes(results: list[ShardResult]) -> np.ndarray:
     pos = 0
     for res in results:
         if res.num_kept:
-            hashes[pos:pos + res.num_kept] = np.fromfile(scratch_paths(stem_of(res))["khash"], "<u8")
+            hashes[pos : pos + res.num_kept] = np.fromfile(scratch_paths(stem_of(res))["khash"], "<u8")
             pos += res.num_kept
     hashes.sort()  # in place: no second copy of the N hashes
     found = []
     for lo in range(1, len(hashes), CHUNK):  # chunked: a whole-array comparison would add 1 byte a sample
-        cur = hashes[lo:lo + CHUNK]
-        found.append(cur[cur == hashes[lo - 1:lo - 1 + len(cur)]])
+        cur = hashes[lo : lo + CHUNK]
+        found.append(cur[cur == hashes[lo - 1 : lo - 1 + len(cur)]])
     return np.unique(np.concatenate(found)) if found else np.zeros(0, "<u8")
 
 
-def kept_samples(results: list[ShardResult], skips: list[dict]) -> Iterator[tuple[ShardResult, int, str, str]]:
+def kept_samples(
+    results: list[ShardResult], skips: list[dict]
+) -> Iterator[tuple[ShardResult, int, str, str]]:
     """(result, row, key, caption) of every kept sample in id order; appends every skip record to
     ``skips`` as it goes (a shard's worker skips, then its duplicate keys), in the order of skipped.jsonl."""
     repeated = repeated_key_hashes(results)
@@ -57,14 +59,21 @@ def kept_samples(results: list[ShardResult], skips: list[dict]) -> Iterator[tupl
             rows = [json.loads(line) for line in fh]
         khash = np.fromfile(paths["khash"], "<u8")
         maybe = np.isin(khash, repeated)
-        for row, digest, check in zip(np.fromfile(paths["order"], "<u4").tolist(), khash.tolist(), maybe.tolist(),
-                                      strict=True):
+        for row, digest, check in zip(
+            np.fromfile(paths["order"], "<u4").tolist(), khash.tolist(), maybe.tolist(), strict=True
+        ):
             key, caption = rows[row]
             if check:
                 seen = owners.setdefault(digest, {})
                 if key in seen:
-                    skips.append({"reason": "duplicate_key", "shard": name, "key": key,
-                                  "message": f"key already kept from {seen[key]}"})
+                    skips.append(
+                        {
+                            "reason": "duplicate_key",
+                            "shard": name,
+                            "key": key,
+                            "message": f"key already kept from {seen[key]}",
+                        }
+                    )
                     continue
                 seen[key] = name
             yield res, row, key, caption

@@ -85,8 +85,15 @@ class Job:
         cfg, extra = self.cfg, {"resize_mode": self.cfg.resize_mode, **self.mode.extra(self)}
         if self.image_tower is not None:
             t = self.image_tower
-            extra["image_tower"] = {"kind": cfg.image_tower, "name": t.name, "dim": t.dim, "image_size": t.image_size,
-                                    "mean": list(t.mean), "std": list(t.std), "weights": cfg.image_tower_weights}
+            extra["image_tower"] = {
+                "kind": cfg.image_tower,
+                "name": t.name,
+                "dim": t.dim,
+                "image_size": t.image_size,
+                "mean": list(t.mean),
+                "std": list(t.std),
+                "weights": cfg.image_tower_weights,
+            }
         else:  # image_size: the model's side; the stored side (the field's shape) adds the crop margin
             from toolkit.models.registry import image_size
 
@@ -94,8 +101,13 @@ class Job:
             extra["crop_scale_min"] = cfg.crop_scale_min
         if self.text_tower is not None:
             t = self.text_tower
-            extra["text_tower"] = {"kind": cfg.text_tower, "name": t.name, "dim": t.dim,
-                                   "context_length": t.context_length, "weights": cfg.text_tower_weights}
+            extra["text_tower"] = {
+                "kind": cfg.text_tower,
+                "name": t.name,
+                "dim": t.dim,
+                "context_length": t.context_length,
+                "weights": cfg.text_tower_weights,
+            }
         else:
             from toolkit.data.trainset import integrity
 
@@ -116,14 +128,23 @@ def prepare(cfg: Any) -> Job:
     from toolkit.models import frozen
     from toolkit.models.registry import image_size, tokenizer
 
-    ref = reference.load_reference(cfg.reference_model, cfg.reference_weights, tower_device()) \
-        if cfg.reference_model else None
-    image_tower = (frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model, cfg.image_tower_weights)
-                   if cfg.image_tower != "none" else None)
+    ref = (
+        reference.load_reference(cfg.reference_model, cfg.reference_weights, tower_device())
+        if cfg.reference_model
+        else None
+    )
+    image_tower = (
+        frozen.load_image_tower(cfg.image_tower, cfg.image_tower_model, cfg.image_tower_weights)
+        if cfg.image_tower != "none"
+        else None
+    )
     if cfg.image_tower_size:
         image_tower.image_size = cfg.image_tower_size
-    text_tower = (frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
-                  if cfg.text_tower != "none" else None)
+    text_tower = (
+        frozen.load_text_tower(cfg.text_tower, cfg.text_tower_model, cfg.text_tower_weights)
+        if cfg.text_tower != "none"
+        else None
+    )
     tok = tokenizer(cfg.model)
     towers = [t for t in (image_tower, text_tower) if t is not None]
     device = tower_device() if towers else "cpu"

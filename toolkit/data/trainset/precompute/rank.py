@@ -20,15 +20,21 @@ def main(argv: list[str] | None = None) -> None:
     from toolkit.core.procs import SignalInterrupt, die_with_parent, exit_code, stop_on_signals
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run
 
-    if os.environ.get("CLIPTK_AGENT_PID"):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
+    if os.environ.get(
+        "CLIPTK_AGENT_PID"
+    ):  # started by cliptk's agent: never outlive it (a SIGKILLed launcher)
         die_with_parent(parent_pid=int(os.environ["CLIPTK_AGENT_PID"]))
     stop_on_signals()  # SIGTERM (the launcher's, or torchrun's after another rank failed) records interrupted
     argv = sys.argv[1:] if argv is None else argv
-    setup_logging(os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if os.environ.get("RANK", "0") == "0" else "WARNING")
+    setup_logging(
+        os.environ.get("CLIPTK_LOG_LEVEL", "INFO") if os.environ.get("RANK", "0") == "0" else "WARNING"
+    )
     try:
         run(build(PrecomputeConfig, read_yaml(argv[0]), source=argv[0]))
     except (Exception, SignalInterrupt) as err:  # one line per rank; torchrun reports the exit code
-        get_logger("data.precompute").error("rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err)
+        get_logger("data.precompute").error(
+            "rank %s: %s: %s", os.environ.get("RANK", "?"), type(err).__name__, err
+        )
         # the rank's own error, timed: the launcher names the rank that failed first, not one that torchrun
         # stopped because of it (agent.first_failure)
         write_error_file(" ".join(f"{type(err).__name__}: {err}".split()))

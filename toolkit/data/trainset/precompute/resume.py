@@ -63,7 +63,7 @@ def stem(work: str, url: str) -> str:
 
 def stem_of(res: ShardResult) -> str:
     """The path prefix of a result's scratch files (its row files are ``<stem>.image``/``.text``)."""
-    return res.image_path[:-len(".image")]
+    return res.image_path[: -len(".image")]
 
 
 def source_fingerprint(url: str) -> list[str]:
@@ -74,16 +74,31 @@ def source_fingerprint(url: str) -> list[str]:
 def save(work: str, res: ShardResult, key: str, reference: dict | None = None) -> None:
     """Record ``res`` as finished (after its row files are complete): ``<stem>.json``, written atomically.
     ``reference``: the reference model's identity ({'weights_sha256', 'dim'}) its rows were made with."""
-    record = {"version": RECORD_VERSION, "process_key": key, "url": res.url, "reference": reference,
-              "source": source_fingerprint(res.url), "num_kept": res.num_kept,
-              "num_read": res.num_read, "skips": [list(s) for s in res.skips],
-              "converted": dict(res.converted), "tar_error": res.tar_error, "reference_s": res.reference_s,
-              "num_captions_cut": res.num_captions_cut}
+    record = {
+        "version": RECORD_VERSION,
+        "process_key": key,
+        "url": res.url,
+        "reference": reference,
+        "source": source_fingerprint(res.url),
+        "num_kept": res.num_kept,
+        "num_read": res.num_read,
+        "skips": [list(s) for s in res.skips],
+        "converted": dict(res.converted),
+        "tar_error": res.tar_error,
+        "reference_s": res.reference_s,
+        "num_captions_cut": res.num_captions_cut,
+    }
     files.write_text_atomic(stem(work, res.url) + ".json", json.dumps(record, ensure_ascii=False))
 
 
-def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool = True,
-         reference: dict | None = None) -> dict[int, ShardResult]:
+def load(
+    work: str,
+    urls: list[str],
+    key: str,
+    fields: list[Field],
+    prune: bool = True,
+    reference: dict | None = None,
+) -> dict[int, ShardResult]:
     """Finished results of this run's raw shards (task index -> result); deletes every other file.
 
     A record counts when its process key, URL and source fingerprint match and its row and key files have
@@ -111,32 +126,51 @@ def load(work: str, urls: list[str], key: str, fields: list[Field], prune: bool 
 
 def _check_reference(base: str, url: str, found: dict | None, reference: dict | None) -> None:
     if found != reference:
+
         def describe(ref: dict | None) -> str:
-            return f"d_ref {ref['dim']}, weights sha256 {ref['weights_sha256'][:12]}" if ref else "no reference"
+            return (
+                f"d_ref {ref['dim']}, weights sha256 {ref['weights_sha256'][:12]}" if ref else "no reference"
+            )
 
-        raise ValueError(f"{os.path.dirname(base)}: {url} was processed by an interrupted run with a reference "
-                         f"model of {describe(found)}; this run's reference, under the same options, has "
-                         f"{describe(reference)} (the model folder changed?): the rows cannot be mixed. Restore that "
-                         "reference to resume, or delete the folder to start afresh")
+        raise ValueError(
+            f"{os.path.dirname(base)}: {url} was processed by an interrupted run with a reference "
+            f"model of {describe(found)}; this run's reference, under the same options, has "
+            f"{describe(reference)} (the model folder changed?): the rows cannot be mixed. Restore that "
+            "reference to resume, or delete the folder to start afresh"
+        )
 
 
-def _read(base: str, index: int, url: str, key: str, fields: list[Field], reference: dict | None
-          ) -> ShardResult | None:
+def _read(
+    base: str, index: int, url: str, key: str, fields: list[Field], reference: dict | None
+) -> ShardResult | None:
     try:
         with open(base + ".json", encoding="utf-8") as fh:
             record = json.load(fh)
     except (OSError, ValueError):
         return None
-    if (not isinstance(record, dict) or record.get("version") != RECORD_VERSION
-            or record.get("process_key") != key or record.get("url") != url
-            or record.get("source") != source_fingerprint(url)):
+    if (
+        not isinstance(record, dict)
+        or record.get("version") != RECORD_VERSION
+        or record.get("process_key") != key
+        or record.get("url") != url
+        or record.get("source") != source_fingerprint(url)
+    ):
         return None
     _check_reference(base, url, record.get("reference"), reference)
-    res = ShardResult(index, url, int(record["num_kept"]), base + ".image", base + ".text",
-                      int(record["num_read"]), [tuple(s) for s in record["skips"]],
-                      Counter(record["converted"]), record["tar_error"], float(record.get("reference_s", 0)),
-                      int(record["num_captions_cut"]))
-    paths = (res.image_path, res.text_path, base + SCRATCH_EXT)[:len(fields)]
+    res = ShardResult(
+        index,
+        url,
+        int(record["num_kept"]),
+        base + ".image",
+        base + ".text",
+        int(record["num_read"]),
+        [tuple(s) for s in record["skips"]],
+        Counter(record["converted"]),
+        record["tar_error"],
+        float(record.get("reference_s", 0)),
+        int(record["num_captions_cut"]),
+    )
+    paths = (res.image_path, res.text_path, base + SCRATCH_EXT)[: len(fields)]
     for path, field in zip(paths, fields, strict=True):
         try:
             if os.path.getsize(path) != res.num_kept * field.nbytes:

@@ -52,7 +52,9 @@ class ShardResult:
     skips: list[tuple[str, str, str]] = field(default_factory=list)  # (reason, key, message)
     converted: Counter = field(default_factory=Counter)
     tar_error: str | None = None
-    reference_s: float = 0.0  # seconds this shard's reference pass took in its worker (precompute --reference-model)
+    reference_s: float = (
+        0.0  # seconds this shard's reference pass took in its worker (precompute --reference-model)
+    )
     num_captions_cut: int = 0  # kept captions longer than the context: their tokens past it are not stored
 
 
@@ -92,7 +94,7 @@ def _write_text(job: Any, path: str, captions: list[str]) -> int:
     num_cut = 0
     with open(path, "wb") as fh:
         for start in range(0, len(captions), ENCODE_BATCH):
-            chunk = captions[start:start + ENCODE_BATCH]
+            chunk = captions[start : start + ENCODE_BATCH]
             if job.text_tower is not None:
                 fh.write(np.ascontiguousarray(job.text_tower.encode(chunk), dtype="<f2").tobytes())
             else:
@@ -127,8 +129,13 @@ def _missing_after_read(task: ShardTask, reader: RawShardReader, seen: set[str],
             res.skips.append((reason, key, "listed as a success in the shard's parquet, not in the tar"))
     elif count is not None and count > len(seen):
         for i in range(count - len(seen)):
-            res.skips.append((reason, f"<unknown {i + 1}>", f"_stats.json counts {count} successes, "
-                                                              f"the tar holds {len(seen)} samples"))
+            res.skips.append(
+                (
+                    reason,
+                    f"<unknown {i + 1}>",
+                    f"_stats.json counts {count} successes, the tar holds {len(seen)} samples",
+                )
+            )
 
 
 def process_shard(job: Any, task: ShardTask, on_read=None) -> ShardResult:
@@ -139,8 +146,10 @@ def process_shard(job: Any, task: ShardTask, on_read=None) -> ShardResult:
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the scratch folder is full, not the raw shard damaged
             folder = os.path.dirname(task.stem)
-            raise RuntimeError(f"the scratch folder {folder} is full ({err.strerror}) while processing "
-                               f"{task.url}: free space there or choose another with tmp_dir") from err
+            raise RuntimeError(
+                f"the scratch folder {folder} is full ({err.strerror}) while processing "
+                f"{task.url}: free space there or choose another with tmp_dir"
+            ) from err
         raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
     except Exception as err:  # anything unexpected: fail the stage, naming the shard
         raise RuntimeError(f"{task.url}: {type(err).__name__}: {err}") from err
@@ -164,7 +173,9 @@ def write_keys(stem: str, keys: list[str], captions: list[str]) -> None:
 
     paths = scratch_paths(stem)
     with open(paths["keys"], "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps([k, c], ensure_ascii=False) + "\n" for k, c in zip(keys, captions, strict=True))
+        fh.writelines(
+            json.dumps([k, c], ensure_ascii=False) + "\n" for k, c in zip(keys, captions, strict=True)
+        )
     order = sorted(range(len(keys)), key=keys.__getitem__)
     np.asarray(order, "<u4").tofile(paths["order"])
     np.asarray([key_hash(keys[r]) for r in order], "<u8").tofile(paths["khash"])
@@ -184,8 +195,10 @@ def _repeat_message(task: ShardTask, sample: RawSample, partial: set[str]) -> st
     sample's files apart (``tar cf s.tar *.jpg *.txt``), and webdataset groups only consecutive members."""
     message = f"key repeats within {shard_basename(task.url)}"
     if sample.key in partial:
-        message += (f" (this time with {', '.join(sorted(sample.files))}; its earlier members lacked them): a sample's "
-                    "files must follow each other in the tar, as webdataset reads them; write the tar in name order")
+        message += (
+            f" (this time with {', '.join(sorted(sample.files))}; its earlier members lacked them): a sample's "
+            "files must follow each other in the tar, as webdataset reads them; write the tar in name order"
+        )
     return message
 
 
@@ -213,7 +226,9 @@ def _process(job: Any, task: ShardTask, on_read) -> ShardResult:
     size = tower.image_size if tower is not None else job.image_side
     reader = RawShardReader(task.url, job.cfg.caption_ext)
     seen, partial = set(), set()  # partial: keys skipped for a missing member
-    rows = job.mode.image_rows(job, task.stem, task.url)  # the storage mode's image rows (pixels, jpeg, index...)
+    rows = job.mode.image_rows(
+        job, task.stem, task.url
+    )  # the storage mode's image rows (pixels, jpeg, index...)
     ref = _reference_sink(job, task)
     for sample in reader.samples():
         res.num_read += 1

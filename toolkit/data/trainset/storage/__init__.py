@@ -49,8 +49,10 @@ def get(name: str) -> Any:
     """The mode called ``name``; ValueError naming the registered ones otherwise."""
     _builtins()
     if name not in _MODES:
-        raise ValueError(f"storage {name!r}: not a storage mode of this toolkit (known: {', '.join(_MODES)}; "
-                         "a mode of another package is known once that package registers it)")
+        raise ValueError(
+            f"storage {name!r}: not a storage mode of this toolkit (known: {', '.join(_MODES)}; "
+            "a mode of another package is known once that package registers it)"
+        )
     return _MODES[name]
 
 
@@ -74,8 +76,12 @@ def remove_stale_parts(out: str, keep: int, mode: Any) -> int:
     removed = 0
     for name in os.listdir(files.local_path(out)):
         stem = name.split(".", 1)[0]
-        if stem.isdigit() and len(stem) == SHARD_DIGITS and name.endswith(every) and (
-                int(stem) >= keep or not name.endswith(used)):
+        if (
+            stem.isdigit()
+            and len(stem) == SHARD_DIGITS
+            and name.endswith(every)
+            and (int(stem) >= keep or not name.endswith(used))
+        ):
             os.remove(os.path.join(files.local_path(out), name))
             removed += 1
     return removed

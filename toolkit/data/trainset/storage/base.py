@@ -95,8 +95,9 @@ class StorageMode(ABC):
         """Samples of ``seg`` in order as {role: array, 'index': id, 'valid': bool} (inspect's sheet)."""
 
     @abstractmethod
-    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any,
-                    notes: dict) -> list[tuple[str, bool]]:
+    def verify_part(
+        self, ds: TrainDataset, index: int, vocab: int | None, count: Any, notes: dict
+    ) -> list[tuple[str, bool]]:
         """(message, is a sample problem) for every problem of part ``index``, all of them (not the first
         only); advances ``count`` by the part's samples. ``notes``: one dict per verify run, where a mode
         gathers what its :meth:`verify_lines` reports after the last part."""

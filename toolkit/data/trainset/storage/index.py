@@ -54,9 +54,13 @@ def check_index_offsets(url: str, image_path: str) -> None:
             fh.seek(offset)
             data = fh.read(length)
         except ValueError as err:  # fsspec's HTTP file: the server sent the whole file for a byte range
-            raise ValueError("storage index reads each image as a byte range, and this server does not "
-                             f"answer HTTP Range requests ({err}); serve the shards with one that does "
-                             "(toolkit data serve, any object store), or use storage pixels or jpeg") from err
+            raise ValueError(
+                "storage index reads each image as a byte range, and this server does not "
+                f"answer HTTP Range requests ({err}); serve the shards with one that does "
+                "(toolkit data serve, any object store), or use storage pixels or jpeg"
+            ) from err
         if xxhash.xxh3_64_intdigest(data) != digest:
-            raise ValueError(f"{url}: storage index needs uncompressed tars (the image bytes are not at their "
-                             "tar offsets in the file); decompress the shards or use storage pixels or jpeg")
+            raise ValueError(
+                f"{url}: storage index needs uncompressed tars (the image bytes are not at their "
+                "tar offsets in the file); decompress the shards or use storage pixels or jpeg"
+            )

@@ -54,9 +54,12 @@ class PixelsMode(StorageMode):
             return writer.close(), "", []
         except OSError as err:  # a full disk: name the shard and free its space for the failed manifest
             shard = writer.discard()
-            raise OSError(err.errno, f"{err.strerror or err} while writing the training shard {shard or cfg.out} "
-                                     f"(into --out {cfg.out}); free space there and rerun (processed raw shards "
-                                     "are kept)") from err
+            raise OSError(
+                err.errno,
+                f"{err.strerror or err} while writing the training shard {shard or cfg.out} "
+                f"(into --out {cfg.out}); free space there and rerun (processed raw shards "
+                "are kept)",
+            ) from err
 
     def sample_bytes(self, ds: TrainDataset) -> int:
         return ds.sample_bytes
@@ -70,8 +73,9 @@ class PixelsMode(StorageMode):
     def read_segment(self, ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
         return read_segment(ds, seg)
 
-    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any,
-                    notes: dict) -> list[tuple[str, bool]]:
+    def verify_part(
+        self, ds: TrainDataset, index: int, vocab: int | None, count: Any, notes: dict
+    ) -> list[tuple[str, bool]]:
         return _verify_shard(ds, index, vocab, count)
 
     def stored_files(self, ds: TrainDataset) -> list[str]:
@@ -123,17 +127,26 @@ class SampleReader:
         page-faulted per sample), each run verified while in cache, then gathered into batch order: a
         second copy, per field."""
         if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
-            raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
-                             f"{int(ids.min())}..{int(ids.max())}")
+            raise IndexError(
+                f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
+                f"{int(ids.min())}..{int(ids.max())}"
+            )
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
         shards = np.searchsorted(self.first_ids, sorted_ids, side="right") - 1
         breaks = np.flatnonzero((np.diff(sorted_ids) != 1) | (np.diff(shards) != 0)) + 1
         if self._scatter is not None:
-            rows, starts, cuts = order.tolist(), (sorted_ids - self.first_ids[shards]).tolist(), breaks.tolist()
+            rows, starts, cuts = (
+                order.tolist(),
+                (sorted_ids - self.first_ids[shards]).tolist(),
+                breaks.tolist(),
+            )
             shard_of = shards.tolist()  # Python ints: numpy scalars cost ~10x more per run (one run a sample)
-            runs = [(shard_of[lo], starts[lo], rows[lo:hi])
-                    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True) if hi > lo]
+            runs = [
+                (shard_of[lo], starts[lo], rows[lo:hi])
+                for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True)
+                if hi > lo
+            ]
             out = self._scatter.read(runs, self._file, self._shard_sums)
         else:
             out = self._read_runs(ids, order, sorted_ids, shards, breaks)
@@ -141,8 +154,14 @@ class SampleReader:
             integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
         return out
 
-    def _read_runs(self, ids: np.ndarray, order: np.ndarray, sorted_ids: np.ndarray, shards: np.ndarray,
-                   breaks: np.ndarray) -> dict[str, np.ndarray]:
+    def _read_runs(
+        self,
+        ids: np.ndarray,
+        order: np.ndarray,
+        sorted_ids: np.ndarray,
+        shards: np.ndarray,
+        breaks: np.ndarray,
+    ) -> dict[str, np.ndarray]:
         raw = self._raw_buffer(len(ids))
         for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(ids)], strict=True):
             shard = int(shards[lo])
@@ -180,24 +199,37 @@ def _verify_shard(ds: TrainDataset, index: int, vocab: int | None, count) -> lis
         readable = min(shard.num_samples, length // size)
         for start in range(0, readable, VERIFY_CHUNK):
             n = min(VERIFY_CHUNK, readable - start)
-            fh.seek(start * size)  # not read_rows: it stops at the first misnamed sample, verify lists them all
+            fh.seek(
+                start * size
+            )  # not read_rows: it stops at the first misnamed sample, verify lists them all
             rows = np.frombuffer(fh.read(n * size), np.uint8).reshape(n, size)
             found += _check_rows(ds, index, start, rows, sums, vocab)
             count.advance(n)
         if readable < shard.num_samples:
-            found.append((f"{url}: ends inside sample {readable} ({length} bytes; dataset.json says "
-                          f"{shard.num_samples} samples of {size} bytes)", False))
+            found.append(
+                (
+                    f"{url}: ends inside sample {readable} ({length} bytes; dataset.json says "
+                    f"{shard.num_samples} samples of {size} bytes)",
+                    False,
+                )
+            )
             count.advance(shard.num_samples - readable)
         else:
             fh.seek(shard.num_samples * size)
             if fh.read(2 * BLOCK) != bytes(2 * BLOCK):
-                found.append((f"{url}: no end-of-archive marker after sample {shard.num_samples - 1}: data was "
-                              "appended or the tail is damaged", False))
+                found.append(
+                    (
+                        f"{url}: no end-of-archive marker after sample {shard.num_samples - 1}: data was "
+                        "appended or the tail is damaged",
+                        False,
+                    )
+                )
     return found
 
 
-
-def _check_rows(ds: TrainDataset, index: int, start: int, rows, sums, vocab: int | None) -> list[tuple[str, bool]]:
+def _check_rows(
+    ds: TrainDataset, index: int, start: int, rows, sums, vocab: int | None
+) -> list[tuple[str, bool]]:
     """Every damaged sample of ``rows`` ([n, sample_bytes], samples start.. of shard ``index``)."""
     shard, name_ext = ds.shards[index], ds.fields[0].ext
     tokens = decode_rows(ds, rows).get("tokens")
@@ -206,11 +238,13 @@ def _check_rows(ds: TrainDataset, index: int, start: int, rows, sums, vocab: int
         position = start + k
         name = f"{id_key(shard.first_id + position)}.{name_ext}".encode() + b"\0"
         try:
-            if bytes(rows[k, :len(name)]) != name:
-                raise integrity.damaged(ds, index, position, f"its first member is not named {name[:-1].decode()}")
-            integrity.check_sums(ds, index, position, rows[k:k + 1], sums)
+            if bytes(rows[k, : len(name)]) != name:
+                raise integrity.damaged(
+                    ds, index, position, f"its first member is not named {name[:-1].decode()}"
+                )
+            integrity.check_sums(ds, index, position, rows[k : k + 1], sums)
             if tokens is not None:
-                integrity.check_tokens(ds, index, position, tokens[k:k + 1], vocab)
+                integrity.check_tokens(ds, index, position, tokens[k : k + 1], vocab)
         except integrity.DataIntegrityError as err:
             found.append((str(err).split("; run `toolkit data verify")[0], True))
     return found

@@ -58,8 +58,17 @@ class TableMode(StorageMode):
                 if data_fh is not None:
                     data_fh.seek(offset)
                     data = data_fh.read(length)
-                writer.add(sample_id, res.index, offset, length, digest, texts[row], meta, data,
-                           tuple(embeddings[row]) if ref_dim else ())
+                writer.add(
+                    sample_id,
+                    res.index,
+                    offset,
+                    length,
+                    digest,
+                    texts[row],
+                    meta,
+                    data,
+                    tuple(embeddings[row]) if ref_dim else (),
+                )
         finally:
             if data_fh is not None:
                 data_fh.close()
@@ -78,8 +87,9 @@ class TableMode(StorageMode):
     def read_segment(self, ds: TrainDataset, seg: Segment) -> Iterator[dict[str, Any]]:
         return iter_segment(ds, seg.shard, seg.start, seg.count, seg.valid)
 
-    def verify_part(self, ds: TrainDataset, index: int, vocab: int | None, count: Any,
-                    notes: dict) -> list[tuple[str, bool]]:
+    def verify_part(
+        self, ds: TrainDataset, index: int, vocab: int | None, count: Any, notes: dict
+    ) -> list[tuple[str, bool]]:
         """Its table against dataset.json, then every record's image bytes (length, xxh3-64, decodable) and
         token ids. ``notes["files"]``: per data file, [records checked, checksum mismatches]."""
         tally = notes.setdefault("files", {})
@@ -103,8 +113,13 @@ class TableMode(StorageMode):
                     found.append((str(err).split("; run `toolkit data verify")[0], True))
                 except ValueError as err:  # ImageError: the bytes match the index but no longer decode
                     url = reader.data_url(int(rec["file"]))
-                    found.append((f"{url}: sample {position} of {shard.name} (id {shard.first_id + position}) "
-                                  f"does not decode: {err}", True))
+                    found.append(
+                        (
+                            f"{url}: sample {position} of {shard.name} (id {shard.first_id + position}) "
+                            f"does not decode: {err}",
+                            True,
+                        )
+                    )
                 count.advance(1)
         finally:
             reader.close()
@@ -121,10 +136,12 @@ class TableMode(StorageMode):
         names = ", ".join(ds.data_files[f] for f in other[:3])
         names += f" and {len(other) - 3} more" if len(other) > 3 else ""
         where = resolve_data_root(ds.root, ds.data_root)
-        return [f"{where}: {len(other)} of the {len(ds.data_files)} data files ({names}) match none of the "
-                "checksums recorded for their samples: they are not the files this set indexed (same names, "
-                "other contents; was the set copied beside another raw folder?); point data_root in "
-                f"{ds.root}/dataset.json at the indexed files or precompute again"]
+        return [
+            f"{where}: {len(other)} of the {len(ds.data_files)} data files ({names}) match none of the "
+            "checksums recorded for their samples: they are not the files this set indexed (same names, "
+            "other contents; was the set copied beside another raw folder?); point data_root in "
+            f"{ds.root}/dataset.json at the indexed files or precompute again"
+        ]
 
     def stored_files(self, ds: TrainDataset) -> list[str]:
         return list(ds.data_files) if self.data_ext else []

@@ -49,12 +49,12 @@ TABLE_EXT = "idx"
 
 
 def table_file(index: int) -> str:
-    return shard_file(index)[:-len("tar")] + TABLE_EXT
+    return shard_file(index)[: -len("tar")] + TABLE_EXT
 
 
 def data_file(index: int, ext: str) -> str:
     """Part ``index``'s own data file (jpeg: ``NNNNN.jpgs``)."""
-    return shard_file(index)[:-len("tar")] + ext
+    return shard_file(index)[: -len("tar")] + ext
 
 
 def resolve_data_root(root: str, data_root: str) -> str:
@@ -72,7 +72,9 @@ def relative_data_root(out: str, data_dir: str) -> str:
     path for local shards indexed into a remote ``out``; else the URL as given."""
     if files.is_local(data_dir):
         local = os.path.abspath(files.local_path(data_dir))
-        return os.path.relpath(local, os.path.abspath(files.local_path(out))) if files.is_local(out) else local
+        return (
+            os.path.relpath(local, os.path.abspath(files.local_path(out))) if files.is_local(out) else local
+        )
     return data_dir.rstrip("/")
 
 
@@ -91,15 +93,24 @@ def load_table(ds: Any, part: int) -> np.ndarray:
             with files.open_file(url, "rb") as fh:
                 data = fh.read()
     except TimeoutError as err:  # fsspec's FSTimeoutError has no text at all
-        raise TimeoutError(f"{url}: no answer within {files.HTTP_TIMEOUT_S:g} s (CLIPTK_HTTP_TIMEOUT_S) while reading "
-                           f"part {part}'s table: the server stopped answering") from err
+        raise TimeoutError(
+            f"{url}: no answer within {files.HTTP_TIMEOUT_S:g} s (CLIPTK_HTTP_TIMEOUT_S) while reading "
+            f"part {part}'s table: the server stopped answering"
+        ) from err
     except FileNotFoundError as err:
-        raise integrity.DataIntegrityError(f"{url}: missing (part {part} of {len(ds.shards)} in dataset.json); "
-                                           "restore it or precompute this dataset again") from err
+        raise integrity.DataIntegrityError(
+            f"{url}: missing (part {part} of {len(ds.shards)} in dataset.json); "
+            "restore it or precompute this dataset again"
+        ) from err
     dtype = ds.table_dtype
-    if len(data) != shard.num_samples * dtype.itemsize or f"{xxhash.xxh3_64_intdigest(memoryview(data)):016x}" != shard.sums:
-        raise integrity.DataIntegrityError(f"{url}: damaged ({len(data)} bytes, hash differs from dataset.json's "
-                                           f"{shard.sums}); restore it or precompute this dataset again")
+    if (
+        len(data) != shard.num_samples * dtype.itemsize
+        or f"{xxhash.xxh3_64_intdigest(memoryview(data)):016x}" != shard.sums
+    ):
+        raise integrity.DataIntegrityError(
+            f"{url}: damaged ({len(data)} bytes, hash differs from dataset.json's "
+            f"{shard.sums}); restore it or precompute this dataset again"
+        )
     return np.frombuffer(data, dtype)
 
 
@@ -117,12 +128,15 @@ def decode_image(data: bytes, side: int, resize_mode: str) -> np.ndarray:
     return decode_rgb(data, side, resize_mode)[0]
 
 
-def damaged_ref(ds: Any, part: int, position: int, url: str, rec: Any, why: str) -> integrity.DataIntegrityError:
+def damaged_ref(
+    ds: Any, part: int, position: int, url: str, rec: Any, why: str
+) -> integrity.DataIntegrityError:
     shard = ds.shards[part]
     return integrity.DataIntegrityError(
         f"{url}: bytes {int(rec['offset'])}..{int(rec['offset']) + int(rec['length'])} of sample {position} of "
         f"{shard.name} (id {shard.first_id + position}) are damaged: {why}; run `toolkit data verify {ds.root}` "
-        "to list every damaged sample")
+        "to list every damaged sample"
+    )
 
 
 class RefReader:
@@ -159,7 +173,8 @@ class RefReader:
                     raise files.unreachable(url, cause) from err
                 raise integrity.DataIntegrityError(
                     f"{url}: missing (data file {file} of {self.ds.root}); restore it, or keep the data next to "
-                    f"the dataset as data_root {self.ds.data_root!r} says") from err
+                    f"the dataset as data_root {self.ds.data_root!r} says"
+                ) from err
         return self._open[file]
 
     def image_bytes(self, part: int, position: int, rec: Any) -> bytes:
@@ -172,9 +187,11 @@ class RefReader:
             data = fh.read(int(rec["length"]))
         except TimeoutError as err:  # fsspec's FSTimeoutError has no text at all
             shard = self.ds.shards[part]
-            raise TimeoutError(f"{url}: no answer within {files.HTTP_TIMEOUT_S:g} s (CLIPTK_HTTP_TIMEOUT_S) while "
-                               f"reading sample {position} of {shard.name} (id {shard.first_id + position}): the "
-                               "server stopped answering") from err
+            raise TimeoutError(
+                f"{url}: no answer within {files.HTTP_TIMEOUT_S:g} s (CLIPTK_HTTP_TIMEOUT_S) while "
+                f"reading sample {position} of {shard.name} (id {shard.first_id + position}): the "
+                "server stopped answering"
+            ) from err
         if len(data) != int(rec["length"]):
             raise damaged_ref(self.ds, part, position, url, rec, f"the file ends after {len(data)} of them")
         if xxhash.xxh3_64_intdigest(data) != int(rec["hash"]):
@@ -185,11 +202,15 @@ class RefReader:
         """{role: array [len(ids), *shape]} for ``ids`` (int64, any order, returned in that order); each
         image's bytes are hash-checked, then decoded (:func:`decode_image`); reads go in file-offset order."""
         if ids.size and (ids.min() < 0 or ids.max() >= self.ds.num_samples):
-            raise IndexError(f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
-                             f"{int(ids.min())}..{int(ids.max())}")
+            raise IndexError(
+                f"{self.ds.root}: sample ids must lie in [0, {self.ds.num_samples}), got "
+                f"{int(ids.min())}..{int(ids.max())}"
+            )
         parts = np.searchsorted(self.first_ids, ids, side="right") - 1
-        recs = [(int(p), int(i - self.first_ids[p]), self.table(int(p))[int(i - self.first_ids[p])])
-                for p, i in zip(parts, ids, strict=True)]
+        recs = [
+            (int(p), int(i - self.first_ids[p]), self.table(int(p))[int(i - self.first_ids[p])])
+            for p, i in zip(parts, ids, strict=True)
+        ]
         images = np.empty((len(ids), self.side, self.side, 3), np.uint8)
         for k in sorted(range(len(recs)), key=lambda k: (int(recs[k][2]["file"]), int(recs[k][2]["offset"]))):
             part, position, rec = recs[k]
@@ -197,14 +218,23 @@ class RefReader:
             try:
                 images[k] = decode_image(data, self.side, self.resize_mode)
             except ValueError as err:  # ImageError included: bytes precompute decoded no longer decode
-                raise damaged_ref(self.ds, part, position, self.data_url(int(rec["file"])), rec,
-                                  f"they do not decode ({err})") from err
-        columns = {"tokens": "tokens"} | {r: r for r in ("ref_image", "ref_text") if self.ds.field(r) is not None}
+                raise damaged_ref(
+                    self.ds,
+                    part,
+                    position,
+                    self.data_url(int(rec["file"])),
+                    rec,
+                    f"they do not decode ({err})",
+                ) from err
+        columns = {"tokens": "tokens"} | {
+            r: r for r in ("ref_image", "ref_text") if self.ds.field(r) is not None
+        }
         out = {"image": images}
         for role, column in columns.items():
             dtype = self.ds.table_dtype[column]
-            out[role] = (np.stack([r[2][column] for r in recs]) if recs
-                         else np.zeros((0, *dtype.shape), dtype.base))
+            out[role] = (
+                np.stack([r[2][column] for r in recs]) if recs else np.zeros((0, *dtype.shape), dtype.base)
+            )
         integrity.check_batch_tokens(self.ds, ids, out["tokens"], self.vocab_size)
         return out
 
@@ -233,7 +263,9 @@ class RefShardWriter:
     ``samples_per_shard`` samples under ``out``; ``add`` sees ids 0, 1, 2, ... in order. Called on the one
     process that owns ``out``; returns the parts' ShardInfo from :meth:`close`."""
 
-    def __init__(self, out: str, data_ext: str, context_length: int, samples_per_shard: int, ref_dim: int = 0):
+    def __init__(
+        self, out: str, data_ext: str, context_length: int, samples_per_shard: int, ref_dim: int = 0
+    ):
         """``data_ext``: suffix of each part's own data file (jpeg: ``jpgs``); "" for data files elsewhere."""
         self.out, self.data_ext, self.samples_per_shard = out, data_ext, samples_per_shard
         self.dtype = ref_dtype(context_length, ref_dim)
@@ -244,12 +276,28 @@ class RefShardWriter:
 
     def _open(self) -> None:
         index = len(self.shards)
-        self._part = {"first": self.next_id, "records": [], "meta": AtomicOut(files.join(self.out, meta_file(index))),
-                      "jpgs": AtomicOut(files.join(self.out, data_file(index, self.data_ext))) if self.data_ext else None,
-                      "size": 0}
+        self._part = {
+            "first": self.next_id,
+            "records": [],
+            "meta": AtomicOut(files.join(self.out, meta_file(index))),
+            "jpgs": AtomicOut(files.join(self.out, data_file(index, self.data_ext)))
+            if self.data_ext
+            else None,
+            "size": 0,
+        }
 
-    def add(self, sample_id: int, file: int, offset: int, length: int, digest: int, tokens: np.ndarray,
-            meta: dict[str, Any], data: bytes | None = None, reference: tuple = ()) -> None:
+    def add(
+        self,
+        sample_id: int,
+        file: int,
+        offset: int,
+        length: int,
+        digest: int,
+        tokens: np.ndarray,
+        meta: dict[str, Any],
+        data: bytes | None = None,
+        reference: tuple = (),
+    ) -> None:
         """Append one sample: its image is ``length`` bytes at ``offset`` of data file ``file`` (index), or
         ``data`` (jpeg: appended to this part's .jpgs); ``digest`` is their xxh3-64; ``reference``: its
         (ref_image, ref_text) float16 [D_ref] rows when the set has a reference model."""
@@ -262,8 +310,10 @@ class RefShardWriter:
         part = self._part
         if data is not None:
             if len(data) != length or xxhash.xxh3_64_intdigest(data) != digest:
-                raise RuntimeError(f"sample {sample_id}: re-encoded JPEG scratch bytes changed since they were "
-                                   "written (damaged scratch folder?); run precompute again")
+                raise RuntimeError(
+                    f"sample {sample_id}: re-encoded JPEG scratch bytes changed since they were "
+                    "written (damaged scratch folder?); run precompute again"
+                )
             file, offset = len(self.shards), part["size"]
             part["jpgs"].fh.write(data)
             part["size"] += length
@@ -283,8 +333,14 @@ class RefShardWriter:
                 f.commit()
         if part["jpgs"] is not None:
             self.data_files.append(data_file(index, self.data_ext))
-        self.shards.append(ShardInfo(table_file(index), len(part["records"]), part["first"],
-                                     f"{xxhash.xxh3_64_intdigest(table):016x}"))
+        self.shards.append(
+            ShardInfo(
+                table_file(index),
+                len(part["records"]),
+                part["first"],
+                f"{xxhash.xxh3_64_intdigest(table):016x}",
+            )
+        )
         self._part = None
 
     def close(self) -> list:

@@ -50,15 +50,29 @@ def _text_side(teacher: Tensor, student: Tensor) -> Tensor:
     return torch.cat([teacher, student, torch.zeros_like(student)], 1)
 
 
-def _teacher_row_sums(x: Tensor, u: Tensor, ys: Tensor, vs: Tensor, at: Tensor, rt: Tensor, backend: str
-                      ) -> tuple[Tensor, Tensor, Tensor]:
+def _teacher_row_sums(
+    x: Tensor, u: Tensor, ys: Tensor, vs: Tensor, at: Tensor, rt: Tensor, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
     """For rows x [m, d] / u [m, e] against ys [n, d] / vs [n, e], given the teacher's row LSEs rt [m]:
     (Σ_j P^t_ij t_ij [m], Σ_j P^t_ij y_j [m, d], Σ_j P^t_ij s_ij [m]), in the accumulation dtype."""
     e, d = u.shape[1], x.shape[1]
     ones = torch.ones_like(rt)
-    w = K.lse_backward(_image_side(u, x), _text_side(vs, ys), at, at, rt, None, ones, None, backend=backend,
-                       compute_dy=False)[0] / at
-    pty = w[:, e:e + d]
+    w = (
+        K.lse_backward(
+            _image_side(u, x),
+            _text_side(vs, ys),
+            at,
+            at,
+            rt,
+            None,
+            ones,
+            None,
+            backend=backend,
+            compute_dy=False,
+        )[0]
+        / at
+    )
+    pty = w[:, e : e + d]
     return (u.to(w.dtype) * w[:, :e]).sum(1), pty, (x.to(w.dtype) * pty).sum(1)
 
 
@@ -84,15 +98,35 @@ class _RowKL(torch.autograd.Function):
         scale = a.detach().to(acc)
         dx, dys, d_rs, _ = K.lse_backward(x, ys, a, a, rs, None, g_kl + g_rs, None, backend=ctx.backend)
         dx = dx - scale * g_kl[:, None] * pty  # − a Σ_j g_i P^t_ij y_j
-        dya = K.lse_backward(_image_side(u, x), _text_side(vs, ys), at, at, rt, None, g_kl, None,
-                             backend=ctx.backend, compute_dx=False)[1]
-        dys = dys - (scale / at) * dya[:, e + d:]  # − a Σ_i g_i P^t_ij x_i
+        dya = K.lse_backward(
+            _image_side(u, x),
+            _text_side(vs, ys),
+            at,
+            at,
+            rt,
+            None,
+            g_kl,
+            None,
+            backend=ctx.backend,
+            compute_dx=False,
+        )[1]
+        dys = dys - (scale / at) * dya[:, e + d :]  # − a Σ_i g_i P^t_ij x_i
         da = d_rs.sum() - (g_kl * cross).sum()
         return dx.to(x.dtype), dys.to(ys.dtype), da.to(a.dtype), None, None, None, None
 
 
-def gather_distill(x: Tensor, y: Tensor, a: Tensor, u: Tensor, v: Tensor, at: Tensor, weight: float, group=None,
-                   backend: str = "auto", ledger=None) -> Tensor:
+def gather_distill(
+    x: Tensor,
+    y: Tensor,
+    a: Tensor,
+    u: Tensor,
+    v: Tensor,
+    at: Tensor,
+    weight: float,
+    group=None,
+    backend: str = "auto",
+    ledger=None,
+) -> Tensor:
     """The gather mode (module docstring): this rank's share (0-d). x, y [b, d] (autograd), u, v [b, e]
     teacher rows in x's dtype, a 0-d, at 0-d in the accumulation dtype. Called by all ranks of ``group``."""
     xs = D.all_gather_with_grad(x, group, check_sizes=False, ledger=ledger)
@@ -115,8 +149,9 @@ class _AnchorDistill(torch.autograd.Function):
         us, vs = gather_pairs(u, v, group, ledger=ledger)
         rs, cs = anchor_lses(x, y, xs, ys, a, off, False, backend)
         rt, ct = anchor_lses(u, v, us, vs, at, off, False, backend)
-        lses = D.all_gather_nograd(torch.stack([rs, cs, rt, ct], 1), group, D.SCALARS, check_sizes=False,
-                                   ledger=ledger)
+        lses = D.all_gather_nograd(
+            torch.stack([rs, cs, rt, ct], 1), group, D.SCALARS, check_sizes=False, ledger=ledger
+        )
         mean_row, _, cross_row = _teacher_row_sums(x, u, ys, vs, at, rt, backend)
         mean_col, _, cross_col = _teacher_row_sums(y, v, xs, us, at, ct, backend)  # columns: transposed
         scale = a.to(rs.dtype)
@@ -140,16 +175,28 @@ class _AnchorDistill(torch.autograd.Function):
         xa, ya = _image_side(u, x), _text_side(v, y)
         one = xs.shape[0] == x.shape[0]  # one process: anchor_grads reads only the local rows
         xsa, ysa = (xa, ya) if one else (_image_side(us, xs), _text_side(vs, ys))
-        dxa, dya, _ = anchor_grads(xa, ya, xsa, ysa, at, lses[:, 2], lses[:, 3], w, ctx.off, False, ctx.backend)
+        dxa, dya, _ = anchor_grads(
+            xa, ya, xsa, ysa, at, lses[:, 2], lses[:, 3], w, ctx.off, False, ctx.backend
+        )
         coef = lam * a.detach().to(g.dtype) / at
-        dx = dx - coef * dxa[:, e:e + d]
-        dy = dy - coef * dya[:, e + d:]
+        dx = dx - coef * dxa[:, e : e + d]
+        dy = dy - coef * dya[:, e + d :]
         da = da - (1 - lam) * g * pos.mean() - lam * w * cross
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None, None, None, None, None
 
 
-def anchor_distill(x: Tensor, y: Tensor, a: Tensor, u: Tensor, v: Tensor, at: Tensor, weight: float, group=None,
-                   backend: str = "auto", ledger=None) -> Tensor:
+def anchor_distill(
+    x: Tensor,
+    y: Tensor,
+    a: Tensor,
+    u: Tensor,
+    v: Tensor,
+    at: Tensor,
+    weight: float,
+    group=None,
+    backend: str = "auto",
+    ledger=None,
+) -> Tensor:
     """The fastclip mode and the one-process loss (module docstring): this rank's share (0-d); arguments as
     ``gather_distill``. Called by all ranks of ``group``."""
     return _AnchorDistill.apply(x, y, a, u, v, at, weight, group, backend, ledger)

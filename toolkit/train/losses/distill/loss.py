@@ -28,22 +28,45 @@ class DistillLoss(TrainingLoss):
 
     reads_reference = True
 
-    def __init__(self, cfg: LossConfig | None = None, group=None, ledger: D.CommLedger | None = None, *,
-                 check_sizes: bool = True):
+    def __init__(
+        self,
+        cfg: LossConfig | None = None,
+        group=None,
+        ledger: D.CommLedger | None = None,
+        *,
+        check_sizes: bool = True,
+    ):
         super().__init__(cfg or LossConfig(kind="distill", mode="gather"), group, check_sizes=check_sizes)
         self.ledger = ledger
 
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
-                index: Tensor | None = None, logit_bias: Tensor | None = None,
-                reference: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self,
+        image_features: Tensor,
+        text_features: Tensor,
+        logit_scale: Tensor,
+        index: Tensor | None = None,
+        logit_bias: Tensor | None = None,
+        reference: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         x, y = image_features, text_features
         check_local_pair(x, y, self.cfg.mode, tuple(MODE_FNS), "distill", self.cfg.backend)
         u, v = reference_rows(reference, x.shape[0], "distill")
         u, v = u.detach().to(device=x.device, dtype=x.dtype), v.detach().to(device=x.device, dtype=x.dtype)
         logit_scale = checked_scale(logit_scale, x, self.group, self.ledger, self.check_sizes)
-        teacher_scale = torch.tensor(1.0 / self.cfg.distill.teacher_tau, dtype=accumulation_dtype(x), device=x.device)
-        share = MODE_FNS[self.cfg.mode](x, y, logit_scale, u, v, teacher_scale, self.cfg.distill.weight,
-                                        group=self.group, backend=self.cfg.backend, ledger=self.ledger)
+        teacher_scale = torch.tensor(
+            1.0 / self.cfg.distill.teacher_tau, dtype=accumulation_dtype(x), device=x.device
+        )
+        share = MODE_FNS[self.cfg.mode](
+            x,
+            y,
+            logit_scale,
+            u,
+            v,
+            teacher_scale,
+            self.cfg.distill.weight,
+            group=self.group,
+            backend=self.cfg.backend,
+            ledger=self.ledger,
+        )
         self._last = share.detach()
         return share
-

@@ -9,8 +9,9 @@ from typing import Any
 from toolkit.train.losses.spec import F32, F64, ObjectiveSpec, Traffic
 
 
-def distill_traffic(mode: str, world: int, b: int, d: int, feature_bytes: int = 4,
-                    fields: Mapping[str, Any] | None = None) -> Traffic:
+def distill_traffic(
+    mode: str, world: int, b: int, d: int, feature_bytes: int = 4, fields: Mapping[str, Any] | None = None
+) -> Traffic:
     """Feature traffic per rank per step (losses/distill/kl.py), the teacher's width d_ref taken equal to d
     (the plan does not know the reference model): gather: the student's x and y all_gathered with autograd
     (their [B, d] gradients reduce-scattered) and the teacher pairs [b, 2, d_ref] without; fastclip: the
@@ -18,17 +19,24 @@ def distill_traffic(mode: str, world: int, b: int, d: int, feature_bytes: int = 
     no gradient traffic."""
     big_b, acc_bytes = world * b, F64 if feature_bytes == F64 else F32  # the LSEs: the accumulation dtype
     if mode == "gather":
-        return {("all_gather", "features"): (3, 4 * b * d * feature_bytes),
-                ("reduce_scatter", "feature_grads"): (2, 2 * big_b * d * feature_bytes)}
+        return {
+            ("all_gather", "features"): (3, 4 * b * d * feature_bytes),
+            ("reduce_scatter", "feature_grads"): (2, 2 * big_b * d * feature_bytes),
+        }
     if mode == "fastclip":
-        return {("all_gather", "features"): (2, 4 * b * d * feature_bytes),
-                ("all_gather", "scalars"): (1, 4 * b * acc_bytes)}
+        return {
+            ("all_gather", "features"): (2, 4 * b * d * feature_bytes),
+            ("all_gather", "scalars"): (1, 4 * b * acc_bytes),
+        }
     raise ValueError(f"the distill objective runs in the gather or fastclip mode, not {mode!r}")
 
 
 SPEC = ObjectiveSpec(
-    kind="distill", title="distillation (from a reference model)",
-    target="toolkit.train.losses.distill.loss:DistillLoss", modes=("gather", "fastclip"),
+    kind="distill",
+    title="distillation (from a reference model)",
+    target="toolkit.train.losses.distill.loss:DistillLoss",
+    modes=("gather", "fastclip"),
     modes_note="its KL is written for the gather mode (OpenCLIP's) and the fastclip mode (no feature-gradient "
-               "communication); use mode gather or fastclip",
-    traffic=distill_traffic)
+    "communication); use mode gather or fastclip",
+    traffic=distill_traffic,
+)

@@ -17,7 +17,10 @@ class DRRhoConfig:
     """How the reference model enters DRRho-CLIP's excess loss (docs/objectives.md)."""
 
     ref_weight: float = option(
-        1.0, ge=0, doc="β in the excess pairwise loss ℓ(θ) − β·ℓ(θ_ref): 1 is the paper's DRRho risk; 0 leaves "
-                       "the reference out (FastCLIP v3 with DRRho's gradient scale). The reference's pairwise loss "
-                       "r_ij − r_ii is divided by the student's τ, as in the paper: with a fixed τ, β = τ/τ_ref "
-                       "gives the reference a temperature τ_ref of its own.")
+        1.0,
+        ge=0,
+        doc="β in the excess pairwise loss ℓ(θ) − β·ℓ(θ_ref): 1 is the paper's DRRho risk; 0 leaves "
+        "the reference out (FastCLIP v3 with DRRho's gradient scale). The reference's pairwise loss "
+        "r_ij − r_ii is divided by the student's τ, as in the paper: with a fixed τ, β = τ/τ_ref "
+        "gives the reference a temperature τ_ref of its own.",
+    )

@@ -40,16 +40,20 @@ from toolkit.train.losses.fastclip.estimators import GlobalBatch
 from toolkit.train.losses.fastclip.loss import FastCLIPLoss
 
 
-def widen(image_features: Tensor, text_features: Tensor, reference: tuple[Tensor, Tensor] | None, ref_weight: float
-          ) -> tuple[Tensor, Tensor]:
+def widen(
+    image_features: Tensor, text_features: Tensor, reference: tuple[Tensor, Tensor] | None, ref_weight: float
+) -> tuple[Tensor, Tensor]:
     """(x̃ = [x, x^r], ỹ = [y, −β y^r]) [b, d + d_ref] in the promoted dtype of the features and the reference's
     (bf16 features with a bf16 reference stay bf16, the Triton backend's fast path; with a float32 reference they
     become float32), differentiable in x and y. Checks the reference (``reference_rows``) and its device."""
     ref_image, ref_text = reference_rows(reference, image_features.shape[0], "drrho")
     if ref_image.device != image_features.device:
-        raise ValueError(f"drrho: reference features on {ref_image.device}, student features on "
-                         f"{image_features.device}")
-    acc = torch.promote_types(image_features.dtype, ref_image.dtype)  # FastCLIP accumulates in fp32 whatever it is
+        raise ValueError(
+            f"drrho: reference features on {ref_image.device}, student features on {image_features.device}"
+        )
+    acc = torch.promote_types(
+        image_features.dtype, ref_image.dtype
+    )  # FastCLIP accumulates in fp32 whatever it is
     ref_image, ref_text = ref_image.detach().to(acc), ref_text.detach().to(acc)
     x = torch.cat([image_features.to(acc), ref_image], 1)
     y = torch.cat([text_features.to(acc), ref_text * -ref_weight], 1)
@@ -65,20 +69,45 @@ class DRRhoLoss(FastCLIPLoss):
 
     reads_reference: ClassVar[bool] = True
 
-    def __init__(self, cfg: LossConfig, data_size: int, group=None, *, table_dtype: torch.dtype = torch.float32,
-                 share_tables: bool = True, check_sizes: bool = True):
+    def __init__(
+        self,
+        cfg: LossConfig,
+        data_size: int,
+        group=None,
+        *,
+        table_dtype: torch.dtype = torch.float32,
+        share_tables: bool = True,
+        check_sizes: bool = True,
+    ):
         if cfg.kind != "drrho":
             raise ValueError(f"DRRhoLoss needs a LossConfig of kind drrho, got {cfg.kind!r}")
-        if cfg.fastclip.version != "v3":  # the estimator form is always v3's; another version would be silently ignored
-            raise ValueError(f"drrho builds on FastCLIP v3's estimators (loss.fastclip.version: v3), got {cfg.fastclip.version!r}; "
-                             "a fixed τ is loss.learn_tau: false")
+        if (
+            cfg.fastclip.version != "v3"
+        ):  # the estimator form is always v3's; another version would be silently ignored
+            raise ValueError(
+                f"drrho builds on FastCLIP v3's estimators (loss.fastclip.version: v3), got {cfg.fastclip.version!r}; "
+                "a fixed τ is loss.learn_tau: false"
+            )
         # FastCLIP's machinery checks its own kind: build it as v3, then keep the drrho config
-        super().__init__(replace(cfg, kind="fastclip"), data_size, group, table_dtype=table_dtype,
-                         share_tables=share_tables, check_sizes=check_sizes)
+        super().__init__(
+            replace(cfg, kind="fastclip"),
+            data_size,
+            group,
+            table_dtype=table_dtype,
+            share_tables=share_tables,
+            check_sizes=check_sizes,
+        )
         self.cfg = cfg
 
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | None, index: Tensor,
-                logit_bias: Tensor | None = None, reference: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    def forward(
+        self,
+        image_features: Tensor,
+        text_features: Tensor,
+        logit_scale: Tensor | None,
+        index: Tensor,
+        logit_bias: Tensor | None = None,
+        reference: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """The global value (0-d, equal on every rank) carrying this rank's gradients; tables updated.
 
         image_features, text_features: [b, d] L2-normalised student features; logit_scale a = exp(p) (0-d);

@@ -22,13 +22,19 @@ def traffic(mode: str, world: int, b: int, d: int, feature_bytes: int, fields: M
     ``feature_bytes`` an element, i.e. a reference delivered in the run's feature dtype (a float32 reference
     with bf16 features gathers 4 bytes an element). d_ref is ``fields["ref_dim"]``, else taken equal to d."""
     width = d + int(fields.get("ref_dim", d))
-    return {("all_gather", "features"): (1, 2 * b * width * feature_bytes),
-            ("all_gather", "scalars"): (1, b * SCALAR_COLUMNS * F64)}
+    return {
+        ("all_gather", "features"): (1, 2 * b * width * feature_bytes),
+        ("all_gather", "scalars"): (1, b * SCALAR_COLUMNS * F64),
+    }
 
 
 SPEC = ObjectiveSpec(
-    kind="drrho", title="DRRho-CLIP (from a reference model)",
-    target="toolkit.train.losses.drrho.loss:DRRhoLoss", modes=("fastclip",),
+    kind="drrho",
+    title="DRRho-CLIP (from a reference model)",
+    target="toolkit.train.losses.drrho.loss:DRRhoLoss",
+    modes=("fastclip",),
     modes_note="it is FastCLIP's step (no feature-gradient communication). Use mode: fastclip",
-    table_columns=table_columns, traffic=traffic,
-    learns_logit_scale=lambda cfg: cfg.learn_tau)
+    table_columns=table_columns,
+    traffic=traffic,
+    learns_logit_scale=lambda cfg: cfg.learn_tau,
+)

@@ -55,13 +55,17 @@ class GlobalBatch:
         return math.log(self.size - 1)
 
 
-def gather_batch(image_features: Tensor, text_features: Tensor, group, check_sizes: bool = True) -> GlobalBatch:
+def gather_batch(
+    image_features: Tensor, text_features: Tensor, group, check_sizes: bool = True
+) -> GlobalBatch:
     """Gather the features of every rank (no autograd): one all_gather of the stacked [b, 2, d] (in the
     promoted feature dtype: bf16/fp16 under AMP). ``check_sizes``: refuse unequal b across ranks first
     (one tiny all_gather; the trainer skips it, its loader guarantees equal batches). Called by all ranks."""
     if image_features.dim() != 2 or image_features.shape != text_features.shape:
-        raise ValueError(f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
-                         f"and {tuple(text_features.shape)}")
+        raise ValueError(
+            f"image and text features must both be [b, d]; got {tuple(image_features.shape)} "
+            f"and {tuple(text_features.shape)}"
+        )
     acc = accumulation_dtype(image_features)
     rank, k, b = cdist.get_rank(group), cdist.get_world_size(group), image_features.shape[0]
     if k > 1:
@@ -70,8 +74,10 @@ def gather_batch(image_features: Tensor, text_features: Tensor, group, check_siz
     else:
         xg, yg = image_features.detach().to(acc), text_features.detach().to(acc)
     if xg.shape[0] < 2:
-        raise ValueError("FastCLIP needs a global batch of at least 2 pairs (the estimators average over "
-                         f"the B−1 negatives); got {xg.shape[0]}")
+        raise ValueError(
+            "FastCLIP needs a global batch of at least 2 pairs (the estimators average over "
+            f"the B−1 negatives); got {xg.shape[0]}"
+        )
     sii_all = (xg * yg).sum(1)
     # this rank's rows are a slice of the gathered batch (the same values: gathered exactly, then upcast)
     mine = slice(rank * b, (rank + 1) * b)
@@ -90,8 +96,10 @@ def check_unique(index_all: Tensor) -> None:
     uniq, counts = torch.unique(index_all, return_counts=True)
     if bool((counts > 1).any()):
         dup = uniq[counts > 1][:5].tolist()
-        raise ValueError(f"sample ids repeat within the global batch (e.g. {dup}); FastCLIP needs each "
-                         "sample at most once per step (dense global ids, no duplicates across ranks)")
+        raise ValueError(
+            f"sample ids repeat within the global batch (e.g. {dup}); FastCLIP needs each "
+            "sample at most once per step (dense global ids, no duplicates across ranks)"
+        )
 
 
 def ema_log(log_u_old: Tensor, log_g: Tensor, gamma: float, shift: Tensor | None = None) -> Tensor:
@@ -107,7 +115,9 @@ def ema_log(log_u_old: Tensor, log_g: Tensor, gamma: float, shift: Tensor | None
     return torch.where(bad, log_g, new)
 
 
-def scent_log(log_u_old: Tensor, log_g: Tensor, offset: float, eps: float, shift: Tensor | None = None) -> Tensor:
+def scent_log(
+    log_u_old: Tensor, log_g: Tensor, offset: float, eps: float, shift: Tensor | None = None
+) -> Tensor:
     """SCENT's update (``u_update: scent``; Optimization-AI/SCENT, contrastive/scent.patch, SogCLRLoss.forward):
     the moving average with a per-sample step γ_i = σ(log(u_old,i + ε) + γ_s) instead of one γ:
     log((1−γ_i)·u_old·e^shift + γ_i·g), and the same first-visit rule as ``ema_log`` (old u < 1e-35, inf or
@@ -116,7 +126,9 @@ def scent_log(log_u_old: Tensor, log_g: Tensor, offset: float, eps: float, shift
     carried = log_u_old if shift is None else log_u_old + shift
     z = log_plus_eps(carried, eps) + offset
     # log γ_i and log(1 − γ_i) as log-sigmoids: exact where σ rounds to 0 or 1
-    new = torch.logaddexp(carried + torch.nn.functional.logsigmoid(-z), log_g + torch.nn.functional.logsigmoid(z))
+    new = torch.logaddexp(
+        carried + torch.nn.functional.logsigmoid(-z), log_g + torch.nn.functional.logsigmoid(z)
+    )
     bad = (log_u_old < LOG_RESET) | torch.isnan(log_u_old) | (log_u_old == math.inf)
     return torch.where(bad, log_g, new)
 
@@ -131,11 +143,12 @@ def log_plus_eps(log_u: Tensor, eps: float) -> Tensor:
 def row_max(x: Tensor, y: Tensor, chunk_elems: int = 1 << 24) -> Tensor:
     """max_j <x_i, y_j> for every row of x [M, d] against y [N, d], in row chunks (never M×N at once)."""
     rows = max(1, chunk_elems // max(y.shape[0], 1))
-    return torch.cat([(x[i:i + rows] @ y.T).amax(1) for i in range(0, x.shape[0], rows)])
+    return torch.cat([(x[i : i + rows] @ y.T).amax(1) for i in range(0, x.shape[0], rows)])
 
 
-def surrogate_grads(batch: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, r1: Tensor, r2: Tensor, c: Tensor,
-                    backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def surrogate_grads(
+    batch: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, r1: Tensor, r2: Tensor, c: Tensor, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
     """This rank's share of ∇ c/2 · (1/B) Σ_i (r1_i + r2_i) with r_i = 1/(B−1) Σ_{j≠i} exp(a·s_ij − a·s_ii − d_i)
     and the per-anchor offsets d held fixed: (dx [b, d], dy [b, d], d/da of its anchors' terms, c fixed).
 
@@ -159,6 +172,9 @@ def batch_drift(old: Tensor, log_g1: Tensor, log_g2: Tensor, group=None) -> list
     sums = []
     for old_col, log_g in ((old[:, 0], log_g1), (old[:, 1], log_g2)):
         seen = (old_col >= LOG_RESET) & torch.isfinite(old_col)
-        sums += [torch.where(seen, log_g - old_col, torch.zeros_like(log_g)).sum().double(), seen.sum().double()]
+        sums += [
+            torch.where(seen, log_g - old_col, torch.zeros_like(log_g)).sum().double(),
+            seen.sum().double(),
+        ]
     sums = cdist.all_reduce_sum(torch.stack(sums), group)
     return [float(sums[i] / sums[i + 1]) if sums[i + 1] > 0 else 0.0 for i in (0, 2)]

@@ -44,7 +44,9 @@ def table_columns(tau_init: float) -> dict[str, float]:
     return {f"{k}_{s}": (tau_init if k == "tau" else 0.0) for k in PER_SIDE[1:] for s in SIDES}
 
 
-def _side_update(cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old: dict[str, Tensor], rows: bool):
+def _side_update(
+    cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old: dict[str, Tensor], rows: bool
+):
     """One side's anchors on this rank: (new state dict, log g̃, d/d features of the anchor side).
 
     rows=True: image anchors, rows of S = x (this rank) @ yg.T; False: text anchors, columns of
@@ -62,10 +64,13 @@ def _side_update(cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old
     den = log_plus_eps(log_u, cfg.eps)
     w = torch.full((bt.b,), 1.0 / (2 * bt.size), dtype=acc, device=bt.x.device)
     norm = scale * bt.sii + bound + bt.log_bm1 + den
-    d_anchor, _, d_scale, _ = lse_backward(a_rows, a_cols, scale, one, norm, None, w, None, bt.off,
-                                           backend=cfg.backend, compute_dy=False)
+    d_anchor, _, d_scale, _ = lse_backward(
+        a_rows, a_cols, scale, one, norm, None, w, None, bt.off, backend=cfg.backend, compute_dy=False
+    )
     r = (log_g - den).exp()
-    sum_pz = scale * (d_scale.to(acc) / w - bt.sii * r)  # Σ_j P_ij z_ij with P_ij = e^{z_ij−b_i}/((B−1)(ũ_i+ε))
+    sum_pz = scale * (
+        d_scale.to(acc) / w - bt.sii * r
+    )  # Σ_j P_ij z_ij with P_ij = e^{z_ij−b_i}/((B−1)(ũ_i+ε))
     rule = cfg.fastclip  # v2's per-sample τ rule
     grad = (-sum_pz + den + bound + cfg.rho).clamp(-rule.tau_grad_clamp, rule.tau_grad_clamp)
     beta1, beta2 = (rule.tau_beta1, rule.tau_beta2) if epoch > 0 else (0.0, 0.0)
@@ -80,8 +85,15 @@ def _side_update(cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch, old
     return new, log_g, d_anchor, w * scale * r
 
 
-def step(tables: SampleTables, cfg: LossConfig, gamma: float, epoch: int, bt: GlobalBatch,
-         index: Tensor, old_rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def step(
+    tables: SampleTables,
+    cfg: LossConfig,
+    gamma: float,
+    epoch: int,
+    bt: GlobalBatch,
+    index: Tensor,
+    old_rows: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """v2 for this rank: (value, d/dx [b,d], d/dy [b,d], mean updated τ over the global batch (0-d, for
     logging)); the tables are updated for the global batch. ``old_rows`` [b, C]: this rank's table rows
     before the step. Called by every rank (one all_gather)."""
@@ -91,14 +103,16 @@ def step(tables: SampleTables, cfg: LossConfig, gamma: float, epoch: int, bt: Gl
     new, log_g, d_anchor, dsii_own = {}, {}, {}, {}
     for side, rows in (("image", True), ("text", False)):
         old = {k: old_rows[:, names.index(f"{k}_{side}")] for k in PER_SIDE}
-        new[side], log_g[side], d_anchor[side], dsii_own[side] = _side_update(cfg, gamma, epoch, bt, old, rows)
+        new[side], log_g[side], d_anchor[side], dsii_own[side] = _side_update(
+            cfg, gamma, epoch, bt, old, rows
+        )
     ids = index.detach().to(device=dev, dtype=torch.float64)
     cols = [new[s][k] for k in PER_SIDE for s in SIDES] + [log_g["image"], log_g["text"]]
     packed = gather_rows(torch.stack([ids] + [c.double() for c in cols], 1), bt, tables.group)
     idx_all = packed[:, 0].long()
     check_unique(idx_all)
     order = [f"{k}_{s}" for k in PER_SIDE for s in SIDES]
-    tables.write_gathered(idx_all, packed[:, 1:1 + len(order)][:, [order.index(n) for n in names]], bt.b)
+    tables.write_gathered(idx_all, packed[:, 1 : 1 + len(order)][:, [order.index(n) for n in names]], bt.b)
     g = {n: packed[:, 1 + i].to(acc) for i, n in enumerate(order)}
     log_g_all = {"image": packed[:, -2].to(acc), "text": packed[:, -1].to(acc)}
     den = {s: log_plus_eps(g[f"log_u_{s}"], cfg.eps) for s in SIDES}
@@ -107,10 +121,32 @@ def step(tables: SampleTables, cfg: LossConfig, gamma: float, epoch: int, bt: Gl
     w = torch.full((bt.size,), 1.0 / (2 * bt.size), dtype=acc, device=dev)
     one = torch.ones((), dtype=acc, device=dev)
     norm = {s: bt.sii_all / g[f"tau_{s}"] + g[f"bound_{s}"] + bt.log_bm1 + den[s] for s in SIDES}
-    _, dx_neg, _, _ = lse_backward(bt.yg, bt.x, 1.0 / g["tau_text"], one, norm["text"], None, w, None,
-                                   -bt.off, backend=cfg.backend, compute_dx=False)
-    _, dy_neg, _, _ = lse_backward(bt.xg, bt.y, 1.0 / g["tau_image"], one, norm["image"], None, w, None,
-                                   -bt.off, backend=cfg.backend, compute_dx=False)
+    _, dx_neg, _, _ = lse_backward(
+        bt.yg,
+        bt.x,
+        1.0 / g["tau_text"],
+        one,
+        norm["text"],
+        None,
+        w,
+        None,
+        -bt.off,
+        backend=cfg.backend,
+        compute_dx=False,
+    )
+    _, dy_neg, _, _ = lse_backward(
+        bt.xg,
+        bt.y,
+        1.0 / g["tau_image"],
+        one,
+        norm["image"],
+        None,
+        w,
+        None,
+        -bt.off,
+        backend=cfg.backend,
+        compute_dx=False,
+    )
     dx = d_anchor["image"] + dx_neg.to(acc) - dsii_own["text"][:, None] * bt.y
     dy = d_anchor["text"] + dy_neg.to(acc) - dsii_own["image"][:, None] * bt.x
     k = bt.num_ranks

@@ -69,12 +69,22 @@ class FastCLIPLoss(TrainingLoss):
     needs_data_size = True
     value_is_global = True  # every rank computes the global value from the gathered batch
 
-    def __init__(self, cfg: LossConfig, data_size: int, group=None, *, table_dtype: torch.dtype = torch.float32,
-                 share_tables: bool = True, check_sizes: bool = True):
+    def __init__(
+        self,
+        cfg: LossConfig,
+        data_size: int,
+        group=None,
+        *,
+        table_dtype: torch.dtype = torch.float32,
+        share_tables: bool = True,
+        check_sizes: bool = True,
+    ):
         super().__init__(cfg, group, check_sizes=check_sizes)
         if cfg.kind != "fastclip":
             raise ValueError(f"FastCLIPLoss needs a LossConfig of kind fastclip, got {cfg.kind!r}")
-        if cfg.fastclip.version not in VERSIONS:  # build() checks the Literal; a LossConfig made in code may not be
+        if (
+            cfg.fastclip.version not in VERSIONS
+        ):  # build() checks the Literal; a LossConfig made in code may not be
             raise ValueError(f"unknown FastCLIP version {cfg.fastclip.version!r}; choose one of {VERSIONS}")
         self.version, self.data_size = cfg.fastclip.version, data_size
         self.epoch, self.gamma, self.u_shift = 0, 1.0, [0.0, 0.0]  # u_shift: u_drift's last mean log(g/u_old)
@@ -89,8 +99,13 @@ class FastCLIPLoss(TrainingLoss):
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
         """γ for step ``step`` (only ``cosine_step`` changes within an epoch) and the epoch's settings."""
         self.set_epoch(step // steps_per_epoch)
-        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_final, self.cfg.fastclip.gamma_decay_epochs,
-                                   self.cfg.fastclip.gamma_schedule)
+        self.gamma = gamma_at_step(
+            step,
+            steps_per_epoch,
+            self.gamma_final,
+            self.cfg.fastclip.gamma_decay_epochs,
+            self.cfg.fastclip.gamma_schedule,
+        )
 
     def end_step(self, applied: bool) -> None:
         """An applied step keeps its table updates; a skipped one restores the rows the last forward
@@ -107,7 +122,10 @@ class FastCLIPLoss(TrainingLoss):
         """γ (u_update scent: the offset γ_s); with ``u_drift: batch`` also the last shifts of log u (image, text
         anchors)."""
         drift = self.cfg.fastclip.u_drift == "batch"
-        return {"gamma": self.gamma, **({"u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]} if drift else {})}
+        return {
+            "gamma": self.gamma,
+            **({"u_shift_image": self.u_shift[0], "u_shift_text": self.u_shift[1]} if drift else {}),
+        }
 
     def sync_state(self) -> None:
         """Returns once every rank's table writes are done (before reading the tables outside forward:
@@ -131,8 +149,14 @@ class FastCLIPLoss(TrainingLoss):
         return [StatePart("tables", self.tables, required=names, owned=names)]
 
     # ----------------------------------------------------------------- forward
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | None,
-                index: Tensor, logit_bias: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        image_features: Tensor,
+        text_features: Tensor,
+        logit_scale: Tensor | None,
+        index: Tensor,
+        logit_bias: Tensor | None = None,
+    ) -> Tensor:
         """Loss for this rank's batch; updates the tables for the global batch.
 
         image_features, text_features: [b, d] L2-normalised (any float dtype; computed in fp32, fp64
@@ -144,7 +168,9 @@ class FastCLIPLoss(TrainingLoss):
         if self.version != "v2" and logit_scale is None:
             raise ValueError(f"FastCLIP {self.version} needs logit_scale (exp of the model's logit_scale)")
         if index.shape != (image_features.shape[0],):
-            raise ValueError(f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}")
+            raise ValueError(
+                f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}"
+            )
         self.tables.check_index(index)
         batch = gather_batch(image_features, text_features, self.group, self.check_sizes)
         if self.tables.shared and batch.xg.is_cuda:
@@ -156,8 +182,9 @@ class FastCLIPLoss(TrainingLoss):
         old_rows = self.tables.read(index)
         self._undo = (index.detach().cpu(), old_rows, image_features.device)
         if self.version == "v2":
-            value, dx, dy, self._tau_mean = individual.step(self.tables, self.cfg, self.gamma, self.epoch, batch,
-                                                            index, old_rows)
+            value, dx, dy, self._tau_mean = individual.step(
+                self.tables, self.cfg, self.gamma, self.epoch, batch, index, old_rows
+            )
             pairs = [(image_features, dx), (text_features, dy)]
         else:
             value, dx, dy, da = self._global_step(batch, index, old_rows, logit_scale)
@@ -171,8 +198,9 @@ class FastCLIPLoss(TrainingLoss):
             return super().temperature(logit_scale)
         return float("nan") if self._tau_mean is None else float(self._tau_mean)
 
-    def _update_u(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, log_g1: Tensor,
-                  log_g2: Tensor) -> Tensor:
+    def _update_u(
+        self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, log_g1: Tensor, log_g2: Tensor
+    ) -> Tensor:
         """New log u for this rank's rows (``old_rows`` [b, C]: their table rows before this step),
         gathered with ids and log g -> [B, 5]; tables written."""
         old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
@@ -218,7 +246,9 @@ class FastCLIPLoss(TrainingLoss):
             tau = 1.0 / a
             mean_log_u = (log_u1 + log_u2).mean()
             value = tau * surrogate + self.cfg.rho * tau + tau / 2 * mean_log_u
-            da = da - (self.cfg.rho / bt.num_ranks + (log_u1[mine] + log_u2[mine]).sum() / (2 * bt.size)) / a**2
+            da = (
+                da
+                - (self.cfg.rho / bt.num_ranks + (log_u1[mine] + log_u2[mine]).sum() / (2 * bt.size)) / a**2
+            )
         k = bt.num_ranks
         return value, k * dx, k * dy, (None if self.version == "v1" else k * da)
-

@@ -51,8 +51,9 @@ def gamma_at_epoch(epoch: int, gamma_min: float, decay_epochs: int, schedule: Ga
     return _cosine(epoch / decay_epochs, gamma_min)
 
 
-def gamma_at_step(step: int, steps_per_epoch: int, gamma_min: float, decay_epochs: int,
-                  schedule: GammaScheduleName) -> float:
+def gamma_at_step(
+    step: int, steps_per_epoch: int, gamma_min: float, decay_epochs: int, schedule: GammaScheduleName
+) -> float:
     """γ at global optimiser step ``step``; epoch schedules are constant within an epoch."""
     if steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")

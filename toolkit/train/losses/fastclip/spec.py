@@ -32,17 +32,22 @@ def table_columns(fields: Mapping[str, Any]) -> int:
 
 def traffic(mode: str, world: int, b: int, d: int, feature_bytes: int, fields: Mapping[str, Any]) -> Traffic:
     """One all_gather of the pairs and one of the per-sample scalars; no feature-gradient traffic."""
-    return {("all_gather", "features"): (1, 2 * b * d * feature_bytes),
-            ("all_gather", "scalars"): (1, b * scalar_columns(_version(fields)) * F64)}
+    return {
+        ("all_gather", "features"): (1, 2 * b * d * feature_bytes),
+        ("all_gather", "scalars"): (1, b * scalar_columns(_version(fields)) * F64),
+    }
 
 
 SPEC = ObjectiveSpec(
-    kind="fastclip", title="FastCLIP",
+    kind="fastclip",
+    title="FastCLIP",
     target="toolkit.train.losses.fastclip.loss:FastCLIPLoss",
     names={f"fastclip-{v}": {"fastclip": {"version": v}} for v in VERSIONS},
     modes=("fastclip",),
     modes_note="its step needs no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
-               "gather/disco/ring",
-    table_columns=table_columns, traffic=traffic,
+    "gather/disco/ring",
+    table_columns=table_columns,
+    traffic=traffic,
     learns_logit_scale=lambda cfg: cfg.fastclip.version in ("v0", "v3"),
-    presets=PRESETS)
+    presets=PRESETS,
+)

@@ -32,7 +32,9 @@ def _node_layout(group=None) -> tuple[int, int, int, int]:
         return 0, 1, 0, 1
     local_world, local_rank = cdist.get_local_world_size(), cdist.get_local_rank()
     if k % local_world != 0 or local_rank >= local_world:
-        raise ValueError(f"LOCAL_WORLD_SIZE={local_world} / LOCAL_RANK={local_rank} do not fit world size {k}")
+        raise ValueError(
+            f"LOCAL_WORLD_SIZE={local_world} / LOCAL_RANK={local_rank} do not fit world size {k}"
+        )
     return rank, k, local_rank, local_world
 
 
@@ -43,8 +45,14 @@ class SampleTables:
     name and two barriers). ``columns`` maps name -> initial value.
     """
 
-    def __init__(self, num_samples: int, columns: dict[str, float], dtype: torch.dtype = torch.float32,
-                 group=None, share: bool = True):
+    def __init__(
+        self,
+        num_samples: int,
+        columns: dict[str, float],
+        dtype: torch.dtype = torch.float32,
+        group=None,
+        share: bool = True,
+    ):
         if num_samples < 1:
             raise ValueError(f"data_size must be >= 1, got {num_samples}")
         self.names = list(columns)
@@ -97,8 +105,10 @@ class SampleTables:
 
     def check_index(self, index: Tensor) -> None:
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.num_samples):
-            raise IndexError(f"sample ids must lie in [0, {self.num_samples}) (data_size); got "
-                             f"min {int(index.min())}, max {int(index.max())}")
+            raise IndexError(
+                f"sample ids must lie in [0, {self.num_samples}) (data_size); got "
+                f"min {int(index.min())}, max {int(index.max())}"
+            )
 
     # ----------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Tensor]:
@@ -111,8 +121,10 @@ class SampleTables:
             if n not in state:
                 raise KeyError(f"{source}: missing FastCLIP table column {n!r}")
             if state[n].shape != (self.num_samples,):
-                raise ValueError(f"{source}: column {n!r} has shape {tuple(state[n].shape)}, expected "
-                                 f"({self.num_samples},) (data_size)")
+                raise ValueError(
+                    f"{source}: column {n!r} has shape {tuple(state[n].shape)}, expected "
+                    f"({self.num_samples},) (data_size)"
+                )
         if self.shared and self.local_rank != 0:
             return
         for i, n in enumerate(self.names):

@@ -28,8 +28,9 @@ def _offsets(off: int, masked: bool) -> tuple[int | None, int | None]:
     return (off, -off) if masked else (None, None)
 
 
-def anchor_lses(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, off: int, masked: bool,
-                backend: str) -> tuple[Tensor, Tensor]:
+def anchor_lses(
+    x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, off: int, masked: bool, backend: str
+) -> tuple[Tensor, Tensor]:
     """LSEs of this rank's anchors: rows of a·x Ysᵀ [b] and columns of a·Xs yᵀ [b] (no autograd).
 
     x, y [b, d] this rank's rows (rows off ... off+b−1 of the global batch), xs, ys [B, d] all rows;
@@ -42,8 +43,19 @@ def anchor_lses(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, off: in
     return row, col
 
 
-def anchor_grads(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, row_all: Tensor, col_all: Tensor,
-                 w: Tensor, off: int, masked: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def anchor_grads(
+    x: Tensor,
+    y: Tensor,
+    xs: Tensor,
+    ys: Tensor,
+    a: Tensor,
+    row_all: Tensor,
+    col_all: Tensor,
+    w: Tensor,
+    off: int,
+    masked: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
     """This rank's share of ∇ w·Σ_i (row term_i + column term_i) over the global batch, given every anchor's
     normalisers row_all, col_all [B]: (dx [b, d], dy [b, d], its anchors' part of d/da, 0-d).
 
@@ -53,16 +65,19 @@ def anchor_grads(x: Tensor, y: Tensor, xs: Tensor, ys: Tensor, a: Tensor, row_al
     b, big_b = x.shape[0], xs.shape[0]
     wb, w_all = w.expand(b), w.expand(big_b)
     if big_b == b:
-        dx, dy, d_row, d_col = K.lse_backward(x, y, a, a, row_all, col_all, wb, wb, 0 if masked else None,
-                                              backend=backend)
+        dx, dy, d_row, d_col = K.lse_backward(
+            x, y, a, a, row_all, col_all, wb, wb, 0 if masked else None, backend=backend
+        )
         return dx, dy, d_row.sum() + d_col.sum()
     mine = slice(off, off + b)
     row_k, col_k = _offsets(off, masked)
     # each call needs one side only: skip the other's matmuls (a whole B×b pass on the triton backend)
-    dx, _, d_row, _ = K.lse_backward(x, ys, a, a, row_all[mine], col_all, wb, w_all, row_k, backend=backend,
-                                     compute_dy=False)
-    _, dy, _, d_col = K.lse_backward(xs, y, a, a, row_all, col_all[mine], w_all, wb, col_k, backend=backend,
-                                     compute_dx=False)
+    dx, _, d_row, _ = K.lse_backward(
+        x, ys, a, a, row_all[mine], col_all, wb, w_all, row_k, backend=backend, compute_dy=False
+    )
+    _, dy, _, d_col = K.lse_backward(
+        xs, y, a, a, row_all, col_all[mine], w_all, wb, col_k, backend=backend, compute_dx=False
+    )
     return dx, dy, d_row.sum() + d_col.sum()
 
 
@@ -72,7 +87,9 @@ class _FastClipLoss(torch.autograd.Function):
         r, b = D.get_rank(group), x.shape[0]
         xs, ys = gather_pairs(x, y, group, ledger=ledger)
         row, col = anchor_lses(x, y, xs, ys, a, r * b, False, backend)
-        lses = D.all_gather_nograd(torch.stack([row, col], 1), group, D.SCALARS, check_sizes=False, ledger=ledger)
+        lses = D.all_gather_nograd(
+            torch.stack([row, col], 1), group, D.SCALARS, check_sizes=False, ledger=ledger
+        )
         row_all, col_all = lses[:, 0].contiguous(), lses[:, 1].contiguous()
         pos = positive_logits(x, y)
         ctx.save_for_backward(x, y, a, xs, ys, row_all, col_all, pos)
@@ -83,8 +100,9 @@ class _FastClipLoss(torch.autograd.Function):
     def backward(ctx, g):
         x, y, a, xs, ys, row_all, col_all, pos = ctx.saved_tensors
         g = g.to(row_all.dtype)
-        dx, dy, da = anchor_grads(x, y, xs, ys, a, row_all, col_all, g / (2 * x.shape[0]), ctx.off, False,
-                                  ctx.backend)
+        dx, dy, da = anchor_grads(
+            x, y, xs, ys, a, row_all, col_all, g / (2 * x.shape[0]), ctx.off, False, ctx.backend
+        )
         dx, dy = add_positive_grads(dx, dy, x, y, a, g)
         # logit_scale: only this rank's anchors (its rows and its columns)
         da = da - g * pos.mean()

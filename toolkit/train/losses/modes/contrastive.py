@@ -45,7 +45,9 @@ class _SideLSE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, a: Tensor, side: str, backend: str):
-        row, col = K.lse_forward(x, y, a, a, compute_row=side == "row", compute_col=side == "col", backend=backend)
+        row, col = K.lse_forward(
+            x, y, a, a, compute_row=side == "row", compute_col=side == "col", backend=backend
+        )
         out = row if side == "row" else col
         ctx.save_for_backward(x, y, a, out)
         ctx.side, ctx.backend = side, backend
@@ -100,7 +102,9 @@ class _DiscoLoss(torch.autograd.Function):
         dxs, dy, _, da_col = K.lse_backward(xs, y, a, a, None, col, None, w, backend=ctx.backend)
         # Contributions to every rank's rows, summed over ranks: one reduce_scatter of [B, 2, d],
         # in the feature dtype (what gather's autograd reduce-scatters too).
-        mine = D.reduce_scatter_sum(torch.stack([dxs, dys], 1).to(x.dtype), ctx.group, D.FEATURE_GRADS, ctx.ledger)
+        mine = D.reduce_scatter_sum(
+            torch.stack([dxs, dys], 1).to(x.dtype), ctx.group, D.FEATURE_GRADS, ctx.ledger
+        )
         dx, dy = add_positive_grads(dx + mine[:, 0], dy + mine[:, 1], x, y, a, g)
         da = da_row.sum() + da_col.sum() - g * pos.mean()
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None
@@ -111,13 +115,25 @@ def disco_loss(x: Tensor, y: Tensor, a: Tensor, group=None, backend: str = "auto
     return _DiscoLoss.apply(x, y, a, group, backend, ledger)
 
 
-MODE_FNS: dict[str, Callable[..., Tensor]] = {"gather": gather_loss, "disco": disco_loss, "ring": ring_loss,
-                                             "fastclip": fastclip_loss}
+MODE_FNS: dict[str, Callable[..., Tensor]] = {
+    "gather": gather_loss,
+    "disco": disco_loss,
+    "ring": ring_loss,
+    "fastclip": fastclip_loss,
+}
 
 
-def contrastive_loss(image_local: Tensor, text_local: Tensor, logit_scale: Tensor | float, *, mode: str,
-                     group=None, backend: str = "auto", ledger: D.CommLedger | None = None,
-                     check_sizes: bool = True) -> Tensor:
+def contrastive_loss(
+    image_local: Tensor,
+    text_local: Tensor,
+    logit_scale: Tensor | float,
+    *,
+    mode: str,
+    group=None,
+    backend: str = "auto",
+    ledger: D.CommLedger | None = None,
+    check_sizes: bool = True,
+) -> Tensor:
     """This rank's share loss_r (0-d, fp32) of the global-batch CLIP loss (module docstring).
 
     image_local, text_local: [b, d] L2-normalised features of this rank's b pairs (same b on every rank,

@@ -26,8 +26,15 @@ from toolkit.train.losses.modes.common import add_positive_grads, clip_value, po
 Combine = Callable[[Sequence[Tensor], Sequence[Tensor]], list[Tensor]]
 
 
-def circulate(block: Sequence[Tensor], block_cats: Sequence[str], compute: Callable[[Sequence[Tensor]], list[Tensor]],
-              combine: Combine, acc_cats: Sequence[str], group=None, ledger=None) -> list[Tensor]:
+def circulate(
+    block: Sequence[Tensor],
+    block_cats: Sequence[str],
+    compute: Callable[[Sequence[Tensor]], list[Tensor]],
+    combine: Combine,
+    acc_cats: Sequence[str],
+    group=None,
+    ledger=None,
+) -> list[Tensor]:
     """Pass this rank's ``block`` round the ring; return the ``combine``d ``compute`` outputs of every rank
     on this rank's block (in rank order r, r+1, ..., r+K−1 for the accumulator).
 
@@ -51,9 +58,9 @@ def circulate(block: Sequence[Tensor], block_cats: Sequence[str], compute: Calla
         elif h == 1:  # this rank is the first foreign holder: the accumulator starts here
             acc = part
         else:
-            acc = combine(recv[len(held) if h < k - 1 else 0:], part)
+            acc = combine(recv[len(held) if h < k - 1 else 0 :], part)
         if h < k - 1:
-            held = recv[:len(held)]
+            held = recv[: len(held)]
     if k == 1 or not own:  # no partials: nothing travels behind the blocks
         return own
     recv, wait = D.ring_shift(acc, acc_cats, group, ledger)  # last holder -> owner
@@ -103,8 +110,15 @@ class _RingLoss(torch.autograd.Function):
             return [dyp, dcol.sum().reshape(1)]
 
         # The block carries its column LSEs and its owner's upstream weights: each rank's own g counts.
-        dy, da_col = circulate([y, torch.stack([col, w])], [D.FEATURES, D.SCALARS], tile, _add,
-                               [D.FEATURE_GRADS, D.SCALARS], ctx.group, ctx.ledger)
+        dy, da_col = circulate(
+            [y, torch.stack([col, w])],
+            [D.FEATURES, D.SCALARS],
+            tile,
+            _add,
+            [D.FEATURE_GRADS, D.SCALARS],
+            ctx.group,
+            ctx.ledger,
+        )
         dx, dy = add_positive_grads(dx, dy, x, y, a, g)
         da = da_row + da_col[0] - g * pos.mean()
         return dx.to(x.dtype), dy.to(y.dtype), da.to(a.dtype), None, None, None

@@ -51,11 +51,15 @@ class NeuCLIPLoss(TrainingLoss):
         if cfg.kind != "neuclip":
             raise ValueError(f"NeuCLIPLoss needs a LossConfig of kind neuclip, got {cfg.kind!r}")
         nc = cfg.neuclip
-        self.network = NormaliserNetwork(nc.num_prototypes, nc.lr, nc.adagrad_eps, cfg.eps, cfg.backend, group)
+        self.network = NormaliserNetwork(
+            nc.num_prototypes, nc.lr, nc.adagrad_eps, cfg.eps, cfg.backend, group
+        )
         self.step = 0
         self._error = float("nan")
         self._fit: tuple | None = None  # what end_step trains the network on (fit_order after)
-        self._undo: tuple | None = None  # the network before this step changed it (a skipped step restores it)
+        self._undo: tuple | None = (
+            None  # the network before this step changed it (a skipped step restores it)
+        )
 
     # ----------------------------------------------------------------- TrainingLoss hooks
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
@@ -92,8 +96,14 @@ class NeuCLIPLoss(TrainingLoss):
         return [StatePart("network", self.network, required=("initialised",))]
 
     # ----------------------------------------------------------------- forward
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
-                index: Tensor | None = None, logit_bias: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        image_features: Tensor,
+        text_features: Tensor,
+        logit_scale: Tensor,
+        index: Tensor | None = None,
+        logit_bias: Tensor | None = None,
+    ) -> Tensor:
         """The global value (0-d, equal on every rank) carrying this rank's gradients (module docstring).
 
         image_features, text_features: [b, d] L2-normalised (computed in fp32; fp64 stays fp64);
@@ -140,7 +150,7 @@ class NeuCLIPLoss(TrainingLoss):
         n1, n2 = a * bt.sii_all + bt.log_bm1 + alpha1, a * bt.sii_all + bt.log_bm1 + alpha2
         dx, dy, d_surr = surrogate_grads(bt, a, n1, n2, r1, r2, tau, self.cfg.backend)
         # d value/da = τ·dH/da − H/a² with H = terms/(2B) + ρ; this rank: its anchors' terms and ρ/K
-        mine = terms[bt.off:bt.off + bt.b].sum() / (2 * bt.size) + self.cfg.rho / bt.num_ranks
+        mine = terms[bt.off : bt.off + bt.b].sum() / (2 * bt.size) + self.cfg.rho / bt.num_ranks
         da = d_surr - mine / a**2
         k = bt.num_ranks
         return value, k * dx, k * dy, k * da

@@ -62,7 +62,9 @@ class NormaliserNetwork:
     learning rate; ``adagrad_eps``: its denominator ε; ``eps``: the objective's ε (LossConfig.eps).
     Called by every rank of ``group`` alike (``update`` is collective)."""
 
-    def __init__(self, num_prototypes: int, lr: float, adagrad_eps: float, eps: float, backend: str, group=None):
+    def __init__(
+        self, num_prototypes: int, lr: float, adagrad_eps: float, eps: float, backend: str, group=None
+    ):
         self.num_prototypes, self.lr, self.adagrad_eps, self.eps = num_prototypes, lr, adagrad_eps, eps
         self.backend, self.group = backend, group
         self.weight: Tensor | None = None  # [2, m, d]; rows >= filled are not in use yet
@@ -106,25 +108,28 @@ class NormaliserNetwork:
             self.weight, self.sumsq = self.weight.to(device), self.sumsq.to(device)
 
     def _used(self) -> Tensor:
-        return self.weight[:, :self.filled]
+        return self.weight[:, : self.filled]
 
     def _unit(self) -> Tensor:
         used = self._used()
         return used / used.norm(dim=2, keepdim=True)
 
     def _lse(self, side: int, feats: Tensor, a: Tensor, unit: Tensor) -> Tensor:
-        row, _ = K.lse_forward(feats, unit[side].to(feats.dtype), a, a, None, compute_col=False,
-                               backend=self.backend)
+        row, _ = K.lse_forward(
+            feats, unit[side].to(feats.dtype), a, a, None, compute_col=False, backend=self.backend
+        )
         return row.to(feats.dtype)
 
     def predict(self, x: Tensor, y: Tensor, sii: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
         """(α1 [b], α2 [b]) for anchors with image rows x [b, d], text rows y [b, d], positives sii [b]."""
         unit, log_m = self._unit(), math.log(self.filled)
-        return tuple(log_eps_plus(self._lse(s, f, a, unit) - log_m - a * sii, self.eps)
-                     for s, f in enumerate((x, y)))
+        return tuple(
+            log_eps_plus(self._lse(s, f, a, unit) - log_m - a * sii, self.eps) for s, f in enumerate((x, y))
+        )
 
-    def objective_grad(self, x: Tensor, y: Tensor, sii: Tensor, a: Tensor, targets: tuple[Tensor, Tensor],
-                       batch_size: int) -> Tensor:
+    def objective_grad(
+        self, x: Tensor, y: Tensor, sii: Tensor, a: Tensor, targets: tuple[Tensor, Tensor], batch_size: int
+    ) -> Tensor:
         """∂J/∂W [2, filled, d] of this rank's anchors (J's sum over them, divided by the global ``batch_size``).
 
         targets: (t1, t2) [b] each, t = log(ε + g) of these anchors."""
@@ -136,16 +141,34 @@ class NormaliserNetwork:
             alpha = log_eps_plus(shifted, self.eps)
             # dJ/dα = (1 − e^{t−α})/B; dα/d lse = the share of α's sum not from ε
             g_lse = (1.0 - (t - alpha).exp()) * (shifted - alpha).exp() / batch_size
-            _, d_unit, _, _ = K.lse_backward(feats, unit[side].to(feats.dtype), a, a, lse, None, g_lse, None,
-                                             backend=self.backend, compute_dx=False)
+            _, d_unit, _, _ = K.lse_backward(
+                feats,
+                unit[side].to(feats.dtype),
+                a,
+                a,
+                lse,
+                None,
+                g_lse,
+                None,
+                backend=self.backend,
+                compute_dx=False,
+            )
             grads.append(d_unit.to(unit.dtype))
         d_unit = torch.stack(grads)
         # through Ŵ = W/|W|: the component along Ŵ does not change Ŵ
         radial = (d_unit * unit).sum(2, keepdim=True)
         return (d_unit - radial * unit) / self._used().norm(dim=2, keepdim=True)
 
-    def update(self, x: Tensor, y: Tensor, sii: Tensor, a: Tensor, targets: tuple[Tensor, Tensor],
-               batch_size: int, num_steps: int) -> None:
+    def update(
+        self,
+        x: Tensor,
+        y: Tensor,
+        sii: Tensor,
+        a: Tensor,
+        targets: tuple[Tensor, Tensor],
+        batch_size: int,
+        num_steps: int,
+    ) -> None:
         """``num_steps`` AdaGrad steps on J over the global batch (this rank's anchors + one all_reduce of
         the [2, filled, d] gradient per step). Collective."""
         for _ in range(num_steps):
@@ -161,8 +184,11 @@ class NormaliserNetwork:
         ``weight`` and ``sumsq`` [2, m, d]."""
         out = {"initialised": torch.tensor([float(self.initialised)])}
         if self.initialised:
-            out.update(filled=torch.tensor([float(self.filled)]), weight=self.weight.detach().cpu().clone(),
-                       sumsq=self.sumsq.detach().cpu().clone())
+            out.update(
+                filled=torch.tensor([float(self.filled)]),
+                weight=self.weight.detach().cpu().clone(),
+                sumsq=self.sumsq.detach().cpu().clone(),
+            )
         return out
 
     def load(self, state: dict[str, Tensor], source: str = "state_dict") -> None:
@@ -179,9 +205,13 @@ class NormaliserNetwork:
             if name == "filled":
                 continue
             if len(shape) != 3 or shape[:2] != (2, self.num_prototypes):
-                raise ValueError(f"{source}: NeuCLIP network {name!r} has shape {shape}, expected (2, "
-                                 f"{self.num_prototypes}, d) (loss.neuclip.num_prototypes)")
+                raise ValueError(
+                    f"{source}: NeuCLIP network {name!r} has shape {shape}, expected (2, "
+                    f"{self.num_prototypes}, d) (loss.neuclip.num_prototypes)"
+                )
         filled = int(state["filled"].reshape(-1)[0])
         if not 1 <= filled <= self.num_prototypes:
-            raise ValueError(f"{source}: NeuCLIP network 'filled' is {filled}, expected 1..{self.num_prototypes}")
+            raise ValueError(
+                f"{source}: NeuCLIP network 'filled' is {filled}, expected 1..{self.num_prototypes}"
+            )
         self.weight, self.sumsq, self.filled = state["weight"].clone(), state["sumsq"].clone(), filled

@@ -4,7 +4,10 @@ feature-gradient communication); its normaliser network is model-sized state, no
 from toolkit.train.losses.spec import ObjectiveSpec
 
 SPEC = ObjectiveSpec(
-    kind="neuclip", title="NeuCLIP",
-    target="toolkit.train.losses.neuclip.loss:NeuCLIPLoss", modes=("fastclip",),
+    kind="neuclip",
+    title="NeuCLIP",
+    target="toolkit.train.losses.neuclip.loss:NeuCLIPLoss",
+    modes=("fastclip",),
     modes_note="its step needs no feature-gradient communication. Use mode: fastclip, or kind: openclip for "
-               "gather/disco/ring")
+    "gather/disco/ring",
+)

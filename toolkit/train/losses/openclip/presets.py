@@ -8,6 +8,9 @@ from typing import Any
 from toolkit.train.losses.fastclip.presets import CC3M_RUN
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "cc3m-openclip": {"description": "CC3M, ResNet-50, OpenCLIP baseline (reference README)", **CC3M_RUN,
-                      "loss": {"kind": "openclip", "mode": "gather"}},
+    "cc3m-openclip": {
+        "description": "CC3M, ResNet-50, OpenCLIP baseline (reference README)",
+        **CC3M_RUN,
+        "loss": {"kind": "openclip", "mode": "gather"},
+    },
 }

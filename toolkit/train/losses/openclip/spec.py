@@ -4,5 +4,9 @@ traffic (docs/distributed.md), the reference's CC3M baseline (``presets.py``).""
 from toolkit.train.losses.openclip.presets import PRESETS
 from toolkit.train.losses.spec import ObjectiveSpec
 
-SPEC = ObjectiveSpec(kind="openclip", title="the OpenCLIP baseline",
-                     target="toolkit.train.losses.openclip.loss:OpenCLIPLoss", presets=PRESETS)
+SPEC = ObjectiveSpec(
+    kind="openclip",
+    title="the OpenCLIP baseline",
+    target="toolkit.train.losses.openclip.loss:OpenCLIPLoss",
+    presets=PRESETS,
+)

@@ -21,17 +21,37 @@ class SigLIPLoss(TrainingLoss):
     """The sigmoid loss (``TrainingLoss`` interface; ``index`` unused; ``logit_bias`` None counts as 0, as
     in open_clip's ``SigLipLoss``). Reports the bias as the metric ``logit_bias``."""
 
-    def __init__(self, cfg: LossConfig | None = None, group=None, ledger: cdist.CommLedger | None = None, *,
-                 check_sizes: bool = True):
+    def __init__(
+        self,
+        cfg: LossConfig | None = None,
+        group=None,
+        ledger: cdist.CommLedger | None = None,
+        *,
+        check_sizes: bool = True,
+    ):
         super().__init__(cfg or LossConfig(kind="siglip", mode="gather"), group, check_sizes=check_sizes)
         self.ledger = ledger
         self._bias: Tensor | None = None
 
-    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor,
-                index: Tensor | None = None, logit_bias: Tensor | None = None) -> Tensor:
-        share = sigmoid_loss(image_features, text_features, logit_scale, logit_bias, mode=self.cfg.mode,
-                             group=self.group, backend=self.cfg.backend, ledger=self.ledger,
-                             check_sizes=self.check_sizes)
+    def forward(
+        self,
+        image_features: Tensor,
+        text_features: Tensor,
+        logit_scale: Tensor,
+        index: Tensor | None = None,
+        logit_bias: Tensor | None = None,
+    ) -> Tensor:
+        share = sigmoid_loss(
+            image_features,
+            text_features,
+            logit_scale,
+            logit_bias,
+            mode=self.cfg.mode,
+            group=self.group,
+            backend=self.cfg.backend,
+            ledger=self.ledger,
+            check_sizes=self.check_sizes,
+        )
         self._last = share.detach()
         self._bias = None if logit_bias is None else logit_bias.detach()
         return share

@@ -44,8 +44,17 @@ MODES = ("gather", "ring", "fastclip")
 
 
 def _sums(x, y, t, b0, offset, need_dx, need_dy, backend, compute_loss=True):
-    return K.sigmoid_sums(x, y, t, b0, offset, compute_dx=need_dx, compute_dy=need_dy, compute_loss=compute_loss,
-                          backend=backend)
+    return K.sigmoid_sums(
+        x,
+        y,
+        t,
+        b0,
+        offset,
+        compute_dx=need_dx,
+        compute_dy=need_dy,
+        compute_loss=compute_loss,
+        backend=backend,
+    )
 
 
 def _finish(ctx, b: int, loss: Tensor, grads: list[Tensor | None], inputs: Sequence[Tensor]) -> Tensor:
@@ -59,8 +68,10 @@ def _finish(ctx, b: int, loss: Tensor, grads: list[Tensor | None], inputs: Seque
 def _scaled_grads(ctx, grad: Tensor) -> list[Tensor | None]:
     """The forward's gradients times upstream/b, in each input's dtype (ctx's references dropped first)."""
     grads, ctx.grads = ctx.grads, None
-    return [None if g is None else g.mul_(grad.to(g.dtype) / ctx.rows).to(dt)
-            for g, dt in zip(grads, ctx.dtypes, strict=True)]
+    return [
+        None if g is None else g.mul_(grad.to(g.dtype) / ctx.rows).to(dt)
+        for g, dt in zip(grads, ctx.dtypes, strict=True)
+    ]
 
 
 class _RingSigmoid(torch.autograd.Function):
@@ -70,7 +81,13 @@ class _RingSigmoid(torch.autograd.Function):
         need_x, need_y = need[0] or need[2] or need[3], need[1]
         acc = K.accumulation_dtype(x)
         zero = torch.zeros((), dtype=acc, device=x.device)
-        mine = {"loss": zero, "dx": None, "dt": zero, "db": zero, "blocks": 0}  # this rank's rows, every block
+        mine = {
+            "loss": zero,
+            "dx": None,
+            "dt": zero,
+            "db": zero,
+            "blocks": 0,
+        }  # this rank's rows, every block
 
         def tile(held: Sequence[Tensor]) -> list[Tensor]:
             # circulate hands the own block first: its diagonal holds the positives; the others have none
@@ -82,10 +99,22 @@ class _RingSigmoid(torch.autograd.Function):
                 mine["dt"], mine["db"] = mine["dt"] + out.d_scale, mine["db"] + out.d_bias
             return [out.dy] if need_y else []  # the block's dy partial travels on to its owner
 
-        parts = circulate([y], [D.FEATURES], tile, lambda a, c: [u + v for u, v in zip(a, c, strict=True)],
-                          [D.FEATURE_GRADS] if need_y else [], group, ledger)
-        return _finish(ctx, x.shape[0], mine["loss"], [mine["dx"], parts[0] if need_y else None, mine["dt"],
-                                                       mine["db"]], (x, y, t, b0))
+        parts = circulate(
+            [y],
+            [D.FEATURES],
+            tile,
+            lambda a, c: [u + v for u, v in zip(a, c, strict=True)],
+            [D.FEATURE_GRADS] if need_y else [],
+            group,
+            ledger,
+        )
+        return _finish(
+            ctx,
+            x.shape[0],
+            mine["loss"],
+            [mine["dx"], parts[0] if need_y else None, mine["dt"], mine["db"]],
+            (x, y, t, b0),
+        )
 
     @staticmethod
     def backward(ctx, grad):
@@ -108,21 +137,24 @@ class _AnchorSigmoid(torch.autograd.Function):
         return (*_scaled_grads(ctx, grad), None, None, None)
 
 
-def gather_sigmoid(x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, backend: str = "auto",
-                   ledger=None) -> Tensor:
+def gather_sigmoid(
+    x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, backend: str = "auto", ledger=None
+) -> Tensor:
     """Gather mode (module docstring). Called by all ranks of ``group``; sizes checked by the caller."""
     ys = D.all_gather_with_grad(y, group, check_sizes=False, ledger=ledger)
     return K.SigLIPLossFn.apply(x, ys, t, b0, D.get_rank(group) * x.shape[0], x.shape[0], backend, None, None)
 
 
-def ring_sigmoid(x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, backend: str = "auto",
-                 ledger=None) -> Tensor:
+def ring_sigmoid(
+    x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, backend: str = "auto", ledger=None
+) -> Tensor:
     """Ring mode (module docstring). Called by all ranks of ``group``; sizes checked by the caller."""
     return _RingSigmoid.apply(x, y, t, b0, group, backend, ledger)
 
 
-def anchor_sigmoid(x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, backend: str = "auto",
-                   ledger=None) -> Tensor:
+def anchor_sigmoid(
+    x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, backend: str = "auto", ledger=None
+) -> Tensor:
     """The fastclip mode (module docstring). Called by all ranks of ``group``; sizes checked by the caller."""
     return _AnchorSigmoid.apply(x, y, t, b0, group, backend, ledger)
 
@@ -130,9 +162,18 @@ def anchor_sigmoid(x: Tensor, y: Tensor, t: Tensor, b0: Tensor, group=None, back
 MODE_FNS = {"gather": gather_sigmoid, "ring": ring_sigmoid, "fastclip": anchor_sigmoid}
 
 
-def sigmoid_loss(image_local: Tensor, text_local: Tensor, scale: Tensor | float, bias: Tensor | float | None, *,
-                 mode: str, group=None, backend: str = "auto", ledger: D.CommLedger | None = None,
-                 check_sizes: bool = True) -> Tensor:
+def sigmoid_loss(
+    image_local: Tensor,
+    text_local: Tensor,
+    scale: Tensor | float,
+    bias: Tensor | float | None,
+    *,
+    mode: str,
+    group=None,
+    backend: str = "auto",
+    ledger: D.CommLedger | None = None,
+    check_sizes: bool = True,
+) -> Tensor:
     """This rank's share loss_r (0-d; fp32, fp64 for fp64 features) of the global-batch sigmoid loss.
 
     image_local, text_local [b, d] (same b on every rank, checked unless ``check_sizes`` is False);
@@ -142,8 +183,11 @@ def sigmoid_loss(image_local: Tensor, text_local: Tensor, scale: Tensor | float,
     """
     check_local_pair(image_local, text_local, mode, MODES, "sigmoid-loss", backend)  # before any collective
     t = scale if isinstance(scale, Tensor) else torch.tensor(float(scale), device=image_local.device)
-    b0 = torch.zeros((), device=image_local.device) if bias is None else (
-        bias if isinstance(bias, Tensor) else torch.tensor(float(bias), device=image_local.device))
+    b0 = (
+        torch.zeros((), device=image_local.device)
+        if bias is None
+        else (bias if isinstance(bias, Tensor) else torch.tensor(float(bias), device=image_local.device))
+    )
     for name, v in (("scale", t), ("bias", b0)):
         if v.numel() != 1:
             raise ValueError(f"{name} must be 0-d, got shape {tuple(v.shape)}")
