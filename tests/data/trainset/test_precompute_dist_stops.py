@@ -63,7 +63,7 @@ def _start(raw: Path, out: Path) -> subprocess.Popen:
 def _rank_pid(rank: int) -> int | None:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if b"precompute_rank" not in (proc / "cmdline").read_bytes():
+            if b"toolkit.data.trainset.precompute.rank" not in (proc / "cmdline").read_bytes():
                 continue
             if f"RANK={rank}".encode() in (proc / "environ").read_bytes().split(b"\0"):
                 return int(proc.name)
