@@ -100,6 +100,7 @@ def test_update_steps_on_a_finite_value_and_skips_a_non_finite_one(parts):
 
 # ------------------------------------------------------------------ StateIO
 def test_state_io_round_trip(parts, demo_train, tmp_path):
+    from toolkit.train.checkpoint.state import nonfinite_note
     from toolkit.train.loop import build_parts
     from toolkit.train.trainstate import TrainState
 
@@ -114,7 +115,7 @@ def test_state_io_round_trip(parts, demo_train, tmp_path):
     state = again.io.resume()
     assert (state.step, state.samples_seen, again.io.last_step) == (2, 32, 2)
     assert float(again.built.model.clip.logit_scale.detach()) == pytest.approx(1.234)
-    note = again.io.nonfinite_note(first_bad_step=4)  # step 2's checkpoint precedes it: named, kept
+    note = nonfinite_note(again.io, first_bad_step=4)  # step 2's checkpoint precedes it: named, kept
     assert "step-00000002" in note and (tmp_path / "run" / "checkpoints" / "step-00000002").is_dir()
 
 

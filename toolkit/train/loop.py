@@ -31,7 +31,7 @@ from toolkit.train import model as model_lib
 from toolkit.train import stages as stages_lib
 from toolkit.train import towers
 from toolkit.train.batches import TrainData, open_data, step_counts
-from toolkit.train.checkpoint.state import StateIO, sync_buffers
+from toolkit.train.checkpoint.state import StateIO, nonfinite_note, sync_buffers
 from toolkit.train.config import TrainConfig
 from toolkit.train.ddp import wrap_ddp
 from toolkit.train.launch.signals import PreemptionFlag
@@ -232,7 +232,7 @@ def train_step(p: Parts, state: TrainState, batch: dict):
         raise TrainingAborted(
             f"{state.nonfinite_in_row} steps in a row with a non-finite loss or gradient, "
             f"the last at step {t + 1} (lr {lr:.3g}, tau {p.update.temperature():.4g}); lower "
-            "the lr or check the data" + p.io.nonfinite_note(t + 2 - state.nonfinite_in_row)
+            "the lr or check the data" + nonfinite_note(p.io, t + 2 - state.nonfinite_in_row)
         )
     return outcome, lr
 

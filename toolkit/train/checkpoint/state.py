@@ -229,18 +229,19 @@ class StateIO:
         """Wait for a checkpoint being written (it is completed before the run ends)."""
         self.writer.wait()
 
-    def nonfinite_note(self, first_bad_step: int) -> str:
-        """The end of the message of a run aborted for non-finite steps (every rank calls it). Rank 0 first
-        finishes its pending write, then renames the checkpoints written from ``first_bad_step`` on to
-        ``*.nonfinite`` so that a rerun resumes from the last one written before it, which retention kept
-        (``ckpt.retire``) and which the note names. The other ranks only read the folder names at or before
-        that step."""
-        before = first_bad_step - 1
-        moved: list[str] = []
-        if self.rank == 0:
-            try:
-                self.writer.wait()
-            except ckpt.CheckpointWriteFailed as err:
-                moved.append(f"(and a write failed: {err})")
-            moved[:0] = ckpt.set_aside_after(self.dir, before)
-        return nonfinite_abort_note(ckpt.last_at_or_before(self.dir, before), first_bad_step, moved)
+
+def nonfinite_note(io: StateIO, first_bad_step: int) -> str:
+    """The end of the message of a run aborted for non-finite steps (every rank calls it). Rank 0 first
+    finishes its pending write, then renames the checkpoints written from ``first_bad_step`` on to
+    ``*.nonfinite`` so that a rerun resumes from the last one written before it, which retention kept
+    (``ckpt.retire``) and which the note names. The other ranks only read the folder names at or before
+    that step."""
+    before = first_bad_step - 1
+    moved: list[str] = []
+    if io.rank == 0:
+        try:
+            io.writer.wait()
+        except ckpt.CheckpointWriteFailed as err:
+            moved.append(f"(and a write failed: {err})")
+        moved[:0] = ckpt.set_aside_after(io.dir, before)
+    return nonfinite_abort_note(ckpt.last_at_or_before(io.dir, before), first_bad_step, moved)

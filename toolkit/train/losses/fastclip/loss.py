@@ -82,9 +82,8 @@ class FastCLIPLoss(TrainingLoss):
         super().__init__(cfg, group, check_sizes=check_sizes)
         if cfg.kind != "fastclip":
             raise ValueError(f"FastCLIPLoss needs a LossConfig of kind fastclip, got {cfg.kind!r}")
-        if (
-            cfg.fastclip.version not in VERSIONS
-        ):  # build() checks the Literal; a LossConfig made in code may not be
+        # build() checks the Literal; a LossConfig made in code may not be
+        if cfg.fastclip.version not in VERSIONS:
             raise ValueError(f"unknown FastCLIP version {cfg.fastclip.version!r}; choose one of {VERSIONS}")
         self.version, self.data_size = cfg.fastclip.version, data_size
         self.epoch, self.gamma, self.u_shift = 0, 1.0, [0.0, 0.0]  # u_shift: u_drift's last mean log(g/u_old)
@@ -99,13 +98,8 @@ class FastCLIPLoss(TrainingLoss):
     def begin_step(self, step: int, steps_per_epoch: int) -> None:
         """γ for step ``step`` (only ``cosine_step`` changes within an epoch) and the epoch's settings."""
         self.set_epoch(step // steps_per_epoch)
-        self.gamma = gamma_at_step(
-            step,
-            steps_per_epoch,
-            self.gamma_final,
-            self.cfg.fastclip.gamma_decay_epochs,
-            self.cfg.fastclip.gamma_schedule,
-        )
+        decay_epochs, schedule = self.cfg.fastclip.gamma_decay_epochs, self.cfg.fastclip.gamma_schedule
+        self.gamma = gamma_at_step(step, steps_per_epoch, self.gamma_final, decay_epochs, schedule)
 
     def end_step(self, applied: bool) -> None:
         """An applied step keeps its table updates; a skipped one restores the rows the last forward
@@ -165,12 +159,7 @@ class FastCLIPLoss(TrainingLoss):
         Called by every rank with the same b. Returns the global
         value (0-d, equal on every rank, so it is also this rank's share) carrying this rank's gradients.
         """
-        if self.version != "v2" and logit_scale is None:
-            raise ValueError(f"FastCLIP {self.version} needs logit_scale (exp of the model's logit_scale)")
-        if index.shape != (image_features.shape[0],):
-            raise ValueError(
-                f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}"
-            )
+        check_inputs(self.version, image_features, logit_scale, index)
         self.tables.check_index(index)
         batch = gather_batch(image_features, text_features, self.group, self.check_sizes)
         if self.tables.shared and batch.xg.is_cuda:
@@ -204,18 +193,9 @@ class FastCLIPLoss(TrainingLoss):
         """New log u for this rank's rows (``old_rows`` [b, C]: their table rows before this step),
         gathered with ids and log g -> [B, 5]; tables written."""
         old = old_rows.to(device=log_g1.device, dtype=log_g1.dtype)
-        scent = self.cfg.fastclip.u_update == "scent"  # its per-sample steps are < 1 whatever γ_s is
-        drift = self.cfg.fastclip.u_drift == "batch" and (scent or self.gamma < 1)
-        shift1, shift2 = (None, None)
-        if drift:
-            self.u_shift = batch_drift(old, log_g1, log_g2, self.group)
-            shift1, shift2 = (torch.tensor(v, dtype=log_g1.dtype, device=log_g1.device) for v in self.u_shift)
-        if scent:
-            log_u1 = scent_log(old[:, 0], log_g1, self.gamma, self.cfg.eps, shift1)
-            log_u2 = scent_log(old[:, 1], log_g2, self.gamma, self.cfg.eps, shift2)
-        else:
-            log_u1 = ema_log(old[:, 0], log_g1, self.gamma, shift1)
-            log_u2 = ema_log(old[:, 1], log_g2, self.gamma, shift2)
+        log_u1, log_u2, shift = new_log_u(self.cfg, self.gamma, old, log_g1, log_g2, self.group)
+        if shift is not None:
+            self.u_shift = shift
         ids = index.detach().to(device=log_g1.device, dtype=torch.float64)
         rows = torch.stack([ids, log_u1.double(), log_u2.double(), log_g1.double(), log_g2.double()], 1)
         rows = gather_rows(rows, batch, self.group)
@@ -252,3 +232,34 @@ class FastCLIPLoss(TrainingLoss):
             )
         k = bt.num_ranks
         return value, k * dx, k * dy, (None if self.version == "v1" else k * da)
+
+
+def new_log_u(
+    cfg: LossConfig, gamma: float, old: Tensor, log_g1: Tensor, log_g2: Tensor, group
+) -> tuple[Tensor, Tensor, list[float] | None]:
+    """This rank's new log u per side [b] from its rows' old values ``old`` [b, >=2] and log g [b]: the moving
+    average (or SCENT's step), shifted by ``u_drift: batch``'s drift when it applies (then also returned, the
+    shifts of the image and text anchors; else None). Collective when the drift applies (batch_drift)."""
+    scent = cfg.fastclip.u_update == "scent"  # its per-sample steps are < 1 whatever γ_s is
+    drift = cfg.fastclip.u_drift == "batch" and (scent or gamma < 1)
+    shift, shift1, shift2 = None, None, None
+    if drift:
+        shift = batch_drift(old, log_g1, log_g2, group)
+        shift1, shift2 = (torch.tensor(v, dtype=log_g1.dtype, device=log_g1.device) for v in shift)
+    if scent:
+        return (
+            scent_log(old[:, 0], log_g1, gamma, cfg.eps, shift1),
+            scent_log(old[:, 1], log_g2, gamma, cfg.eps, shift2),
+            shift,
+        )
+    return ema_log(old[:, 0], log_g1, gamma, shift1), ema_log(old[:, 1], log_g2, gamma, shift2), shift
+
+
+def check_inputs(version: str, image_features: Tensor, logit_scale: Tensor | None, index: Tensor) -> None:
+    """ValueError unless ``logit_scale`` is given (v0, v1, v3) and ``index`` is [b] for ``image_features`` [b, d]."""
+    if version != "v2" and logit_scale is None:
+        raise ValueError(f"FastCLIP {version} needs logit_scale (exp of the model's logit_scale)")
+    if index.shape != (image_features.shape[0],):
+        raise ValueError(
+            f"index must be [b] = [{image_features.shape[0]}] sample ids, got {tuple(index.shape)}"
+        )
