@@ -240,6 +240,8 @@ class _WithReference(torch.nn.Module):
     """Passes the batch's reference rows as the trainer does for a ``reads_reference`` objective (base.py), so
     the trainer's own gradient-cache code (``step.forward_backward``) runs unchanged around the loss."""
 
+    reads_reference = False  # it hands the rows to the loss itself; the trainer's step passes none
+
     def __init__(self, loss: DRRhoLoss, reference: tuple[torch.Tensor, torch.Tensor]):
         super().__init__()
         self.loss, self.reference = loss, reference
