@@ -11,8 +11,9 @@
    worker at ``--kills`` random steps (waiting for each restart before the next kill), then SIGKILLs the
    whole job (launcher and workers) and resumes it with ``--resume latest`` at ``--resume-nproc``
    processes (default 1: another world size).
-4. Prints the largest weight and loss-state difference (FastCLIP's tables, NeuCLIP's network) from the reference, the samples seen twice
-   and skipped within each epoch, the kills survived; writes OUT/chaos_report.json. Exit 1 when a
+4. Prints the largest weight and loss-state difference (FastCLIP's tables, NeuCLIP's network) from the
+   reference, the samples seen twice and skipped within each epoch, the kills survived; writes
+   OUT/chaos_report.json. Exit 1 when a
    duplicate, a skip or a difference above ``--max-rel-diff`` is found.
 
 The sample accounting comes from ``audit_samples`` (OUT/samples/rank-*.jsonl): one line per step and rank

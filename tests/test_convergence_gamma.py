@@ -1,6 +1,6 @@
-"""The convergence benchmark's γ methods (benchmarks/objectives/convergence/methods.py): FastCLIP's final γ is a
-tuned knob like τ, lr_tau and ρ; DRRho-CLIP's γ rule decays over all of a cell's epochs; SCENT's update tunes
-its γ_s. Run for real through the trainer's step on a synthetic feature cache (seconds)."""
+"""The convergence benchmark's γ methods (benchmarks/objectives/convergence/methods.py): FastCLIP's final γ is
+a tuned knob like τ, lr_tau and ρ; DRRho-CLIP's γ rule decays over all of a cell's epochs; SCENT's update
+tunes its γ_s. Run for real through the trainer's step on a synthetic feature cache (seconds)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def test_gamma_methods_build_and_decay_over_the_right_epochs(tmp_path):
 
 def test_gamma_methods_tuned_and_run(tmp_path, torch_threads):
     """--quick (2 epochs): DRRho's rule gives γ = 1 throughout (4.177·2^-0.7265 > 1), so its run is the drift-
-    corrected v3's tuning run at γ_min = 1 with the same τ, lr_tau and ρ, bit for bit; SCENT's γ_s is searched."""
+    corrected v3's tuning run at γ_min = 1 with the same τ, lr_tau and ρ, bit for bit; SCENT's γ_s is
+    searched."""
     _synthetic_artists(tmp_path / "cache")
     out = tmp_path / "res" / "convergence.json"
     argv = [

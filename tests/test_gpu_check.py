@@ -1,5 +1,6 @@
-"""python -m benchmarks.gpu.check --dry-run: every section of the GPU check runs at tiny sizes on the CPU (Triton
-under TRITON_INTERPRET=1, gloo for the collectives), so the script is known to work before a GPU is lent."""
+"""python -m benchmarks.gpu.check --dry-run: every section of the GPU check runs at tiny sizes on the CPU
+(Triton under TRITON_INTERPRET=1, gloo for the collectives), so the script is known to work before a GPU is
+lent."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Import rules of the ``toolkit`` package, checked on its source with ``ast``.
 
-- Imports point down the layer stack only: cli > pipeline > trainval > eval | train > data > models > kernels | core;
-  siblings (eval and train, kernels and core) never import each other, and kernels import nothing from toolkit.
+- Imports point down the layer stack only: cli > pipeline > trainval > eval | train > data > models >
+  kernels | core; siblings (eval and train, kernels and core) never import each other, and kernels import
+  nothing from toolkit.
 - No import cycles between toolkit modules.
 - Inside a package, no arrow runs back between its parts: with each direct sub-package or module taken as
   one node, the package's import graph has no cycle (``train/runtime.py`` -> ``train/plan/`` while
@@ -163,15 +164,16 @@ def test_no_import_cycles():
     assert found == [], "import cycles between these modules:\n" + "\n".join(found)
 
 
-# losses/ is the one package whose parts are plug-ins: LossConfig (losses/config.py) holds each objective folder's
-# section (fastclip/config.py, ...) and each folder's loss reads LossConfig and the shared base and modes; the
-# folders and the shared modules form one unit, whose modules are still checked for cycles one by one.
+# losses/ is the one package whose parts are plug-ins: LossConfig (losses/config.py) holds each objective
+# folder's section (fastclip/config.py, ...) and each folder's loss reads LossConfig and the shared base and
+# modes; the folders and the shared modules form one unit, whose modules are still checked for cycles one by
+# one.
 PLUGIN_PACKAGES = {"toolkit.train.losses"}
 
 
 def part_cycles(graph: dict[str, set[str]]) -> list[tuple[str, tuple[str, ...]]]:
-    """(package, its parts in a cycle) for every package whose direct sub-packages and modules, each taken as one
-    node, import each other in a cycle."""
+    """(package, its parts in a cycle) for every package whose direct sub-packages and modules, each taken as
+    one node, import each other in a cycle."""
     packages = {m.rpartition(".")[0] for m in graph if "." in m} | {m for m in graph if m != "toolkit"}
     found = []
     for package in sorted(packages):

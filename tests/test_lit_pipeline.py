@@ -66,8 +66,8 @@ def test_lit_pipeline_runs_scaled_down(lit_run):
 
 
 def test_saved_lit_model_encodes_raw_input_like_its_heads(lit_run):
-    """Raw captions -> tokenizer -> MiniLM -> head, and raw pixels -> EfficientNet-Lite0 -> head, equal the heads
-    applied to the stored features of the same samples (float16 storage: 2e-3)."""
+    """Raw captions -> tokenizer -> MiniLM -> head, and raw pixels -> EfficientNet-Lite0 -> head, equal the
+    heads applied to the stored features of the same samples (float16 storage: 2e-3)."""
     import torch
     from datakit import read_meta, read_tar
 

@@ -105,8 +105,8 @@ def test_reference_quick_end_to_end(tmp_path, capsys, torch_threads):
 
 
 def test_distill_by_registry_name(tmp_path):
-    """--methods distill: the registry's "unknown loss kind" message where the distill objective is not registered
-    (before its branch lands), else chosen; nothing is trained or read before that check."""
+    """--methods distill: the registry's "unknown loss kind" message where the distill objective is not
+    registered (before its branch lands), else chosen; nothing is trained or read before that check."""
     why = rm.check_registered("distill")
     if why:
         assert "unknown loss kind 'distill'" in why
@@ -164,9 +164,9 @@ def test_run_keys_name_the_reference(tmp_path):
 
 
 def test_scratch_cell_tunes_distill_on_its_own_split(tmp_path, torch_threads):
-    """--scratch-tune: the from-scratch cell's distill row is searched on that cell's own validation runs (λ up
-    to the objective's bound 1, the teacher's τ around the reference's), not adopted from the LiT batch-64 cell;
-    its best OpenCLIP still comes from --knobs-from."""
+    """--scratch-tune: the from-scratch cell's distill row is searched on that cell's own validation runs (λ
+    up to the objective's bound 1, the teacher's τ around the reference's), not adopted from the LiT batch-64
+    cell; its best OpenCLIP still comes from --knobs-from."""
     cache = tmp_path / "cache"
     _synthetic_artists(cache, num_concepts=60)
     rng = np.random.default_rng(1)

@@ -26,7 +26,8 @@ def test_help_lists_groups_and_version():
 def test_startup_imports_no_heavy_modules():
     code = (
         "import sys; from toolkit.cli.main import app; "
-        "heavy = [m for m in ('torch', 'open_clip', 'webdataset', 'img2dataset', 'numpy') if m in sys.modules]; "
+        "heavy = [m for m in ('torch', 'open_clip', 'webdataset', 'img2dataset', 'numpy') if m in "
+        "sys.modules]; "
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

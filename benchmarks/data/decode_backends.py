@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
     head = "| source px | KiB | torchvision img/s | pil (draft) img/s | auto img/s | pil plain img/s |"
     lines = [head, "|---|---|---|---|---|---|"] + [
-        f"| {r['source_side']} | {r['mean_kib']} | {r['torchvision']} | {r['pil']} | {r['auto']} | {r['pil_plain']} |"
+        f"| {r['source_side']} | {r['mean_kib']} | {r['torchvision']} | {r['pil']} | {r['auto']} | "
+        f"{r['pil_plain']} |"
         for r in rows
     ]
     table = "\n".join(lines)

@@ -12,7 +12,8 @@ training batches of ``--batch-size`` at ``--size`` px with open_clip's train cro
   ``toolkit.data.augment.crop_draws`` and ``toolkit.data.decode.decode_batch`` (libjpeg-turbo through
   torchvision, crop, antialiased bicubic resize); uint8 out, normalised later on the device;
 - ``cliptk_index``: the trainer's real path on the same shards: ``toolkit data precompute --storage index``
-  (default crop margin), then ``make_loader`` with the trainer's random crop in the loader (``refs.RefReader``:
+  (default crop margin), then ``make_loader`` with the trainer's random crop in the loader
+  (``refs.RefReader``:
   each image decoded by ``images.decode_rgb`` to the stored 249 px square, libjpeg-turbo for these JPEGs,
   then cropped and resized to 224); ``cliptk_index_pil``: the same with decode_rgb's Pillow path forced (the
   decoder before libjpeg-turbo was shared with precompute), for comparison in one run;
@@ -252,7 +253,8 @@ def index_loader(raw: str, work: str, size: int, batch_size: int, model: str):
 
 
 class PillowOnly:
-    """Within the block, decode_rgb takes its Pillow path for every image (its decoder before libjpeg-turbo)."""
+    """Within the block, decode_rgb takes its Pillow path for every image (its decoder before
+    libjpeg-turbo)."""
 
     def __enter__(self):
         from toolkit.data import images

@@ -173,8 +173,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     unit = "samples per CPU-second of the reading process" if args.workers == 0 else "samples/s (wall)"
     print(
-        f"\n{args.num_samples} samples, {args.workers} workers, batch {args.batch_size}, {os.cpu_count()} CPUs, "
-        f"load {os.getloadavg()[0]:.1f}: median {unit} of {args.rounds} interleaved rounds; slowdown: median of "
+        f"\n{args.num_samples} samples, {args.workers} workers, batch {args.batch_size}, {os.cpu_count()} "
+        "CPUs, "
+        f"load {os.getloadavg()[0]:.1f}: median {unit} of {args.rounds} interleaved rounds; slowdown: "
+        "median of "
         f"the rounds' after/before ratios; before = {args.base}\n"
     )
     print(

@@ -117,14 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         if a.only and module not in a.only:
             continue
         sec = Section(name, (DRY_BUDGET_S if a.dry_run else budget) * a.budget_scale)
-        # A hard stop at 1.25x the budget + 10 s: the cases check the budget between themselves, but one case can hang
-        # or compile for minutes (the first H100 run lost the whole check in its kernels section that way).
+        # A hard stop at 1.25x the budget + 10 s: the cases check the budget between themselves, but one case
+        # can hang or compile for minutes (the first H100 run lost the whole check in its kernels section that
+        # way).
         signal.signal(signal.SIGALRM, _overran)
         signal.alarm(int(sec.budget_s * 1.25 + 10))
         try:
             importlib.import_module(f"benchmarks.gpu.{module}").run(ctx, sec)
         except SectionOverran:
-            sec.error = f"stopped at 1.25x its budget + 10 s ({sec.budget_s * 1.25 + 10:.0f} s); its rows so far are kept"
+            sec.error = (
+                f"stopped at 1.25x its budget + 10 s ({sec.budget_s * 1.25 + 10:.0f} s); its rows so far "
+                "are kept"
+            )
         except Exception as err:  # one section's failure must not cost the others' minutes
             sec.error = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"
         finally:

@@ -49,7 +49,8 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int], ou
             if backend == "nccl":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
-            # bytes each rank sends in a ring: (K-1)·n for all_gather, 2(K-1)/K·n for all_reduce (nccl-tests' bus bytes)
+            # bytes each rank sends in a ring: (K-1)·n for all_gather, 2(K-1)/K·n for all_reduce (nccl-tests'
+            # bus bytes)
             nbytes = (world - 1) * numel * 4 * (1 if op == "all_gather" else 2 / world)
             rows.append(
                 {

@@ -21,9 +21,9 @@ DRY_SIZES, DRY_DIM = (64, 67), 16  # odd 67: ragged tiles under the interpreter
 DTYPES = ("bf16", "fp32")  # bf16 first: the training precision, so a budget cut keeps it
 METHODS = {"clip": ("triton", "torch", "naive", "inf_cl"), "sigmoid": ("triton", "torch", "naive")}
 REPEATS = 3
-# Triton on IEEE fp32 features runs on the CUDA cores: 127 + 435 ms at B = 8,192 on one H200 against 10 + 11 ms
-# for the chunked torch backend, and `auto` never picks it; at B = 65,536 it alone overran the section's budget
-# (2026-11-28). It is measured at the smallest B only.
+# Triton on IEEE fp32 features runs on the CUDA cores: 127 + 435 ms at B = 8,192 on one H200 against 10 + 11
+# ms for the chunked torch backend, and `auto` never picks it; at B = 65,536 it alone overran the section's
+# budget (2026-11-28). It is measured at the smallest B only.
 FP32_TRITON_MAX_B = 8192
 CLIP_SCALE = 14.3  # 1/0.07, CLIP's initial temperature
 SIGLIP_SCALE, SIGLIP_BIAS = 10.0, -10.0  # SigLIP's initial t and b

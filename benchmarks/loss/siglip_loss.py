@@ -212,7 +212,8 @@ def targets(rows) -> list[str]:
 
 def markdown(rows) -> str:
     lines = [
-        "| method | B | median time (s) | peak RSS (MiB) | extra (MiB) | grads (MiB) | extra − grads (MiB) | status |",
+        "| method | B | median time (s) | peak RSS (MiB) | extra (MiB) | grads (MiB) | extra − grads (MiB) "
+        "| status |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:

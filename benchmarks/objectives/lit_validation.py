@@ -4,8 +4,8 @@ Inputs are `toolkit data precompute` outputs of frozen-tower features, one per t
 demo's Twemoji, npm emoji-datasource-google's Noto, and a validation-only artist such as
 emoji-datasource-apple, which is never trained on nor shipped). Two protocols, both on features only:
 
-- ``concepts``: 20 % of one artist's concepts held out; heads trained on the other 80 %; R@1 among the held-out
-  concepts (generalisation to unseen captions);
+- ``concepts``: 20 % of one artist's concepts held out; heads trained on the other 80 %; R@1 among the
+  held-out concepts (generalisation to unseen captions);
 - ``artist``: heads trained on some artists' drawings, R@1 on another artist's drawings of the same concepts:
   the cross-artist transfer the quickstart's test measures, but on a validation artist.
 
@@ -94,7 +94,8 @@ def train_heads(images, texts, steps: int, lr: float, wd: float, batch: int, war
 
 
 def evaluate(data: dict, setting: dict) -> dict:
-    """One grid point: {'train': [artists], 'val': artist | None (concept split), steps, lr, wd, batch, ...}."""
+    """One grid point: {'train': [artists], 'val': artist | None (concept split), steps, lr, wd, batch,
+    ...}."""
     import torch
 
     s = {"steps": 300, "lr": 1e-3, "wd": 0.1, "batch": 256, "warmup": 25, "seed": 0, "val": None} | setting

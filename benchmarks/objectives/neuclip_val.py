@@ -2,14 +2,15 @@
 its settings is best, judged on a validation split of the training artist only (never the held-out artist).
 
 The features come from ``pipelines/lit.yaml``'s precompute stage (Twemoji drawings). ``--val-fraction`` of
-the pairs (a fixed split, the same as benchmarks/objectives/convergence/'s) are never trained on; the heads train on
-the rest through the trainer's own pieces (``model.build``, ``build_loss``, ``build_optimizer``,
+the pairs (a fixed split, the same as benchmarks/objectives/convergence/'s) are never trained on; the heads
+train on the rest through the trainer's own pieces (``model.build``, ``build_loss``, ``build_optimizer``,
 ``TemperatureControl``, ``set_lr``, ``forward_backward``, ``BatchOrder``) and the objective's hooks in the
 trainer's order (``begin_step``, forward/backward, optimiser step, ``end_step``). Each method is given as
 NAME=JSON (LossConfig fields), e.g.
 
     python -m benchmarks.objectives.neuclip_val --batch 32 --steps 200 --seeds 3 \\
-        v3='{"kind": "fastclip", "fastclip": {"version": "v3"}, "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}' \\
+        v3='{"kind": "fastclip", "fastclip": {"version": "v3"}, "lr_tau": 2e-4,
+            "lr_tau_schedule": "step_thresh", "rho": 6.5}' \\
         neuclip='{"kind": "neuclip", "lr_tau": 2e-4, "lr_tau_schedule": "step_thresh", "rho": 6.5}'
 
 Prints validation mean R@1 (image->text and text->image averaged) per method, mean ± std over seeds and
@@ -143,7 +144,8 @@ def main() -> None:
         )
     ref = [r["val_r1"] for r in results[next(iter(methods))]]
     lines = [
-        f"batch {args.batch}, {args.steps} steps ({args.steps / math.ceil(train[0].shape[0] / args.batch):.1f} "
+        f"batch {args.batch}, {args.steps} steps "
+        f"({args.steps / math.ceil(train[0].shape[0] / args.batch):.1f} "
         f"epochs), {args.seeds} seeds; validation mean R@1 (%), paired Δ vs {next(iter(methods))}",
         "| method | val R@1 | Δ | τ |",
         "|---|---|---|---|",

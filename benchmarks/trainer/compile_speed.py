@@ -142,7 +142,8 @@ def main() -> None:
         },
     }
     text = (
-        "| model | batch | loss | eager step | compiled step | speed-up | compile time | all compile overhead |\n"
+        "| model | batch | loss | eager step | compiled step | speed-up | compile time | all compile "
+        "overhead |\n"
         "|---|---|---|---|---|---|---|---|\n"
         f"| {args.model} | {args.batch_size} | {args.loss} | {eager['steady_step_s']:.3f} s | "
         f"{compiled['steady_step_s']:.3f} s | {row['speedup']:.2f}x | {row['compile_s']:.1f} s | "

@@ -1,14 +1,16 @@
-"""`--fsdp` against DDP on the CPU (gloo): per-rank state memory, step time with the ledger's bytes, plan vs peak.
+"""`--fsdp` against DDP on the CPU (gloo): per-rank state memory, step time with the ledger's bytes, plan vs
+peak.
 
 One gloo job per world size (torch.multiprocessing, 1 thread per rank) builds the trainer's real parts for a
-model (``TrainModel``, ``train/fsdp.shard`` or ``train/ddp.wrap_ddp``, ``Update`` with AdamW, the objective) and
-runs ``step.forward_backward`` + ``Update.finish`` on synthetic pixels and tokens (the data path is not what
-is compared). Per rank it records:
+model (``TrainModel``, ``train/fsdp.shard`` or ``train/ddp.wrap_ddp``, ``Update`` with AdamW, the objective)
+and runs ``step.forward_backward`` + ``Update.finish`` on synthetic pixels and tokens (the data path is not
+what is compared). Per rank it records:
 
 - state bytes: parameters + gradients + optimiser state this rank holds after a step (local shards under FSDP;
   exact, from the tensors), at ``--memory-world`` ranks (issue 42 target: FSDP <= 0.3x DDP);
 - step time: the median of steps 3.. at ``--time-world`` ranks (target: FSDP <= 1.3x DDP), with the ledger's
-  bytes sent per step (``toolkit/core/dist.py``: FSDP's all-gathers and reduce-scatter as train/fsdp.py records
+  bytes sent per step (``toolkit/core/dist.py``: FSDP's all-gathers and reduce-scatter as train/fsdp.py
+  records
   them, DDP's counted all_reduce buckets) beside it;
 - peak: the resident-memory peak of steps 2.. (``/proc/self/clear_refs`` after step 1) minus the resident set
   before the parts were built, against ``toolkit plan``'s prediction of the same run (target: within 15 %).
@@ -197,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", type=Path, default=Path("/tmp/cliptk-fsdp-bench"))
     p.add_argument("--out", type=Path, default=RESULTS / "fsdp_memory.json")
     args = p.parse_args(argv)
-    # as toolkit plan's MEASURED constants were taken: freed blocks leave the resident set (the ranks inherit it)
+    # as toolkit plan's MEASURED constants were taken: freed blocks leave the resident set (the ranks inherit
+    # it)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     rows, started = {}, time.time()
     for world in sorted({args.memory_world, args.time_world}):

@@ -322,7 +322,8 @@ def plot(results: list[dict], budget_gb: float, path: Path) -> None:
 
 def markdown(results: list[dict], meta: dict) -> str:
     lines = [
-        f"{meta['model']}, micro-batch {meta['micro_batch_size']}, {meta['workers']} loader workers, fp32 CPU, "
+        f"{meta['model']}, micro-batch {meta['micro_batch_size']}, {meta['workers']} loader workers, fp32 "
+        "CPU, "
         f"budget {meta['budget_gb']:g} GB peak resident memory (process tree), cap {meta['cap']}; load "
         f"average at start {meta['loadavg_at_start']}",
         "",

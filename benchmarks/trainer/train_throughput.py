@@ -6,7 +6,8 @@ Then, in one run and on the same machine state, each trainer's user does what th
 
 - cliptk: ``toolkit data precompute`` (decode, resize, tokenize once; ``--storage index``: only index the
   raw shards and tokenize, the loader decodes every sample in every epoch as open_clip's does) + ``toolkit
-  train`` on the training set; once per ``--losses`` entry (``openclip``: the same objective as open_clip's trainer;
+  train`` on the training set; once per ``--losses`` entry (``openclip``: the same objective as open_clip's
+  trainer;
   ``fastclip-v3``: cliptk's default). The precompute is timed once and counted in every cliptk row.
 - open_clip: ``python -m open_clip_train.main --dataset-type webdataset`` on the raw JPEG shards (decoding
   and augmenting every sample in every epoch, in its data-loader workers).
@@ -284,9 +285,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def markdown_rows(rows: list[dict], meta: dict) -> str:
     lines = [
-        f"{meta['model']}, global batch {meta['batch_size']}, {meta['epochs']} epochs of {meta['num_samples']} "
+        f"{meta['model']}, global batch {meta['batch_size']}, {meta['epochs']} epochs of "
+        f"{meta['num_samples']} "
         f"Twemoji pairs ({meta['raw_image_size']} px JPEG raw shards), {meta['workers']} loader workers, "
-        f"{meta['precision']}, {meta['device']}, cliptk storage {meta.get('storage', 'pixels')}; load average at "
+        f"{meta['precision']}, {meta['device']}, cliptk storage {meta.get('storage', 'pixels')}; load "
+        "average at "
         f"start {meta['loadavg_at_start']}",
         "",
         "| trainer | data stage (s) | train (s) | end-to-end (s) | steps | samples | end-to-end samples/s "
@@ -333,7 +336,8 @@ def compare_trees(a, train_dir: Path, steps: int, data_s: float) -> tuple[list[d
                 row = finish_row(f"{name}: toolkit train --loss {loss} (round {i + 1})", run, data_s, a)
                 rates[name].append(row["steady_samples_per_s"])
                 print(
-                    f"[train_throughput] {row['trainer']}: {row['steady_samples_per_s']:.1f} samples/s steady",
+                    f"[train_throughput] {row['trainer']}: {row['steady_samples_per_s']:.1f} samples/s "
+                    "steady",
                     file=sys.stderr,
                 )
                 rows.append(row)

@@ -33,7 +33,8 @@ PHASES: dict[str, list[tuple[str, str]]] = {
 
 
 def profiled(cmd: list[str], out: Path) -> list[str]:
-    """``cmd`` (``[python, -m, module, ...]`` or ``[python, script, ...]``) run under cProfile into ``out``."""
+    """``cmd`` (``[python, -m, module, ...]`` or ``[python, script, ...]``) run under cProfile into
+    ``out``."""
     return [cmd[0], "-m", "cProfile", "-o", str(out), *cmd[1:]]
 
 

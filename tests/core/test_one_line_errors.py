@@ -35,7 +35,8 @@ def _one_error(args: list[str], cwd) -> str:
             "required key 'num_samples' is missing",
         ),
         (
-            '{"format": "cliptk-train-v1", "num_samples": 1, "samples_per_shard": 1, "fields": [3], "shards": []}',
+            '{"format": "cliptk-train-v1", "num_samples": 1, "samples_per_shard": 1, "fields": [3], '
+            '"shards": []}',
             "a value has the wrong shape or type",
         ),
         ("\n", "not a valid dataset.json"),

@@ -204,8 +204,8 @@ def test_a_trickling_server_meets_the_total_download_deadline(tmp_path, drip_ser
 
 @pytest.mark.timeout(200)
 def test_sigkill_of_pipeline_run_takes_the_shell_commands_children(tmp_path):
-    """Before: SIGKILL of `pipeline run` left the shell stage's `sleep` running (bash died by PR_SET_PDEATHSIG,
-    its child was re-parented to init; issue 43 item 5)."""
+    """Before: SIGKILL of `pipeline run` left the shell stage's `sleep` running (bash died by
+    PR_SET_PDEATHSIG, its child was re-parented to init; issue 43 item 5)."""
     path = tmp_path / "p.yaml"
     path.write_text(
         f"run_dir: {tmp_path}/run\nstages:\n  - name: wait\n    kind: shell\n    config:\n"

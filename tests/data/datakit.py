@@ -1,8 +1,10 @@
-"""Helpers for the data tests. Raw shards built from real tar files and real encoded images, with every bad-input kind in them.
+"""Helpers for the data tests. Raw shards built from real tar files and real encoded images, with every
+bad-input kind in them.
 
 ``write_raw_shard(path, samples)`` writes an img2dataset-style shard (``.tar`` + ``_stats.json`` +
-``.parquet``); each sample is (key, {ext: bytes}); ``read_tar(path)`` reads one back. ``bad_inputs`` builds the fixture set that
-test_bad_inputs.py and test_precompute.py check, with the exact expected outcome of every sample.
+``.parquet``); each sample is (key, {ext: bytes}); ``read_tar(path)`` reads one back. ``bad_inputs`` builds
+the fixture set that test_bad_inputs.py and test_precompute.py check, with the exact expected outcome of every
+sample.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def test_fetch_summary_of_retry_rounds():
     )
     kept = {**none, "failed_before": 10, "not_retried_by_reason": {"http_404": 10}}
     assert summary_lines({**_summary(), "retry": kept})[-1] == (
-        "retry: nothing to retry: none of the 10 failed URLs failed for a transient reason (permanent: http_404 10); "
+        "retry: nothing to retry: none of the 10 failed URLs failed for a transient reason (permanent: "
+        "http_404 10); "
         "nothing was changed"
     )
     done = {
@@ -93,6 +94,7 @@ def test_fetch_summary_of_retry_rounds():
         "failed_after": 11,
     }
     assert summary_lines({**_summary(num_urls=2), "retry": done})[1] == (
-        "retry round 3: fetched again 2 URLs that failed transiently (timeout 2) into shards 00006..00006: 1 ok "
+        "retry round 3: fetched again 2 URLs that failed transiently (timeout 2) into shards 00006..00006: "
+        "1 ok "
         "now; failed URLs 12 -> 11 (not retried, permanent: http_404 10)"
     )

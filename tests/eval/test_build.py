@@ -1,4 +1,5 @@
-"""build-set writes clip-benchmark's wds layout from folders, CSVs, the OpenMoji demo CSV and Fashion-MNIST."""
+"""build-set writes clip-benchmark's wds layout from folders, CSVs, the OpenMoji demo CSV and
+Fashion-MNIST."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`toolkit eval build-set --source shards` (issue 43 item 21): held-out raw webdataset shards (a folder, a
-glob of tars) become an evaluation set directly; a user had to untar a shard and write a CSV. Real tars written
-the img2dataset way, read with the training data's robust reader: a damaged tar and incomplete samples are
-counted, not silently dropped."""
+glob of tars) become an evaluation set directly; a user had to untar a shard and write a CSV. Real tars
+written the img2dataset way, read with the training data's robust reader: a damaged tar and incomplete samples
+are counted, not silently dropped."""
 
 from __future__ import annotations
 

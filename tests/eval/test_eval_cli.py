@@ -207,7 +207,8 @@ run_dir: {tmp_path / "run"}
 stages:
   - name: pairs
     kind: eval.build-set
-    config: {{source: csv, task: retrieval, input: {workspace / "csv" / "pairs.csv"}, out: "${{run_dir}}/sets/pairs"}}
+    config: {{source: csv, task: retrieval, input: {workspace / "csv" / "pairs.csv"},
+             out: "${{run_dir}}/sets/pairs"}}
   - name: zeroshot
     kind: eval.zeroshot
     config: {{model: {workspace / "ckpt"}, root: "${{stages.pairs.outputs.root}}",

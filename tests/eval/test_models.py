@@ -1,4 +1,5 @@
-"""load_model / save_model: round trip, open_clip local-dir compatibility, offline-only specs, clear errors."""
+"""load_model / save_model: round trip, open_clip local-dir compatibility, offline-only specs, clear
+errors."""
 
 from __future__ import annotations
 

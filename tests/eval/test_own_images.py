@@ -1,7 +1,7 @@
-"""Evaluation images in the modes a researcher's own photos come in (transparent PNG, palette with a transparent
-entry, 16-bit PNG and TIFF) reach the model with the pixels training saw for the same file: precompute composites
-alpha on white and scales 16 bits to 8 (toolkit.data.images); a bare PIL convert('RGB') gave black or the hidden
-colour under transparency and pure white for 16-bit greys."""
+"""Evaluation images in the modes a researcher's own photos come in (transparent PNG, palette with a
+transparent entry, 16-bit PNG and TIFF) reach the model with the pixels training saw for the same file:
+precompute composites alpha on white and scales 16 bits to 8 (toolkit.data.images); a bare PIL convert('RGB')
+gave black or the hidden colour under transparency and pure white for 16-bit greys."""
 
 from __future__ import annotations
 

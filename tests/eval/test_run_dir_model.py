@@ -1,5 +1,5 @@
-"""`toolkit eval zeroshot --model RUN` (the training run's folder instead of its RUN/model): the error names the
-folder that holds the model."""
+"""`toolkit eval zeroshot --model RUN` (the training run's folder instead of its RUN/model): the error names
+the folder that holds the model."""
 
 from __future__ import annotations
 

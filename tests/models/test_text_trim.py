@@ -1,4 +1,5 @@
-"""The text tower on cut token batches (toolkit.models.text_trim) against open_clip's own encode_text, float64."""
+"""The text tower on cut token batches (toolkit.models.text_trim) against open_clip's own encode_text,
+float64."""
 
 from __future__ import annotations
 

@@ -197,7 +197,8 @@ def test_dry_run_writes_nothing(pipe, tmp_path):
 
 
 def test_unwritable_run_dir_is_one_line(pipe, tmp_path):
-    """Issue 15 item 9: a run_dir that cannot be created was a traceback (root ignores chmod, so: under a file)."""
+    """Issue 15 item 9: a run_dir that cannot be created was a traceback (root ignores chmod, so: under a
+    file)."""
     (tmp_path / "afile").write_text("x")
     result = invoke("run", str(pipe), "--set", f"run_dir={tmp_path}/afile/run")
     assert result.exit_code == 2, result.output

@@ -30,7 +30,8 @@ def unit_rows(n: int, d: int, gen: torch.Generator, near: torch.Tensor | None = 
 
 
 def inputs(b: int, d: int, d_ref: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """(x, y [b, d], u, v [b, d_ref], p): paired student and teacher features, a logit scale exp(p) near 14."""
+    """(x, y [b, d], u, v [b, d_ref], p): paired student and teacher features, a logit scale exp(p) near
+    14."""
     gen = torch.Generator().manual_seed(seed)
     x = unit_rows(b, d, gen)
     u = unit_rows(b, d_ref, gen)

@@ -1,10 +1,12 @@
-"""A float64 oracle of DRRho-CLIP written from the paper's formula, not from cliptk's code: full B×B matrices of
-the student's and the reference's similarities, the estimators in the linear domain (u, not log u), plain
+"""A float64 oracle of DRRho-CLIP written from the paper's formula, not from cliptk's code: full B×B matrices
+of the student's and the reference's similarities, the estimators in the linear domain (u, not log u), plain
 autograd. Shared by test_drrho.py and test_drrho_dist.py.
 
-    δ_ij = (s_ij − s_ii) − β (r_ij − r_ii)    (ℓ(θ; x_i, y_j) − ℓ(θ_ref; x_i, y_j); text anchors: the transpose)
+    δ_ij = (s_ij − s_ii) − β (r_ij − r_ii)    (ℓ(θ; x_i, y_j) − ℓ(θ_ref; x_i, y_j); text anchors:
+                                              the transpose)
     g1_i = 1/(B−1) Σ_{j≠i} exp(δ_ij / τ), g2_i likewise over column i;  u ← (1−γ)u + γg (first visit: u = g)
-    F = τ̄·(1/B) Σ_i [g1_i/(u1_i+ε) + g2_i/(u2_i+ε)] + ρτ + τ/2·mean(log u1 + log u2),  τ̄ = τ held fixed, u fixed
+    F = τ̄·(1/B) Σ_i [g1_i/(u1_i+ε) + g2_i/(u2_i+ε)] + ρτ + τ/2·mean(log u1 + log u2),
+        τ̄ = τ held fixed, u fixed
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ def _ema(u_old: torch.Tensor, g: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 class DRRhoOracle:
-    """Tables u_im, u_tt over ``n`` samples (float64, start at 0); ``step`` returns F and leaves .grad on the leaves
-    x, y (features [B, d]) and p (the logit scale's parameter, a = exp(p))."""
+    """Tables u_im, u_tt over ``n`` samples (float64, start at 0); ``step`` returns F and leaves .grad on the
+    leaves x, y (features [B, d]) and p (the logit scale's parameter, a = exp(p))."""
 
     def __init__(self, n: int, *, rho: float, eps: float, ref_weight: float = 1.0):
         self.rho, self.eps, self.beta = rho, eps, ref_weight

@@ -197,7 +197,8 @@ def make_loss(
     **loss_fields,
 ):
     """Our FastCLIPLoss for ``version`` with ``LossConfig`` keys ``loss_fields`` (the tests' one constructor;
-    FastCLIP's knobs such as ``gamma_min`` by name, put into the ``fastclip`` section: trainkit.fastclip_section)."""
+    FastCLIP's knobs such as ``gamma_min`` by name, put into the ``fastclip`` section:
+    trainkit.fastclip_section)."""
     from trainkit import fastclip_section
 
     from toolkit.core.config import build

@@ -1,9 +1,10 @@
 """Rank side of test_fsdp.py's gradient-cache check (imported by bare name; ``_launch.run_rank_script``).
 
-Every rank takes one ``forward_backward`` of gradcache_jobs' small CLIP on its slice of the fixed global batch,
-sharded with ``train/fsdp.shard``, for micro-batches 0 (one pass) and 2 (the cache: 3 micro-batches of the local
-5), counting the reduce-scatters FSDP2 really issues (``torch.distributed.reduce_scatter_single``, the call of
-its default reduce-scatter), and returns the whole gradients (``full_tensor``) next to DDP's for the same step.
+Every rank takes one ``forward_backward`` of gradcache_jobs' small CLIP on its slice of the fixed global
+batch, sharded with ``train/fsdp.shard``, for micro-batches 0 (one pass) and 2 (the cache: 3 micro-batches of
+the local 5), counting the reduce-scatters FSDP2 really issues (``torch.distributed.reduce_scatter_single``,
+the call of its default reduce-scatter), and returns the whole gradients (``full_tensor``) next to DDP's for
+the same step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Rank side of test_fsdp.py: every sharded run of one world size inside one gloo job (imported by bare name).
 
-``python fsdp_jobs.py OUT_DIR`` under ``_launch.run_rank_script``: reads OUT_DIR/jobs.json ({"data": the training
-folder, "runs": {name: TrainConfig overrides}}), trains each run with ``loop.train`` in this job's process group
-(``Runtime.start`` finds the group there), each into OUT_DIR/name, and saves {name: its summary} per rank. One
-job per world size instead of one launch per run: the ranks' start-up (imports, rendezvous) was most of each
-run's time on 2 shared cores.
+``python fsdp_jobs.py OUT_DIR`` under ``_launch.run_rank_script``: reads OUT_DIR/jobs.json ({"data": the
+training folder, "runs": {name: TrainConfig overrides}}), trains each run with ``loop.train`` in this job's
+process group (``Runtime.start`` finds the group there), each into OUT_DIR/name, and saves {name: its summary}
+per rank. One job per world size instead of one launch per run: the ranks' start-up (imports, rendezvous) was
+most of each run's time on 2 shared cores.
 """
 
 from __future__ import annotations

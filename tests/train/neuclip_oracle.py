@@ -1,12 +1,12 @@
 """A float64 oracle of NeuCLIP, written from the paper's formulas with plain autograd on full matrices.
 
-``Oracle`` keeps the prototypes W [2, m, d] (the first ``filled`` in use) and AdaGrad sums itself; ``step`` returns the value and leaves
-.grad on x, y, p: the gradient of
+``Oracle`` keeps the prototypes W [2, m, d] (the first ``filled`` in use) and AdaGrad sums itself; ``step``
+returns the value and leaves .grad on x, y, p: the gradient of
 
     τ/(2B) Σ_i [e^{−α1_i}(ε + g1_i) + α1_i − 1 + e^{−α2_i}(ε + g2_i) + α2_i − 1] + ρτ
 
-with α from the prototypes, detached, fitted on the batch first (``fit_order`` before) or after (``end_step``);
-``fit`` takes the network's AdaGrad steps on
+with α from the prototypes, detached, fitted on the batch first (``fit_order`` before) or after
+(``end_step``); ``fit`` takes the network's AdaGrad steps on
 J(W) = 1/B Σ_i [e^{t_i − α_i(W)} + α_i(W)] by autograd on W (features, τ and t fixed). Imported by the
 NeuCLIP tests (single process, distributed, trainer).
 """

@@ -1,4 +1,5 @@
-"""scripts/chaos_train.py end to end: random worker kills and a whole-job kill resumed at another world size."""
+"""scripts/chaos_train.py end to end: random worker kills and a whole-job kill resumed at another world
+size."""
 
 from __future__ import annotations
 

@@ -99,7 +99,8 @@ def test_a_real_full_tmpfs_stops_training_at_the_next_step(demo_train, tmp_path)
     args = " ".join(_train_args(demo_train, out, ckpt_dir))
     script = (
         f"mount -t tmpfs -o size={CKPT_BYTES_FREE} tmpfs {ckpt_dir} && {sys.executable} -m toolkit {args}; "
-        f"echo rc=$?; ls -a {ckpt_dir}; {sys.executable} -c 'from toolkit.train.checkpoint.format import verify; "
+        f"echo rc=$?; ls -a {ckpt_dir}; {sys.executable} -c 'from toolkit.train.checkpoint.format import "
+        "verify; "
         f'verify("{ckpt_dir}/step-00000002"); print("verified")\''
     )
     result = subprocess.run(

@@ -218,8 +218,8 @@ def test_fastclip_knobs_without_a_kind_keep_fastclip_in_a_long_run():
 
 
 def test_fastclip_knobs_in_their_section_pick_fastclip_for_long_runs():
-    """A FastCLIP knob in ``loss.fastclip`` without a kind asks for FastCLIP at any epochs; DRRho's γ rule then
-    plans its decay over all the epochs."""
+    """A FastCLIP knob in ``loss.fastclip`` without a kind asks for FastCLIP at any epochs; DRRho's γ rule
+    then plans its decay over all the epochs."""
     base = {"data": "d", "out": "o", "epochs": 30, "batch_size": 32}
     for key, value in (("loss.fastclip.gamma_rule", "drrho"), ("loss.fastclip.u_drift", "batch")):
         one = load_config(TrainConfig, None, [], {**base, key: value}, {}).loss

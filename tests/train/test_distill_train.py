@@ -93,7 +93,8 @@ def test_a_set_without_reference_embeddings_is_refused_naming_it(demo_train, tmp
     assert done.returncode != 0
     said = " ".join((done.stdout + done.stderr).split())
     assert str(demo_train) in said and "--reference-model" in said and "ref_image" in said
-    # refused by the preflight, before the stage books, the model or any checkpoint: the run folder is not made
+    # refused by the preflight, before the stage books, the model or any checkpoint: the run folder is not
+    # made
     assert not (tmp_path / "run").exists()
 
 

@@ -1,4 +1,5 @@
-"""Elastic training: restarted workers, resumes at another world size, signals to one node, fsspec checkpoints."""
+"""Elastic training: restarted workers, resumes at another world size, signals to one node, fsspec
+checkpoints."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The trainer with FastCLIP's later estimator rules (docs/fastclip.md): ``gamma_rule: drrho`` takes E from the
-run's planned epochs; ``u_update: scent`` trains with finite tables and saves them in its checkpoints."""
+"""The trainer with FastCLIP's later estimator rules (docs/fastclip.md): ``gamma_rule: drrho`` takes E from
+the run's planned epochs; ``u_update: scent`` trains with finite tables and saves them in its checkpoints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""toolkit export --out never replaces what export did not write: the run, the runs folder, a user's folder."""
+"""toolkit export --out never replaces what export did not write: the run, the runs folder, a user's
+folder."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""``--fsdp`` (train/fsdp.py): FSDP2-sharded training equals one process, and composes with the trainer's parts.
+"""``--fsdp`` (train/fsdp.py): FSDP2-sharded training equals one process, and composes with the trainer's
+parts.
 
-The oracle is the issue's: K = 2 and 4 gloo ranks with --fsdp train the same weights as one plain process on the
-same global batches (SGD, whole-vector relative difference <= 1e-6 after 4 steps), with and without the gradient
-cache, in the fastclip and ring modes. The per-tensor worst case is larger (1.6e-6 on a LayerNorm bias of norm
-~1e-2) and is the same for DDP at K = 2 (measured: FSDP and DDP weights at K = 2 agree bit for bit), so the
-whole vector is the measure, as in test_elastic.py.
+The oracle is the issue's: K = 2 and 4 gloo ranks with --fsdp train the same weights as one plain process on
+the same global batches (SGD, whole-vector relative difference <= 1e-6 after 4 steps), with and without the
+gradient cache, in the fastclip and ring modes. The per-tensor worst case is larger (1.6e-6 on a LayerNorm
+bias of norm ~1e-2) and is the same for DDP at K = 2 (measured: FSDP and DDP weights at K = 2 agree bit for
+bit), so the whole vector is the measure, as in test_elastic.py.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(demo_train, tmp_p
 
 @pytest.fixture(scope="module")
 def two_rank_run(demo_train, tmp_path_factory) -> Path:
-    """4 steps of SGD with momentum (an optimiser state to reshard) at 2 sharded ranks, a checkpoint every 2."""
+    """4 steps of SGD with momentum (an optimiser state to reshard) at 2 sharded ranks, a checkpoint every
+    2."""
     base = tmp_path_factory.mktemp("fsdp_two")
     over = {
         "steps": 4,

@@ -174,7 +174,8 @@ def test_launched_ranks_build_their_evaluation_callback_from_the_named_factory(
     demo_train, tmp_path, monkeypatch
 ):
     """Ranks start from the trainer's own entry (toolkit.train.worker) and build the callback the launching
-    process names (``eval_factory``, "module:function" of the config's eval section), as toolkit.trainval does."""
+    process names (``eval_factory``, "module:function" of the config's eval section), as toolkit.trainval
+    does."""
     (tmp_path / "probe_eval.py").write_text(PROBE)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])

@@ -190,7 +190,8 @@ run_dir: {run_dir}
 stages:
   - name: train
     kind: train
-    config: {{data: "{data}", batch_size: 16, steps: 2, log_every: 1, tensorboard: false, loader: {{num_workers: 0}}}}
+    config: {{data: "{data}", batch_size: 16, steps: 2, log_every: 1, tensorboard: false,
+              loader: {{num_workers: 0}}}}
 """
 
 

@@ -187,8 +187,9 @@ run_dir: {run_dir}
 stages:
   - name: train
     kind: train
-    config: {{data: "{data}", batch_size: 16, steps: 4, log_every: 1, tensorboard: false, loader: {{num_workers: 0}},
-              patch_dropout: 0.5, stages: "16px,8tok:0.5;:0.5", stage_text: random, launch: {{nproc_per_node: 2}}}}
+    config: {{data: "{data}", batch_size: 16, steps: 4, log_every: 1, tensorboard: false,
+              loader: {{num_workers: 0}}, patch_dropout: 0.5, stages: "16px,8tok:0.5;:0.5",
+              stage_text: random, launch: {{nproc_per_node: 2}}}}
 """
 
 

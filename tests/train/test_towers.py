@@ -121,7 +121,8 @@ def test_locked_towers_train_only_their_unlocked_groups_and_layers(demo_train, t
     before, after = weights(out, "checkpoints/step-00000001"), weights(out)
     moved = {k for k in after if not torch.equal(after[k], before[k])}
     last = max(int(k.split(".")[3]) for k in after if k.startswith("visual.transformer.resblocks."))
-    # open_clip's groups, counted from the output: image 2 = [proj] and [last block + ln_post]; text 1 = [projection]
+    # open_clip's groups, counted from the output: image 2 = [proj] and [last block + ln_post]; text 1 =
+    # [projection]
     trainable = {
         k
         for k in after
@@ -172,8 +173,8 @@ def test_ema_is_checkpointed_resumed_exactly_evaluated_and_saved(demo_train, tmp
 
 
 def test_an_unlocked_count_that_locks_nothing_is_refused(demo_train, tmp_path):
-    """Before: --lock-image-unlocked-groups 99 / --lock-text-unlocked-layers 99 trained the whole tower without
-    a word (issue 43 item 11)."""
+    """Before: --lock-image-unlocked-groups 99 / --lock-text-unlocked-layers 99 trained the whole tower
+    without a word (issue 43 item 11)."""
     from toolkit.train.plan.memprobe import build_tower_model
     from toolkit.train.towers import prepare
 

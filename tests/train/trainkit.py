@@ -74,8 +74,8 @@ def train_cfg(data: Path, out: Path, **over):
 
 
 def fastclip_section(loss: dict) -> dict:
-    """A test's loss keys with FastCLIP's knobs (``version``, ``gamma_min``, ...) given by name beside the shared
-    ones put into their ``fastclip`` section, where LossConfig reads them (the tests' shorthand)."""
+    """A test's loss keys with FastCLIP's knobs (``version``, ``gamma_min``, ...) given by name beside the
+    shared ones put into their ``fastclip`` section, where LossConfig reads them (the tests' shorthand)."""
     import dataclasses
 
     from toolkit.train.losses.fastclip.config import FastCLIPConfig

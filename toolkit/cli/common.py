@@ -373,8 +373,9 @@ class ConfigOptions:
     the stage's imports), except nested configs and the fields in ``exclude`` (those the command takes
     another way, e.g. as an argument). A field's flag is ``--field-name`` unless ``flags`` gives its
     flags (short aliases, historical names, ``--on/--off`` pairs); a nested config's field is an option
-    only when ``flags`` names it by its dotted key (``"launch.nodes": ("--nodes",)``). A field added to the config becomes an
-    option with no change here; tests/cli/test_config_flags.py checks every command against its config."""
+    only when ``flags`` names it by its dotted key (``"launch.nodes": ("--nodes",)``). A field added to the
+    config becomes an option with no change here; tests/cli/test_config_flags.py checks every command against
+    its config."""
 
     config: str
     flags: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

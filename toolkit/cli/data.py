@@ -40,7 +40,8 @@ PRECOMPUTE = ConfigOptions(
     flags={
         "input": ("--in",),
         "num_workers": ("--workers",),
-        # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed precompute)
+        # launched by torchrun as `toolkit train` is: the same flags (docs/data-format.md, distributed
+        # precompute)
         "launch.nproc_per_node": ("--nproc-per-node",),
         "launch.nodes": ("--nodes",),
         "launch.node_rank": ("--node-rank",),

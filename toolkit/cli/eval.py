@@ -36,7 +36,8 @@ COMMANDS = {"zeroshot": ZEROSHOT, "build-set": BUILD_SET}
 
 @app.command("zeroshot", cls=config_command(ZEROSHOT))
 def zeroshot(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides = None) -> None:
-    """Evaluate a model on one or more sets; prints the metrics table and writes results.json/report.md/PNG."""
+    """Evaluate a model on one or more sets; prints the metrics table and writes
+    results.json/report.md/PNG."""
     from toolkit.eval.zeroshot import ZeroShotConfig, run
 
     cfg = load_cli_config(ctx, ZeroShotConfig, config, overrides, **ZEROSHOT.values(ctx))

@@ -31,9 +31,9 @@ def export(
         ),
     ] = "raw",
 ) -> None:
-    """Write open_clip_config.json, the safetensors weights, the tokenizer and a model card (README.md with the
-    training config, the data set's size and fingerprint, the evaluation results) into DIR; open_clip loads it
-    offline with create_model_and_transforms('local-dir:DIR') and get_tokenizer('local-dir:DIR')."""
+    """Write open_clip_config.json, the safetensors weights, the tokenizer and a model card (README.md with
+    the training config, the data set's size and fingerprint, the evaluation results) into DIR; open_clip
+    loads it offline with create_model_and_transforms('local-dir:DIR') and get_tokenizer('local-dir:DIR')."""
     from toolkit.cli.common import load_cli_config, run_stage
     from toolkit.train import export as stage
 

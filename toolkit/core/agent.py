@@ -1,7 +1,7 @@
 """torchrun's elastic agent in a process of its own: ``python -m toolkit.core.agent RESULT.json ARGS...``.
 
-Started by the launcher (``toolkit.core.launch.launch_job``), which supervises it (``supervise.Supervisor``). Runs
-torchrun's ``main`` with ``ARGS`` and writes the outcome to ``RESULT.json`` for the launcher to report:
+Started by the launcher (``toolkit.core.launch.launch_job``), which supervises it (``supervise.Supervisor``).
+Runs torchrun's ``main`` with ``ARGS`` and writes the outcome to ``RESULT.json`` for the launcher to report:
 ``{"ok": true}``, ``{"failed": "rank R exited with code C (...)"}`` (a worker failed beyond the restarts),
 ``{"signal": "SIGHUP"}`` (the agent itself got a signal it handles) or ``{"error": "Type: message"}``.
 Exit code 0 for ok and signal, 1 otherwise.

@@ -47,7 +47,8 @@ def open_file(path: str, mode: str = "rb", **kwargs: Any):
 
 
 def http_options(path: str) -> dict[str, Any]:
-    """fsspec options that bound an http(s) URL's waits by :data:`HTTP_TIMEOUT_S` (read when called), or {}."""
+    """fsspec options that bound an http(s) URL's waits by :data:`HTTP_TIMEOUT_S` (read when called), or
+    {}."""
     if not str(path).lower().startswith(("http://", "https://")):
         return {}
     import aiohttp
@@ -57,9 +58,9 @@ def http_options(path: str) -> dict[str, Any]:
 
 
 def open_ranges(path: str):
-    """Open a local path or fsspec URL for reading scattered byte ranges (seek, then read): on a URL every read
-    is one range request of exactly its bytes, without fsspec's read-ahead (a 5 MB block per read over HTTP,
-    50 MB on S3, for a ~30 kB image at a random offset)."""
+    """Open a local path or fsspec URL for reading scattered byte ranges (seek, then read): on a URL every
+    read is one range request of exactly its bytes, without fsspec's read-ahead (a 5 MB block per read over
+    HTTP, 50 MB on S3, for a ~30 kB image at a random offset)."""
     return open_file(path, "rb") if is_local(path) else open_file(path, "rb", cache_type="none")
 
 

@@ -132,7 +132,8 @@ def _collect(workers: list[_Worker], pending: list, on_result: Callable[[Any], N
 
 
 def _end(workers: list[_Worker], name: str, terminate: bool) -> None:
-    """Stop every worker: told to (normal end) or SIGTERM (failure); a bounded join, then SIGKILL, reported."""
+    """Stop every worker: told to (normal end) or SIGTERM (failure); a bounded join, then SIGKILL,
+    reported."""
     for w in workers:
         try:
             if terminate:

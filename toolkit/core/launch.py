@@ -293,7 +293,8 @@ def launch_job(
         result = path[: -len(".yaml")] + ".result.json"
         argv = torchrun_argv(launch, entry, [path, *args])
         log.info("torchrun %s", " ".join(argv))
-        # before any rank beats: clears an earlier run's heartbeats; a stage without a watchdog_s is not watched
+        # before any rank beats: clears an earlier run's heartbeats; a stage without a watchdog_s is not
+        # watched
         watch = Watch(cfg.out, getattr(cfg, "watchdog_s", 0.0))
         try:
             # a terminal's Ctrl-C reaches the launcher only; a SIGKILLed launcher takes the agent with it (and

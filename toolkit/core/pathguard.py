@@ -35,7 +35,8 @@ def _pattern_base(path: str) -> str:
 
 
 def _chain(path: str) -> list[tuple[int, int]]:
-    """(device, inode) of ``path`` and of each existing ancestor, the path itself first (skipped if missing)."""
+    """(device, inode) of ``path`` and of each existing ancestor, the path itself first (skipped if
+    missing)."""
     ids, current = [], os.path.abspath(path)
     while True:
         try:

@@ -2,8 +2,8 @@
 
 Every stage writes into its output directory ``out``:
 - ``config.yaml``: the resolved config;
-- ``manifest.json``: kind, status (running/done/failed/interrupted, or an outcome such as preempted), config hash, input fingerprints, outputs,
-  counts, details, start/end time, error;
+- ``manifest.json``: kind, status (running/done/failed/interrupted, or an outcome such as preempted), config
+  hash, input fingerprints, outputs, counts, details, start/end time, error;
 - ``log.jsonl``: every toolkit log record emitted while the stage ran;
 - ``.lock``: held while the stage runs (:mod:`toolkit.core.outlock`), so a second run into the folder fails.
 The pipeline runner skips a stage whose manifest says done with the same config hash and inputs.

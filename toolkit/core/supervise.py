@@ -157,7 +157,8 @@ class Supervisor:
                     self.workers_started = bool(worker_pids(self.proc.pid))
                     if not self.workers_started and time.monotonic() > deadline:
                         raise RendezvousTimeout(
-                            f"no rendezvous within {self.rendezvous_timeout_s:g} s (launch.rendezvous_timeout_s): "
+                            f"no rendezvous within {self.rendezvous_timeout_s:g} s "
+                            "(launch.rendezvous_timeout_s): "
                             f"waited for {self.waiting_for}"
                         )
                 elif self.watch is not None:

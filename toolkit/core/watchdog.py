@@ -7,9 +7,9 @@ a heartbeat file ``OUT/.heartbeat/rank-R.json`` ({rank, pid, host, step, step_at
 ``BEAT_S`` seconds by a daemon thread (:class:`Heartbeat`; the loop sets ``step`` after each step), and the
 launcher (:class:`Watch`, polled by ``supervise.Supervisor.wait``) stops the job with one line naming the
 rank once no rank has reached a new step for ``watchdog_s`` seconds (counted from the job's first step;
-start-up is bounded by the rendezvous deadline and the collectives' own timeout): the rank whose heartbeat went quiet
-(its process stopped or hung), else the one furthest behind. Times are wall-clock seconds (ranks and the
-launcher may be different processes on one host; on several hosts OUT is shared and clocks are assumed
+start-up is bounded by the rendezvous deadline and the collectives' own timeout): the rank whose heartbeat
+went quiet (its process stopped or hung), else the one furthest behind. Times are wall-clock seconds (ranks
+and the launcher may be different processes on one host; on several hosts OUT is shared and clocks are assumed
 synchronised to well under ``watchdog_s``).
 """
 
@@ -35,7 +35,8 @@ class WorkerStalled(RuntimeError):
 
 
 class Heartbeat:
-    """This rank's heartbeat file (module docstring). ``start`` on every rank; set ``step`` after each step."""
+    """This rank's heartbeat file (module docstring). ``start`` on every rank; set ``step`` after each
+    step."""
 
     def __init__(self, out: str, rank: int):
         self.path = os.path.join(files.local_path(out), HEARTBEAT_DIR, f"rank-{rank}.json")
@@ -99,7 +100,8 @@ def _process_state(pid: int) -> str:
 
 class Watch:
     """The launcher's side: ``check()`` raises :class:`WorkerStalled` when the job stalled (module docstring).
-    ``watchdog_s`` 0 turns it off. Earlier runs' heartbeats are removed (the launcher holds the run's lock)."""
+    ``watchdog_s`` 0 turns it off. Earlier runs' heartbeats are removed (the launcher holds the run's
+    lock)."""
 
     def __init__(self, out: str, watchdog_s: float):
         self.folder = os.path.join(files.local_path(out), HEARTBEAT_DIR)
@@ -143,7 +145,9 @@ class Watch:
         ) + (f"; {state}" if state else "")
         raise WorkerStalled(
             f"rank {culprit['rank']} (pid {culprit['pid']} on {culprit['host']}) has not reached step "
-            f"{culprit['step'] + 1}, and no rank has finished a step for {now - max(b['step_at'] for b in beats):.0f} "
-            f"s (watchdog_s={self.watchdog_s:g}): {why}; the job was stopped, rerun to resume from the newest "
+            f"{culprit['step'] + 1}, and no rank has finished a step for "
+            f"{now - max(b['step_at'] for b in beats):.0f} "
+            f"s (watchdog_s={self.watchdog_s:g}): {why}; the job was stopped, rerun to resume from the "
+            "newest "
             "checkpoint"
         )

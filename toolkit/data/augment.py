@@ -144,7 +144,8 @@ class PixelTransform:
     augment: AugmentConfig | None = None
 
     def __call__(self, images: np.ndarray, ids: np.ndarray, step: int):
-        """images uint8 [b, H, W, 3] of global sample ids [b] in global batch ``step`` -> [b, size, size, 3]."""
+        """images uint8 [b, H, W, 3] of global sample ids [b] in global batch ``step`` -> [b, size, size,
+        3]."""
         draws = None if self.augment is None else crop_draws(self.augment, self.seed, step, ids)
         return crop_pixels(images, self.size, draws)
 
@@ -260,7 +261,8 @@ def resize_crops(images: torch.Tensor, boxes: torch.Tensor, size: int) -> torch.
 class DeviceCrop:
     """The loader's half of a crop done on the training device (``crop_on``): picklable, runs in DataLoader
     workers and returns the stored pixels with each sample's crop box; ``TrainData.to_device`` resizes them
-    (:func:`resize_crops`). The boxes come from the same (seed, step, id) draws as :class:`PixelTransform`'s."""
+    (:func:`resize_crops`). The boxes come from the same (seed, step, id) draws as
+    :class:`PixelTransform`'s."""
 
     size: int
     seed: int = 0

@@ -1,13 +1,13 @@
 """Decode encoded image bytes into RGB uint8 arrays at a fixed square resolution.
 
-One function, :func:`decode_rgb`, is shared by precompute, the jpeg/index loader (``trainset.storage.tables``),
-inspect and the decode-on-the-fly benchmark baseline so that all of them produce the same pixels (an index
-set reads exactly what a pixels set stores). A JPEG of 1 or 3 components (grey, YCbCr) whose short side is
-under :data:`DRAFT_FACTOR` x the target is decoded by libjpeg-turbo through torchvision and resized by
-torch's antialiased bicubic (the decoder of ``toolkit.data.decode``, ~2x Pillow at 256-512 px sources);
-other images, larger JPEGs (Pillow's reduced-DCT ``draft`` decode is faster there) and every JPEG
-libjpeg-turbo refuses go through Pillow, which then words the refusal. Images in other modes are converted,
-not skipped, and the conversion is reported (source mode) so the stage can count it:
+One function, :func:`decode_rgb`, is shared by precompute, the jpeg/index loader
+(``trainset.storage.tables``), inspect and the decode-on-the-fly benchmark baseline so that all of them
+produce the same pixels (an index set reads exactly what a pixels set stores). A JPEG of 1 or 3 components
+(grey, YCbCr) whose short side is under :data:`DRAFT_FACTOR` x the target is decoded by libjpeg-turbo through
+torchvision and resized by torch's antialiased bicubic (the decoder of ``toolkit.data.decode``, ~2x Pillow at
+256-512 px sources); other images, larger JPEGs (Pillow's reduced-DCT ``draft`` decode is faster there) and
+every JPEG libjpeg-turbo refuses go through Pillow, which then words the refusal. Images in other modes are
+converted, not skipped, and the conversion is reported (source mode) so the stage can count it:
 
 - alpha (RGBA, LA, PA, palette or RGB with a transparency entry) is composited on white;
 - 16-bit greyscale (I;16*, and I from PNG) is scaled 0..65535 -> 0..255, not clipped;
@@ -64,7 +64,8 @@ def deep_to_l(img: Image.Image) -> Image.Image:
     """A greyscale image in one of DEEP_MODES -> 8-bit L. A 16-bit range (I;16*, and I from PNG) is
     scaled 0..65535 -> 0..255, not clipped; 32-bit integers of unknown range and floats clip like PIL.
 
-    Shared with :mod:`toolkit.data.acquire.resizer` (fetch and shard) so a deep image gets the same levels there."""
+    Shared with :mod:`toolkit.data.acquire.resizer` (fetch and shard) so a deep image gets the same levels
+    there."""
     arr = np.asarray(img)
     if img.mode == "F" or (img.mode == "I" and img.format != "PNG"):
         return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")
@@ -120,7 +121,8 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as err:
         raise ImageError("decompression_bomb", str(err)) from err
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        # Pillow's message names the BytesIO's memory address; without it skipped.jsonl is the same on every run
+        # Pillow's message names the BytesIO's memory address; without it skipped.jsonl is the same on every
+        # run
         message = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(err))
         raise ImageError("corrupt_image", f"cannot identify image: {message}") from err
     width, height = img.size

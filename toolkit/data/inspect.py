@@ -147,8 +147,8 @@ def _inspect_train(cfg: InspectConfig) -> tuple[dict, list]:
 
 
 def _raw_samples(urls: list[str], errors: dict[str, str], caption_ext: str):
-    """Every sample of every shard in order, a cut tar's last one kept as precompute keeps it (``caption_ext``);
-    each damaged shard's error lands in ``errors``."""
+    """Every sample of every shard in order, a cut tar's last one kept as precompute keeps it
+    (``caption_ext``); each damaged shard's error lands in ``errors``."""
     names = shard_names(urls)
     for url in urls:
         reader = RawShardReader(url, caption_ext)

@@ -28,7 +28,8 @@ CLASSIFICATION_COLUMNS = (
 
 
 def retrieval_columns(recall_k: list[int] | tuple[int, ...]) -> list[tuple[str, str]]:
-    """(metric key, header): clip-benchmark's 'text_retrieval' is image->text, 'image_retrieval' text->image."""
+    """(metric key, header): clip-benchmark's 'text_retrieval' is image->text, 'image_retrieval'
+    text->image."""
     return [(f"text_retrieval_recall@{k}", f"I→T R@{k}") for k in recall_k] + [
         (f"image_retrieval_recall@{k}", f"T→I R@{k}") for k in recall_k
     ]

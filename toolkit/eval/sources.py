@@ -239,8 +239,8 @@ def _group_captions(
     captions: dict[str, list[str]] = {}
     first_row: dict[str, int] = {}
     for i, row in enumerate(rows):
-        # one image, however its rows spell the path ('img/a.png', './img/a.png'): as two samples with the same
-        # pixels, each caption would have two equally right images and R@1 would depend on tie order
+        # one image, however its rows spell the path ('img/a.png', './img/a.png'): as two samples with the
+        # same pixels, each caption would have two equally right images and R@1 would depend on tie order
         image = os.path.normpath(csv_path.parent / row[image_col].strip())
         text = " ".join(row[caption_col].split())  # one caption per line in the wds .txt
         captions.setdefault(image, []).append(text)

@@ -241,7 +241,8 @@ class _Recording:
 
 
 class _CachedLoader:
-    """Batches of (trunk features [b, D], labels) from a cache hit; ``.dataset.classes`` for clip-benchmark."""
+    """Batches of (trunk features [b, D], labels) from a cache hit; ``.dataset.classes`` for
+    clip-benchmark."""
 
     def __init__(self, feats: np.ndarray, labels: list, batch_size: int, classes: list[str] | None):
         self.feats, self.labels, self.batch_size = feats, labels, batch_size

@@ -235,8 +235,8 @@ def _metric_warnings(eval_set: EvalSet):
 
 
 class InputCast:
-    """Feeds images to ``model.encode_image`` in ``dtype``: models loaded with precision bf16/fp16 (open_clip's
-    meaning) hold low-precision conv weights, and clip-benchmark passes float32 images."""
+    """Feeds images to ``model.encode_image`` in ``dtype``: models loaded with precision bf16/fp16
+    (open_clip's meaning) hold low-precision conv weights, and clip-benchmark passes float32 images."""
 
     def __init__(self, model: Any, dtype: Any):
         self.model, self.dtype = model, dtype

@@ -1,7 +1,8 @@
 """One way to get a CLIP model: :func:`load_model` from a checkpoint dir, a config name or JSON, weights.
 
 ``spec`` may be
-- a cliptk/open_clip checkpoint directory (``open_clip_config.json`` + weights; ``local-dir:`` prefix allowed);
+- a cliptk/open_clip checkpoint directory (``open_clip_config.json`` + weights; ``local-dir:`` prefix
+  allowed);
 - an open_clip model name (``ViT-B-32``, cliptk's ``cliptk-tiny``, ``cliptk-small``) or a config JSON file,
   with ``weights=`` a local ``.safetensors/.pt/.pth/.bin`` file, or no weights for a random init.
 Nothing is ever downloaded: pretrained tags are not accepted, and HF/timm tower weights are not fetched.

@@ -8,8 +8,8 @@ every column after the largest pooled position of its rows and the features and 
 (positional embeddings and the mask are sliced to the kept length). Captions are often short next to
 the context (the demo's emoji names: 5 tokens on average, 13 at most, of cliptk-tiny's 32); attention
 and the feed-forward layers cost time per position, attention per position pair. What is saved depends
-on the longest caption of each batch, never on the average. tests/models/test_text_trim.py checks values and gradients against open_clip's ``encode_text`` in
-float64.
+on the longest caption of each batch, never on the average. tests/models/test_text_trim.py checks values and
+gradients against open_clip's ``encode_text`` in float64.
 
 - :func:`trimmable`: whether a model is such a causal, single-position-pooling CLIP (else nothing is cut).
 - :func:`trim_tokens`: a host batch [b, L] -> its first L' columns (a view; no copy, no device sync).

@@ -1,4 +1,5 @@
-"""Model weights on disk, in open_clip's ``local-dir:`` layout: ``open_clip_config.json`` + safetensors weights.
+"""Model weights on disk, in open_clip's ``local-dir:`` layout: ``open_clip_config.json`` + safetensors
+weights.
 
 A cliptk checkpoint directory holds exactly what ``open_clip.create_model_and_transforms('local-dir:DIR')``
 reads:
@@ -208,7 +209,8 @@ def load_weights(model: Any, path: str | os.PathLike) -> None:
 
 
 def _raise_load_error(p: Path, err: Exception) -> None:
-    """The error of a load whose names and shapes matched: a mismatch open_clip found, or an unreadable file."""
+    """The error of a load whose names and shapes matched: a mismatch open_clip found, or an unreadable
+    file."""
     try:
         raise err
     except (

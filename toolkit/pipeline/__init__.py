@@ -1,1 +1,2 @@
-"""YAML pipelines: the runner (``runner``), the registry of stage kinds (``kinds``) and the ``shell`` stage."""
+"""YAML pipelines: the runner (``runner``), the registry of stage kinds (``kinds``) and the ``shell``
+stage."""

@@ -73,7 +73,8 @@ class Pipeline:
 
 def _substitute(value: Any, lookup, source: str, key: str, shell_key: str = "") -> Any:
     """Replace ``${...}`` in strings (recursively) using ``lookup(ref, key) -> value``; the string at
-    the string at ``shell_key`` (a shell stage's cmd) gets environment variables instead (:func:`_shell_cmd`)."""
+    the string at ``shell_key`` (a shell stage's cmd) gets environment variables instead
+    (:func:`_shell_cmd`)."""
     if isinstance(value, dict):
         out = {
             k: _substitute(v, lookup, source, f"{key}.{k}", shell_key)

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 # What the scanner's stack holds: bare (top level), sq '...', dq "...", cmd $(...), bt `...`, ansi $'...',
-# arith $((...)), comment (# to the end of the line), heredoc / qheredoc (a body, unquoted / quoted delimiter).
+# arith $((...)), comment (# to the end of the line), heredoc / qheredoc (a body, unquoted / quoted
+# delimiter).
 _QUOTED = ("bare", "cmd", "bt", "comment")  # the expansion is quoted: "${NAME}"
 _PLAIN = ("dq", "heredoc")  # already inside double quotes (or a here-document body): ${NAME}
 _REFUSED = {

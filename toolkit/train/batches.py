@@ -59,8 +59,8 @@ class StepCounts(NamedTuple):
 def open_data(cfg: DataPlan, loss: LossConfig, world_size: int | None) -> TrainDataset:
     """The training set, refusing a global batch larger than the data or not divisible by ``world_size`` ranks
     (None: not known yet, an elastic job's launcher), and a set without the reference embeddings the objective
-    reads (``check_reference``), before anything else is built. Called by the launching process's preflight and
-    by every rank that did not get the preflight's set (an elastic job learns its world size only at
+    reads (``check_reference``), before anything else is built. Called by the launching process's preflight
+    and by every rank that did not get the preflight's set (an elastic job learns its world size only at
     rendezvous; the ranks of the user's own torchrun or srun had no preflight)."""
     dataset = TrainDataset.open(cfg.data)
     check_claims(
@@ -140,8 +140,8 @@ class TrainData:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(image, text, index) of one batch: index on the device; image and text too unless offloaded
         (the gradient cache then moves each micro-batch itself, non-blocking from pinned memory on CUDA).
-        ``trim_tokens``: cuts host token ids [b, L] to the columns the model reads (``TrainModel.trim_tokens``),
-        before they move."""
+        ``trim_tokens``: cuts host token ids [b, L] to the columns the model reads
+        (``TrainModel.trim_tokens``), before they move."""
         image = batch["image"] if "image" in batch else batch["image_features"]
         text = trim_tokens(batch["tokens"]) if "tokens" in batch else batch["text_features"]
         if not self.offloaded:

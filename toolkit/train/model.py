@@ -1,7 +1,8 @@
 """The model the trainer steps: an open_clip CLIP fed straight from training-shard batches.
 
 ``TrainModel.forward(image, text) -> (x [b, E], y [b, E], a[, bias])``: L2-normalised image and text
-features, the logit scale a = exp(p) and, for models built with a logit bias (sigmoid losses), the bias. ``image`` is uint8 pixels [b, S, S, 3] (normalised on the device with the
+features, the logit scale a = exp(p) and, for models built with a logit bias (sigmoid losses), the bias.
+``image`` is uint8 pixels [b, S, S, 3] (normalised on the device with the
 model's mean/std, so only bytes cross the host-device link) or frozen-tower features [b, D_img]; ``text``
 is token ids [b, L] or frozen-tower features [b, D_txt]. Feature inputs go through the tower's
 projection head only (the frozen trunk never runs in training); the saved model is the whole open_clip

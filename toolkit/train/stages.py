@@ -10,9 +10,9 @@ then 10 % at 224 px with the full context. Fractions must sum to 1; stage i cove
 Every rank, every step: ``StagePlan.begin(step, model, update)`` sets the step's image side on the
 ``TrainModel`` (pixels resized on the device after the crop: pixel, JPEG and index sets alike, the crop
 margin logic unchanged; the ViT's positional table resized bicubically, ``models/resolution.py``) and, with
-``stage_lr: stage``, restarts the lr schedule (warmup and cosine) over the stage's steps; ``tokens_fn`` shortens
-the host token batch (first k-1 tokens + end-of-text, or a random subset: ``stage_text``). Everything follows
-from the step number: a resume mid-stage or across a switch continues exactly, with no state saved.
+``stage_lr: stage``, restarts the lr schedule (warmup and cosine) over the stage's steps; ``tokens_fn``
+shortens the host token batch (first k-1 tokens + end-of-text, or a random subset: ``stage_text``). Everything
+follows from the step number: a resume mid-stage or across a switch continues exactly, with no state saved.
 """
 
 from __future__ import annotations

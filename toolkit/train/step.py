@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 @dataclass
 class StepInputs:
     """This rank's slice of one global batch: image [b, ...], text [b, ...] (on the host when offloaded:
-    pinned on CUDA), sample ids [b] (on the device), and for an objective that reads them (``reads_reference``)
-    a reference model's (ref_image [b, d_ref], ref_text [b, d_ref]) on the device. ``patch_seed``: the step's
-    seed of the patch-dropout masks (equal on every rank; each sample's mask follows from it and its id)."""
+    pinned on CUDA), sample ids [b] (on the device), and for an objective that reads them
+    (``reads_reference``) a reference model's (ref_image [b, d_ref], ref_text [b, d_ref]) on the device.
+    ``patch_seed``: the step's seed of the patch-dropout masks (equal on every rank; each sample's mask
+    follows from it and its id)."""
 
     image: Tensor
     text: Tensor
@@ -143,8 +144,8 @@ def _loss(
     loss_fn: TrainingLoss, x: Tensor, y: Tensor, scalars: list[Tensor], inputs: StepInputs, poison: bool
 ) -> Tensor:
     """The objective on (x, y, ``scalars``: ``Towers.scalars()``, [a] or [a, bias]) and the batch's ids (and
-    reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and y);
-    ``poison`` multiplies x by NaN first (module docstring)."""
+    reference embeddings, for an objective that ``reads_reference``: the whole local batch's rows, as x and
+    y); ``poison`` multiplies x by NaN first (module docstring)."""
     bias = scalars[1] if len(scalars) > 1 else None
     # an objective that reads the reference refuses a missing one itself
     extra = {"reference": inputs.reference} if loss_fn.reads_reference else {}
@@ -164,10 +165,10 @@ def forward_backward(
     offload_features: bool = False,
 ) -> Tensor:
     """Gradients of this rank's share of the global objective into the parameters; returns the share
-    (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``core.seeds.stream_seed``); ``autocast`` is a
-    context-manager factory; ``scale`` multiplies what is back-propagated (a GradScaler's ``scale``: equal
-    on every rank, as the fastclip mode requires); ``poison`` multiplies the image features by NaN before
-    the loss (the test aid for a model that produced a NaN: the loss, its per-sample updates and every
+    (0-d, unscaled, detached). ``seed_of(i)`` seeds micro-batch i (``core.seeds.stream_seed``); ``autocast``
+    is a context-manager factory; ``scale`` multiplies what is back-propagated (a GradScaler's ``scale``:
+    equal on every rank, as the fastclip mode requires); ``poison`` multiplies the image features by NaN
+    before the loss (the test aid for a model that produced a NaN: the loss, its per-sample updates and every
     gradient become non-finite). ``offload_features``: keep the cached features in host memory while the
     towers run (they come back to the device for the loss)."""
     device = inputs.index.device
@@ -189,7 +190,8 @@ def forward_backward(
     dx, dy = x_all.grad, y_all.grad
     del x_all, y_all  # pass 3 needs only the gradients
     # a learnable scale (and bias) always takes part in the synced backward (a zero gradient if the objective
-    # gives it none): DDP all-reduces a bucket only once all its parameters reported, and would silently skip it
+    # gives it none): DDP all-reduces a bucket only once all its parameters reported, and would silently skip
+    # it
     d_scalars = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
     for i, (start, stop) in enumerate(ranges):
         last = i == len(ranges) - 1

@@ -3,8 +3,8 @@
 Every rank calls :func:`prepare` on its freshly built model, before the optimiser is built (locked
 parameters get no optimiser group) and before DDP wraps it (DDP registers only trainable parameters).
 
-- ``patch_dropout``: open_clip's ViT ``visual.patch_dropout`` replaced by ``models.patch_dropout``'s seeded one
-  (masks from the step and the sample id, so world size, micro-batches and resume see the same masks).
+- ``patch_dropout``: open_clip's ViT ``visual.patch_dropout`` replaced by ``models.patch_dropout``'s seeded
+  one (masks from the step and the sample id, so world size, micro-batches and resume see the same masks).
 - Locking uses open_clip's own ``lock_image_tower(unlocked_groups)`` / ``lock_text_tower(unlocked_layers)``,
   so a count means what it means in ``open_clip_train --lock-image-unlocked-groups N``: the last N layer
   groups (image) or layers (text, with the final LayerNorm and projection) stay trainable.
@@ -17,7 +17,8 @@ parameters get no optimiser group) and before DDP wraps it (DDP registers only t
   towers, in place, rather than of the whole ``TrainModel``. A tower's blocks share one forward, so inductor
   compiles it about once per tower instead of tracing every layer: on cliptk-tiny (4 + 4 blocks, batch 64,
   one thread, 2 loaded CPU cores) the first step took 92 / 106 s against 194 / 154 s for the whole model, with
-  equal steady-state steps (1.47 / 1.74 s vs 1.79 / 1.68 s; eager 1.67 / 1.59 s); a ViT-B's 12 + 12 blocks gain
+  equal steady-state steps (1.47 / 1.74 s vs 1.79 / 1.68 s; eager 1.67 / 1.59 s); a ViT-B's 12 + 12 blocks
+  gain
   more. A tower without open_clip's ``resblocks`` (timm, Hugging Face text, LiT heads) is compiled whole.
   Parameter names, the state dict and the saved model are unchanged, and DDP wraps the model as before.
 """

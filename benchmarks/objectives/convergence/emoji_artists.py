@@ -193,7 +193,8 @@ def load_captions(concepts: list, cache: Path) -> Captions:
 
 def load_pixels(artist: str, codepoints: list[str], size: int, cache: Path) -> np.ndarray:
     """uint8 [n, size, size, 3] drawings of ``artist`` in ``codepoints`` order (its feature rows), decoded
-    as precompute decodes them for a from-scratch model; cached in ``cache/features/<artist>_px<size>.npz``."""
+    as precompute decodes them for a from-scratch model; cached in
+    ``cache/features/<artist>_px<size>.npz``."""
     path = cache / "features" / f"{artist}_px{size}.npz"
     if path.is_file():
         data = np.load(path)

@@ -18,8 +18,8 @@ the same batches from the same initial heads per seed, so differences are paired
 Cells: two regimes — short (``--short-epochs``, default 6) and long (``--long-epochs``, default 30) —
 times global batches 32, 64, 256. In each cell every method (``methods.METHODS``: a name,
 its LossConfig fields and its tuning grid; FastCLIP's final γ is one of the knobs, and DRRho-CLIP's γ
-rule and SCENT's estimator update are methods of their own) is tuned on validation with ``--tune-seeds`` seeds (a
-coordinate search whose grids are extended past any end that wins), then its chosen setting runs on
+rule and SCENT's estimator update are methods of their own) is tuned on validation with ``--tune-seeds`` seeds
+(a coordinate search whose grids are extended past any end that wins), then its chosen setting runs on
 ``--seeds`` paired seeds (the tuning seeds' runs are reused). Reported per cell
 (``report``): held-out R@1 mean ± std, paired Δ against the best OpenCLIP (the OpenCLIP
 variant with the better validation score), whether Δ > 2 std, and the steps needed to reach the best
@@ -122,7 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_cells(args: argparse.Namespace, num_train: int) -> list[dict]:
     """Every (regime, batch) cell: epochs, steps (the trainer's steps_per_epoch times epochs), γ's decay
-    (over GAMMA_DECAY_FRACTION of the epochs: the CC3M preset's 18 of 37, as the trainer's default objective)."""
+    (over GAMMA_DECAY_FRACTION of the epochs: the CC3M preset's 18 of 37, as the trainer's default
+    objective)."""
     cells = []
     for regime in args.regimes:
         epochs = args.short_epochs if regime == "short" else args.long_epochs

@@ -39,7 +39,8 @@ class Method:
     # (method, knobs): start from that method's tuned values of these knobs in the same cell (tuned first)
     inherits: tuple[str, tuple[str, ...]] | None = None
     # γ decays over all the cell's epochs (DRRho-CLIP's rule: E = the run's epochs, as `toolkit train` sets
-    # gamma_decay_epochs for gamma_rule drrho) instead of the benchmark's 18/37 of them (the CC3M preset's share)
+    # gamma_decay_epochs for gamma_rule drrho) instead of the benchmark's 18/37 of them (the CC3M preset's
+    # share)
     gamma_over_all_epochs: bool = False
 
     @property
@@ -49,7 +50,8 @@ class Method:
 
 TAUS = (0.02, 0.03, 0.05, 0.07, 0.1)
 # FastCLIP's final inner lr γ (the moving average's weight of the new batch estimate; 1: no averaging, u = g),
-# tuned after τ, lr_tau and ρ; the CC3M preset's 0.2 sits between the first two values; searched from the middle
+# tuned after τ, lr_tau and ρ; the CC3M preset's 0.2 sits between the first two values; searched from the
+# middle
 GAMMAS = (0.1, 0.3, 1.0)
 GAMMA_BOUNDS = {"gamma_min": (1e-3, 1.0)}  # γ ≤ 1 (a convex combination); the option's own bound is γ > 0
 METHODS: tuple[Method, ...] = (
@@ -93,8 +95,8 @@ METHODS: tuple[Method, ...] = (
         bounds=GAMMA_BOUNDS,
         note="v3 with the batch drift correction of its estimators (docs/fastclip.md), tuned as v3",
     ),
-    # the γ rules replace γ's tuning: each starts from the drift-corrected v3's tuned τ, lr_tau and ρ of the cell
-    # (the same loss and τ rule; only how the estimators u are updated differs)
+    # the γ rules replace γ's tuning: each starts from the drift-corrected v3's tuned τ, lr_tau and ρ of the
+    # cell (the same loss and τ rule; only how the estimators u are updated differs)
     Method(
         "fastclip-v3 (u_drift, drrho γ)",
         {
@@ -147,8 +149,8 @@ METHODS: tuple[Method, ...] = (
         {"siglip_scale_init": (5.0, 10.0, 20.0)},
         note="sigmoid loss, learnable scale and bias (bias starts at −10); the initial scale tuned",
     ),
-    # not a candidate for "the best OpenCLIP": the trainer's default itself, so its Δ is the default's (its runs
-    # are the learnable-τ OpenCLIP's at that lr_tau: the run cache shares them)
+    # not a candidate for "the best OpenCLIP": the trainer's default itself, so its Δ is the default's (its
+    # runs are the learnable-τ OpenCLIP's at that lr_tau: the run cache shares them)
     Method(
         "openclip (long-run default)",
         dict(choice.BY_BATCH_LONG[0][1]),

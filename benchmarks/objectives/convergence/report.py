@@ -98,7 +98,8 @@ def _pm(s: dict[str, float]) -> str:
 def table(cells: list[dict], regime: str) -> str:
     """Markdown table of one regime's cells."""
     lines = [
-        "| batch | epochs (steps) | method | tuned on validation | val R@1 | image→text R@1 | text→image R@1 | "
+        "| batch | epochs (steps) | method | tuned on validation | val R@1 | image→text R@1 | text→image "
+        "R@1 | "
         "mean R@1 | Δ vs best OpenCLIP | ahead by > 2 std | steps to reach (× best OpenCLIP's) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -119,7 +120,8 @@ def table(cells: list[dict], regime: str) -> str:
             if r["tuning"]["ends_at_best"]:
                 tuned += " (grid end: " + ", ".join(r["tuning"]["ends_at_best"]) + ")"
             lines.append(
-                f"| {cell['batch']} | {cell['epochs']} ({cell['steps']}) | {name}{' **(best OpenCLIP)**' if best else ''} "
+                f"| {cell['batch']} | {cell['epochs']} ({cell['steps']}) | "
+                f"{name}{' **(best OpenCLIP)**' if best else ''} "
                 f"| {tuned} | {100 * r['val_r1']:.2f} | {_pm(r['heldout_i2t'])} | {_pm(r['heldout_t2i'])} | "
                 f"{_pm(r['heldout_mean'])} | {delta} | {ahead} | {reach} |"
             )
@@ -206,22 +208,26 @@ def markdown(report: dict, stem: str) -> str:
     c = report["config"]
     regimes = list(dict.fromkeys(cell["regime"] for cell in report["results"]))
     parts = [
-        f"# Convergence: which objective trains best at small batches (LiT heads, {', '.join(regimes)} regimes)",
+        f"# Convergence: which objective trains best at small batches (LiT heads, {', '.join(regimes)} "
+        "regimes)",
         "",
-        f"Trained on {', '.join(c['train_artists'])} ({c['num_train_pairs']} pairs); tuned on their held-back "
+        f"Trained on {', '.join(c['train_artists'])} ({c['num_train_pairs']} pairs); tuned on their "
+        "held-back "
         f"drawings ({c['num_val_pairs']} pairs: validation R@1); scored on {c['heldout_artist']} "
         f"({c['num_held_pairs']} drawings), never trained or tuned on. Frozen EfficientNet-Lite0 / MiniLM "
         f"towers, linear heads to {c['heads']}'s width, AdamW lr {c['lr']:g} (wd {c['weight_decay']:g}, "
         f"{100 * c['warmup_fraction']:.0f}% warmup, cosine). {c['seeds']} paired seeds per tuned setting "
         f"(tuning: {c['tune_seeds']} seed(s) per grid point). R@1 in %, mean ± std over seeds; Δ: paired "
-        "difference of the mean R@1 vs the best OpenCLIP (± std of the per-seed differences); steps to reach: "
+        "difference of the mean R@1 vs the best OpenCLIP (± std of the per-seed differences); steps to "
+        "reach: "
         "first evaluation at which the seed-mean held-out R@1 reaches the best OpenCLIP's final value. "
         f"Wall time {c['wall_s'] / 60:.0f} min with {c['workers']} worker(s).",
         "",
     ]
     if c.get("num_concepts"):
         parts += [
-            f"**Reduced setting:** {c['num_concepts']} of the ~1,900 concepts (`--num-concepts`), so every run "
+            f"**Reduced setting:** {c['num_concepts']} of the ~1,900 concepts (`--num-concepts`), so every "
+            "run "
             "is ~5× cheaper than the full benchmark; the held-out set is those concepts' drawings.",
             "",
         ]

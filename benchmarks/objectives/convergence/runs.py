@@ -366,7 +366,8 @@ class Runner:
                 fh.write(json.dumps({"key": key, "curve": curve}) + "\n")
                 fh.flush()
                 print(
-                    f"[{i}/{len(labels)}] {labels[key]}: val {100 * cr.mean_r1(curve['val'][-1]):.2f} held-out "
+                    f"[{i}/{len(labels)}] {labels[key]}: val {100 * cr.mean_r1(curve['val'][-1]):.2f} "
+                    "held-out "
                     f"{100 * cr.mean_r1(curve['heldout'][-1]):.2f} ({curve['wall_s']:.0f} s; "
                     f"{time.monotonic() - self.started:.0f} s in all)",
                     flush=True,

@@ -1,17 +1,21 @@
 """Does a reference model that saw less data help? The convergence benchmark's cells, with students that read
 a cliptk-trained reference's embeddings (``python -m benchmarks.objectives.reference``).
 
-1. The reference (``teacher``): LiT heads trained on a subset of the training artists (``--reference-artists``,
-   default Twemoji of Twemoji, Noto, Fluent) with the best-tuned OpenCLIP knobs of the convergence result
-   (``--knobs-from``), trained out (``--reference-epochs``, default 30); then the reference pass embeds every training pair (timed, with the frozen towers'
+1. The reference (``teacher``): LiT heads trained on a subset of the training artists
+   (``--reference-artists``, default Twemoji of Twemoji, Noto, Fluent) with the best-tuned OpenCLIP knobs of
+   the convergence result
+   (``--knobs-from``), trained out (``--reference-epochs``, default 30); then the reference pass embeds every
+   training pair (timed, with the frozen towers'
    cost measured on a sample). Its own held-out R@1 is reported.
 2. Students on all training artists, per (regime, batch) cell: every reference-reading method (``methods``:
-   drrho, and distill where registered) tuned on validation (drrho: β and τ; ρ and lr_tau are v3's tuned ones) as the convergence benchmark tunes (coordinate
+   drrho, and distill where registered) tuned on validation (drrho: β and τ; ρ and lr_tau are v3's tuned ones)
+   as the convergence benchmark tunes (coordinate
    search, grids extended past a winning end), then run on ``--seeds`` paired seeds; beside them, on the same
    seeds, the cell's best OpenCLIP with the knobs tuned by the convergence benchmark (not retuned here) and
    drrho with β = 0 (the same loss without the reference). The long regime reuses the short regime's knobs.
 3. The from-scratch cell (cliptk-tiny on 32 px pixels, batch 64, ``--scratch-epochs``): the best OpenCLIP and
-   the ``--scratch-methods`` rows with the LiT short batch-64 knobs, the reference's embeddings as the teacher;
+   the ``--scratch-methods`` rows with the LiT short batch-64 knobs, the reference's embeddings as the
+   teacher;
    with ``--scratch-tune``, distill's λ (and the teacher's τ) are tuned on this cell's own validation split
    instead (a student far weaker than its teacher wants another λ than the LiT heads).
 
@@ -114,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=rm.SCRATCH_KNOBS,
         metavar="KNOB",
         help="tune the scratch cell's distill row on that cell's own validation split (--tune-seeds runs "
-        f"per grid point; a winning grid end is extended): distill.weight over {rm.SCRATCH_WEIGHTS} and, if named, "
+        f"per grid point; a winning grid end is extended): distill.weight over {rm.SCRATCH_WEIGHTS} and, if "
+        "named, "
         "distill.teacher_tau over half, once and twice the reference's τ (default: reuse the LiT "
         "batch-64 cell's knobs; other scratch rows always reuse them)",
     )
@@ -255,9 +260,9 @@ def scratch_cell(
     args, runner: RefRunner, lit: dict, knobs: dict, num_train: int, teacher_tau: float
 ) -> tuple[list[dict], list[str]]:
     """The from-scratch cliptk-tiny cell at batch 64: the best OpenCLIP of the short batch-64 cell of
-    --knobs-from, and the --scratch-methods rows with the knobs tuned here in the LiT short batch-64 cell, except
-    distill under --scratch-tune: tuned on this cell's own validation split (its teacher: the reference, τ
-    ``teacher_tau``), as the LiT cells tune, with --tune-seeds seeds per point."""
+    --knobs-from, and the --scratch-methods rows with the knobs tuned here in the LiT short batch-64 cell,
+    except distill under --scratch-tune: tuned on this cell's own validation split (its teacher: the
+    reference, τ ``teacher_tau``), as the LiT cells tune, with --tune-seeds seeds per point."""
     ns = argparse.Namespace(
         **{
             **vars(args),
@@ -308,7 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
         ref.save(path)
     print(
         f"reference: {ref.meta['artists']} ({ref.meta['num_train_pairs']} pairs), held-out R@1 "
-        f"{100 * cr.mean_r1(ref.meta['curve']['heldout'][-1]):.2f}; pass over {ref.meta['num_pass_pairs']} pairs "
+        f"{100 * cr.mean_r1(ref.meta['curve']['heldout'][-1]):.2f}; pass over {ref.meta['num_pass_pairs']} "
+        "pairs "
         f"{ref.meta['heads_pass_s']:.2f} s",
         flush=True,
     )

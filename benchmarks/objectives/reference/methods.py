@@ -5,14 +5,16 @@ imported for a kind at module import: ``check_registered`` asks the loss registr
 so ``--methods distill`` in a checkout without the distill objective stops with the registry's "unknown loss
 kind" message instead of a crash, and works unchanged once that objective is registered.
 
-- ``drrho``: DRRho-CLIP on FastCLIP v3's estimators (the benchmark's v3 settings: step_thresh τ rule, γ_min 0.2).
-  Tuned on validation: β (``drrho.ref_weight``) and the initial τ, starting from FastCLIP v3's tuned τ of the
+- ``drrho``: DRRho-CLIP on FastCLIP v3's estimators (the benchmark's v3 settings: step_thresh τ rule, γ_min
+  0.2). Tuned on validation: β (``drrho.ref_weight``) and the initial τ, starting from FastCLIP v3's tuned τ
+  of the
   cell; v3's tuned lr_tau and ρ of the cell are kept.
 - ``drrho (β = 0)``: the same objective and chosen knobs without the reference term (a control: what the
   reference itself adds).
 - ``distill``: MobileCLIP-style (1 − λ)·CLIP + λ·KL(teacher ‖ student) on the best OpenCLIP of the cell (its
   fields and tuned knobs), λ (``distill.weight``) tuned; the teacher's τ is the reference run's final τ.
-  ``distill_scratch``: the same for the from-scratch cell, tuned there (λ up to 1; optionally the teacher's τ).
+  ``distill_scratch``: the same for the from-scratch cell, tuned there (λ up to 1; optionally the teacher's
+  τ).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ DRRHO_FIELDS = {
 }
 KNOWN = ("drrho", "distill")
 CONTROL = "drrho (β = 0)"
-# the from-scratch cell's own λ grid (``--scratch-tune``): a student far weaker than its teacher is MobileCLIP's
-# setting, where the KL term dominates (λ near 1), so the grid reaches the objective's bound 1 (distillation only);
-# 0.125 is the LiT batch-64 cell's choice. The teacher's τ, when tuned too, spans half to twice the reference's.
+# the from-scratch cell's own λ grid (``--scratch-tune``): a student far weaker than its teacher is
+# MobileCLIP's setting, where the KL term dominates (λ near 1), so the grid reaches the objective's bound 1
+# (distillation only); 0.125 is the LiT batch-64 cell's choice. The teacher's τ, when tuned too, spans half to
+# twice the reference's.
 SCRATCH_WEIGHTS = (0.125, 0.25, 0.5, 0.75, 1.0)
 SCRATCH_KNOBS = ("distill.weight", "distill.teacher_tau")
 
@@ -85,9 +88,10 @@ def distill(openclip_fields: dict[str, Any], teacher_tau: float) -> cm.Method:
 
 
 def distill_scratch(openclip_fields: dict[str, Any], teacher_tau: float, knobs: list[str]) -> cm.Method:
-    """distill for the from-scratch cell, tuned on that cell's own validation split: λ over ``SCRATCH_WEIGHTS``
-    and, when ``knobs`` names it, the teacher's τ over (τ/2, τ, 2τ) of the reference's τ (the middle value,
-    where the search starts, is the LiT cells' fixed choice, so the λ sweep reuses their run keys)."""
+    """distill for the from-scratch cell, tuned on that cell's own validation split: λ over
+    ``SCRATCH_WEIGHTS`` and, when ``knobs`` names it, the teacher's τ over (τ/2, τ, 2τ) of the reference's τ
+    (the middle value, where the search starts, is the LiT cells' fixed choice, so the λ sweep reuses their
+    run keys)."""
     unknown = set(knobs) - set(SCRATCH_KNOBS)
     if unknown or "distill.weight" not in knobs:
         raise SystemExit(

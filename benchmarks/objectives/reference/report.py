@@ -130,9 +130,12 @@ def _reference_lines(r: dict) -> list[str]:
         else f"the frozen towers not timed here ({towers.get('error', 'skipped')})"
     )
     return [
-        f"**The reference** ({r['method']}, {', '.join(f'{k}={v}' for k, v in r['fields'].items() if k != 'kind')}): "
-        f"trained by cliptk on {', '.join(r['artists'])} only ({r['num_train_pairs']} pairs, batch {r['batch']}, "
-        f"{r['epochs']} epochs = {r['steps']} steps, seed {r['seed']}; {r['train_wall_s']:.0f} s). Held-out R@1 "
+        f"**The reference** ({r['method']}, "
+        f"{', '.join(f'{k}={v}' for k, v in r['fields'].items() if k != 'kind')}): "
+        f"trained by cliptk on {', '.join(r['artists'])} only ({r['num_train_pairs']} pairs, batch "
+        f"{r['batch']}, "
+        f"{r['epochs']} epochs = {r['steps']} steps, seed {r['seed']}; {r['train_wall_s']:.0f} s). Held-out "
+        "R@1 "
         f"**{100 * r['heldout_r1']:.2f}** (image→text {100 * r['heldout_i2t']:.2f}, text→image "
         f"{100 * r['heldout_t2i']:.2f}), validation {100 * r['val_r1']:.2f}, final τ {r['final_tau']:.4f}, "
         f"d_ref {r['d_ref']}.",
@@ -146,7 +149,8 @@ def _reference_lines(r: dict) -> list[str]:
         )
         + ".",
         "",
-        f"**Cost of the reference pass:** its heads over the {r['num_pass_pairs']} training pairs' cached tower "
+        f"**Cost of the reference pass:** its heads over the {r['num_pass_pairs']} training pairs' cached "
+        "tower "
         f"features: {r['heads_pass_s']:.2f} s ({r['heads_pass_s_per_1000_pairs']:.3f} s per 1,000 pairs; one "
         "thread) — all a LiT reference costs, as its students read the same tower features; a from-scratch "
         f"student's teacher also needs {tower_text}. Once, at data-prep time; nothing per step.",
@@ -156,7 +160,8 @@ def _reference_lines(r: dict) -> list[str]:
 
 def targets_table(rows: list[dict], ref: dict) -> str:
     lines = [
-        "| regime | batch | method (by validation) | R@1 | best OpenCLIP R@1 | Δ points | × OpenCLIP | target | "
+        "| regime | batch | method (by validation) | R@1 | best OpenCLIP R@1 | Δ points | × OpenCLIP | "
+        "target | "
         "met | reference pass (s per 1,000 pairs) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -169,7 +174,8 @@ def targets_table(rows: list[dict], ref: dict) -> str:
         cost_text = "towers not timed" if cost is None else f"{cost:.3g}"
         ratio = "—" if t["ratio"] is None else f"{t['ratio']:.2f}×"
         lines.append(
-            f"| {t['regime']} | {t['batch']} | {t['method']} | {100 * t['r1']:.2f} | {100 * t['openclip_r1']:.2f} "
+            f"| {t['regime']} | {t['batch']} | {t['method']} | {100 * t['r1']:.2f} | "
+            f"{100 * t['openclip_r1']:.2f} "
             f"| {t['delta_points']:+.2f} ± {t['delta_std_points']:.2f} | {ratio} | {t['target']} | "
             f"{'met' if t['met'] else 'missed'} | {cost_text} |"
         )
@@ -182,11 +188,13 @@ def markdown(report: dict, stem: str) -> str:
     parts = [
         "# Reference model: students that read a cliptk reference trained on fewer artists",
         "",
-        f"Students train on {', '.join(c['train_artists'])} ({c['num_train_pairs']} pairs), are tuned on their "
+        f"Students train on {', '.join(c['train_artists'])} ({c['num_train_pairs']} pairs), are tuned on "
+        "their "
         f"held-back drawings ({c['num_val_pairs']} pairs) and scored on {c['heldout_artist']} "
         f"({c['num_held_pairs']} drawings), as in the convergence benchmark (same data, heads, optimiser, "
         f"seeds). {c['seeds']} paired seeds per LiT row, {c['scratch_seeds']} in the scratch cell; tuning "
-        f"{c['tune_seeds']} seed per grid point. The best OpenCLIP rows use the knobs tuned in {c['knobs_from']} "
+        f"{c['tune_seeds']} seed per grid point. The best OpenCLIP rows use the knobs tuned in "
+        f"{c['knobs_from']} "
         f"(not retuned). Δ: paired difference vs the best OpenCLIP. Wall time {c['wall_s'] / 60:.0f} min, "
         f"{c['workers']} worker(s).",
         "",

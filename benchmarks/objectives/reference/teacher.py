@@ -4,8 +4,8 @@
 DRRho-CLIP's setting is a reference that saw less data than the student: here the reference trains on the
 training pairs of ``--reference-artists`` only (default: Twemoji, one of the three training artists; never
 the held-out artist, never the validation drawings), with the best-tuned OpenCLIP knobs of the convergence
-benchmark's short-regime cell of its batch (``--reference-batch``), for ``--reference-epochs`` (default 30, the
-long regime's: trained out on its subset, as a model a user already has) over its own subset.
+benchmark's short-regime cell of its batch (``--reference-batch``), for ``--reference-epochs`` (default 30,
+the long regime's: trained out on its subset, as a model a user already has) over its own subset.
 
 The reference pass runs its heads over the frozen towers' features of every training pair (the LiT
 students share those features, so this is all a LiT reference costs at data-prep time). A reference for a
@@ -77,7 +77,8 @@ def restrict_training_set(bench: Bench, artists: list[str]) -> int:
 
 
 def embed(model, image, text, chunk: int = 512) -> tuple[np.ndarray, np.ndarray]:
-    """L2-normalised embeddings float16 ([n, d_ref], [n, d_ref]) of paired inputs through ``model``'s towers."""
+    """L2-normalised embeddings float16 ([n, d_ref], [n, d_ref]) of paired inputs through ``model``'s
+    towers."""
     import torch
     from torch.nn.functional import normalize
 
@@ -161,8 +162,8 @@ def time_towers(cache: Path, num: int) -> dict:
 
 
 def _encode(tower, pngs: list[bytes]) -> None:
-    """EfficientNet-Lite0 features of PNG drawings, as ``emoji_artists`` computes the benchmark's (decoded to the
-    tower's resolution, normalised, channels-last), with an already loaded tower."""
+    """EfficientNet-Lite0 features of PNG drawings, as ``emoji_artists`` computes the benchmark's (decoded to
+    the tower's resolution, normalised, channels-last), with an already loaded tower."""
     import torch
 
     from toolkit.data.images import decode_rgb

@@ -1,4 +1,5 @@
-"""`toolkit data demo`: Twemoji + OpenMoji of the same concepts from registry packages, in the contract layout."""
+"""`toolkit data demo`: Twemoji + OpenMoji of the same concepts from registry packages, in the contract
+layout."""
 
 from __future__ import annotations
 

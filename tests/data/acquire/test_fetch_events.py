@@ -35,7 +35,8 @@ def test_emit_writes_each_event_as_one_line():
     code = (
         "from toolkit.data.acquire.fetch_worker import emit\n"
         "import threading\n"
-        "ts = [threading.Thread(target=lambda i=i: [emit({'urls': i}) for _ in range(200)]) for i in range(4)]\n"
+        "ts = [threading.Thread(target=lambda i=i: [emit({'urls': i}) for _ in range(200)]) for i in "
+        "range(4)]\n"
         "[t.start() for t in ts]; [t.join() for t in ts]\n"
     )
     out = subprocess.run(

@@ -246,7 +246,8 @@ class ToFileHandler(QuietHandler):
 
 @pytest.mark.timeout(300)
 def test_redirect_to_file_is_a_disallowed_scheme(tmp_path):
-    """A redirect to file:// (refused by urllib itself) was counted as http_302 instead of disallowed_scheme."""
+    """A redirect to file:// (refused by urllib itself) was counted as http_302 instead of
+    disallowed_scheme."""
     www = tmp_path / "www"
     www.mkdir()
     (www / "ok.png").write_bytes(_png(np.random.default_rng(5), 20))
@@ -264,7 +265,8 @@ def test_redirect_to_file_is_a_disallowed_scheme(tmp_path):
 @pytest.mark.timeout(300)
 def test_bomb_below_pillows_own_limit_is_refused(tmp_path):
     """A 10,000 x 10,000 PNG (100 MP: over cliptk's 89.5 MP limit, under the 179 MP at which Pillow refuses by
-    itself) was downloaded, fully decoded and stored, and precompute then skipped it as a decompression bomb."""
+    itself) was downloaded, fully decoded and stored, and precompute then skipped it as a decompression
+    bomb."""
     www = tmp_path / "www"
     www.mkdir()
     (www / "ok.png").write_bytes(_png(np.random.default_rng(5), 20))

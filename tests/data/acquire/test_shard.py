@@ -1,4 +1,5 @@
-"""`toolkit data shard`: local folders and CSVs into fetch's raw shard layout, bad inputs counted by reason."""
+"""`toolkit data shard`: local folders and CSVs into fetch's raw shard layout, bad inputs counted by
+reason."""
 
 from __future__ import annotations
 

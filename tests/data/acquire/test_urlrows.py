@@ -1,4 +1,5 @@
-"""URL lists read row by row: bad rows and duplicate URLs are skipped with their line numbers, in every format."""
+"""URL lists read row by row: bad rows and duplicate URLs are skipped with their line numbers, in every
+format."""
 
 from __future__ import annotations
 

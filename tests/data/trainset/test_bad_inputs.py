@@ -264,7 +264,8 @@ def test_precompute_reports_a_tar_cut_mid_header_on_the_terminal_log_and_counts(
 
 
 def test_precompute_over_mostly_truncated_shards_fails_naming_them(tmp_path):
-    """Issue 34 class 9: 3 of 4 raw shards cut by a full disk; precompute kept 117 of 400 samples and exited 0."""
+    """Issue 34 class 9: 3 of 4 raw shards cut by a full disk; precompute kept 117 of 400 samples and exited
+    0."""
     rng = np.random.default_rng(9)
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -19,7 +19,8 @@ from toolkit.data.trainset.storage import tables as refs
 
 
 class StallingHandler(QuietHandler):
-    """Answers nothing while ``server.stalled`` is set (as a SIGSTOPped server: the connection is accepted)."""
+    """Answers nothing while ``server.stalled`` is set (as a SIGSTOPped server: the connection is
+    accepted)."""
 
     def send_head(self):
         while self.server.stalled.is_set() and not self.server.closing.is_set():

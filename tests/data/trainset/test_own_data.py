@@ -146,8 +146,8 @@ def test_dotted_file_names_are_explained(tmp_path):
 
 
 def test_index_over_http_shards(tmp_path):
-    """Raw shards on a web server (127.0.0.1, real HTTP through fsspec + aiohttp): pixels mode streams them, an
-    index reads every image as a byte range at training time and gives the local index's exact batches; a
+    """Raw shards on a web server (127.0.0.1, real HTTP through fsspec + aiohttp): pixels mode streams them,
+    an index reads every image as a byte range at training time and gives the local index's exact batches; a
     server that answers ranges with the whole file (python -m http.server) is refused, naming why."""
     import subprocess
     import sys
@@ -215,8 +215,8 @@ def test_index_over_http_shards(tmp_path):
 
 
 def test_glob_over_an_img2dataset_folder_reads_only_the_tars(tmp_path, caplog):
-    """`raw/*` also matches img2dataset's 00000_stats.json and 00000.parquet; they are no shards and must not be
-    read as damaged tars (they were: 'unreadable_tar' skips, 'damaged' lines, read counts too high)."""
+    """`raw/*` also matches img2dataset's 00000_stats.json and 00000.parquet; they are no shards and must not
+    be read as damaged tars (they were: 'unreadable_tar' skips, 'damaged' lines, read counts too high)."""
     rng = np.random.default_rng(3)
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -263,8 +263,8 @@ def test_training_on_raw_shards_says_to_precompute_them(tmp_path):
 
 
 def test_captions_longer_than_the_context_are_counted(tmp_path):
-    """cliptk-tiny's context is 32 tokens: a 30-word caption (32 with start and end) fits exactly, a 31-word one
-    is cut. The cut is counted in the manifest instead of happening unseen."""
+    """cliptk-tiny's context is 32 tokens: a 30-word caption (32 with start and end) fits exactly, a 31-word
+    one is cut. The cut is counted in the manifest instead of happening unseen."""
     rng = np.random.default_rng(5)
     samples = [
         (f"k{i}", {"jpg": encode(random_image(rng, 20, 20), "JPEG"), "txt": " ".join(["a"] * words).encode()})
@@ -304,7 +304,8 @@ def test_members_listed_apart_in_the_tar_are_explained(tmp_path):
     message = str(err.value)
     assert (
         "(missing_caption: 4, duplicate_key: 4); e.g. 00000.tar key '0000': no .txt member (members: jpg); "
-        "00000.tar key '0000': key repeats within 00000.tar (this time with txt; its earlier members lacked them): "
+        "00000.tar key '0000': key repeats within 00000.tar (this time with txt; its earlier members lacked "
+        "them): "
         "a sample's files must follow each other in the tar" in message
     )
 
@@ -389,7 +390,8 @@ def test_byte_order_marks_and_control_only_captions(tmp_path):
 
 
 def _counting_handler():
-    """([bytes of file bodies sent so far], a serve handler class that counts them): what a reader transferred."""
+    """([bytes of file bodies sent so far], a serve handler class that counts them): what a reader
+    transferred."""
     from toolkit.data.acquire import serve as serving
 
     sent = [0]
@@ -559,7 +561,8 @@ def test_a_folder_of_shard_folders_names_the_glob(tmp_path):
 @pytest.mark.parametrize("value", [".txt", "TXT", "txt:caption", "json:"])
 def test_a_caption_ext_that_matches_no_member_is_refused(value):
     """'--caption-ext .txt' (or TXT) matched no member, since the reader keys extensions in lower case without
-    the dot: every sample was skipped as missing_caption. It is an option error now, in precompute and inspect."""
+    the dot: every sample was skipped as missing_caption. It is an option error now, in precompute and
+    inspect."""
     from toolkit.data.inspect import InspectConfig
 
     for config, extra in ((PrecomputeConfig, {"model": "cliptk-tiny"}), (InspectConfig, {})):
@@ -572,8 +575,9 @@ def test_a_caption_ext_that_matches_no_member_is_refused(value):
 
 
 def test_filtered_tars_with_stale_sidecars_are_explained(tmp_path):
-    """img2dataset shards the user filtered (tars rewritten without some samples, parquet and _stats.json kept):
-    the tars end cleanly, the sidecars promise more. The refusal says so and names the fix, which works."""
+    """img2dataset shards the user filtered (tars rewritten without some samples, parquet and _stats.json
+    kept): the tars end cleanly, the sidecars promise more. The refusal says so and names the fix, which
+    works."""
     raw = tmp_path / "raw"
     raw.mkdir()
     samples = good_samples(np.random.default_rng(15), "f", 20)

@@ -144,7 +144,8 @@ def test_two_launchers_as_two_nodes_write_the_same_bytes(bad_raw, one_process, t
 
 
 def test_tasks_started_by_slurm_write_the_same_bytes(bad_raw, one_process, tmp_path):
-    """Two tasks with SLURM's variables (what `srun --ntasks 2 toolkit data precompute ...` sets) are one job."""
+    """Two tasks with SLURM's variables (what `srun --ntasks 2 toolkit data precompute ...` sets) are one
+    job."""
     out, port, procs = tmp_path / "slurm", str(_free_port()), []
     for rank in (0, 1):
         slurm = {

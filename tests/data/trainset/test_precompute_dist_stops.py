@@ -88,7 +88,8 @@ def _when_running(out: Path, launcher: subprocess.Popen, timeout_s: float = 240)
 
 
 def test_a_sigkilled_rank_is_named_and_the_manifest_says_failed(raw, tmp_path):
-    """Before: the message blamed rank 0's SIGTERM (torchrun's, after rank 1 died); manifest.json said running."""
+    """Before: the message blamed rank 0's SIGTERM (torchrun's, after rank 1 died); manifest.json said
+    running."""
     out = tmp_path / "out"
     launcher = _start(raw, out)
     _when_running(out, launcher)
@@ -102,7 +103,8 @@ def test_a_sigkilled_rank_is_named_and_the_manifest_says_failed(raw, tmp_path):
 
 
 def test_sigterm_ends_with_143_and_an_interrupted_manifest(raw, tmp_path):
-    """Before: exit 1, "resume from the newest checkpoint" (the trainer's words), manifest.json said running."""
+    """Before: exit 1, "resume from the newest checkpoint" (the trainer's words), manifest.json said
+    running."""
     out = tmp_path / "out"
     launcher = _start(raw, out)
     _when_running(out, launcher)

@@ -91,7 +91,8 @@ def test_a_hard_link_of_an_input_file_inside_out_is_refused(raw, tmp_path):
 
 
 def test_precompute_refuses_a_raw_set_whose_fetch_failed(raw, tmp_path, caplog):
-    """Before: exit 0 with the samples of the shards the failed fetch finished, the failure never mentioned."""
+    """Before: exit 0 with the samples of the shards the failed fetch finished, the failure never
+    mentioned."""
     from toolkit.core.stage import UnfinishedInput
 
     (raw / "manifest.json").write_text(

@@ -31,7 +31,8 @@ KILL_AT_THIRD_SHARD = textwrap.dedent("""
         return real(job, task, on_read)
     precompute_worker.process_shard = dying
     cfg = build(precompute.PrecomputeConfig, {"input": sys.argv[1], "out": sys.argv[2], "model": sys.argv[3],
-                                              "num_workers": 1, "samples_per_shard": 10, **json.loads(sys.argv[4])})
+                                              "num_workers": 1, "samples_per_shard": 10,
+                                              **json.loads(sys.argv[4])})
     precompute.run(cfg)
 """)
 

@@ -320,7 +320,8 @@ def test_the_cli_flags_and_a_missing_weights_file(small_raw, tmp_path):
 
 
 def test_a_reference_changed_in_place_is_refused_on_resume(tmp_path, monkeypatch):
-    """Another --reference-model starts afresh like any option; the same folder with other weights is refused."""
+    """Another --reference-model starts afresh like any option; the same folder with other weights is
+    refused."""
     raw = tmp_path / "raw"
     raw.mkdir()
     rng = np.random.default_rng(5)

@@ -279,7 +279,8 @@ def test_index_of_a_single_shard_given_by_a_relative_path(small_raw, tmp_path, m
 
 @pytest.mark.parametrize("mode", ["pixels", "index"])
 def test_the_disk_figure_toolkit_plan_prints_is_what_precompute_writes(small_sets, mode):
-    """pixels: the tar sample and its 8-byte checksum; index: the table record (jpeg's size is an estimate)."""
+    """pixels: the tar sample and its 8-byte checksum; index: the table record (jpeg's size is an
+    estimate)."""
     from toolkit.data.trainset import storage
 
     ds = TrainDataset.open(str(small_sets[mode]))

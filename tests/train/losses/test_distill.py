@@ -2,7 +2,8 @@
 (tests/train/distill_oracle.py): value and gradients of both feature sets and of the logit scale's p, batch 1,
 odd batches, a teacher width other than the student's, several strips of the torch backend, float32 features,
 the Triton backend under TRITON_INTERPRET=1 (a subprocess: the variable must precede triton's import), and the
-gradient cache against one pass. This file is also that subprocess's script (``python test_distill.py triton``).
+gradient cache against one pass. This file is also that subprocess's script (``python test_distill.py
+triton``).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def test_weight_zero_is_the_clip_loss_and_a_teacher_equal_to_the_student_adds_no
         )
         for g, w in zip(got, plain, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-13)
-        # weight 1, teacher = the student at the student's temperature: KL 0 and at its minimum (zero gradient)
+        # weight 1, teacher = the student at the student's temperature: KL 0 and at its minimum (zero
+        # gradient)
         loss = objective(mode, weight=1.0, teacher_tau=float(1 / p.exp()))
         got = value_and_grads(
             lambda xs, ys, a, o=loss: o(xs, ys, a, torch.arange(9), reference=(x, y)), x, y, p

@@ -60,7 +60,8 @@ def features_step(mode: str, b: int, num_ranks: int, rank: int, world: int) -> d
 
 
 def model_step(mode: str, micro: int, rank: int, world: int) -> dict:
-    """Parameter gradients after one ``forward_backward`` of this rank's slice (DDP-averaged when world > 1)."""
+    """Parameter gradients after one ``forward_backward`` of this rank's slice (DDP-averaged when world >
+    1)."""
     from gradcache_jobs import GLOBAL_BATCH, _batch, _model, _seed
 
     from toolkit.train.ddp import wrap_ddp

@@ -1,6 +1,7 @@
-"""DRRhoLoss (``--loss drrho``) against the float64 oracle of the paper's formula (tests/train/drrho_oracle.py):
-values, gradients wrt both feature sets and p, the estimator tables over epochs; odd sizes, reference width ≠
-student width, β ≠ 1, fixed τ; resume from its state_dict; the Triton backend under TRITON_INTERPRET=1."""
+"""DRRhoLoss (``--loss drrho``) against the float64 oracle of the paper's formula
+(tests/train/drrho_oracle.py): values, gradients wrt both feature sets and p, the estimator tables over
+epochs; odd sizes, reference width ≠ student width, β ≠ 1, fixed τ; resume from its state_dict; the Triton
+backend under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ KW = {"rho": 6.5, "eps": 1e-14, "gamma_min": 0.3, "gamma_decay_epochs": 2}
 
 
 def _sectioned(fields: dict) -> dict:
-    """FastCLIP's knobs among ``fields`` (``gamma_min``, ``version``, ...) in their ``loss.fastclip`` section."""
+    """FastCLIP's knobs among ``fields`` (``gamma_min``, ``version``, ...) in their ``loss.fastclip``
+    section."""
     import dataclasses
 
     from toolkit.train.losses.fastclip.config import FastCLIPConfig
@@ -130,7 +132,8 @@ def test_torch_tiled_backend_with_fp32_features_matches_naive():
 
 
 def test_state_dict_resume_is_exact():
-    """Two steps, save, a fresh loss loads the state: the third step is identical (value, gradients, tables)."""
+    """Two steps, save, a fresh loss loads the state: the third step is identical (value, gradients,
+    tables)."""
     gen = torch.Generator().manual_seed(11)
     batches = [(*make_pairs(gen, 5), torch.randperm(N, generator=gen)[:5]) for _ in range(3)]
     first = make_drrho()
@@ -213,8 +216,8 @@ print("triton ok")
 
 
 def test_triton_backend_under_interpreter():
-    """The Triton kernels on the widened rows (width D + D_REF = 8, padded to the kernel's block) equal the full
-    matrix; run in a fresh interpreter because TRITON_INTERPRET must be set before triton is imported."""
+    """The Triton kernels on the widened rows (width D + D_REF = 8, padded to the kernel's block) equal the
+    full matrix; run in a fresh interpreter because TRITON_INTERPRET must be set before triton is imported."""
     pytest.importorskip("triton")
     tests = str(Path(__file__).resolve().parent)
     root = Path(__file__).resolve().parents[3]
@@ -307,7 +310,8 @@ def test_bf16_features_and_reference_stay_bf16_and_close_to_float64():
 
 
 def test_toolkit_plan_tables_drrho_traffic():
-    """``toolkit plan --loss drrho`` (a real CLI process) tables its traffic row: the widened feature gather."""
+    """``toolkit plan --loss drrho`` (a real CLI process) tables its traffic row: the widened feature
+    gather."""
     from trainkit import run_cli
 
     res = run_cli(

@@ -1,11 +1,12 @@
 """DRRho-CLIP under torch.distributed (gloo, real processes on 127.0.0.1) equals the single-process run.
 
-As test_fastclip_dist.py (whose launch helpers it shares): K=2 as two nodes of one rank, K=4 as two nodes of two
-local ranks (one shared-memory table per node); several steps (γ = 1, then decaying; local batch 1 included),
-reference width ≠ student width. Each rank's value, K⁻¹ × its feature gradients, the mean over ranks of the p
-gradients and every rank's full tables equal the single-process run on the same global batches, which itself
-equals the float64 oracle of the paper's formula (test_drrho.py). The collectives the ledger counts equal the
-spec's traffic (``toolkit plan``). This file is also the worker script (``python test_drrho_dist.py OUT_DIR``).
+As test_fastclip_dist.py (whose launch helpers it shares): K=2 as two nodes of one rank, K=4 as two nodes of
+two local ranks (one shared-memory table per node); several steps (γ = 1, then decaying; local batch 1
+included), reference width ≠ student width. Each rank's value, K⁻¹ × its feature gradients, the mean over
+ranks of the p gradients and every rank's full tables equal the single-process run on the same global batches,
+which itself equals the float64 oracle of the paper's formula (test_drrho.py). The collectives the ledger
+counts equal the spec's traffic (``toolkit plan``). This file is also the worker script (``python
+test_drrho_dist.py OUT_DIR``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ VARIANTS = {"paper": {}, "half-ref-fixed-tau": {"ref_weight": 0.5, "learn_tau": 
 
 
 def _sectioned(fields: dict) -> dict:
-    """FastCLIP's knobs among ``fields`` (``gamma_min``, ``version``, ...) in their ``loss.fastclip`` section."""
+    """FastCLIP's knobs among ``fields`` (``gamma_min``, ``version``, ...) in their ``loss.fastclip``
+    section."""
     import dataclasses
 
     from toolkit.train.losses.fastclip.config import FastCLIPConfig
@@ -65,8 +67,8 @@ def make(group, ref_weight: float = 1.0, learn_tau: bool = True):
 
 
 def run(num_ranks: int, world: int, rank: int, group=None) -> dict:
-    """Every variant over ``scenario(num_ranks)`` on this rank's rows out of ``world`` ranks (world 1: the whole
-    global batch on one process); plus, on K > 1, the ledger of one step."""
+    """Every variant over ``scenario(num_ranks)`` on this rank's rows out of ``world`` ranks (world 1: the
+    whole global batch on one process); plus, on K > 1, the ledger of one step."""
     from toolkit.core import dist as D
 
     out = {}

@@ -1,4 +1,5 @@
-"""FastCLIPLoss against the float64 oracle of the reference (tests/train/fastclip_oracle.py), and the oracle itself."""
+"""FastCLIPLoss against the float64 oracle of the reference (tests/train/fastclip_oracle.py), and the oracle
+itself."""
 
 from __future__ import annotations
 

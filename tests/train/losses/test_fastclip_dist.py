@@ -21,8 +21,8 @@ from _launch import rank_main, run_rank_script
 from fastclip_oracle import make_loss
 
 N, D = 23, 5
-# v3-drift: v3 with u_drift: batch (one more all_reduce); v3-scent: v3 with SCENT's per-sample update, and with
-# the drift correction too (v3-scent-drift)
+# v3-drift: v3 with u_drift: batch (one more all_reduce); v3-scent: v3 with SCENT's per-sample update, and
+# with the drift correction too (v3-scent-drift)
 VERSIONS = ("v0", "v1", "v2", "v3", "v3-drift", "v3-scent", "v3-scent-drift")
 VARIANTS = {"drift": {"u_drift": "batch"}, "scent": {"u_update": "scent", "scent_gamma": 0.5}}
 LOCAL_BATCHES = (3, 1, 2)

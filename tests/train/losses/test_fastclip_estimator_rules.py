@@ -82,8 +82,8 @@ def test_rules_are_refused_where_they_do_not_apply():
 
 
 class ScentOracle:
-    """The patch's update in linear space, float64: first visit u = g, then γ_i = 1/(1 + e^{−log(u_i+ε) − γ_s}),
-    u_i ← (1 − γ_i)·u_i + γ_i·g_i; with ``drift`` the old u's of the samples seen before first move by
+    """The patch's update in linear space, float64: first visit u = g, then γ_i = 1/(1 + e^{−log(u_i+ε) −
+    γ_s}), u_i ← (1 − γ_i)·u_i + γ_i·g_i; with ``drift`` the old u's of the samples seen before first move by
     e^δ, δ = their mean log(g/u_old) (u_drift: batch)."""
 
     def __init__(self, eps: float, drift: bool = False):

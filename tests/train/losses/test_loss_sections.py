@@ -1,6 +1,6 @@
-"""``LossConfig``'s sections (``loss.fastclip``, ``loss.siglip``, ``loss.neuclip``): one layout read and written
-everywhere (YAML, ``--set``, ``--loss``, dicts, records and hashes); the flat keys of records written before
-2026-11-26 are refused naming their new place, in a config and in a checkpoint to resume."""
+"""``LossConfig``'s sections (``loss.fastclip``, ``loss.siglip``, ``loss.neuclip``): one layout read and
+written everywhere (YAML, ``--set``, ``--loss``, dicts, records and hashes); the flat keys of records written
+before 2026-11-26 are refused naming their new place, in a config and in a checkpoint to resume."""
 
 from __future__ import annotations
 
@@ -114,8 +114,9 @@ OLD_RECORD = {
 
 
 def _rewrite_as_before_the_split(ckpt) -> None:
-    """Make checkpoint folder ``ckpt`` hold what the code before the split wrote: its trainer.json's config with
-    the flat loss record and that record's hash, and the manifest's size and sha256 of the new trainer.json."""
+    """Make checkpoint folder ``ckpt`` hold what the code before the split wrote: its trainer.json's config
+    with the flat loss record and that record's hash, and the manifest's size and sha256 of the new
+    trainer.json."""
     import hashlib
 
     trainer = json.loads((ckpt / "trainer.json").read_text())

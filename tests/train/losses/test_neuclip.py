@@ -91,7 +91,8 @@ def test_restarts_and_fixed_tau_equal_the_oracle(fit_order):
 
 
 def test_low_temperature_stays_finite_in_fp32():
-    """τ = 0.01 with anti-aligned positives: exp(a(s_ij − s_ii)) ≈ e^200 overflows fp32 unless computed in logs."""
+    """τ = 0.01 with anti-aligned positives: exp(a(s_ij − s_ii)) ≈ e^200 overflows fp32 unless computed in
+    logs."""
     gen = torch.Generator().manual_seed(5)
     loss, _ = make(8)
     for step in range(3):

@@ -1,7 +1,7 @@
-"""docs/architecture.md's "Adding an objective" runs as written: a copy of toolkit/ gets the recipe's three files
-(taken from the doc's code block, verbatim), its one line of ``registry.py`` and its section in
-``losses/config.py``; then ``toolkit train --loss plain`` trains a step without a mode flag (the objective runs
-in the gather mode only) and ``toolkit --help`` names it among the objectives."""
+"""docs/architecture.md's "Adding an objective" runs as written: a copy of toolkit/ gets the recipe's three
+files (taken from the doc's code block, verbatim), its one line of ``registry.py`` and its section in
+``losses/config.py``; then ``toolkit train --loss plain`` trains a step without a mode flag (the objective
+runs in the gather mode only) and ``toolkit --help`` names it among the objectives."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def recipe_blocks() -> dict[str, str]:
 
 
 def apply_recipe(tree: Path) -> None:
-    """The recipe on the copy ``tree`` of the repository: the folder's files, the registry's line, the section."""
+    """The recipe on the copy ``tree`` of the repository: the folder's files, the registry's line, the
+    section."""
     blocks = recipe_blocks()
     folder = tree / "toolkit/train/losses/plain"
     folder.mkdir()

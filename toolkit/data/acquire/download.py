@@ -97,7 +97,8 @@ def read_limited(
     ``deadline`` (``time.monotonic()``; ``total_s`` is what it allowed, for the message).
 
     The socket timeout bounds each read only: a server that sends a few bytes every half second never
-    trips it, so the body is read with ``read1`` (whatever has arrived) and the deadline checked in between."""
+    trips it, so the body is read with ``read1`` (whatever has arrived) and the deadline checked in
+    between."""
     length = response.headers.get("Content-Length") if response.headers else None
     expected = int(length) if length and length.strip().isdigit() else None
     if expected is not None and expected > max_bytes:

@@ -164,8 +164,8 @@ def _changed_fields(previous: dict, cfg: FetchConfig) -> list[str]:
 
 
 def check_resumable(cfg: FetchConfig, out: str, fmt: str, caption_col: str | None) -> str:
-    """Refuse to mix shards of another config or URL list into ``out`` (unless ``overwrite``); shards without a
-    manifest are resumed only if they hold this list's rows (:func:`check_foreign_shards`).
+    """Refuse to mix shards of another config or URL list into ``out`` (unless ``overwrite``); shards without
+    a manifest are resumed only if they hold this list's rows (:func:`check_foreign_shards`).
 
     Returns the URL list's sha256 (reused from the last manifest when the file is untouched): a shard is
     identified by its rows' position in the list, so finished shards are only valid for the same bytes.
@@ -229,8 +229,9 @@ def check_foreign_shards(cfg: FetchConfig, fmt: str, caption_col: str | None, ou
 def verified_shards(rec, out: str) -> set[int]:
     """Finished shards whose tar, parquet and stats agree; the others are deleted to be fetched again.
 
-    Each redone shard and why is logged and recorded (``details.shards_redone``, ``counts.num_shards_redone``):
-    a shard left half-written by an interrupted run, or damaged by a second run or a full disk.
+    Each redone shard and why is logged and recorded (``details.shards_redone``,
+    ``counts.num_shards_redone``): a shard left half-written by an interrupted run, or damaged by a second run
+    or a full disk.
     """
     from toolkit.data.raw.verify import check_shard
 
@@ -509,12 +510,14 @@ def _retry_lines(info: dict | None) -> list[str]:
         return ["retry: nothing to retry: no URL failed; nothing was changed"]
     if info["round"] is None:
         return [
-            f"retry: nothing to retry: none of the {info['failed_before']} failed URLs failed for a transient "
+            f"retry: nothing to retry: none of the {info['failed_before']} failed URLs failed for a "
+            "transient "
             f"reason (permanent: {kept}); nothing was changed"
         ]
     retried = ", ".join(f"{k} {v}" for k, v in info["retried_by_reason"].items())
     return [
-        f"retry round {info['round']}: fetched again {sum(info['retried_by_reason'].values())} URLs that failed "
+        f"retry round {info['round']}: fetched again {sum(info['retried_by_reason'].values())} URLs that "
+        "failed "
         f"transiently ({retried}) into shards {info['shards'][0]}..{info['shards'][-1]}: "
         f"{info['round_success']} ok now; failed URLs {info['failed_before']} -> {info['failed_after']} "
         f"(not retried, permanent: {kept})"

@@ -1,7 +1,7 @@
 """Subprocess entry for ``toolkit data fetch``: drives img2dataset's reader, downloader and distributor.
 
-Run as ``python -m toolkit.data.acquire.fetch_worker SPEC.json`` by :func:`toolkit.data.acquire.fetch.run`, never
-imported by the CLI. Why a subprocess: img2dataset's multiprocessing distributor uses the 'spawn'
+Run as ``python -m toolkit.data.acquire.fetch_worker SPEC.json`` by :func:`toolkit.data.acquire.fetch.run`,
+never imported by the CLI. Why a subprocess: img2dataset's multiprocessing distributor uses the 'spawn'
 start method, which re-imports the caller's ``__main__``; ``python -m toolkit`` has no ``__main__``
 guard, pytest's or a notebook's main module are not ours either. Here the guard is ours, and the
 parent can kill the whole process group when a run exceeds its time limit.

@@ -149,7 +149,8 @@ def items_from_csv(path: Path, path_col: str, caption_col: str, keep_duplicates:
     listed again is a ``duplicate url`` failure (the first row is kept) unless ``keep_duplicates``."""
     delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
     try:
-        # utf-8-sig: spreadsheets save a byte order mark, which must not become part of the first column's name
+        # utf-8-sig: spreadsheets save a byte order mark, which must not become part of the first column's
+        # name
         with path.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh, delimiter=delimiter)
             columns = reader.fieldnames or []

@@ -32,8 +32,9 @@ import pyarrow as pa
 CHUNK_ROWS = 100_000
 # Skipped rows listed per reason in the manifest (all are counted).
 MAX_LISTED = 20
-# Lines a csv-quoted TSV caption may continue over (pandas quotes a caption holding newlines); a quote left open
-# longer is read as a literal quote, so a caption that merely starts with one costs at most this look-ahead.
+# Lines a csv-quoted TSV caption may continue over (pandas quotes a caption holding newlines); a quote left
+# open longer is read as a literal quote, so a caption that merely starts with one costs at most this
+# look-ahead.
 MAX_TSV_CONTINUATION = 8
 # csv's default field limit (128 KiB) is below some real captions' size; a row is a line, not a file.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -286,7 +287,8 @@ def _whole_file(
 def read_rows(
     urls: str, fmt: str, url_col: str, caption_col: str | None, keep_duplicates: bool = False
 ) -> ListRows:
-    """Every usable row of the list (a file or a folder of ``*.{fmt}`` files, in name order); see the module doc."""
+    """Every usable row of the list (a file or a folder of ``*.{fmt}`` files, in name order); see the module
+    doc."""
     fs, path = fsspec.core.url_to_fs(urls)
     names = sorted(fs.glob(f"{path.rstrip('/')}/*.{fmt}")) if fs.isdir(path) else [path]
     cols, rows = _Columns(caption_col is not None), ListRows(pa.table({}))

@@ -11,7 +11,8 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
     """(caption, None) or (None, (reason, message)) for the sample's caption member.
 
     ``ext`` names the member: ``txt`` (its text), or ``json`` / ``json:FIELD``: the string ``FIELD``
-    (default ``caption``, where img2dataset writes it) of the member's JSON object, never the JSON text itself.
+    (default ``caption``, where img2dataset writes it) of the member's JSON object, never the JSON text
+    itself.
     """
     member, _, key = ext.partition(":")
     if member == "json" and not key:
@@ -42,8 +43,8 @@ def caption_of(sample: RawSample, ext: str) -> tuple[str | None, tuple[str, str]
 
 
 def check_caption_ext(value: str) -> None:
-    """ValueError naming the key unless ``value`` is a member extension as the reader keys them (lower case, no
-    leading dot: ``txt``, ``caption.txt``) or ``json:FIELD``; '.txt' or 'TXT' matched no member at all."""
+    """ValueError naming the key unless ``value`` is a member extension as the reader keys them (lower case,
+    no leading dot: ``txt``, ``caption.txt``) or ``json:FIELD``; '.txt' or 'TXT' matched no member at all."""
     import re
 
     member, colon, key = value.partition(":")
@@ -55,7 +56,8 @@ def check_caption_ext(value: str) -> None:
 
 
 def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str] | None]:
-    """The string ``key`` of the JSON object in ``text`` (a ``.member`` member), or a skip (reason, message)."""
+    """The string ``key`` of the JSON object in ``text`` (a ``.member`` member), or a skip (reason,
+    message)."""
     import json
 
     try:
@@ -74,8 +76,9 @@ def _json_caption(text: str, member: str, key: str) -> tuple[str, tuple[str, str
 
 
 def _caption_hint(sample: RawSample, member: str) -> str:
-    """Why a caption member is missing, when the sample shows it: its .json holds a caption (img2dataset writes
-    it there too; some webdatasets carry it only there), or its files were grouped under a dotted key."""
+    """Why a caption member is missing, when the sample shows it: its .json holds a caption (img2dataset
+    writes it there too; some webdatasets carry it only there), or its files were grouped under a dotted
+    key."""
     if member != "json" and b'"caption"' in sample.files.get("json", b""):
         return " (its .json member has a 'caption': --caption-ext json reads it)"
     return members_hint(sample)

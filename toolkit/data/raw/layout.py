@@ -1,6 +1,7 @@
 """The raw shard layout shared by ``fetch`` and ``shard`` (img2dataset's webdataset output).
 
-A raw shard folder holds, per shard ``NNNNN`` (:data:`SHARD_DIGITS` digits, img2dataset's ``oom_shard_count``):
+A raw shard folder holds, per shard ``NNNNN`` (:data:`SHARD_DIGITS` digits, img2dataset's
+``oom_shard_count``):
 - ``NNNNN.tar``: ``<key>.jpg``, ``<key>.txt`` (caption) and ``<key>.json`` (metadata) per good sample;
 - ``NNNNN.parquet``: one metadata row per input row, failures included (``status``, ``error_message``);
 - ``NNNNN_stats.json``: ``count``, ``successes``, ``failed_to_download``, ``failed_to_resize``,
@@ -87,7 +88,8 @@ def check_owned(out: str, kinds: tuple[str, ...]) -> None:
 
 
 def remove_shards(out: str) -> int:
-    """Delete every shard file and img2dataset's ``_tmp/`` in ``out`` (nothing else); returns files removed."""
+    """Delete every shard file and img2dataset's ``_tmp/`` in ``out`` (nothing else); returns files
+    removed."""
     fs, path = _fs(out)
     removed = 0
     for shard_id, kinds in shard_files(out).items():

@@ -29,7 +29,8 @@ log = get_logger("data.raw")
 
 # Shard-like files list_shards does not read (it names them in a warning instead of skipping them silently).
 COMPRESSED_TAR_EXTS = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-# webdataset's grouping: a member's key is its path up to the first dot of the file name, the rest its extension.
+# webdataset's grouping: a member's key is its path up to the first dot of the file name, the rest its
+# extension.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
 
@@ -135,8 +136,8 @@ def shard_basename(url: str) -> str:
 
 
 def shard_names(urls: list[str]) -> dict[str, str]:
-    """URL -> the name skip lists, manifests and meta lines give that shard: its file name, or, when two shards
-    share one (``raw/a/00000.tar``, ``raw/b/00000.tar``), its path below the shards' common folder."""
+    """URL -> the name skip lists, manifests and meta lines give that shard: its file name, or, when two
+    shards share one (``raw/a/00000.tar``, ``raw/b/00000.tar``), its path below the shards' common folder."""
     names = {url: shard_basename(url) for url in urls}
     if len(set(names.values())) == len(names):
         return names

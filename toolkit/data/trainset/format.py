@@ -89,8 +89,8 @@ class Field:
 
 
 def ref_dtype(context_length: int, ref_dim: int = 0) -> np.dtype:
-    """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.storage.tables`), for captions of
-    ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids, and
+    """One sample's record in a jpeg/index table (:mod:`toolkit.data.trainset.storage.tables`), for captions
+    of ``context_length`` tokens: where its encoded image lies, the image bytes' xxh3-64, its token ids, and
     with a reference model of width ``ref_dim`` its embeddings (float16, :mod:`.reference`)."""
     columns = [
         ("file", "<u4"),

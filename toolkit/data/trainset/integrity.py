@@ -111,7 +111,8 @@ def check_sums(ds: Any, shard_index: int, start: int, data: Any, sums: list[int]
 def damaged(ds: Any, shard_index: int, position: int, why: str) -> DataIntegrityError:
     shard = ds.shards[shard_index]
     return DataIntegrityError(
-        f"{ds.url(shard)}: sample {position} (id {shard.first_id + position}) is damaged: {why}; run `toolkit "
+        f"{ds.url(shard)}: sample {position} (id {shard.first_id + position}) is damaged: {why}; run "
+        "`toolkit "
         f"data verify {ds.root}` to list every damaged sample, then restore the shard or precompute again"
     )
 
@@ -173,8 +174,8 @@ def tokenizer_vocab_size(tok: Any) -> int:
 
 def check_shard_entries(shards: list[Any], path: str) -> None:
     """ValueError naming dataset.json and the key: a shard name that is not a plain file name in the set's
-    folder (``../../other/00001.tar`` would be read from elsewhere), a negative count, ids not dense. Called by
-    ``TrainDataset.open`` (``shards``: its ShardInfo list)."""
+    folder (``../../other/00001.tar`` would be read from elsewhere), a negative count, ids not dense. Called
+    by ``TrainDataset.open`` (``shards``: its ShardInfo list)."""
     next_id = 0
     for i, s in enumerate(shards):
         name = str(s.name)

@@ -19,9 +19,9 @@ training with one on the same global batch, and a resume at any world size or wo
 the next t. DataLoader worker w of W reads batches t ≡ start_step + w (mod W) and the DataLoader takes
 them round-robin, so batches arrive in t order. Each storage mode reads its own way (``StorageMode.reader``):
 jpeg and index sets (``storage/tables.py``) read each image's bytes through
-their table and decode them in the worker; pixels sets (``storage/pixels.py``) are read by seeking (fixed-size samples): the ids
-of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one read call,
-on a local disk straight into the rows its samples take in the batch (:mod:`.scatter`, one copy per
+their table and decode them in the worker; pixels sets (``storage/pixels.py``) are read by seeking (fixed-size
+samples): the ids of a slice are sorted, grouped into runs of consecutive ids per shard, and each run is one
+read call, on a local disk straight into the rows its samples take in the batch (:mod:`.scatter`, one copy per
 byte); ``block`` > 1 makes runs long (sequential reads for object stores). ``shuffle=False`` reads every id
 once, in order, on one process (``InOrder``), for inspection and tests.
 """

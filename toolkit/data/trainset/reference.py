@@ -187,8 +187,8 @@ def split_row(row: np.ndarray, dim: int) -> list[bytes]:
 
 
 def bytes_per_sample(ds: Any) -> int:
-    """Bytes each sample spends on its reference embeddings (0 without one), as its storage mode lays them out:
-    pixels' two tar members (headers and padding included), or the table's two columns in jpeg/index."""
+    """Bytes each sample spends on its reference embeddings (0 without one), as its storage mode lays them
+    out: pixels' two tar members (headers and padding included), or the table's two columns in jpeg/index."""
     found = [ds.field(role) for role in ROLES]
     if not all(found):
         return 0

@@ -56,7 +56,8 @@ def check_size(ds: TrainDataset, shard: int, fh: Any) -> None:
     if size < expected:
         raise integrity.DataIntegrityError(
             f"{ds.url(info)}: {size} bytes, shorter than the {expected} bytes dataset.json says "
-            f"({info.num_samples} samples of {ds.sample_bytes} bytes; cut off from sample {size // ds.sample_bytes}); "
+            f"({info.num_samples} samples of {ds.sample_bytes} bytes; cut off from sample "
+            f"{size // ds.sample_bytes}); "
             "restore it or precompute this dataset again"
         )
 
@@ -114,7 +115,8 @@ class ScatterReads:
         scratch: memoryview,
         sums: list[int] | None,
     ) -> None:
-        """Samples ``start .. start+len(rows)-1`` of the shard into ``rows``: one preadv, then each verified."""
+        """Samples ``start .. start+len(rows)-1`` of the shard into ``rows``: one preadv, then each
+        verified."""
         ds, size, per_sample = self.ds, self.sample_bytes, len(self.segments)
         pieces = []
         for row in rows:

@@ -21,7 +21,8 @@ MAX_NAMED = 10  # shards named in the error; the count says how many more
 def check_truncation(skips: list[dict], num_read: int, max_share: float, source: str) -> None:
     """ValueError when the samples lost to damaged raw shards are more than ``max_share`` of ``num_read``.
 
-    ``skips``: precompute's skip records ({reason, shard, key, message}); ``source``: the input, for the message.
+    ``skips``: precompute's skip records ({reason, shard, key, message}); ``source``: the input, for the
+    message.
     """
     lost = Counter(s["shard"] for s in skips if s["reason"] in TRUNCATION_REASONS)
     num_lost = sum(lost.values())
@@ -46,9 +47,10 @@ def check_truncation(skips: list[dict], num_read: int, max_share: float, source:
 
 
 def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], source: str) -> None:
-    """ValueError when no raw shard kept a sample, with the skip counts by reason and the first skip of each of
-    up to three reasons (shard, key, message): the message is what says why (a caption only in .json, members
-    apart in the tar). ``shards``: (shard name, samples kept, skips as (reason, key, message)) per raw shard."""
+    """ValueError when no raw shard kept a sample, with the skip counts by reason and the first skip of each
+    of up to three reasons (shard, key, message): the message is what says why (a caption only in .json,
+    members apart in the tar). ``shards``: (shard name, samples kept, skips as (reason, key, message)) per raw
+    shard."""
     if any(num_kept for _, num_kept, _ in shards):
         return
     reasons = ", ".join(
@@ -64,8 +66,8 @@ def check_some_kept(shards: list[tuple[str, int, list[tuple[str, str, str]]]], s
 
 
 def first_skips(skips: Iterable[tuple[str, str, str, str]]) -> dict[str, str]:
-    """Reason -> "SHARD key 'KEY': MESSAGE" of its first skip, from skips as (reason, shard name, key, message):
-    the message says why (and often what to do). Each reason's line is formatted once."""
+    """Reason -> "SHARD key 'KEY': MESSAGE" of its first skip, from skips as (reason, shard name, key,
+    message): the message says why (and often what to do). Each reason's line is formatted once."""
     first: dict[str, str] = {}
     for reason, shard, key, message in skips:
         if reason not in first:

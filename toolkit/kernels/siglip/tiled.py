@@ -5,13 +5,15 @@ strip keeps CPU BLAS efficient). No normaliser couples the strips, so ONE sweep 
 asked, both feature gradients: per strip
 
     u = t·s + b                          (in place in the strip buffer)
-    loss += Σ softplus(u) − Σ_pos u       (−log σ(−u) for negatives; the positives' softplus(−u) = softplus(u) − u)
+    loss += Σ softplus(u) − Σ_pos u       (−log σ(−u) for negatives; the positives' softplus(−u) =
+                                          softplus(u) − u)
     G = σ(u) − [pos]                      (∂loss/∂u, in place)
     dx[strip] = G Y,   dy += Gᵀ X[strip],  d_bias += Σ G
 
-(the strip is computed as its transpose Y x_stripᵀ, see below) and after the sweep dx, dy are multiplied by t once, and d_scale = Σ_ij G_ij s_ij = Σ_i ⟨x_i, (G Y)_i⟩
-(an O(M·D) dot instead of another pass over the strips). Memory: one strip buffer and one softplus
-temporary of the strip's size, plus the O((M + N)·D) gradients.
+(the strip is computed as its transpose Y x_stripᵀ, see below) and after the sweep dx, dy are multiplied by t
+once, and d_scale = Σ_ij G_ij s_ij = Σ_i ⟨x_i, (G Y)_i⟩ (an O(M·D) dot instead of another pass over the
+strips). Memory: one strip buffer and one softplus temporary of the strip's size, plus the O((M + N)·D)
+gradients.
 
 Called by every rank on its own blocks; ``toolkit.kernels.siglip.api`` validated the shapes and made
 scale and bias 0-d tensors of the accumulation dtype.
@@ -53,8 +55,8 @@ def sigmoid_sums(
     loss = torch.zeros((), dtype=acc, device=x.device)
     d_bias = torch.zeros((), dtype=acc, device=x.device)
     bm = strip_rows(m, n, block_size)
-    # The strip is computed transposed, uᵀ = Y x_stripᵀ into an [N, rows] buffer, and used through its [rows, N]
-    # view: MKL's sgemm packs a transposed right operand, so x_strip·Yᵀ cost a transient ~N·D·4/2 bytes
+    # The strip is computed transposed, uᵀ = Y x_stripᵀ into an [N, rows] buffer, and used through its [rows,
+    # N] view: MKL's sgemm packs a transposed right operand, so x_strip·Yᵀ cost a transient ~N·D·4/2 bytes
     # (17.5 MiB at N = 16,384, d = 512: more than the strip itself) and was ~25% slower on 2 cores.
     buf = torch.empty(n, min(bm, m), dtype=acc, device=x.device)
     for i0 in range(0, m, bm):

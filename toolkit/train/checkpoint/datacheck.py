@@ -39,7 +39,10 @@ def fingerprint(data: str) -> dict[str, Any]:
 
 
 def _describe(fp: Mapping[str, Any]) -> str:
-    return f"{fp.get('path')} ({fp.get('num_samples')} samples, dataset.json sha256 {str(fp.get('dataset_sha256'))[:12]})"
+    return (
+        f"{fp.get('path')} ({fp.get('num_samples')} samples, dataset.json sha256 "
+        f"{str(fp.get('dataset_sha256'))[:12]})"
+    )
 
 
 def check_data(

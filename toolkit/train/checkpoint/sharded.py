@@ -56,7 +56,8 @@ def _state(io: Any, with_ema: bool) -> dict[str, Any]:
 
 
 def save(io: Any, state: Any) -> str:
-    """Write checkpoint ``state.step`` (module docstring); every rank calls it (collective). Returns the folder."""
+    """Write checkpoint ``state.step`` (module docstring); every rank calls it (collective). Returns the
+    folder."""
     import torch.distributed.checkpoint as dcp
 
     target = files.join(io.dir, ckpt.step_name(state.step))

@@ -1,7 +1,7 @@
 """Every training objective behind one interface: ``build_loss(cfg, data_size=, group=)``.
 
-- ``config``: ``LossConfig`` (kind, mode, backend, τ settings, ρ, ε; one section per objective, declared in its
-  folder's ``config.py``: ``loss.fastclip``, ``loss.siglip``, ``loss.neuclip``).
+- ``config``: ``LossConfig`` (kind, mode, backend, τ settings, ρ, ε; one section per objective, declared in
+  its folder's ``config.py``: ``loss.fastclip``, ``loss.siglip``, ``loss.neuclip``).
 - ``registry``: the objectives' folders (``openclip/``, ``fastclip/``, ``siglip/``, ``neuclip/``, each with
   its ``spec.py``) and the ``--loss`` names; ``register`` plugs a new one in.
 - ``base``: ``TrainingLoss``, the interface and its gradient convention (docs/architecture.md).
@@ -49,8 +49,9 @@ def build_loss(cfg: LossConfig, data_size: int | None = None, group=None, **opti
 
 
 def objective_class(kind: str) -> type[TrainingLoss]:
-    """The ``TrainingLoss`` subclass of objective ``kind`` (the registry's target), imported but not built: its
-    class attributes (``reads_reference``, ``needs_data_size``) without allocating the objective's state."""
+    """The ``TrainingLoss`` subclass of objective ``kind`` (the registry's target), imported but not built:
+    its class attributes (``reads_reference``, ``needs_data_size``) without allocating the objective's
+    state."""
     import importlib
 
     module, _, name = registry.spec(kind).target.partition(":")

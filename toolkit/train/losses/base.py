@@ -34,9 +34,9 @@ The hooks the trainer calls, in the order of one step (every rank calls each one
   ranks or nodes).
 
 Class attributes the trainer reads: ``needs_data_size`` (per-sample state indexed by dense sample ids:
-``build_loss`` refuses a missing ``data_size``); ``reads_reference`` (forward takes ``reference=``, above). ``check_sizes`` (constructor option, default True):
-refuse unequal local batches across ranks with one tiny all_gather per step; the trainer turns it off
-because its loader gives every rank exactly B/K samples.
+``build_loss`` refuses a missing ``data_size``); ``reads_reference`` (forward takes ``reference=``, above).
+``check_sizes`` (constructor option, default True): refuse unequal local batches across ranks with one tiny
+all_gather per step; the trainer turns it off because its loader gives every rank exactly B/K samples.
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ class LossConfig:
 
     @property
     def initial_tau(self) -> float:
-        """τ = 1/t the model's logit scale starts from when trained from scratch (siglip: 1/siglip.scale_init)."""
+        """τ = 1/t the model's logit scale starts from when trained from scratch (siglip:
+        1/siglip.scale_init)."""
         return registry.spec(self.kind).initial_tau(self)
 
     @property

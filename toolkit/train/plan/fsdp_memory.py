@@ -1,15 +1,20 @@
-"""``toolkit plan --fsdp``: the per-device memory and traffic of a run with FSDP2 sharding (``train/fsdp.py``).
+"""``toolkit plan --fsdp``: the per-device memory and traffic of a run with FSDP2 sharding
+(``train/fsdp.py``).
 
 With K ranks and the wrapping of ``train/fsdp.py`` (units: every transformer block, each tower's remaining
-parameters, the root's), per device, P parameters (T trainable), p = bytes of an all-gathered parameter (2 with
-bf16 precision on CUDA, else 4):
+parameters, the root's), per device, P parameters (T trainable), p = bytes of an all-gathered parameter (2
+with bf16 precision on CUDA, else 4):
 
 | row | bytes |
 |---|---|
 | parameters (shards) | 4·P/K (fp32 master shards; CPU offload: in host memory) |
-| gathered parameters | p·(root + largest tower's own (or the token embedding) + 2 × largest block): the root stays gathered through the step, a tower's own unit while its blocks run, and a block beside the next one prefetched |
+| gathered parameters | p·(root + largest tower's own (or the token embedding) + 2 × largest block): the root
+  stays gathered through the step, a tower's own unit while its blocks run, and a block beside the next one
+  prefetched |
 | gradients (shards) | 4·T/K |
-| gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the micro-batches and reduce-scattered once (``set_requires_gradient_sync(False)``) |
+| gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is
+  reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the
+  micro-batches and reduce-scattered once (``set_requires_gradient_sync(False)``) |
 | optimizer state | 4·T·slots/K (CPU offload: in host memory) |
 
 The other rows (activations, inputs, cached features, the loss's) are DDP's. Traffic per rank per step:

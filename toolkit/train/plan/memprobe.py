@@ -117,9 +117,9 @@ def tower_pass(model: Any, micro: int, autocast: Any, device: Any, text_tokens: 
 
 
 def build_tower_model(model_spec: str, grad_checkpointing: bool = False, patch_dropout: float = 0.0) -> Any:
-    """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg`` attached;
-    ``grad_checkpointing``: open_clip's activation checkpointing on, as ``--grad-checkpointing`` trains;
-    ``patch_dropout``: the seeded patch dropout installed, as ``--patch-dropout`` trains."""
+    """A ``TrainModel`` of raw towers for ``model_spec`` (random init, CPU, train mode); ``model_cfg``
+    attached; ``grad_checkpointing``: open_clip's activation checkpointing on, as ``--grad-checkpointing``
+    trains; ``patch_dropout``: the seeded patch dropout installed, as ``--patch-dropout`` trains."""
     import torch
 
     from toolkit.models.factory import build_model, resolve_spec

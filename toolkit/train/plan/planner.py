@@ -13,12 +13,16 @@ without the gradient cache), embedding dim E, P parameters (T trainable):
 | gradients | 4·T |
 | optimizer state | 4·T·slots (AdamW, LAMB: 2 moments; Lion, SGD with momentum: 1) |
 | activations | fixed + per_sample·m (measured; precision-specific) |
-| runtime buffers | CPU: what the model build and first pass leave resident beyond weights and gradients (measured) |
+| runtime buffers | CPU: what the model build and first pass leave resident beyond weights and gradients
+  (measured) |
 | batch inputs | b·(uint8 pixels + int64 tokens) per sample; 2·m of them on CUDA with the cache (offload) |
 | cached features | gradient cache only: b rows of x and y and their gradients, 4·2·2·b·E |
-| loss features | the global batch's features: gather/disco 2·B·E·4 + their gradients 2·B·E·4; fastclip 2·B·E·4; ring 2·2·b·E·4 (the block in hand and the one arriving) |
-| loss tiles | tiled.py's backward: 4 strips of rows × n columns fp32, rows = min(b, 2^21 / n), n = B (b for ring); plus LSE vectors 4·4·n |
-| FastCLIP tables | per node, N samples × columns × 4 (2 columns; v2: 10), in host memory shared by the node's ranks |
+| loss features | the global batch's features: gather/disco 2·B·E·4 + their gradients 2·B·E·4; fastclip
+  2·B·E·4; ring 2·2·b·E·4 (the block in hand and the one arriving) |
+| loss tiles | tiled.py's backward: 4 strips of rows × n columns fp32, rows = min(b, 2^21 / n), n = B (b for
+  ring); plus LSE vectors 4·4·n |
+| FastCLIP tables | per node, N samples × columns × 4 (2 columns; v2: 10), in host memory shared by the node's
+  ranks |
 
 With ``fsdp`` (``toolkit.train.plan.fsdp_memory``) the parameter, gradient and optimizer rows are sharded over
 the ranks, beside the units FSDP gathers; the DDP total is printed next to it.
@@ -49,7 +53,8 @@ MEASURED: dict[tuple[str, str, str], tuple[float, float, float]] = {
     ("cliptk-small", "fp32", "cpu"): (5_107_712.0, 9_967_616.0, 34_723_832.0),
 }
 # The same with --grad-checkpointing (open_clip's activation checkpointing of both towers' blocks), measured
-# the same way with `--grad-checkpointing --measure` (benchmarks/grad_checkpointing.py prints both side by side).
+# the same way with `--grad-checkpointing --measure` (benchmarks/grad_checkpointing.py prints both side by
+# side).
 MEASURED_CHECKPOINTED: dict[tuple[str, str, str], tuple[float, float, float]] = {
     ("cliptk-tiny", "fp32", "cpu"): (22_020_096.0, 517_888.0, 33_644_536.0),
     ("cliptk-small", "fp32", "cpu"): (43_814_912.0, 1_223_424.0, 36_401_144.0),
@@ -544,8 +549,10 @@ def format_plan(plan: Plan) -> str:
     c, s = plan.cfg, plan.shape
     b = local_batch(c)
     lines = [
-        f"{s.name}: {s.num_params / 1e6:.2f}M parameters, embed dim {s.embed_dim}; global batch {c.batch_size} "
-        f"= {c.nodes} node(s) x {c.nproc_per_node} process(es) x {b}; {c.loss}, mode {c.mode}, {c.precision}, "
+        f"{s.name}: {s.num_params / 1e6:.2f}M parameters, embed dim {s.embed_dim}; global batch "
+        f"{c.batch_size} "
+        f"= {c.nodes} node(s) x {c.nproc_per_node} process(es) x {b}; {c.loss}, mode {c.mode}, "
+        f"{c.precision}, "
         f"{c.optimizer}, micro-batch {c.micro_batch_size or 'off'}, {c.device}"
         + (", grad checkpointing" if c.grad_checkpointing else ""),
         f"activations: {_size(plan.fixed_bytes)} + {_size(plan.per_sample_bytes)} per sample"

@@ -1,4 +1,5 @@
-"""``toolkit data precompute --nproc-per-node N [--nodes M --node-rank R --master-addr A]``: precompute's ranks.
+"""``toolkit data precompute --nproc-per-node N [--nodes M --node-rank R --master-addr A]``: precompute's
+ranks.
 
 The job starts exactly like ``toolkit train``'s (:mod:`toolkit.core.launch`: torchrun on each node, or the
 ranks ``srun`` started, or the user's own torchrun running ``python -m toolkit.data.trainset.precompute.rank

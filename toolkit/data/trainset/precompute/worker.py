@@ -105,10 +105,10 @@ def _write_text(job: Any, path: str, captions: list[str]) -> int:
 
 
 def count_cut(job: Any, chunk: list[str], tokens) -> int:
-    """Captions of ``chunk`` longer than the context that gave ``tokens`` [n, L]. Only full rows (not ending in
-    padding: cut, or exactly L tokens) can be; they are tokenized one position longer, and a cut one's first L
-    tokens differ (its end-of-text token was put over its L-th token), whatever the tokenizer pads with. A
-    tokenizer without a ``context_length`` argument: every full row counts."""
+    """Captions of ``chunk`` longer than the context that gave ``tokens`` [n, L]. Only full rows (not ending
+    in padding: cut, or exactly L tokens) can be; they are tokenized one position longer, and a cut one's
+    first L tokens differ (its end-of-text token was put over its L-th token), whatever the tokenizer pads
+    with. A tokenizer without a ``context_length`` argument: every full row counts."""
     length = tokens.shape[1]
     full = (tokens[:, -1] != job.pad_token).nonzero().flatten().tolist()
     if not full:
@@ -196,7 +196,8 @@ def _repeat_message(task: ShardTask, sample: RawSample, partial: set[str]) -> st
     message = f"key repeats within {shard_basename(task.url)}"
     if sample.key in partial:
         message += (
-            f" (this time with {', '.join(sorted(sample.files))}; its earlier members lacked them): a sample's "
+            f" (this time with {', '.join(sorted(sample.files))}; its earlier members lacked them): a "
+            "sample's "
             "files must follow each other in the tar, as webdataset reads them; write the tar in name order"
         )
     return message
@@ -204,7 +205,8 @@ def _repeat_message(task: ShardTask, sample: RawSample, partial: set[str]) -> st
 
 def _read_sample(cfg: Any, sample: RawSample, size: int) -> tuple:
     """(caption, (ext, bytes) of the image, pixels [size, size, 3] uint8, converted mode or None, None), or a
-    skip's (reason, message) last with the others None: one raw sample checked and decoded as precompute keeps it."""
+    skip's (reason, message) last with the others None: one raw sample checked and decoded as precompute keeps
+    it."""
     caption, problem = caption_of(sample, cfg.caption_ext)
     image = sample.image()
     if problem is None and image is None:

@@ -57,7 +57,8 @@ class StorageMode(ABC):
 
     # ------------------------------------------------------------ precompute
     def scratch_image(self, image: Field) -> Field:
-        """The fixed-size scratch row of one kept image for the stored ``image`` field (default: its pixels)."""
+        """The fixed-size scratch row of one kept image for the stored ``image`` field (default: its
+        pixels)."""
         return image
 
     def image_rows(self, job: Any, stem: str, url: str) -> ImageRows:

@@ -133,16 +133,19 @@ def damaged_ref(
 ) -> integrity.DataIntegrityError:
     shard = ds.shards[part]
     return integrity.DataIntegrityError(
-        f"{url}: bytes {int(rec['offset'])}..{int(rec['offset']) + int(rec['length'])} of sample {position} of "
-        f"{shard.name} (id {shard.first_id + position}) are damaged: {why}; run `toolkit data verify {ds.root}` "
+        f"{url}: bytes {int(rec['offset'])}..{int(rec['offset']) + int(rec['length'])} of sample {position} "
+        "of "
+        f"{shard.name} (id {shard.first_id + position}) are damaged: {why}; run `toolkit data verify "
+        f"{ds.root}` "
         "to list every damaged sample"
     )
 
 
 class RefReader:
     """Reads arbitrary sample ids of a jpeg/index dataset into stacked arrays ({'image': uint8 [n, S, S, 3],
-    'tokens': int32 [n, L]}, and 'ref_image', 'ref_text' float16 [n, D_ref] with a reference); one per process (each DataLoader worker makes its own). Tables are loaded
-    and checked once per part; data files stay open (at most ``max_open``)."""
+    'tokens': int32 [n, L]}, and 'ref_image', 'ref_text' float16 [n, D_ref] with a reference); one per process
+    (each DataLoader worker makes its own). Tables are loaded and checked once per part; data files stay open
+    (at most ``max_open``)."""
 
     def __init__(self, ds: Any, vocab_size: int | None = None, max_open: int = 64):
         self.ds, self.vocab_size, self.max_open = ds, vocab_size, max_open
@@ -172,7 +175,8 @@ class RefReader:
                 if (cause := files.network_cause(err)) is not None:  # the server is gone, not the file
                     raise files.unreachable(url, cause) from err
                 raise integrity.DataIntegrityError(
-                    f"{url}: missing (data file {file} of {self.ds.root}); restore it, or keep the data next to "
+                    f"{url}: missing (data file {file} of {self.ds.root}); restore it, or keep the data "
+                    "next to "
                     f"the dataset as data_root {self.ds.data_root!r} says"
                 ) from err
         return self._open[file]

@@ -15,8 +15,8 @@ def distill_traffic(
     """Feature traffic per rank per step (losses/distill/kl.py), the teacher's width d_ref taken equal to d
     (the plan does not know the reference model): gather: the student's x and y all_gathered with autograd
     (their [B, d] gradients reduce-scattered) and the teacher pairs [b, 2, d_ref] without; fastclip: the
-    student and teacher pairs all_gathered without autograd and 4 LSEs per sample (fp32; fp64 for fp64 features),
-    no gradient traffic."""
+    student and teacher pairs all_gathered without autograd and 4 LSEs per sample (fp32; fp64 for fp64
+    features), no gradient traffic."""
     big_b, acc_bytes = world * b, F64 if feature_bytes == F64 else F32  # the LSEs: the accumulation dtype
     if mode == "gather":
         return {
@@ -36,7 +36,8 @@ SPEC = ObjectiveSpec(
     title="distillation (from a reference model)",
     target="toolkit.train.losses.distill.loss:DistillLoss",
     modes=("gather", "fastclip"),
-    modes_note="its KL is written for the gather mode (OpenCLIP's) and the fastclip mode (no feature-gradient "
+    modes_note="its KL is written for the gather mode (OpenCLIP's) and the fastclip mode (no "
+    "feature-gradient "
     "communication); use mode gather or fastclip",
     traffic=distill_traffic,
 )

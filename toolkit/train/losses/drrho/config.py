@@ -1,8 +1,8 @@
 """DRRho-CLIP's own settings: ``DRRhoConfig``, the ``loss.drrho`` section of ``LossConfig`` (torch-free).
 
 The paper's other knobs are FastCLIP's and live in ``LossConfig`` (τ, ρ, ε, the γ schedule and ``gamma_rule:
-drrho``); its published run (docs/objectives.md) fixes τ = 0.01 (``learn_tau: false``), ρ = 11, ε = 1e-4, γ from
-``gamma_rule: drrho``.
+drrho``); its published run (docs/objectives.md) fixes τ = 0.01 (``learn_tau: false``), ρ = 11, ε = 1e-4, γ
+from ``gamma_rule: drrho``.
 """
 
 from __future__ import annotations

@@ -10,16 +10,16 @@ s_ij = <x_i, y_j>, r_ij = <x^r_i, y^r_j>; a = exp(p) = 1/τ; β = ``loss.drrho.r
     gradient = ∇F with u and the leading τ held fixed (its p-gradient includes ρτ and the log u term).
 
 **Tiling without a B×B reference matrix.** δ_ij = <x̃_i, ỹ_j> − <x̃_i, ỹ_i> for the widened rows
-x̃_i = [x_i, x^r_i] and ỹ_j = [y_j, −β y^r_j] [d + d_ref], so DRRho's g is FastCLIP's g of the widened rows, and
-every FastCLIP piece serves unchanged: the tiled LSE kernels (torch chunked and Triton: no B×B matrix, linear
-memory), the log-domain estimators and tables, the fastclip mode (one all_gather of the widened pairs, no
-feature-gradient traffic). The widened rows' gradient flows to x and y through the concatenation; the
+x̃_i = [x_i, x^r_i] and ỹ_j = [y_j, −β y^r_j] [d + d_ref], so DRRho's g is FastCLIP's g of the widened rows,
+and every FastCLIP piece serves unchanged: the tiled LSE kernels (torch chunked and Triton: no B×B matrix,
+linear memory), the log-domain estimators and tables, the fastclip mode (one all_gather of the widened pairs,
+no feature-gradient traffic). The widened rows' gradient flows to x and y through the concatenation; the
 reference's columns get none (its features are data). a·<x̃, ỹ> = a·(s − β r), so a's gradient is exact too.
 
 **Gradient scale.** The authors' code (``SogCLRLoss``: its all_gather carries gradients, no loss1/loss2 split)
 gives the features τ·∇(1/B) Σ_i [g1_i/U1_i + g2_i/U2_i]: twice FastCLIP v3's (``fastclip/loss.py``), whose
-p-gradient it equals. Its published learning rates assume that, so the feature gradients here are FastCLIP v3's
-doubled: the gradient of F above. (Two differences left as they are, both below 1/B relative: the code's
+p-gradient it equals. Its published learning rates assume that, so the feature gradients here are FastCLIP
+v3's doubled: the gradient of F above. (Two differences left as they are, both below 1/B relative: the code's
 estimator averages over B, not B−1, and adds ε inside the moving average; docs/objectives.md.)
 
 Which ranks call it: every rank of ``group``, each step, with the same local batch b; ``reference`` holds this
@@ -43,9 +43,10 @@ from toolkit.train.losses.fastclip.loss import FastCLIPLoss
 def widen(
     image_features: Tensor, text_features: Tensor, reference: tuple[Tensor, Tensor] | None, ref_weight: float
 ) -> tuple[Tensor, Tensor]:
-    """(x̃ = [x, x^r], ỹ = [y, −β y^r]) [b, d + d_ref] in the promoted dtype of the features and the reference's
-    (bf16 features with a bf16 reference stay bf16, the Triton backend's fast path; with a float32 reference they
-    become float32), differentiable in x and y. Checks the reference (``reference_rows``) and its device."""
+    """(x̃ = [x, x^r], ỹ = [y, −β y^r]) [b, d + d_ref] in the promoted dtype of the features and the
+    reference's (bf16 features with a bf16 reference stay bf16, the Triton backend's fast path; with a float32
+    reference they become float32), differentiable in x and y. Checks the reference (``reference_rows``) and
+    its device."""
     ref_image, ref_text = reference_rows(reference, image_features.shape[0], "drrho")
     if ref_image.device != image_features.device:
         raise ValueError(
@@ -61,7 +62,8 @@ def widen(
 
 
 class DRRhoLoss(FastCLIPLoss):
-    """DRRho-CLIP's objective (module docstring) with FastCLIP v3's per-sample tables (log_u_image, log_u_text).
+    """DRRho-CLIP's objective (module docstring) with FastCLIP v3's per-sample tables (log_u_image,
+    log_u_text).
 
     ``cfg``: a ``LossConfig`` with kind drrho (its ``drrho`` section; τ, ρ, ε, γ schedule as FastCLIP's);
     ``data_size``, ``group``, ``table_dtype``, ``share_tables``, ``check_sizes`` as ``FastCLIPLoss``.
@@ -85,7 +87,8 @@ class DRRhoLoss(FastCLIPLoss):
             cfg.fastclip.version != "v3"
         ):  # the estimator form is always v3's; another version would be silently ignored
             raise ValueError(
-                f"drrho builds on FastCLIP v3's estimators (loss.fastclip.version: v3), got {cfg.fastclip.version!r}; "
+                "drrho builds on FastCLIP v3's estimators (loss.fastclip.version: v3), got "
+                f"{cfg.fastclip.version!r}; "
                 "a fixed τ is loss.learn_tau: false"
             )
         # FastCLIP's machinery checks its own kind: build it as v3, then keep the drrho config
@@ -119,7 +122,7 @@ class DRRhoLoss(FastCLIPLoss):
         return super().forward(x, y, logit_scale, index)
 
     def _global_step(self, batch: GlobalBatch, index: Tensor, old_rows: Tensor, logit_scale: Tensor):
-        """FastCLIP v3's step on the widened batch; feature gradients doubled (module docstring), no p-gradient
-        when τ is fixed (``learn_tau: false``)."""
+        """FastCLIP v3's step on the widened batch; feature gradients doubled (module docstring), no
+        p-gradient when τ is fixed (``learn_tau: false``)."""
         value, dx, dy, da = super()._global_step(batch, index, old_rows, logit_scale)
         return value, 2.0 * dx, 2.0 * dy, (da if self.cfg.learn_tau else None)

@@ -1,5 +1,5 @@
-"""DRRho-CLIP's registry entry: ``--loss drrho``, the fastclip mode only (FastCLIP's step on features widened by
-the reference's), FastCLIP v3's host tables (u1, u2) and the traffic of its widened feature gather."""
+"""DRRho-CLIP's registry entry: ``--loss drrho``, the fastclip mode only (FastCLIP's step on features widened
+by the reference's), FastCLIP v3's host tables (u1, u2) and the traffic of its widened feature gather."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ def table_columns(fields: Mapping[str, Any]) -> int:
 
 
 def traffic(mode: str, world: int, b: int, d: int, feature_bytes: int, fields: Mapping[str, Any]) -> Traffic:
-    """One all_gather of the widened pairs [b, 2, d + d_ref] and one of the per-sample scalars; no feature-gradient
-    traffic. The widened rows are in the promoted dtype of the features and the reference's; this counts
-    ``feature_bytes`` an element, i.e. a reference delivered in the run's feature dtype (a float32 reference
-    with bf16 features gathers 4 bytes an element). d_ref is ``fields["ref_dim"]``, else taken equal to d."""
+    """One all_gather of the widened pairs [b, 2, d + d_ref] and one of the per-sample scalars; no
+    feature-gradient traffic. The widened rows are in the promoted dtype of the features and the reference's;
+    this counts ``feature_bytes`` an element, i.e. a reference delivered in the run's feature dtype (a float32
+    reference with bf16 features gathers 4 bytes an element). d_ref is ``fields["ref_dim"]``, else taken equal
+    to d."""
     width = d + int(fields.get("ref_dim", d))
     return {
         ("all_gather", "features"): (1, 2 * b * width * feature_bytes),

@@ -1,4 +1,5 @@
-"""FastCLIP's own settings: ``FastCLIPConfig``, the ``loss.fastclip`` section of ``LossConfig`` (torch-free)."""
+"""FastCLIP's own settings: ``FastCLIPConfig``, the ``loss.fastclip`` section of ``LossConfig``
+(torch-free)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ class FastCLIPConfig:
             )
 
     def check_objective(self, loss: Any) -> None:
-        """Refuse the estimator rules (u_drift, u_update, gamma_rule) where ``loss`` (the ``LossConfig`` holding
-        this section, which calls it) has no FastCLIP estimators u: another kind, or v2 for u_drift/u_update."""
+        """Refuse the estimator rules (u_drift, u_update, gamma_rule) where ``loss`` (the ``LossConfig``
+        holding this section, which calls it) has no FastCLIP estimators u: another kind, or v2 for
+        u_drift/u_update."""
         own = loss.kind == "fastclip"
         if self.gamma_rule != "fixed" and not own and loss.kind != "drrho":  # drrho: FastCLIP's γ, its rule
             raise ValueError(

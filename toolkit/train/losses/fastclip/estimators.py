@@ -118,11 +118,11 @@ def ema_log(log_u_old: Tensor, log_g: Tensor, gamma: float, shift: Tensor | None
 def scent_log(
     log_u_old: Tensor, log_g: Tensor, offset: float, eps: float, shift: Tensor | None = None
 ) -> Tensor:
-    """SCENT's update (``u_update: scent``; Optimization-AI/SCENT, contrastive/scent.patch, SogCLRLoss.forward):
-    the moving average with a per-sample step γ_i = σ(log(u_old,i + ε) + γ_s) instead of one γ:
-    log((1−γ_i)·u_old·e^shift + γ_i·g), and the same first-visit rule as ``ema_log`` (old u < 1e-35, inf or
-    nan → g). The patch stores log(ε + g) where we store log g, so its σ(u_i + γ) is σ(log(u_i + ε) + γ_s)
-    here; with ``shift`` (u_drift: batch) the step is taken from the shifted old value. [b] -> [b]."""
+    """SCENT's update (``u_update: scent``; Optimization-AI/SCENT, contrastive/scent.patch,
+    SogCLRLoss.forward): the moving average with a per-sample step γ_i = σ(log(u_old,i + ε) + γ_s) instead of
+    one γ: log((1−γ_i)·u_old·e^shift + γ_i·g), and the same first-visit rule as ``ema_log`` (old u < 1e-35,
+    inf or nan → g). The patch stores log(ε + g) where we store log g, so its σ(u_i + γ) is σ(log(u_i + ε) +
+    γ_s) here; with ``shift`` (u_drift: batch) the step is taken from the shifted old value. [b] -> [b]."""
     carried = log_u_old if shift is None else log_u_old + shift
     z = log_plus_eps(carried, eps) + offset
     # log γ_i and log(1 − γ_i) as log-sigmoids: exact where σ rounds to 0 or 1
@@ -149,8 +149,8 @@ def row_max(x: Tensor, y: Tensor, chunk_elems: int = 1 << 24) -> Tensor:
 def surrogate_grads(
     batch: GlobalBatch, a: Tensor, n1: Tensor, n2: Tensor, r1: Tensor, r2: Tensor, c: Tensor, backend: str
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """This rank's share of ∇ c/2 · (1/B) Σ_i (r1_i + r2_i) with r_i = 1/(B−1) Σ_{j≠i} exp(a·s_ij − a·s_ii − d_i)
-    and the per-anchor offsets d held fixed: (dx [b, d], dy [b, d], d/da of its anchors' terms, c fixed).
+    """This rank's share of ∇ c/2 · (1/B) Σ_i (r1_i + r2_i) with r_i = 1/(B−1) Σ_{j≠i} exp(a·s_ij − a·s_ii −
+    d_i) and the per-anchor offsets d held fixed: (dx [b, d], dy [b, d], d/da of its anchors' terms, c fixed).
 
     n1, n2 [B]: every anchor's normaliser a·s_ii + log(B−1) + d_i (FastCLIP: d = log(u+ε); NeuCLIP: the
     predicted α); r1, r2 [B] the terms themselves. No communication (the gathered normalisers carry it)."""
@@ -166,9 +166,10 @@ def surrogate_grads(
 
 
 def batch_drift(old: Tensor, log_g1: Tensor, log_g2: Tensor, group=None) -> list[float]:
-    """``u_drift: batch``: the global batch's mean log(g/u_old) per side (image, text anchors) over the samples
-    seen before (``old`` [b, C]: this rank's table rows before the step, log u in columns 0 and 1; log g [b]);
-    0 for a side with none seen. One all_reduce of 4 float64 sums; called by every rank of ``group``."""
+    """``u_drift: batch``: the global batch's mean log(g/u_old) per side (image, text anchors) over the
+    samples seen before (``old`` [b, C]: this rank's table rows before the step, log u in columns 0 and 1; log
+    g [b]); 0 for a side with none seen. One all_reduce of 4 float64 sums; called by every rank of
+    ``group``."""
     sums = []
     for old_col, log_g in ((old[:, 0], log_g1), (old[:, 1], log_g2)):
         seen = (old_col >= LOG_RESET) & torch.isfinite(old_col)

@@ -113,8 +113,8 @@ class FastCLIPLoss(TrainingLoss):
         self.tables.write_gathered(packed[:, 0].long(), packed[:, 1:], index.shape[0])
 
     def metrics(self) -> dict[str, float]:
-        """γ (u_update scent: the offset γ_s); with ``u_drift: batch`` also the last shifts of log u (image, text
-        anchors)."""
+        """γ (u_update scent: the offset γ_s); with ``u_drift: batch`` also the last shifts of log u (image,
+        text anchors)."""
         drift = self.cfg.fastclip.u_drift == "batch"
         return {
             "gamma": self.gamma,

@@ -1,4 +1,5 @@
-"""FastCLIP's inner learning rate γ (the global temperature's rules are in ``toolkit.train.losses.temperature``).
+"""FastCLIP's inner learning rate γ (the global temperature's rules are in
+``toolkit.train.losses.temperature``).
 
 γ (``gamma_at_epoch``), as in the reference's ``adjust_gamma``: 1 in epoch 0 (the u tables are filled
 with fresh estimates), then ``cosine`` from 1 down to γ_min over ``decay_epochs`` epochs and γ_min after,

@@ -5,7 +5,8 @@ autograd, this rank's anchor LSEs (rows R_r over all texts, columns C_r over all
 all_gather of the per-sample scalars [b, 2] -> every anchor's global R and C [B].
 Backward: each rank assembles its own feature gradients from (a) its anchor terms and (b) its role as a
 negative of every gathered anchor, which ``lse_backward`` gives directly when handed global LSEs:
-    dx_r = lse_backward(x_r, Y, R_r, C_all, w_r, w_all).dx,   dy_r = lse_backward(X, y_r, R_all, C_r, w_all, w_r).dy
+    dx_r = lse_backward(x_r, Y, R_r, C_all, w_r, w_all).dx,
+    dy_r = lse_backward(X, y_r, R_all, C_r, w_all, w_r).dy
 with w = g/(2b) per anchor. The other ranks' upstream g is taken equal to this rank's (there is no
 backward communication to learn it): scale the loss only by rank-independent factors.
 Per rank: feature bytes are half of gather/disco's (no reduce_scatter), plus 2·B fp32 scalars.

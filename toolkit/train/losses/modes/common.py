@@ -44,7 +44,8 @@ def gather_pairs(
     """All ranks' (image, text) rows without autograd: ONE all_gather of the stacked [b, 2, d] (category
     ``features``, in the promoted feature dtype) -> contiguous X [B, d], Y [B, d] in rank order.
 
-    Called by all ranks of ``group``; ``check_sizes`` refuses unequal batches (callers that checked skip it)."""
+    Called by all ranks of ``group``; ``check_sizes`` refuses unequal batches (callers that checked skip
+    it)."""
     pairs = D.all_gather_nograd(
         torch.stack([x.detach(), y.detach()], 1), group, D.FEATURES, check_sizes=check_sizes, ledger=ledger
     )
@@ -74,8 +75,9 @@ def checked_scale(
     check_sizes: bool = True,
 ) -> Tensor:
     """The logit scale a as a 0-d tensor (a float becomes one on image_local's device; any other shape is
-    refused); with ``check_sizes``, also refuses local batches image_local [b, d] of different shapes across the
-    ranks of ``group`` (one tiny all_gather when K > 1). Called by every rank, after ``check_local_pair``."""
+    refused); with ``check_sizes``, also refuses local batches image_local [b, d] of different shapes across
+    the ranks of ``group`` (one tiny all_gather when K > 1). Called by every rank, after
+    ``check_local_pair``."""
     logit_scale = K.as_scale(logit_scale, image_local.device)
     if check_sizes:
         D.check_equal_sizes(image_local, group, what="local batch (image/text features)", ledger=ledger)

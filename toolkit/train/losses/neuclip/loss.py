@@ -88,7 +88,8 @@ class NeuCLIPLoss(TrainingLoss):
         self.network.update(batch.x, batch.y, batch.sii, a, targets, batch.size, nc.inner_steps)
 
     def metrics(self) -> dict[str, float]:
-        """``normaliser_error``: mean |α − log(ε + g)| over the last global batch (the α the model step used)."""
+        """``normaliser_error``: mean |α − log(ε + g)| over the last global batch (the α the model step
+        used)."""
         return {"normaliser_error": float(self._error)}
 
     # ----------------------------------------------------------------- state
@@ -107,7 +108,8 @@ class NeuCLIPLoss(TrainingLoss):
         """The global value (0-d, equal on every rank) carrying this rank's gradients (module docstring).
 
         image_features, text_features: [b, d] L2-normalised (computed in fp32; fp64 stays fp64);
-        logit_scale: a = exp(p), 0-d or [1]; index, logit_bias: unused. Called by every rank with the same b."""
+        logit_scale: a = exp(p), 0-d or [1]; index, logit_bias: unused. Called by every rank with the same
+        b."""
         if logit_scale is None:
             raise ValueError("NeuCLIP needs logit_scale (exp of the model's logit_scale)")
         batch = gather_batch(image_features, text_features, self.group, self.check_sizes)

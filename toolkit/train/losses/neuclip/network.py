@@ -76,15 +76,16 @@ class NormaliserNetwork:
         return self.weight is not None
 
     def restart(self, xg: Tensor, yg: Tensor, step: int) -> None:
-        """New prototypes: the first min(m, B) from the global batch xg, yg [B, d] (W1 <- texts, W2 <- images),
-        the rest from later batches (``grow``); AdaGrad reset."""
+        """New prototypes: the first min(m, B) from the global batch xg, yg [B, d] (W1 <- texts, W2 <-
+        images), the rest from later batches (``grow``); AdaGrad reset."""
         self.weight = xg.new_zeros(2, self.num_prototypes, xg.shape[1])
         self.sumsq = torch.zeros_like(self.weight)
         self.filled = 0
         self.grow(xg, yg, step)
 
     def grow(self, xg: Tensor, yg: Tensor, step: int) -> None:
-        """Fill the next min(m − filled, B) prototypes from this global batch (no-op once all m are in use)."""
+        """Fill the next min(m − filled, B) prototypes from this global batch (no-op once all m are in
+        use)."""
         num = min(self.num_prototypes - self.filled, xg.shape[0])
         if num <= 0:
             return
@@ -130,7 +131,8 @@ class NormaliserNetwork:
     def objective_grad(
         self, x: Tensor, y: Tensor, sii: Tensor, a: Tensor, targets: tuple[Tensor, Tensor], batch_size: int
     ) -> Tensor:
-        """∂J/∂W [2, filled, d] of this rank's anchors (J's sum over them, divided by the global ``batch_size``).
+        """∂J/∂W [2, filled, d] of this rank's anchors (J's sum over them, divided by the global
+        ``batch_size``).
 
         targets: (t1, t2) [b] each, t = log(ε + g) of these anchors."""
         unit, log_m = self._unit(), math.log(self.filled)

@@ -18,7 +18,8 @@ from toolkit.train.losses.modes import contrastive_loss
 
 
 class OpenCLIPLoss(TrainingLoss):
-    """½(CE image→text + CE text→image) over the global batch (``TrainingLoss`` interface; ``index`` unused)."""
+    """½(CE image→text + CE text→image) over the global batch (``TrainingLoss`` interface; ``index``
+    unused)."""
 
     def __init__(
         self,

@@ -2,9 +2,9 @@
 
 −(1/B) Σ_i Σ_j log σ(z_ij (t·⟨x_i, y_j⟩ + b)) with t = exp(p) the model's logit scale (learnable, clamped
 to [0, ln 100] like open_clip's) and b the model's learnable ``logit_bias``; both start at the config's
-``loss.siglip.scale_init`` (10) and ``loss.siglip.bias_init`` (−10), the paper's initialisation, which the trainer
-builds into the open_clip model (``init_logit_bias``), so checkpoints load in plain open_clip with the bias.
-Distributed modes: ``siglip.modes`` (gather, ring, fastclip: no feature-gradient communication).
+``loss.siglip.scale_init`` (10) and ``loss.siglip.bias_init`` (−10), the paper's initialisation, which the
+trainer builds into the open_clip model (``init_logit_bias``), so checkpoints load in plain open_clip with the
+bias. Distributed modes: ``siglip.modes`` (gather, ring, fastclip: no feature-gradient communication).
 """
 
 from __future__ import annotations
