@@ -256,7 +256,8 @@ def new_log_u(
 
 
 def check_inputs(version: str, image_features: Tensor, logit_scale: Tensor | None, index: Tensor) -> None:
-    """ValueError unless ``logit_scale`` is given (v0, v1, v3) and ``index`` is [b] for ``image_features`` [b, d]."""
+    """ValueError unless ``logit_scale`` is given (v0, v1, v3) and ``index`` is [b] for
+    ``image_features`` [b, d]."""
     if version != "v2" and logit_scale is None:
         raise ValueError(f"FastCLIP {version} needs logit_scale (exp of the model's logit_scale)")
     if index.shape != (image_features.shape[0],):
