@@ -65,8 +65,8 @@ class GlyphSet:
         from toolkit.data.acquire.glyphs import run as glyphs
         from toolkit.data.acquire.shard import ShardConfig
         from toolkit.data.acquire.shard import run as shard
-        from toolkit.data.trainset.precompute import PrecomputeConfig
-        from toolkit.data.trainset.precompute import run as precompute
+        from toolkit.data.trainset.precompute.stage import PrecomputeConfig
+        from toolkit.data.trainset.precompute.stage import run as precompute
         from toolkit.eval.build import BuildSetConfig
         from toolkit.eval.build import run as build_set
 
