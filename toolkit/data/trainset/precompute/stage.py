@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from collections import Counter
@@ -41,9 +40,6 @@ from toolkit.data.trainset.truncation import check_some_kept, check_truncation, 
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
-# The files precompute replaces and deletes by name (writer.remove_stale_shards): in an --out without a
-# precompute manifest they are someone else's (a raw set's shards, a user's 00001.tar), so it is refused.
-OWNED_FILES = re.compile(r"\d{5}\.(tar|meta\.jsonl|xxh3|idx|jpgs)")
 # The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
 MAX_KEYS_PER_REASON = 1000
 
@@ -321,7 +317,7 @@ def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
 
 def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     """One process, or rank 0 of a job: the stage books, ids and the training shards (module docstring)."""
-    with stage_run(KIND, cfg, cfg.out, owned=OWNED_FILES) as rec:
+    with stage_run(KIND, cfg, cfg.out, owned=storage.part_file_pattern()) as rec:
         urls = list_shards(cfg.input)
         job = prepare(cfg)
         resume.remove_stale_scratch(cfg, log)

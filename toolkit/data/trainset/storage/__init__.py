@@ -11,6 +11,7 @@ what ``toolkit data verify`` checks and ``toolkit data inspect`` shows, and its 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from toolkit.core import files
@@ -65,12 +66,25 @@ def of(ds: Any) -> Any:
         raise ValueError(f"{files.join(ds.root, 'dataset.json')}: {err}") from None
 
 
+def part_suffixes() -> tuple[str, ...]:
+    """Every suffix of a per-part file (``NNNNN<suffix>``) a registered mode writes, and ``.meta.jsonl``."""
+    _builtins()
+    return (*sorted({s for m in _MODES.values() for s in m.suffixes}), ".meta.jsonl")
+
+
+def part_file_pattern() -> re.Pattern[str]:
+    """The names precompute writes, replaces and deletes in its output (``NNNNN`` + :func:`part_suffixes`):
+    in an --out without a precompute manifest such files are someone else's, so precompute refuses it."""
+    ends = "|".join(re.escape(s) for s in part_suffixes())
+    return re.compile(rf"\d{{{SHARD_DIGITS}}}({ends})")
+
+
 def remove_stale_parts(out: str, keep: int, mode: Any) -> int:
     """Delete the per-part files (``NNNNN`` + a suffix of any registered mode, or ``.meta.jsonl``) with index
     >= keep left by an earlier, larger run, and every such file of another mode's earlier run: those whose
     suffix ``mode`` (the mode written now) does not write. Called by precompute's writing process."""
     used = (*mode.suffixes, ".meta.jsonl")
-    every = (*{s for m in _MODES.values() for s in m.suffixes}, ".meta.jsonl")
+    every = part_suffixes()
     if not files.is_local(out) or not os.path.isdir(files.local_path(out)):
         return 0
     removed = 0
