@@ -29,6 +29,12 @@ METHODS: tuple[Method, ...] = (
         note="τ tuned",
     ),
     Method(
+        "openclip (learnable τ, lr_tau 1e-4)",
+        {"kind": "openclip", "mode": "gather", "learn_tau": True, "lr_tau": 1e-4},
+        is_openclip=True,
+        note="τ learned slowly from 0.07 (the LiT benchmark's best long-run OpenCLIP); not tuned",
+    ),
+    Method(
         "fastclip-v3",
         {"kind": "fastclip", "fastclip.version": "v3"},
         {"tau_init": TAUS},
@@ -39,6 +45,14 @@ METHODS: tuple[Method, ...] = (
         {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch"},
         {"tau_init": TAUS},
         note="v3 with the batch drift correction of its estimators; initial τ tuned",
+    ),
+    Method(
+        "fastclip-v3 (u_drift, γ over the run)",
+        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch"},
+        {"tau_init": TAUS},
+        gamma_over_all_epochs=True,
+        note="the drift-corrected v3 with γ decaying to 0.2 over all the planned epochs instead of 18/37 "
+        "of them (a schedule that scales with the run and leaves γ high for longer)",
     ),
     Method(
         "siglip",

@@ -209,7 +209,9 @@ class Runner:
         """The run of ``method`` (None fields: the trainer's default objective) with ``knobs`` in ``cell``."""
         fields = None if not method.fields else {**method.fields, **knobs}
         if fields is not None and str(fields.get("kind")) == "fastclip" and cell["epochs"] > 1:
-            fields.setdefault("fastclip.gamma_decay_epochs", cell["gamma_decay_epochs"])
+            over_run = getattr(method, "gamma_over_all_epochs", False)
+            decay = cell["epochs"] if over_run else cell["gamma_decay_epochs"]
+            fields.setdefault("fastclip.gamma_decay_epochs", decay)
         ident = {
             **self.common,
             "fields": fields,
