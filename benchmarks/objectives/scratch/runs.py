@@ -210,7 +210,7 @@ class Runner:
         fields = None if not method.fields else {**method.fields, **knobs}
         if fields is not None and str(fields.get("kind")) == "fastclip" and cell["epochs"] > 1:
             over_run = getattr(method, "gamma_over_all_epochs", False)
-            decay = cell["epochs"] if over_run else cell["gamma_decay_epochs"]
+            decay = max(1, round(cell["epochs"])) if over_run else cell["gamma_decay_epochs"]
             fields.setdefault("fastclip.gamma_decay_epochs", decay)
         ident = {
             **self.common,
