@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/chaos_train.py --out runs/chaos [--kills 3] [--steps 48] [--seed 0]
     .venv/bin/python scripts/chaos_train.py --loss neuclip --set loss.neuclip.restart_every_steps=8
+    .venv/bin/python scripts/chaos_train.py --fsdp     # every run FSDP2-sharded, sharded checkpoints
 
 1. Builds a real training set (the demo's Twemoji pairs -> raw shards -> training shards for cliptk-tiny)
    unless ``--data`` names one.
@@ -43,7 +44,7 @@ def build_trainset(out: Path, num_concepts: int) -> Path:
     """The demo's first ``num_concepts`` Twemoji pairs as training shards for cliptk-tiny."""
     from toolkit.core.config import build
     from toolkit.data.acquire import demo, shard
-    from toolkit.data.trainset import precompute
+    from toolkit.data.trainset.precompute import stage as precompute
 
     result = demo.run(build(demo.DemoConfig, {"out": str(out / "demo"), "limit": num_concepts}))
     shard.run(
@@ -105,6 +106,7 @@ def train_argv(data: Path, out: Path, args: argparse.Namespace, nproc: int, *ext
         "--set",
         "optim.warmup_steps=4",
         *[x for kv in args.set for x in ("--set", kv)],
+        *(["--fsdp"] if args.fsdp else []),
         *extra,
     ]
 
@@ -285,6 +287,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "objective of the fastclip mode: fastclip-v0..v3, neuclip).",
     )
     p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="Shard every run with FSDP2 (--fsdp): the kills land in sharded steps and\n"
+        "checkpoints, the resume reshards them to --resume-nproc ranks.",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -322,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_epoch = TrainDataset.open(str(data)).num_samples // args.batch_size
     report = {
         "loss": args.loss,
+        "fsdp": args.fsdp,
         "kills": kills,
         "kills_survived": len(kills),
         "resume_nproc": args.resume_nproc,

@@ -17,6 +17,7 @@ what is compared). Per rank it records:
 
     python -m benchmarks.trainer.fsdp_memory                         # cliptk-small, ~10 min on 2 loaded cores
     python -m benchmarks.trainer.fsdp_memory --model cliptk-tiny --steps 6
+    python -m benchmarks.trainer.fsdp_memory --replan    # the plan columns again, after a planner change
 
 Writes benchmarks/trainer/results/fsdp_memory.{json,md} (``--out`` to change).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -35,14 +37,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"state_ratio": 0.3, "time_ratio": 1.3, "plan_error": 0.15}
 
 
-def _synthetic(model, batch: int, seed: int):
+def _synthetic(model, batch: int, seed: int, mine: slice):
+    """This rank's rows of the global batch (the same global batch on every rank, by seed); only they stay
+    resident, as a rank's loader holds its local batch only."""
     import torch
 
     from toolkit.train.plan.memprobe import tower_inputs
 
     torch.manual_seed(seed)
     image, text = tower_inputs(model, batch, torch.device("cpu"))
-    return image, text, torch.arange(batch)
+    return image[mine].clone(), text[mine].clone(), torch.arange(batch)[mine]
 
 
 def _state_bytes(clip, optimizer) -> int:
@@ -66,8 +70,10 @@ def _state_bytes(clip, optimizer) -> int:
 
 
 def _run(kind: str, args, rank: int, world: int) -> dict:
+    import open_clip  # noqa: F401
     import torch
 
+    import toolkit.train.model  # noqa: F401
     from toolkit.core import dist as D
     from toolkit.core.config import build
     from toolkit.core.seeds import stream_seed
@@ -78,6 +84,9 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
     from toolkit.train.step import StepInputs, forward_backward
     from toolkit.train.update import Update
 
+    # as memprobe measures the plan's constants: imports (open_clip above) and the previous trainer's garbage
+    # are not this trainer's memory; before, the first trainer (DDP) was charged open_clip's import
+    gc.collect()
     before = rss_bytes()
     model = build_tower_model(args.model)
     loss_cfg = build(LossConfig, {"kind": "fastclip", "fastclip": {"version": "v3"}, "mode": "fastclip"})
@@ -92,8 +101,7 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
     if sharded is not None:
         update.clip_grad_norm = sharded.clip_grad_norm
     b = args.batch // world
-    image, text, index = _synthetic(model, args.batch, 1)
-    mine = slice(rank * b, (rank + 1) * b)
+    image, text, index = _synthetic(model, args.batch, 1, slice(rank * b, (rank + 1) * b))
     times, comm, state = [], [], 0
     D.LEDGER.reset()
     for t in range(args.steps):
@@ -102,7 +110,7 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
         forward_backward(
             wrapped,
             loss_fn,
-            StepInputs(image[mine], text[mine], index[mine]),
+            StepInputs(image, text, index),
             micro_batch_size=args.micro,
             seed_of=lambda i, t=t: stream_seed(0, t, rank, i),
             autocast=contextlib.nullcontext,
@@ -198,7 +206,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--time-world", type=int, default=2)
     p.add_argument("--work", type=Path, default=Path("/tmp/cliptk-fsdp-bench"))
     p.add_argument("--out", type=Path, default=RESULTS / "fsdp_memory.json")
+    p.add_argument(
+        "--replan",
+        action="store_true",
+        help="train nothing: recompute the plan columns of --out's measurements with the current planner",
+    )
     args = p.parse_args(argv)
+    if args.replan:
+        return _write(replan(json.loads(args.out.read_text())), args.out)
     # as toolkit plan's MEASURED constants were taken: freed blocks leave the resident set (the ranks inherit
     # it)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
@@ -208,8 +223,20 @@ def main(argv: list[str] | None = None) -> dict:
         for kind in ("ddp", "fsdp"):
             got[kind]["planned_bytes"] = planned(args, world, kind == "fsdp")
         rows[world] = got
-    mem, tim = rows[args.memory_world], rows[args.time_world]
-    summary = {
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+        "summary": summary(rows, args.memory_world, args.time_world),
+        "targets": TARGETS,
+        "loadavg": os.getloadavg()[0],
+        "wall_s": time.time() - started,
+    }
+    return _write(result, args.out)
+
+
+def summary(rows: dict, memory_world: int, time_world: int) -> dict:
+    mem, tim = rows[memory_world], rows[time_world]
+    return {
         "state_ratio": mem["fsdp"]["state_bytes"] / mem["ddp"]["state_bytes"],
         "time_ratio": tim["fsdp"]["step_s"] / tim["ddp"]["step_s"],
         "plan_error": {
@@ -218,19 +245,25 @@ def main(argv: list[str] | None = None) -> dict:
             for kind in ("ddp", "fsdp")
         },
     }
-    result = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "rows": rows,
-        "summary": summary,
-        "targets": TARGETS,
-        "loadavg": os.getloadavg()[0],
-        "wall_s": time.time() - started,
-    }
+
+
+def replan(result: dict) -> dict:
+    """``result`` (a written JSON) with its plan columns and errors from the current planner; the measured
+    columns are the run's own."""
+    args = argparse.Namespace(**{k: int(v) if v.isdigit() else v for k, v in result["args"].items()})
+    rows = {int(w): kinds for w, kinds in result["rows"].items()}
+    for world, kinds in rows.items():
+        for kind in kinds:
+            kinds[kind]["planned_bytes"] = planned(args, world, kind == "fsdp")
+    return {**result, "rows": rows, "summary": summary(rows, args.memory_world, args.time_world)}
+
+
+def _write(result: dict, out: Path) -> dict:
     table = format_table(result)
     print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(table + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table + "\n")
     return result
 
 

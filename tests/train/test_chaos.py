@@ -27,8 +27,9 @@ from trainkit import ROOT, env
             "--set",
             "loss.neuclip.adagrad_eps=1e-4",
         ],  # why ε 1e-4: test_elastic.py, NEUCLIP
+        ["--fsdp"],  # sharded steps and checkpoints, resharded to 1 process
     ],
-    ids=["fastclip-v3", "neuclip"],
+    ids=["fastclip-v3", "neuclip", "fsdp"],
 )
 def test_chaos_script_finds_no_duplicates_no_skips_and_equal_weights(demo_train, tmp_path, loss):
     out = tmp_path / "chaos"

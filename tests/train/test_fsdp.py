@@ -298,6 +298,16 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     assert fsdp.rows["parameters (shards)"] == 4 * p / k
     assert fsdp.rows["optimizer state (adamw) (shards)"] == ddp.rows["optimizer state (adamw)"] / k
     assert fsdp.rows["gathered gradients (whole: cache)"] == 4 * p  # accumulated whole, reduce-scattered once
+    # the root and a block beside the prefetched next one at the activation peak; the token embedding only in
+    # its own backward, after the activations are freed (its row: what that adds beyond them)
+    u = fsdp.shape.units
+    assert fsdp.rows["gathered parameters"] == 4 * (u.root + 2 * u.block)
+    beside = fsdp.rows["activations (micro-batch 16)"] + fsdp.rows["gathered parameters"]
+    assert fsdp.rows["largest unit's backward (beyond the activations)"] == max(0.0, 8 * u.tower - beside)
+    # DDP's buckets beside the gradients the cache accumulates; without the cache they are the peak's one copy
+    assert ddp.rows["gradients"] == ddp.rows["gradient buckets (DDP)"] == 4 * p
+    whole = plan(build(PlanConfig, {**base, "micro_batch_size": 0})).rows
+    assert whole["gradients (DDP buckets)"] == 4 * p and "gradients" not in whole
     assert fsdp.ddp_total == pytest.approx(ddp.total)
     assert "total with DDP" in format_plan(fsdp)
     # micro-batch auto: the same budget fits a larger micro-batch when the states are sharded

@@ -10,7 +10,11 @@ without the gradient cache), embedding dim E, P parameters (T trainable):
 | row | bytes |
 |---|---|
 | parameters | 4·P (fp32 weights; bf16/fp16 autocast keeps them fp32) |
-| gradients | 4·T |
+| gradients | 4·T; K > 1 (DDP): the reducer's buckets, a flat copy of the gradients held through the step.
+  The step frees the gradients (``set_to_none``) and the backward allocates them as it frees the
+  activations, so at the peak (the backward's start) the buckets are there and the gradients not: one 4·T
+  row (cliptk-small, batch 64, 2 ranks: planned 685.6 MiB, measured 685.3); with the gradient cache the
+  gradients accumulate over the micro-batches beside the buckets: 2 × 4·T (not measured) |
 | optimizer state | 4·T·slots (AdamW, LAMB: 2 moments; Lion, SGD with momentum: 1) |
 | activations | fixed + per_sample·m (measured; precision-specific) |
 | runtime buffers | CPU: what the model build and first pass leave resident beyond weights and gradients
@@ -238,7 +242,7 @@ def memory_rows(
     on_device_inputs = 2 * m if cached and cfg.device == "cuda" else b
     rows = {
         "parameters": 4.0 * shape.num_params,
-        "gradients": 4.0 * t,
+        **_gradient_rows(cfg.world > 1 and not cfg.fsdp, cached, t),
         f"optimizer state ({cfg.optimizer})": 4.0 * t * OPTIMIZER_SLOTS[cfg.optimizer],
         f"activations (micro-batch {m})": fixed + per_sample * m,
         "runtime buffers (measured)": overhead,
@@ -261,6 +265,22 @@ def memory_rows(
         param_bytes=_param_bytes(cfg),
         cached=cached,
         offload=cfg.fsdp_cpu_offload and cfg.device == "cuda",
+    )
+
+
+def _gradient_rows(ddp: bool, cached: bool, num_trainable: int) -> dict[str, float]:
+    """The gradients, and DDP's buckets (K > 1): a flat copy of every gradient held through the step. The step
+    frees the gradients (set_to_none) and the backward allocates them as it frees the activations, so
+    without the gradient cache the peak holds the buckets, not both (measured:
+    benchmarks/trainer/fsdp_memory.py); with it the gradients accumulate over the micro-batches beside
+    them (not measured)."""
+    grads = 4.0 * num_trainable
+    if not ddp:
+        return {"gradients": grads}
+    return (
+        {"gradients": grads, "gradient buckets (DDP)": grads}
+        if cached
+        else {"gradients (DDP buckets)": grads}
     )
 
 
