@@ -3,7 +3,9 @@ largest global batch and micro-batch that fit a device: ``run(PlanConfig) -> Pla
 
 Every term is arithmetic on the model's shapes except the towers' activations, which are measured
 (``toolkit.train.plan.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
-``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model). Bytes per
+``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model; with patch
+dropout, and for each stage of a stage plan, the full-size per-sample term is scaled to the tokens the
+towers run on, ``estimate.activation_share``, unless measured). Bytes per
 device, for a global batch B over K = nodes × processes ranks (local batch b = B/K), micro-batch m (b
 without the gradient cache), embedding dim E, P parameters (T trainable):
 
