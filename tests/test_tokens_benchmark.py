@@ -46,7 +46,8 @@ def test_equal_flops_steps_buy_more_steps_for_fewer_tokens():
 def test_tokens_quick_end_to_end(tmp_path, capsys):
     """--quick: full tokens and patch dropout 0.5 at equal counted FLOPs, one seed each, through real
     `toolkit train` runs; the table, targets, PNG and JSON; the same objective in both runs; the full run's
-    cache key is the scratch benchmark's trainer-default run of that cell; a second call retrains nothing."""
+    cache key is the scratch benchmark's untuned run of that objective in that cell; a second call retrains
+    nothing."""
     from benchmarks.objectives.scratch import main as scratch
     from benchmarks.objectives.scratch import methods as sm
     from benchmarks.objectives.scratch.glyphset import GlyphSet
@@ -80,8 +81,9 @@ def test_tokens_quick_end_to_end(tmp_path, capsys):
     s_args = scratch.parse_args(["--quick", "--cache", str(cache), "--methods", "openclip (learnable τ)"])
     s_runner = Runner(s_args, GlyphSet(s_args))
     (cell,) = scratch.make_cells(s_args, report["config"]["num_train_pairs"])
-    default = next(m for m in sm.METHODS if not m.fields)
-    assert s_runner.task(cell, default, {}, 0)["key"] in configs  # shared with the scratch benchmark
+    method = next(m for m in sm.METHODS if m.name == report["config"]["objective"][0])
+    assert method.fields == report["config"]["objective"][1]  # the default objective is one of the methods
+    assert s_runner.task(cell, method, {}, 0)["key"] in configs  # its untuned run: shared with the benchmark
 
     capsys.readouterr()
     again = tokens.main(argv)

@@ -6,7 +6,8 @@ real ``toolkit train`` processes, one torch thread each, the trainer's zero-shot
 ``--eval-points`` steps on the validation and held-out styles). Variants (``--variants``, ``VARIANTS``):
 
 - ``full``: every patch at the model's resolution, ``--epochs`` at global batch ``--batch`` (the scratch
-  benchmark's short budget: its "trainer default" run of that cell, shared through the run cache);
+  benchmark's short budget: its untuned run of the default objective's method in that cell, e.g.
+  ``fastclip-v3 (u_drift)``, shared through the run cache);
 - ``patch dropout 0.5`` / ``0.75`` (``toolkit train --patch-dropout``);
 - ``half res 0.8, full 0.2``: ``--stages '<S/2>px:0.8;:0.2'`` with one lr schedule over the run. CLIPA-v2's
   recipes spend ~95 % of the samples at reduced resolution (H/14: 12.8B at 84 px, then 0.64B at 224/336 px);
@@ -17,11 +18,12 @@ real ``toolkit train`` processes, one torch thread each, the trainer's zero-shot
 Equal compute: every variant gets the full run's counted tower FLOPs (``toolkit.models.flops``: forward +
 backward per step), so a cheaper step buys more steps (the budget rounded to whole steps); the lr schedule
 (10 % warmup, cosine) spans each run's own steps. The objective is the same in every variant: the one
-``toolkit train`` picks for the full run (``--objective NAME``: one of the scratch benchmark's methods,
-untuned, instead); FastCLIP's γ decays over the same share of every run as of the full run (18/37 of its
-epochs by the trainer's rule; a 1-epoch full run keeps the trainer's 18 decay epochs). (The
-trainer's rule alone would switch objective past 12 planned epochs, and a cheaper variant plans more: the
-comparison would then measure the objective, not the token budget.)
+``toolkit train`` picks for the full run, spelled out as a loss section (the same run as one without;
+``--objective NAME``: one of the scratch benchmark's methods, untuned, instead); FastCLIP's γ decays over
+the same share of every run as of the full run (18/37 of its epochs by the trainer's rule; a 1-epoch full
+run keeps the trainer's 18 decay epochs). The trainer's rule alone would switch objective past 12 planned
+epochs, and a cheaper variant plans more: the comparison would then measure the objective, not the token
+budget.
 
 Reported (``tokens_report``) per variant over ``--seeds`` paired seeds: final held-out R@1 and its paired Δ
 vs full, the FLOPs and training time (the runner's ``train_s``: logged step times, evaluation excluded) at
@@ -123,21 +125,22 @@ def _dotted(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def objectives(args: argparse.Namespace) -> tuple[Method, Method]:
-    """(the full run's, the other variants') method: the same objective, the full run's as the scratch
-    benchmark names it (so its cached run is shared), the others' spelled out (they are planned by steps,
-    and the trainer's rule would pick by their longer epochs). γ's decay epochs come from each cell
-    (``plan_variants``: the full run's share of the run)."""
+def objective(args: argparse.Namespace) -> Method:
+    """Every variant's method: ``--objective``'s, else the objective ``toolkit train`` picks for the full run
+    (``choice.default_loss``) spelled out: the full run is then the same as one without a loss section, the
+    other variants (planned by steps, and longer) keep it, and the full run's key is the scratch
+    benchmark's untuned run of that method (its cached runs are shared). γ's decay epochs come from each
+    cell (``plan_variants``: the full run's share of the run)."""
     if args.objective is not None:
         method = next(m for m in sm.METHODS if m.name == args.objective)
         if method.fields:
-            return method, method
+            return method
     from toolkit.train.losses.choice import default_loss
 
     fields = _dotted(default_loss(args.batch, args.epochs))
     fields.pop("fastclip.gamma_decay_epochs", None)
-    default = next(m for m in sm.METHODS if not m.fields)
-    return default, Method(f"{default.name} (as for the full run)", fields)
+    same = next((m for m in sm.METHODS if m.fields == fields), None)
+    return same or Method("trainer default (as for the full run)", fields)
 
 
 class StepFlops:
@@ -230,7 +233,7 @@ def plan_variants(args: argparse.Namespace, num_train: int, model_cfg: dict) -> 
     return out
 
 
-def _config(args: argparse.Namespace, data: GlyphSet, plans: list[dict], methods, runner, start) -> dict:
+def _config(args: argparse.Namespace, data: GlyphSet, plans: list[dict], method, runner, start) -> dict:
     return {
         **{k: v for k, v in data.counts.items() if k != "spec"},
         "model": args.model,
@@ -245,10 +248,7 @@ def _config(args: argparse.Namespace, data: GlyphSet, plans: list[dict], methods
         "min_fonts": args.min_fonts,
         "size": args.size,
         "limit": args.limit,
-        "objective": {
-            "full": [methods[0].name, methods[0].fields],
-            "others": [methods[1].name, methods[1].fields],
-        },
+        "objective": [method.name, method.fields],
         "variants": {p["name"]: {"train": p["train"], **p["cell"]} for p in plans},
         "workers": args.workers,
         "quick": args.quick,
@@ -264,13 +264,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     data = GlyphSet(args)
     plans = plan_variants(args, data.counts["num_train_pairs"], resolve_spec(args.model).model_cfg)
-    methods = objectives(args)
+    method = objective(args)
     runner = Runner(args, data)
     tasks = {
-        p["name"]: [
-            runner.task(p["cell"], methods[0] if not p["train"] else methods[1], {}, seed, train=p["train"])
-            for seed in range(args.seeds)
-        ]
+        p["name"]: [runner.task(p["cell"], method, {}, seed, train=p["train"]) for seed in range(args.seeds)]
         for p in plans
     }
     runner.run_all([t for ts in tasks.values() for t in ts])
@@ -278,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
     done = {p["name"]: (p, curves[p["name"]]) for p in plans if curves[p["name"]] is not None}
     results = tr.summarise(done, chance=1.0 / data.counts["num_held_pairs"]) if "full" in done else {}
     report = {
-        "config": _config(args, data, plans, methods, runner, start),
+        "config": _config(args, data, plans, method, runner, start),
         "unfinished": sorted(set(tasks) - set(done)),
         "results": results,
     }

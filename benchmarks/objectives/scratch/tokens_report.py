@@ -206,7 +206,8 @@ def markdown(report: dict[str, Any], stem: str) -> str:
         f"{c['heldout_style']} ({c['num_held_pairs']} drawings), never trained on. "
         f"Global batch {c['batch']}; the full-token run trains "
         f"{c['full_epochs']} epochs and every other variant the same counted tower FLOPs (forward + "
-        f"backward). Objective: {c['objective']['full'][0]} (the others: {c['objective']['others'][0]}). "
+        f"backward). Objective in every variant: {c['objective'][0]} (what `toolkit train` picks for "
+        "the full run unless another was asked for). "
         f"AdamW lr {c['lr']:g} (wd 0.1, 10% warmup, cosine over each run); {c['seeds']} paired seeds. R@1 in "
         "%, the mean of image→text and text→image, mean ± std over seeds; Δ: paired difference vs full "
         '(± std of the per-seed differences). "to full\'s R@1": where the seed-mean curve first reaches the '
