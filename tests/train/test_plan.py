@@ -198,3 +198,22 @@ def test_the_disk_figure_is_the_storage_modes(mode):
     assert f"training set on disk ({mode})" in plan.format_plan(result)
     with pytest.raises(ConfigError, match="storage 'tar': not a storage mode"):
         _cfg(storage="tar")
+
+
+def test_patch_dropout_scales_the_tabled_activations_and_a_stage_plan_has_memory_per_stage():
+    """Without --measure: the table's full-sequence activations per sample times the kept share of layers x
+    tokens x width (cliptk-tiny: 4 layers of width 128 in both towers, 64 patches + class, 32 positions);
+    each stage's memory is the plan's with its own share of the activations."""
+    base = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")][1]
+    dropped = plan.run(plan.PlanConfig(device="cpu", patch_dropout=0.5))
+    assert dropped.per_sample_bytes == pytest.approx(base * (33 + 32) / (65 + 32))
+    staged = plan.run(plan.PlanConfig(device="cpu", batch_size=64, stages="16px,8tok:0.75;:0.25"))
+    low, full = staged.stage_memory.values()
+    assert list(staged.stage_memory) == [
+        "stage 1 (16 px, 8 tok) per step",
+        "stage 2 (full px, full tok) per step",
+    ]
+    assert full == pytest.approx(staged.total)
+    share = (17 + 8) / (65 + 32)
+    assert low == pytest.approx(staged.total - 64 * base * (1 - share))
+    assert "memory per device per stage" in plan.format_plan(staged)

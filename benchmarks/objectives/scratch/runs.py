@@ -72,6 +72,7 @@ def train_config(args: argparse.Namespace, data: GlyphSet, task: dict, out: Path
             "batch_size": 512,
         },
     }
+    cfg.update(task.get("train") or {})  # top-level TrainConfig keys (patch_dropout, stages, stage_lr)
     if task["fields"] is not None:
         cfg["loss"] = nested(task["fields"])
     else:  # the default objective, as a user gets it: planned by epochs, so the rule sees the run's epochs
@@ -205,8 +206,10 @@ class Runner:
                 self.done[rec["key"]] = rec["curve"]
         self.started = time.monotonic()
 
-    def task(self, cell: dict, method, knobs: dict, seed: int) -> dict:
-        """The run of ``method`` (None fields: the trainer's default objective) with ``knobs`` in ``cell``."""
+    def task(self, cell: dict, method, knobs: dict, seed: int, train: dict | None = None) -> dict:
+        """The run of ``method`` (None fields: the trainer's default objective) with ``knobs`` in ``cell``;
+        ``train``: top-level TrainConfig keys besides the loss (``{"patch_dropout": 0.5}``), in the key only
+        when given (so the runs without any keep their keys)."""
         fields = None if not method.fields else {**method.fields, **knobs}
         if fields is not None and str(fields.get("kind")) == "fastclip" and cell["epochs"] > 1:
             over_run = getattr(method, "gamma_over_all_epochs", False)
@@ -219,9 +222,13 @@ class Runner:
             "steps": cell["steps"],
             "epochs": cell["epochs"],
             "seed": seed,
+            **({"train": train} if train else {}),
         }
         key = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-        knob_text = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in knobs.items())
+        knob_text = ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in {**knobs, **(train or {})}.items()
+        )
         return {
             "key": key,
             "method": method.name,
@@ -230,6 +237,7 @@ class Runner:
             "steps": cell["steps"],
             "epochs": cell["epochs"],
             "seed": seed,
+            "train": dict(train or {}),
             "label": f"{cell['regime']} b{cell['batch']} {method.name} {knob_text} s{seed}".replace(
                 "  ", " "
             ),

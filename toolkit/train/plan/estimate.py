@@ -29,9 +29,13 @@ SOURCE = (
 )
 
 
-def tower_units(model_cfg: dict[str, Any], text_tokens: int = 0) -> tuple[int, int]:
+def tower_units(
+    model_cfg: dict[str, Any], text_tokens: int = 0, image_px: int = 0, patch_dropout: float = 0.0
+) -> tuple[int, int]:
     """(layers x tokens x width summed over both towers, the largest single layer's tokens x width) of a
-    ViT + text-transformer config; ``text_tokens`` 0: the full context. ValueError for other towers."""
+    ViT + text-transformer config; ``text_tokens`` 0: the full context; ``image_px`` 0: the config's side;
+    ``patch_dropout``: the image tower's kept share of the patches (the class token always kept). ValueError
+    for other towers."""
     vision, text = model_cfg.get("vision_cfg", {}), model_cfg.get("text_cfg", {})
     vit = isinstance(vision.get("layers"), int) and "patch_size" in vision
     if not vit or vision.get("timm_model_name"):
@@ -39,8 +43,10 @@ def tower_units(model_cfg: dict[str, Any], text_tokens: int = 0) -> tuple[int, i
             "no estimate for an image tower that is not a ViT (a ResNet or timm tower): run "
             "`toolkit plan --measure` on a machine with the GPU"
         )
+    from toolkit.models.patch_dropout import kept_tokens
+
     side = vision["image_size"] if isinstance(vision["image_size"], int) else vision["image_size"][0]
-    image_tokens = (side // vision["patch_size"]) ** 2 + 1
+    image_tokens = kept_tokens(((image_px or side) // vision["patch_size"]) ** 2, patch_dropout, 1)
     context = int(text.get("context_length", 77))
     tokens = min(text_tokens, context) if text_tokens else context
     image = (vision["layers"], image_tokens * int(vision["width"]))
@@ -58,13 +64,35 @@ def bytes_per_unit(h100_other_bytes: float) -> float:
     return (H100_PEAK_BYTES - h100_other_bytes) / H100_BATCH / units
 
 
+def activation_share(
+    model_cfg: dict[str, Any],
+    *,
+    text_tokens: int = 0,
+    image_px: int = 0,
+    patch_dropout: float = 0.0,
+    base_text_tokens: int = 0,
+) -> float:
+    """Per-sample activations of a tower pass at (``text_tokens``, ``image_px``, ``patch_dropout``) as a share
+    of those at full size with ``base_text_tokens`` (0: the context), by the layers x tokens x width model
+    (module docstring): how the planner scales measured full-size activations to patch dropout and to a
+    stage's size without measuring again. ValueError for towers other than a ViT and a text transformer."""
+    units, _ = tower_units(model_cfg, text_tokens or base_text_tokens, image_px, patch_dropout)
+    return units / tower_units(model_cfg, base_text_tokens)[0]
+
+
 def estimated_constants(
-    model: str, precision: str, text_tokens: int, grad_checkpointing: bool, h100_other_bytes: float
+    model: str,
+    precision: str,
+    text_tokens: int,
+    grad_checkpointing: bool,
+    h100_other_bytes: float,
+    patch_dropout: float = 0.0,
 ) -> tuple[float, float, float, str]:
-    """(fixed, per-sample, runtime buffers, source) of a CUDA tower pass of ``model`` (module docstring)."""
+    """(fixed, per-sample, runtime buffers, source) of a CUDA tower pass of ``model`` (module docstring) at
+    ``patch_dropout`` (its image tower on the kept tokens)."""
     from toolkit.models.factory import resolve_spec
 
-    units, widest = tower_units(resolve_spec(model).model_cfg, text_tokens)
+    units, widest = tower_units(resolve_spec(model).model_cfg, text_tokens, patch_dropout=patch_dropout)
     per_unit = bytes_per_unit(h100_other_bytes) * (2.0 if precision == "fp32" else 1.0)
     if grad_checkpointing:  # each block's input kept (one value per unit), one block recomputed at a time
         element = 4.0 if precision == "fp32" else 2.0

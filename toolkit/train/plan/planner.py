@@ -3,7 +3,9 @@ largest global batch and micro-batch that fit a device: ``run(PlanConfig) -> Pla
 
 Every term is arithmetic on the model's shapes except the towers' activations, which are measured
 (``toolkit.train.plan.memprobe``: activations(m) = fixed + per_sample·m, fitted from real allocator peaks;
-``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model). Bytes per
+``MEASURED`` holds the fits of the shipped small configs, ``measure=True`` measures any model; with patch
+dropout, and for each stage of a stage plan, the full-size per-sample term is scaled to the tokens the
+towers run on, ``estimate.activation_share``, unless measured). Bytes per
 device, for a global batch B over K = nodes × processes ranks (local batch b = B/K), micro-batch m (b
 without the gradient cache), embedding dim E, P parameters (T trainable):
 
@@ -123,12 +125,14 @@ class PlanConfig:
         0.0,
         ge=0,
         doc="Activations with `toolkit train --patch-dropout P` (the image "
-        "tower on a (1-P) share of its patches; with --measure).",
+        "tower on a (1-P) share of its patches): measured with --measure, else the "
+        "table's scaled to the kept tokens.",
     )
     stages: str = option(
         "",
-        doc="A `toolkit train --stages` plan: tower FLOPs per step of each stage and over the "
-        "run (per global batch); memory is the table's, the full-size stage's (the peak).",
+        doc="A `toolkit train --stages` plan: tower FLOPs and memory per step of each stage "
+        "(the full-size activations scaled to the stage's tokens), FLOPs over the run; the main "
+        "memory table is the full-size stage's (the peak).",
     )
     steps: int = option(0, ge=0, doc="Steps of the run, for the FLOPs over a stage plan (0: per step only).")
 
@@ -168,6 +172,7 @@ class Plan:
     disk_bytes_per_sample: float = 0.0  # the training set's, in cfg.storage (precompute's defaults)
     flops: dict[str, float] = field(default_factory=dict)  # counted tower FLOPs (tower_flops_rows)
     ddp_total: float = 0.0  # plan --fsdp: the same run's total per device with DDP
+    stage_memory: dict[str, float] = field(default_factory=dict)  # total per device per stage (stage_totals)
 
     @property
     def total(self) -> float:
@@ -354,11 +359,6 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
 def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
     """(fixed, per-sample, runtime buffers, where from): measured now, or MEASURED's entry for the model."""
     key = (cfg.model, cfg.precision, cfg.device)
-    if cfg.patch_dropout and not cfg.measure:
-        raise ValueError(
-            f"patch_dropout={cfg.patch_dropout}: MEASURED holds activations without patch dropout; "
-            "pass --measure to measure them with it"
-        )
     table, table_name = (
         (MEASURED_CHECKPOINTED, "MEASURED_CHECKPOINTED") if cfg.grad_checkpointing else (MEASURED, "MEASURED")
     )
@@ -376,7 +376,7 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
         )
         others = sum(memory_rows(h100, model_shape(E.H100_MODEL), 0.0, 0.0).values())
         return E.estimated_constants(
-            cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing, others
+            cfg.model, cfg.precision, cfg.text_tokens, cfg.grad_checkpointing, others, cfg.patch_dropout
         )
     if cfg.text_tokens and not cfg.measure:
         raise ValueError(
@@ -384,7 +384,16 @@ def activation_constants(cfg: PlanConfig) -> tuple[float, float, float, str]:
             "--measure to measure them at that caption length"
         )
     if not cfg.measure and key in table:
-        return (*table[key], "table")
+        fixed, per_sample, overhead = table[key]
+        if not cfg.patch_dropout:
+            return fixed, per_sample, overhead, "table"
+        # the table's full sequence scaled to the kept tokens (estimate.activation_share: layers x tokens x
+        # width); measured against --measure on cliptk-tiny (docs/training.md, "toolkit plan")
+        from toolkit.models.factory import resolve_spec
+        from toolkit.train.plan.estimate import activation_share
+
+        share = activation_share(resolve_spec(cfg.model).model_cfg, patch_dropout=cfg.patch_dropout)
+        return fixed, per_sample * share, overhead, f"table, per sample x {share:.3f} for the kept patches"
     if not cfg.measure:
         raise ValueError(
             f"no measured activations for {key} in toolkit.train.plan.planner.{table_name} "
@@ -489,7 +498,37 @@ def run(cfg: PlanConfig) -> Plan:
         disk_bytes(cfg),
         tower_flops_rows(cfg),
         ddp,
+        stage_totals(cfg, shape, fixed, per_sample, overhead) if cfg.stages else {},
     )
+
+
+def stage_totals(cfg: PlanConfig, shape: ModelShape, fixed: float, per_sample: float, overhead: float):
+    """Memory per device in each stage of ``cfg.stages``: the plan's rows with the per-sample activations
+    (measured or tabled at full size) scaled to the stage's image side and caption length
+    (``estimate.activation_share``); {} for towers the share is not modelled for."""
+    from toolkit.models.factory import resolve_spec
+    from toolkit.train.plan.estimate import activation_share
+    from toolkit.train.stages import parse
+
+    model_cfg = resolve_spec(cfg.model).model_cfg
+    out = {}
+    for i, s in enumerate(parse(cfg.stages), 1):
+        try:
+            share = activation_share(
+                model_cfg,
+                text_tokens=s.text_tokens,
+                image_px=s.image_px,
+                patch_dropout=cfg.patch_dropout,
+                base_text_tokens=cfg.text_tokens,
+            ) / activation_share(model_cfg, patch_dropout=cfg.patch_dropout, base_text_tokens=cfg.text_tokens)
+        except ValueError:
+            return {}
+        rows = memory_rows(cfg, shape, fixed, per_sample * share, overhead)
+        extra = table_bytes(cfg) if cfg.device == "cpu" else 0.0
+        out[f"stage {i} ({s.image_px or 'full'} px, {s.text_tokens or 'full'} tok) per step"] = (
+            sum(rows.values()) + extra
+        )
+    return out
 
 
 def disk_bytes(cfg: PlanConfig) -> float:
@@ -609,6 +648,9 @@ def format_plan(plan: Plan) -> str:
         lines += ["", f"{'sent per rank per step':<24}" + "".join(f"{k:>15}" for k in cats)]
         for name, row in plan.traffic.items():
             lines.append(f"{name:<24}" + "".join(f"{_size(row.get(k, 0.0)):>15}" for k in cats))
+    if plan.stage_memory:
+        lines += ["", f"{'memory per device per stage':<36}{'bytes':>14}"]
+        lines += [f"{name:<36}{_size(v):>14}" for name, v in plan.stage_memory.items()]
     if plan.flops:
         lines += ["", f"{'tower FLOPs (counted)':<36}{'GFLOP':>14}"]
         lines += [f"{name:<36}{v / 1e9:>14.3f}" for name, v in plan.flops.items()]
