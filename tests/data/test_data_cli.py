@@ -7,7 +7,7 @@ import re
 from typer.testing import CliRunner
 
 from toolkit.cli.main import app
-from toolkit.data.acquire.fetch import summary_lines
+from toolkit.data.acquire.fetch_summary import summary_lines
 
 
 def _help(*command: str) -> str:

@@ -22,7 +22,7 @@ from toolkit.cli.common import (
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
 FETCH = ConfigOptions(
-    "toolkit.data.acquire.fetch:FetchConfig",
+    "toolkit.data.acquire.fetch_config:FetchConfig",
     flags={
         "num_processes": ("--processes",),
         "num_threads": ("--threads",),
@@ -70,7 +70,9 @@ def _reasons(counts: dict) -> str:
 @app.command("fetch", cls=config_command(FETCH))
 def fetch_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides = None) -> None:
     """Download a URL list into raw webdataset shards with img2dataset; rerun to resume."""
-    from toolkit.data.acquire.fetch import FetchConfig, run, summary_lines
+    from toolkit.data.acquire.fetch import run
+    from toolkit.data.acquire.fetch_config import FetchConfig
+    from toolkit.data.acquire.fetch_summary import summary_lines
 
     cfg = load_cli_config(ctx, FetchConfig, config, overrides, **FETCH.values(ctx))
     result = run_stage(run, cfg)

@@ -159,8 +159,8 @@ stages:
 
 @pytest.mark.slow
 def test_demo_served_over_http_fetches_every_image(demo, tmp_path):
-    from toolkit.data.acquire.fetch import FetchConfig
     from toolkit.data.acquire.fetch import run as fetch
+    from toolkit.data.acquire.fetch_config import FetchConfig
     from toolkit.data.acquire.serve import serve
 
     out, _ = demo
