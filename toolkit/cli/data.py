@@ -1,6 +1,6 @@
 """``toolkit data``: from URL lists and local folders to training-ready shards.
 
-Every option that sets a stage's config field is generated from the field (cli/common.ConfigOptions): the
+Every option that sets a stage's config field is generated from the field (cli/options.ConfigOptions): the
 flags below only name the fields whose flag is not ``--field-name``.
 """
 
@@ -9,15 +9,8 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import (
-    ConfigFile,
-    ConfigOptions,
-    SetOverrides,
-    config_command,
-    fail,
-    load_cli_config,
-    run_stage,
-)
+from toolkit.cli.common import ConfigFile, SetOverrides, fail, load_cli_config, run_stage
+from toolkit.cli.options import ConfigOptions, config_command
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 

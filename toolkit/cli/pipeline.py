@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import config_keys, fail
+from toolkit.cli.common import fail
+from toolkit.cli.options import config_keys
 
 app = typer.Typer(help="Run and check YAML pipelines of toolkit stages.", no_args_is_help=True)
 
