@@ -60,7 +60,8 @@ def load_cli_config(
     typed (``option --threads``), not the field. ``labels`` names the source of keys that one option
     splits into several fields (``--loss fastclip-v3`` sets loss.kind and loss.version).
     """
-    from toolkit.core.config import ConfigError, load_config
+    from toolkit.core.config import ConfigError
+    from toolkit.core.config_load import load_config
 
     sources = {**parameter_labels(ctx, [k for k in explicit if k not in (labels or {})]), **(labels or {})}
     try:

@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from toolkit.core import files
-from toolkit.core.config import ConfigError, build, parse_override, read_yaml, set_path, short, suggest
+from toolkit.core.config import ConfigError, build, short, suggest
+from toolkit.core.config_load import parse_override, read_yaml, set_path
 from toolkit.core.log import get_logger, jsonl_log
 from toolkit.core.stage import StageResult, fingerprints_once, read_manifest, up_to_date
 from toolkit.pipeline import shellrefs

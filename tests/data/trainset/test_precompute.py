@@ -226,7 +226,8 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
 )
 def test_tower_weights_must_be_a_local_file(weights, tmp_path):
     """Issue 15 item 8: --image-tower-weights openai spent 56 s trying the Hugging Face hub."""
-    from toolkit.core.config import ConfigError, load_config
+    from toolkit.core.config import ConfigError
+    from toolkit.core.config_load import load_config
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig
 
     for key in ("image_tower_weights", "text_tower_weights"):
