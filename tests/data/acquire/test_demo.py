@@ -140,7 +140,7 @@ def test_demo_cli_base_url_then_shard_the_training_csv(tmp_path):
 
 def test_pipeline_validates_demo_fetch_shard_references(tmp_path):
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline.runner import load_pipeline
+    from toolkit.pipeline.load import load_pipeline
 
     text = """
 stages:

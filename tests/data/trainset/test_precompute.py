@@ -159,7 +159,8 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
     from typer.testing import CliRunner
 
     from toolkit.cli.main import app
-    from toolkit.pipeline.runner import load_pipeline, run_pipeline
+    from toolkit.pipeline.load import load_pipeline
+    from toolkit.pipeline.runner import run_pipeline
 
     spec = {
         "run_dir": str(tmp_path / "run"),
