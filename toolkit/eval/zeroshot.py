@@ -320,28 +320,7 @@ def _evaluate_one(
         if hit:
             rec.details["cache_hits"].append(eval_set.name)
     else:
-        recorder = factory(model) if factory else None
-        loader = (
-            recorder.loader(
-                make_eval_loader(
-                    eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers, with_digest=True
-                )
-            )
-            if recorder
-            else None
-        )
-        metrics = evaluate_set(
-            recorder or model,
-            loaded.tokenizer,
-            loaded.preprocess,
-            eval_set,
-            batch_size=cfg.batch_size,
-            num_workers=cfg.num_workers,
-            device=device,
-            amp=cfg.amp,
-            recall_k=cfg.recall_k,
-            loader=loader,
-        )
+        metrics, recorder = _evaluate_live(cfg, loaded, model, eval_set, device, factory)
     if recorder is None:
         return metrics, None
     path = files.join(cfg.out, f"gallery_{eval_set.name}.png")
@@ -353,6 +332,34 @@ def _evaluate_one(
         title=f"{eval_set.name}: {title}, text -> image top 5 (right image in green)",
     )
     return metrics, {"set": eval_set.name, "path": path, **drawn}
+
+
+def _evaluate_live(
+    cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSet, device: str, factory: Any
+) -> tuple[dict[str, float | None], Any]:
+    """Metrics of one set by running the whole model on its images: (metrics, the gallery's recorder or
+    None)."""
+    recorder = factory(model) if factory else None
+    loader = (
+        recorder.loader(
+            make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers, with_digest=True)
+        )
+        if recorder
+        else None
+    )
+    metrics = evaluate_set(
+        recorder or model,
+        loaded.tokenizer,
+        loaded.preprocess,
+        eval_set,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        device=device,
+        amp=cfg.amp,
+        recall_k=cfg.recall_k,
+        loader=loader,
+    )
+    return metrics, recorder
 
 
 def _curves(cfg: ZeroShotConfig, rec: Any) -> str:
