@@ -129,7 +129,7 @@ def test_cached_reevaluation_gives_the_cold_metrics(lit_run, tmp_path):
         assert a["metrics"] == b["metrics"], (a, b)
     # the plain path: clip-benchmark on the loaded open_clip model itself (eager, no folding, no cache)
     from toolkit.eval.datasets import open_eval_set
-    from toolkit.eval.zeroshot import evaluate_set
+    from toolkit.eval.score import evaluate_set
     from toolkit.models import load_model
 
     loaded = load_model(str(lit_run / "train" / "model"), device="cpu")

@@ -1,4 +1,4 @@
-"""Every command's options against the config fields they set (cli/common.ConfigOptions): `data`, `eval`
+"""Every command's options against the config fields they set (cli/options.ConfigOptions): `data`, `eval`
 and `plan` get one option per field of their stage config, typed and documented by the field; a field added
 to a config becomes an option; a flag naming a field that does not exist fails. `train` is checked by
 test_train_flags.py. Also the root help: no value shown for flags, and every objective named."""
@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from toolkit.cli import data as data_cli
 from toolkit.cli import eval as eval_cli
 from toolkit.cli import plan as plan_cli
-from toolkit.cli.common import ConfigOptions, config_command, config_field
 from toolkit.cli.main import app
+from toolkit.cli.options import ConfigOptions, config_command, config_field
 from toolkit.core.config import option
 
 GROUPS = {"data": data_cli.COMMANDS, "eval": eval_cli.COMMANDS, "plan": plan_cli.COMMANDS}

@@ -10,8 +10,8 @@ import click
 import typer
 from typer.testing import CliRunner
 
-from toolkit.cli.common import config_keys
 from toolkit.cli.main import app
+from toolkit.cli.options import config_keys
 from toolkit.cli.train import FLAGS
 from toolkit.train.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""``toolkit train``'s options come from the config fields they set (cli/common.config_parameters): one
+"""``toolkit train``'s options come from the config fields they set (cli/options.config_parameters): one
 source for type, default and help, and a flag whose field drifts away fails here, not at run time."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import typer
 
 from toolkit.cli import train as train_cli
-from toolkit.cli.common import config_field, config_parameters
+from toolkit.cli.options import config_field, config_parameters
 from toolkit.train.config import TrainConfig
 
 

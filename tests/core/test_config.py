@@ -7,7 +7,8 @@ from typing import Literal
 
 import pytest
 
-from toolkit.core.config import ConfigError, config_hash, input_paths, load_config, option, to_dict
+from toolkit.core.config import ConfigError, config_hash, input_paths, option, to_dict
+from toolkit.core.config_load import load_config
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from toolkit.cli.main import app
 from toolkit.core import safeyaml
-from toolkit.core.config import SHORT_REPR_CHARS, ConfigError, read_yaml
+from toolkit.core.config import SHORT_REPR_CHARS, ConfigError
+from toolkit.core.config_load import read_yaml
 
 
 def billion_laughs(levels: int, key: str = "source") -> str:
@@ -60,7 +61,7 @@ def test_cli_refuses_bomb_in_one_line(tmp_path, deadline, command):
 
 
 def test_set_override_bomb_refused(deadline):
-    from toolkit.core.config import parse_override
+    from toolkit.core.config_load import parse_override
 
     parts = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     parts += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
@@ -81,7 +82,8 @@ def test_seven_levels_error_quotes_no_value(tmp_path):
 def test_long_values_are_cut_in_errors(tmp_path):
     from dataclasses import dataclass
 
-    from toolkit.core.config import load_config, option
+    from toolkit.core.config import option
+    from toolkit.core.config_load import load_config
 
     @dataclass(frozen=True)
     class Small:
@@ -131,7 +133,7 @@ def test_duplicate_keys_are_refused_naming_file_line_and_key(tmp_path):
     path.write_text("base: &b {steps: 2, model: x}\nrun:\n  <<: *b\n  steps: 5\n")
     assert read_yaml(path)["run"] == {"steps": 5, "model": "x"}
     with pytest.raises(ConfigError, match="duplicate key 'a'"):
-        from toolkit.core.config import parse_override
+        from toolkit.core.config_load import parse_override
 
         parse_override("vars={a: 1, a: 2}")
 

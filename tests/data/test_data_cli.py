@@ -7,7 +7,7 @@ import re
 from typer.testing import CliRunner
 
 from toolkit.cli.main import app
-from toolkit.data.acquire.fetch import summary_lines
+from toolkit.data.acquire.fetch_summary import summary_lines
 
 
 def _help(*command: str) -> str:
@@ -18,7 +18,7 @@ def _help(*command: str) -> str:
 
 def test_precompute_help_shows_defaults_and_what_is_required():
     text = " ".join(_help("data", "precompute").split())
-    # generated from PrecomputeConfig's fields (cli/common.ConfigOptions): each default as the config holds
+    # generated from PrecomputeConfig's fields (cli/options.ConfigOptions): each default as the config holds
     # it, what 0 means in the field's own doc
     for flag, words in [
         ("--model", "(required)"),

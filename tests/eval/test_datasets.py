@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from toolkit.eval.datasets import DatasetError, open_eval_set
-from toolkit.eval.zeroshot import evaluate_set
+from toolkit.eval.score import evaluate_set
 
 
 @pytest.fixture

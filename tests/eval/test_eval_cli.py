@@ -200,7 +200,8 @@ def test_help_lists_every_option():
 
 
 def test_pipeline_builds_then_evaluates(workspace, tmp_path):
-    from toolkit.pipeline.runner import load_pipeline, run_pipeline
+    from toolkit.pipeline.load import load_pipeline
+    from toolkit.pipeline.runner import run_pipeline
 
     (tmp_path / "p.yaml").write_text(f"""
 run_dir: {tmp_path / "run"}

@@ -11,7 +11,7 @@ import warnings
 from evalkit import TiedModel, tied_tokenizer, to_tensor
 
 from toolkit.eval.datasets import open_eval_set
-from toolkit.eval.zeroshot import evaluate_set
+from toolkit.eval.score import evaluate_set
 
 
 def test_a_predicted_class_without_samples_is_logged_not_warned(sets_root, tmp_path, caplog):

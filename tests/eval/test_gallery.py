@@ -9,7 +9,7 @@ from evalkit import STEP, TiedModel, build_set, make_caption_csv, tied_tokenizer
 
 from toolkit.eval.datasets import make_eval_loader, open_eval_set
 from toolkit.eval.gallery import Recorder, recorded_images, write_gallery
-from toolkit.eval.zeroshot import evaluate_set
+from toolkit.eval.score import evaluate_set
 
 
 def _drawn_index(data: bytes) -> int:

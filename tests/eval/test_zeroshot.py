@@ -6,7 +6,7 @@ import pytest
 from evalkit import TiedModel, tied_tokenizer, to_tensor
 
 from toolkit.eval.datasets import open_eval_set
-from toolkit.eval.zeroshot import evaluate_set
+from toolkit.eval.score import evaluate_set
 
 DERANGE7 = [1, 2, 3, 4, 5, 6, 0]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.core.config import build, load_config, to_dict
+from toolkit.core.config import build, to_dict
+from toolkit.core.config_load import load_config
 from toolkit.train.config import TrainConfig
 from toolkit.train.losses import choice
 from toolkit.train.losses.choice import BY_BATCH, default_loss, describe

@@ -1,6 +1,6 @@
 """``toolkit data``: from URL lists and local folders to training-ready shards.
 
-Every option that sets a stage's config field is generated from the field (cli/common.ConfigOptions): the
+Every option that sets a stage's config field is generated from the field (cli/options.ConfigOptions): the
 flags below only name the fields whose flag is not ``--field-name``.
 """
 
@@ -9,20 +9,13 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import (
-    ConfigFile,
-    ConfigOptions,
-    SetOverrides,
-    config_command,
-    fail,
-    load_cli_config,
-    run_stage,
-)
+from toolkit.cli.common import ConfigFile, SetOverrides, fail, load_cli_config, run_stage
+from toolkit.cli.options import ConfigOptions, config_command
 
 app = typer.Typer(help="Fetch, shard, precompute and inspect image-text data.", no_args_is_help=True)
 
 FETCH = ConfigOptions(
-    "toolkit.data.acquire.fetch:FetchConfig",
+    "toolkit.data.acquire.fetch_config:FetchConfig",
     flags={
         "num_processes": ("--processes",),
         "num_threads": ("--threads",),
@@ -70,7 +63,9 @@ def _reasons(counts: dict) -> str:
 @app.command("fetch", cls=config_command(FETCH))
 def fetch_cmd(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides = None) -> None:
     """Download a URL list into raw webdataset shards with img2dataset; rerun to resume."""
-    from toolkit.data.acquire.fetch import FetchConfig, run, summary_lines
+    from toolkit.data.acquire.fetch import run
+    from toolkit.data.acquire.fetch_config import FetchConfig
+    from toolkit.data.acquire.fetch_summary import summary_lines
 
     cfg = load_cli_config(ctx, FetchConfig, config, overrides, **FETCH.values(ctx))
     result = run_stage(run, cfg)

@@ -1,19 +1,13 @@
 """``toolkit eval``: zero-shot classification and retrieval.
 
-Every option that sets a config field is generated from the field (cli/common.ConfigOptions)."""
+Every option that sets a config field is generated from the field (cli/options.ConfigOptions)."""
 
 from __future__ import annotations
 
 import typer
 
-from toolkit.cli.common import (
-    ConfigFile,
-    ConfigOptions,
-    SetOverrides,
-    config_command,
-    load_cli_config,
-    run_stage,
-)
+from toolkit.cli.common import ConfigFile, SetOverrides, load_cli_config, run_stage
+from toolkit.cli.options import ConfigOptions, config_command
 
 app = typer.Typer(help="Evaluate CLIP models zero-shot (clip-benchmark metrics).", no_args_is_help=True)
 

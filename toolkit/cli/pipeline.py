@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from toolkit.cli.common import config_keys, fail
+from toolkit.cli.common import fail
+from toolkit.cli.options import config_keys
 
 app = typer.Typer(help="Run and check YAML pipelines of toolkit stages.", no_args_is_help=True)
 
@@ -43,7 +44,8 @@ def run_cmd(
 ) -> None:
     """Validate the whole pipeline, then run its stages in order, skipping those already done."""
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline.runner import PipelineError, load_pipeline, run_pipeline
+    from toolkit.pipeline.load import load_pipeline
+    from toolkit.pipeline.runner import PipelineError, run_pipeline
 
     if start and only:
         fail("--from and --only exclude each other")
@@ -78,7 +80,7 @@ def _print_last_report(report: list) -> None:
 def validate_cmd(file: PipelineFile, overrides: SetOverrides = None) -> None:
     """Check kinds, keys, types and references of every stage without running anything."""
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline.runner import load_pipeline
+    from toolkit.pipeline.load import load_pipeline
 
     try:
         pipe = load_pipeline(str(file), overrides or [])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from toolkit.cli.common import ConfigFile, ConfigOptions, SetOverrides, config_command, fail, load_cli_config
+from toolkit.cli.common import ConfigFile, SetOverrides, fail, load_cli_config
+from toolkit.cli.options import ConfigOptions, config_command
 
-# every PlanConfig field is an option (cli/common.ConfigOptions); these keep their short aliases
+# every PlanConfig field is an option (cli/options.ConfigOptions); these keep their short aliases
 PLAN = ConfigOptions(
     "toolkit.train.plan.planner:PlanConfig",
     flags={

@@ -7,16 +7,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from toolkit.cli.common import (
-    ConfigFile,
-    SetOverrides,
-    config_parameters,
-    fail,
-    load_cli_config,
-    nested_keys_help,
-    score_lines,
-    with_parameters,
-)
+from toolkit.cli.common import ConfigFile, SetOverrides, fail, load_cli_config, score_lines
+from toolkit.cli.options import config_parameters, nested_keys_help, with_parameters
 from toolkit.train.config import TrainConfig
 
 

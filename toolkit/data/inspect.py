@@ -26,7 +26,8 @@ from toolkit.data.raw import reasons
 from toolkit.data.raw.captions import caption_of, check_caption_ext
 from toolkit.data.raw.reader import RawShardReader, list_shards, shard_names, sidecar
 from toolkit.data.trainset import storage
-from toolkit.data.trainset.format import DATASET_JSON, Segment, TrainDataset, meta_file
+from toolkit.data.trainset.format import DATASET_JSON, TrainDataset, meta_file
+from toolkit.data.trainset.segment import Segment
 
 KIND = "data.inspect"
 # Upper edges of the caption-length histogram bins, in words (the last bin is open-ended).

@@ -1,27 +1,25 @@
 """``eval.zeroshot``: zero-shot classification and image<->text retrieval with clip-benchmark's metrics.
 
-Metrics come from clip-benchmark's own functions (``zeroshot_classification.evaluate``: top-1, top-5,
-mean per-class recall; ``zeroshot_retrieval.evaluate``: R@k both ways) on sets in its local ``wds/`` layout
-(see :mod:`toolkit.eval.datasets`). Any module with ``encode_image``/``encode_text`` works with
-:func:`evaluate_set`; :func:`run` loads the model with :func:`toolkit.models.load_model`.
+The stage: validate every set, load the model once with :func:`toolkit.models.load_model`, score each set
+(:mod:`toolkit.eval.score`: clip-benchmark's metrics, a frozen-tower model through its feature cache),
+write results.json, report.md, the charts and the galleries.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from toolkit.core import files
 from toolkit.core.config import option
-from toolkit.core.log import get_logger, progress
+from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run
 from toolkit.eval import report
 from toolkit.eval.datasets import SPLIT, DatasetError, EvalSet, make_eval_loader, open_eval_set
+from toolkit.eval.score import InputCast, evaluate_frozen, evaluate_set
 
 KIND = "eval.zeroshot"
 
@@ -128,151 +126,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def evaluate_set(
-    model: Any,
-    tokenizer: Any,
-    transform: Any,
-    eval_set: EvalSet,
-    *,
-    batch_size: int = 64,
-    num_workers: int = 0,
-    device: str = "cpu",
-    amp: bool = False,
-    recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
-    loader: Any = None,
-) -> dict[str, float | None]:
-    """clip-benchmark metrics of ``model`` on one set (single process). Returns the metrics dict with
-    undefined values (top-5 below 5 classes, R@k above the number of images) as None. ``loader`` replaces
-    the set's image loader (cached tower features, a recording view); it must yield the set in order."""
-    from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
-
-    loader = loader if loader is not None else make_eval_loader(eval_set, transform, batch_size, num_workers)
-    num_batches = -(-eval_set.num_samples // batch_size)
-    batches = progress(loader, total=num_batches, desc=f"{eval_set.name}", unit="batch")
-    wrapped = _LoaderView(batches, loader.dataset)
-    if eval_set.kind == "classification":
-        with _metric_warnings(eval_set), _no_tqdm_bars():
-            metrics = zeroshot_classification.evaluate(
-                model,
-                wrapped,
-                tokenizer,
-                list(eval_set.classnames),
-                list(eval_set.templates),
-                device,
-                amp=amp,
-            )
-        return report.clean_metrics(metrics)
-    usable = [k for k in recall_k if k <= eval_set.num_samples]
-    if len(usable) < len(recall_k):
-        get_logger("eval").warning(
-            "%s: R@k undefined for k > %d images: %s",
-            eval_set.name,
-            eval_set.num_samples,
-            [k for k in recall_k if k not in usable],
-        )
-    with _metric_warnings(eval_set), _no_tqdm_bars():
-        metrics = zeroshot_retrieval.evaluate(
-            model, wrapped, tokenizer, device, amp=amp, recall_k_list=usable
-        )
-    for k in recall_k:
-        metrics.setdefault(f"image_retrieval_recall@{k}", None)
-        metrics.setdefault(f"text_retrieval_recall@{k}", None)
-    return report.clean_metrics(metrics)
-
-
-def _no_bar(iterable: Any, *args: Any, **kwargs: Any) -> Any:
-    return iterable
-
-
-@contextlib.contextmanager
-def _no_tqdm_bars():
-    """clip-benchmark wraps its loops in tqdm bars, which off a TTY wrote raw bar text into the training log
-    at every in-training evaluation (`0%|  | 0/2 [00:00<?, ?it/s]...`); our progress (toolkit.core.log) is the
-    one shown. TQDM_DISABLE cannot do it: tqdm reads it when first imported, which open_clip does before.
-    So its modules' ``tqdm`` name passes the iterable through while they score."""
-    from clip_benchmark.metrics import zeroshot_classification, zeroshot_retrieval
-
-    modules = (zeroshot_classification, zeroshot_retrieval)
-    saved = [m.tqdm for m in modules]
-    for m in modules:
-        m.tqdm = _no_bar
-    try:
-        yield
-    finally:
-        for m, bar in zip(modules, saved, strict=True):
-            m.tqdm = bar
-
-
-# sklearn's balanced_accuracy_score (clip-benchmark's mean per-class recall) warns when the model predicts a
-# class that has no sample in the set: routine for sets that do not hold every class name they list.
-_ABSENT_CLASS = "y_pred contains classes not in y_true"
-
-
-@contextlib.contextmanager
-def _metric_warnings(eval_set: EvalSet):
-    """Python warnings raised by clip-benchmark and sklearn while ``eval_set`` is scored, as one toolkit log
-    line each (named after the set) instead of raw ``file:line: UserWarning`` text on stderr that even
-    ``--quiet`` printed. The known routine one is logged at info level (hidden by --quiet)."""
-    log = get_logger("eval")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.filterwarnings("always", category=UserWarning)  # other categories keep the user's filters
-        yield
-    seen = set()
-    for w in caught:
-        text = str(w.message)
-        if text in seen:
-            continue
-        seen.add(text)
-        if _ABSENT_CLASS in text:
-            log.info(
-                "%s: the model predicted classes that have no sample in the set; mean per-class recall "
-                "averages over the classes that do (sklearn: %s)",
-                eval_set.name,
-                text,
-            )
-        else:
-            log.warning("%s: %s while scoring: %s", eval_set.name, w.category.__name__, text)
-
-
-class InputCast:
-    """Feeds images to ``model.encode_image`` in ``dtype``: models loaded with precision bf16/fp16
-    (open_clip's meaning) hold low-precision conv weights, and clip-benchmark passes float32 images."""
-
-    def __init__(self, model: Any, dtype: Any):
-        self.model, self.dtype = model, dtype
-
-    def encode_image(self, images: Any) -> Any:
-        return self.model.encode_image(images.to(self.dtype))
-
-    def encode_text(self, tokens: Any) -> Any:
-        return self.model.encode_text(tokens)
-
-
-class _LoaderView:
-    """Iterates the progress-wrapped batches while exposing ``.dataset`` (clip-benchmark reads
-    ``dataloader.dataset.classes``)."""
-
-    def __init__(self, batches: Any, dataset: Any):
-        self._batches, self.dataset = batches, dataset
-
-    def __iter__(self):
-        return iter(self._batches)
-
-
 def run(cfg: ZeroShotConfig) -> StageResult:
     """Validate every set, load the model once, evaluate each set, write JSON + markdown + PNG."""
     from toolkit.models import load_model
 
-    log = get_logger("eval")
     with stage_run(KIND, cfg, cfg.out) as rec:
-        # a set is there when its split folder is (build-set --missing-ok leaves only its manifest)
-        missing = [
-            n for n in cfg.datasets if cfg.skip_missing and not files.exists(files.join(cfg.root, n, SPLIT))
-        ]
-        for name in missing:
-            log.warning("%s: no evaluation set in %s: not evaluated (skip_missing)", name, cfg.root)
-        if len(missing) == len(cfg.datasets):
-            raise DatasetError(f"{cfg.root}: none of the sets {cfg.datasets} exists")
+        missing = _missing_sets(cfg)
         # open every set before loading the model, so a bad one fails at once
         sets = [open_eval_set(cfg.root, name) for name in cfg.datasets if name not in missing]
         device = resolve_device(cfg.device)
@@ -285,55 +144,98 @@ def run(cfg: ZeroShotConfig) -> StageResult:
 
             model = InputCast(model, open_clip.get_input_dtype(cfg.precision))
         frozen = _frozen_context(cfg, loaded, model, device, rec)
-        per_dataset = files.join(cfg.out, "per_dataset")
-        files.makedirs(per_dataset)
-        records, galleries = [], []
-        for eval_set in sets:
-            start = time.monotonic()
-            metrics, gallery = _evaluate_one(cfg, loaded, title, model, eval_set, device, frozen, rec)
-            galleries += [gallery] if gallery else []
-            record = report.make_record(
-                eval_set.name, title, loaded.weights, eval_set.task, metrics, cfg.language
-            )
-            records.append(record)
-            files.write_json_atomic(files.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
-            rec.details.setdefault("duration_s", {})[eval_set.name] = round(time.monotonic() - start, 3)
-            log.info(
-                "%s (%s, %d samples): %s",
-                eval_set.name,
-                eval_set.task,
-                eval_set.num_samples,
-                ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
-                extra={"data": record},
-            )
-        counts = {s.name: s.num_samples for s in sets}
-        data = report.write_results(files.join(cfg.out, "results.json"), title, loaded.weights, records)
-        chance = {s.name: report.chance_level(s.kind, s.num_samples, len(s.classnames)) for s in sets}
-        table = report.markdown_table(data, counts, cfg.recall_k, chance)
-        if missing:
-            table += f"\nNot evaluated (no set under {cfg.root}): {', '.join(missing)}\n"
-        table += report.gallery_section(galleries)
-        if cfg.training_run:
-            table += _curves(cfg, rec)
-        files.write_text_atomic(files.join(cfg.out, "report.md"), table)
-        report.bar_chart(data, files.join(cfg.out, "results.png"))
-        rec.outputs.update(
-            results=files.join(cfg.out, "results.json"),
-            report=files.join(cfg.out, "report.md"),
-            chart=files.join(cfg.out, "results.png"),
-            per_dataset=per_dataset,
-            **{f"gallery_{g['set']}": g["path"] for g in galleries},
-        )
-        rec.counts.update(num_datasets=len(sets), num_samples=counts)
-        rec.details.update(
-            not_evaluated=missing,
-            chance=chance,
-            average=data["average"],
-            model=title,
-            weights=loaded.weights,
-            device=device,
-        )
+        records, galleries = _evaluate_sets(cfg, loaded, title, model, sets, device, frozen, rec)
+        _write_report(cfg, rec, title, loaded.weights, sets, records, galleries, missing)
+        rec.details["device"] = device
     return rec.result()
+
+
+def _missing_sets(cfg: ZeroShotConfig) -> list[str]:
+    """The sets of ``cfg.datasets`` with no folder under ``root``, when ``skip_missing`` allows that (each
+    logged); DatasetError when none of them is there."""
+    # a set is there when its split folder is (build-set --missing-ok leaves only its manifest)
+    missing = [
+        n for n in cfg.datasets if cfg.skip_missing and not files.exists(files.join(cfg.root, n, SPLIT))
+    ]
+    for name in missing:
+        get_logger("eval").warning(
+            "%s: no evaluation set in %s: not evaluated (skip_missing)", name, cfg.root
+        )
+    if len(missing) == len(cfg.datasets):
+        raise DatasetError(f"{cfg.root}: none of the sets {cfg.datasets} exists")
+    return missing
+
+
+def _evaluate_sets(
+    cfg: ZeroShotConfig,
+    loaded: Any,
+    title: str,
+    model: Any,
+    sets: list[EvalSet],
+    device: str,
+    frozen: Any,
+    rec: Any,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Score each set, writing OUT/per_dataset/<set>_<task>.json as it goes: (records, gallery records)."""
+    log = get_logger("eval")
+    per_dataset = files.join(cfg.out, "per_dataset")
+    files.makedirs(per_dataset)
+    records, galleries = [], []
+    for eval_set in sets:
+        start = time.monotonic()
+        metrics, gallery = _evaluate_one(cfg, loaded, title, model, eval_set, device, frozen, rec)
+        galleries += [gallery] if gallery else []
+        record = report.make_record(
+            eval_set.name, title, loaded.weights, eval_set.task, metrics, cfg.language
+        )
+        records.append(record)
+        files.write_json_atomic(files.join(per_dataset, f"{eval_set.name}_{eval_set.task}.json"), record)
+        rec.details.setdefault("duration_s", {})[eval_set.name] = round(time.monotonic() - start, 3)
+        log.info(
+            "%s (%s, %d samples): %s",
+            eval_set.name,
+            eval_set.task,
+            eval_set.num_samples,
+            ", ".join(f"{k}={'n/a' if v is None else f'{v:.4f}'}" for k, v in metrics.items()),
+            extra={"data": record},
+        )
+    return records, galleries
+
+
+def _write_report(
+    cfg: ZeroShotConfig,
+    rec: Any,
+    title: str,
+    weights: str | None,
+    sets: list[EvalSet],
+    records: list[dict[str, Any]],
+    galleries: list[dict[str, Any]],
+    missing: list[str],
+) -> None:
+    """results.json, report.md (with the galleries and training curves) and results.png; their paths,
+    the counts, the chance levels and the average in the manifest."""
+    counts = {s.name: s.num_samples for s in sets}
+    data = report.write_results(files.join(cfg.out, "results.json"), title, weights, records)
+    chance = {s.name: report.chance_level(s.kind, s.num_samples, len(s.classnames)) for s in sets}
+    table = report.markdown_table(data, counts, cfg.recall_k, chance)
+    if missing:
+        table += f"\nNot evaluated (no set under {cfg.root}): {', '.join(missing)}\n"
+    table += report.gallery_section(galleries)
+    if cfg.training_run:
+        table += _curves(cfg, rec)
+    files.write_text_atomic(files.join(cfg.out, "report.md"), table)
+    report.bar_chart(data, files.join(cfg.out, "results.png"))
+    rec.outputs.update(
+        results=files.join(cfg.out, "results.json"),
+        report=files.join(cfg.out, "report.md"),
+        chart=files.join(cfg.out, "results.png"),
+        per_dataset=files.join(cfg.out, "per_dataset"),
+        **{f"gallery_{g['set']}": g["path"] for g in galleries},
+    )
+    rec.counts.update(num_datasets=len(sets), num_samples=counts)
+    rec.details.update(
+        not_evaluated=missing, chance=chance, average=data["average"], model=title, weights=weights
+    )
 
 
 def model_title(model: str, name: str) -> str:
@@ -390,42 +292,6 @@ def _frozen_context(cfg: ZeroShotConfig, loaded: Any, model: Any, device: str, r
     return frozen
 
 
-def evaluate_frozen(
-    frozen: Any,
-    eval_set: EvalSet,
-    transform: Any,
-    *,
-    batch_size: int = 64,
-    num_workers: int = 1,
-    device: str = "cpu",
-    recall_k: list[int] | tuple[int, ...] = (1, 5, 10),
-    recorder_factory: Any = None,
-) -> tuple[dict[str, float | None], bool, Any]:
-    """Metrics of a frozen-tower model on one set through its feature cache (``frozen``:
-    :class:`toolkit.eval.towercache.FrozenEval`): (metrics, cache hit?, recorder or None). Used by
-    ``eval.zeroshot`` and by the train stage's evaluation callback (rank 0)."""
-
-    def make(with_digest: bool = False) -> Any:
-        return make_eval_loader(eval_set, transform, batch_size, num_workers, with_digest)
-
-    model, loader, finish = frozen.inputs(eval_set, make, batch_size)
-    recorder = recorder_factory(model) if recorder_factory else None
-    if recorder is not None:
-        model, loader = recorder, recorder.loader(loader)
-    metrics = evaluate_set(
-        model,
-        frozen.texts.tokenizer,
-        transform,
-        eval_set,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        device=device,
-        recall_k=recall_k,
-        loader=loader,
-    )
-    return metrics, finish(), recorder
-
-
 def _evaluate_one(
     cfg: ZeroShotConfig,
     loaded: Any,
@@ -454,28 +320,7 @@ def _evaluate_one(
         if hit:
             rec.details["cache_hits"].append(eval_set.name)
     else:
-        recorder = factory(model) if factory else None
-        loader = (
-            recorder.loader(
-                make_eval_loader(
-                    eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers, with_digest=True
-                )
-            )
-            if recorder
-            else None
-        )
-        metrics = evaluate_set(
-            recorder or model,
-            loaded.tokenizer,
-            loaded.preprocess,
-            eval_set,
-            batch_size=cfg.batch_size,
-            num_workers=cfg.num_workers,
-            device=device,
-            amp=cfg.amp,
-            recall_k=cfg.recall_k,
-            loader=loader,
-        )
+        metrics, recorder = _evaluate_live(cfg, loaded, model, eval_set, device, factory)
     if recorder is None:
         return metrics, None
     path = files.join(cfg.out, f"gallery_{eval_set.name}.png")
@@ -487,6 +332,34 @@ def _evaluate_one(
         title=f"{eval_set.name}: {title}, text -> image top 5 (right image in green)",
     )
     return metrics, {"set": eval_set.name, "path": path, **drawn}
+
+
+def _evaluate_live(
+    cfg: ZeroShotConfig, loaded: Any, model: Any, eval_set: EvalSet, device: str, factory: Any
+) -> tuple[dict[str, float | None], Any]:
+    """Metrics of one set by running the whole model on its images: (metrics, the gallery's recorder or
+    None)."""
+    recorder = factory(model) if factory else None
+    loader = (
+        recorder.loader(
+            make_eval_loader(eval_set, loaded.preprocess, cfg.batch_size, cfg.num_workers, with_digest=True)
+        )
+        if recorder
+        else None
+    )
+    metrics = evaluate_set(
+        recorder or model,
+        loaded.tokenizer,
+        loaded.preprocess,
+        eval_set,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        device=device,
+        amp=cfg.amp,
+        recall_k=cfg.recall_k,
+        loader=loader,
+    )
+    return metrics, recorder
 
 
 def _curves(cfg: ZeroShotConfig, rec: Any) -> str:

@@ -59,7 +59,7 @@ KINDS: dict[str, StageKind] = {
         "Counts, skip reasons, caption lengths and a contact sheet of a shard folder.",
     ),
     "data.fetch": StageKind(
-        "toolkit.data.acquire.fetch:FetchConfig",
+        "toolkit.data.acquire.fetch_config:FetchConfig",
         "toolkit.data.acquire.fetch:run",
         ("shards",),
         "Download a URL list into raw webdataset shards (img2dataset); resumes.",

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit.core import files
-from toolkit.core.config import ConfigError, build, read_yaml
+from toolkit.core.config import ConfigError, build
+from toolkit.core.config_load import read_yaml
 from toolkit.core.launch import apply_slurm_env, is_worker, launch_job, launched_by_cliptk, warn_unused_port
 from toolkit.core.log import get_logger
 from toolkit.core.stage import StageResult, stage_run

@@ -28,7 +28,7 @@ def make_eval_fn(cfg: EvalConfig) -> EvalFn | None:
     frozen: dict[str, Any] = {}  # the frozen trunks' cache, opened at the first evaluation
 
     def evaluate(clip: Any, model_cfg: dict, preprocess_cfg: dict, step: int) -> dict[str, float]:
-        from toolkit.eval.zeroshot import evaluate_frozen, evaluate_set
+        from toolkit.eval.score import evaluate_frozen, evaluate_set
         from toolkit.models.factory import eval_transform
         from toolkit.models.registry import tokenizer
 

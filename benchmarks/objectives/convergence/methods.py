@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.core.config import build, deep_merge, set_path
+from toolkit.core.config import build, deep_merge
+from toolkit.core.config_load import set_path
 from toolkit.train.losses import LossConfig, choice
 from toolkit.train.losses.config import MOVED_KEYS
 from toolkit.train.losses.registry import specs

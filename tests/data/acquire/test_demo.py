@@ -140,7 +140,7 @@ def test_demo_cli_base_url_then_shard_the_training_csv(tmp_path):
 
 def test_pipeline_validates_demo_fetch_shard_references(tmp_path):
     from toolkit.core.config import ConfigError
-    from toolkit.pipeline.runner import load_pipeline
+    from toolkit.pipeline.load import load_pipeline
 
     text = """
 stages:
@@ -159,8 +159,8 @@ stages:
 
 @pytest.mark.slow
 def test_demo_served_over_http_fetches_every_image(demo, tmp_path):
-    from toolkit.data.acquire.fetch import FetchConfig
     from toolkit.data.acquire.fetch import run as fetch
+    from toolkit.data.acquire.fetch_config import FetchConfig
     from toolkit.data.acquire.serve import serve
 
     out, _ = demo

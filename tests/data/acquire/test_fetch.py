@@ -19,7 +19,9 @@ import pytest
 from datakit import read_tar
 from PIL import Image
 
-from toolkit.data.acquire.fetch import FetchConfig, check_resumable, run
+from toolkit.data.acquire.fetch import run
+from toolkit.data.acquire.fetch_config import FetchConfig
+from toolkit.data.acquire.fetch_resume import check_resumable
 from toolkit.data.acquire.resizer import decode_image
 from toolkit.data.acquire.serve import QuietHandler, serve
 from toolkit.data.acquire.shard import PARQUET_COLUMNS
@@ -416,7 +418,7 @@ def test_resume_fetches_again_finished_shards_whose_tar_parquet_and_stats_disagr
 HOLDER = """
 import sys, time
 from pathlib import Path
-from toolkit.data.acquire.fetch import FetchConfig, KIND
+from toolkit.data.acquire.fetch_config import KIND, FetchConfig
 from toolkit.core.stage import stage_run
 
 cfg = FetchConfig(urls=sys.argv[1], out=sys.argv[2])

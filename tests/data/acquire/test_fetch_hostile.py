@@ -15,7 +15,8 @@ import pytest
 from datakit import read_tar
 from PIL import Image
 
-from toolkit.data.acquire.fetch import DEFAULT_MAX_BYTES, FetchConfig, run
+from toolkit.data.acquire.fetch import run
+from toolkit.data.acquire.fetch_config import DEFAULT_MAX_BYTES, FetchConfig
 from toolkit.data.acquire.serve import QuietHandler, serve
 
 STREAM_BYTES = 64 * 2**20  # what the oversize endpoints would send: far above the limits used here

@@ -22,7 +22,8 @@ import pytest
 from datakit import read_tar
 from PIL import Image
 
-from toolkit.data.acquire.fetch import FetchConfig, run
+from toolkit.data.acquire.fetch import run
+from toolkit.data.acquire.fetch_config import FetchConfig
 from toolkit.data.acquire.retry import is_transient
 from toolkit.data.acquire.serve import QuietHandler, serve
 

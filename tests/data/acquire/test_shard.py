@@ -247,8 +247,8 @@ def test_shard_csv_with_a_bom_duplicate_paths_and_bom_captions(tmp_path, caplog)
 
 
 def test_shard_and_fetch_overwrite_never_delete_files_they_did_not_write(tmp_path):
-    from toolkit.data.acquire.fetch import FetchConfig
     from toolkit.data.acquire.fetch import run as fetch
+    from toolkit.data.acquire.fetch_config import FetchConfig
 
     rng = np.random.default_rng()
     (tmp_path / "src").mkdir()

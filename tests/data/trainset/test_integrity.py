@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from toolkit.cli.main import app
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import Segment, TrainDataset, field_offsets, read_segment
+from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
+from toolkit.data.trainset.segment import Segment, field_offsets, read_segment
 
 
 @pytest.fixture()

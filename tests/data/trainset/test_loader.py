@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.data.trainset.format import Segment, TrainDataset, read_segment, read_segment_webdataset
+from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import make_loader
 from toolkit.data.trainset.order import BatchOrder
+from toolkit.data.trainset.segment import Segment, read_segment, read_segment_webdataset
 from toolkit.data.trainset.storage.pixels import SampleReader
 
 N_SMALL = 103  # small_raw: 11 training shards of 10, the last holding 3

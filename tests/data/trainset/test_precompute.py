@@ -159,7 +159,8 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
     from typer.testing import CliRunner
 
     from toolkit.cli.main import app
-    from toolkit.pipeline.runner import load_pipeline, run_pipeline
+    from toolkit.pipeline.load import load_pipeline
+    from toolkit.pipeline.runner import run_pipeline
 
     spec = {
         "run_dir": str(tmp_path / "run"),
@@ -226,7 +227,8 @@ def test_pipeline_kinds_and_cli(small_raw, tmp_path):
 )
 def test_tower_weights_must_be_a_local_file(weights, tmp_path):
     """Issue 15 item 8: --image-tower-weights openai spent 56 s trying the Hugging Face hub."""
-    from toolkit.core.config import ConfigError, load_config
+    from toolkit.core.config import ConfigError
+    from toolkit.core.config_load import load_config
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig
 
     for key in ("image_tower_weights", "text_tower_weights"):

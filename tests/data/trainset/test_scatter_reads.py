@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import TrainDataset, field_offsets, open_shard
+from toolkit.data.trainset.format import TrainDataset
 from toolkit.data.trainset.loader import InOrder, make_loader
 from toolkit.data.trainset.order import BatchOrder
+from toolkit.data.trainset.segment import field_offsets, open_shard
 from toolkit.data.trainset.storage import pixels
 from toolkit.data.trainset.storage.pixels import SampleReader
 

@@ -9,7 +9,8 @@ import json
 import pytest
 from trainkit import train_cfg
 
-from toolkit.core.config import ConfigError, build, config_hash, load_config, to_dict
+from toolkit.core.config import ConfigError, build, config_hash, to_dict
+from toolkit.core.config_load import load_config
 from toolkit.train.config import TrainConfig
 from toolkit.train.losses.config import MOVED_KEYS, LossConfig
 from toolkit.train.losses.fastclip.config import FastCLIPConfig

@@ -1,6 +1,6 @@
 """Pixels-set reads from local shards straight into batch order: one ``preadv`` per run, one copy per byte.
 
-The portable path (``format.read_rows_into``) copies every byte twice: page cache -> a staging buffer
+The portable path (``segment.read_rows_into``) copies every byte twice: page cache -> a staging buffer
 (readinto), then staging -> batch order (one fancy index per field). Here each run of consecutive ids is
 one ``os.preadv`` whose buffers are the rows the samples land in: each field's bytes go from the page
 cache into that sample's row of the batch's contiguous field array, and the member headers and padding
@@ -34,7 +34,8 @@ import numpy as np
 import xxhash
 
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import TrainDataset, check_first_member, field_offsets
+from toolkit.data.trainset.format import TrainDataset
+from toolkit.data.trainset.segment import check_first_member, field_offsets
 
 # Buffers one preadv call may take (POSIX IOV_MAX; 1024 on Linux): a run of more samples takes several calls.
 try:

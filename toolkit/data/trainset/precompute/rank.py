@@ -15,7 +15,8 @@ from toolkit.core.log import get_logger
 def main(argv: list[str] | None = None) -> None:
     """Run precompute as this rank with the config at ``argv[0]``; exits 1 with a one-line error."""
     from toolkit.core.agent import write_error_file
-    from toolkit.core.config import build, read_yaml
+    from toolkit.core.config import build
+    from toolkit.core.config_load import read_yaml
     from toolkit.core.log import setup_logging
     from toolkit.core.procs import SignalInterrupt, die_with_parent, exit_code, stop_on_signals
     from toolkit.data.trainset.precompute.stage import PrecomputeConfig, run

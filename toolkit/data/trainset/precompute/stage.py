@@ -1,7 +1,8 @@
 """``toolkit data precompute``: raw shards -> fixed-size training shards with dense global ids.
 
 0. The job (:mod:`.job`): the storage mode, tokenizer, towers and fields, decided and loaded once.
-1. Worker processes (:mod:`toolkit.core.forkpool`, one task per raw shard, :mod:`.worker`) validate, decode,
+1. Worker processes (:mod:`.process`: :mod:`toolkit.core.forkpool`, one task per raw shard, :mod:`.worker`)
+   validate, decode,
    convert to RGB, resize/crop to the model resolution (or run a frozen image tower) and
    tokenize (or run a frozen text tower), writing rows to local scratch files (:mod:`.resume` keeps them).
 2. The parent orders the kept samples by (raw shard in sorted order, key in sorted order), drops
@@ -9,8 +10,8 @@
    config give the same ids on every rerun, whatever the number of workers (:mod:`.ids`,
    streaming, 8 bytes per sample held).
 3. The storage mode writes the training files (:mod:`toolkit.data.trainset.storage`); then ``dataset.json``,
-   ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the
-   stage manifest (counts by skip reason and conversion, throughput, examples of skipped keys).
+   ``skipped.jsonl`` (every skipped sample: reason, shard, key, message) and the stage manifest
+   (:mod:`.record`: counts by skip reason and conversion, throughput, examples of skipped keys).
 """
 
 from __future__ import annotations
@@ -19,29 +20,28 @@ import json
 import os
 import shutil
 import time
-from collections import Counter
 from dataclasses import dataclass
 
-from toolkit.core import files, forkpool
+from toolkit.core import files
 from toolkit.core.config import option
 from toolkit.core.launch import LaunchConfig
-from toolkit.core.log import counter, get_logger, progress
+from toolkit.core.log import get_logger, progress
 from toolkit.core.outlock import output_lock
 from toolkit.core.stage import StageResult, check_input_finished, stage_run
 from toolkit.data.images import DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from toolkit.data.raw.captions import check_caption_ext
-from toolkit.data.raw.reader import list_shards, promised_samples, shard_names
+from toolkit.data.raw.reader import list_shards, shard_names
 from toolkit.data.trainset import storage
 from toolkit.data.trainset.format import DATASET_JSON, TrainDataset
 from toolkit.data.trainset.precompute import ids, resume, worker
-from toolkit.data.trainset.precompute.dist import Ranks, check_counts, launch, wants_launch
+from toolkit.data.trainset.precompute.dist import Ranks, launch, wants_launch
 from toolkit.data.trainset.precompute.job import Job, prepare
-from toolkit.data.trainset.truncation import check_some_kept, check_truncation, first_skips
+from toolkit.data.trainset.precompute.process import process_shards
+from toolkit.data.trainset.precompute.record import record
+from toolkit.data.trainset.truncation import check_some_kept, check_truncation
 from toolkit.models.frozen import ImageTowerKind, TextTowerKind
 
 KIND = "data.precompute"
-# The manifest lists at most this many skipped keys per reason; skipped.jsonl has all of them.
-MAX_KEYS_PER_REASON = 1000
 
 
 @dataclass(frozen=True)
@@ -199,91 +199,6 @@ class PrecomputeConfig:
             )
 
 
-def _process_all(job: Job, tasks: list[worker.ShardTask], num_workers: int, on_done, count) -> list:
-    """Run every task (in forked workers when num_workers > 1), calling ``on_done(result)`` as each finishes.
-
-    Progress is in samples read (``count``), not in shards: one big shard would sit at 0/1 until the end.
-    """
-    results = []
-    if num_workers <= 1:
-        for task in tasks:
-            results.append(worker.process_shard(job, task, count.advance))
-            on_done(results[-1])
-        return results
-    base = count.done  # samples of resumed shards
-
-    def done(res) -> None:
-        results.append(res)
-        on_done(res)
-
-    # worker.process_shard is looked up now, in the parent: the workers run what this process would
-    forkpool.run(
-        worker.process_shard,
-        job,
-        tasks,
-        num_workers,
-        done,
-        start=job.worker_start,
-        on_progress=lambda read: count.advance(base + read - count.done),
-        name="precompute",
-    )
-    return results
-
-
-def _record(
-    rec, cfg: PrecomputeConfig, urls: list[str], results, num_samples: int, skips, timing: dict
-) -> None:
-    by_reason = Counter(s["reason"] for s in skips)
-    converted, names = sum((r.converted for r in results), Counter()), shard_names(urls)
-    num_read = sum(r.num_read for r in results)
-    read_now = num_read - timing["num_resumed_samples"]  # rates are of this run's work, not a resumed run's
-    if num_read != num_samples + len(skips):
-        raise RuntimeError(
-            f"internal count mismatch: read {num_read}, kept {num_samples}, skipped {len(skips)}"
-        )
-    examples: dict[str, list[str]] = {}
-    first = first_skips((s["reason"], s["shard"], s["key"], s["message"]) for s in skips)
-    for s in skips:
-        lst = examples.setdefault(s["reason"], [])
-        if len(lst) < MAX_KEYS_PER_REASON:
-            lst.append(f"{s['shard']}:{s['key']}")
-    total_s = timing["process_s"] + timing["write_s"]
-    rec.counts.update(
-        {
-            "num_samples": num_samples,
-            "num_read": num_read,
-            "num_skipped": len(skips),
-            "num_raw_shards": len(urls),
-            "num_shards": timing["num_shards"],
-            "num_damaged_tars": sum(1 for r in results if r.tar_error),
-            "skipped": dict(sorted(by_reason.items())),
-            "converted": dict(sorted(converted.items())),
-            "num_captions_cut": sum(r.num_captions_cut for r in results),
-            "samples_per_s": round(read_now / max(total_s, 1e-9), 1),
-        }
-    )
-    rec.details.update(
-        {
-            "throughput": {
-                **timing,
-                "process_samples_per_s": round(read_now / max(timing["process_s"], 1e-9), 1),
-                # worker-seconds of the reference pass, summed over raw shards (resumed ones included)
-                **(
-                    {"reference_s": round(sum(r.reference_s for r in results), 3)}
-                    if cfg.reference_model
-                    else {}
-                ),
-                "write_samples_per_s": round(num_samples / max(timing["write_s"], 1e-9), 1),
-            },
-            "skipped_keys": examples,
-            "skipped_first": dict(sorted(first.items())),
-            "tar_errors": {names[r.url]: r.tar_error for r in results if r.tar_error},
-            "dataset": DATASET_JSON,
-            "skipped_file": "skipped.jsonl",
-        }
-    )
-
-
 def run(cfg: PrecomputeConfig) -> StageResult:
     """Precompute training shards into ``cfg.out``; ValueError if no sample is valid (names the input).
 
@@ -311,7 +226,7 @@ def _follow(cfg: PrecomputeConfig, ranks: Ranks, log) -> None:
     job = prepare(cfg)
     work = resume.work_dir(cfg)
     os.makedirs(work, exist_ok=True)
-    _process(job, urls, work, log, ranks)
+    process_shards(job, urls, work, log, ranks)
     ranks.barrier()  # rank 0 has written the output
 
 
@@ -325,7 +240,7 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
         os.makedirs(work, exist_ok=True)
         with output_lock(work):
             try:
-                results, timing = _process(job, urls, work, log, ranks)
+                results, timing = process_shards(job, urls, work, log, ranks)
                 names = shard_names(urls)
                 check_truncation(
                     [{"reason": r, "shard": names[res.url]} for res in results for r, _, _ in res.skips],
@@ -350,28 +265,8 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
         if not cfg.tmp_dir and files.is_local(cfg.out):
             resume.remove_empty_dir(os.path.dirname(work))  # OUT/_tmp; never a shared or system temp folder
         storage.remove_stale_parts(cfg.out, len(shards), job.mode)
-        dataset = TrainDataset(
-            num_samples,
-            job.fields,
-            shards,
-            cfg.samples_per_shard,
-            cfg.input,
-            cfg.model,
-            job.extra(),
-            storage=job.mode.name,
-            data_root=data_root,
-            data_files=data_files,
-            root=cfg.out,
-        )
-        files.write_json_atomic(
-            files.join(cfg.out, DATASET_JSON),
-            {**dataset.to_json(), "sample_bytes": job.mode.sample_bytes(dataset)},
-        )
-        files.write_text_atomic(
-            files.join(cfg.out, "skipped.jsonl"),
-            "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips),
-        )
-        _record(rec, cfg, urls, results, num_samples, skips, timing)
+        _write_dataset(cfg, job, shards, num_samples, data_root, data_files, skips)
+        record(rec, urls, results, num_samples, skips, timing, with_reference=bool(cfg.reference_model))
         rec.outputs["train"] = cfg.out
         log.info(
             "precompute: kept %d of %d samples (%d skipped) in %d shards, %.1f samples/s",
@@ -385,60 +280,31 @@ def _lead(cfg: PrecomputeConfig, ranks: Ranks, log) -> StageResult:
     return rec.result()
 
 
-def _process(
-    job: Job, urls: list[str], work: str, log, ranks: Ranks
-) -> tuple[list[worker.ShardResult], dict]:
-    """Every raw shard's result in URL order: reused from ``work`` if finished earlier, else processed
-    (this rank's share of them, then every rank's results read back from ``work``)."""
-    cfg = job.cfg
-    ref = (
-        job.reference.identity() if job.reference is not None else None
-    )  # a model folder may change in place
-    key = resume.process_key(cfg)
-    scratch = job.scratch_fields
-    if ranks.rank == 0:  # rank 0 prunes the scratch folder before any other rank writes into it
-        done = resume.load(work, urls, key, scratch, reference=ref)
-        ranks.barrier()
-    else:
-        ranks.barrier()
-        done = resume.load(work, urls, key, scratch, prune=False, reference=ref)
-    if done and ranks.rank == 0:
-        log.info(
-            "precompute: resuming: %d of %d raw shards were processed by an earlier run", len(done), len(urls)
-        )
-    tasks = [
-        job.task(index=i, url=u, work=work) for i, u in enumerate(urls) if i not in done and ranks.owns(i)
-    ]
-    cores = max(1, len(os.sched_getaffinity(0)) // ranks.local_world)  # this node's cores among its ranks
-    workers = max(1, min(cfg.num_workers or cores, len(tasks)))
-    if job.on_device:
-        workers = 1  # a CUDA tower cannot be used in forked workers: this rank's GPU encodes inline
-    log.info(
-        "precompute: processing %d of %d raw shards with %d workers -> %s",
-        len(tasks),
-        len(urls),
-        workers,
-        cfg.out,
+def _write_dataset(
+    cfg: PrecomputeConfig, job: Job, shards, num_samples: int, data_root, data_files, skips: list[dict]
+) -> None:
+    """OUT/dataset.json (with the storage mode's bytes per sample) and OUT/skipped.jsonl (every skip)."""
+    dataset = TrainDataset(
+        num_samples,
+        job.fields,
+        shards,
+        cfg.samples_per_shard,
+        cfg.input,
+        cfg.model,
+        job.extra(),
+        storage=job.mode.name,
+        data_root=data_root,
+        data_files=data_files,
+        root=cfg.out,
     )
-    start = time.monotonic()
-    resumed = sum(r.num_read for i, r in done.items() if ranks.owns(i))
-    mine = [u for i, u in enumerate(urls) if ranks.owns(i)]
-    with counter(promised_samples(mine), desc="precompute", unit="samples") as count:
-        count.advance(resumed)
-        fresh = _process_all(job, tasks, workers, lambda r: resume.save(work, r, key, ref), count)
-    if ranks.world > 1:  # every rank's counts, then rank 0 reads the others' records from the scratch folder
-        gathered = ranks.gather_counts({r.index: r.num_read for r in fresh})
-        if ranks.rank == 0:
-            theirs = resume.load(work, urls, key, scratch, reference=ref)
-            check_counts(gathered, {i: r.num_read for i, r in theirs.items()}, urls, work)
-            fresh = [r for i, r in theirs.items() if i not in done]
-    timing = {
-        "process_s": round(time.monotonic() - start, 3),
-        "num_workers": workers,
-        "num_resumed_raw_shards": len(done),
-        "num_resumed_samples": resumed,
-    }
-    return sorted([*done.values(), *fresh], key=lambda r: r.index), timing
+    files.write_json_atomic(
+        files.join(cfg.out, DATASET_JSON),
+        {**dataset.to_json(), "sample_bytes": job.mode.sample_bytes(dataset)},
+    )
+    files.write_text_atomic(
+        files.join(cfg.out, "skipped.jsonl"),
+        "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in skips),
+    )
 
 
 def _kept(results: list[worker.ShardResult], skips: list[dict], names: dict[str, str], desc: str):

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from toolkit.data.trainset.format import BLOCK, Field, Segment, TrainDataset
+from toolkit.data.trainset.format import BLOCK, Field, TrainDataset
+from toolkit.data.trainset.segment import Segment
 
 # Open data files a reader keeps (a global order touches every shard; reopening costs a round trip on
 # object stores). 64 handles stay well under the usual 1024 open-files limit with several loader workers.

@@ -12,17 +12,8 @@ import numpy as np
 from toolkit.core import files
 from toolkit.data.trainset import integrity
 from toolkit.data.trainset import scatter as scatter_reads
-from toolkit.data.trainset.format import (
-    BLOCK,
-    Field,
-    Segment,
-    TrainDataset,
-    decode_rows,
-    id_key,
-    open_shard,
-    read_rows_into,
-    read_segment,
-)
+from toolkit.data.trainset.format import BLOCK, Field, TrainDataset, id_key
+from toolkit.data.trainset.segment import Segment, decode_rows, open_shard, read_rows_into, read_segment
 from toolkit.data.trainset.storage.base import MAX_OPEN_FILES, StorageMode, padded
 from toolkit.data.trainset.writer import TrainShardWriter
 

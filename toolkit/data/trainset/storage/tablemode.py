@@ -12,7 +12,8 @@ import numpy as np
 import xxhash
 
 from toolkit.data.trainset import integrity
-from toolkit.data.trainset.format import Field, Segment, TrainDataset, ref_dtype
+from toolkit.data.trainset.format import Field, TrainDataset, ref_dtype
+from toolkit.data.trainset.segment import Segment
 from toolkit.data.trainset.storage.base import MAX_OPEN_FILES, REF_ROW, ImageRows, StorageMode
 from toolkit.data.trainset.storage.tables import (
     CHECKSUM_MISMATCH,

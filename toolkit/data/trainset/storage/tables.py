@@ -250,7 +250,7 @@ class RefReader:
 
 def iter_segment(ds: Any, part: int, start: int, count: int, valid: bool = True) -> Iterator[dict[str, Any]]:
     """Samples ``start..start+count-1`` of part ``part`` as dicts {role: array, 'index': id, 'valid': bool}
-    (what :func:`toolkit.data.trainset.format.read_segment` yields for pixels)."""
+    (what :func:`toolkit.data.trainset.segment.read_segment` yields for pixels)."""
     reader = RefReader(ds, integrity.vocab_size(ds))
     try:
         first = ds.shards[part].first_id
