@@ -171,15 +171,38 @@ def test_kill_and_resume_sees_the_masks_of_the_uninterrupted_run(demo_train, tmp
     assert _max_diff(weights(out), weights(tmp_path / "whole")) <= 1e-6
 
 
-def test_the_planner_measures_the_shorter_sequence_and_auto_micro_batches_grow(demo_train, tmp_path):
+def test_the_planner_measures_the_shorter_sequence_and_auto_micro_batches_grow(
+    demo_train, tmp_path, monkeypatch
+):
     from toolkit.train.loop import build_parts
-    from toolkit.train.plan import planner
-    from toolkit.train.plan.memprobe import measure_activations
+    from toolkit.train.plan import memprobe, planner
 
     with pytest.raises(ValueError, match="--measure"):  # the shipped table holds full-sequence activations
         planner.run(planner.PlanConfig(device="cpu", patch_dropout=0.5))
+    fits, calls, measure = {}, [], memprobe.measure_activations
+
+    def measured_once(*args, **kwargs):
+        """The real measurement (two fresh processes), once per argument set: the run below asks for the
+        fit this test measured, with the same arguments, and gets that same measurement."""
+        calls.append(kwargs.get("patch_dropout"))
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in fits:
+            fits[key] = measure(*args, **kwargs)
+        return fits[key]
+
+    monkeypatch.setattr(memprobe, "measure_activations", measured_once)
+    # automicro measures at torch's thread count: the same here, so the p = 0.75 fit is measured once
     full, dropped = (
-        measure_activations("cliptk-tiny", (16, 64), threads=1, patch_dropout=p) for p in (0.0, 0.75)
+        memprobe.measure_activations(
+            "cliptk-tiny",
+            (16, 64),
+            "fp32",
+            "cpu",
+            threads=torch.get_num_threads(),
+            grad_checkpointing=False,
+            patch_dropout=p,
+        )
+        for p in (0.0, 0.75)
     )
     assert dropped.per_sample_bytes < 0.8 * full.per_sample_bytes, (dropped, full)
     micro = {}
@@ -197,3 +220,4 @@ def test_the_planner_measures_the_shorter_sequence_and_auto_micro_batches_grow(d
         parts.io.close()
         micro[p] = parts.micro_batch_size
     assert 0 < micro[0.0] < micro[0.75] or (micro[0.0] > 0 and micro[0.75] == 0), micro
+    assert calls == [0.0, 0.75, 0.75] and len(fits) == 2, calls  # p = 0: the shipped table; 0.75: measured
