@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from trainkit import ROOT, env, run_cli, train_cfg
+from trainkit import ROOT, env, train_cfg
 
 from toolkit.core.config import ConfigError, build
 from toolkit.data.trainset.loader import make_loader
@@ -71,24 +71,31 @@ def test_largest_fit_is_the_boundary():
 
 
 def test_cli_prints_the_table_and_refuses_bad_input():
-    res = run_cli(
-        [
-            "plan",
-            "--model",
-            "cliptk-tiny",
-            "-b",
-            "256",
-            "--nproc-per-node",
-            "2",
-            "--device",
-            "cpu",
-            "--device-memory-gb",
-            "2",
-            "--micro-batch-size",
-            "16",
-        ]
+    """`toolkit plan` through the CLI app in this process (Typer's CliRunner): four launches of a fresh
+    interpreter cost ~2 s each and prove nothing more (`python -m toolkit`: tests/test_toolkit_cli.py)."""
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    def invoke(*args: str):
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+    res = invoke(
+        "plan",
+        "--model",
+        "cliptk-tiny",
+        "-b",
+        "256",
+        "--nproc-per-node",
+        "2",
+        "--device",
+        "cpu",
+        "--device-memory-gb",
+        "2",
+        "--micro-batch-size",
+        "16",
     )
-    assert res.returncode == 0, res.stderr
+    assert res.exit_code == 0, res.output
     for text in (
         "optimizer state (adamw)",
         "activations (micro-batch 16)",
@@ -97,12 +104,12 @@ def test_cli_prints_the_table_and_refuses_bad_input():
         "largest global batch with micro-batch 16",
     ):
         assert text in res.stdout
-    bad = run_cli(["plan", "--optimizer", "adam"])
-    assert bad.returncode == 2 and "did you mean 'adamw'" in bad.stderr
+    bad = invoke("plan", "--optimizer", "adam")
+    assert bad.exit_code == 2 and "did you mean 'adamw'" in bad.stderr, bad.output
     # on the CPU a missing entry asks for --measure (cheap there); a CUDA plan uses the estimate instead
-    unknown = run_cli(["plan", "--model", "cliptk-small", "--precision", "bf16", "--device", "cpu"])
-    assert unknown.returncode == 1 and "--measure" in unknown.stderr
-    helptext = run_cli(["plan", "--help"]).stdout
+    unknown = invoke("plan", "--model", "cliptk-small", "--precision", "bf16", "--device", "cpu")
+    assert unknown.exit_code == 1 and "--measure" in unknown.stderr, unknown.output
+    helptext = invoke("plan", "--help").stdout
     for flag in ("--measure", "--device-memory-gb", "--num-samples", "--grad-dtype", "--optimizer"):
         assert flag in helptext
 
@@ -114,10 +121,13 @@ def test_micro_batch_auto_config_and_cli(tmp_path):
     assert cfg.micro_batch_size == "auto"
     with pytest.raises(ConfigError, match="micro_batch_size"):
         build(TrainConfig, {"data": "d", "out": "o", "micro_batch_size": "big"})
-    res = run_cli(
-        ["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--micro-batch-size", "lots"]
-    )
-    assert res.returncode == 2 and "--micro-batch-size" in res.stderr
+    from typer.testing import CliRunner
+
+    from toolkit.cli.main import app
+
+    argv = ["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), "--micro-batch-size", "lots"]
+    res = CliRunner().invoke(app, argv)  # the CLI app in this process: a launch costs ~2 s and proves no more
+    assert res.exit_code == 2 and "--micro-batch-size" in res.stderr, res.output
 
 
 def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
