@@ -50,7 +50,8 @@ def test_pipeline_shell_command_does_not_survive(tmp_path, sig):
 
 
 class DripHandler(QuietHandler):
-    """While ``server.drip`` is set, every .png trickles: 100 bytes every 0.5 s of a promised 100,000."""
+    """While ``server.drip`` is set, every .png trickles: 100 bytes every ``server.drip_every_s`` (0.5 s
+    unless a test sets it) of a promised 100,000."""
 
     def send_head(self):
         if not self.server.drip.is_set():
@@ -67,7 +68,7 @@ class DripHandler(QuietHandler):
                     break
                 self.wfile.write(b"\0" * 100)
                 self.wfile.flush()
-                time.sleep(0.5)
+                time.sleep(self.server.drip_every_s)
         except OSError:
             pass
         self.close_connection = True
@@ -85,7 +86,7 @@ def drip_server(tmp_path):
         Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(www / f"{i}.png")
     handler = type("H", (DripHandler,), {"directory": str(www)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(www)))
-    server.drip, server.root = threading.Event(), str(www)
+    server.drip, server.root, server.drip_every_s = threading.Event(), str(www), 0.5
     server.count_lock, server.request_counts = threading.Lock(), __import__("collections").Counter()
     server.drip.set()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -170,7 +171,10 @@ def test_precompute_pool_stops_quietly_and_rerun_resumes(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_trickling_server_meets_the_total_download_deadline(tmp_path, drip_server):
     """Issue 34 class 5: `--timeout 3` against 100 bytes every 0.5 s ran on past 150 s (the timeout bounds
-    each read only); the default total deadline is 10 x --timeout."""
+    each read only); the default total deadline is 10 x --timeout. Here 100 bytes every 0.2 s against
+    `--timeout 1` (each read still gets its bytes 5x inside the socket timeout, as 0.5 s against 3 s did):
+    a 10 s deadline instead of 30 s, for the same failure."""
+    drip_server.drip_every_s = 0.2
     port = drip_server.server_address[1]
     urls = tmp_path / "urls.csv"
     urls.write_text("url,caption\n" + "".join(f"http://127.0.0.1:{port}/{i}.png,pic {i}\n" for i in range(2)))
@@ -190,16 +194,16 @@ def test_a_trickling_server_meets_the_total_download_deadline(tmp_path, drip_ser
             "--image-size",
             "16",
             "--timeout",
-            "3",
+            "1",
         ],
         tmp_path,
     )
-    _, stderr = proc.communicate(timeout=200)  # the drip alone would last 1,000 s
+    _, stderr = proc.communicate(timeout=200)  # the drip alone would last 200 s
     assert proc.returncode == 1 and "timeout: 2" in stderr, stderr
     import pyarrow.parquet as pq
 
     errors = pq.read_table(next(out.glob("*.parquet"))).column("error_message").to_pylist()
-    assert all("total deadline of 30 s" in e for e in errors), errors
+    assert all("total deadline of 10 s" in e for e in errors), errors
 
 
 @pytest.mark.timeout(200)

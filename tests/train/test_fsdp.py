@@ -127,16 +127,24 @@ def test_combinations_that_cannot_work_are_refused_in_one_line(demo_train, tmp_p
 
 
 @pytest.fixture(scope="module")
-def two_rank_run(demo_train, tmp_path_factory) -> Path:
-    """4 steps of SGD with momentum (an optimiser state to reshard) at 2 sharded ranks, a checkpoint every
-    2."""
+def two_rank_job(demo_train, tmp_path_factory) -> dict:
+    """One 2-rank sharded job of two runs: "run", 4 steps of SGD with momentum (an optimiser state to
+    reshard), a checkpoint every 2; "whole", the uninterrupted run of the kill-and-resume test below
+    (_cli_args' training: 8 steps of FastCLIP-v3 at batch 16, SGD at lr 0.1), trained here rather than by
+    a launch of its own."""
     base = tmp_path_factory.mktemp("fsdp_two")
     over = {
         "steps": 4,
         "optim": {"name": "sgd", "lr": 0.1, "momentum": 0.9},
         "checkpoint": {"every_steps": 2},
     }
-    return sharded_runs(demo_train, base, 2, {"run": over})["run"]
+    whole = {"steps": 8, **SGD, "checkpoint": {"every_steps": 2}}
+    return sharded_runs(demo_train, base, 2, {"run": over, "whole": whole})
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(two_rank_job) -> Path:
+    return two_rank_job["run"]
 
 
 def _resumed(step2: Path) -> dict:
@@ -237,10 +245,11 @@ def _cli_args(data: Path, out: Path, *extra: str) -> list[str]:
     "world", [1, pytest.param(4, marks=pytest.mark.slow)]
 )  # 4: 3.5 min on 2 loaded cores
 def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrupted(
-    demo_train, tmp_path, world
+    demo_train, two_rank_job, tmp_path, world
 ):
     """SIGKILL one of 2 sharded ranks after a checkpoint (the job fails), then the same command at ``world``
-    ranks resumes from the newest complete checkpoint: the final weights of an uninterrupted 2-rank run."""
+    ranks resumes from the newest complete checkpoint: the final weights of an uninterrupted 2-rank run of the
+    same training (two_rank_job's "whole")."""
     import os
     import signal
     import subprocess
@@ -249,8 +258,7 @@ def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrup
     from test_elastic import _children
     from trainkit import ROOT, env, run_cli, toolkit_cmd
 
-    whole = tmp_path / "whole"
-    assert run_cli([*_cli_args(demo_train, whole), "--nproc-per-node", "2"], timeout_s=600).returncode == 0
+    whole = two_rank_job["whole"]
     out = tmp_path / "killed"
     proc = subprocess.Popen(
         toolkit_cmd(*_cli_args(demo_train, out), "--nproc-per-node", "2"),

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 from gradcache_jobs import LOSSES, _setup
-from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, weights
+from trainkit import ROOT, env, metrics, run_cli, run_one_thread, toolkit_cmd, train_cfg, weights
 
 from toolkit.core.seeds import stream_seed
 from toolkit.models.patch_dropout import SeededPatchDropout, install, keep_indices, keyed
@@ -145,8 +145,22 @@ def test_two_ranks_with_micro_batches_train_the_weights_of_one_process(demo_trai
 
 
 def test_kill_and_resume_sees_the_masks_of_the_uninterrupted_run(demo_train, tmp_path):
-    steps = 30
-    assert run_cli(_args(demo_train, tmp_path / "whole", steps, "--checkpoint-every", "4")).returncode == 0
+    """The uninterrupted run in this process (the CLI flags' training, as in the test above, at the commands'
+    one thread), the killed and the resumed run as real commands; 20 steps leave 12 after the kill at step 8
+    (30 did before)."""
+    steps = 20
+    run_one_thread(
+        train_cfg(
+            demo_train,
+            tmp_path / "whole",
+            steps=steps,
+            batch_size=16,
+            loss={"kind": "openclip"},
+            optim={"name": "sgd", "lr": 0.1},
+            patch_dropout=0.5,
+            checkpoint={"every_steps": 4},
+        )
+    )
     out = tmp_path / "run"
     proc = subprocess.Popen(
         toolkit_cmd(*_args(demo_train, out, steps, "--checkpoint-every", "4")),

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 from torch.nn import functional as F
-from trainkit import ROOT, env, metrics, run_cli, toolkit_cmd, train_cfg, weights
+from trainkit import ROOT, env, metrics, run_cli, run_one_thread, toolkit_cmd, train_cfg, weights
 
 from toolkit.models.factory import build_model, resolve_spec
 from toolkit.models.resolution import allow_any_resolution, resize_patch_table, shorten_tokens
@@ -114,9 +114,21 @@ def _args(data, out, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def whole(demo_train, tmp_path_factory):
+    """The uninterrupted run of _args' training, in this process at the commands' one thread."""
     out = tmp_path_factory.mktemp("stages") / "whole"
-    result = run_cli(_args(demo_train, out))
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_one_thread(
+        train_cfg(
+            demo_train,
+            out,
+            steps=STEPS,
+            batch_size=16,
+            optim={"warmup_steps": 3},
+            checkpoint={"every_steps": 4},
+            stages="16px,8tok:0.5;:0.5",
+            stage_lr="stage",
+            stage_text="random",
+        )
+    )
     return out
 
 
@@ -128,28 +140,34 @@ def test_the_lr_restarts_per_stage_and_the_stage_changes_training(demo_train, wh
     assert first != pytest.approx(metrics(tmp_path / "plain")[0]["loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("kill_after", [8, 16])  # mid first stage; in the second stage, after the switch
-def test_kill_and_resume_equals_the_uninterrupted_staged_run(demo_train, whole, tmp_path, kill_after):
-    out = tmp_path / "run"
+def _killed_after(args: list[str], out, step: int) -> None:
+    """Start ``toolkit train ARGS`` and SIGKILL it once its checkpoint of ``step`` is complete."""
     proc = subprocess.Popen(
-        toolkit_cmd(*_args(demo_train, out)),
-        cwd=ROOT,
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        toolkit_cmd(*args), cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         start = time.monotonic()
-        while not (out / "checkpoints" / f"step-{kill_after:08d}" / "checkpoint.json").is_file():
-            assert proc.poll() is None and time.monotonic() - start < 240, "run ended before the kill"
+        while not (out / "checkpoints" / f"step-{step:08d}" / "checkpoint.json").is_file():
+            assert proc.poll() is None and time.monotonic() - start < 240, (
+                f"run ended before the kill at {step}"
+            )
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
     assert max(r["step"] for r in metrics(out)) < STEPS, "the job finished before the kill"
+
+
+def test_kill_and_resume_equals_the_uninterrupted_staged_run(demo_train, whole, tmp_path):
+    """Killed mid first stage (after step 8), resumed, killed again in the second stage (after step 16, past
+    the switch at 13), resumed to the end: both resumes in one chain (3 launches where two separate runs took
+    4), ending with the uninterrupted run's weights and losses."""
+    out = tmp_path / "run"
+    _killed_after(_args(demo_train, out), out, 8)
+    _killed_after(_args(demo_train, out, "--resume", "latest"), out, 16)
     resumed = run_cli(_args(demo_train, out, "--resume", "latest"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr + resumed.stdout
     assert [r["step"] for r in metrics(out)] == list(range(1, STEPS + 1))
     want, got = weights(whole), weights(out)
     assert max((got[k] - want[k]).abs().max().item() for k in want) <= 1e-6
@@ -158,10 +176,22 @@ def test_kill_and_resume_equals_the_uninterrupted_staged_run(demo_train, whole, 
 
 @pytest.mark.dist
 def test_two_ranks_train_the_staged_run_of_one_process(demo_train, tmp_path):
-    """Random caption subsets and the resolution switch follow the step and the sample ids, not the rank."""
+    """Random caption subsets and the resolution switch follow the step and the sample ids, not the rank. The
+    one-process run trains in this process (the same flags as config keys, at the commands' one thread)."""
     args = ["--steps", "4", "--set", "optim.name=sgd", "--set", "optim.lr=0.1", "--checkpoint-every", "0"]
-    one = run_cli([*_args(demo_train, tmp_path / "one"), *args, "--stages", "16px,8tok:0.5;:0.5"])
-    assert one.returncode == 0, one.stderr[-3000:]
+    run_one_thread(
+        train_cfg(
+            demo_train,
+            tmp_path / "one",
+            steps=4,
+            batch_size=16,
+            optim={"name": "sgd", "lr": 0.1, "warmup_steps": 3},
+            checkpoint={"every_steps": 0},
+            stages="16px,8tok:0.5;:0.5",
+            stage_lr="stage",
+            stage_text="random",
+        )
+    )
     two = run_cli(
         [
             *_args(demo_train, tmp_path / "two"),

@@ -34,6 +34,8 @@ def test_a_master_port_given_to_one_process_is_reported_as_unused(demo_train, tm
 
 
 @pytest.mark.dist
+# slow: by default test_launch.py::test_nproc_per_node_2_equals_one_process[fastclip-v3] runs --quiet
+@pytest.mark.slow
 def test_quiet_silences_torchrun_and_the_workers(demo_train, tmp_path):
     result = run_cli(
         [

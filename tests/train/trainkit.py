@@ -73,6 +73,21 @@ def train_cfg(data: Path, out: Path, **over):
     return build(TrainConfig, deep_merge(base, over))
 
 
+def run_one_thread(cfg):
+    """Train ``cfg`` in this process at one thread, as the `toolkit` commands of these tests run (``env()``
+    sets OMP_NUM_THREADS=1): the same summation order as the command, without its ~4 s of start-up."""
+    import torch
+
+    from toolkit.train.run import run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def fastclip_section(loss: dict) -> dict:
     """A test's loss keys with FastCLIP's knobs (``version``, ``gamma_min``, ...) given by name beside the
     shared ones put into their ``fastclip`` section, where LossConfig reads them (the tests' shorthand)."""
