@@ -6,17 +6,18 @@ every style but two (~13,900 pairs: ~430x batch 32); ``--val-style`` (DejaVu Ser
 for tuning only; ``--heldout-style`` (STIX General regular: another design, never trained or tuned on) gives
 the figures, also without the characters some style draws identically to another (``held_distinct``).
 
-Every run is ``toolkit train`` from random init of ``--model`` (cliptk-glyph: a 32 px ViT and text tower),
-one torch thread per process, ``--workers`` processes at a time, with the trainer's own zero-shot retrieval
+Every run is ``toolkit train`` from random init of ``--model`` (cliptk-glyph: a 32 px ViT and text tower), one
+torch thread per process, ``--workers`` processes at a time, with the trainer's own zero-shot retrieval
 evaluation (clip-benchmark's metrics) at ``--eval-points`` steps (``runs``). Cells: budgets short
 (``--short-epochs``) and long (``--long-epochs``, >= 4x) times global batches (``--batches``), run in the
 order given (cell by cell, so an interrupted benchmark has its first cells complete); a long cell runs only
 ``--long-methods``. In each cell every method (``methods.METHODS``) is tuned on the validation style with
 ``--tune-seeds`` seeds (a coordinate search: convergence.methods.Search, grids extended past a winning end
 ``--max-extensions`` times), then its chosen setting runs on ``--seeds`` paired seeds (same init and batch
-order per seed). Reported per cell (``report``): held-out R@1 (mean of image→text and text→image), R@10 and median rank, the same on the set
-without look-alikes, the paired Δ against the best OpenCLIP (the OpenCLIP variant with the better validation
-score) with its std, and R@1 against samples seen and against training time (PNG).
+order per seed). Reported per cell (``report``): held-out R@1 (mean of image→text and text→image), R@10 and
+median rank, the same on the set without look-alikes, the paired Δ against the best OpenCLIP (the OpenCLIP
+variant with the better validation score) with its std, and R@1 against samples seen and against training time
+(PNG).
 
     python -m benchmarks.objectives.scratch --quick          # CI smoke: 1 cell, 1 seed, tiny set: minutes
     python -m benchmarks.objectives.scratch                  # the default plan: ~1.5 h on 2 quiet cores
