@@ -35,11 +35,11 @@ from pathlib import Path
 
 from benchmarks.objectives.convergence import main as convergence_main
 from benchmarks.objectives.convergence import methods as cm
+from benchmarks.objectives.convergence.methods import GAMMA_DECAY_FRACTION
 from benchmarks.objectives.scratch import methods as sm
 from benchmarks.objectives.scratch import report as sr
 from benchmarks.objectives.scratch.glyphset import GlyphSet
 from benchmarks.objectives.scratch.runs import WARMUP_FRACTION, Runner
-from toolkit.train.losses.choice import GAMMA_DECAY_FRACTION
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
