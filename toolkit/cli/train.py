@@ -88,8 +88,8 @@ def _loss_help() -> str:
 
     return (
         f"The objective: {', '.join(loss_names())} (sets loss.kind and its variant; docs/objectives.md says "
-        f"which to pick). (default: by global batch and planned epochs (--epochs; a run set by --steps "
-        f"counts as short), from the convergence evidence: {describe()})"
+        f"which to pick). (default: {describe()}; a run set by --steps keeps "
+        f"loss.fastclip.gamma_decay_epochs' own default)"
     )
 
 

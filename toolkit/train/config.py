@@ -323,9 +323,8 @@ class TrainConfig:
     @staticmethod
     def layered_defaults(data: Mapping[str, Any], source: str) -> dict[str, Any]:
         """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
-        without a loss kind from the data or the preset, the objective the convergence evidence picks at
-        the global batch size and the planned epochs (``losses/choice.py``; a run planned by steps has no
-        epoch count yet: the short-run choice)."""
+        without a loss kind from the data or the preset, the default objective (``losses/choice.py``) with
+        its γ decay over the planned epochs (a run planned by steps has no epoch count yet: the option's)."""
         from toolkit.train.losses.choice import default_loss
 
         layers: dict[str, Any] = {}
@@ -348,11 +347,9 @@ class TrainConfig:
         loss = deep_merge(layers.get("loss", {}), given)
         if "kind" not in loss:
             try:
-                chosen = default_loss(
-                    int(planned("batch_size")), None if epochs is None else int(epochs), loss
-                )
+                chosen = default_loss(None if epochs is None else int(epochs), loss)
             except (TypeError, ValueError):
-                chosen = None  # a malformed batch_size or epochs: build() reports it against its key
+                chosen = None  # a malformed epochs: build() reports it against its key
             if chosen is not None:
                 layers["loss"] = deep_merge(layers.get("loss", {}), chosen)
         _plan_drrho_gamma(data, layers, epochs, source)

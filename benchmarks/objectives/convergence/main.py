@@ -46,8 +46,8 @@ from pathlib import Path
 
 from benchmarks.objectives.convergence import methods as cm
 from benchmarks.objectives.convergence import report as cr
+from benchmarks.objectives.convergence.methods import GAMMA_DECAY_FRACTION
 from benchmarks.objectives.convergence.runs import WARMUP_FRACTION, Data, Runner
-from toolkit.train.losses.choice import GAMMA_DECAY_FRACTION
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
