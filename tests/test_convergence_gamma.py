@@ -150,3 +150,27 @@ def test_knobs_adopted_from_the_first_file_with_the_batch(tmp_path):
             {"x": ({"regime": "long", "batch": 256}, *searches[(64, "openclip (learnable τ)")][1:])},
             {"long"},
         )
+
+
+def test_runs_go_seed_by_seed(tmp_path, monkeypatch, torch_threads):
+    """A benchmark stopped early has the same paired seeds of every method in every cell: seed k of every
+    task runs before any seed k + 1 (within a seed, the costliest cell first)."""
+    from benchmarks.objectives.convergence import runs
+
+    order = []
+
+    def fake_run(task):
+        order.append((task["seed"], task["batch"], task["method"]))
+        return task["key"], {"val": [[0.5, 0.5]], "heldout": [[0.1, 0.1]], "wall_s": 0.0}
+
+    monkeypatch.setattr(runs, "_run_task", fake_run)
+    _synthetic_artists(tmp_path / "cache")
+    args = convergence.parse_args(["--cache", str(tmp_path / "cache"), "--workers", "1"])
+    runner = Runner(args, Data(args))
+    cells = [c for c in convergence.make_cells(args, 300) if c["regime"] == "short"]
+    by = {m.name: m for m in cm.METHODS}
+    runner.run_all(
+        [runner.task(c, by[n], {}, s) for c in cells for n in (OVER_RUN, SHORT_DEFAULT) for s in range(3)]
+    )
+    assert [s for s, _, _ in order] == sorted(s for s, _, _ in order) and len(order) == 3 * 2 * len(cells)
+    assert [b for s, b, _ in order if s == 0][::2] == sorted(c["batch"] for c in cells)
