@@ -88,3 +88,89 @@ def test_gamma_methods_tuned_and_run(tmp_path, torch_threads):
     (decayed,) = runner.curves([runner.task(cell_def, by[DRIFT], {**robust, "gamma_min": 0.1}, 0)])
     assert rule["val"] == fixed["val"] and rule["heldout"] == fixed["heldout"]
     assert decayed["heldout"] != fixed["heldout"]  # γ reaches the estimators: a smaller γ changes the run
+
+
+OVER_RUN, SHORT_DEFAULT = "fastclip-v3 (u_drift, γ over the run)", "fastclip-v3 (u_drift), defaults"
+
+
+def test_default_candidates_decay_gamma_over_their_share_of_the_run(tmp_path):
+    """The candidate defaults run at the trainer's defaults (nothing tuned) and differ only in γ's decay:
+    over all the cell's epochs, or over 18/37 of them (today's short-run default)."""
+    import dataclasses
+
+    from toolkit.train.losses import LossConfig
+
+    by = {m.name: m for m in cm.METHODS}
+    _synthetic_artists(tmp_path / "cache")
+    args = convergence.parse_args(["--cache", str(tmp_path / "cache"), "--long-epochs", "30"])
+    runner = Runner(args, Data(args))
+    (cell,) = [c for c in convergence.make_cells(args, 300) if c["regime"] == "long" and c["batch"] == 32]
+    over_run = cm.loss_config(runner.task(cell, by[OVER_RUN], {}, 0)["fields"], OVER_RUN)
+    short = cm.loss_config(runner.task(cell, by[SHORT_DEFAULT], {}, 0)["fields"], SHORT_DEFAULT)
+    assert (over_run.fastclip.gamma_decay_epochs, short.fastclip.gamma_decay_epochs) == (30, 15)
+    assert dataclasses.replace(over_run, fastclip=short.fastclip) == short
+    defaults = LossConfig()
+    assert (short.tau_init, short.lr_tau, short.lr_tau_schedule, short.rho) == (
+        defaults.tau_init,
+        defaults.lr_tau,
+        defaults.lr_tau_schedule,
+        defaults.rho,
+    )
+    assert (short.fastclip.version, short.fastclip.u_drift) == ("v3", "batch")
+    assert short.fastclip.gamma_min == defaults.fastclip.gamma_min
+    assert not by[OVER_RUN].grid and not by[SHORT_DEFAULT].grid
+
+
+def test_knobs_adopted_from_the_first_file_with_the_batch(tmp_path):
+    """--long-knobs-from A B: a cell takes a method's knobs from the first file with a cell of its batch that
+    holds the method; a method without a grid has nothing to adopt (no source needed)."""
+    import json
+
+    def result(batch: int, lr_tau: float) -> dict:
+        row = {"tuning": {"chosen": {"lr_tau": lr_tau}}}
+        return {"results": [{"regime": "long", "batch": batch, "rows": {"openclip (learnable τ)": row}}]}
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(result(64, 1e-4)))
+    second.write_text(json.dumps({"results": [*result(32, 1e-5)["results"], *result(64, 1e-2)["results"]]}))
+    by = {m.name: m for m in cm.METHODS}
+    searches = {
+        (b, name): ({"regime": "long", "batch": b}, by[name], cm.Search(by[name]))
+        for b in (32, 64)
+        for name in ("openclip (learnable τ)", OVER_RUN)
+    }
+    convergence.adopt_knobs([str(first), str(second)], searches, {"long"})
+    assert searches[(64, "openclip (learnable τ)")][2].best == {"lr_tau": 1e-4}
+    assert searches[(32, "openclip (learnable τ)")][2].best == {"lr_tau": 1e-5}
+    assert str(second) in searches[(32, "openclip (learnable τ)")][2].adopted_from
+    assert not searches[(32, OVER_RUN)][2].pending() and not searches[(32, OVER_RUN)][2].adopted_from
+    with pytest.raises(SystemExit, match="no batch-256 cell"):
+        convergence.adopt_knobs(
+            [str(first)],
+            {"x": ({"regime": "long", "batch": 256}, *searches[(64, "openclip (learnable τ)")][1:])},
+            {"long"},
+        )
+
+
+def test_runs_go_seed_by_seed(tmp_path, monkeypatch, torch_threads):
+    """A benchmark stopped early has the same paired seeds of every method in every cell: seed k of every
+    task runs before any seed k + 1 (within a seed, the costliest cell first)."""
+    from benchmarks.objectives.convergence import runs
+
+    order = []
+
+    def fake_run(task):
+        order.append((task["seed"], task["batch"], task["method"]))
+        return task["key"], {"val": [[0.5, 0.5]], "heldout": [[0.1, 0.1]], "wall_s": 0.0}
+
+    monkeypatch.setattr(runs, "_run_task", fake_run)
+    _synthetic_artists(tmp_path / "cache")
+    args = convergence.parse_args(["--cache", str(tmp_path / "cache"), "--workers", "1"])
+    runner = Runner(args, Data(args))
+    cells = [c for c in convergence.make_cells(args, 300) if c["regime"] == "short"]
+    by = {m.name: m for m in cm.METHODS}
+    runner.run_all(
+        [runner.task(c, by[n], {}, s) for c in cells for n in (OVER_RUN, SHORT_DEFAULT) for s in range(3)]
+    )
+    assert [s for s, _, _ in order] == sorted(s for s, _, _ in order) and len(order) == 3 * 2 * len(cells)
+    assert [b for s, b, _ in order if s == 0][::2] == sorted(c["batch"] for c in cells)

@@ -97,11 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scratch-epochs", type=int, default=4)
     p.add_argument(
         "--knobs-from",
+        nargs="+",
         default=None,
-        help="a result JSON whose cells' tuned knobs are reused (same "
-        "batch) instead of tuning here: cheaper, and reported as such",
+        help="result JSONs whose cells' tuned knobs are reused (the first file with a cell of the same "
+        "batch holding the method) instead of tuning here: cheaper, and reported as such",
     )
-    p.add_argument("--long-knobs-from", default=None, help="as --knobs-from, for the long regime only")
+    p.add_argument(
+        "--long-knobs-from", nargs="+", default=None, help="as --knobs-from, for the long regime only"
+    )
     p.add_argument("--long-methods", nargs="+", default=None, help="the long regime's methods (default: all)")
     p.add_argument(
         "--long-batches",
@@ -249,16 +252,22 @@ def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
                 searches[k][2].advance()
 
 
-def adopt_knobs(path: str, searches: dict, regimes: set[str]) -> None:
+def adopt_knobs(paths: list[str], searches: dict, regimes: set[str]) -> None:
     """Skip tuning in ``regimes``: take each method's chosen knobs from the cell of the same batch in an
-    earlier result (``--knobs-from``, ``--long-knobs-from``: cheaper when compute is short; reported)."""
-    earlier = json.loads(Path(path).read_text())["results"]
+    earlier result (``--knobs-from``, ``--long-knobs-from``: cheaper when compute is short; reported); of
+    several files the first with such a cell wins. A method without a grid has nothing to adopt."""
+    earlier = [(path, c) for path in paths for c in json.loads(Path(path).read_text())["results"]]
     for cell, method, search in searches.values():
-        if cell["regime"] not in regimes:
+        if cell["regime"] not in regimes or not method.grid:
             continue
-        source = next((c for c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None)
-        if source is None:
-            raise SystemExit(f"--knobs-from {path}: no batch-{cell['batch']} cell with {method.name}")
+        found = next(
+            ((p, c) for p, c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None
+        )
+        if found is None:
+            raise SystemExit(
+                f"--knobs-from {' '.join(paths)}: no batch-{cell['batch']} cell with {method.name}"
+            )
+        path, source = found
         search.adopt(source["rows"][method.name]["tuning"]["chosen"], f"{source['regime']} regime ({path})")
 
 

@@ -164,6 +164,22 @@ METHODS: tuple[Method, ...] = (
         note="the trainer's former default objective for runs of more than 12 planned epochs up to batch "
         "128, as it was: nothing tuned",
     ),
+    # candidates for one default at every batch and run length (issue 40), each as the trainer runs FastCLIP
+    # when asked for nothing else: τ from 0.07 learned at the model's lr (cosine), ρ 8, γ from 1 to 0.2;
+    # nothing tuned. They differ only in how long γ takes to reach its minimum.
+    Method(
+        "fastclip-v3 (u_drift, γ over the run)",
+        {"kind": "fastclip", "version": "v3", "u_drift": "batch"},
+        gamma_over_all_epochs=True,
+        note="the drift-corrected v3 at the trainer's defaults with γ decaying over all the planned epochs "
+        "(a schedule that scales with the run); nothing tuned",
+    ),
+    Method(
+        "fastclip-v3 (u_drift), defaults",
+        {"kind": "fastclip", "version": "v3", "u_drift": "batch"},
+        note="the trainer's short-run default (choice.BY_BATCH) as it is: the drift-corrected v3 at the "
+        "trainer's defaults, γ decaying over 18/37 of the planned epochs; nothing tuned",
+    ),
 )
 
 

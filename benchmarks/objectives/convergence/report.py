@@ -53,6 +53,8 @@ def _row(runs: list[dict], ref: list[float], target: float, ref_steps: int) -> d
             **d,
             "per_seed": diffs,
             "ahead_by_2_std": len(diffs) > 1 and d["mean"] > 2 * d["std"],
+            # the default objective's rule (issue 40): never behind the best OpenCLIP by more than 1 std
+            "behind_by_more_than_1_std": d["mean"] < -d["std"],
         },
         "curve_steps": steps,
         "curve_heldout_mean": curve.tolist(),
@@ -100,8 +102,9 @@ def table(cells: list[dict], regime: str) -> str:
     lines = [
         "| batch | epochs (steps) | method | tuned on validation | val R@1 | image→text R@1 | text→image "
         "R@1 | "
-        "mean R@1 | Δ vs best OpenCLIP | ahead by > 2 std | steps to reach (× best OpenCLIP's) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "mean R@1 | Δ vs best OpenCLIP | ahead by > 2 std | behind by > 1 std | steps to reach (× best "
+        "OpenCLIP's) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in (c for c in cells if c["regime"] == regime):
         for name, r in cell["rows"].items():
@@ -109,6 +112,7 @@ def table(cells: list[dict], regime: str) -> str:
             d = r["paired_diff_vs_best_openclip"]
             delta = "—" if best else f"{100 * d['mean']:+.2f} ± {100 * d['std']:.2f}"
             ahead = "—" if best else ("yes" if d["ahead_by_2_std"] else "no")
+            behind = "—" if best else ("**yes**" if d["mean"] < -d["std"] else "no")
             reach = (
                 "not reached"
                 if r["reach_ratio"] is None
@@ -123,7 +127,7 @@ def table(cells: list[dict], regime: str) -> str:
                 f"| {cell['batch']} | {cell['epochs']} ({cell['steps']}) | "
                 f"{name}{' **(best OpenCLIP)**' if best else ''} "
                 f"| {tuned} | {100 * r['val_r1']:.2f} | {_pm(r['heldout_i2t'])} | {_pm(r['heldout_t2i'])} | "
-                f"{_pm(r['heldout_mean'])} | {delta} | {ahead} | {reach} |"
+                f"{_pm(r['heldout_mean'])} | {delta} | {ahead} | {behind} | {reach} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -233,7 +237,8 @@ def markdown(report: dict, stem: str) -> str:
         ]
     if c.get("long_knobs_from") or c.get("knobs_from"):
         parts += [
-            f"**Knobs reused, not tuned here:** {c.get('knobs_from') or ''} {c.get('long_knobs_from') or ''} "
+            f"**Knobs reused, not tuned here:** {' '.join(c.get('knobs_from') or [])} "
+            f"{' '.join(c.get('long_knobs_from') or [])} "
             "(the table's 'tuned on validation' column says which cell they come from).",
             "",
         ]

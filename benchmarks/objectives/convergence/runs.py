@@ -335,8 +335,15 @@ class Runner:
         todo = list({t["key"]: t for t in tasks if t["key"] not in self.done}.values())
         if self.args.cached_only:  # report what is finished; the caller leaves out what is not
             return
-        # longest first, so the pool stays busy to the end (scratch steps cost ~30 LiT steps)
-        todo.sort(key=lambda t: -t["steps"] * (t["batch"] ** 0.5) * (30 if t["mode"] == "scratch" else 1))
+        # seed by seed (every method's seed k before any seed k + 1), so a benchmark stopped early has the
+        # same paired seeds of every method in every cell (--cached-only --seeds k reports them); within a
+        # seed longest first, so the pool stays busy to the end (scratch steps cost ~30 LiT steps)
+        todo.sort(
+            key=lambda t: (
+                t["seed"],
+                -t["steps"] * (t["batch"] ** 0.5) * (30 if t["mode"] == "scratch" else 1),
+            )
+        )
         if not todo:
             return
         labels = {t["key"]: t["label"] for t in todo}
