@@ -177,8 +177,8 @@ METHODS: tuple[Method, ...] = (
     Method(
         "fastclip-v3 (u_drift), defaults",
         {"kind": "fastclip", "version": "v3", "u_drift": "batch"},
-        note="the trainer's short-run default (choice.BY_BATCH) as it is: the drift-corrected v3 at the "
-        "trainer's defaults, γ decaying over 18/37 of the planned epochs; nothing tuned",
+        note="the trainer's former short-run default as it was: the drift-corrected v3 at the trainer's "
+        "defaults, γ decaying over 18/37 of the planned epochs; nothing tuned",
     ),
 )
 
