@@ -84,8 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--long-methods",
         nargs="*",
         default=None,
-        help=f"the long budget's methods (default: {', '.join(sm.DEFAULT_LONG_METHODS)}: a long cell costs "
-        "4x a short one, so it runs no tuning grid; methods outside --methods are ignored)",
+        help="the long budget's methods (default: --methods when given, else "
+        f"{', '.join(sm.DEFAULT_LONG_METHODS)}: a long cell costs 4x a short one, so the default plan runs "
+        "no tuning grid there; methods outside "
+        "--methods are ignored)",
     )
     p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (wd 0.1, 10%% warmup, cosine)")
     p.add_argument("--eval-points", type=int, default=6, help="evaluations per run (the curves' resolution)")
@@ -106,9 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.min_fonts, args.limit, args.batches, args.regimes = 12, 60, [32], ["short"]
         args.short_epochs, args.seeds, args.tune_seeds, args.eval_points, args.no_tune = 1, 1, 1, 2, True
         args.methods = args.methods or ["openclip (learnable τ)", "fastclip-v3 (u_drift)"]
+    if args.long_methods is None:  # the default plan's long cells; methods named by hand run in every cell
+        args.long_methods = list(args.methods or sm.DEFAULT_LONG_METHODS)
     args.methods = args.methods or list(sm.DEFAULT_METHODS)
-    if args.long_methods is None:
-        args.long_methods = [m for m in sm.DEFAULT_LONG_METHODS if m in args.methods] or list(args.methods)
     if args.tune_seeds > args.seeds:
         p.error("--tune-seeds must not exceed --seeds")
     unknown = set(args.methods + args.untuned + args.long_methods) - {m.name for m in sm.METHODS}

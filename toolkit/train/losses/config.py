@@ -10,7 +10,7 @@
   scale and bias), ``neuclip`` (``neuclip/config.py``: the normaliser network). A section checks itself
   and, with ``check_objective(loss)``, refuses its settings where the chosen ``kind`` does not use them.
 - One layout: configs, records (the run's config.yaml, checkpoints' config and config hash), presets and
-  the default objective's table all write the sections. ``fastclip``'s and ``siglip``'s fields were flat
+  the default objective all write the sections. ``fastclip``'s and ``siglip``'s fields were flat
   keys of ``loss`` in records written before 2026-11-26 (``version``, ``gamma_min``, ``siglip_scale_init``):
   such a key is refused, naming its new place (``MOVED_KEYS``), and a checkpoint recorded so is refused
   for resume (train/checkpoint/resume.py) with the same names.
