@@ -19,6 +19,17 @@ from pathlib import Path
 EVAL_SETS = ("val", "held", "held_distinct")
 
 
+def add_set_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that define the glyph set and the model trained on it (every script of the package)."""
+    p.add_argument("--min-fonts", type=int, default=13, help="characters that at least this many styles draw")
+    p.add_argument("--size", type=int, default=32, help="glyph image side in pixels (the model's image size)")
+    p.add_argument("--scripts", nargs="*", default=[], help="`toolkit data glyphs --scripts` (default: all)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many characters (smaller, cheaper)")
+    p.add_argument("--val-style", default="DejaVuSerif-BoldItalic", help="the style scored for tuning")
+    p.add_argument("--heldout-style", default="STIXGeneral", help="the style never trained or tuned on")
+    p.add_argument("--model", default="cliptk-glyph", help="model config trained from random init")
+
+
 def _rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(fh))

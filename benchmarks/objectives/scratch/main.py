@@ -38,20 +38,14 @@ from benchmarks.objectives.convergence import methods as cm
 from benchmarks.objectives.convergence.methods import GAMMA_DECAY_FRACTION
 from benchmarks.objectives.scratch import methods as sm
 from benchmarks.objectives.scratch import report as sr
-from benchmarks.objectives.scratch.glyphset import GlyphSet
-from benchmarks.objectives.scratch.runs import WARMUP_FRACTION, Runner
+from benchmarks.objectives.scratch.glyphset import GlyphSet, add_set_arguments
+from benchmarks.objectives.scratch.runs import WARMUP_FRACTION, Runner, add_run_arguments
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cache", default="runs/scratch", help="the glyph set, its shards and every finished run")
-    p.add_argument("--min-fonts", type=int, default=13, help="characters that at least this many styles draw")
-    p.add_argument("--size", type=int, default=32, help="glyph image side in pixels (the model's image size)")
-    p.add_argument("--scripts", nargs="*", default=[], help="`toolkit data glyphs --scripts` (default: all)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many characters (smaller, cheaper)")
-    p.add_argument("--val-style", default="DejaVuSerif-BoldItalic", help="the style scored for tuning")
-    p.add_argument("--heldout-style", default="STIXGeneral", help="the style never trained or tuned on")
-    p.add_argument("--model", default="cliptk-glyph", help="model config trained from random init")
+    add_set_arguments(p)
     p.add_argument("--batches", type=int, nargs="+", default=[128, 32])
     p.add_argument("--regimes", nargs="+", default=["short", "long"], choices=["short", "long"])
     p.add_argument("--short-epochs", type=int, default=6)
@@ -89,12 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "no tuning grid there; methods outside "
         "--methods are ignored)",
     )
-    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (wd 0.1, 10%% warmup, cosine)")
-    p.add_argument("--eval-points", type=int, default=6, help="evaluations per run (the curves' resolution)")
-    p.add_argument("--workers", type=int, default=2, help="runs at a time (one torch thread each)")
-    p.add_argument("--run-timeout-s", type=float, default=3 * 3600)
-    p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
-    p.add_argument("--cached-only", action="store_true", help="train nothing: report finished runs only")
+    add_run_arguments(p)
     p.add_argument(
         "--quick",
         action="store_true",

@@ -36,6 +36,16 @@ WARMUP_FRACTION = 0.1
 SETS = {"val": "val", "held": "heldout", "held_distinct": "heldout_distinct"}
 
 
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the runs and their cache that ``Runner`` reads (every script of the package)."""
+    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (wd 0.1, 10%% warmup, cosine)")
+    p.add_argument("--eval-points", type=int, default=6, help="evaluations per run (the curves' resolution)")
+    p.add_argument("--workers", type=int, default=2, help="runs at a time (one torch thread each)")
+    p.add_argument("--run-timeout-s", type=float, default=3 * 3600)
+    p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
+    p.add_argument("--cached-only", action="store_true", help="train nothing: report finished runs only")
+
+
 def nested(fields: dict[str, Any]) -> dict[str, Any]:
     """{'fastclip.version': 'v3'} -> {'fastclip': {'version': 'v3'}} (the config's sectioned layout)."""
     out: dict[str, Any] = {}

@@ -44,8 +44,8 @@ from typing import Any
 from benchmarks.objectives.convergence.methods import GAMMA_DECAY_FRACTION, Method
 from benchmarks.objectives.scratch import methods as sm
 from benchmarks.objectives.scratch import tokens_report as tr
-from benchmarks.objectives.scratch.glyphset import GlyphSet
-from benchmarks.objectives.scratch.runs import WARMUP_FRACTION, Runner
+from benchmarks.objectives.scratch.glyphset import GlyphSet, add_set_arguments
+from benchmarks.objectives.scratch.runs import WARMUP_FRACTION, Runner, add_run_arguments
 
 LOW_RES_SHARE = 0.8  # of the steps at half the side (module docstring: why not CLIPA's ~95 %)
 VARIANTS: dict[str, dict[str, Any]] = {  # top-level TrainConfig keys; {SIDE}: half the model's image side
@@ -63,13 +63,7 @@ QUICK_VARIANTS = ["full", "patch dropout 0.5"]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cache", default="runs/scratch", help="the glyph set and every finished run (shared)")
-    p.add_argument("--min-fonts", type=int, default=13, help="characters that at least this many styles draw")
-    p.add_argument("--size", type=int, default=32, help="glyph image side in pixels (the model's image size)")
-    p.add_argument("--scripts", nargs="*", default=[], help="`toolkit data glyphs --scripts` (default: all)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many characters (smaller, cheaper)")
-    p.add_argument("--val-style", default="DejaVuSerif-BoldItalic", help="the style scored for tuning")
-    p.add_argument("--heldout-style", default="STIXGeneral", help="the style never trained or tuned on")
-    p.add_argument("--model", default="cliptk-glyph", help="model config trained from random init")
+    add_set_arguments(p)
     p.add_argument("--batch", type=int, default=128, help="global batch of every variant")
     p.add_argument("--epochs", type=int, default=6, help="epochs of the full-token run (sets the FLOPs)")
     p.add_argument("--seeds", type=int, default=3, help="paired seeds per variant")
@@ -82,12 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a scratch benchmark method, untuned, for every variant (default: the objective `toolkit "
         f"train` picks for the full run); known: {', '.join(m.name for m in sm.METHODS)}",
     )
-    p.add_argument("--lr", type=float, default=2e-3, help="peak AdamW lr (wd 0.1, 10%% warmup, cosine)")
-    p.add_argument("--eval-points", type=int, default=6, help="evaluations per run (the curves' resolution)")
-    p.add_argument("--workers", type=int, default=2, help="runs at a time (one torch thread each)")
-    p.add_argument("--run-timeout-s", type=float, default=3 * 3600)
-    p.add_argument("--fresh", action="store_true", help="ignore finished runs in CACHE/runs.jsonl")
-    p.add_argument("--cached-only", action="store_true", help="train nothing: report finished runs only")
+    add_run_arguments(p)
     p.add_argument(
         "--quick",
         action="store_true",
