@@ -134,7 +134,7 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
     }
 
 
-def _job(rank: int, world: int, port: int, args, out: str) -> None:
+def _job(rank: int, world: int, port: int, args, out: str, kinds: tuple[str, ...]) -> None:
     import torch
     import torch.distributed as dist
 
@@ -150,14 +150,14 @@ def _job(rank: int, world: int, port: int, args, out: str) -> None:
     )
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    results = {kind: _run(kind, args, rank, world) for kind in ("ddp", "fsdp")}
+    results = {kind: _run(kind, args, rank, world) for kind in kinds}
     torch.save(results, Path(out) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_world(args, world: int, work: Path) -> dict:
-    """{kind: per-rank maxima} of one gloo job at ``world`` ranks."""
+def run_world(args, world: int, work: Path, kinds: tuple[str, ...] = ("ddp", "fsdp")) -> dict:
+    """{kind: per-rank maxima} of one gloo job at ``world`` ranks running the trainers ``kinds`` in turn."""
     import socket
 
     import torch
@@ -168,11 +168,9 @@ def run_world(args, world: int, work: Path) -> dict:
         port = s.getsockname()[1]
     folder = work / f"world{world}"
     folder.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_job, args=(world, port, args, str(folder)), nprocs=world, join=True)
+    mp.spawn(_job, args=(world, port, args, str(folder), kinds), nprocs=world, join=True)
     ranks = [torch.load(folder / f"rank{r}.pt") for r in range(world)]
-    return {
-        kind: {key: max(r[kind][key] for r in ranks) for key in ranks[0][kind]} for kind in ("ddp", "fsdp")
-    }
+    return {kind: {key: max(r[kind][key] for r in ranks) for key in ranks[0][kind]} for kind in kinds}
 
 
 def planned(args, world: int, fsdp: bool) -> float:
