@@ -55,6 +55,18 @@ METHODS: tuple[Method, ...] = (
         "of them (a schedule that scales with the run and leaves γ high for longer)",
     ),
     Method(
+        "fastclip-v3 (u_drift, γ over the run, τ step_thresh)",
+        {
+            "kind": "fastclip",
+            "fastclip.version": "v3",
+            "fastclip.u_drift": "batch",
+            "lr_tau_schedule": "step_thresh",
+        },
+        gamma_over_all_epochs=True,
+        note="the trainer's default with the reference's τ rule: τ's lr (the model's) divided by 3 once "
+        "τ <= 0.03; nothing tuned",
+    ),
+    Method(
         "siglip",
         {"kind": "siglip", "mode": "gather"},
         {"siglip.scale_init": (5.0, 10.0, 20.0)},

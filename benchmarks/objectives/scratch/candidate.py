@@ -1,0 +1,187 @@
+"""A candidate objective on the recorded cells of the from-scratch benchmark, paired by seed with the recorded
+runs of each cell's best OpenCLIP instead of re-running them: the references (τ grids, slow batch-32 runs)
+cost most of the benchmark's two hours, a candidate only its own runs.
+
+Reads ``--pages`` (JSONs written by ``python -m benchmarks.objectives.scratch``: each cell's regime, batch,
+epochs, seeds and best OpenCLIP with its chosen knobs) and ``--runs`` (the ``*_runs.json`` written beside
+them: every recorded run's final R@1 by label), runs ``--candidate`` (a ``methods.METHODS`` name, at the
+trainer's defaults of its knobs: nothing tuned) on each cell's seeds through the benchmark's own ``Runner``,
+and reports per cell the candidate's held-out R@1 (mean of both directions), the recorded best OpenCLIP's and
+the paired Δ ± std (``--cells 'short b32'`` to run some cells only).
+
+Pairing with records holds only while a run is reproducible (same glyph set, trainer and machine type):
+before any candidate run, the best-OpenCLIP seed 0 of ``--check-cell`` (the cheapest) is re-run and the
+script stops unless its held-out R@1 equals the record to 1e-6 (``--no-check`` skips that).
+
+    python -m benchmarks.objectives.scratch.candidate --candidate "trainer default" --cells "short b32"
+
+Writes ``--out`` (JSON) and the same path with ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from benchmarks.objectives.scratch import methods as sm
+from benchmarks.objectives.scratch.glyphset import GlyphSet, add_set_arguments
+from benchmarks.objectives.scratch.runs import Runner, add_run_arguments
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+PAGES = ("scratch", "scratch_b32", "scratch_long")
+CELL_KEYS = ("regime", "batch", "epochs", "steps_per_epoch", "steps", "gamma_decay_epochs")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cache", default="runs/scratch", help="the glyph set, its shards and every finished run")
+    add_set_arguments(p)
+    add_run_arguments(p)
+    p.add_argument("--candidate", required=True, help=f"one of: {', '.join(m.name for m in sm.METHODS)}")
+    p.add_argument("--pages", nargs="+", default=[str(RESULTS / f"{n}.json") for n in PAGES])
+    p.add_argument("--runs", default=str(RESULTS / "scratch_runs.json"), help="the recorded runs' finals")
+    p.add_argument("--cells", nargs="*", default=None, help="'short b32', ... (default: every recorded cell)")
+    p.add_argument("--max-seeds", type=int, default=None, help="at most this many of a cell's seeds")
+    p.add_argument("--check-cell", default="short b128", help="the cell whose best-OpenCLIP seed 0 is re-run")
+    p.add_argument("--no-check", action="store_true", help="skip re-running one recorded run first")
+    p.add_argument("--out", default=str(RESULTS / "scratch_candidate.json"))
+    args = p.parse_args(argv)
+    if args.candidate not in {m.name for m in sm.METHODS}:
+        p.error(f"unknown --candidate {args.candidate!r}; known: {[m.name for m in sm.METHODS]}")
+    return args
+
+
+def recorded_cells(pages: list[str], wanted: list[str] | None) -> list[dict]:
+    """The pages' cells with their best OpenCLIP (name, chosen knobs) and seed count."""
+    cells = []
+    for page in pages:
+        for c in json.loads(Path(page).read_text())["results"]:
+            name = f"{c['regime']} b{c['batch']}"
+            if wanted is not None and name not in wanted:
+                continue
+            best = c["best_openclip"]
+            row = c["rows"][best]
+            cells.append(
+                {
+                    **{k: c[k] for k in CELL_KEYS},
+                    "name": name,
+                    "page": Path(page).name,
+                    "reference": best,
+                    "reference_knobs": row["tuning"]["chosen"],
+                    "num_seeds": row["num_seeds"],
+                }
+            )
+    return cells
+
+
+def held_r1(curve: dict) -> float:
+    """The final held-out R@1, mean of image→text and text→image."""
+    return sum(curve["heldout"][-1]) / 2
+
+
+def check_reproducible(runner: Runner, cell: dict, recorded: dict[str, float]) -> dict:
+    """Re-run the cell's best-OpenCLIP seed 0 and compare it with its record (module docstring)."""
+    method = next(m for m in sm.METHODS if m.name == cell["reference"])
+    task = runner.task(cell, method, cell["reference_knobs"], 0)
+    if task["label"] not in recorded:
+        raise SystemExit(f"no recorded run {task['label']!r} in --runs to check against")
+    runner.run_all([task])
+    got, want = held_r1(runner.done[task["key"]]), recorded[task["label"]]
+    if abs(got - want) > 1e-6:
+        raise SystemExit(
+            f"{task['label']}: re-run gives held-out R@1 {got:.6f}, the record {want:.6f}: runs are not "
+            "reproducible here, so a pairing with the records would be meaningless; run the whole benchmark"
+        )
+    return {"label": task["label"], "recorded": want, "rerun": got}
+
+
+def pair(runner: Runner, cells: list[dict], candidate, recorded: dict[str, float]) -> list[dict]:
+    """Per cell: the candidate's and the reference's per-seed R@1 and their paired Δ (percent points)."""
+    reference = {m.name: m for m in sm.METHODS}
+    tasks = {c["name"]: [runner.task(c, candidate, {}, s) for s in range(c["num_seeds"])] for c in cells}
+    # the longest runs first, so the workers finish together (a batch-32 step costs ~half a batch-128 one)
+    todo = sorted((t for ts in tasks.values() for t in ts), key=lambda t: -t["steps"] * t["batch"] ** 0.5)
+    runner.run_all(todo)
+    out = []
+    for c in cells:
+        refs = [
+            runner.task(c, reference[c["reference"]], c["reference_knobs"], s) for s in range(c["num_seeds"])
+        ]
+        mine = [100 * held_r1(runner.done[t["key"]]) for t in tasks[c["name"]] if t["key"] in runner.done]
+        theirs = [100 * recorded[t["label"]] for t in refs]
+        if len(mine) < len(theirs):
+            out.append({**c, "candidate_r1": mine, "unfinished": True})
+            continue
+        deltas = [a - b for a, b in zip(mine, theirs, strict=True)]
+        out.append(
+            {
+                **c,
+                "candidate_r1": mine,
+                "reference_r1": theirs,
+                "delta": deltas,
+                "delta_mean": statistics.fmean(deltas),
+                "delta_std": statistics.stdev(deltas) if len(deltas) > 1 else 0.0,
+            }
+        )
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# {result['candidate']} against the recorded best OpenCLIP of each cell",
+        "",
+        "Held-out R@1 % (STIX General, mean of both directions), paired by seed with the recorded runs "
+        f"({result['runs']}); reproducibility check: {result['check']}.",
+        "",
+        "| cell (page) | seeds | best OpenCLIP (recorded) | R@1 | candidate R@1 | Δ ± std | behind > 1 std |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in result["cells"]:
+        if c.get("unfinished"):
+            lines.append(
+                f"| {c['name']} ({c['page']}) | {c['num_seeds']} | {c['reference']} | | unfinished | | |"
+            )
+            continue
+        knobs = ", ".join(f"{k} {v:g}" for k, v in c["reference_knobs"].items())
+        behind = c["delta_mean"] < -c["delta_std"]
+        reference = f"{c['reference']} {knobs}".strip()
+        lines.append(
+            f"| {c['name']} ({c['page']}) | {c['num_seeds']} | {reference} | "
+            f"{statistics.fmean(c['reference_r1']):.2f} | {statistics.fmean(c['candidate_r1']):.2f} | "
+            f"{c['delta_mean']:+.2f} ± {c['delta_std']:.2f} | {'**yes**' if behind else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    cells = recorded_cells(args.pages, args.cells)
+    for c in cells:
+        c["num_seeds"] = min(c["num_seeds"], args.max_seeds or c["num_seeds"])
+    if not cells:
+        raise SystemExit(f"no recorded cell matches --cells {args.cells}")
+    recorded = {r["label"]: sum(r["heldout_r1"]) / 2 for r in json.loads(Path(args.runs).read_text())}
+    runner = Runner(args, GlyphSet(args))
+    if args.no_check:
+        check = "skipped (--no-check)"
+    else:
+        check = check_reproducible(runner, recorded_cells(args.pages, [args.check_cell])[0], recorded)
+    candidate = next(m for m in sm.METHODS if m.name == args.candidate)
+    result = {
+        "candidate": args.candidate,
+        "runs": Path(args.runs).name,
+        "check": check,
+        "cells": pair(runner, cells, candidate, recorded),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
