@@ -234,3 +234,26 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     again = scratch.main(argv)
     assert "s in all)" not in capsys.readouterr().out  # nothing retrained
     assert again["results"][0]["rows"] == cell["rows"]
+    # scratch.candidate pairs a method's runs with the recorded ones by label: the recorded method itself,
+    # whose runs the cache holds, pairs with a Δ of exactly 0 and retrains nothing (the check included)
+    from benchmarks.objectives.scratch import candidate
+
+    paired = candidate.main(
+        [
+            *("--cache", str(tmp_path / "cache"), "--min-fonts", "12", "--limit", "60", "--eval-points", "2"),
+            *(
+                "--pages",
+                str(out),
+                "--runs",
+                str(out.parent / "scratch_runs.json"),
+                "--check-cell",
+                "short b32",
+            ),
+            *("--candidate", "openclip (learnable τ)", "--out", str(tmp_path / "cand.json")),
+        ]
+    )
+    assert "s in all)" not in capsys.readouterr().out
+    (pc,) = paired["cells"]
+    assert pc["delta"] == [0.0] and pc["candidate_r1"] == [100 * row["heldout_r1"]["mean"]]
+    assert paired["check"]["rerun"] == paired["check"]["recorded"]
+    assert "| short b32 (scratch.json) | 1 | openclip (learnable τ) |" in (tmp_path / "cand.md").read_text()
