@@ -129,11 +129,15 @@ def pair(runner: Runner, cells: list[dict], candidate, recorded: dict[str, float
 
 
 def markdown(result: dict) -> str:
+    check = result["check"]
+    if isinstance(check, dict):
+        rerun, record = 100 * check["rerun"], 100 * check["recorded"]
+        check = f"re-ran `{check['label']}`: {rerun:.4f} %, the record {record:.4f} %"
     lines = [
         f"# {result['candidate']} against the recorded best OpenCLIP of each cell",
         "",
         "Held-out R@1 % (STIX General, mean of both directions), paired by seed with the recorded runs "
-        f"({result['runs']}); reproducibility check: {result['check']}.",
+        f"({result['runs']}); reproducibility check: {check}.",
         "",
         "| cell (page) | seeds | best OpenCLIP (recorded) | R@1 | candidate R@1 | Δ ± std | behind > 1 std |",
         "|---|---|---|---|---|---|---|",
