@@ -91,30 +91,19 @@ def test_compiled_towers_train_resume_and_cache_like_eager(demo_train, tmp_path)
     )
 
 
+# under --fsdp, FSDP2 wraps the blocks that regional compile compiled (towers.prepare runs before fsdp.shard,
+# torchtitan's order): the all-gathers run between compiled blocks, not inside their graphs
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.timeout(1800)
-def test_compiled_towers_under_ddp_match_one_process(demo_train, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_compiled_towers_at_2_ranks_match_one_process(demo_train, tmp_path, fsdp):
     over = {"steps": 2, **SGD}
     run(train_cfg(demo_train, tmp_path / "one", **over))
-    run(train_cfg(demo_train, tmp_path / "two", compile=True, launch={"nproc_per_node": 2}, **over))
-    assert [m["loss"] for m in metrics(tmp_path / "two")] == pytest.approx(
-        [m["loss"] for m in metrics(tmp_path / "one")], rel=1e-5
+    two = train_cfg(
+        demo_train, tmp_path / "two", compile=True, fsdp=fsdp, launch={"nproc_per_node": 2}, **over
     )
-    assert _rel(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
-
-
-# FSDP2 wraps the blocks that regional compile compiled (towers.prepare runs before fsdp.shard, torchtitan's
-# order): the all-gathers run between compiled blocks, not inside their graphs
-@pytest.mark.slow
-@pytest.mark.dist
-@pytest.mark.timeout(1800)
-def test_compiled_towers_under_fsdp_match_one_process(demo_train, tmp_path):
-    over = {"steps": 2, **SGD}
-    run(train_cfg(demo_train, tmp_path / "one", **over))
-    run(
-        train_cfg(demo_train, tmp_path / "two", compile=True, fsdp=True, launch={"nproc_per_node": 2}, **over)
-    )
+    run(two)
     assert [m["loss"] for m in metrics(tmp_path / "two")] == pytest.approx(
         [m["loss"] for m in metrics(tmp_path / "one")], rel=1e-5
     )
