@@ -18,6 +18,7 @@ what is compared). Per rank it records:
     python -m benchmarks.trainer.fsdp_memory                         # cliptk-small, ~10 min on 2 loaded cores
     python -m benchmarks.trainer.fsdp_memory --model cliptk-tiny --steps 6
     python -m benchmarks.trainer.fsdp_memory --replan    # the plan columns again, after a planner change
+    python -m benchmarks.trainer.fsdp_memory --no-reshard --memory-world 2 --out .../fsdp_memory_zero2.json
 
 Writes benchmarks/trainer/results/fsdp_memory.{json,md} (``--out`` to change).
 """
@@ -93,7 +94,8 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
     if kind == "fsdp":
         from toolkit.train import fsdp
 
-        sharded, wrapped = fsdp.shard(model, "fp32", False, torch.device("cpu")), model
+        reshard = not getattr(args, "no_reshard", False)
+        sharded, wrapped = fsdp.shard(model, "fp32", False, torch.device("cpu"), reshard), model
     else:
         sharded, wrapped = None, wrap_ddp(model)
     loss_fn = build_loss(loss_cfg, data_size=args.batch, check_sizes=False)
@@ -187,6 +189,7 @@ def planned(args, world: int, fsdp: bool) -> float:
                 "device": "cpu",
                 "micro_batch_size": args.micro,
                 "fsdp": fsdp,
+                "fsdp_reshard_after_forward": not getattr(args, "no_reshard", False),
                 "num_samples": args.batch,
             },
         )
@@ -202,6 +205,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--memory-world", type=int, default=4)
     p.add_argument("--time-world", type=int, default=2)
+    p.add_argument(
+        "--no-reshard",
+        action="store_true",
+        help="FSDP keeps every unit gathered from its forward to its backward "
+        "(`--no-fsdp-reshard-after-forward`, ZeRO-2)",
+    )
     p.add_argument("--work", type=Path, default=Path("/tmp/cliptk-fsdp-bench"))
     p.add_argument("--out", type=Path, default=RESULTS / "fsdp_memory.json")
     p.add_argument(
@@ -248,7 +257,10 @@ def summary(rows: dict, memory_world: int, time_world: int) -> dict:
 def replan(result: dict) -> dict:
     """``result`` (a written JSON) with its plan columns and errors from the current planner; the measured
     columns are the run's own."""
-    args = argparse.Namespace(**{k: int(v) if v.isdigit() else v for k, v in result["args"].items()})
+    flags = {"True": True, "False": False}
+    args = argparse.Namespace(
+        **{k: int(v) if v.isdigit() else flags.get(v, v) for k, v in result["args"].items()}
+    )
     rows = {int(w): kinds for w, kinds in result["rows"].items()}
     for world, kinds in rows.items():
         for kind in kinds:
@@ -269,7 +281,12 @@ def format_table(result: dict) -> str:
     mib = 2**20
     lines = [
         f"model {result['args']['model']}, global batch {result['args']['batch']}, micro-batch "
-        f"{result['args']['micro']}, AdamW fp32, gloo CPU, 1 thread per rank, load {result['loadavg']:.1f}",
+        f"{result['args']['micro']}, AdamW fp32, gloo CPU, 1 thread per rank, load {result['loadavg']:.1f}"
+        + (
+            ", FSDP not resharded after the forward (ZeRO-2)"
+            if result["args"].get("no_reshard") == "True"
+            else ""
+        ),
         "",
         "| ranks | trainer | state MiB/rank | step s | sent MiB/step | peak MiB | plan MiB | plan/peak - 1 |",
         "|---|---|---|---|---|---|---|---|",

@@ -23,7 +23,8 @@ def test_every_flag_sets_an_existing_field_with_its_doc_and_default():
     for key, flags in train_cli.FLAGS.items():
         field, _ = config_field(TrainConfig, key)
         option = options[key.replace(".", "_")]
-        assert set(flags) <= set(option.opts), (key, option.opts)
+        names = {name for decl in flags for name in decl.split("/")}  # a switch: "--x/--no-x"
+        assert names <= set(option.opts) | set(option.secondary_opts), (key, option.opts)
         assert option.help.startswith(field.metadata["doc"].rstrip()), key
         if field.default is not dataclasses.MISSING and field.default != "":
             assert f"(default: {field.default})" in option.help, (key, option.help)

@@ -88,6 +88,8 @@ COMPOSED = {
         "ema_decay": 0.5,
         "micro_batch_size": 2,
     },
+    # ZeRO-2: every unit stays gathered from its forward to its backward, with the cache's two passes
+    "zero2": {"fsdp_reshard_after_forward": False, "micro_batch_size": 2},
 }
 
 
@@ -97,7 +99,7 @@ def test_fsdp_composes_with_the_other_modes_checkpointing_locked_towers_and_ema(
     got = sharded_runs(demo_train, tmp_path / "two", 2, runs)
     for name, over in runs.items():
         want = tmp_path / f"one-{name}"
-        run(train_cfg(demo_train, want, **over))
+        run(train_cfg(demo_train, want, **{k: v for k, v in over.items() if not k.startswith("fsdp")}))
         assert rel(weights(got[name]), weights(want)) <= 1e-6, name
     assert rel(weights(got["parts"], "model-ema"), weights(tmp_path / "one-parts", "model-ema")) <= 1e-6
     import torch
@@ -116,6 +118,7 @@ def test_fsdp_composes_with_the_other_modes_checkpointing_locked_towers_and_ema(
     ("over", "words"),
     [
         ({"fsdp_cpu_offload": True}, "set fsdp too"),
+        ({"fsdp_reshard_after_forward": False}, "set fsdp too"),
         ({"fsdp": True, "grad_dtype": "bf16"}, "grad_dtype sets DDP's all_reduce"),
         ({"fsdp": True, "checkpoint": {"dir": "s3://bucket/ckpt"}}, "a folder all ranks share"),
     ],
@@ -318,6 +321,14 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     assert whole["gradients (DDP buckets)"] == 4 * p and "gradients" not in whole
     assert fsdp.ddp_total == pytest.approx(ddp.total)
     assert "total with DDP" in format_plan(fsdp)
+    # not resharded (ZeRO-2): every parameter gathered at the peak, no second all-gather in the backward
+    zero2 = plan(build(PlanConfig, {**base, "fsdp": True, "fsdp_reshard_after_forward": False}))
+    assert zero2.rows["gathered parameters"] == 4 * p
+    assert zero2.rows["largest unit's backward (beyond the activations)"] == 0.0
+    sent = {name: r.traffic["fsdp (parameters)"]["params"] for name, r in (("fsdp", fsdp), ("zero2", zero2))}
+    assert sent["zero2"] == pytest.approx(
+        sent["fsdp"] * 2 / (2 + (p - u.root) / p)
+    )  # 2 forwards, no regather
     # micro-batch auto: the same budget fits a larger micro-batch when the states are sharded
     budget = (
         ddp.total - ddp.rows["activations (micro-batch 16)"] + 20 * ddp.per_sample_bytes + ddp.fixed_bytes

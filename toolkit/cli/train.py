@@ -71,6 +71,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "compile": ("--compile",),
     "fsdp": ("--fsdp",),
     "fsdp_cpu_offload": ("--fsdp-cpu-offload",),
+    "fsdp_reshard_after_forward": ("--fsdp-reshard-after-forward/--no-fsdp-reshard-after-forward",),
     "report_to": ("--report-to",),
     "lock_image": ("--lock-image",),
     "lock_image_unlocked_groups": ("--lock-image-unlocked-groups",),

@@ -268,6 +268,13 @@ class TrainConfig:
         doc="With fsdp: keep the shards and the optimiser step in host memory "
         "(FSDP2's CPUOffloadPolicy): least device memory, slower steps.",
     )
+    fsdp_reshard_after_forward: bool = option(
+        True,
+        affects_output=False,
+        doc="With fsdp: free each block's gathered weights after its forward and gather them again "
+        "for its backward (least memory); false keeps them whole until the backward (ZeRO-2: "
+        "gradients and optimiser state still sharded; fewer all-gathers, more memory).",
+    )
     lock_image: bool = option(
         False,
         absent_means=False,

@@ -6,7 +6,9 @@ world size):
 
 1. every transformer block of each tower that runs in training (open_clip's ``resblocks``, timm's
    ``blocks``) - the unit whose parameters are all-gathered just before its forward and freed after it
-   (``reshard_after_forward``), so one block's full weights are alive at a time;
+   (``reshard_after_forward``), so one block's full weights are alive at a time (with
+   ``fsdp_reshard_after_forward`` false every unit stays gathered from its forward to its backward: ZeRO-2,
+   one all-gather per forward instead of two);
 2. each tower (``clip.visual``; the text trunk ``clip.transformer`` or ``clip.text``): its remaining
    parameters (patch embedding, final norm, projection); and open_clip's token embedding, gathered only while
    it looks the tokens up (a vocabulary of 49,408 rows is most of a small model's parameters);
@@ -245,9 +247,12 @@ def plain_clip(model_cfg: dict[str, Any], state: dict[str, Tensor]) -> nn.Module
     return clip.eval()
 
 
-def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.device) -> Sharded:
+def shard(
+    model: nn.Module, precision: str, cpu_offload: bool, device: torch.device, reshard: bool = True
+) -> Sharded:
     """Wrap ``model`` (a ``TrainModel`` on ``device``, after ``towers.prepare``) in place (module docstring);
-    every rank, before the optimiser is built."""
+    every rank, before the optimiser is built. ``reshard``: the blocks', towers' and token embedding's
+    ``reshard_after_forward`` (the root never reshards)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
@@ -265,12 +270,12 @@ def shard(model: nn.Module, precision: str, cpu_offload: bool, device: torch.dev
     towers = _towers(model)
     for tower in towers:
         for block in blocks_of(tower):
-            sharded.wrap(block, kwargs, True, taken)
+            sharded.wrap(block, kwargs, reshard, taken)
     for tower in towers:
-        sharded.wrap(tower, kwargs, True, taken)
+        sharded.wrap(tower, kwargs, reshard, taken)
     # open_clip's [vocab, width] token table: the largest unit of small models (6.3 of cliptk-tiny's 8.0 M)
     embedding = getattr(model.clip, "token_embedding", None)
     if model.text_role == "tokens" and isinstance(embedding, nn.Module):
-        sharded.wrap(embedding, kwargs, True, taken)
+        sharded.wrap(embedding, kwargs, reshard, taken)
     sharded.wrap(model, kwargs, False, taken)
     return sharded

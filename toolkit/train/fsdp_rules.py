@@ -14,6 +14,8 @@ def refusal(cfg: Any) -> str | None:
     """Why ``cfg`` (a ``TrainConfig``) cannot train as asked with its fsdp keys; None when it can."""
     if cfg.fsdp_cpu_offload and not cfg.fsdp:
         return "fsdp_cpu_offload offloads FSDP's shards: set fsdp too (--fsdp --fsdp-cpu-offload)"
+    if not cfg.fsdp_reshard_after_forward and not cfg.fsdp:
+        return "fsdp_reshard_after_forward sets how FSDP reshards: set fsdp too (--fsdp)"
     if not cfg.fsdp:
         return None
     if cfg.precision == "fp16":

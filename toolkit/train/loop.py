@@ -95,7 +95,10 @@ def build_parts(cfg: TrainConfig, dataset: TrainDataset | None = None) -> Parts:
     if cfg.fsdp:
         from toolkit.train import fsdp
 
-        sharded, model = fsdp.shard(built.model, cfg.precision, cfg.fsdp_cpu_offload, rt.device), built.model
+        sharded = fsdp.shard(
+            built.model, cfg.precision, cfg.fsdp_cpu_offload, rt.device, cfg.fsdp_reshard_after_forward
+        )
+        model = built.model
     else:
         model = wrap_ddp(
             built.model, grad_dtype=cfg.grad_dtype, device_ids=[rt.device.index] if cuda else None

@@ -46,6 +46,7 @@ def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_sa
             "fsdp": cfg.fsdp,
             "patch_dropout": cfg.patch_dropout,
             "fsdp_cpu_offload": cfg.fsdp_cpu_offload,
+            "fsdp_reshard_after_forward": cfg.fsdp_reshard_after_forward,
         },
     )
 

@@ -9,7 +9,8 @@ with bf16 precision on CUDA, else 4):
 |---|---|
 | parameters (shards) | 4·P/K (fp32 master shards; CPU offload: in host memory) |
 | gathered parameters | p·(root + 2 × largest block): at the peak (the backward's start, every activation
-  held) the root stays gathered through the step and a block is gathered beside the next one prefetched |
+  held) the root stays gathered through the step and a block is gathered beside the next one prefetched;
+  ``reshard`` false (ZeRO-2): p·P, every unit gathered from its forward to its backward |
 | gradients (shards) | 4·T/K |
 | gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is
   reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the
@@ -17,16 +18,19 @@ with bf16 precision on CUDA, else 4):
 | largest unit's backward | max(0, (p + 8)·U - activations - the two rows above), U the largest other unit (a
   tower's own parameters or the token embedding): its backward comes last, when the activations are freed,
   and holds its gathered parameters, its whole gradient and the reduce-scatter's flat copy of it (4·U
-  each; with the cache the gradient is already in the whole one: p + 4) |
+  each; with the cache the gradient is already in the whole one: p + 4; not resharded, its parameters are
+  already in the gathered row: 8 or 4) |
 | optimizer state | 4·T·slots/K (CPU offload: in host memory) |
 
 Measured (benchmarks/trainer/fsdp_memory.py, cliptk-small, a 12.6 M-parameter token embedding of 22.5 M,
 batch 64): planned / measured peak 526.8 / 465.1 MiB at 2 ranks, 288.8 / 287.1 at 4; counting the embedding
-gathered beside the blocks, as before, gave +24 % at 2 ranks.
+gathered beside the blocks, as before, gave +24 % at 2 ranks. Not resharded (``--no-reshard``, ZeRO-2):
+605.9 / 525.3 MiB at 2 ranks (+15.3 %).
 
 The other rows (activations, inputs, cached features, the loss's) are DDP's. Traffic per rank per step:
 all_gather (K-1)/K·p·P for every forward of a unit (the cache: n graph-free forwards and n with a graph) and
-again in the backward of each resharded unit (every unit but the root); reduce_scatter (K-1)/K·4·T once.
+again in the backward of each resharded unit (every unit but the root; none with ``reshard`` false);
+reduce_scatter (K-1)/K·4·T once.
 """
 
 from __future__ import annotations
@@ -71,14 +75,15 @@ def units_of(clip) -> Units:
     return Units(root, max(own, default=0), block, count)
 
 
-def gathered_bytes(units: Units, param_bytes: int) -> float:
-    return float(param_bytes * (units.root + 2 * units.block))
+def gathered_bytes(units: Units, param_bytes: int, num_params: int, reshard: bool) -> float:
+    return float(param_bytes * (units.root + 2 * units.block if reshard else num_params))
 
 
-def last_unit_bytes(units: Units, param_bytes: int, cached: bool, beside: float) -> float:
+def last_unit_bytes(units: Units, param_bytes: int, cached: bool, beside: float, reshard: bool) -> float:
     """What the largest non-block unit's backward holds beyond ``beside`` (the activations and the gathered
     rows it outlives; module docstring)."""
-    return max(0.0, (param_bytes + (4 if cached else 8)) * units.tower - beside)
+    gathered = param_bytes if reshard else 0  # not resharded: already in the gathered row
+    return max(0.0, (gathered + (4 if cached else 8)) * units.tower - beside)
 
 
 def sharded_rows(
@@ -92,6 +97,7 @@ def sharded_rows(
     param_bytes: int,
     cached: bool,
     offload: bool,
+    reshard: bool = True,
 ) -> dict[str, float]:
     """DDP's ``rows`` (planner.memory_rows) with the parameter, gradient and optimiser rows sharded (module
     docstring); offloaded shards leave the device's rows (``host_rows`` lists them)."""
@@ -106,14 +112,14 @@ def sharded_rows(
             f"{optimizer} (shards)": 4.0 * num_trainable * slots / world,
         }
     )
-    head["gathered parameters"] = gathered_bytes(units, param_bytes)
+    head["gathered parameters"] = gathered_bytes(units, param_bytes, num_params, reshard)
     head["gathered gradients" + (" (whole: cache)" if cached else "")] = (
         4.0 * num_trainable if cached else 4.0 * 2 * units.block
     )
     activations = next(v for k, v in rows.items() if k.startswith("activations"))
     beside = activations + head["gathered parameters"] + (0.0 if cached else 4.0 * 2 * units.block)
     head["largest unit's backward (beyond the activations)"] = last_unit_bytes(
-        units, param_bytes, cached, beside
+        units, param_bytes, cached, beside, reshard
     )
     return {**head, **out}
 
@@ -128,7 +134,14 @@ def host_rows(*, num_params: int, num_trainable: int, slots: int, world: int) ->
 
 
 def traffic(
-    *, num_params: int, num_trainable: int, units: Units, world: int, param_bytes: int, num_micro: int
+    *,
+    num_params: int,
+    num_trainable: int,
+    units: Units,
+    world: int,
+    param_bytes: int,
+    num_micro: int,
+    reshard: bool = True,
 ) -> dict[str, float]:
     """Bytes one rank sends per step (ring algorithms): {"params": all-gathers, "param_grads": the
     reduce-scatter, "total"}; ``num_micro`` 0: no gradient cache."""
@@ -137,7 +150,8 @@ def traffic(
         2 * num_micro if num_micro else 1
     )  # the cache: graph-free + with-graph forward of each micro
     with_graph = num_micro or 1
-    resharded = num_params - units.root  # every unit but the root is gathered again in its backward
+    # every unit but the root is gathered again in its backward, unless none reshards
+    resharded = num_params - units.root if reshard else 0
     params = (k - 1) / k * param_bytes * (gathers_fwd * num_params + with_graph * resharded)
     grads = (k - 1) / k * 4.0 * num_trainable
     return {"params": params, "param_grads": grads, "total": params + grads}

@@ -109,6 +109,11 @@ class PlanConfig:
         "sharded over the ranks (FSDP2), beside DDP's total.",
     )
     fsdp_cpu_offload: bool = option(False, doc="With fsdp: the shards in host memory (`--fsdp-cpu-offload`).")
+    fsdp_reshard_after_forward: bool = option(
+        True,
+        doc="With fsdp: blocks freed after their forward (`toolkit train`'s default); false: every unit "
+        "gathered from its forward to its backward (`--no-fsdp-reshard-after-forward`).",
+    )
     text_tokens: int = option(
         0,
         ge=0,
@@ -270,6 +275,7 @@ def memory_rows(
         param_bytes=_param_bytes(cfg),
         cached=cached,
         offload=cfg.fsdp_cpu_offload and cfg.device == "cuda",
+        reshard=cfg.fsdp_reshard_after_forward,
     )
 
 
@@ -336,6 +342,7 @@ def traffic(cfg: PlanConfig, shape: ModelShape) -> dict[str, dict[str, float]]:
             world=cfg.world,
             param_bytes=_param_bytes(cfg),
             num_micro=-(-b // m) if 0 < m < b else 0,
+            reshard=cfg.fsdp_reshard_after_forward,
         )
     spec, fields = objective(cfg)
     if spec.kind != "openclip":
