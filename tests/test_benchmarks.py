@@ -257,3 +257,25 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     assert pc["delta"] == [0.0] and pc["candidate_r1"] == [100 * row["heldout_r1"]["mean"]]
     assert paired["check"]["rerun"] == paired["check"]["recorded"]
     assert "| short b32 (scratch.json) | 1 | openclip (learnable τ) |" in (tmp_path / "cand.md").read_text()
+
+
+@pytest.mark.dist
+def test_fsdp_capacity_bisects_the_widths_with_real_jobs(tmp_path):
+    """fsdp_capacity at a tiny budget: real 2-rank gloo jobs per measured width; the largest fitting width of
+    each trainer was measured under the budget and the next measured one over it; FSDP fits at least DDP's."""
+    from benchmarks.trainer import fsdp_capacity
+
+    out = tmp_path / "cap.json"
+    argv = ["--budget-gib", "0.25", "--world", "2", "--local-batch", "2", "--steps", "2"]
+    argv += ["--min-width", "64", "--max-width", "384", "--work", str(tmp_path / "work"), "--out", str(out)]
+    result = fsdp_capacity.main(argv)
+    budget = 0.25 * 2**30
+    for kind in ("ddp", "fsdp"):
+        best = result["largest"][kind]
+        points = [p for p in result["points"] if p["kind"] == kind]
+        assert best["fits"] and best["peak_bytes"] <= budget and best["peak_bytes"] > best["state_bytes"] > 0
+        above = [p for p in points if p["width"] > best["width"]]
+        assert all(not p["fits"] for p in above)
+    assert result["largest"]["fsdp"]["params"] >= result["largest"]["ddp"]["params"]
+    assert result["params_ratio"] == result["largest"]["fsdp"]["params"] / result["largest"]["ddp"]["params"]
+    assert "largest fsdp: width" in out.with_suffix(".md").read_text()
