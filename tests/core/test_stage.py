@@ -131,3 +131,22 @@ def test_cli_ctrl_c_is_one_line_and_exit_130(capsys):
     assert capsys.readouterr().err.strip() == (
         "error: interrupted (Ctrl-C); finished work is kept, rerun the same command to resume"
     )
+
+
+def test_a_launchers_failure_goes_in_front_of_the_symptom_a_rank_recorded(tmp_path):
+    """A rank killed with SIGKILL records nothing; rank 0 may record gloo's "connection closed by peer" before
+    torchrun stops it: the manifest then names the launcher's first failure first, and keeps the rank's."""
+    import json
+
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"status": "failed", "error": "RuntimeError: Connection closed by peer"})
+    )
+    err = RuntimeError("rank 1 exited with code -9 (SIGKILL)")
+    stage.settle_manifest(str(tmp_path), err)
+    stage.settle_manifest(str(tmp_path), err)  # twice: once in front
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["status"] == "failed"
+    assert m["error"] == (
+        "RuntimeError: rank 1 exited with code -9 (SIGKILL); "
+        "a rank recorded: RuntimeError: Connection closed by peer"
+    )

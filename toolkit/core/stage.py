@@ -300,15 +300,23 @@ class StageInterrupted(RuntimeError):
 def settle_manifest(out: str, err: BaseException) -> None:
     """After a job's processes ended with ``err``: a manifest in ``out`` that still says running (its writer
     was killed, or stopped by torchrun inside a collective, before it could record why), or interrupted while
-    the job failed (another rank's failure), says failed or interrupted with ``err``. Called by a launcher
-    (precompute's), which outlives its ranks."""
+    the job failed (another rank's failure), says failed or interrupted with ``err``; one that says failed
+    with a rank's own error (perhaps the symptom: gloo's "connection closed by peer" on rank 0 after rank 1
+    was killed) gets the launcher's first failure in front of it. Called by a launcher (precompute's), which
+    outlives its ranks."""
     m = read_manifest(out)
     status = m.get("status") if isinstance(m, dict) else None
+    why = f"{type(err).__name__}: {describe_error(err)}"
+    if status == "failed" and status_of(err) == "failed":
+        if why in str(m.get("error")):
+            return
+        m["error"] = f"{why}; a rank recorded: {m.get('error')}"
     # a rank that torchrun stopped with SIGTERM because another rank failed recorded "interrupted": the
     # launcher knows better
-    if not (status == "running" or (status == "interrupted" and status_of(err) == "failed")):
+    elif not (status == "running" or (status == "interrupted" and status_of(err) == "failed")):
         return
-    m.update(status=status_of(err), finished_at=_now(), error=f"{type(err).__name__}: {describe_error(err)}")
+    else:
+        m.update(status=status_of(err), finished_at=_now(), error=why)
     try:
         files.write_json_atomic(files.join(out, MANIFEST), m)
     except OSError as write_err:
