@@ -71,7 +71,9 @@ def measure(kind: str, width: int, args, work: Path) -> dict:
     """One gloo job of ``kind`` at ``width``: per-rank peak and state bytes (maxima over the ranks)."""
     path = work / f"width{width}.json"
     path.write_text(json.dumps(model_config(width)))
-    job = argparse.Namespace(model=str(path), batch=args.local_batch * args.world, micro=0, steps=args.steps)
+    job = argparse.Namespace(
+        model=str(path), batch=args.local_batch * args.world, micro=0, steps=args.steps, no_reshard=False
+    )
     started = time.time()
     got = run_world(job, args.world, work / f"{kind}{width}", kinds=(kind,))[kind]
     return {

@@ -94,7 +94,7 @@ def _run(kind: str, args, rank: int, world: int) -> dict:
     if kind == "fsdp":
         from toolkit.train import fsdp
 
-        reshard = not getattr(args, "no_reshard", False)
+        reshard = not args.no_reshard
         sharded, wrapped = fsdp.shard(model, "fp32", False, torch.device("cpu"), reshard), model
     else:
         sharded, wrapped = None, wrap_ddp(model)
@@ -189,7 +189,7 @@ def planned(args, world: int, fsdp: bool) -> float:
                 "device": "cpu",
                 "micro_batch_size": args.micro,
                 "fsdp": fsdp,
-                "fsdp_reshard_after_forward": not getattr(args, "no_reshard", False),
+                "fsdp_reshard_after_forward": not args.no_reshard,
                 "num_samples": args.batch,
             },
         )
@@ -259,8 +259,11 @@ def replan(result: dict) -> dict:
     columns are the run's own."""
     flags = {"True": True, "False": False}
     args = argparse.Namespace(
-        **{k: int(v) if v.isdigit() else flags.get(v, v) for k, v in result["args"].items()}
-    )
+        **{
+            "no_reshard": False,
+            **{k: int(v) if v.isdigit() else flags.get(v, v) for k, v in result["args"].items()},
+        }
+    )  # a record from before --no-reshard resharded
     rows = {int(w): kinds for w, kinds in result["rows"].items()}
     for world, kinds in rows.items():
         for kind in kinds:

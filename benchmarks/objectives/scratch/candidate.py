@@ -25,6 +25,7 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks.objectives.convergence.report import mean_r1
 from benchmarks.objectives.scratch import methods as sm
 from benchmarks.objectives.scratch.glyphset import GlyphSet, add_set_arguments
 from benchmarks.objectives.scratch.runs import Runner, add_run_arguments
@@ -76,11 +77,6 @@ def recorded_cells(pages: list[str], wanted: list[str] | None) -> list[dict]:
     return cells
 
 
-def held_r1(curve: dict) -> float:
-    """The final held-out R@1, mean of image→text and text→image."""
-    return sum(curve["heldout"][-1]) / 2
-
-
 def check_reproducible(runner: Runner, cell: dict, recorded: dict[str, float]) -> dict:
     """Re-run the cell's best-OpenCLIP seed 0 and compare it with its record (module docstring)."""
     method = next(m for m in sm.METHODS if m.name == cell["reference"])
@@ -88,7 +84,7 @@ def check_reproducible(runner: Runner, cell: dict, recorded: dict[str, float]) -
     if task["label"] not in recorded:
         raise SystemExit(f"no recorded run {task['label']!r} in --runs to check against")
     runner.run_all([task])
-    got, want = held_r1(runner.done[task["key"]]), recorded[task["label"]]
+    got, want = mean_r1(runner.done[task["key"]]["heldout"][-1]), recorded[task["label"]]
     if abs(got - want) > 1e-6:
         raise SystemExit(
             f"{task['label']}: re-run gives held-out R@1 {got:.6f}, the record {want:.6f}: runs are not "
@@ -109,7 +105,11 @@ def pair(runner: Runner, cells: list[dict], candidate, recorded: dict[str, float
         refs = [
             runner.task(c, reference[c["reference"]], c["reference_knobs"], s) for s in range(c["num_seeds"])
         ]
-        mine = [100 * held_r1(runner.done[t["key"]]) for t in tasks[c["name"]] if t["key"] in runner.done]
+        mine = [
+            100 * mean_r1(runner.done[t["key"]]["heldout"][-1])
+            for t in tasks[c["name"]]
+            if t["key"] in runner.done
+        ]
         theirs = [100 * recorded[t["label"]] for t in refs]
         if len(mine) < len(theirs):
             out.append({**c, "candidate_r1": mine, "unfinished": True})
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         c["num_seeds"] = min(c["num_seeds"], args.max_seeds or c["num_seeds"])
     if not cells:
         raise SystemExit(f"no recorded cell matches --cells {args.cells}")
-    recorded = {r["label"]: sum(r["heldout_r1"]) / 2 for r in json.loads(Path(args.runs).read_text())}
+    recorded = {r["label"]: mean_r1(r["heldout_r1"]) for r in json.loads(Path(args.runs).read_text())}
     runner = Runner(args, GlyphSet(args))
     if args.no_check:
         check = "skipped (--no-check)"
