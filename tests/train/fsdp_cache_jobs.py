@@ -2,9 +2,10 @@
 
 Every rank takes one ``forward_backward`` of gradcache_jobs' small CLIP on its slice of the fixed global
 batch, sharded with ``train/fsdp.shard``, for micro-batches 0 (one pass) and 2 (the cache: 3 micro-batches of
-the local 5), counting the reduce-scatters FSDP2 really issues (``torch.distributed.reduce_scatter_single``,
-the call of its default reduce-scatter), and returns the whole gradients (``full_tensor``) next to DDP's for
-the same step.
+the local 5), counting the reduce-scatters and all-gathers FSDP2 really issues
+(``torch.distributed.reduce_scatter_single`` and ``all_gather_single``, the calls of its defaults) beside
+what the ledger recorded and ``toolkit plan --fsdp`` predicts, and returns the whole gradients
+(``full_tensor``) next to DDP's for the same step.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ def _sharded_grads(loss_name: str, micro: int, rank: int, world: int) -> tuple[d
     import torch.distributed as dist
     from gradcache_jobs import GLOBAL_BATCH, LOSSES, _batch, _model, _seed
 
+    from toolkit.core import dist as D
     from toolkit.core.config import build
     from toolkit.train import fsdp
     from toolkit.train.losses import LossConfig, build_loss
+    from toolkit.train.plan.fsdp_memory import traffic as fsdp_traffic
+    from toolkit.train.plan.fsdp_memory import units_of
     from toolkit.train.step import StepInputs, forward_backward
 
     cfg = build(LossConfig, LOSSES[loss_name])  # gradcache_jobs._setup without its DDP wrapper
@@ -31,14 +35,29 @@ def _sharded_grads(loss_name: str, micro: int, rank: int, world: int) -> tuple[d
     loss = build_loss(cfg, data_size=40)
     b = GLOBAL_BATCH // world
     images, tokens, index = (t[rank * b : (rank + 1) * b] for t in _batch())
+    planned = fsdp_traffic(
+        num_params=sum(p.numel() for p in model.clip.parameters()),
+        num_trainable=sum(p.numel() for p in model.clip.parameters() if p.requires_grad),
+        units=units_of(model.clip),
+        world=world,
+        param_bytes=4,
+        num_micro=-(-b // micro) if micro else 0,
+    )["params"]
     sharded = fsdp.shard(model, "fp32", False, torch.device("cpu"))
-    calls, real = [0], dist.reduce_scatter_single
+    calls, real, real_gather = [0], dist.reduce_scatter_single, dist.all_gather_single
+    gathers = [0, 0]  # all-gathers FSDP2 issued, bytes of this rank's inputs to them
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
 
-    dist.reduce_scatter_single = counted
+    def counted_gather(output, shard, *args, **kwargs):
+        gathers[0] += 1
+        gathers[1] += shard.numel() * shard.element_size()
+        return real_gather(output, shard, *args, **kwargs)
+
+    dist.reduce_scatter_single, dist.all_gather_single = counted, counted_gather
+    D.LEDGER.reset()
     try:
         forward_backward(
             model,
@@ -49,14 +68,16 @@ def _sharded_grads(loss_name: str, micro: int, rank: int, world: int) -> tuple[d
             autocast=contextlib.nullcontext,
         )
     finally:
-        dist.reduce_scatter_single = real
+        dist.reduce_scatter_single, dist.all_gather_single = real, real_gather
     sharded.finish_backward()
+    ledger = D.LEDGER.current()
+    recorded = [ledger[f"comm/all_gather/{fsdp.PARAMS}/{k}"] for k in ("calls", "bytes", "sent_bytes")]
     grads = {
         n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
         for n, p in model.clip.named_parameters()
         if p.grad is not None
     }
-    return grads, calls[0]
+    return grads, calls[0], (gathers, recorded, planned)
 
 
 def _job(world: int, k: int, rank: int) -> dict:
@@ -64,10 +85,11 @@ def _job(world: int, k: int, rank: int) -> dict:
 
     out = {}
     for micro in (0, 2):
-        sharded, calls = _sharded_grads("fastclip-v3", micro, rank, world)
+        sharded, calls, gathers = _sharded_grads("fastclip-v3", micro, rank, world)
         out[micro] = {
             "sharded": sharded,
             "calls": calls,
+            "gathers": gathers,
             "ddp": grads("fastclip-v3", micro, rank, world, False),
         }
     return out

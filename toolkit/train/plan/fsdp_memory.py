@@ -15,11 +15,11 @@ with bf16 precision on CUDA, else 4):
 | gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is
   reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the
   micro-batches and reduce-scattered once (``set_requires_gradient_sync(False)``) |
-| largest unit's backward | max(0, (p + 8)·U - activations - the two rows above), U the largest other unit (a
-  tower's own parameters or the token embedding): its backward comes last, when the activations are freed,
-  and holds its gathered parameters, its whole gradient and the reduce-scatter's flat copy of it (4·U
-  each; with the cache the gradient is already in the whole one: p + 4; not resharded, its parameters are
-  already in the gathered row: 8 or 4) |
+| largest unit's backward | max(0, (p + 8)·U - activations - the two rows above, 8·E - the same), U the
+  largest tower's own parameters, E the token embedding: their backward comes last, when the activations
+  are freed, and holds the unit's gathered parameters (not the embedding's: its backward reads no weights),
+  its whole gradient and the reduce-scatter's flat copy of it (4 each; with the cache the gradient is
+  already in the whole one: p + 4 and 4; not resharded, the parameters are already in the gathered row) |
 | optimizer state | 4·T·slots/K (CPU offload: in host memory) |
 
 Measured (benchmarks/trainer/fsdp_memory.py, cliptk-small, a 12.6 M-parameter token embedding of 22.5 M,
@@ -28,9 +28,11 @@ gathered beside the blocks, as before, gave +24 % at 2 ranks. Not resharded (``-
 605.9 / 525.3 MiB at 2 ranks (+15.3 %).
 
 The other rows (activations, inputs, cached features, the loss's) are DDP's. Traffic per rank per step:
-all_gather (K-1)/K·p·P for every forward of a unit (the cache: n graph-free forwards and n with a graph) and
-again in the backward of each resharded unit (every unit but the root; none with ``reshard`` false);
-reduce_scatter (K-1)/K·4·T once.
+all_gather (K-1)/K·p per parameter of a unit each time a forward finds it sharded (the cache: n graph-free
+forwards and n with a graph; the root, never resharded after a forward, and every unit with ``reshard``
+false, once per backward) and again in the backward of each resharded unit but the token embedding;
+reduce_scatter (K-1)/K·4·T once (``tests/train/test_fsdp.py`` checks the ledger against the collectives
+FSDP2 runs).
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class Units:
     """Parameter counts of FSDP's units in the model (``train/fsdp.py``'s wrapping)."""
 
     root: int  # parameters of neither tower (positional embedding, ln_final, text projection)
-    tower: int  # the largest tower's own parameters (outside its blocks), or the token embedding
+    tower: int  # the largest tower's own parameters (outside its blocks)
     block: int  # the largest transformer block
     num_blocks: int
+    embedding: int = 0  # open_clip's token embedding: its own unit, not gathered again in its backward
 
 
 def units_of(clip) -> Units:
@@ -69,10 +72,8 @@ def units_of(clip) -> Units:
         block, count = max([block, *sizes]), count + len(blocks)
     root = total - sum(sum(p.numel() for p in t.parameters()) for t in towers)
     embedding = getattr(clip, "token_embedding", None)  # its own unit (train/fsdp.py)
-    if embedding is not None:
-        size = sum(p.numel() for p in embedding.parameters())
-        root, own = root - size, [*own, size]
-    return Units(root, max(own, default=0), block, count)
+    size = 0 if embedding is None else sum(p.numel() for p in embedding.parameters())
+    return Units(root - size, max(own, default=0), block, count, size)
 
 
 def gathered_bytes(units: Units, param_bytes: int, num_params: int, reshard: bool) -> float:
@@ -81,9 +82,11 @@ def gathered_bytes(units: Units, param_bytes: int, num_params: int, reshard: boo
 
 def last_unit_bytes(units: Units, param_bytes: int, cached: bool, beside: float, reshard: bool) -> float:
     """What the largest non-block unit's backward holds beyond ``beside`` (the activations and the gathered
-    rows it outlives; module docstring)."""
+    rows it outlives; module docstring): a tower's own parameters, gathered again, or the token embedding,
+    whose backward reads no weights."""
     gathered = param_bytes if reshard else 0  # not resharded: already in the gathered row
-    return max(0.0, (gathered + (4 if cached else 8)) * units.tower - beside)
+    grads = 4 if cached else 8
+    return max(0.0, (gathered + grads) * units.tower - beside, grads * units.embedding - beside)
 
 
 def sharded_rows(
@@ -146,12 +149,13 @@ def traffic(
     """Bytes one rank sends per step (ring algorithms): {"params": all-gathers, "param_grads": the
     reduce-scatter, "total"}; ``num_micro`` 0: no gradient cache."""
     k = world
-    gathers_fwd = (
-        2 * num_micro if num_micro else 1
-    )  # the cache: graph-free + with-graph forward of each micro
-    with_graph = num_micro or 1
-    # every unit but the root is gathered again in its backward, unless none reshards
-    resharded = num_params - units.root if reshard else 0
-    params = (k - 1) / k * param_bytes * (gathers_fwd * num_params + with_graph * resharded)
+    with_graph = num_micro or 1  # forwards with a graph (and backwards): one per micro-batch of the cache
+    if reshard:  # every forward gathers each unit but the root, and its backward again but the embedding's
+        gathers_fwd = 2 * num_micro if num_micro else 1  # the cache's graph-free forwards too
+        others = num_params - units.root
+        count = gathers_fwd * others + with_graph * (others - units.embedding + units.root)
+    else:  # a unit stays gathered from a forward to the next backward (the cache's graph-free forwards too)
+        count = with_graph * num_params
+    params = (k - 1) / k * param_bytes * count
     grads = (k - 1) / k * 4.0 * num_trainable
     return {"params": params, "param_grads": grads, "total": params + grads}
