@@ -309,15 +309,16 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     assert fsdp.rows["parameters (shards)"] == 4 * p / k
     assert fsdp.rows["optimizer state (adamw) (shards)"] == ddp.rows["optimizer state (adamw)"] / k
     assert fsdp.rows["gathered gradients (whole: cache)"] == 4 * p  # accumulated whole, reduce-scattered once
-    # the root and a block beside the prefetched next one at the activation peak; the token embedding only in
-    # its own backward, after the activations are freed (its row: what that adds beyond them)
+    # the root and a block beside the prefetched next one at the activation peak; the gradient shards and the
+    # token embedding's backward (it gathers no weights: the largest) only at the backward's end, after the
+    # activations are freed (its row: what that adds beyond them)
     u = fsdp.shape.units
     assert fsdp.rows["gathered parameters"] == 4 * (u.root + 2 * u.block)
+    assert not any(k.startswith("gradients") for k in fsdp.rows)
     beside = fsdp.rows["activations (micro-batch 16)"] + fsdp.rows["gathered parameters"]
-    assert (
-        u.embedding > u.tower > 0
-    )  # the backward of the embedding, which gathers no weights, is the largest
-    assert fsdp.rows["largest unit's backward (beyond the activations)"] == max(0.0, 4 * u.embedding - beside)
+    assert u.embedding > u.tower > 0
+    end = "gradient shards, last unit's backward (beyond the activations)"
+    assert fsdp.rows[end] == max(0.0, 4 * p / k + 4 * u.embedding - beside)
     # DDP's buckets beside the gradients the cache accumulates; without the cache they are the peak's one copy
     assert ddp.rows["gradients"] == ddp.rows["gradient buckets (DDP)"] == 4 * p
     whole = plan(build(PlanConfig, {**base, "micro_batch_size": 0})).rows
@@ -327,7 +328,7 @@ def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it()
     # not resharded (ZeRO-2): every parameter gathered at the peak, no second all-gather in the backward
     zero2 = plan(build(PlanConfig, {**base, "fsdp": True, "fsdp_reshard_after_forward": False}))
     assert zero2.rows["gathered parameters"] == 4 * p
-    assert zero2.rows["largest unit's backward (beyond the activations)"] == 0.0
+    assert zero2.rows[end] == 0.0
     sent = {name: r.traffic["fsdp (parameters)"]["params"] for name, r in (("fsdp", fsdp), ("zero2", zero2))}
     # the cache's 4 micro-batches: resharded, each unit gathered in 8 forwards (the root in 4) and in 4
     # backwards but the embedding's; not resharded, each unit once per backward

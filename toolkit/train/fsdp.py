@@ -285,8 +285,8 @@ def shard(
         sharded.wrap(tower, kwargs, reshard)
     # open_clip's [vocab, width] token table: the largest unit of small models (6.3 of cliptk-tiny's 8.0 M),
     # gathered for the lookup only: not again in the backward (a plain nn.Embedding's backward reads no
-    # weights). Measured (benchmarks/trainer/fsdp_memory.py, cliptk-small at 2 ranks, 10 steps, twice each):
-    # step time FSDP/DDP 1.34-1.36 -> 1.29-1.31, peak 465 -> 446 MiB
+    # weights). Measured (benchmarks/trainer/fsdp_memory.py, cliptk-small at 2 ranks, quiet machine): step
+    # time FSDP/DDP 1.34-1.40 (3 runs) -> 1.25-1.32 (7 runs), peak 465 -> 446 MiB
     embedding = getattr(model.clip, "token_embedding", None)
     if model.text_role == "tokens" and isinstance(embedding, nn.Module):
         plain = isinstance(embedding, nn.Embedding) and embedding.max_norm is None

@@ -11,21 +11,22 @@ with bf16 precision on CUDA, else 4):
 | gathered parameters | p·(root + 2 × largest block): at the peak (the backward's start, every activation
   held) the root stays gathered through the step and a block is gathered beside the next one prefetched;
   ``reshard`` false (ZeRO-2): p·P, every unit gathered from its forward to its backward |
-| gradients (shards) | 4·T/K |
 | gathered gradients | without the gradient cache: 4·2 × largest block (a block's full gradient until it is
   reduce-scattered, beside the next); with it: 4·T, the whole unsharded gradient accumulated over the
   micro-batches and reduce-scattered once (``set_requires_gradient_sync(False)``) |
-| largest unit's backward | max(0, (p + 8)·U - activations - the two rows above, 8·E - the same), U the
-  largest tower's own parameters, E the token embedding: their backward comes last, when the activations
-  are freed, and holds the unit's gathered parameters (not the embedding's: its backward reads no weights),
-  its whole gradient and the reduce-scatter's flat copy of it (4 each; with the cache the gradient is
-  already in the whole one: p + 4 and 4; not resharded, the parameters are already in the gathered row) |
+| gradient shards, last unit's backward | max(0, 4·T/K + max((p + 8)·U, 8·E) - activations - the two rows
+  above), U the largest tower's own parameters, E the token embedding: the gradient shards exist from the
+  reduce-scatters to the next ``zero_grad`` (set to None), so only at the backward's end, when the
+  activations are freed; there the last unit's backward holds its gathered parameters (not the
+  embedding's: its backward reads no weights), its whole gradient and the reduce-scatter's flat copy of it
+  (4 each; with the cache the gradient is already in the whole one: p + 4 and 4; not resharded, the
+  parameters are already in the gathered row; CPU offload: the shards are in host memory) |
 | optimizer state | 4·T·slots/K (CPU offload: in host memory) |
 
 Measured (benchmarks/trainer/fsdp_memory.py, cliptk-small, a 12.6 M-parameter token embedding of 22.5 M,
-batch 64): planned / measured peak 526.8 / 465.1 MiB at 2 ranks, 288.8 / 287.1 at 4; counting the embedding
-gathered beside the blocks, as before, gave +24 % at 2 ranks. Not resharded (``--no-reshard``, ZeRO-2):
-605.9 / 525.3 MiB at 2 ranks (+15.3 %).
+batch 64): planned / measured peak 484.0 / 446.1 MiB at 2 ranks (+8.5 %), 267.4 / 270.5 at 4 (-1.2 %);
+counting the gradient shards beside the activations gave +18 % at 2 ranks, and the embedding gathered beside
+the blocks +24 %. Not resharded (``--no-reshard``, ZeRO-2): 563.1 / 525.5 MiB at 2 ranks (+7.1 %).
 
 The other rows (activations, inputs, cached features, the loss's) are DDP's. Traffic per rank per step:
 all_gather (K-1)/K·p per parameter of a unit each time a forward finds it sharded (the cache: n graph-free
@@ -80,13 +81,16 @@ def gathered_bytes(units: Units, param_bytes: int, num_params: int, reshard: boo
     return float(param_bytes * (units.root + 2 * units.block if reshard else num_params))
 
 
-def last_unit_bytes(units: Units, param_bytes: int, cached: bool, beside: float, reshard: bool) -> float:
-    """What the largest non-block unit's backward holds beyond ``beside`` (the activations and the gathered
-    rows it outlives; module docstring): a tower's own parameters, gathered again, or the token embedding,
-    whose backward reads no weights."""
+def end_of_backward_bytes(
+    units: Units, param_bytes: int, cached: bool, shard_grads: float, beside: float, reshard: bool
+) -> float:
+    """What the backward's end holds beyond ``beside`` (the activations and the gathered rows it outlives;
+    module docstring): the gradient shards (``shard_grads``) and the largest non-block unit's backward, a
+    tower's own parameters gathered again or the token embedding, whose backward reads no weights."""
     gathered = param_bytes if reshard else 0  # not resharded: already in the gathered row
     grads = 4 if cached else 8
-    return max(0.0, (gathered + grads) * units.tower - beside, grads * units.embedding - beside)
+    last = max((gathered + grads) * units.tower, grads * units.embedding)
+    return max(0.0, shard_grads + last - beside)
 
 
 def sharded_rows(
@@ -111,18 +115,20 @@ def sharded_rows(
         if offload
         else {
             "parameters (shards)": 4.0 * num_params / world,
-            "gradients (shards)": 4.0 * num_trainable / world,
             f"{optimizer} (shards)": 4.0 * num_trainable * slots / world,
         }
     )
+    # made by the reduce-scatters and freed by zero_grad(set_to_none) after the step: never beside the
+    # activation peak (measured: counting them there put the plan 18 % over cliptk-small's peak at 2 ranks)
+    shard_grads = 0.0 if offload else 4.0 * num_trainable / world
     head["gathered parameters"] = gathered_bytes(units, param_bytes, num_params, reshard)
     head["gathered gradients" + (" (whole: cache)" if cached else "")] = (
         4.0 * num_trainable if cached else 4.0 * 2 * units.block
     )
     activations = next(v for k, v in rows.items() if k.startswith("activations"))
     beside = activations + head["gathered parameters"] + (0.0 if cached else 4.0 * 2 * units.block)
-    head["largest unit's backward (beyond the activations)"] = last_unit_bytes(
-        units, param_bytes, cached, beside, reshard
+    head["gradient shards, last unit's backward (beyond the activations)"] = end_of_backward_bytes(
+        units, param_bytes, cached, shard_grads, beside, reshard
     )
     return {**head, **out}
 
