@@ -257,6 +257,26 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     assert pc["delta"] == [0.0] and pc["candidate_r1"] == [100 * row["heldout_r1"]["mean"]]
     assert paired["check"]["rerun"] == paired["check"]["recorded"]
     assert "| short b32 (scratch.json) | 1 | openclip (learnable τ) |" in (tmp_path / "cand.md").read_text()
+    # --extra-seeds: seed 1 is trained (once: the candidate's and the reference's run are the same task),
+    # seed 0 still comes from the record
+    more = candidate.main(
+        [
+            *("--cache", str(tmp_path / "cache"), "--min-fonts", "12", "--limit", "60", "--eval-points", "2"),
+            *("--pages", str(out), "--runs", str(out.parent / "scratch_runs.json"), "--no-check"),
+            *(
+                "--candidate",
+                "openclip (learnable τ)",
+                "--extra-seeds",
+                "1",
+                "--out",
+                str(tmp_path / "c2.json"),
+            ),
+        ]
+    )
+    assert capsys.readouterr().out.count("s in all)") == 1
+    (pc,) = more["cells"]
+    assert pc["num_seeds"] == 2 and pc["delta"] == [0.0, 0.0]
+    assert pc["candidate_r1"][0] == paired["cells"][0]["candidate_r1"][0]
 
 
 @pytest.mark.dist

@@ -7,13 +7,18 @@ epochs, seeds and best OpenCLIP with its chosen knobs) and ``--runs`` (the ``*_r
 them: every recorded run's final R@1 by label), runs ``--candidate`` (a ``methods.METHODS`` name, at the
 trainer's defaults of its knobs: nothing tuned) on each cell's seeds through the benchmark's own ``Runner``,
 and reports per cell the candidate's held-out R@1 (mean of both directions), the recorded best OpenCLIP's and
-the paired Δ ± std (``--cells 'short b32'`` to run some cells only).
+the paired Δ ± std (``--cells 'short b32'`` to run some cells only). ``--extra-seeds N`` adds N seeds to a
+cell, run for both the candidate and the reference at its recorded knobs; a recorded run is never re-run, so
+a candidate that is a recorded method (the default of the recorded pages, ``fastclip-v3 (u_drift, γ over the
+run)``) costs only its new seeds.
 
 Pairing with records holds only while a run is reproducible (same glyph set, trainer and machine type):
 before any candidate run, the best-OpenCLIP seed 0 of ``--check-cell`` (the cheapest) is re-run and the
 script stops unless its held-out R@1 equals the record to 1e-6 (``--no-check`` skips that).
 
     python -m benchmarks.objectives.scratch.candidate --candidate "trainer default" --cells "short b32"
+    python -m benchmarks.objectives.scratch.candidate --candidate "fastclip-v3 (u_drift, γ over the run)" \
+        --cells "short b128" --extra-seeds 2 --out .../scratch_5seeds.json     # 5 paired seeds
 
 Writes ``--out`` (JSON) and the same path with ``.md``.
 """
@@ -45,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", default=str(RESULTS / "scratch_runs.json"), help="the recorded runs' finals")
     p.add_argument("--cells", nargs="*", default=None, help="'short b32', ... (default: every recorded cell)")
     p.add_argument("--max-seeds", type=int, default=None, help="at most this many of a cell's seeds")
+    p.add_argument(
+        "--extra-seeds",
+        type=int,
+        default=0,
+        help="seeds past the recorded ones, run for the reference (its recorded knobs) and the candidate",
+    )
     p.add_argument("--check-cell", default="short b128", help="the cell whose best-OpenCLIP seed 0 is re-run")
     p.add_argument("--no-check", action="store_true", help="skip re-running one recorded run first")
     p.add_argument("--out", default=str(RESULTS / "scratch_candidate.json"))
@@ -93,25 +104,36 @@ def check_reproducible(runner: Runner, cell: dict, recorded: dict[str, float]) -
     return {"label": task["label"], "recorded": want, "rerun": got}
 
 
-def pair(runner: Runner, cells: list[dict], candidate, recorded: dict[str, float]) -> list[dict]:
-    """Per cell: the candidate's and the reference's per-seed R@1 and their paired Δ (percent points)."""
+def pair(
+    runner: Runner, cells: list[dict], candidate, recorded: dict[str, float], extra_seeds: int = 0
+) -> list[dict]:
+    """Per cell: the candidate's and the reference's per-seed R@1 and their paired Δ (percent points), over
+    the recorded seeds and ``extra_seeds`` more. A run whose label is recorded is not run again (a candidate
+    that is a recorded method reuses its runs)."""
     reference = {m.name: m for m in sm.METHODS}
-    tasks = {c["name"]: [runner.task(c, candidate, {}, s) for s in range(c["num_seeds"])] for c in cells}
+    seeds = {c["name"]: range(c["num_seeds"] + extra_seeds) for c in cells}
+    tasks = {c["name"]: [runner.task(c, candidate, {}, s) for s in seeds[c["name"]]] for c in cells}
+    refs = {
+        c["name"]: [
+            runner.task(c, reference[c["reference"]], c["reference_knobs"], s) for s in seeds[c["name"]]
+        ]
+        for c in cells
+    }
+    every = [t for ts in (*tasks.values(), *refs.values()) for t in ts if t["label"] not in recorded]
     # the longest runs first, so the workers finish together (a batch-32 step costs ~half a batch-128 one)
-    todo = sorted((t for ts in tasks.values() for t in ts), key=lambda t: -t["steps"] * t["batch"] ** 0.5)
-    runner.run_all(todo)
+    runner.run_all(sorted(every, key=lambda t: -t["steps"] * t["batch"] ** 0.5))
+
+    def r1(t) -> float | None:
+        if t["label"] in recorded:
+            return 100 * recorded[t["label"]]
+        return 100 * mean_r1(runner.done[t["key"]]["heldout"][-1]) if t["key"] in runner.done else None
+
     out = []
     for c in cells:
-        refs = [
-            runner.task(c, reference[c["reference"]], c["reference_knobs"], s) for s in range(c["num_seeds"])
-        ]
-        mine = [
-            100 * mean_r1(runner.done[t["key"]]["heldout"][-1])
-            for t in tasks[c["name"]]
-            if t["key"] in runner.done
-        ]
-        theirs = [100 * recorded[t["label"]] for t in refs]
-        if len(mine) < len(theirs):
+        c = {**c, "num_seeds": len(seeds[c["name"]])}
+        mine = [v for v in map(r1, tasks[c["name"]]) if v is not None]
+        theirs = [v for v in map(r1, refs[c["name"]]) if v is not None]
+        if len(mine) < c["num_seeds"] or len(theirs) < c["num_seeds"]:
             out.append({**c, "candidate_r1": mine, "unfinished": True})
             continue
         deltas = [a - b for a, b in zip(mine, theirs, strict=True)]
@@ -177,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         "candidate": args.candidate,
         "runs": Path(args.runs).name,
         "check": check,
-        "cells": pair(runner, cells, candidate, recorded),
+        "cells": pair(runner, cells, candidate, recorded, args.extra_seeds),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
