@@ -259,11 +259,8 @@ def replan(result: dict) -> dict:
     columns are the run's own."""
     flags = {"True": True, "False": False}
     args = argparse.Namespace(
-        **{
-            "no_reshard": False,
-            **{k: int(v) if v.isdigit() else flags.get(v, v) for k, v in result["args"].items()},
-        }
-    )  # a record from before --no-reshard resharded
+        **{k: int(v) if v.isdigit() else flags.get(v, v) for k, v in result["args"].items()}
+    )
     rows = {int(w): kinds for w, kinds in result["rows"].items()}
     for world, kinds in rows.items():
         for kind in kinds:
