@@ -235,7 +235,8 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     assert "s in all)" not in capsys.readouterr().out  # nothing retrained
     assert again["results"][0]["rows"] == cell["rows"]
     # scratch.candidate pairs a method's runs with the recorded ones by label: the recorded method itself,
-    # whose runs the cache holds, pairs with a Δ of exactly 0 and retrains nothing (the check included)
+    # whose runs the cache holds, pairs with a Δ of exactly 0 and retrains nothing but the check, which is
+    # trained again although cached (a cached check would compare the cache with itself) and matches
     from benchmarks.objectives.scratch import candidate
 
     paired = candidate.main(
@@ -252,7 +253,7 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
             *("--candidate", "openclip (learnable τ)", "--out", str(tmp_path / "cand.json")),
         ]
     )
-    assert "s in all)" not in capsys.readouterr().out
+    assert capsys.readouterr().out.count("s in all)") == 1
     (pc,) = paired["cells"]
     assert pc["delta"] == [0.0] and pc["candidate_r1"] == [100 * row["heldout_r1"]["mean"]]
     assert paired["check"]["rerun"] == paired["check"]["recorded"]
