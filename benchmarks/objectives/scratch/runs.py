@@ -259,9 +259,14 @@ class Runner:
             return None
         return [self.done[t["key"]] for t in tasks]
 
-    def run_all(self, tasks: list[dict]) -> None:
+    def run_all(self, tasks: list[dict], retrain: bool = False) -> None:
+        """Train the tasks not yet finished (``retrain``: cached ones too, replacing their curves)."""
         todo = list(
-            {t["key"]: t for t in tasks if t["key"] not in self.done and t["key"] not in self.failed}.values()
+            {
+                t["key"]: t
+                for t in tasks
+                if (retrain or t["key"] not in self.done) and t["key"] not in self.failed
+            }.values()
         )
         if self.args.cached_only or not todo:
             return
