@@ -141,6 +141,13 @@ def test_a_peer_that_never_comes_ends_at_the_rendezvous_timeout_naming_it(demo_t
     assert _manifest(out)["status"] == "failed"
 
 
+def _launch_config(lines: list[str]) -> str:
+    """The config file the launcher handed torchrun (unique to the run: a test's own processes only, not
+    those of another test running beside it)."""
+    line = next(line for line in lines if "torchrun --nproc" in line)
+    return next(token for token in line.split() if token.endswith(".yaml"))
+
+
 def _agent_pids(yaml_path: str) -> list[int]:
     """Live processes whose command line names this launch's config file (its agent and workers)."""
     found = []
@@ -179,7 +186,7 @@ def test_a_signal_while_waiting_for_a_peer_ends_launcher_and_agent(demo_train, t
     while not any("torchrun --nproc" in line for line in lines):
         assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
         time.sleep(0.2)
-    yaml_path = next(line for line in lines if "torchrun --nproc" in line).split()[-1]
+    yaml_path = _launch_config(lines)
     time.sleep(2)  # the agent is in its rendezvous now
     assert _agent_pids(yaml_path), "the agent should be waiting"
     sent = time.monotonic()
@@ -215,7 +222,7 @@ def test_a_second_signal_stops_running_workers_at_once(demo_train, tmp_path):
     while not (out / "metrics.jsonl").is_file():
         assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
         time.sleep(0.1)
-    yaml_path = next(line for line in lines if "torchrun --nproc" in line).split()[-1]
+    yaml_path = _launch_config(lines)
     os.killpg(proc.pid, signal.SIGTERM)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGTERM)

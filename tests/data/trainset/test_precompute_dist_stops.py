@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from datakit import MODEL, good_samples, write_raw_shard
+from proctools import descendants
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,8 +61,11 @@ def _start(raw: Path, out: Path) -> subprocess.Popen:
     )
 
 
-def _rank_pid(rank: int) -> int | None:
-    for proc in Path("/proc").glob("[0-9]*"):
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
+    """The pid of ``rank`` among this launcher's descendants (never another test's job: the suite may run
+    two tests at a time)."""
+    for pid in sorted(descendants(launcher.pid)):
+        proc = Path(f"/proc/{pid}")
         try:
             if b"toolkit.data.trainset.precompute.rank" not in (proc / "cmdline").read_bytes():
                 continue
@@ -77,7 +81,9 @@ def _when_running(out: Path, launcher: subprocess.Popen, timeout_s: float = 240)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and launcher.poll() is None:
         try:
-            if json.loads((out / "manifest.json").read_text())["status"] == "running" and _rank_pid(1):
+            if json.loads((out / "manifest.json").read_text())["status"] == "running" and _rank_pid(
+                launcher, 1
+            ):
                 return
         except (OSError, ValueError, KeyError):
             pass
@@ -93,7 +99,7 @@ def test_a_sigkilled_rank_is_named_and_the_manifest_says_failed(raw, tmp_path):
     out = tmp_path / "out"
     launcher = _start(raw, out)
     _when_running(out, launcher)
-    os.kill(_rank_pid(1), signal.SIGKILL)
+    os.kill(_rank_pid(launcher, 1), signal.SIGKILL)
     _, stderr = launcher.communicate(timeout=240)
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert launcher.returncode == 1 and len(errors) == 1, stderr[-3000:]
