@@ -278,6 +278,11 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     (pc,) = more["cells"]
     assert pc["num_seeds"] == 2 and pc["delta"] == [0.0, 0.0]
     assert pc["candidate_r1"][0] == paired["cells"][0]["candidate_r1"][0]
+    # the page's runs file lists the runs of its own cells, once each, not the shared cache (which now also
+    # holds seed 1 and a second line for the re-trained check)
+    scratch.main(argv)
+    rows = json.loads((out.parent / "scratch_runs.json").read_text())
+    assert [r["label"] for r in rows] == ["short b32 openclip (learnable τ) s0"], rows
 
 
 @pytest.mark.dist

@@ -157,17 +157,16 @@ def run_cell(args: argparse.Namespace, runner: Runner, cell: dict, methods: list
 
 
 def write_runs(runner: Runner, path: Path) -> None:
-    """Every finished run of the cache so far, final numbers only (rewritten after each run)."""
+    """The finished runs this benchmark asked for (not the whole cache, which other pages share), final
+    numbers only, one row per run (rewritten after each run)."""
     rows = []
-    for line in runner.path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+    for key, label in runner.used.items():
+        c = runner.done.get(key)
+        if c is None:
             continue
-        c = rec["curve"]
         rows.append(
             {
-                "label": rec.get("label", rec["key"]),
+                "label": label,
                 "val_r1": c["val"][-1],
                 "heldout_r1": c["heldout"][-1],
                 "heldout_r10": c["heldout_r10"],
@@ -219,9 +218,11 @@ def main(argv: list[str] | None = None) -> dict:
         if results:
             sr.plot(results, out.with_name(f"{out.stem}.png"))
         out.with_suffix(".md").write_text(sr.markdown(report, out.stem))
+        write_runs(runner, runs_path)
         return report
 
-    runner = Runner(args, data, on_done=lambda: write_runs(runner, out.with_name(f"{out.stem}_runs.json")))
+    runs_path = out.with_name(f"{out.stem}_runs.json")
+    runner = Runner(args, data, on_done=lambda: write_runs(runner, runs_path))
     for cell in cells:
         in_cell = [m for m in methods if cell["regime"] == "short" or m.name in args.long_methods]
         summary = run_cell(args, runner, cell, in_cell)

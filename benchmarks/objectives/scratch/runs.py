@@ -206,6 +206,7 @@ class Runner:
         }
         self.done: dict[str, dict] = {}
         self.failed: dict[str, str] = {}
+        self.used: dict[str, str] = {}  # key -> label of every task this benchmark asked for (its runs file)
         self.lock = threading.Lock()
         if self.path.is_file() and not args.fresh:
             for line in self.path.read_text().splitlines():
@@ -255,12 +256,14 @@ class Runner:
 
     def curves(self, tasks: list[dict]) -> list[dict] | None:
         """The finished curves of ``tasks`` in order, or None when one is missing."""
+        self.used.update((t["key"], t["label"]) for t in tasks)
         if any(t["key"] not in self.done for t in tasks):
             return None
         return [self.done[t["key"]] for t in tasks]
 
     def run_all(self, tasks: list[dict], retrain: bool = False) -> None:
         """Train the tasks not yet finished (``retrain``: cached ones too, replacing their curves)."""
+        self.used.update((t["key"], t["label"]) for t in tasks)
         todo = list(
             {
                 t["key"]: t
