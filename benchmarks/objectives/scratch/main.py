@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
             "gamma_decay_fraction": GAMMA_DECAY_FRACTION,
             "workers": args.workers,
             "quick": args.quick,
+            "cached_only": args.cached_only,
             "methods": {m.name: {"fields": m.fields, "grid": m.grid, "note": m.note} for m in methods},
             "cells_planned": [f"{c['regime']} b{c['batch']}" for c in cells],
             "cells_done": [f"{c['regime']} b{c['batch']}" for c in results],

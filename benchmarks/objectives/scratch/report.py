@@ -135,6 +135,11 @@ def plot(cells: list[dict], path: Path) -> None:
 
 def markdown(report: dict, stem: str) -> str:
     c = report["config"]
+    timing = (
+        "Reported from the run cache (--cached-only): each run's own minutes are in the last column."
+        if c.get("cached_only")
+        else f"Wall time {c['wall_s'] / 60:.0f} min with {c['workers']} run(s) at a time."
+    )
     parts = [
         "# From scratch on Unicode glyphs: which objective trains the towers best",
         "",
@@ -146,8 +151,7 @@ def markdown(report: dict, stem: str) -> str:
         f"{c['seeds']} paired seeds per tuned setting (tuning: {c['tune_seeds']} seed per grid point). "
         "R@1 and R@10 in %, the mean of image→text and text→image, mean ± std over seeds; Δ: paired "
         "difference vs the best OpenCLIP (± std of the per-seed differences); median rank of the true pair "
-        "(1 = first). "
-        f"Wall time {c['wall_s'] / 60:.0f} min with {c['workers']} run(s) at a time.",
+        "(1 = first). " + timing,
         "",
     ]
     missing = [x for x in c["cells_planned"] if x not in c["cells_done"]]
