@@ -206,7 +206,8 @@ class Runner:
         }
         self.done: dict[str, dict] = {}
         self.failed: dict[str, str] = {}
-        self.used: dict[str, str] = {}  # key -> label of every task this benchmark asked for (its runs file)
+        # key -> label of every task passed to run_all (how a benchmark asks for runs): for its runs file
+        self.used: dict[str, str] = {}
         self.lock = threading.Lock()
         if self.path.is_file() and not args.fresh:
             for line in self.path.read_text().splitlines():
@@ -256,7 +257,6 @@ class Runner:
 
     def curves(self, tasks: list[dict]) -> list[dict] | None:
         """The finished curves of ``tasks`` in order, or None when one is missing."""
-        self.used.update((t["key"], t["label"]) for t in tasks)
         if any(t["key"] not in self.done for t in tasks):
             return None
         return [self.done[t["key"]] for t in tasks]
