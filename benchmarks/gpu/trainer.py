@@ -58,7 +58,8 @@ def steps_for(batch: int) -> int:
 _PLAN_CODE = """
 import json, sys
 import open_clip
-from toolkit.train.plan.planner import PlanConfig, run
+from toolkit.train.plan.config import PlanConfig
+from toolkit.train.plan.planner import run
 spec = json.loads(sys.argv[1])
 tok = open_clip.get_tokenizer(spec["model"])
 tokens = int((tok(spec["captions"]) != 0).sum(1).max())

@@ -177,7 +177,8 @@ def run_world(args, world: int, work: Path, kinds: tuple[str, ...] = ("ddp", "fs
 
 def planned(args, world: int, fsdp: bool) -> float:
     from toolkit.core.config import build
-    from toolkit.train.plan.planner import PlanConfig, run
+    from toolkit.train.plan.config import PlanConfig
+    from toolkit.train.plan.planner import run
 
     plan = run(
         build(

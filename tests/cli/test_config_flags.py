@@ -66,7 +66,7 @@ def test_eval_workers_shows_the_configs_default():
 
 
 def test_a_flag_for_a_missing_field_fails():
-    drifted = ConfigOptions("toolkit.train.plan.planner:PlanConfig", flags={"batchsize": ("-b",)})
+    drifted = ConfigOptions("toolkit.train.plan.config:PlanConfig", flags={"batchsize": ("-b",)})
     with pytest.raises(TypeError, match="batchsize"):
         drifted.all_flags()
 

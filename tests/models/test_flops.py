@@ -101,23 +101,23 @@ def test_fewer_tokens_fewer_flops_and_other_towers_are_refused():
 
 def test_toolkit_plan_reports_the_counted_step_flops():
     from toolkit.train.plan import planner
+    from toolkit.train.plan.config import PlanConfig
 
-    plan = planner.run(
-        planner.PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64, micro_batch_size=16)
-    )
+    plan = planner.run(PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64, micro_batch_size=16))
     per = tower_flops(resolve_spec("cliptk-tiny").model_cfg)
     assert plan.flops["towers per global step"] == step_flops(per, 64, gradient_cache=True)
-    assert "tower FLOPs (counted)" in planner.format_plan(plan)
+    from toolkit.train.plan.report import format_plan
+
+    assert "tower FLOPs (counted)" in format_plan(plan)
 
 
 def test_toolkit_plan_counts_a_stage_plan():
     from toolkit.train.plan import planner
+    from toolkit.train.plan.config import PlanConfig
 
     cfg = resolve_spec("cliptk-tiny").model_cfg
     plan = planner.run(
-        planner.PlanConfig(
-            model="cliptk-tiny", device="cpu", batch_size=64, stages="16px,8tok:0.75;:0.25", steps=100
-        )
+        PlanConfig(model="cliptk-tiny", device="cpu", batch_size=64, stages="16px,8tok:0.75;:0.25", steps=100)
     )
     low = step_flops(tower_flops(cfg, image_size=16, text_tokens=8), 64)
     full = step_flops(tower_flops(cfg), 64)

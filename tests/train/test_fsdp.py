@@ -294,8 +294,9 @@ def test_a_killed_rank_then_a_resume_at_another_world_size_ends_as_if_uninterrup
 def test_plan_shards_parameters_gradients_and_optimizer_state_and_auto_uses_it():
     from toolkit.core.config import build
     from toolkit.train.plan.automicro import _cpu
-    from toolkit.train.plan.planner import PlanConfig, format_plan
+    from toolkit.train.plan.config import PlanConfig
     from toolkit.train.plan.planner import run as plan
+    from toolkit.train.plan.report import format_plan
 
     base = {
         "model": "cliptk-tiny",

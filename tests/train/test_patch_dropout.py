@@ -190,9 +190,11 @@ def test_the_planner_accounts_for_the_shorter_sequence_and_auto_micro_batches_gr
 ):
     from toolkit.train.loop import build_parts
     from toolkit.train.plan import planner
+    from toolkit.train.plan.config import PlanConfig
+    from toolkit.train.plan.memory import MEASURED
     from toolkit.train.plan.memprobe import measure_activations
 
-    with monkeypatch.context() as m:  # the probes' malloc setting of planner.MEASURED (its comment)
+    with monkeypatch.context() as m:  # the probes' malloc setting of memory.MEASURED (its comment)
         m.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
         full, dropped = (
             measure_activations("cliptk-tiny", (16, 64), threads=1, patch_dropout=p) for p in (0.0, 0.75)
@@ -200,9 +202,9 @@ def test_the_planner_accounts_for_the_shorter_sequence_and_auto_micro_batches_gr
     # without --measure the planner scales the table's full-sequence activations to the kept tokens (layers x
     # tokens x width): 0.505 of full at P=0.75, measured 0.499 (0.670 and 0.671 at P=0.5; without that malloc
     # setting the probes' noise was ~15 %)
-    scaled = planner.run(planner.PlanConfig(device="cpu", patch_dropout=0.75))
+    scaled = planner.run(PlanConfig(device="cpu", patch_dropout=0.75))
     assert "kept patches" in scaled.source
-    share = scaled.per_sample_bytes / planner.MEASURED[("cliptk-tiny", "fp32", "cpu")][1]
+    share = scaled.per_sample_bytes / MEASURED[("cliptk-tiny", "fp32", "cpu")][1]
     assert dropped.per_sample_bytes / full.per_sample_bytes == pytest.approx(share, rel=0.05), (dropped, full)
     micro = {}
     for p in (0.0, 0.75):

@@ -12,39 +12,41 @@ from trainkit import ROOT, env, train_cfg
 
 from toolkit.core.config import ConfigError, build
 from toolkit.data.trainset.loader import make_loader
-from toolkit.train.plan import planner as plan
+from toolkit.train.plan import memory, planner
+from toolkit.train.plan.config import GiB, ModelShape, PlanConfig, model_shape
 from toolkit.train.plan.memprobe import measure_activations as _REAL_MEASURE
+from toolkit.train.plan.report import format_plan
 from toolkit.train.plan.traffic import sent_bytes, step_traffic
 
-TINY = plan.ModelShape("t", num_params=1000, num_trainable=1000, embed_dim=8, sample_bytes=100)
+TINY = ModelShape("t", num_params=1000, num_trainable=1000, embed_dim=8, sample_bytes=100)
 
 
-def _cfg(**over) -> plan.PlanConfig:
-    return build(plan.PlanConfig, {"batch_size": 64, **over})
+def _cfg(**over) -> PlanConfig:
+    return build(PlanConfig, {"batch_size": 64, **over})
 
 
 @pytest.mark.parametrize(("name", "slots"), [("adamw", 2), ("lamb", 2), ("lion", 1), ("sgd", 1)])
 def test_optimizer_state_is_slots_times_fp32_params(name, slots):
-    rows = plan.memory_rows(_cfg(optimizer=name), TINY, 0.0, 0.0)
+    rows = memory.memory_rows(_cfg(optimizer=name), TINY, 0.0, 0.0)
     assert rows[f"optimizer state ({name})"] == slots * 4 * 1000
     assert rows["parameters"] == rows["gradients"] == 4000
 
 
 def test_micro_batch_rows():
     cfg = _cfg(nodes=2, nproc_per_node=2, micro_batch_size=4, mode="gather", loss="openclip")  # b = 16
-    rows = plan.memory_rows(cfg, TINY, 100.0, 10.0, overhead=7.0)
+    rows = memory.memory_rows(cfg, TINY, 100.0, 10.0, overhead=7.0)
     assert rows["activations (micro-batch 4)"] == 100 + 10 * 4
     assert rows["runtime buffers (measured)"] == 7.0
     assert rows["cached features + grads"] == 4 * 2 * 2 * 16 * 8
     assert rows["batch inputs"] == 2 * 4 * 100  # cuda: two micro-batches in flight (offload)
     assert rows["loss features"] == 2 * 64 * 8 * 4 * 2  # gathered x, y and their gradients
-    off = plan.memory_rows(_cfg(nodes=2, nproc_per_node=2, micro_batch_size=0), TINY, 100.0, 10.0)
+    off = memory.memory_rows(_cfg(nodes=2, nproc_per_node=2, micro_batch_size=0), TINY, 100.0, 10.0)
     assert off["activations (micro-batch 16)"] == 100 + 10 * 16 and off["cached features + grads"] == 0
 
 
 def test_traffic_is_the_ledger_formula():
     cfg = _cfg(nodes=1, nproc_per_node=4, loss="fastclip-v3")
-    got = plan.traffic(cfg, TINY)
+    got = planner.traffic(cfg, TINY)
     assert got["openclip/gather"] == sent_bytes(step_traffic("gather", 4, 16, 8, 1000), 4)
     # all_gather of [b, 2, d] fp32: (K-1)·n wire bytes; fastclip's feature bytes are half of gather's
     assert got["openclip/fastclip"]["features"] == 3 * 2 * 16 * 8 * 4
@@ -58,16 +60,16 @@ def test_traffic_is_the_ledger_formula():
 
 def test_largest_fit_is_the_boundary():
     cfg = _cfg(device_memory_gb=1.0, device="cuda")
-    fit = plan.largest_fit(cfg, TINY, 1e6, 1e6, 0.0)
-    budget = plan.GiB
+    fit = memory.largest_fit(cfg, TINY, 1e6, 1e6, 0.0)
+    budget = GiB
 
     def total(big_b, m):
-        return sum(plan.memory_rows(cfg, TINY, 1e6, 1e6, 0.0, big_b, m).values())
+        return sum(memory.memory_rows(cfg, TINY, 1e6, 1e6, 0.0, big_b, m).values())
 
     n = fit["global_batch_no_cache"]
     assert total(n, 0) <= budget < total(n + 1, 0)
     assert fit["micro_batch"] == 64  # the whole local batch fits
-    assert plan.largest_fit(_cfg(device_memory_gb=0.01), TINY, 1e6, 1e6, 0.0)["micro_batch"] == 9
+    assert memory.largest_fit(_cfg(device_memory_gb=0.01), TINY, 1e6, 1e6, 0.0)["micro_batch"] == 9
 
 
 def test_cli_prints_the_table_and_refuses_bad_input():
@@ -134,7 +136,7 @@ def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
     from toolkit.train.loop import build_parts
     from toolkit.train.plan.automicro import plan_config
 
-    fixed, per_sample, overhead = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")]
+    fixed, per_sample, overhead = memory.MEASURED[("cliptk-tiny", "fp32", "cpu")]
     for budget_gb in (0.25, 8.0):
         p = build_parts(
             train_cfg(
@@ -147,16 +149,16 @@ def test_micro_batch_auto_on_cpu_follows_the_budget(demo_train, tmp_path):
         )
         p.io.close()
         pcfg = plan_config(p.cfg, 1, 1, "cpu", p.data.num_samples)
-        shape = plan.model_shape("cliptk-tiny")
+        shape = model_shape("cliptk-tiny")
 
         def total(m, pcfg=pcfg, shape=shape):
-            return sum(plan.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values())
+            return sum(memory.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values())
 
         if budget_gb == 8.0:
-            assert p.micro_batch_size == 0 and total(0) <= 8 * plan.GiB  # the whole batch fits: no cache
+            assert p.micro_batch_size == 0 and total(0) <= 8 * GiB  # the whole batch fits: no cache
         else:  # about (256 MiB - 153 MiB fixed) / 3.08 MiB per sample
             m = p.micro_batch_size
-            assert 10 < m < 64 and total(m) <= 0.25 * plan.GiB < total(m + 1), m
+            assert 10 < m < 64 and total(m) <= 0.25 * GiB < total(m + 1), m
 
 
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # RSS follows live memory (docs/training.md)
@@ -184,7 +186,7 @@ def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micr
     tokens = next(iter(make_loader(demo_train, batch_size=160, shuffle=False)))["tokens"]
     longest = int(tokens.argmax(dim=-1).max()) + 1
     assert longest < tokens.shape[1]  # the cut matters here
-    predicted = plan.run(
+    predicted = planner.run(
         _cfg(
             batch_size=batch,
             micro_batch_size=micro,
@@ -209,17 +211,17 @@ def test_prediction_matches_a_measured_cpu_run(demo_train, tmp_path, batch, micr
 
 def test_caption_length_needs_a_measurement():
     with pytest.raises(ValueError, match="--measure"):
-        plan.run(_cfg(device="cpu", text_tokens=12))
+        planner.run(_cfg(device="cpu", text_tokens=12))
 
 
 @pytest.mark.parametrize("mode", ["pixels", "jpeg", "index"])
 def test_the_disk_figure_is_the_storage_modes(mode):
     from toolkit.data.trainset import storage
 
-    result = plan.run(_cfg(model="cliptk-tiny", device="cpu", storage=mode, num_samples=1000))
+    result = planner.run(_cfg(model="cliptk-tiny", device="cpu", storage=mode, num_samples=1000))
     want = storage.get(mode).disk_bytes_per_sample(36, 32)  # cliptk-tiny: 32 px stored at 36 (crop margin)
     assert result.disk_bytes_per_sample == want > 0
-    assert f"training set on disk ({mode})" in plan.format_plan(result)
+    assert f"training set on disk ({mode})" in format_plan(result)
     with pytest.raises(ConfigError, match="storage 'tar': not a storage mode"):
         _cfg(storage="tar")
 
@@ -228,10 +230,10 @@ def test_patch_dropout_scales_the_tabled_activations_and_a_stage_plan_has_memory
     """Without --measure: the table's full-sequence activations per sample times the kept share of layers x
     tokens x width (cliptk-tiny: 4 layers of width 128 in both towers, 64 patches + class, 32 positions);
     each stage's memory is the plan's with its own share of the activations."""
-    base = plan.MEASURED[("cliptk-tiny", "fp32", "cpu")][1]
-    dropped = plan.run(plan.PlanConfig(device="cpu", patch_dropout=0.5))
+    base = memory.MEASURED[("cliptk-tiny", "fp32", "cpu")][1]
+    dropped = planner.run(PlanConfig(device="cpu", patch_dropout=0.5))
     assert dropped.per_sample_bytes == pytest.approx(base * (33 + 32) / (65 + 32))
-    staged = plan.run(plan.PlanConfig(device="cpu", batch_size=64, stages="16px,8tok:0.75;:0.25"))
+    staged = planner.run(PlanConfig(device="cpu", batch_size=64, stages="16px,8tok:0.75;:0.25"))
     low, full = staged.stage_memory.values()
     assert list(staged.stage_memory) == [
         "stage 1 (16 px, 8 tok) per step",
@@ -240,4 +242,4 @@ def test_patch_dropout_scales_the_tabled_activations_and_a_stage_plan_has_memory
     assert full == pytest.approx(staged.total)
     share = (17 + 8) / (65 + 32)
     assert low == pytest.approx(staged.total - 64 * base * (1 - share))
-    assert "memory per device per stage" in plan.format_plan(staged)
+    assert "memory per device per stage" in format_plan(staged)

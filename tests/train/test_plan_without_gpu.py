@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from toolkit.cli.main import app
 from toolkit.core.config import build
-from toolkit.train.plan import estimate
-from toolkit.train.plan import planner as plan
+from toolkit.train.plan import estimate, planner
+from toolkit.train.plan.config import PlanConfig
 
 
 def test_a_cuda_plan_without_a_gpu_uses_the_labelled_estimate():
@@ -40,7 +40,7 @@ def test_the_estimate_reproduces_the_h100_peak_it_is_calibrated_on():
     """The H100 configuration itself (bf16, batch 512, captions of 12 tokens) plans to the measured peak; the
     full context and fp32 plan more, a non-ViT tower is refused naming --measure."""
     cfg = build(
-        plan.PlanConfig,
+        PlanConfig,
         {
             "model": "ViT-B-32",
             "batch_size": 512,
@@ -50,19 +50,19 @@ def test_the_estimate_reproduces_the_h100_peak_it_is_calibrated_on():
             "text_tokens": estimate.H100_TEXT_TOKENS,
         },
     )
-    h100 = plan.run(cfg)
+    h100 = planner.run(cfg)
     assert h100.total == pytest.approx(estimate.H100_PEAK_BYTES, rel=1e-9)
     assert h100.source.startswith("estimate")
-    full = plan.run(build(plan.PlanConfig, {**_fields(cfg), "text_tokens": 0}))
-    fp32 = plan.run(build(plan.PlanConfig, {**_fields(cfg), "precision": "fp32"}))
+    full = planner.run(build(PlanConfig, {**_fields(cfg), "text_tokens": 0}))
+    fp32 = planner.run(build(PlanConfig, {**_fields(cfg), "precision": "fp32"}))
     assert (
         h100.per_sample_bytes < full.per_sample_bytes and fp32.per_sample_bytes == 2 * h100.per_sample_bytes
     )
     with pytest.raises(ValueError, match="not a ViT.*--measure"):
-        plan.run(build(plan.PlanConfig, {"model": "RN50", "batch_size": 512}))
+        planner.run(build(PlanConfig, {"model": "RN50", "batch_size": 512}))
 
 
-def _fields(cfg: plan.PlanConfig) -> dict:
+def _fields(cfg: PlanConfig) -> dict:
     from toolkit.core.config import to_dict
 
     return to_dict(cfg)

@@ -43,7 +43,9 @@ def test_the_trainers_config_turns_checkpointing_on_in_both_towers(demo_train, t
 
 def test_plan_predicts_the_checkpointed_activations():
     from toolkit.core.config import build
-    from toolkit.train.plan.planner import MEASURED, MEASURED_CHECKPOINTED, PlanConfig, run
+    from toolkit.train.plan.config import PlanConfig
+    from toolkit.train.plan.memory import MEASURED, MEASURED_CHECKPOINTED
+    from toolkit.train.plan.planner import run
 
     def activations(ckpt: bool) -> float:
         plan = run(

@@ -9,7 +9,7 @@ from toolkit.cli.options import ConfigOptions, config_command
 
 # every PlanConfig field is an option (cli/options.ConfigOptions); these keep their short aliases
 PLAN = ConfigOptions(
-    "toolkit.train.plan.planner:PlanConfig",
+    "toolkit.train.plan.config:PlanConfig",
     flags={
         "model": ("--model", "-m"),
         "batch_size": ("--batch-size", "-b"),
@@ -34,7 +34,9 @@ def plan(ctx: typer.Context, config: ConfigFile = None, overrides: SetOverrides 
     """
     if ctx.invoked_subcommand is not None:
         return
-    from toolkit.train.plan.planner import PlanConfig, format_plan, run
+    from toolkit.train.plan.config import PlanConfig
+    from toolkit.train.plan.planner import run
+    from toolkit.train.plan.report import format_plan
 
     cfg = load_cli_config(ctx, PlanConfig, config, overrides, **PLAN.values(ctx))
     try:

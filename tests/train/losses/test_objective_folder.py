@@ -100,9 +100,11 @@ def test_an_objective_from_a_package_trains_and_resumes(counted, demo_train, tmp
 
 def test_an_objective_from_a_package_is_planned(counted):
     from toolkit.train.plan import planner
+    from toolkit.train.plan.config import PlanConfig
+    from toolkit.train.plan.report import format_plan
 
     cfg = build(
-        planner.PlanConfig,
+        PlanConfig,
         {
             "model": "cliptk-tiny",
             "loss": "counted-clip",
@@ -116,7 +118,7 @@ def test_an_objective_from_a_package_is_planned(counted):
     plan = planner.run(cfg)
     assert plan.table_bytes_per_node == 4.0 * 1000  # its spec's one column
     assert plan.traffic["counted-clip/gather"] == plan.traffic["openclip/gather"]  # the CLIP loss's modes
-    assert "counted-clip" in planner.format_plan(plan)
+    assert "counted-clip" in format_plan(plan)
 
 
 def test_a_name_registered_later_is_known_everywhere(counted):

@@ -1,3 +1,4 @@
-"""Memory and traffic planning: ``planner`` (``toolkit plan``), ``traffic`` (bytes per step by mode),
-``memprobe`` (measured activation constants), ``automicro`` (``--micro-batch-size auto``), ``hostmem``
-(glibc's release of freed host memory)."""
+"""Memory and traffic planning: ``planner`` (``toolkit plan``: its ``config``, ``memory`` model and
+``report``), ``traffic`` (bytes per step by mode), ``memprobe`` (measured activation constants),
+``estimate`` (a CUDA plan without a GPU), ``fsdp_memory`` (``--fsdp``'s sharded rows), ``automicro``
+(``--micro-batch-size auto``)."""

@@ -1,7 +1,7 @@
 """``--micro-batch-size auto``: the largest gradient-cache micro-batch that fits, chosen once at start-up.
 
-- CPU: ``toolkit plan``'s prediction (``toolkit.train.plan.planner.memory_rows``) with the model's measured
-  activation constants (``plan.MEASURED``, else measured now in subprocesses, ``memprobe``) against a
+- CPU: ``toolkit plan``'s prediction (``toolkit.train.plan.memory.memory_rows``) with the model's measured
+  activation constants (``memory.MEASURED``, else measured now in subprocesses, ``memprobe``) against a
   stated budget: ``memory_budget_gb``, or by default 90% of (the host's MemAvailable + this process's
   resident set) divided among the node's ranks.
 - CUDA: try a forward + backward of the towers on the real model at the local batch b, then b/2, b/4, ...
@@ -26,7 +26,7 @@ GiB = 1024**3
 def plan_config(cfg: Any, group_size: int, local_world: int, device: str, num_samples: int):
     """The ``PlanConfig`` describing this training run."""
     from toolkit.core.config import build
-    from toolkit.train.plan.planner import PlanConfig
+    from toolkit.train.plan.config import PlanConfig
 
     return build(
         PlanConfig,
@@ -61,10 +61,11 @@ def host_budget_bytes(local_world: int) -> float:
 
 
 def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
-    from toolkit.train.plan import planner as plan
+    from toolkit.train.plan import memory
+    from toolkit.train.plan.config import model_shape, table_bytes
 
     key = (pcfg.model, pcfg.precision, "cpu")
-    table = plan.MEASURED_CHECKPOINTED if pcfg.grad_checkpointing else plan.MEASURED
+    table = memory.MEASURED_CHECKPOINTED if pcfg.grad_checkpointing else memory.MEASURED
     if key in table and not pcfg.patch_dropout:  # the table holds full-sequence activations
         fixed, per_sample, overhead = table[key]
     else:
@@ -80,11 +81,11 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
             patch_dropout=pcfg.patch_dropout,
         )
         fixed, per_sample, overhead = fit.fixed_bytes, fit.per_sample_bytes, fit.overhead_bytes
-    shape = plan.model_shape(pcfg.model)
-    tables = plan.table_bytes(pcfg)
+    shape = model_shape(pcfg.model)
+    tables = table_bytes(pcfg)
 
     def total(m: int) -> float:
-        return sum(plan.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values()) + tables
+        return sum(memory.memory_rows(pcfg, shape, fixed, per_sample, overhead, micro=m).values()) + tables
 
     best = max((m for m in range(1, local + 1) if total(m) <= budget), default=1)
     return best, (
@@ -94,14 +95,15 @@ def _cpu(pcfg: Any, local: int, budget: float) -> tuple[int, str]:
 
 
 def _cuda(model: Any, dev: torch.device, pcfg: Any, local: int, budget: float) -> tuple[int, str]:
-    from toolkit.train.plan import planner as plan
+    from toolkit.train.plan.config import model_shape
+    from toolkit.train.plan.memory import memory_rows
     from toolkit.train.plan.memprobe import tower_pass
     from toolkit.train.runtime import autocast
 
-    shape = plan.model_shape(pcfg.model)
+    shape = model_shape(pcfg.model)
     m = local
     while True:
-        rows = plan.memory_rows(pcfg, shape, 0.0, 0.0, micro=m)
+        rows = memory_rows(pcfg, shape, 0.0, 0.0, micro=m)
         later = sum(v for k, v in rows.items() if k.startswith(("optimizer", "cached", "loss")))
         try:
             torch.cuda.reset_peak_memory_stats(dev)

@@ -106,7 +106,7 @@ def sharded_rows(
     offload: bool,
     reshard: bool = True,
 ) -> dict[str, float]:
-    """DDP's ``rows`` (planner.memory_rows) with the parameter, gradient and optimiser rows sharded (module
+    """DDP's ``rows`` (memory.memory_rows) with the parameter, gradient and optimiser rows sharded (module
     docstring); offloaded shards leave the device's rows (``host_rows`` lists them)."""
     out = {k: v for k, v in rows.items() if not k.startswith(("parameters", "gradients", "optimizer"))}
     optimizer = next(k for k in rows if k.startswith("optimizer"))
