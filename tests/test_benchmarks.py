@@ -7,6 +7,8 @@ child that allocates a known amount: seconds in all.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -283,6 +285,52 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
     scratch.main(argv)
     rows = json.loads((out.parent / "scratch_runs.json").read_text())
     assert [r["label"] for r in rows] == ["short b32 openclip (learnable τ) s0"], rows
+
+
+def test_scratch_stopped_by_sigterm_leaves_no_run_behind(tmp_path):
+    """SIGTERM to a running from-scratch benchmark (a scheduler's stop, `kill`) stops its `toolkit train` runs
+    too: no process of it outlives it, and no cut-short run enters the run cache."""
+    from proctools import ROOT, alive, descendants, env, wait_for
+
+    argv = [
+        "--quick",
+        "--workers",
+        "1",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "r.json"),
+    ]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.objectives.scratch", *argv, "--methods", "openclip (learnable τ)"],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def training() -> set[int]:  # the benchmark's processes once its `toolkit train` runs
+        procs = descendants(bench.pid)
+        for pid in procs:
+            try:
+                if b"toolkit\0train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return procs
+            except OSError:
+                continue
+        return set()
+
+    try:
+        procs = wait_for(training, 300, "the benchmark's toolkit train")
+        bench.send_signal(signal.SIGTERM)
+        out, _ = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert not [pid for pid in procs if alive(pid)], out[-3000:]
+    runs = tmp_path / "cache" / "runs.jsonl"
+    assert not runs.is_file() or not runs.read_text().strip()
 
 
 @pytest.mark.dist

@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -154,6 +155,52 @@ def median_ranks(model_dir: Path, csv_path: Path) -> list[float]:
     return [float(i2t.float().median()), float(t2i.float().median())]
 
 
+_LIVE: set[subprocess.Popen] = set()  # the runs' `toolkit train` processes now running (worker threads')
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by stop_runs: a worker thread between two runs starts no more
+
+
+def _train(cmd: list[str], log, env: dict, args: argparse.Namespace) -> int:
+    """Run ``cmd`` to its end (``--run-timeout-s``: killed, TimeoutExpired) as a child that ``stop_runs``
+    can reach; called by the pool's worker threads."""
+    with _LIVE_LOCK:
+        if _STOPPING.is_set():
+            raise RuntimeError("the benchmark is stopping: run not started")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _LIVE.add(proc)
+    try:
+        return proc.wait(timeout=args.run_timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+
+
+def stop_runs(grace_s: float = 60.0) -> None:
+    """SIGTERM every running ``toolkit train`` (each checkpoints after its step and exits: a later
+    benchmark resumes it), SIGKILL what is left after ``grace_s``. Called by the main thread when the
+    benchmark stops early (a signal, Ctrl-C, an error), so that no run outlives it."""
+    with _LIVE_LOCK:
+        _STOPPING.set()
+        procs = list(_LIVE)
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds the main thread through run_all's stop_runs
+
+
 def _run_one(args: argparse.Namespace, data: GlyphSet, task: dict) -> dict[str, Any]:
     out = Path(args.cache) / "runs" / task["key"]
     out.mkdir(parents=True, exist_ok=True)
@@ -169,16 +216,10 @@ def _run_one(args: argparse.Namespace, data: GlyphSet, task: dict) -> dict[str, 
     }
     start = time.monotonic()
     with (out / "train.log").open("w") as log:
-        proc = subprocess.run(
-            [sys.executable, "-m", "toolkit", "train", "-c", str(cfg_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            timeout=args.run_timeout_s,
-        )
-    if proc.returncode != 0:
+        returncode = _train([sys.executable, "-m", "toolkit", "train", "-c", str(cfg_path)], log, env, args)
+    if returncode != 0:
         tail = (out / "train.log").read_text()[-2000:]
-        raise RuntimeError(f"{task['label']}: toolkit train exited {proc.returncode}:\n{tail}")
+        raise RuntimeError(f"{task['label']}: toolkit train exited {returncode}:\n{tail}")
     curve = parse_metrics(out / "run" / "metrics.jsonl")
     curve["wall_s"] = round(time.monotonic() - start, 1)
     curve["median_rank"] = {
@@ -273,25 +314,38 @@ class Runner:
         )
         if self.args.cached_only or not todo:
             return
+        _STOPPING.clear()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         with ThreadPoolExecutor(self.args.workers) as pool:
             futures = {pool.submit(_run_one, self.args, self.data, t): t for t in todo}
-            for i, fut in enumerate(as_completed(futures), 1):
-                t = futures[fut]
-                try:
-                    curve = fut.result()
-                except (RuntimeError, subprocess.TimeoutExpired) as err:
-                    self.failed[t["key"]] = str(err)[:500]
-                    print(f"[{i}/{len(todo)}] FAILED {t['label']}: {str(err)[:300]}", flush=True)
-                    continue
-                with self.lock:
-                    self.done[t["key"]] = curve
-                    with self.path.open("a") as fh:
-                        fh.write(json.dumps({"key": t["key"], "label": t["label"], "curve": curve}) + "\n")
-                print(
-                    f"[{i}/{len(todo)}] {t['label']}: val {50 * sum(curve['val'][-1]):.2f} held-out "
-                    f"{50 * sum(curve['heldout'][-1]):.2f} R@1 ({curve['wall_s']:.0f} s; "
-                    f"{time.monotonic() - self.started:.0f} s in all)",
-                    flush=True,
-                )
-                if self.on_done is not None:
-                    self.on_done()
+            try:
+                self._collect(futures, len(todo))
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                stop_runs()
+                raise
+
+    def _collect(self, futures: dict, num_todo: int) -> None:
+        """Record each run as it finishes (main thread): CACHE/runs.jsonl, the log line, ``on_done``."""
+        for i, fut in enumerate(as_completed(futures), 1):
+            t = futures[fut]
+            try:
+                curve = fut.result()
+            except (RuntimeError, subprocess.TimeoutExpired) as err:
+                self.failed[t["key"]] = str(err)[:500]
+                print(f"[{i}/{num_todo}] FAILED {t['label']}: {str(err)[:300]}", flush=True)
+                continue
+            with self.lock:
+                self.done[t["key"]] = curve
+                with self.path.open("a") as fh:
+                    fh.write(json.dumps({"key": t["key"], "label": t["label"], "curve": curve}) + "\n")
+            print(
+                f"[{i}/{num_todo}] {t['label']}: val {50 * sum(curve['val'][-1]):.2f} held-out "
+                f"{50 * sum(curve['heldout'][-1]):.2f} R@1 ({curve['wall_s']:.0f} s; "
+                f"{time.monotonic() - self.started:.0f} s in all)",
+                flush=True,
+            )
+            if self.on_done is not None:
+                self.on_done()
