@@ -301,8 +301,16 @@ def test_scratch_stopped_by_sigterm_leaves_no_run_behind(tmp_path):
         "--out",
         str(tmp_path / "r.json"),
     ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.objectives.scratch",
+        *argv,
+        "--methods",
+        "openclip (learnable τ)",
+    ]
     bench = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.objectives.scratch", *argv, "--methods", "openclip (learnable τ)"],
+        cmd,
         cwd=ROOT,
         env=env(),
         stdout=subprocess.PIPE,
@@ -331,6 +339,10 @@ def test_scratch_stopped_by_sigterm_leaves_no_run_behind(tmp_path):
     assert not [pid for pid in procs if alive(pid)], out[-3000:]
     runs = tmp_path / "cache" / "runs.jsonl"
     assert not runs.is_file() or not runs.read_text().strip()
+    # the next call trains the stopped run again, from its start, into the same run folder
+    again = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert len(runs.read_text().splitlines()) == 1
 
 
 @pytest.mark.dist
