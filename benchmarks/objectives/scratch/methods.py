@@ -55,6 +55,15 @@ METHODS: tuple[Method, ...] = (
         "of them (a schedule that scales with the run and leaves γ high for longer)",
     ),
     Method(
+        "fastclip-v3 (u_drift, γ over the run, ρ tuned)",
+        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch"},
+        {"rho": (2.0, 4.0, 8.0)},
+        gamma_over_all_epochs=True,
+        note="the trainer's default with ρ tuned (8 is its default): v3's τ-gradient is about ρ − KL(p ‖ "
+        "uniform) over a batch's negatives, and KL ≤ ln(B − 1) (6.2 at batch 512), so at ρ 8 τ falls all run "
+        "in every cell measured; a smaller ρ lets τ settle",
+    ),
+    Method(
         "fastclip-v3 (u_drift, γ over the run, τ step_thresh)",
         {
             "kind": "fastclip",
