@@ -17,7 +17,7 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """``toolkit plan``'s one config (see the module docstring for the arithmetic)."""
+    """``toolkit plan``'s one config (the arithmetic: ``toolkit.train.plan.memory``'s module docstring)."""
 
     model: str = option("cliptk-tiny", doc="open_clip model name, config JSON or checkpoint directory.")
     batch_size: int = option(4096, ge=2, doc="GLOBAL batch over all ranks.")
