@@ -190,6 +190,14 @@ METHODS: tuple[Method, ...] = (
         "nothing tuned",
     ),
     Method(
+        "fastclip-v3 (u_drift, γ over the run, ρ tuned)",
+        {"kind": "fastclip", "version": "v3", "u_drift": "batch"},
+        {"rho": (2.0, 4.0, 8.0)},
+        gamma_over_all_epochs=True,
+        note="the default with ρ tuned (8 is its default): at ρ 8 its τ-gradient, about ρ − KL(p ‖ uniform) "
+        "over a batch's negatives with KL ≤ ln(B − 1), stays positive and τ falls all run",
+    ),
+    Method(
         "fastclip-v3 (u_drift, γ over the run, lr_tau lr/10)",
         {"kind": "fastclip", "version": "v3", "u_drift": "batch", "lr_tau": 1e-4},
         gamma_over_all_epochs=True,
