@@ -255,7 +255,8 @@ def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
 def adopt_knobs(paths: list[str], searches: dict, regimes: set[str]) -> None:
     """Skip tuning in ``regimes``: take each method's chosen knobs from the cell of the same batch in an
     earlier result (``--knobs-from``, ``--long-knobs-from``: cheaper when compute is short; reported); of
-    several files the first with such a cell wins. A method without a grid has nothing to adopt."""
+    several files the first with such a cell wins. A method without a grid has nothing to adopt; one that no
+    file has is tuned here."""
     earlier = [(path, c) for path in paths for c in json.loads(Path(path).read_text())["results"]]
     for cell, method, search in searches.values():
         if cell["regime"] not in regimes or not method.grid:
@@ -263,10 +264,9 @@ def adopt_knobs(paths: list[str], searches: dict, regimes: set[str]) -> None:
         found = next(
             ((p, c) for p, c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None
         )
-        if found is None:
-            raise SystemExit(
-                f"--knobs-from {' '.join(paths)}: no batch-{cell['batch']} cell with {method.name}"
-            )
+        if found is None:  # a method newer than the files: tuned here, as without --knobs-from
+            print(f"--knobs-from: no batch-{cell['batch']} cell with {method.name}; tuning it here")
+            continue
         path, source = found
         search.adopt(source["rows"][method.name]["tuning"]["chosen"], f"{source['regime']} regime ({path})")
 
