@@ -365,3 +365,23 @@ def test_fsdp_capacity_bisects_the_widths_with_real_jobs(tmp_path):
     assert result["largest"]["fsdp"]["params"] >= result["largest"]["ddp"]["params"]
     assert result["params_ratio"] == result["largest"]["fsdp"]["params"] / result["largest"]["ddp"]["params"]
     assert "largest fsdp: width" in out.with_suffix(".md").read_text()
+
+
+def test_candidate_reads_several_runs_files(tmp_path):
+    """scratch.candidate --runs A B: one record of every label; a label whose two records differ (runs from
+    another glyph set or trainer) stops it, naming the file and the label."""
+    from benchmarks.objectives.scratch import candidate
+
+    def runs(path, **finals):
+        rows = [{"label": k.replace("_", " "), "heldout_r1": list(v)} for k, v in finals.items()]
+        path.write_text(json.dumps(rows))
+        return str(path)
+
+    a = runs(tmp_path / "a.json", short_b32_x_s0=(0.1, 0.3), long_b32_x_s0=(0.5, 0.5))
+    b = runs(tmp_path / "b.json", short_b32_x_s0=(0.1, 0.3), short_b32_x_s1=(0.2, 0.2))
+    assert candidate.recorded_runs([a, b]) == pytest.approx(
+        {"short b32 x s0": 0.2, "long b32 x s0": 0.5, "short b32 x s1": 0.2}
+    )
+    c = runs(tmp_path / "c.json", short_b32_x_s0=(0.1, 0.31))
+    with pytest.raises(SystemExit, match=r"c\.json: 'short b32 x s0' differs"):
+        candidate.recorded_runs([a, c])

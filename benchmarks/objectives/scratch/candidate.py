@@ -48,7 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_arguments(p)
     p.add_argument("--candidate", required=True, help=f"one of: {', '.join(m.name for m in sm.METHODS)}")
     p.add_argument("--pages", nargs="+", default=[str(RESULTS / f"{n}.json") for n in PAGES])
-    p.add_argument("--runs", default=str(RESULTS / "scratch_runs.json"), help="the recorded runs' finals")
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        default=[str(RESULTS / "scratch_runs.json")],
+        help="the recorded runs' finals (several files: one record, a label in two must agree)",
+    )
     p.add_argument("--cells", nargs="*", default=None, help="'short b32', ... (default: every recorded cell)")
     p.add_argument("--max-seeds", type=int, default=None, help="at most this many of a cell's seeds")
     p.add_argument(
@@ -87,6 +92,19 @@ def recorded_cells(pages: list[str], wanted: list[str] | None) -> list[dict]:
                 }
             )
     return cells
+
+
+def recorded_runs(paths: list[str]) -> dict[str, float]:
+    """Label -> final held-out R@1 (mean of both directions) of every run in the ``*_runs.json`` files; a
+    label recorded twice with different results means the files come from different sets or code: stop."""
+    recorded: dict[str, float] = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text()):
+            value = mean_r1(r["heldout_r1"])
+            if abs(recorded.get(r["label"], value) - value) > 1e-6:
+                raise SystemExit(f"{path}: {r['label']!r} differs from its record in an earlier --runs file")
+            recorded[r["label"]] = value
+    return recorded
 
 
 def check_reproducible(runner: Runner, cell: dict, recorded: dict[str, float]) -> dict:
@@ -189,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         c["num_seeds"] = min(c["num_seeds"], args.max_seeds or c["num_seeds"])
     if not cells:
         raise SystemExit(f"no recorded cell matches --cells {args.cells}")
-    recorded = {r["label"]: mean_r1(r["heldout_r1"]) for r in json.loads(Path(args.runs).read_text())}
+    recorded = recorded_runs(args.runs)
     runner = Runner(args, GlyphSet(args))
     if args.no_check:
         check = "skipped (--no-check)"
@@ -198,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     candidate = next(m for m in sm.METHODS if m.name == args.candidate)
     result = {
         "candidate": args.candidate,
-        "runs": Path(args.runs).name,
+        "runs": ", ".join(Path(p).name for p in args.runs),
         "check": check,
         "cells": pair(runner, cells, candidate, recorded, args.extra_seeds),
     }
