@@ -229,6 +229,7 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
         row["curve_heldout"]
     )
     assert report["config"]["num_held_distinct_pairs"] <= report["config"]["num_held_pairs"]
+    assert len(report["config"]["pixels_sha1"]) == 40 and "FreeType" in report["config"]["drawn_with"]
     assert "| short | 32 | 1 (" in out.with_suffix(".md").read_text()
     assert (out.parent / "scratch.png").stat().st_size > 0
     assert len(json.loads((out.parent / "scratch_runs.json").read_text())) == 1
@@ -385,3 +386,23 @@ def test_candidate_reads_several_runs_files(tmp_path):
     c = runs(tmp_path / "c.json", short_b32_x_s0=(0.1, 0.31))
     with pytest.raises(SystemExit, match=r"c\.json: 'short b32 x s0' differs"):
         candidate.recorded_runs([a, c])
+
+
+def test_candidate_stops_on_a_page_drawn_from_other_pixels(tmp_path):
+    """A page whose glyph set had other pixels (another Pillow/FreeType draws other glyphs) cannot pair with
+    runs on this build: scratch.candidate stops and names the page and both renderers; a page from before
+    the fingerprint, or from the same pixels, passes."""
+    from benchmarks.objectives.scratch import candidate
+
+    here = {"pixels_sha1": "a" * 40, "drawn_with": "Pillow 13.0.0 (FreeType 2.14.3), matplotlib 3.11.2"}
+    pages = {}
+    for name, config in (
+        ("same", here),
+        ("old", {}),
+        ("other", {"pixels_sha1": "b" * 40, "drawn_with": "X"}),
+    ):
+        pages[name] = tmp_path / f"{name}.json"
+        pages[name].write_text(json.dumps({"config": config, "results": []}))
+    candidate.check_same_set([str(pages["same"]), str(pages["old"])], here)
+    with pytest.raises(SystemExit, match=r"other\.json: .*drawn with X; here Pillow 13\.0\.0"):
+        candidate.check_same_set([str(pages["same"]), str(pages["other"])], here)
