@@ -217,7 +217,9 @@ def test_scratch_quick_end_to_end(tmp_path, capsys):
         "--methods",
         "openclip (learnable τ)",
     ]
+    handler = signal.getsignal(signal.SIGTERM)
     report = scratch.main(argv)
+    assert signal.getsignal(signal.SIGTERM) is handler  # the runs' SIGTERM handler is the caller's again
     (cell,) = report["results"]
     assert (cell["regime"], cell["batch"], cell["epochs"]) == ("short", 32, 1)
     assert cell["steps"] == report["config"]["num_train_pairs"] // 32

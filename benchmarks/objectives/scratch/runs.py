@@ -315,17 +315,21 @@ class Runner:
         if self.args.cached_only or not todo:
             return
         _STOPPING.clear()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        with ThreadPoolExecutor(self.args.workers) as pool:
-            futures = {pool.submit(_run_one, self.args, self.data, t): t for t in todo}
-            try:
-                self._collect(futures, len(todo))
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                stop_runs()
-                raise
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
+        try:
+            with ThreadPoolExecutor(self.args.workers) as pool:
+                futures = {pool.submit(_run_one, self.args, self.data, t): t for t in todo}
+                try:
+                    self._collect(futures, len(todo))
+                except BaseException:
+                    for fut in futures:
+                        fut.cancel()
+                    stop_runs()
+                    raise
+        finally:
+            if main and previous is not None:  # the caller's own handler again (a test process, a notebook)
+                signal.signal(signal.SIGTERM, previous)
 
     def _collect(self, futures: dict, num_todo: int) -> None:
         """Record each run as it finishes (main thread): CACHE/runs.jsonl, the log line, ``on_done``."""
