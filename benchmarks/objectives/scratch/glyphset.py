@@ -43,19 +43,21 @@ def _write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
 
 
 def fingerprint(glyphs: Path) -> dict[str, str]:
-    """What makes two builds of the set the same pixels: a SHA-1 over every drawing (path and bytes, in path
-    order) and the versions of the libraries that draw them (Pillow bundles its FreeType). A rebuild of the
-    same options on a fresh install once gave other runs (a recorded held-out R@1 of 13.26 % came out 13.54 %;
-    the old set was gone, so whether the pixels or the arithmetic moved is unknown): a page records this, and
-    a comparison with recorded runs checks it first, so the next such case says which."""
+    """What makes two builds of the set the same pixels: a SHA-1 over every drawing's decoded pixels (path,
+    mode, size and bytes, in path order: a PNG encoder's choices do not count) and the versions of the
+    libraries that draw them (Pillow bundles its FreeType). A rebuild of the same options on a fresh install
+    once gave other runs (a recorded held-out R@1 of 13.26 % came out 13.54 %; the old set was gone, so
+    whether the pixels or the arithmetic moved is unknown): a page records this, and a comparison with
+    recorded runs checks it first, so the next such case says which."""
     import matplotlib
     import PIL
-    from PIL import features
+    from PIL import Image, features
 
     digest = hashlib.sha1()
     for path in sorted(glyphs.rglob("*.png")):
-        digest.update(str(path.relative_to(glyphs)).encode())
-        digest.update(path.read_bytes())
+        with Image.open(path) as img:
+            digest.update(f"{path.relative_to(glyphs)} {img.mode} {img.size}".encode())
+            digest.update(img.tobytes())
     return {
         "pixels_sha1": digest.hexdigest(),
         "drawn_with": f"Pillow {PIL.__version__} (FreeType {features.version('freetype2')}), "
