@@ -157,6 +157,34 @@ def test_knobs_adopted_from_the_first_file_with_the_batch(tmp_path):
     assert missing["x"][2].pending() and not missing["x"][2].adopted_from
 
 
+def test_knobs_adopted_from_the_same_regime_before_an_earlier_file(tmp_path, capsys):
+    """--knobs-from SHORT LONG: a long cell takes the long cell's knobs although the short file comes first
+    (a short cell's lr_tau is not the long budget's); with only a short cell it takes that one and says so."""
+    import json
+
+    def result(regime: str, lr_tau: float) -> dict:
+        row = {"tuning": {"chosen": {"lr_tau": lr_tau}}}
+        return {"results": [{"regime": regime, "batch": 32, "rows": {"openclip (learnable τ)": row}}]}
+
+    short, long = tmp_path / "short.json", tmp_path / "long.json"
+    short.write_text(json.dumps(result("short", 1e-4)))
+    long.write_text(json.dumps(result("long", 1e-5)))
+    method = next(m for m in cm.METHODS if m.name == "openclip (learnable τ)")
+
+    def adopted(paths: list) -> cm.Search:
+        searches = {"x": ({"regime": "long", "batch": 32}, method, cm.Search(method))}
+        convergence.adopt_knobs([str(p) for p in paths], searches, {"short", "long"})
+        return searches["x"][2]
+
+    assert adopted([short, long]).best == {"lr_tau": 1e-5}
+    assert "taking the short cell" not in capsys.readouterr().out
+    only_short = adopted([short])
+    assert only_short.best == {"lr_tau": 1e-4} and str(short) in only_short.adopted_from
+    assert "no long batch-32 cell with openclip (learnable τ); taking the short cell's knobs" in (
+        capsys.readouterr().out
+    )
+
+
 def test_runs_go_seed_by_seed(tmp_path, monkeypatch, torch_threads):
     """A benchmark stopped early has the same paired seeds of every method in every cell: seed k of every
     task runs before any seed k + 1 (within a seed, the costliest cell first)."""

@@ -100,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=None,
         help="result JSONs whose cells' tuned knobs are reused (the first file with a cell of the same "
-        "batch holding the method) instead of tuning here: cheaper, and reported as such",
+        "batch and regime holding the method, else of the same batch, said on stdout) instead of tuning "
+        "here: cheaper, and reported as such",
     )
     p.add_argument(
         "--long-knobs-from", nargs="+", default=None, help="as --knobs-from, for the long regime only"
@@ -255,15 +256,23 @@ def tune(args: argparse.Namespace, runner: Runner, searches: dict) -> set:
 def adopt_knobs(paths: list[str], searches: dict, regimes: set[str]) -> None:
     """Skip tuning in ``regimes``: take each method's chosen knobs from the cell of the same batch in an
     earlier result (``--knobs-from``, ``--long-knobs-from``: cheaper when compute is short; reported); of
-    several files the first with such a cell wins. A method without a grid has nothing to adopt; one that no
+    several files the first with such a cell of the same regime wins, else the first of another regime (said
+    on stdout). A method without a grid has nothing to adopt; one that no
     file has is tuned here."""
     earlier = [(path, c) for path in paths for c in json.loads(Path(path).read_text())["results"]]
     for cell, method, search in searches.values():
         if cell["regime"] not in regimes or not method.grid:
             continue
-        found = next(
-            ((p, c) for p, c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]), None
-        )
+        holding = [(p, c) for p, c in earlier if c["batch"] == cell["batch"] and method.name in c["rows"]]
+        # a cell of the same regime first, in any file: a long cell given a short cell's knobs trains with
+        # the short budget's lr_tau (1e-4 where the long cells chose 1e-5 at batch 32)
+        found = next(((p, c) for p, c in holding if c["regime"] == cell["regime"]), None)
+        if found is None and holding:
+            found = holding[0]
+            print(
+                f"--knobs-from: no {cell['regime']} batch-{cell['batch']} cell with {method.name}; "
+                f"taking the {found[1]['regime']} cell's knobs from {found[0]}"
+            )
         if found is None:  # a method newer than the files: tuned here, as without --knobs-from
             print(f"--knobs-from: no batch-{cell['batch']} cell with {method.name}; tuning it here")
             continue
