@@ -408,3 +408,25 @@ def test_candidate_stops_on_a_page_drawn_from_other_pixels(tmp_path):
     candidate.check_same_set([str(pages["same"]), str(pages["old"])], here)
     with pytest.raises(SystemExit, match=r"other\.json: .*drawn with X; here Pillow 13\.0\.0"):
         candidate.check_same_set([str(pages["same"]), str(pages["other"])], here)
+
+
+def test_default_runs_are_keyed_by_what_the_default_resolves_to(tmp_path, monkeypatch):
+    """A "trainer default" run names no loss; its cache key holds the objective the rule resolves to, so a run
+    finished under an earlier default is trained again instead of being reused under the same label."""
+    from types import SimpleNamespace
+
+    from benchmarks.objectives.scratch import methods as sm
+    from benchmarks.objectives.scratch import runs
+    from toolkit.train.losses import choice
+
+    args = SimpleNamespace(cache=str(tmp_path), fresh=False, lr=2e-3, model="cliptk-glyph", eval_points=6)
+    runner = runs.Runner(args, SimpleNamespace(signature="set"))
+    cell = {"regime": "short", "batch": 32, "steps": 2604, "epochs": 6, "gamma_decay_epochs": 3}
+    default = next(m for m in sm.METHODS if m.name == "trainer default")
+    named = next(m for m in sm.METHODS if m.name == "openclip (learnable τ)")
+    before = runner.task(cell, default, {}, 0), runner.task(cell, named, {}, 0)
+    changed = {**choice.DEFAULT_LOSS, "fastclip": {"version": "v3", "u_drift": "none"}}
+    monkeypatch.setattr(choice, "DEFAULT_LOSS", changed)
+    after = runner.task(cell, default, {}, 0), runner.task(cell, named, {}, 0)
+    assert before[0]["label"] == after[0]["label"] and before[0]["key"] != after[0]["key"]
+    assert before[1]["key"] == after[1]["key"]  # a named objective does not depend on the default

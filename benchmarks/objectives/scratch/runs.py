@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from benchmarks.objectives.scratch.glyphset import GlyphSet
+from toolkit.train.losses.choice import default_loss
 
 RUN_CACHE_VERSION = 1  # bump when the run procedure changes (invalidates CACHE/runs.jsonl)
 WARMUP_FRACTION = 0.1
@@ -277,6 +278,8 @@ class Runner:
             "seed": seed,
             **({"train": train} if train else {}),
         }
+        if fields is None:  # keyed by what the default resolves to, so a changed default is trained again
+            ident["default"] = default_loss(int(cell["epochs"]))
         key = hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
         knob_text = ", ".join(
             f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"

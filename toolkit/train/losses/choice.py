@@ -28,7 +28,7 @@ def default_loss(epochs: int | None = None, given: Mapping[str, Any] | None = No
     epochs) is left alone."""
     given = given or {}
     section = given.get("fastclip") if isinstance(given.get("fastclip"), Mapping) else {}
-    fields = {"kind": DEFAULT_LOSS["kind"], "fastclip": dict(DEFAULT_LOSS["fastclip"])}
+    fields = {**DEFAULT_LOSS, "fastclip": dict(DEFAULT_LOSS["fastclip"])}
     own_decay = "gamma_decay_epochs" in section or section.get("gamma_rule") == "drrho"
     if epochs is not None and epochs >= 1 and not own_decay:
         fields["fastclip"]["gamma_decay_epochs"] = int(epochs)
