@@ -62,7 +62,11 @@ class Update:
             None
             if group is None
             else TemperatureControl(
-                clip.logit_scale, group, lr_tau=loss.lr_tau or optim.lr, schedule=loss.lr_tau_schedule
+                clip.logit_scale,
+                group,
+                lr_tau=loss.lr_tau or optim.lr,
+                schedule=loss.lr_tau_schedule,
+                max_logit_scale=math.log(1.0 / loss.tau_floor),
             )
         )
         # the cosine τ schedule follows the model's lr curve (set_lr scales the group's initial lr); the

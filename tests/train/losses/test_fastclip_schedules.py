@@ -69,3 +69,42 @@ def test_cosine_and_const_tau_lr():
     assert TemperatureControl(p, g, lr_tau=0.3, schedule="const").lr_at(100) == 0.3
     with pytest.raises(ValueError, match="schedule"):
         TemperatureControl(p, g, lr_tau=0.3, schedule="linear")
+
+
+class _ScaleOnly(torch.nn.Module):
+    """A model with only a logit scale, as the trainer's Update sees one."""
+
+    def __init__(self, tau: float):
+        super().__init__()
+        self.logit_scale = torch.nn.Parameter(torch.tensor(math.log(1 / tau)))
+
+
+class _NoSchedules:
+    """The objective hooks Update calls, for a loss with no state of its own."""
+
+    def begin_step(self, step: int, steps_per_epoch: int) -> None:
+        pass
+
+    def end_step(self, applied: bool) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tau_floor", [0.01, 0.05])
+def test_tau_floor_holds_a_learned_tau_through_the_trainers_update(tau_floor):
+    """loss.tau_floor: a gradient that pushes τ down at every step (Adam at lr 0.5) stops at the floor,
+    through the trainer's own Update (optimiser, τ group, clamp after each step); 0.01 is open_clip's
+    clamp."""
+    from toolkit.core.config import build
+    from toolkit.train.config import OptimConfig
+    from toolkit.train.losses.config import LossConfig
+    from toolkit.train.update import Update
+
+    model = _ScaleOnly(tau=0.07)
+    loss = build(LossConfig, {"tau_floor": tau_floor, "lr_tau": 0.5, "lr_tau_schedule": "const"})
+    update = Update(model, _NoSchedules(), OptimConfig(lr=0.5, weight_decay=0.0), loss, total_steps=40)
+    for step in range(40):
+        update.begin(step, 40)
+        value = -model.logit_scale  # lower is better at a larger scale: τ falls every step
+        value.backward()
+        assert update.finish(value.detach()).applied
+    assert math.exp(-float(model.logit_scale.detach())) == pytest.approx(tau_floor, rel=1e-6)

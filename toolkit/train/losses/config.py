@@ -99,6 +99,15 @@ class LossConfig:
         doc="Schedule of the logit-scale group's lr: cosine (as the model's), const, or step_thresh "
         "(lr_tau, divided by 3 once τ <= 0.03: the reference's v3 rule).",
     )
+    tau_floor: float = option(
+        0.01,
+        gt=0,
+        le=1,
+        omit_at_default=True,
+        doc="Lowest value of a learned global τ: the logit scale is clamped to log(1/tau_floor) after every "
+        "step (0.01: open_clip's clamp of the scale at 100). A tau_init below it is raised to it at the "
+        "first step.",
+    )
     rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
     eps: float = option(
         1e-14,

@@ -69,5 +69,6 @@ class TemperatureControl:
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """Clamp p to [0, ln 100] (the reference clamps after every optimiser step)."""
+        """Clamp p to [0, max_logit_scale] (ln 100 unless ``loss.tau_floor`` says otherwise; the reference
+        clamps after every optimiser step)."""
         self.p.clamp_(0.0, self.max_logit_scale)
