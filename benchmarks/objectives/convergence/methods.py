@@ -213,6 +213,18 @@ METHODS: tuple[Method, ...] = (
         "at ρ 8 its τ falls every step, to 0.0145 after 30 epochs at batch 32 (the best OpenCLIP's: ~0.07)",
     ),
     Method(
+        "fastclip-v3 (u_drift, γ over the run, τ floor 0.02)",
+        {"kind": "fastclip", "version": "v3", "u_drift": "batch", "tau_floor": 0.02},
+        gamma_over_all_epochs=True,
+        note="the default with its learned τ kept at or above 0.02; nothing tuned",
+    ),
+    Method(
+        "fastclip-v3 (u_drift, γ over the run, τ floor 0.03)",
+        {"kind": "fastclip", "version": "v3", "u_drift": "batch", "tau_floor": 0.03},
+        gamma_over_all_epochs=True,
+        note="the default with its learned τ kept at or above 0.03; nothing tuned",
+    ),
+    Method(
         "fastclip-v3 (u_drift, γ over the run, lr_tau lr/10)",
         {"kind": "fastclip", "version": "v3", "u_drift": "batch", "lr_tau": 1e-4},
         gamma_over_all_epochs=True,

@@ -72,6 +72,18 @@ METHODS: tuple[Method, ...] = (
         "default): at ρ 8 its τ falls every step, to the 0.01 clamp after ~3,900 steps at batch 32",
     ),
     Method(
+        "fastclip-v3 (u_drift, γ over the run, τ floor 0.02)",
+        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "tau_floor": 0.02},
+        gamma_over_all_epochs=True,
+        note="the default with its learned τ kept at or above 0.02; nothing tuned",
+    ),
+    Method(
+        "fastclip-v3 (u_drift, γ over the run, τ floor 0.03)",
+        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "tau_floor": 0.03},
+        gamma_over_all_epochs=True,
+        note="the default with its learned τ kept at or above 0.03; nothing tuned",
+    ),
+    Method(
         "fastclip-v3 (u_drift, γ over the run, ρ 2)",
         {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "rho": 2.0},
         gamma_over_all_epochs=True,
