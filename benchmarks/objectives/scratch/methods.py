@@ -71,17 +71,14 @@ METHODS: tuple[Method, ...] = (
         note="the trainer's default with a higher floor under its learned τ (loss.tau_floor; 0.01 is its "
         "default): at ρ 8 its τ falls every step, to the 0.01 clamp after ~3,900 steps at batch 32",
     ),
-    Method(
-        "fastclip-v3 (u_drift, γ over the run, τ floor 0.02)",
-        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "tau_floor": 0.02},
-        gamma_over_all_epochs=True,
-        note="the default with its learned τ kept at or above 0.02; nothing tuned",
-    ),
-    Method(
-        "fastclip-v3 (u_drift, γ over the run, τ floor 0.03)",
-        {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "tau_floor": 0.03},
-        gamma_over_all_epochs=True,
-        note="the default with its learned τ kept at or above 0.03; nothing tuned",
+    *(
+        Method(
+            f"fastclip-v3 (u_drift, γ over the run, τ floor {floor:g})",
+            {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "tau_floor": floor},
+            gamma_over_all_epochs=True,
+            note=f"the default with its learned τ kept at or above {floor:g}; nothing tuned",
+        )
+        for floor in (0.02, 0.03)
     ),
     Method(
         "fastclip-v3 (u_drift, γ over the run, ρ 2)",
