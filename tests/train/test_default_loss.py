@@ -39,6 +39,7 @@ def test_the_rule_is_the_measured_one():
     """benchmarks/objectives/results/scratch.md and convergence_default.md measured exactly these fields."""
     assert default_loss(6) == {
         "kind": "fastclip",
+        "tau_floor": 0.03,
         "fastclip": {"version": "v3", "u_drift": "batch", "gamma_decay_epochs": 6},
     }
     assert default_loss(None) == DEFAULT_LOSS  # planned by steps: the option's own decay
@@ -73,7 +74,9 @@ def test_given_knobs_keep_the_default_objective_and_their_own_decay():
         30,
     )
     tau = _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.05}).loss
-    assert (tau.name, tau.tau_init) == ("fastclip-v3", 0.05)
+    assert (tau.name, tau.tau_init, tau.tau_floor) == ("fastclip-v3", 0.05, 0.03)
+    floor = _cfg(batch_size=64, epochs=30, loss={"tau_floor": 0.01}).loss
+    assert (floor.name, floor.tau_floor) == ("fastclip-v3", 0.01)  # open_clip's clamp, by hand
 
 
 def test_malformed_epochs_or_batch_are_reported_against_their_key():
