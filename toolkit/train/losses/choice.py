@@ -3,13 +3,14 @@
 One objective at every global batch and epoch count, with one knob that scales with the run: FastCLIP-v3
 with the batch drift correction of its estimators (``u_drift: batch``), γ decaying from 1 to γ_min over
 all the planned epochs, and its learned τ kept at or above 0.03 (``tau_floor``: the smallest τ validation
-picked for the fixed-τ OpenCLIP in any measured cell; below it the default's τ only fell further, never
-turning back, and trailed). The evidence, every measured cell of both benchmarks (docs/objectives.md, "Which
+picked for the fixed-τ OpenCLIP in any measured cell; without it τ falls at every step, to the 0.01 clamp
+in long runs at small batches). The evidence, every measured cell of both benchmarks (docs/objectives.md, "Which
 objective to pick", lists each cell's Δ against the best-tuned OpenCLIP):
 
 - benchmarks/objectives/results/scratch.md: towers trained from random init on Unicode glyphs, the data set
   ~110–435× the batch;
-- benchmarks/objectives/results/convergence_default.md: LiT heads on frozen towers over emoji drawings.
+- benchmarks/objectives/results/convergence_default.md: LiT heads on frozen towers over emoji drawings;
+- the floor: convergence_tau_floor.md (LiT), scratch_floor_*.md and scratch_default_long_b32_3seeds.md.
 
 An explicit ``--loss`` / ``loss.kind`` or a ``--preset`` always wins.
 """

@@ -106,7 +106,8 @@ class LossConfig:
         omit_at_default=True,
         doc="Lowest value of a learned global τ (openclip, v0, v3, neuclip, drrho; v2's per-sample τ: "
         "fastclip.tau_min): the logit scale is clamped to log(1/tau_floor) after every step (0.01: "
-        "open_clip's clamp of the scale at 100). A tau_init below it is raised to it at the first step.",
+        "open_clip's clamp of the scale at 100; with no loss named, the default objective sets 0.03, "
+        "docs/objectives.md). A tau_init below it is raised to it at the first step.",
     )
     rho: float = option(8.0, ge=0, doc="ρ of the robust losses (v2, v3, neuclip).")
     eps: float = option(
