@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkit.core.config import ConfigError, deep_merge, option
+from toolkit.core.config import ConfigError, option
 from toolkit.core.launch import LaunchConfig
 from toolkit.data.augment import AugmentConfig
 from toolkit.train.losses.config import LossConfig
@@ -20,32 +20,6 @@ from toolkit.train.optim import OptimConfig
 Precision = Literal["fp32", "bf16", "fp16"]
 GradDtype = Literal["fp32", "bf16"]
 REPORT_SINKS = ("jsonl", "tensorboard", "wandb")
-
-
-def _fastclip_section(layer: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``loss.fastclip`` of one layer of config data, {} where it gives none."""
-    loss = layer.get("loss")
-    section = loss.get("fastclip") if isinstance(loss, Mapping) else None
-    return section if isinstance(section, Mapping) else {}
-
-
-def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], epochs: Any, source: str) -> None:
-    """``loss.fastclip.gamma_rule: drrho`` decays γ over the run's planned epochs E (DRRho-CLIP's README: set
-    gamma_decay_epochs to the epochs): fill ``loss.fastclip.gamma_decay_epochs`` with ``epochs`` unless it is
-    given. ``epochs``: the run's planned epochs, None for a run planned by ``steps``, which has no epoch count
-    before the data is read and so must give the value itself."""
-    fastclip = {**_fastclip_section(layers), **_fastclip_section(data)}
-    if fastclip.get("gamma_rule") != "drrho" or "gamma_decay_epochs" in fastclip:
-        return
-    if epochs is None:
-        raise ConfigError(
-            source,
-            "loss.fastclip.gamma_decay_epochs",
-            "gamma_rule: drrho needs the planned epochs; a run set by steps must give "
-            "loss.fastclip.gamma_decay_epochs",
-        )
-    loss = layers.get("loss", {})
-    layers["loss"] = {**loss, "fastclip": {**loss.get("fastclip", {}), "gamma_decay_epochs": epochs}}
 
 
 @dataclass(frozen=True)
@@ -332,7 +306,7 @@ class TrainConfig:
         """Defaults the rest of the config overrides (core.config.build): the named ``preset``'s settings;
         without a loss kind from the data or the preset, the default objective (``losses/choice.py``) with
         its γ decay over the planned epochs (a run planned by steps has no epoch count yet: the option's)."""
-        from toolkit.train.losses.choice import default_loss
+        from toolkit.train.losses.choice import layer_default_loss
 
         layers: dict[str, Any] = {}
         name = data.get("preset") or ""
@@ -350,16 +324,7 @@ class TrainConfig:
             return data.get(key, layers.get(key, TrainConfig.__dataclass_fields__[key].default))
 
         epochs = None if planned("steps") else planned("epochs")  # None: a run planned by steps
-        given = data.get("loss") if isinstance(data.get("loss"), Mapping) else {}
-        loss = deep_merge(layers.get("loss", {}), given)
-        if "kind" not in loss:
-            try:
-                chosen = default_loss(None if epochs is None else int(epochs), loss)
-            except (TypeError, ValueError):
-                chosen = None  # a malformed epochs: build() reports it against its key
-            if chosen is not None:
-                layers["loss"] = deep_merge(layers.get("loss", {}), chosen)
-        _plan_drrho_gamma(data, layers, epochs, source)
+        layer_default_loss(data, layers, epochs, source)
         return layers
 
     def data_plan(self) -> DataPlan:
