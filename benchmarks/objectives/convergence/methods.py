@@ -209,15 +209,17 @@ METHODS: tuple[Method, ...] = (
         {"kind": "fastclip", "version": "v3", "u_drift": "batch"},
         {"tau_floor": (0.02, 0.03, 0.05)},
         gamma_over_all_epochs=True,
-        note="the default with a higher floor under its learned τ (loss.tau_floor; 0.01 is its default): "
-        "at ρ 8 its τ falls every step, to 0.0145 after 30 epochs at batch 32 (the best OpenCLIP's: ~0.07)",
+        note="the default before its floor (C) with a higher floor under its learned τ (loss.tau_floor; "
+        "C's is 0.01): at ρ 8 its τ falls every step, to 0.0145 after 30 epochs at batch 32 (the best "
+        "OpenCLIP's: ~0.07)",
     ),
     *(
         Method(
             f"fastclip-v3 (u_drift, γ over the run, τ floor {floor:g})",
             {"kind": "fastclip", "version": "v3", "u_drift": "batch", "tau_floor": floor},
             gamma_over_all_epochs=True,
-            note=f"the default with its learned τ kept at or above {floor:g}; nothing tuned",
+            note=f"the default before its floor (C) with its learned τ kept at or above {floor:g} (0.03: the "
+            "default since 2026-12-07); nothing tuned",
         )
         for floor in (0.02, 0.03)
     ),
