@@ -77,6 +77,10 @@ def test_given_knobs_keep_the_default_objective_and_their_own_decay():
     assert (tau.name, tau.tau_init, tau.tau_floor) == ("fastclip-v3", 0.05, 0.03)
     floor = _cfg(batch_size=64, epochs=30, loss={"tau_floor": 0.01}).loss
     assert (floor.name, floor.tau_floor) == ("fastclip-v3", 0.01)  # open_clip's clamp, by hand
+    low = _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.02}).loss  # not raised to the floor at step 1
+    assert (low.name, low.tau_init, low.tau_floor) == ("fastclip-v3", 0.02, 0.02)
+    both = _cfg(batch_size=64, epochs=30, loss={"tau_init": 0.02, "tau_floor": 0.05}).loss
+    assert (both.tau_init, both.tau_floor) == (0.02, 0.05)  # the user's own floor stays
 
 
 def test_malformed_epochs_or_batch_are_reported_against_their_key():

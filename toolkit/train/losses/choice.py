@@ -35,13 +35,17 @@ def default_loss(epochs: int | None = None, given: Mapping[str, Any] | None = No
     (None: a run planned by steps, whose epoch count is unknown when the config is built: γ keeps the
     option's own decay, ``FastCLIPConfig.gamma_decay_epochs``). ``given``: the loss keys the user set
     without naming a kind; an explicit γ decay or DRRho's γ rule among them (it plans its own decay over the
-    epochs) is left alone."""
+    epochs) is left alone, and a given initial τ below the floor lowers the floor to it (a floor above it
+    would raise the user's τ at the first step)."""
     given = given or {}
     section = given.get("fastclip") if isinstance(given.get("fastclip"), Mapping) else {}
     fields = {**DEFAULT_LOSS, "fastclip": dict(DEFAULT_LOSS["fastclip"])}
     own_decay = "gamma_decay_epochs" in section or section.get("gamma_rule") == "drrho"
     if epochs is not None and epochs >= 1 and not own_decay:
         fields["fastclip"]["gamma_decay_epochs"] = int(epochs)
+    tau_init = given.get("tau_init")
+    if "tau_floor" not in given and isinstance(tau_init, (int, float)) and 0 < tau_init < fields["tau_floor"]:
+        fields["tau_floor"] = float(tau_init)
     return fields
 
 
