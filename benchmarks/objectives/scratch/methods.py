@@ -10,7 +10,7 @@ objective by its rule (toolkit/train/losses/choice.py) from the run's planned ep
 
 from __future__ import annotations
 
-from benchmarks.objectives.convergence.methods import Method
+from benchmarks.objectives.convergence.methods import Method, fixed_tau_floors
 
 TAUS = (0.03, 0.05, 0.1)
 METHODS: tuple[Method, ...] = (
@@ -71,16 +71,7 @@ METHODS: tuple[Method, ...] = (
         note="the default before its floor (C) with a higher floor under its learned τ (loss.tau_floor; C's "
         "is 0.01): at ρ 8 its τ falls every step, to the 0.01 clamp after ~3,900 steps at batch 32",
     ),
-    *(
-        Method(
-            f"fastclip-v3 (u_drift, γ over the run, τ floor {floor:g})",
-            {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "tau_floor": floor},
-            gamma_over_all_epochs=True,
-            note=f"the default before its floor (C) with its learned τ kept at or above {floor:g} (0.03: the "
-            "default since 2026-12-07); nothing tuned",
-        )
-        for floor in (0.02, 0.03)
-    ),
+    *fixed_tau_floors({"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch"}),
     Method(
         "fastclip-v3 (u_drift, γ over the run, ρ 2)",
         {"kind": "fastclip", "fastclip.version": "v3", "fastclip.u_drift": "batch", "rho": 2.0},
