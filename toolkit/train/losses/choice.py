@@ -94,6 +94,6 @@ def _plan_drrho_gamma(data: Mapping[str, Any], layers: dict[str, Any], epochs: A
 def describe() -> str:
     """One line for --help and docs."""
     return (
-        "fastclip-v3 (u_drift: batch), γ decaying over all the planned epochs, τ kept >= 0.03,"
-        " at every batch size"
+        "fastclip-v3 (u_drift: batch), γ decaying over all the planned epochs, "
+        f"τ kept >= {DEFAULT_LOSS['tau_floor']:g}, at every batch size"
     )
